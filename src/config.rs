@@ -1,0 +1,232 @@
+//! Typed configuration shared by every job, with validation. The binary converts its flags and
+//! environment into these types once; the library never reads the environment or sees clap.
+
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+
+/// A PostgreSQL table name, optionally schema-qualified, validated so it can be quoted safely.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableName {
+    schema: Option<String>,
+    name: String,
+}
+
+impl TableName {
+    /// Parses `table` or `schema.table`; each part must be a plain identifier.
+    pub fn parse(flag: &str, s: &str) -> Result<Self> {
+        let bad = || {
+            Error::config(format!(
+                "{flag} {s:?} is not a valid table name: use letters, digits and _ (optionally schema.table)"
+            ))
+        };
+        let (schema, name) = match s.split_once('.') {
+            Some((a, b)) => (Some(a), b),
+            None => (None, s),
+        };
+        let valid = |p: &str| {
+            !p.is_empty()
+                && p.len() <= 63
+                && p.chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+        };
+        if !valid(name) || schema.is_some_and(|sc| !valid(sc)) {
+            return Err(bad());
+        }
+        Ok(Self {
+            schema: schema.map(str::to_string),
+            name: name.to_string(),
+        })
+    }
+
+    /// The quoted SQL identifier, e.g. `"public"."change_log"`.
+    pub fn quoted(&self) -> String {
+        match &self.schema {
+            Some(s) => format!("\"{s}\".\"{}\"", self.name),
+            None => format!("\"{}\"", self.name),
+        }
+    }
+
+    /// The unqualified table name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A quoted identifier derived from the table name (e.g. an index name).
+    pub fn derived(&self, suffix: &str) -> String {
+        format!("\"{}_{suffix}\"", self.name)
+    }
+}
+
+/// The four source tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tables {
+    /// `schema_registry(schema_name, schema_id)`.
+    pub registry: TableName,
+    /// `entity_main`.
+    pub entity: TableName,
+    /// `eav_data`.
+    pub eav: TableName,
+    /// `change_log`.
+    pub change_log: TableName,
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        let t = |n: &str| TableName {
+            schema: None,
+            name: n.to_string(),
+        };
+        Self {
+            registry: t("schema_registry"),
+            entity: t("entity_main"),
+            eav: t("eav_data"),
+            change_log: t("change_log"),
+        }
+    }
+}
+
+/// Where the lake lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LakeLocation {
+    /// A local directory.
+    Local(PathBuf),
+    /// An S3 bucket and a root prefix inside it (possibly empty).
+    S3 {
+        /// The bucket.
+        bucket: String,
+        /// Key prefix of the lake inside the bucket.
+        root: String,
+    },
+}
+
+impl LakeLocation {
+    /// Parses `s3://bucket[/root]`, `file:///path`, or a plain path.
+    pub fn parse(s: &str) -> Result<Self> {
+        if let Some(rest) = s.strip_prefix("s3://") {
+            let (bucket, root) = rest.split_once('/').unwrap_or((rest, ""));
+            let valid = (3..=63).contains(&bucket.len())
+                && bucket
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+                && !bucket.starts_with(['-', '.'])
+                && !bucket.ends_with(['-', '.']);
+            if !valid {
+                return Err(Error::config(format!(
+                    "--lake {s:?}: {bucket:?} is not a valid S3 bucket name (3-63 lowercase letters, digits, '-' or '.')"
+                )));
+            }
+            return Ok(LakeLocation::S3 {
+                bucket: bucket.to_string(),
+                root: root.trim_end_matches('/').to_string(),
+            });
+        }
+        if s.contains("://") && !s.starts_with("file://") {
+            return Err(Error::config(format!(
+                "--lake {s:?}: unsupported scheme; use s3://bucket/root, file:///path or a path"
+            )));
+        }
+        let path = s.strip_prefix("file://").unwrap_or(s);
+        if path.is_empty() {
+            return Err(Error::config(
+                "--lake is empty: give s3://bucket/root, file:///path or a path",
+            ));
+        }
+        Ok(LakeLocation::Local(PathBuf::from(path)))
+    }
+
+    /// The root prefix inside the store (empty for a local directory).
+    pub fn root(&self) -> &str {
+        match self {
+            LakeLocation::Local(_) => "",
+            LakeLocation::S3 { root, .. } => root,
+        }
+    }
+}
+
+/// Parses a DuckDB memory limit such as `4GB`, `512MiB` or `75%`, refusing anything that could
+/// not be passed to `SET memory_limit` verbatim.
+pub fn parse_memory_limit(s: &str) -> Result<String> {
+    let t = s.trim();
+    let digits = t
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .count();
+    let (num, unit) = t.split_at(digits);
+    let unit_ok = [
+        "", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "%",
+    ]
+    .iter()
+    .any(|u| u.eq_ignore_ascii_case(unit.trim()));
+    if num.is_empty() || num.parse::<f64>().is_err() || !unit_ok {
+        return Err(Error::config(format!(
+            "--memory-limit {s:?} is not a size like 4GB, 512MiB or 75%"
+        )));
+    }
+    Ok(format!("{num}{}", unit.trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names() {
+        assert_eq!(
+            TableName::parse("--t", "change_log").unwrap().quoted(),
+            "\"change_log\""
+        );
+        assert_eq!(
+            TableName::parse("--t", "cdc.log_1").unwrap().quoted(),
+            "\"cdc\".\"log_1\""
+        );
+        for bad in ["", "a.b.c", "1abc", "a-b", "a\"b", "a;drop", "a b", ".x"] {
+            let e = TableName::parse("--change-log-table", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--change-log-table"), "{e}");
+        }
+    }
+
+    #[test]
+    fn lake_locations() {
+        assert_eq!(
+            LakeLocation::parse("s3://my-bucket/a/b/").unwrap(),
+            LakeLocation::S3 {
+                bucket: "my-bucket".into(),
+                root: "a/b".into()
+            }
+        );
+        assert_eq!(
+            LakeLocation::parse("s3://my-bucket").unwrap(),
+            LakeLocation::S3 {
+                bucket: "my-bucket".into(),
+                root: String::new()
+            }
+        );
+        assert_eq!(
+            LakeLocation::parse("./lake").unwrap(),
+            LakeLocation::Local("./lake".into())
+        );
+        assert_eq!(
+            LakeLocation::parse("file:///srv/l").unwrap(),
+            LakeLocation::Local("/srv/l".into())
+        );
+        for bad in ["s3://B", "s3://", "gs://x/y", "", "s3://-ab"] {
+            assert!(LakeLocation::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn memory_limits() {
+        assert_eq!(parse_memory_limit("4GB").unwrap(), "4GB");
+        assert_eq!(parse_memory_limit("512 MiB").unwrap(), "512MiB");
+        assert_eq!(parse_memory_limit("75%").unwrap(), "75%");
+        for bad in ["", "GB", "4XB", "4GB'; drop", "1e9"] {
+            assert!(parse_memory_limit(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! Every key shape of the lake (DESIGN §3), built AND parsed here so that writers and the gc
+//! classifier can never drift apart (study §10 #48). Parsing is strict — every UUID part must be
+//! a canonical lowercase hyphenated UUID and the schema id canonical decimal — and anything else
+//! is [`KeyKind::Unknown`]; parsing never panics. Keys are used verbatim everywhere (#516).
+
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+
+/// The template placeholders accepted in `--manifest-template`.
+const PLACEHOLDERS: [&str; 2] = ["{schema_id}", "{{.SchemaID}}"];
+
+/// Where a lake's objects live under its root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// `{root}/{data}` with no leading or trailing `/`; empty means the root itself.
+    data_prefix: String,
+    /// `{root}/` (or empty) followed by the manifest template.
+    manifest_template: String,
+}
+
+/// What a key in a schema's data prefix is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// `{data}/{schema}/{uuid}.parquet`, written by flush.
+    Delta {
+        /// The schema id.
+        schema_id: i16,
+        /// The file UUID.
+        file: Uuid,
+    },
+    /// `{data}/{schema}/_tmp/{uuid}.parquet`, staging of every writer.
+    Tmp {
+        /// The schema id.
+        schema_id: i16,
+        /// The file UUID.
+        file: Uuid,
+    },
+    /// `{data}/{schema}/{min}_{max}_{uuid}.parquet` (or legacy `{min}_{max}.parquet`), by init.
+    InitBase {
+        /// The schema id.
+        schema_id: i16,
+        /// Smallest row id in the file.
+        min: Uuid,
+        /// Largest row id in the file.
+        max: Uuid,
+        /// The file UUID (absent in the legacy two-part shape).
+        file: Option<Uuid>,
+    },
+    /// `{data}/{schema}/base-{uuid}.parquet`, by compact (and zero-row bases).
+    MergedBase {
+        /// The schema id.
+        schema_id: i16,
+        /// The file UUID.
+        file: Uuid,
+    },
+    /// Anything else: never touched by gc.
+    Unknown,
+}
+
+impl KeyKind {
+    /// The schema the key belongs to, when it is a known shape.
+    pub fn schema_id(&self) -> Option<i16> {
+        match *self {
+            KeyKind::Delta { schema_id, .. }
+            | KeyKind::Tmp { schema_id, .. }
+            | KeyKind::InitBase { schema_id, .. }
+            | KeyKind::MergedBase { schema_id, .. } => Some(schema_id),
+            KeyKind::Unknown => None,
+        }
+    }
+}
+
+impl Layout {
+    /// Builds a layout from the lake root (the part of `s3://bucket/root` after the bucket, or
+    /// empty), the data prefix and the manifest template. Refuses prefixes that would produce
+    /// ambiguous keys and templates without a schema placeholder (which would make every schema
+    /// share one manifest, study §10 #520).
+    pub fn new(root: &str, data_prefix: &str, manifest_template: &str) -> Result<Self> {
+        let root = clean_prefix(root, "--lake root")?;
+        let data = clean_prefix(data_prefix, "--data-prefix")?;
+        if !PLACEHOLDERS.iter().any(|p| manifest_template.contains(p)) {
+            return Err(Error::config(format!(
+                "--manifest-template {manifest_template:?} has no {{schema_id}} placeholder: every schema would share one manifest; use e.g. manifest/{{schema_id}}.json"
+            )));
+        }
+        let rendered = render(manifest_template, 1);
+        if rendered.contains(['{', '}']) || clean_prefix(&rendered, "--manifest-template").is_err()
+        {
+            return Err(Error::config(format!(
+                "--manifest-template {manifest_template:?} must be a relative key like manifest/{{schema_id}}.json"
+            )));
+        }
+        Ok(Self {
+            data_prefix: join(&root, &data),
+            manifest_template: join(&root, manifest_template),
+        })
+    }
+
+    /// The data prefix (`{root}/{data}`), possibly empty.
+    pub fn data_prefix(&self) -> &str {
+        &self.data_prefix
+    }
+
+    /// `{data}/{schema}/`: every object of the schema lies under it.
+    pub fn schema_prefix(&self, schema_id: i16) -> String {
+        format!("{}/", join(&self.data_prefix, &schema_id.to_string()))
+    }
+
+    /// A delta key.
+    pub fn delta_key(&self, schema_id: i16, file: Uuid) -> String {
+        format!(
+            "{}{}.parquet",
+            self.schema_prefix(schema_id),
+            canonical(file)
+        )
+    }
+
+    /// A staging key.
+    pub fn tmp_key(&self, schema_id: i16, file: Uuid) -> String {
+        format!(
+            "{}_tmp/{}.parquet",
+            self.schema_prefix(schema_id),
+            canonical(file)
+        )
+    }
+
+    /// An init base key.
+    pub fn init_base_key(&self, schema_id: i16, min: Uuid, max: Uuid, file: Uuid) -> String {
+        format!(
+            "{}{}_{}_{}.parquet",
+            self.schema_prefix(schema_id),
+            canonical(min),
+            canonical(max),
+            canonical(file)
+        )
+    }
+
+    /// A merged (or zero-row) base key.
+    pub fn merged_base_key(&self, schema_id: i16, file: Uuid) -> String {
+        format!(
+            "{}base-{}.parquet",
+            self.schema_prefix(schema_id),
+            canonical(file)
+        )
+    }
+
+    /// The schema's manifest key.
+    pub fn manifest_key(&self, schema_id: i16) -> String {
+        render(&self.manifest_template, schema_id)
+    }
+
+    /// The schema's gc sighting-state key.
+    pub fn gc_state_key(&self, schema_id: i16) -> String {
+        format!("{}.gc-state", self.manifest_key(schema_id))
+    }
+
+    /// Classifies a key; the inverse of every builder above.
+    pub fn classify(&self, key: &str) -> KeyKind {
+        self.try_classify(key).unwrap_or(KeyKind::Unknown)
+    }
+
+    fn try_classify(&self, key: &str) -> Option<KeyKind> {
+        let rest = if self.data_prefix.is_empty() {
+            key
+        } else {
+            key.strip_prefix(self.data_prefix.as_str())?
+                .strip_prefix('/')?
+        };
+        let (schema, rest) = rest.split_once('/')?;
+        let schema_id: i16 = schema.parse().ok().filter(|id| *id > 0)?;
+        if schema_id.to_string() != schema {
+            return None;
+        }
+        if let Some(tmp) = rest.strip_prefix("_tmp/") {
+            let file = parse_uuid(tmp.strip_suffix(".parquet")?)?;
+            return Some(KeyKind::Tmp { schema_id, file });
+        }
+        let stem = rest.strip_suffix(".parquet")?;
+        if stem.contains('/') {
+            return None;
+        }
+        if let Some(id) = stem.strip_prefix("base-") {
+            return Some(KeyKind::MergedBase {
+                schema_id,
+                file: parse_uuid(id)?,
+            });
+        }
+        let parts: Vec<&str> = stem.split('_').collect();
+        match parts.as_slice() {
+            [one] => Some(KeyKind::Delta {
+                schema_id,
+                file: parse_uuid(one)?,
+            }),
+            [min, max] => Some(KeyKind::InitBase {
+                schema_id,
+                min: parse_uuid(min)?,
+                max: parse_uuid(max)?,
+                file: None,
+            }),
+            [min, max, file] => Some(KeyKind::InitBase {
+                schema_id,
+                min: parse_uuid(min)?,
+                max: parse_uuid(max)?,
+                file: Some(parse_uuid(file)?),
+            }),
+            _ => None,
+        }
+    }
+}
+
+fn render(template: &str, schema_id: i16) -> String {
+    PLACEHOLDERS.iter().fold(template.to_string(), |t, p| {
+        t.replace(p, &schema_id.to_string())
+    })
+}
+
+fn canonical(id: Uuid) -> String {
+    id.as_hyphenated().to_string()
+}
+
+/// Parses only the canonical lowercase hyphenated form that the builders write.
+fn parse_uuid(s: &str) -> Option<Uuid> {
+    if s.len() != 36 {
+        return None;
+    }
+    let id = Uuid::try_parse(s).ok()?;
+    (canonical(id) == s).then_some(id)
+}
+
+fn join(a: &str, b: &str) -> String {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_string(),
+        (_, true) => a.to_string(),
+        _ => format!("{a}/{b}"),
+    }
+}
+
+/// Trims one trailing `/` and refuses leading slashes and empty, `.` or `..` segments.
+fn clean_prefix(prefix: &str, what: &str) -> Result<String> {
+    let p = prefix.strip_suffix('/').unwrap_or(prefix);
+    if p.is_empty() {
+        return Ok(String::new());
+    }
+    if p.starts_with('/') || p.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+        return Err(Error::config(format!(
+            "{what} {prefix:?} must be a relative path without empty, '.' or '..' segments (e.g. data)"
+        )));
+    }
+    Ok(p.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids() -> (Uuid, Uuid, Uuid) {
+        (Uuid::now_v7(), Uuid::new_v4(), Uuid::now_v7())
+    }
+
+    #[test]
+    fn every_writer_key_round_trips_through_the_classifier() {
+        for (root, data) in [
+            ("", "data"),
+            ("lakes/prod", "data"),
+            ("", ""),
+            ("r", "d/e/"),
+        ] {
+            let l = Layout::new(root, data, "manifest/{schema_id}.json").unwrap();
+            let (a, b, c) = ids();
+            for schema_id in [1i16, 7, 100, i16::MAX] {
+                let cases = [
+                    (
+                        l.delta_key(schema_id, a),
+                        KeyKind::Delta { schema_id, file: a },
+                    ),
+                    (l.tmp_key(schema_id, b), KeyKind::Tmp { schema_id, file: b }),
+                    (
+                        l.init_base_key(schema_id, a, b, c),
+                        KeyKind::InitBase {
+                            schema_id,
+                            min: a,
+                            max: b,
+                            file: Some(c),
+                        },
+                    ),
+                    (
+                        l.merged_base_key(schema_id, c),
+                        KeyKind::MergedBase { schema_id, file: c },
+                    ),
+                ];
+                for (key, want) in cases {
+                    assert!(key.starts_with(&l.schema_prefix(schema_id)), "{key}");
+                    assert!(!key.starts_with('/') && !key.contains("//"), "{key}");
+                    assert_eq!(l.classify(&key), want, "{key}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn legacy_two_part_init_keys_parse() {
+        let l = Layout::new("", "data", "manifest/{schema_id}.json").unwrap();
+        let (a, b, _) = ids();
+        let key = format!("data/7/{a}_{b}.parquet");
+        assert_eq!(
+            l.classify(&key),
+            KeyKind::InitBase {
+                schema_id: 7,
+                min: a,
+                max: b,
+                file: None
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_keys_are_unknown() {
+        let l = Layout::new("", "data", "manifest/{schema_id}.json").unwrap();
+        let u = Uuid::now_v7();
+        let upper = u.to_string().to_uppercase();
+        let simple = u.simple().to_string();
+        let bad = [
+            String::new(),
+            "data".into(),
+            "data/".into(),
+            format!("data/07/{u}.parquet"),
+            format!("data/0/{u}.parquet"),
+            format!("data/-1/{u}.parquet"),
+            format!("data/40000/{u}.parquet"),
+            format!("data/7/{u}.parq"),
+            format!("data/7/{upper}.parquet"),
+            format!("data/7/{simple}.parquet"),
+            format!("data/7/x/{u}.parquet"),
+            format!("data/7/_tmp/x/{u}.parquet"),
+            format!("data/7/base-{u}_{u}.parquet"),
+            format!("data/7/{u}_{u}_{u}_{u}.parquet"),
+            format!("data/7/{u}_.parquet"),
+            format!("other/7/{u}.parquet"),
+            format!("/data/7/{u}.parquet"),
+            format!("datax/7/{u}.parquet"),
+            "data/7/é.parquet".into(),
+            "data/7/\u{0}.parquet".into(),
+        ];
+        for key in bad {
+            assert_eq!(l.classify(&key), KeyKind::Unknown, "{key:?}");
+        }
+    }
+
+    #[test]
+    fn manifest_keys_and_templates() {
+        let l = Layout::new("root/", "data", "manifest/{{.SchemaID}}.json").unwrap();
+        assert_eq!(l.manifest_key(7), "root/manifest/7.json");
+        assert_eq!(l.gc_state_key(7), "root/manifest/7.json.gc-state");
+        assert_eq!(l.schema_prefix(7), "root/data/7/");
+        assert!(Layout::new("", "data", "manifest/all.json").is_err());
+        assert!(Layout::new("", "data", "/manifest/{schema_id}.json").is_err());
+        assert!(Layout::new("", "data", "m/{schema_id}/{x}.json").is_err());
+        assert!(Layout::new("", "/data", "m/{schema_id}.json").is_err());
+        assert!(Layout::new("", "a/../b", "m/{schema_id}.json").is_err());
+    }
+}

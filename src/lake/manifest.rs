@@ -1,0 +1,419 @@
+//! The per-schema manifest (forma's JSON format, DESIGN §3.2) and its only write path:
+//! [`commit`] = load → modify → conditional PUT (`If-Match` on the loaded etag, `If-None-Match: *`
+//! when absent), retried only on a confirmed conflict. "No manifest" is only the store's typed
+//! not-found (study §10 #464); every load checks the schema stamp (#520/#522/#536). Unknown
+//! fields, top-level and per entry, survive a rewrite.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::store::{ObjectStore, PutMode, StoreError};
+
+/// Which tier a file belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Written by init or compact.
+    Base,
+    /// Written by flush.
+    Delta,
+}
+
+impl Tier {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Base => "base",
+            Tier::Delta => "delta",
+        }
+    }
+}
+
+impl Serialize for Tier {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Tier {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.eq_ignore_ascii_case("base") {
+            Ok(Tier::Base)
+        } else if s.eq_ignore_ascii_case("delta") {
+            Ok(Tier::Delta)
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "unknown tier {s:?} (expected base or delta)"
+            )))
+        }
+    }
+}
+
+/// One listed Parquet object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Base or delta.
+    pub tier: Tier,
+    /// The object key, used verbatim.
+    pub path: String,
+    /// Smallest `row_id` in the file (UUID byte order), or empty.
+    #[serde(default)]
+    pub row_id_min: String,
+    /// Largest `row_id` in the file, or empty.
+    #[serde(default)]
+    pub row_id_max: String,
+    /// Writer-defined lower time bound (epoch ms).
+    #[serde(default)]
+    pub created_min: i64,
+    /// Writer-defined upper time bound (epoch ms).
+    #[serde(default)]
+    pub created_max: i64,
+    /// Object size in bytes.
+    #[serde(default)]
+    pub size_bytes: i64,
+    /// Rows in the file.
+    #[serde(default)]
+    pub row_count: i64,
+    /// `sha256:<hex>` of the object's bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
+    /// Column name → DuckDB type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<BTreeMap<String, String>>,
+    /// Fields this version does not know, kept verbatim.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// The manifest document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The schema this manifest belongs to (the stamp).
+    #[serde(default)]
+    pub schema_id: i16,
+    /// +1 per save.
+    #[serde(default)]
+    pub version: i64,
+    /// Strictly increasing save time (epoch ms).
+    #[serde(default)]
+    pub updated_at_ms: i64,
+    /// Every listed object.
+    #[serde(default)]
+    pub files: Vec<FileEntry>,
+    /// Fields this version does not know, kept verbatim.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Manifest {
+    /// An empty manifest stamped for `schema_id`.
+    pub fn empty(schema_id: i16) -> Self {
+        Self {
+            schema_id,
+            version: 0,
+            updated_at_ms: 0,
+            files: Vec::new(),
+            extra: Map::new(),
+        }
+    }
+
+    /// Entries of one tier.
+    pub fn tier(&self, tier: Tier) -> impl Iterator<Item = &FileEntry> {
+        self.files.iter().filter(move |f| f.tier == tier)
+    }
+
+    /// Parses a manifest's bytes (no stamp check).
+    pub fn from_json(key: &str, bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Manifest {
+            key: key.to_string(),
+            message: format!(
+                "not a valid manifest ({e}); restore it from a backup or remove it and re-run init"
+            ),
+        })
+    }
+
+    /// The canonical serialisation: pretty JSON with a 2-space indent.
+    pub fn to_json(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec_pretty(self)
+            .map_err(|e| Error::Invariant(format!("manifest serialisation failed: {e}")))
+    }
+
+    /// Checks the schema stamp for a load on behalf of `schema_id`, stamping an unstamped
+    /// empty manifest.
+    fn check_stamp(&mut self, key: &str, schema_id: i16) -> Result<()> {
+        match self.schema_id {
+            id if id == schema_id => Ok(()),
+            0 if self.files.is_empty() => {
+                self.schema_id = schema_id;
+                Ok(())
+            }
+            0 => Err(Error::Manifest {
+                key: key.to_string(),
+                message: format!(
+                    "has no schema_id stamp but lists {} files; refusing to guess its schema (expected {schema_id})",
+                    self.files.len()
+                ),
+            }),
+            other => Err(Error::Manifest {
+                key: key.to_string(),
+                message: format!(
+                    "belongs to schema {other}, not {schema_id}: does --manifest-template give every schema its own key?"
+                ),
+            }),
+        }
+    }
+}
+
+/// A manifest with the etag of the version read.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The document.
+    pub manifest: Manifest,
+    /// Its etag, for `If-Match`.
+    pub etag: String,
+}
+
+/// Loads the manifest of `schema_id`. `Ok(None)` only when the store says the object does not
+/// exist; any other failure is an error.
+pub async fn load(store: &dyn ObjectStore, key: &str, schema_id: i16) -> Result<Option<Loaded>> {
+    if schema_id <= 0 {
+        return Err(Error::Invariant(format!(
+            "schema id {schema_id} is not positive"
+        )));
+    }
+    let got = match store.get_bytes(key).await {
+        Ok(got) => got,
+        Err(StoreError::NotFound) => return Ok(None),
+        Err(source) => {
+            return Err(Error::Storage {
+                op: "load manifest",
+                key: key.to_string(),
+                source,
+            });
+        }
+    };
+    let mut manifest = Manifest::from_json(key, &got.bytes)?;
+    manifest.check_stamp(key, schema_id)?;
+    Ok(Some(Loaded {
+        manifest,
+        etag: got.etag,
+    }))
+}
+
+/// Bounds for [`commit`].
+#[derive(Debug, Clone, Copy)]
+pub struct CommitPolicy {
+    /// Conditional writes tried before giving up on conflicts.
+    pub max_attempts: u32,
+    /// First backoff after a conflict; doubled per attempt, jittered ×[0.5, 1.5).
+    pub base_backoff: Duration,
+    /// Cap on one backoff.
+    pub max_backoff: Duration,
+}
+
+impl Default for CommitPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            base_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A committed manifest.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    /// The document as written.
+    pub manifest: Manifest,
+    /// Its new etag.
+    pub etag: String,
+    /// Conditional writes it took (1 = no conflict).
+    pub attempts: u32,
+}
+
+/// Loads, applies `modify`, and writes the manifest conditionally, re-running the whole cycle
+/// from a fresh load on a confirmed conflict. `modify` must be a pure function of the manifest
+/// it is given (it may run several times). Any non-conflict write failure is
+/// [`Error::AmbiguousCommit`]: the write may have landed.
+pub async fn commit<F>(
+    store: &dyn ObjectStore,
+    key: &str,
+    schema_id: i16,
+    clock: &dyn Clock,
+    policy: CommitPolicy,
+    mut modify: F,
+) -> Result<Committed>
+where
+    F: FnMut(&mut Manifest) -> Result<()>,
+{
+    let max_attempts = policy.max_attempts.max(1);
+    for attempt in 1..=max_attempts {
+        let (mut manifest, mode) = match load(store, key, schema_id).await? {
+            Some(l) => (l.manifest, PutMode::Update(l.etag)),
+            None => (Manifest::empty(schema_id), PutMode::Create),
+        };
+        modify(&mut manifest)?;
+        manifest.version += 1;
+        manifest.updated_at_ms = clock.now_ms().max(manifest.updated_at_ms + 1);
+        let body = Bytes::from(manifest.to_json()?);
+        match store.put_bytes(key, body, mode).await {
+            Ok(put) => {
+                return Ok(Committed {
+                    manifest,
+                    etag: put.etag,
+                    attempts: attempt,
+                });
+            }
+            Err(StoreError::Conflict) if attempt < max_attempts => {
+                tracing::debug!(key, attempt, "manifest conflict, retrying");
+                tokio::time::sleep(backoff(policy, attempt)).await;
+            }
+            Err(StoreError::Conflict) => break,
+            Err(source) => {
+                return Err(Error::AmbiguousCommit {
+                    key: key.to_string(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(Error::ManifestConflict {
+        key: key.to_string(),
+        attempts: max_attempts,
+    })
+}
+
+/// Exponential backoff with jitter in [0.5, 1.5).
+fn backoff(policy: CommitPolicy, attempt: u32) -> Duration {
+    let exp = policy
+        .base_backoff
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+        .min(policy.max_backoff);
+    let jitter = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0 + 0.5;
+    exp.mul_f64(jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::fault::{Action, FaultStore, Op};
+    use crate::store::memory::MemoryStore;
+
+    const FORMA: &str = include_str!("../../tests/fixtures/manifest/forma.json");
+    const FORMA_REWRITTEN: &str =
+        include_str!("../../tests/fixtures/manifest/forma.rewritten.json");
+
+    fn entry(path: &str, tier: Tier) -> FileEntry {
+        FileEntry {
+            tier,
+            path: path.to_string(),
+            row_id_min: String::new(),
+            row_id_max: String::new(),
+            created_min: 0,
+            created_max: 0,
+            size_bytes: 1,
+            row_count: 1,
+            checksum: Some("sha256:00".into()),
+            columns: None,
+            extra: Map::new(),
+        }
+    }
+
+    #[test]
+    fn golden_forma_manifest_round_trips_with_unknown_fields() {
+        let m = Manifest::from_json("k", FORMA.as_bytes()).unwrap();
+        assert_eq!(m.schema_id, 7);
+        assert_eq!(m.files.len(), 3);
+        assert_eq!(m.files[1].tier, Tier::Delta, "tier is case-insensitive");
+        assert_eq!(m.files[2].checksum, None, "unstamped entry");
+        assert_eq!(m.extra.get("writer"), Some(&Value::from("forma-cdc")));
+        assert_eq!(m.files[0].extra.get("level"), Some(&Value::from(0)));
+        let out = String::from_utf8(m.to_json().unwrap()).unwrap();
+        assert_eq!(out, FORMA_REWRITTEN.trim_end());
+    }
+
+    #[tokio::test]
+    async fn stamp_checks() {
+        let store = MemoryStore::new();
+        let put = |body: &'static str| {
+            store.put_bytes("m", Bytes::from_static(body.as_bytes()), PutMode::Overwrite)
+        };
+        put(r#"{"schema_id": 8, "files": []}"#).await.unwrap();
+        let e = load(&store, "m", 7).await.unwrap_err().to_string();
+        assert!(e.contains("belongs to schema 8"), "{e}");
+        put(r#"{"schema_id": 0, "files": [{"tier":"base","path":"p"}]}"#)
+            .await
+            .unwrap();
+        let e = load(&store, "m", 7).await.unwrap_err().to_string();
+        assert!(e.contains("no schema_id stamp"), "{e}");
+        put(r#"{"files": []}"#).await.unwrap();
+        assert_eq!(
+            load(&store, "m", 7)
+                .await
+                .unwrap()
+                .unwrap()
+                .manifest
+                .schema_id,
+            7
+        );
+        assert!(load(&store, "m", 0).await.is_err());
+        put("{not json").await.unwrap();
+        let e = load(&store, "m", 7).await.unwrap_err().to_string();
+        assert!(e.contains("not a valid manifest"), "{e}");
+        assert!(load(&store, "absent", 7).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn only_typed_not_found_means_absent() {
+        let faulty = FaultStore::new(Arc::new(MemoryStore::new()));
+        faulty.arm(Op::GetBytes, None, 1, Action::Fail);
+        assert!(load(&faulty, "manifest/7.json", 7).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn commit_creates_with_if_none_match_then_updates() {
+        let store = MemoryStore::new();
+        let clock = ManualClock::new(1_000);
+        let c1 = commit(&store, "m", 7, &clock, CommitPolicy::default(), |m| {
+            m.files.push(entry("a", Tier::Base));
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert_eq!((c1.manifest.version, c1.manifest.updated_at_ms), (1, 1_000));
+        // The clock did not move: updated_at_ms still increases.
+        let c2 = commit(&store, "m", 7, &clock, CommitPolicy::default(), |m| {
+            m.files.push(entry("b", Tier::Delta));
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert_eq!((c2.manifest.version, c2.manifest.updated_at_ms), (2, 1_001));
+        let back = load(&store, "m", 7).await.unwrap().unwrap();
+        assert_eq!(back.manifest, c2.manifest);
+        assert_eq!(back.etag, c2.etag);
+    }
+
+    #[tokio::test]
+    async fn a_write_failure_is_ambiguous_not_a_conflict() {
+        let faulty = FaultStore::new(Arc::new(MemoryStore::new()));
+        faulty.arm(Op::PutBytes, None, 1, Action::FailAfter);
+        let clock = ManualClock::new(1);
+        let err = commit(&faulty, "m", 7, &clock, CommitPolicy::default(), |_| Ok(()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::AmbiguousCommit { .. }), "{err}");
+        // It did land: the ambiguity was real.
+        assert!(load(&faulty, "m", 7).await.unwrap().is_some());
+    }
+}

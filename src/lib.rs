@@ -1,0 +1,21 @@
+//! lakecdc: exports a PostgreSQL entity store into a verifiable Parquet lake on S3 or a local
+//! directory.
+//!
+//! Layering (dependencies point down only):
+//! - jobs: [`init_db`] (and, as they land, flush, init, compact, gc/verify, inspect);
+//! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
+//!   format), [`store`] (object storage); building blocks never call each other, except that
+//!   `lake` commits manifests through the `store` trait;
+//! - the domain model: [`schema`], [`config`], [`clock`].
+
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod init_db;
+pub mod lake;
+pub mod schema;
+pub mod source;
+pub mod store;
+
+pub use error::{Error, Result};

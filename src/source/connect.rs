@@ -1,0 +1,530 @@
+//! Connecting to PostgreSQL: from a URL, a keyword DSN, or the libpq `PG*` variables (which
+//! fill whatever the string leaves out, as in libpq), with `sslmode` disable / allow / prefer /
+//! require / verify-ca / verify-full over rustls. The [`Connector`] never exposes the password:
+//! its `Debug` and [`Connector::describe`] omit it, and driver errors are wrapped with the
+//! operation only.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::conninfo;
+use crate::error::{Error, Result};
+
+/// What the operator gave us to reach PostgreSQL. The library never reads the environment:
+/// the binary passes the `PG*` variables in `env`.
+#[derive(Clone, Default)]
+pub struct PgSettings {
+    /// A URL or keyword DSN (`--pg-url`, `LAKECDC_PG_URL`, `DATABASE_URL`).
+    pub conninfo: Option<String>,
+    /// `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`,
+    /// `PGAPPNAME`, `PGCONNECT_TIMEOUT` as set in the environment.
+    pub env: BTreeMap<String, String>,
+    /// Reported as `application_name` unless the string sets one.
+    pub application_name: String,
+    /// Limit for establishing a connection.
+    pub connect_timeout: Duration,
+    /// Limit for one statement.
+    pub statement_timeout: Duration,
+}
+
+impl std::fmt::Debug for PgSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSettings")
+            .field("conninfo", &self.conninfo.as_ref().map(|_| "<redacted>"))
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `PG*` variables [`PgSettings::env`] may carry.
+pub const PG_ENV_VARS: [&str; 9] = [
+    "PGHOST",
+    "PGPORT",
+    "PGUSER",
+    "PGPASSWORD",
+    "PGDATABASE",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGAPPNAME",
+    "PGCONNECT_TIMEOUT",
+];
+
+/// The TLS policy of `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// No TLS.
+    Disable,
+    /// TLS if the server offers it, certificate not verified.
+    Prefer,
+    /// TLS required, certificate not verified.
+    Require,
+    /// TLS required, chain verified against the CA, host name not checked.
+    VerifyCa,
+    /// TLS required, chain and host name verified.
+    VerifyFull,
+}
+
+impl TlsPolicy {
+    fn parse(mode: &str) -> Result<Self> {
+        Ok(match mode {
+            "disable" => TlsPolicy::Disable,
+            "allow" | "prefer" => TlsPolicy::Prefer,
+            "require" => TlsPolicy::Require,
+            "verify-ca" => TlsPolicy::VerifyCa,
+            "verify-full" => TlsPolicy::VerifyFull,
+            other => {
+                return Err(Error::config(format!(
+                    "sslmode {other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
+                )));
+            }
+        })
+    }
+}
+
+/// A validated way to open connections; opening none until asked.
+#[derive(Clone)]
+pub struct Connector {
+    config: Config,
+    tls: TlsPolicy,
+    rustls: Option<MakeRustlsConnect>,
+    statement_timeout: Duration,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("target", &self.describe())
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connector {
+    /// Validates the settings and prepares TLS. Makes no connection.
+    pub fn new(settings: &PgSettings) -> Result<Self> {
+        let env = |k: &str| settings.env.get(k).filter(|v| !v.is_empty()).cloned();
+        let env_port = match env("PGPORT") {
+            Some(p) => Some(
+                p.parse::<u16>()
+                    .map_err(|_| Error::config("PGPORT is not a port number"))?,
+            ),
+            None => None,
+        };
+        let info = match settings
+            .conninfo
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+        {
+            Some(s) => conninfo::parse(s, env_port)?,
+            None => conninfo::Conninfo {
+                driver: String::new(),
+                sslmode: None,
+                sslrootcert: None,
+            },
+        };
+        let mut config: Config = if info.driver.is_empty() {
+            Config::new()
+        } else {
+            info.driver.parse().map_err(|e: tokio_postgres::Error| {
+                // The driver's parse errors name the option, never its value.
+                Error::config(format!("invalid PostgreSQL connection string: {e}"))
+            })?
+        };
+        if config.get_hosts().is_empty() {
+            let host = env("PGHOST").unwrap_or_else(|| "localhost".to_string());
+            for h in host.split(',') {
+                config.host(h);
+            }
+        }
+        if config.get_ports().is_empty()
+            && let Some(port) = env_port
+        {
+            config.port(port);
+        }
+        if config.get_user().is_none() {
+            config.user(env("PGUSER").unwrap_or_else(|| "postgres".to_string()));
+        }
+        if config.get_password().is_none()
+            && let Some(pw) = env("PGPASSWORD")
+        {
+            config.password(pw);
+        }
+        if config.get_dbname().is_none()
+            && let Some(db) = env("PGDATABASE")
+        {
+            config.dbname(db);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name(
+                env("PGAPPNAME").unwrap_or_else(|| settings.application_name.clone()),
+            );
+        }
+        if config.get_connect_timeout().is_none() {
+            let secs = env("PGCONNECT_TIMEOUT").and_then(|s| s.parse::<u64>().ok());
+            config.connect_timeout(secs.map_or(settings.connect_timeout, Duration::from_secs));
+        }
+        let mode = info
+            .sslmode
+            .or_else(|| env("PGSSLMODE"))
+            .unwrap_or_else(|| "prefer".to_string());
+        let tls = TlsPolicy::parse(&mode)?;
+        let rootcert = info.sslrootcert.or_else(|| env("PGSSLROOTCERT"));
+        config.ssl_mode(match tls {
+            TlsPolicy::Disable => SslMode::Disable,
+            TlsPolicy::Prefer => SslMode::Prefer,
+            _ => SslMode::Require,
+        });
+        let rustls = match tls {
+            TlsPolicy::Disable => None,
+            other => Some(MakeRustlsConnect::new(client_config(
+                other,
+                rootcert.map(PathBuf::from),
+            )?)),
+        };
+        Ok(Self {
+            config,
+            tls,
+            rustls,
+            statement_timeout: settings.statement_timeout,
+        })
+    }
+
+    /// `user@host:port/dbname`, never the password.
+    pub fn describe(&self) -> String {
+        let host = self
+            .config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                Host::Tcp(s) => s.clone(),
+                Host::Unix(p) => p.display().to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        format!(
+            "{}@{host}:{port}/{}",
+            self.config.get_user().unwrap_or(""),
+            self.config.get_dbname().unwrap_or("")
+        )
+    }
+
+    /// The TLS policy in force.
+    pub fn tls_policy(&self) -> TlsPolicy {
+        self.tls
+    }
+
+    /// The per-statement time limit.
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+    }
+
+    /// The password the connection will use, for tests of the parsing rules.
+    pub fn password_for_tests(&self) -> Option<&[u8]> {
+        self.config.get_password()
+    }
+
+    /// Opens one connection; its driver task runs until the client is dropped.
+    pub async fn connect(&self) -> Result<Client> {
+        let op = format!("connect to {}", self.describe());
+        match &self.rustls {
+            None => {
+                let (client, conn) = self
+                    .config
+                    .connect(NoTls)
+                    .await
+                    .map_err(Error::postgres(op))?;
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "postgres connection closed");
+                    }
+                });
+                Ok(client)
+            }
+            Some(tls) => {
+                let (client, conn) = self
+                    .config
+                    .connect(tls.clone())
+                    .await
+                    .map_err(Error::postgres(op))?;
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "postgres connection closed");
+                    }
+                });
+                Ok(client)
+            }
+        }
+    }
+}
+
+/// Runs a PostgreSQL future under the statement time limit.
+pub async fn timed<T>(
+    limit: Duration,
+    op: &str,
+    fut: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(res) => res.map_err(Error::postgres(op)),
+        Err(_) => Err(Error::PostgresTimeout {
+            op: op.to_string(),
+            seconds: limit.as_secs(),
+        }),
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+fn client_config(policy: TlsPolicy, rootcert: Option<PathBuf>) -> Result<rustls::ClientConfig> {
+    let provider = provider();
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::config(format!("TLS setup failed: {e}")))?;
+    let verifier: Arc<dyn ServerCertVerifier> = match policy {
+        TlsPolicy::Disable | TlsPolicy::Prefer | TlsPolicy::Require => {
+            Arc::new(NoVerification(provider))
+        }
+        TlsPolicy::VerifyCa | TlsPolicy::VerifyFull => {
+            let roots = Arc::new(root_store(rootcert)?);
+            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| Error::config(format!("TLS setup failed: {e}")))?;
+            if policy == TlsPolicy::VerifyCa {
+                Arc::new(IgnoreHostName(webpki))
+            } else {
+                webpki
+            }
+        }
+    };
+    Ok(builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth())
+}
+
+/// The CA roots: `sslrootcert` when given (`system` means the platform store), else the
+/// platform store.
+fn root_store(rootcert: Option<PathBuf>) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    match rootcert.filter(|p| p.as_os_str() != "system") {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(&path)
+                .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
+                .map_err(|e| {
+                    Error::config(format!(
+                        "sslrootcert {}: cannot read PEM certificates ({e})",
+                        path.display()
+                    ))
+                })?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(Error::config(format!(
+                    "sslrootcert {}: no usable CA certificate",
+                    path.display()
+                )));
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(native.certs);
+            if roots.is_empty() {
+                return Err(Error::config(
+                    "sslmode verify-ca/verify-full needs CA certificates: set sslrootcert",
+                ));
+            }
+        }
+    }
+    Ok(roots)
+}
+
+/// `require`/`prefer`: encrypt, but (as libpq) do not verify the certificate.
+#[derive(Debug)]
+struct NoVerification(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `verify-ca`: the chain must verify; the host name is not checked.
+#[derive(Debug)]
+struct IgnoreHostName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for IgnoreHostName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(conninfo: Option<&str>, env: &[(&str, &str)]) -> PgSettings {
+        PgSettings {
+            conninfo: conninfo.map(str::to_string),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            application_name: "lakecdc".into(),
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn dsn_with_spaces_and_quotes_reaches_the_driver_intact() {
+        let c = Connector::new(&settings(
+            Some(r"host=127.0.0.1 user='we ird' password='p a\'ss\\w' dbname=db sslmode=disable"),
+            &[],
+        ))
+        .unwrap();
+        assert_eq!(c.password_for_tests(), Some(&br"p a'ss\w"[..]));
+        assert_eq!(c.describe(), "we ird@127.0.0.1:5432/db");
+        assert_eq!(c.tls_policy(), TlsPolicy::Disable);
+        assert!(!format!("{c:?}").contains("ss"));
+    }
+
+    #[test]
+    fn env_fills_what_the_string_leaves_out() {
+        let env = [
+            ("PGHOST", "10.0.0.9"),
+            ("PGPORT", "6543"),
+            ("PGUSER", "envuser"),
+            ("PGPASSWORD", "envpw"),
+            ("PGDATABASE", "envdb"),
+            ("PGSSLMODE", "require"),
+        ];
+        let c = Connector::new(&settings(None, &env)).unwrap();
+        assert_eq!(c.describe(), "envuser@10.0.0.9:6543/envdb");
+        assert_eq!(c.password_for_tests(), Some(&b"envpw"[..]));
+        assert_eq!(c.tls_policy(), TlsPolicy::Require);
+        let c = Connector::new(&settings(Some("postgres://u@h/db?sslmode=disable"), &env)).unwrap();
+        assert_eq!(c.describe(), "u@h:6543/db");
+        assert_eq!(
+            c.password_for_tests(),
+            Some(&b"envpw"[..]),
+            "PGPASSWORD is the fallback"
+        );
+        assert_eq!(c.tls_policy(), TlsPolicy::Disable);
+    }
+
+    #[test]
+    fn bad_settings_name_the_setting_not_the_secret() {
+        for (s, env) in [
+            ("host=h password='hunter2 x' sslmode=bogus", vec![]),
+            ("host=h password='hunter2 x' nosuchoption=1", vec![]),
+            ("host=h password='hunter2 x", vec![]),
+            ("postgres://u:hunter2@h:notaport/db", vec![]),
+            ("host=h", vec![("PGPORT", "hunter2")]),
+        ] {
+            let e = Connector::new(&settings(Some(s), &env))
+                .unwrap_err()
+                .to_string();
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn verify_modes_need_readable_roots() {
+        let e = Connector::new(&settings(
+            Some("host=h sslmode=verify-full sslrootcert=/nonexistent/ca.pem"),
+            &[],
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("sslrootcert /nonexistent/ca.pem"), "{e}");
+    }
+}

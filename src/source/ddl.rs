@@ -1,0 +1,195 @@
+//! The source tables' DDL (study §1.1, DESIGN §2) and schema registration, for `init-db`.
+//! Everything runs in one transaction under a transaction-scoped advisory lock, so concurrent
+//! `init-db` runs serialise instead of racing on `CREATE TABLE IF NOT EXISTS`.
+
+use tokio_postgres::{Client, GenericClient};
+
+use super::connect::timed;
+use crate::config::{TableName, Tables};
+use crate::error::{Error, Result};
+use crate::schema::slot_columns;
+
+/// Lock key serialising `init-db` runs (single-bigint keyspace, disjoint from schema locks).
+const INIT_DB_LOCK: i64 = 0x6c61_6b65_6364_6301;
+/// The first id given to a schema in an empty registry.
+pub const FIRST_SCHEMA_ID: i16 = 100;
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// What `init-db` did to one object.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ObjectStatus {
+    /// The table or index name.
+    pub name: String,
+    /// True when this run created it.
+    pub created: bool,
+}
+
+/// A schema's registration outcome.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Registration {
+    /// Schema name.
+    pub name: String,
+    /// Its id.
+    pub id: i16,
+    /// True when this run registered it.
+    pub created: bool,
+}
+
+/// The `CREATE TABLE` statements, in creation order, with the table they create.
+pub fn table_ddl(t: &Tables) -> Vec<(&TableName, String)> {
+    let slots: String = slot_columns()
+        .iter()
+        .map(|(name, ty)| format!("    {name} {},\n", ty.sql()))
+        .collect();
+    vec![
+        (
+            &t.registry,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\n    schema_name TEXT PRIMARY KEY,\n    schema_id SMALLINT UNIQUE NOT NULL\n)",
+                t.registry.quoted()
+            ),
+        ),
+        (
+            &t.entity,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\n    ltbase_schema_id SMALLINT NOT NULL,\n    ltbase_row_id UUID NOT NULL,\n{slots}    ltbase_created_at BIGINT NOT NULL,\n    ltbase_updated_at BIGINT NOT NULL,\n    ltbase_deleted_at BIGINT,\n    ltbase_created_by TEXT,\n    ltbase_updated_by TEXT,\n    ltbase_deleted_by TEXT,\n    PRIMARY KEY (ltbase_schema_id, ltbase_row_id)\n)",
+                t.entity.quoted()
+            ),
+        ),
+        (
+            &t.eav,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\n    schema_id SMALLINT NOT NULL,\n    row_id UUID NOT NULL,\n    attr_id SMALLINT NOT NULL,\n    array_indices TEXT NOT NULL DEFAULT '',\n    value_text TEXT,\n    value_numeric DOUBLE PRECISION,\n    PRIMARY KEY (schema_id, row_id, attr_id, array_indices)\n)",
+                t.eav.quoted()
+            ),
+        ),
+        (
+            &t.change_log,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\n    schema_id SMALLINT NOT NULL,\n    row_id UUID NOT NULL,\n    flushed_at BIGINT NOT NULL DEFAULT 0,\n    changed_at BIGINT NOT NULL,\n    deleted_at BIGINT,\n    PRIMARY KEY (schema_id, row_id, flushed_at)\n)",
+                t.change_log.quoted()
+            ),
+        ),
+    ]
+}
+
+/// The name of the `change_log (schema_id, flushed_at, changed_at)` index.
+pub fn change_log_index(t: &Tables) -> String {
+    t.change_log.derived("dirty_idx")
+}
+
+/// True when `change_log` has an index leading with `(schema_id, flushed_at)`, whatever its
+/// name.
+pub async fn change_log_index_exists(client: &impl GenericClient, t: &Tables) -> Result<bool> {
+    let row = timed(
+        TIMEOUT,
+        "check change_log index",
+        client.query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i \
+             JOIN pg_attribute a1 ON a1.attrelid = i.indrelid AND a1.attnum = i.indkey[0] \
+             JOIN pg_attribute a2 ON a2.attrelid = i.indrelid AND a2.attnum = i.indkey[1] \
+             WHERE i.indrelid = to_regclass($1) AND a1.attname = 'schema_id' AND a2.attname = 'flushed_at')",
+            &[&t.change_log.quoted()],
+        ),
+    )
+    .await?;
+    Ok(row.get(0))
+}
+
+/// Creates whatever is missing and registers `schema_names` (sorted by the caller); existing
+/// names keep their id, new names get `max(FIRST_SCHEMA_ID, max id + 1)` onwards.
+pub async fn apply(
+    client: &mut Client,
+    t: &Tables,
+    schema_names: &[String],
+) -> Result<(Vec<ObjectStatus>, Vec<Registration>)> {
+    let tx = timed(TIMEOUT, "begin init-db", client.transaction()).await?;
+    timed(
+        TIMEOUT,
+        "lock init-db",
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&INIT_DB_LOCK]),
+    )
+    .await?;
+    let mut objects = Vec::new();
+    for (table, sql) in table_ddl(t) {
+        let exists = timed(
+            TIMEOUT,
+            "check table",
+            tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()]),
+        )
+        .await?
+        .get::<_, bool>(0);
+        if !exists {
+            timed(TIMEOUT, "create table", tx.batch_execute(&sql)).await?;
+        }
+        objects.push(ObjectStatus {
+            name: table.quoted(),
+            created: !exists,
+        });
+    }
+    let index_sql_exists = change_log_index_exists(&tx, t).await?;
+    if !index_sql_exists {
+        let sql = format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (schema_id, flushed_at, changed_at)",
+            change_log_index(t),
+            t.change_log.quoted()
+        );
+        timed(TIMEOUT, "create change_log index", tx.batch_execute(&sql)).await?;
+    }
+    objects.push(ObjectStatus {
+        name: change_log_index(t),
+        created: !index_sql_exists,
+    });
+
+    let rows = timed(
+        TIMEOUT,
+        "read schema registry",
+        tx.query(
+            &format!("SELECT schema_name, schema_id FROM {}", t.registry.quoted()),
+            &[],
+        ),
+    )
+    .await?;
+    let existing: Vec<(String, i16)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut next = existing
+        .iter()
+        .map(|(_, id)| i32::from(*id) + 1)
+        .max()
+        .unwrap_or(0)
+        .max(i32::from(FIRST_SCHEMA_ID));
+    let insert = format!(
+        "INSERT INTO {} (schema_name, schema_id) VALUES ($1, $2) ON CONFLICT (schema_name) DO NOTHING",
+        t.registry.quoted()
+    );
+    let mut registrations = Vec::new();
+    for name in schema_names {
+        if let Some((_, id)) = existing.iter().find(|(n, _)| n == name) {
+            registrations.push(Registration {
+                name: name.clone(),
+                id: *id,
+                created: false,
+            });
+            continue;
+        }
+        let id = i16::try_from(next).map_err(|_| {
+            Error::config(format!(
+                "cannot register schema {name:?}: schema ids are exhausted (max {})",
+                i16::MAX
+            ))
+        })?;
+        timed(
+            TIMEOUT,
+            "register schema",
+            tx.execute(&insert, &[name, &id]),
+        )
+        .await?;
+        registrations.push(Registration {
+            name: name.clone(),
+            id,
+            created: true,
+        });
+        next += 1;
+    }
+    timed(TIMEOUT, "commit init-db", tx.commit()).await?;
+    Ok((objects, registrations))
+}

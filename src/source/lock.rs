@@ -1,0 +1,75 @@
+//! The per-schema advisory lock: `pg_try_advisory_lock(id, id)` (the two-int4 keyspace) held by
+//! one dedicated connection for the whole job, released on that same connection (study §10
+//! #290) — or, if the process dies, by PostgreSQL when the connection closes.
+
+use tokio_postgres::Client;
+
+use super::connect::{Connector, timed};
+use crate::error::Result;
+
+/// A held schema lock. Dropping it closes the connection, which also releases the lock.
+#[derive(Debug)]
+pub struct SchemaLock {
+    client: Client,
+    schema_id: i16,
+    backend_pid: i32,
+    connector: Connector,
+}
+
+impl SchemaLock {
+    /// Tries to take the lock on a new dedicated connection; `Ok(None)` when another session
+    /// holds it.
+    pub async fn try_acquire(connector: &Connector, schema_id: i16) -> Result<Option<Self>> {
+        let client = connector.connect().await?;
+        let limit = connector.statement_timeout();
+        let row = timed(
+            limit,
+            "take schema lock",
+            client.query_one(
+                "SELECT pg_try_advisory_lock($1::int4, $1::int4), pg_backend_pid()",
+                &[&i32::from(schema_id)],
+            ),
+        )
+        .await?;
+        let locked: bool = row.get(0);
+        if !locked {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            backend_pid: row.get(1),
+            client,
+            schema_id,
+            connector: connector.clone(),
+        }))
+    }
+
+    /// The schema this lock protects.
+    pub fn schema_id(&self) -> i16 {
+        self.schema_id
+    }
+
+    /// The PostgreSQL backend pid holding the lock.
+    pub fn backend_pid(&self) -> i32 {
+        self.backend_pid
+    }
+
+    /// The lock's own connection (for work that must run inside the lock's session).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Releases the lock on the connection that took it, then closes that connection.
+    /// Returns whether PostgreSQL confirmed the release.
+    pub async fn release(self) -> Result<bool> {
+        let row = timed(
+            self.connector.statement_timeout(),
+            "release schema lock",
+            self.client.query_one(
+                "SELECT pg_advisory_unlock($1::int4, $1::int4)",
+                &[&i32::from(self.schema_id)],
+            ),
+        )
+        .await?;
+        Ok(row.get(0))
+    }
+}

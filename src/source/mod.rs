@@ -1,0 +1,14 @@
+//! PostgreSQL: connecting (DSN, TLS), the per-schema advisory lock, the schema registry,
+//! `change_log` statistics, and the `init-db` DDL. PostgreSQL types never leave this module
+//! except the `Client` handle the jobs pass back into it.
+
+pub mod connect;
+pub mod conninfo;
+pub mod ddl;
+pub mod lock;
+pub mod registry;
+pub mod stats;
+
+pub use connect::{Connector, PgSettings, TlsPolicy};
+pub use lock::SchemaLock;
+pub use tokio_postgres::Client;

@@ -1,0 +1,199 @@
+//! Object storage: the [`ObjectStore`] trait and its backends.
+//!
+//! Keys are store-relative (`data/7/….parquet`, `manifest/7.json`) and used verbatim: no backend
+//! trims, joins or normalises them. Data keys are write-once by construction (UUID names); the
+//! only overwritten objects are manifests and gc state, always through a conditional
+//! [`PutMode`]. Backends: [`s3`] (aws-sdk-s3), [`local`] (a directory), [`memory`] (unit tests),
+//! and the [`fault`] decorator that injects failures and pauses into any of them.
+
+pub mod fault;
+pub mod local;
+pub mod memory;
+pub mod s3;
+
+use std::path::Path;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+/// Objects at least this large are uploaded in parts (S3) by `put_file`.
+pub const MULTIPART_THRESHOLD: u64 = 16 * 1024 * 1024;
+
+/// How a `put_bytes` treats an existing object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutMode {
+    /// Write unconditionally.
+    Overwrite,
+    /// Write only if no object exists (`If-None-Match: *`).
+    Create,
+    /// Write only if the current object has this etag (`If-Match`).
+    Update(String),
+}
+
+/// What a successful upload stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutResult {
+    /// Bytes stored.
+    pub size: u64,
+    /// SHA-256 of exactly the bytes stored, computed while uploading.
+    pub sha256: [u8; 32],
+    /// The object's new etag.
+    pub etag: String,
+}
+
+impl PutResult {
+    /// The checksum in the manifest's `sha256:<hex>` form.
+    pub fn checksum(&self) -> String {
+        format!("sha256:{}", hex::encode(self.sha256))
+    }
+}
+
+/// An object read into memory.
+#[derive(Debug, Clone)]
+pub struct GetResult {
+    /// The object's bytes.
+    pub bytes: Bytes,
+    /// The etag of the version read (for a later `PutMode::Update`).
+    pub etag: String,
+}
+
+/// An object downloaded to a local file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Download {
+    /// Bytes written to the file.
+    pub size: u64,
+    /// SHA-256 of the bytes, computed while downloading.
+    pub sha256: [u8; 32],
+}
+
+/// Metadata of one stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// The object's key.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The object's etag.
+    pub etag: String,
+    /// Last modification, epoch milliseconds.
+    pub last_modified_ms: i64,
+}
+
+/// A classified store failure. Only [`StoreError::Conflict`] proves a conditional write did not
+/// happen; every other failure of a write is ambiguous.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The object (or bucket) does not exist.
+    #[error("not found")]
+    NotFound,
+    /// The bucket does not exist.
+    #[error("bucket {bucket} does not exist: create it or fix --lake")]
+    NoSuchBucket {
+        /// The missing bucket.
+        bucket: String,
+    },
+    /// A conditional write's precondition failed (412, 409, or 404 for If-Match on a missing
+    /// key): the write did not happen.
+    #[error("precondition failed: the object was changed by another writer")]
+    Conflict,
+    /// The key cannot be stored by this backend (e.g. escapes the lake directory).
+    #[error("invalid key: {reason}")]
+    InvalidKey {
+        /// Why the key is refused.
+        reason: &'static str,
+    },
+    /// The call did not finish within its time limit.
+    #[error("timed out after {seconds}s")]
+    Timeout {
+        /// The limit that was exceeded.
+        seconds: u64,
+    },
+    /// A local I/O error.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Any other backend failure (network, auth, server error).
+    #[error("{message}")]
+    Backend {
+        /// A short description (never credentials).
+        message: String,
+        /// The SDK's error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// Injected by the fault decorator (tests).
+    #[error("injected fault")]
+    Injected,
+}
+
+impl StoreError {
+    /// True for the store's typed not-found (object missing). `NoSuchBucket` is not "not found":
+    /// a missing bucket must never read as an empty manifest.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, StoreError::NotFound)
+    }
+
+    /// True when a conditional write provably did not happen.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict)
+    }
+}
+
+/// The storage seam every job uses. Implementations must be safe to call concurrently.
+#[async_trait]
+pub trait ObjectStore: Send + Sync + std::fmt::Debug {
+    /// A short description for messages, e.g. `s3://bucket` or `/srv/lake`.
+    fn describe(&self) -> String;
+
+    /// Uploads a local file (multipart above [`MULTIPART_THRESHOLD`] where the backend supports
+    /// it), returning the stored size, its SHA-256 and etag.
+    async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError>;
+
+    /// Writes an in-memory body under a [`PutMode`].
+    async fn put_bytes(
+        &self,
+        key: &str,
+        body: Bytes,
+        mode: PutMode,
+    ) -> Result<PutResult, StoreError>;
+
+    /// Reads a whole object into memory.
+    async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError>;
+
+    /// Downloads an object to a local file, hashing while writing.
+    async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError>;
+
+    /// The object's metadata.
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
+
+    /// Copies `from` to `to` within the store (overwriting `to`).
+    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError>;
+
+    /// Deletes an object; deleting a missing object succeeds.
+    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Every object whose key starts with `prefix`, in key order.
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError>;
+}
+
+/// SHA-256 of a byte slice.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Opens the store a [`crate::config::LakeLocation`] names. Makes no network request.
+pub async fn open(
+    location: &crate::config::LakeLocation,
+    s3: &s3::S3Options,
+) -> Result<std::sync::Arc<dyn ObjectStore>, StoreError> {
+    Ok(match location {
+        crate::config::LakeLocation::Local(path) => {
+            std::sync::Arc::new(local::LocalStore::open(path)?)
+        }
+        crate::config::LakeLocation::S3 { bucket, .. } => {
+            let mut opts = s3.clone();
+            opts.bucket = bucket.clone();
+            std::sync::Arc::new(s3::S3Store::connect(&opts).await)
+        }
+    })
+}

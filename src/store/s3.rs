@@ -1,0 +1,527 @@
+//! The S3 backend (aws-sdk-s3).
+//!
+//! Credentials, region and profiles come from aws-config's default chain only (env, profile,
+//! IMDS/IRSA): one resolution path for everything (study §10 #302/#326/#329). An endpoint
+//! override and path-style addressing support S3-compatible servers. Every call has a time
+//! limit. Conditional writes run with SDK retries disabled: a retried conditional PUT whose
+//! first attempt landed would come back 412 and make a committed write look lost.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::Region;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart};
+use aws_smithy_types::retry::RetryConfig;
+use aws_smithy_types::timeout::TimeoutConfig;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{
+    Download, GetResult, MULTIPART_THRESHOLD, ObjectMeta, ObjectStore, PutMode, PutResult,
+    StoreError,
+};
+
+/// Size of each multipart part.
+const PART_SIZE: usize = 16 * 1024 * 1024;
+/// Parts uploaded at once (bounds memory to about `PART_SIZE * PART_CONCURRENCY`).
+const PART_CONCURRENCY: usize = 4;
+
+/// How to reach the S3 service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Options {
+    /// The bucket holding the lake.
+    pub bucket: String,
+    /// Endpoint override (S3-compatible servers); `None` uses AWS's resolution.
+    pub endpoint: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`).
+    pub path_style: bool,
+    /// Region override; otherwise the chain's, else `us-east-1`.
+    pub region: Option<String>,
+    /// Limit for one attempt of a request.
+    pub attempt_timeout: Duration,
+    /// Limit for a whole request including retries.
+    pub operation_timeout: Duration,
+}
+
+impl S3Options {
+    /// Options for `bucket` with the default time limits.
+    pub fn new(bucket: impl Into<String>) -> Self {
+        Self {
+            bucket: bucket.into(),
+            endpoint: None,
+            path_style: false,
+            region: None,
+            attempt_timeout: Duration::from_secs(120),
+            operation_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Refuses a half-set static credential pair in the environment: the SDK would otherwise fall
+/// through to another provider or fail signing with an opaque error (study §10 #302).
+pub fn check_env_credentials(
+    access_key_id: Option<&str>,
+    secret_access_key: Option<&str>,
+) -> Result<(), String> {
+    let set = |v: Option<&str>| v.is_some_and(|s| !s.is_empty());
+    match (set(access_key_id), set(secret_access_key)) {
+        (true, false) => Err(
+            "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not: set both, or neither to use the profile or instance credentials".to_string(),
+        ),
+        (false, true) => Err(
+            "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not: set both, or neither to use the profile or instance credentials".to_string(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// An S3 bucket as an [`ObjectStore`].
+#[derive(Debug, Clone)]
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+}
+
+impl S3Store {
+    /// Builds a client from aws-config's default chain plus `opts`. Makes no request.
+    pub async fn connect(opts: &S3Options) -> Self {
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(opts.attempt_timeout)
+            .operation_attempt_timeout(opts.attempt_timeout)
+            .operation_timeout(opts.operation_timeout)
+            .build();
+        let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
+        if let Some(region) = &opts.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        let shared = loader.load().await;
+        let mut builder = aws_sdk_s3::config::Builder::from(&shared);
+        if shared.region().is_none() {
+            builder = builder.region(Region::new("us-east-1"));
+        }
+        if let Some(endpoint) = &opts.endpoint {
+            builder = builder.endpoint_url(endpoint.clone());
+        }
+        builder = builder.force_path_style(opts.path_style);
+        Self {
+            client: Client::from_conf(builder.build()),
+            bucket: opts.bucket.clone(),
+        }
+    }
+
+    /// The bucket name.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The SDK client, for test setup (bucket creation).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    async fn put_multipart(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .checksum_algorithm(ChecksumAlgorithm::Crc32)
+            .send()
+            .await
+            .map_err(|e| classify(e, "create multipart upload", &self.bucket))?;
+        let upload_id = created.upload_id().unwrap_or_default().to_string();
+        match self.upload_parts(key, &upload_id, path).await {
+            Ok(done) => Ok(done),
+            Err(err) => {
+                let _ = self
+                    .client
+                    .abort_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .upload_id(&upload_id)
+                    .send()
+                    .await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Reads the file sequentially (hashing as it goes) and uploads parts concurrently.
+    async fn upload_parts(
+        &self,
+        key: &str,
+        upload_id: &str,
+        path: &Path,
+    ) -> Result<PutResult, StoreError> {
+        let mut file = tokio::fs::File::open(path).await?;
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut part_number = 0i32;
+        let mut pending = futures::stream::FuturesOrdered::new();
+        let mut parts = Vec::new();
+        loop {
+            let chunk = read_chunk(&mut file, PART_SIZE).await?;
+            if chunk.is_empty() && part_number > 0 {
+                break;
+            }
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            part_number += 1;
+            let last = chunk.len() < PART_SIZE;
+            pending.push_back(self.upload_part(key, upload_id, part_number, chunk));
+            while pending.len() >= PART_CONCURRENCY {
+                if let Some(part) = pending.next().await {
+                    parts.push(part?);
+                }
+            }
+            if last {
+                break;
+            }
+        }
+        let rest: Vec<CompletedPart> = pending.try_collect().await?;
+        parts.extend(rest);
+        let done = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| classify(e, "complete multipart upload", &self.bucket))?;
+        Ok(PutResult {
+            size,
+            sha256: hasher.finalize().into(),
+            etag: done.e_tag().unwrap_or_default().to_string(),
+        })
+    }
+
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        chunk: Bytes,
+    ) -> Result<CompletedPart, StoreError> {
+        let out = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(part_number)
+            .checksum_algorithm(ChecksumAlgorithm::Crc32)
+            .body(ByteStream::from(chunk))
+            .send()
+            .await
+            .map_err(|e| classify(e, "upload part", &self.bucket))?;
+        let mut part = CompletedPart::builder()
+            .part_number(part_number)
+            .set_e_tag(out.e_tag().map(str::to_string));
+        if let Some(crc) = out.checksum_crc32() {
+            part = part.checksum_crc32(crc);
+        }
+        Ok(part.build())
+    }
+}
+
+async fn read_chunk(file: &mut tokio::fs::File, max: usize) -> std::io::Result<Bytes> {
+    let mut buf = Vec::with_capacity(max);
+    while buf.len() < max {
+        let n = (&mut *file)
+            .take((max - buf.len()) as u64)
+            .read_to_end(&mut buf)
+            .await?;
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Percent-encodes a `CopySource` (`bucket/key`), keeping `/` (study §10 #516).
+fn copy_source(bucket: &str, key: &str) -> String {
+    let mut out = String::with_capacity(bucket.len() + key.len() + 1);
+    for b in format!("{bucket}/{key}").bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Maps an SDK error to a [`StoreError`], keeping the semantic cases.
+fn classify<E>(err: SdkError<E, HttpResponse>, op: &'static str, bucket: &str) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let status = err.raw_response().map(|r| r.status().as_u16());
+    let code = err.code().map(str::to_string);
+    match (&err, code.as_deref(), status) {
+        (_, Some("NoSuchBucket"), _) => StoreError::NoSuchBucket {
+            bucket: bucket.to_string(),
+        },
+        (_, Some("NoSuchKey" | "NotFound"), _) | (_, _, Some(404)) => StoreError::NotFound,
+        (SdkError::TimeoutError(_), _, _) => StoreError::Timeout { seconds: 0 },
+        _ => {
+            let message = match (code.as_deref(), status) {
+                (Some(code), Some(status)) => format!("{op}: {code} (HTTP {status})"),
+                (None, Some(status)) => format!("{op}: HTTP {status}"),
+                (Some(code), None) => format!("{op}: {code}"),
+                (None, None) => format!("{op}: {}", aws_sdk_s3::error::DisplayErrorContext(&err)),
+            };
+            StoreError::Backend {
+                message,
+                source: Some(Box::new(err)),
+            }
+        }
+    }
+}
+
+/// Classifies a conditional write's failure: 412, 409 and (for If-Match) 404 prove the write
+/// did not happen.
+fn classify_conditional<E>(
+    err: SdkError<E, HttpResponse>,
+    mode: &PutMode,
+    bucket: &str,
+) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let code = err.code().map(str::to_string);
+    let status = err.raw_response().map(|r| r.status().as_u16());
+    match (status, code.as_deref(), mode) {
+        (_, Some("NoSuchBucket"), _) => classify(err, "put object", bucket),
+        (Some(412), _, _) | (Some(409), _, _) => StoreError::Conflict,
+        (_, Some("PreconditionFailed" | "ConditionalRequestConflict"), _) => StoreError::Conflict,
+        (Some(404), _, PutMode::Update(_)) => StoreError::Conflict,
+        _ => classify(err, "put object", bucket),
+    }
+}
+
+#[async_trait]
+impl ObjectStore for S3Store {
+    fn describe(&self) -> String {
+        format!("s3://{}", self.bucket)
+    }
+
+    async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
+        let len = tokio::fs::metadata(path).await?.len();
+        if len >= MULTIPART_THRESHOLD {
+            return self.put_multipart(key, path).await;
+        }
+        let body = Bytes::from(tokio::fs::read(path).await?);
+        self.put_bytes(key, body, PutMode::Overwrite).await
+    }
+
+    async fn put_bytes(
+        &self,
+        key: &str,
+        body: Bytes,
+        mode: PutMode,
+    ) -> Result<PutResult, StoreError> {
+        let sha256 = super::sha256(&body);
+        let size = body.len() as u64;
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .body(ByteStream::from(body));
+        let conditional = match &mode {
+            PutMode::Overwrite => false,
+            PutMode::Create => {
+                req = req.if_none_match("*");
+                true
+            }
+            PutMode::Update(etag) => {
+                req = req.if_match(etag);
+                true
+            }
+        };
+        let sent = if conditional {
+            req.customize()
+                .config_override(
+                    aws_sdk_s3::config::Builder::default().retry_config(RetryConfig::disabled()),
+                )
+                .send()
+                .await
+        } else {
+            req.send().await
+        };
+        let out = sent.map_err(|e| classify_conditional(e, &mode, &self.bucket))?;
+        Ok(PutResult {
+            size,
+            sha256,
+            etag: out.e_tag().unwrap_or_default().to_string(),
+        })
+    }
+
+    async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| classify(e, "get object", &self.bucket))?;
+        let etag = out.e_tag().unwrap_or_default().to_string();
+        let bytes = out.body.collect().await.map_err(|e| StoreError::Backend {
+            message: "get object: reading the body failed".to_string(),
+            source: Some(Box::new(e)),
+        })?;
+        Ok(GetResult {
+            bytes: bytes.into_bytes(),
+            etag,
+        })
+    }
+
+    async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
+        let mut out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| classify(e, "get object", &self.bucket))?;
+        let mut file = tokio::fs::File::create(path).await?;
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        while let Some(chunk) = out.body.next().await {
+            let chunk = chunk.map_err(|e| StoreError::Backend {
+                message: "get object: reading the body failed".to_string(),
+                source: Some(Box::new(e)),
+            })?;
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            file.write_all(&chunk).await?;
+        }
+        file.sync_all().await?;
+        Ok(Download {
+            size,
+            sha256: hasher.finalize().into(),
+        })
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        let out = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| classify(e, "head object", &self.bucket))?;
+        Ok(ObjectMeta {
+            key: key.to_string(),
+            size: u64::try_from(out.content_length().unwrap_or(0)).unwrap_or(0),
+            etag: out.e_tag().unwrap_or_default().to_string(),
+            last_modified_ms: out
+                .last_modified()
+                .and_then(|t| t.to_millis().ok())
+                .unwrap_or(0),
+        })
+    }
+
+    async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(to)
+            .copy_source(copy_source(&self.bucket, from))
+            .send()
+            .await
+            .map_err(|e| classify(e, "copy object", &self.bucket))?;
+        Ok(())
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match classify(e, "delete object", &self.bucket) {
+                StoreError::NotFound => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| classify(e, "list objects", &self.bucket))?;
+            for obj in page.contents() {
+                out.push(ObjectMeta {
+                    key: obj.key().unwrap_or_default().to_string(),
+                    size: u64::try_from(obj.size().unwrap_or(0)).unwrap_or(0),
+                    etag: obj.e_tag().unwrap_or_default().to_string(),
+                    last_modified_ms: obj
+                        .last_modified()
+                        .and_then(|t| t.to_millis().ok())
+                        .unwrap_or(0),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_source_is_percent_encoded_verbatim() {
+        assert_eq!(
+            copy_source("b", "data/7/_tmp/a.parquet"),
+            "b/data/7/_tmp/a.parquet"
+        );
+        assert_eq!(
+            copy_source("b", "/7/a b+c.parquet"),
+            "b//7/a%20b%2Bc.parquet"
+        );
+    }
+
+    #[test]
+    fn half_set_credentials_are_refused() {
+        assert!(check_env_credentials(Some("AKIA"), None).is_err());
+        assert!(check_env_credentials(Some("AKIA"), Some("")).is_err());
+        assert!(check_env_credentials(None, Some("secret")).is_err());
+        assert!(check_env_credentials(Some("AKIA"), Some("secret")).is_ok());
+        assert!(check_env_credentials(None, None).is_ok());
+        let msg = check_env_credentials(Some("AKIA"), None).unwrap_err();
+        assert!(msg.contains("AWS_SECRET_ACCESS_KEY"), "{msg}");
+    }
+}

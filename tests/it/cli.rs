@@ -1,0 +1,98 @@
+//! Configuration errors: exit 2, one line naming the setting, before any connection.
+
+use crate::harness;
+
+/// An address where a connection attempt would fail with exit 1, not 2.
+const UNREACHABLE: &str = "host=127.0.0.1 port=1 user=u dbname=d sslmode=disable connect_timeout=1";
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = harness::bin();
+    cmd.args(args)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// (arguments, environment, text the error must contain)
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
+#[test]
+fn invalid_configuration_exits_2_with_one_line() {
+    let cases: [Case; 7] = [
+        (&["init-db", "--data-prefix", "/abs"], &[], "--data-prefix"),
+        (
+            &["init-db", "--manifest-template", "manifest/all.json"],
+            &[],
+            "--manifest-template",
+        ),
+        (&["init-db", "--lake", "gs://bucket/x"], &[], "--lake"),
+        (
+            &["init-db", "--lake", "s3://Bad_Bucket"],
+            &[],
+            "not a valid S3 bucket",
+        ),
+        (
+            &["init-db", "--change-log-table", "change-log"],
+            &[],
+            "--change-log-table",
+        ),
+        (
+            &["init-db", "--lake", "s3://bucket-ok/root"],
+            &[("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")],
+            "AWS_SECRET_ACCESS_KEY",
+        ),
+        (
+            &["init-db", "--schema-dir", "/nonexistent/dir"],
+            &[],
+            "--schema-dir",
+        ),
+    ];
+    for (args, env, needle) in cases {
+        let mut full = args.to_vec();
+        full.extend(["--pg-url", UNREACHABLE]);
+        let (code, stderr) = run(&full, env);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn unreachable_postgres_is_a_runtime_failure() {
+    let (code, stderr) = run(&["init-db", "--pg-url", UNREACHABLE], &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("connect to u@127.0.0.1:1/d"), "{stderr}");
+}
+
+#[test]
+fn help_shows_every_env_fallback() {
+    let out = harness::bin().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for var in [
+        "LAKECDC_PG_URL",
+        "LAKECDC_LAKE",
+        "LAKECDC_S3_ENDPOINT",
+        "LAKECDC_S3_PATH_STYLE",
+        "LAKECDC_S3_REGION",
+        "LAKECDC_SCHEMA_DIR",
+        "LAKECDC_SCHEMA",
+        "LAKECDC_REGISTRY_TABLE",
+        "LAKECDC_ENTITY_TABLE",
+        "LAKECDC_EAV_TABLE",
+        "LAKECDC_CHANGE_LOG_TABLE",
+        "LAKECDC_DATA_PREFIX",
+        "LAKECDC_MANIFEST_TEMPLATE",
+        "LAKECDC_JSON",
+        "LAKECDC_LOG_FORMAT",
+        "DATABASE_URL",
+    ] {
+        assert!(help.contains(var), "--help lacks {var}");
+    }
+}

@@ -1,0 +1,106 @@
+//! Shared test rig: one fresh PostgreSQL database and one fresh S3 bucket per test.
+
+use std::sync::Arc;
+
+use lakecdc::source::{Connector, PgSettings};
+use lakecdc::store::ObjectStore;
+use lakecdc::store::s3::{S3Options, S3Store};
+
+fn required_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run scripts/test.sh, or `scripts/services.sh start` and source its env file")
+    })
+}
+
+/// The admin URL of the test cluster.
+pub fn pg_admin_url() -> String {
+    required_env("LAKECDC_TEST_PG_URL")
+}
+
+/// The S3 endpoint of the test server.
+pub fn s3_endpoint() -> String {
+    required_env("LAKECDC_TEST_S3_ENDPOINT")
+}
+
+/// Settings for `url` with test defaults.
+pub fn pg_settings(url: &str) -> PgSettings {
+    PgSettings {
+        conninfo: Some(url.to_string()),
+        env: Default::default(),
+        application_name: "lakecdc-test".into(),
+        connect_timeout: std::time::Duration::from_secs(10),
+        statement_timeout: std::time::Duration::from_secs(60),
+    }
+}
+
+/// A fresh database on the test cluster.
+pub struct TestDb {
+    /// URL of the new database.
+    pub url: String,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let admin = pg_admin_url();
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let client = Connector::new(&pg_settings(&admin))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let base = admin.rsplit_once('/').unwrap().0;
+        Self {
+            url: format!("{base}/{name}"),
+        }
+    }
+
+    pub fn connector(&self) -> Connector {
+        Connector::new(&pg_settings(&self.url)).unwrap()
+    }
+
+    pub async fn client(&self) -> tokio_postgres::Client {
+        self.connector().connect().await.unwrap()
+    }
+}
+
+/// S3 options for the test server.
+pub fn s3_options(bucket: &str) -> S3Options {
+    let mut opts = S3Options::new(bucket);
+    opts.endpoint = Some(s3_endpoint());
+    opts.path_style = true;
+    opts.region = Some("us-east-1".into());
+    opts
+}
+
+/// A fresh bucket on the test server.
+pub async fn s3_bucket() -> Arc<S3Store> {
+    let bucket = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..20]);
+    let store = S3Store::connect(&s3_options(&bucket)).await;
+    store
+        .client()
+        .create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .unwrap();
+    Arc::new(store)
+}
+
+/// The same bucket behind a second client (an independent reader).
+pub async fn s3_reader(bucket: &str) -> Arc<dyn ObjectStore> {
+    Arc::new(S3Store::connect(&s3_options(bucket)).await)
+}
+
+/// Path of the built `lakecdc` binary.
+pub fn bin() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_lakecdc"))
+}
+
+/// The example schema directory.
+pub fn examples_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/schemas")
+}

@@ -1,0 +1,175 @@
+//! `lakecdc init-db` against a real PostgreSQL: creation, idempotence, registration ids, and
+//! refusal of broken metadata with no side effect.
+
+use lakecdc::config::Tables;
+
+use crate::harness::{self, TestDb};
+
+async fn table_columns(db: &TestDb, table: &str) -> Vec<(String, String)> {
+    db.client()
+        .await
+        .query(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns WHERE table_name = $1 ORDER BY ordinal_position",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+async fn registry(db: &TestDb) -> Vec<(String, i16)> {
+    db.client()
+        .await
+        .query(
+            "SELECT schema_name, schema_id FROM schema_registry ORDER BY schema_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+#[tokio::test]
+async fn creates_everything_registers_examples_and_is_idempotent() {
+    let db = TestDb::new().await;
+    let tables = Tables::default();
+    let dir = harness::examples_dir();
+    let first = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir))
+        .await
+        .unwrap();
+    assert!(first.objects.iter().all(|o| o.created), "{first:?}");
+    assert_eq!(first.objects.len(), 5);
+    let regs: Vec<(String, i16, bool)> = first
+        .schemas
+        .iter()
+        .map(|s| (s.name.clone(), s.id, s.created))
+        .collect();
+    assert_eq!(
+        regs,
+        [("customer".into(), 100, true), ("order".into(), 101, true)]
+    );
+
+    let cl = table_columns(&db, "change_log").await;
+    let names: Vec<&str> = cl.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "schema_id",
+            "row_id",
+            "flushed_at",
+            "changed_at",
+            "deleted_at"
+        ]
+    );
+    let main = table_columns(&db, "entity_main").await;
+    assert_eq!(main.len(), 2 + 24 + 6);
+    assert!(main.contains(&("uuid_02".into(), "uuid".into())));
+    assert!(main.contains(&("double_03".into(), "double precision".into())));
+    let client = db.client().await;
+    assert!(
+        lakecdc::source::ddl::change_log_index_exists(&client, &tables)
+            .await
+            .unwrap()
+    );
+
+    let second = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir))
+        .await
+        .unwrap();
+    assert!(second.objects.iter().all(|o| !o.created), "{second:?}");
+    assert!(second.schemas.iter().all(|s| !s.created));
+    assert_eq!(
+        registry(&db).await,
+        [("customer".into(), 100), ("order".into(), 101)]
+    );
+}
+
+#[tokio::test]
+async fn new_schemas_get_ids_above_every_existing_one() {
+    let db = TestDb::new().await;
+    let tables = Tables::default();
+    lakecdc::init_db::run(&db.connector(), &tables, None)
+        .await
+        .unwrap();
+    db.client()
+        .await
+        .batch_execute("INSERT INTO schema_registry VALUES ('legacy', 105)")
+        .await
+        .unwrap();
+    let report = lakecdc::init_db::run(&db.connector(), &tables, Some(&harness::examples_dir()))
+        .await
+        .unwrap();
+    let ids: Vec<i16> = report.schemas.iter().map(|s| s.id).collect();
+    assert_eq!(ids, [106, 107], "gaps below the maximum are never reused");
+}
+
+#[test]
+fn broken_metadata_exits_2_naming_file_and_attribute_and_changes_nothing() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = rt.block_on(TestDb::new());
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["customer.json", "customer_attributes.json", "order.json"] {
+        std::fs::copy(harness::examples_dir().join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("order_attributes.json"),
+        r#"{"status": {"attributeID": 1, "valueType": "text"}, "shipping.fee": {"attributeID": 2, "valueType": "numeric", "column_binding": {"col_name": "text_01"}}}"#,
+    )
+    .unwrap();
+    let out = harness::bin()
+        .args(["init-db", "--pg-url", &db.url, "--schema-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("order_attributes.json"), "{stderr}");
+    assert!(stderr.contains("\"shipping.fee\""), "{stderr}");
+    // Nothing was created.
+    let exists: bool = rt.block_on(async {
+        db.client()
+            .await
+            .query_one("SELECT to_regclass('schema_registry') IS NOT NULL", &[])
+            .await
+            .unwrap()
+            .get(0)
+    });
+    assert!(!exists);
+}
+
+#[test]
+fn binary_reports_json_and_text() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = rt.block_on(TestDb::new());
+    let run = |json: bool| {
+        let mut cmd = harness::bin();
+        cmd.args(["init-db", "--pg-url", &db.url, "--schema-dir"])
+            .arg(harness::examples_dir());
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["schemas"][0]["name"], "customer");
+    assert_eq!(report["schemas"][0]["id"], 100);
+    assert_eq!(report["schemas"][1]["created"], true);
+    let out = run(false);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("\"change_log\"") && text.contains("exists"),
+        "{text}"
+    );
+    assert!(text.contains("order") && text.contains("kept"), "{text}");
+}

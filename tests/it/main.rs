@@ -1,0 +1,12 @@
+//! Integration tests against the real services started by `scripts/services.sh` (PostgreSQL and
+//! SeaweedFS). `scripts/test.sh` exports `LAKECDC_TEST_PG_URL` and `LAKECDC_TEST_S3_ENDPOINT`;
+//! tests that need a service fail with a clear message when they are missing, never skip.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod cli;
+mod engine;
+mod harness;
+mod init_db;
+mod manifest;
+mod source;
+mod store_conformance;

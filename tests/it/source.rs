@@ -1,0 +1,158 @@
+//! PostgreSQL access: the schema lock on one pinned connection, DSN quoting, password hygiene.
+
+use std::time::Duration;
+
+use lakecdc::source::{Connector, SchemaLock};
+
+use crate::harness::{self, TestDb, pg_settings};
+
+async fn advisory_holders(db: &TestDb, schema_id: i16) -> Vec<i32> {
+    let client = db.client().await;
+    client
+        .query(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid AND objid = $1::int4::oid AND objsubid = 2 AND granted",
+            &[&i32::from(schema_id)],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn schema_lock_is_taken_and_released_on_one_connection() {
+    let db = TestDb::new().await;
+    let conn = db.connector();
+    let lock = SchemaLock::try_acquire(&conn, 101).await.unwrap().unwrap();
+    assert_eq!(advisory_holders(&db, 101).await, [lock.backend_pid()]);
+    assert!(SchemaLock::try_acquire(&conn, 101).await.unwrap().is_none());
+    // Another schema is independent.
+    let other = SchemaLock::try_acquire(&conn, 102).await.unwrap().unwrap();
+    assert!(
+        lock.release().await.unwrap(),
+        "unlock ran on the holding session"
+    );
+    assert!(advisory_holders(&db, 101).await.is_empty());
+    let again = SchemaLock::try_acquire(&conn, 101).await.unwrap().unwrap();
+    drop(again); // closing the connection releases too
+    drop(other);
+    for _ in 0..50 {
+        if advisory_holders(&db, 101).await.is_empty()
+            && advisory_holders(&db, 102).await.is_empty()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("dropped locks were not released");
+}
+
+#[tokio::test]
+async fn a_killed_holder_frees_the_lock() {
+    let db = TestDb::new().await;
+    let conn = db.connector();
+    let holder = SchemaLock::try_acquire(&conn, 7).await.unwrap().unwrap();
+    let admin = db.client().await;
+    let killed: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&holder.backend_pid()])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed);
+    for _ in 0..50 {
+        if let Some(lock) = SchemaLock::try_acquire(&conn, 7).await.unwrap() {
+            assert_ne!(lock.backend_pid(), holder.backend_pid());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the lock of a terminated session was never freed");
+}
+
+#[tokio::test]
+async fn keyword_dsn_with_spaces_and_quotes_connects() {
+    let db = TestDb::new().await;
+    // postgres://postgres@127.0.0.1:PORT/db → keyword form with awkward values.
+    let rest = db.url.strip_prefix("postgres://postgres@").unwrap();
+    let (hostport, dbname) = rest.split_once('/').unwrap();
+    let (host, port) = hostport.split_once(':').unwrap();
+    let dsn = format!(
+        r"host={host} port={port} user=postgres dbname='{dbname}' password='p w\'q\\x' application_name='lakecdc test app' sslmode=disable"
+    );
+    let client = Connector::new(&pg_settings(&dsn))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let app: String = client
+        .query_one("SELECT current_setting('application_name')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(app, "lakecdc test app");
+}
+
+#[tokio::test]
+async fn change_log_stats_count_dirty_rows() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let tables = lakecdc::config::Tables::default();
+    let mut c = db.client().await;
+    lakecdc::source::ddl::apply(&mut c, &tables, &[])
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at) VALUES
+             (100, gen_random_uuid(), 0, 50), (100, gen_random_uuid(), 0, 40),
+             (100, gen_random_uuid(), 7, 10), (101, gen_random_uuid(), 0, 99)",
+        )
+        .await
+        .unwrap();
+    let s = lakecdc::source::stats::dirty(&client, &tables.change_log, 100)
+        .await
+        .unwrap();
+    assert_eq!((s.count, s.oldest_changed_at), (2, 40));
+    let s = lakecdc::source::stats::dirty(&client, &tables.change_log, 102)
+        .await
+        .unwrap();
+    assert_eq!((s.count, s.oldest_changed_at), (0, 0));
+    let schemas = lakecdc::source::stats::dirty_schemas(&client, &tables.change_log)
+        .await
+        .unwrap();
+    assert_eq!(schemas, [100, 101]);
+}
+
+#[test]
+fn a_password_never_reaches_errors_or_logs() {
+    let secret = "hunter2-Sekr1t";
+    let cases = [
+        // Unreachable server (connection error path).
+        format!(
+            "host=127.0.0.1 port=1 user=u password='{secret} x' dbname=d sslmode=disable connect_timeout=2"
+        ),
+        format!("postgres://u:{secret}@127.0.0.1:1/d?sslmode=disable&connect_timeout=2"),
+        // Malformed strings (parse error path).
+        format!("host=127.0.0.1 password='{secret}"),
+        format!("host=127.0.0.1 password={secret} bogus_option=1"),
+        format!("host=127.0.0.1 password={secret} sslmode=sometimes"),
+    ];
+    for url in cases {
+        for extra in [vec![], vec!["-vv"], vec!["--log-format", "json", "-vv"]] {
+            let out = harness::bin()
+                .args(["init-db", "--pg-url", &url])
+                .args(&extra)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(!out.status.success(), "{url}");
+            assert!(
+                !stderr.contains("hunter2") && !stdout.contains("hunter2"),
+                "{url}: {stderr}"
+            );
+            assert!(stderr.contains("lakecdc: error:"), "{stderr}");
+        }
+    }
+}

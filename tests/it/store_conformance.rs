@@ -1,0 +1,313 @@
+//! One conformance suite for every backend: memory, local, and s3 against SeaweedFS.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use lakecdc::store::local::LocalStore;
+use lakecdc::store::memory::MemoryStore;
+use lakecdc::store::{ObjectStore, PutMode, StoreError, sha256};
+use sha2::{Digest, Sha256};
+
+use crate::harness;
+
+async fn basic_operations(store: &dyn ObjectStore) {
+    // put / get / head
+    let put = store
+        .put_bytes(
+            "a/b/one.bin",
+            Bytes::from_static(b"hello"),
+            PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    assert_eq!(put.size, 5);
+    assert_eq!(put.sha256, sha256(b"hello"));
+    let got = store.get_bytes("a/b/one.bin").await.unwrap();
+    assert_eq!(&got.bytes[..], b"hello");
+    assert_eq!(got.etag, put.etag);
+    let head = store.head("a/b/one.bin").await.unwrap();
+    assert_eq!((head.size, head.etag.as_str()), (5, put.etag.as_str()));
+    assert!(head.last_modified_ms > 1_600_000_000_000, "{head:?}");
+
+    // copy, with a key that needs percent-encoding in CopySource
+    store
+        .copy("a/b/one.bin", "a/c/two + three.bin")
+        .await
+        .unwrap();
+    assert_eq!(
+        &store.get_bytes("a/c/two + three.bin").await.unwrap().bytes[..],
+        b"hello"
+    );
+
+    // get_to_file hashes what it wrote
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dl");
+    let dl = store
+        .get_to_file("a/c/two + three.bin", &path)
+        .await
+        .unwrap();
+    assert_eq!(dl.size, 5);
+    assert_eq!(dl.sha256, sha256(&std::fs::read(&path).unwrap()));
+
+    // typed not-found everywhere
+    assert!(matches!(
+        store.get_bytes("a/missing").await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.head("a/missing").await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.get_to_file("a/missing", &dir.path().join("x")).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.copy("a/missing", "a/x").await,
+        Err(StoreError::NotFound)
+    ));
+
+    // delete, and delete of a missing key succeeds
+    store.delete("a/b/one.bin").await.unwrap();
+    store.delete("a/b/one.bin").await.unwrap();
+    assert!(matches!(
+        store.head("a/b/one.bin").await,
+        Err(StoreError::NotFound)
+    ));
+    let keys: Vec<String> = store
+        .list("a/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(keys, ["a/c/two + three.bin"]);
+}
+
+async fn conditional_writes(store: &dyn ObjectStore) {
+    let key = "manifest/7.json";
+    let first = store
+        .put_bytes(key, Bytes::from_static(b"v1"), PutMode::Create)
+        .await
+        .unwrap();
+    // create-if-absent on an existing key → conflict
+    assert!(matches!(
+        store
+            .put_bytes(key, Bytes::from_static(b"x"), PutMode::Create)
+            .await,
+        Err(StoreError::Conflict)
+    ));
+    let second = store
+        .put_bytes(
+            key,
+            Bytes::from_static(b"v2"),
+            PutMode::Update(first.etag.clone()),
+        )
+        .await
+        .unwrap();
+    assert_ne!(first.etag, second.etag);
+    // If-Match with the stale etag → conflict, content unchanged
+    assert!(matches!(
+        store
+            .put_bytes(
+                key,
+                Bytes::from_static(b"x"),
+                PutMode::Update(first.etag.clone())
+            )
+            .await,
+        Err(StoreError::Conflict)
+    ));
+    assert_eq!(&store.get_bytes(key).await.unwrap().bytes[..], b"v2");
+    // If-Match on a missing key → conflict (never a blind create)
+    assert!(matches!(
+        store
+            .put_bytes(
+                "manifest/none.json",
+                Bytes::from_static(b"x"),
+                PutMode::Update(first.etag)
+            )
+            .await,
+        Err(StoreError::Conflict)
+    ));
+    assert!(matches!(
+        store.head("manifest/none.json").await,
+        Err(StoreError::NotFound)
+    ));
+}
+
+async fn pagination(store: &dyn ObjectStore) {
+    let n = 1_200;
+    let writes = (0..n).map(|i| {
+        let key = format!("p/{i:05}.bin");
+        async move {
+            store
+                .put_bytes(&key, Bytes::from(format!("{i}")), PutMode::Overwrite)
+                .await
+                .unwrap();
+        }
+    });
+    futures::stream::iter(writes)
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    store
+        .put_bytes("pq", Bytes::from_static(b"outside"), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let listed = store.list("p/").await.unwrap();
+    assert_eq!(listed.len(), n);
+    let want: Vec<String> = (0..n).map(|i| format!("p/{i:05}.bin")).collect();
+    let got: Vec<String> = listed.iter().map(|m| m.key.clone()).collect();
+    assert_eq!(got, want);
+    assert_eq!(listed[7].size, 1);
+}
+
+use futures::StreamExt;
+
+/// 16 writers race to update one manifest from the same etag: exactly one wins.
+async fn racing_writers(store: Arc<dyn ObjectStore>) {
+    let key = "manifest/race.json";
+    for round in 0..5 {
+        let base = store
+            .put_bytes(
+                key,
+                Bytes::from(format!("round {round}")),
+                PutMode::Overwrite,
+            )
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..16)
+            .map(|w| {
+                let store = store.clone();
+                let etag = base.etag.clone();
+                tokio::spawn(async move {
+                    store
+                        .put_bytes(
+                            key,
+                            Bytes::from(format!("writer {w}")),
+                            PutMode::Update(etag),
+                        )
+                        .await
+                })
+            })
+            .collect();
+        let mut wins = Vec::new();
+        for (w, t) in tasks.into_iter().enumerate() {
+            match t.await.unwrap() {
+                Ok(_) => wins.push(w),
+                Err(StoreError::Conflict) => {}
+                Err(e) => panic!("writer {w}: unexpected {e:?}"),
+            }
+        }
+        assert_eq!(wins.len(), 1, "round {round}: winners {wins:?}");
+        let body = store.get_bytes(key).await.unwrap().bytes;
+        assert_eq!(body, Bytes::from(format!("writer {}", wins[0])));
+    }
+    // Creators race the same way.
+    let tasks: Vec<_> = (0..16)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .put_bytes(
+                        "manifest/new.json",
+                        Bytes::from(format!("{w}")),
+                        PutMode::Create,
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut wins = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => wins += 1,
+            Err(StoreError::Conflict) => {}
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    assert_eq!(wins, 1);
+}
+
+/// A 40 MiB file: multipart on S3; the returned SHA-256 equals an independent hash of the
+/// downloaded bytes.
+async fn large_upload(store: &dyn ObjectStore, reader: &dyn ObjectStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.bin");
+    let mut data = vec![0u8; 40 * 1024 * 1024 + 123];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for chunk in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    std::fs::write(&path, &data).unwrap();
+    let put = store.put_file("big/obj.bin", &path).await.unwrap();
+    assert_eq!(put.size, data.len() as u64);
+    let downloaded = reader.get_bytes("big/obj.bin").await.unwrap().bytes;
+    assert_eq!(downloaded.len(), data.len());
+    let independent: [u8; 32] = Sha256::digest(&downloaded).into();
+    assert_eq!(put.sha256, independent);
+    assert_eq!(downloaded[..], data[..]);
+}
+
+#[tokio::test]
+async fn memory_store_conforms() {
+    let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+    basic_operations(store.as_ref()).await;
+    conditional_writes(store.as_ref()).await;
+    pagination(store.as_ref()).await;
+    racing_writers(store.clone()).await;
+    large_upload(store.as_ref(), store.as_ref()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_store_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::open(dir.path()).unwrap());
+    basic_operations(store.as_ref()).await;
+    conditional_writes(store.as_ref()).await;
+    pagination(store.as_ref()).await;
+    racing_writers(store.clone()).await;
+    let reader = LocalStore::open(dir.path()).unwrap();
+    large_upload(store.as_ref(), &reader).await;
+    // No temp or lock file is ever listed.
+    for m in store.list("").await.unwrap() {
+        assert!(!m.key.contains(".lakecdc-"), "{}", m.key);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s3_store_conforms() {
+    let store = harness::s3_bucket().await;
+    let dynstore: Arc<dyn ObjectStore> = store.clone();
+    basic_operations(dynstore.as_ref()).await;
+    conditional_writes(dynstore.as_ref()).await;
+    pagination(dynstore.as_ref()).await;
+    racing_writers(dynstore.clone()).await;
+    let reader = harness::s3_reader(store.bucket()).await;
+    large_upload(dynstore.as_ref(), reader.as_ref()).await;
+}
+
+#[tokio::test]
+async fn s3_missing_bucket_is_not_a_missing_object() {
+    let store =
+        lakecdc::store::s3::S3Store::connect(&harness::s3_options("no-such-bucket-lakecdc")).await;
+    let err = store.get_bytes("manifest/7.json").await.unwrap_err();
+    assert!(
+        !err.is_not_found(),
+        "a missing bucket read as not-found: {err:?}"
+    );
+    assert!(matches!(err, StoreError::NoSuchBucket { .. }), "{err:?}");
+    let err = store
+        .put_bytes(
+            "manifest/7.json",
+            Bytes::from_static(b"{}"),
+            PutMode::Create,
+        )
+        .await
+        .unwrap_err();
+    assert!(!err.is_conflict(), "{err:?}");
+}
