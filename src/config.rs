@@ -138,6 +138,15 @@ impl LakeLocation {
         Ok(LakeLocation::Local(PathBuf::from(path)))
     }
 
+    /// For messages: the location as the operator wrote it.
+    pub fn describe(&self) -> String {
+        match self {
+            LakeLocation::Local(p) => p.display().to_string(),
+            LakeLocation::S3 { bucket, root } if root.is_empty() => format!("s3://{bucket}"),
+            LakeLocation::S3 { bucket, root } => format!("s3://{bucket}/{root}"),
+        }
+    }
+
     /// The root prefix inside the store (empty for a local directory).
     pub fn root(&self) -> &str {
         match self {
@@ -167,6 +176,45 @@ pub fn parse_memory_limit(s: &str) -> Result<String> {
         )));
     }
     Ok(format!("{num}{}", unit.trim()))
+}
+
+/// Parses a duration such as `90s`, `5m`, `1h`, `1h30m`, `250ms` or a bare number of seconds.
+pub fn parse_duration(flag: &str, s: &str) -> Result<std::time::Duration> {
+    let bad = || {
+        Error::config(format!(
+            "{flag} {s:?} is not a duration like 90s, 5m, 1h or 1h30m"
+        ))
+    };
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(secs));
+    }
+    let mut total_ms: u64 = 0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.chars().take_while(|c| c.is_ascii_digit()).count();
+        let (num, tail) = rest.split_at(digits);
+        let n: u64 = num.parse().map_err(|_| bad())?;
+        let unit_len = tail.chars().take_while(|c| c.is_ascii_alphabetic()).count();
+        let (unit, next) = tail.split_at(unit_len);
+        let factor = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(bad()),
+        };
+        total_ms = n
+            .checked_mul(factor)
+            .and_then(|v| total_ms.checked_add(v))
+            .ok_or_else(bad)?;
+        rest = next;
+    }
+    Ok(std::time::Duration::from_millis(total_ms))
 }
 
 #[cfg(test)]
@@ -217,6 +265,22 @@ mod tests {
         );
         for bad in ["s3://B", "s3://", "gs://x/y", "", "s3://-ab"] {
             assert!(LakeLocation::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        let d = |s: &str| parse_duration("--max-age", s).map(|d| d.as_millis());
+        assert_eq!(d("90s").unwrap(), 90_000);
+        assert_eq!(d("5m").unwrap(), 300_000);
+        assert_eq!(d("1h30m").unwrap(), 5_400_000);
+        assert_eq!(d("250ms").unwrap(), 250);
+        assert_eq!(d("42").unwrap(), 42_000);
+        for bad in ["", "1y", "m", "1.5h", "-1s"] {
+            assert!(
+                d(bad).unwrap_err().to_string().contains("--max-age"),
+                "{bad}"
+            );
         }
     }
 

@@ -2,7 +2,7 @@
 //! directory.
 //!
 //! Layering (dependencies point down only):
-//! - jobs: [`init_db`] (and, as they land, flush, init, compact, gc/verify, inspect);
+//! - jobs: [`init_db`], [`flush`] (and, as they land, init, compact, gc/verify, inspect);
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
@@ -12,9 +12,11 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod flush;
 pub mod init_db;
 pub mod lake;
 pub mod schema;
+pub mod shutdown;
 pub mod source;
 pub mod store;
 

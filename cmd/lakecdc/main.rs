@@ -8,8 +8,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lakecdc::config::{LakeLocation, TableName, Tables};
-use lakecdc::lake::Layout;
+use std::sync::Arc;
+
+use lakecdc::clock::SystemClock;
+use lakecdc::config::{LakeLocation, TableName, Tables, parse_duration, parse_memory_limit};
+use lakecdc::engine::EngineConfig;
+use lakecdc::flush::{Context as FlushContext, FlushHooks, FlushOptions};
+use lakecdc::lake::manifest::CommitPolicy;
+use lakecdc::lake::{Lake, Layout};
+use lakecdc::shutdown::Shutdown;
 use lakecdc::source::connect::PG_ENV_VARS;
 use lakecdc::source::{Connector, PgSettings};
 use lakecdc::store::s3::{S3Options, check_env_credentials};
@@ -135,8 +142,53 @@ enum LogFormat {
     Json,
 }
 
+#[derive(Debug, Args)]
+struct EngineArgs {
+    /// DuckDB worker threads.
+    #[arg(long, env = "LAKECDC_THREADS", default_value_t = 2)]
+    threads: usize,
+    /// DuckDB memory limit (e.g. 1GB, 512MiB, 50%); beyond it DuckDB spills to --work-dir.
+    #[arg(long, env = "LAKECDC_MEMORY_LIMIT", default_value = "1GB")]
+    memory_limit: String,
+    /// Directory for local Parquet files and DuckDB spill files (default: the system temp dir).
+    #[arg(long, env = "LAKECDC_WORK_DIR")]
+    work_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct FlushArgs {
+    /// Schemas flushed at once.
+    #[arg(long, env = "LAKECDC_PARALLELISM", default_value_t = 2)]
+    parallelism: usize,
+    /// Flush a schema when at least this many rows are dirty.
+    #[arg(long, env = "LAKECDC_MIN_RECORDS", default_value_t = 20_000)]
+    min_records: i64,
+    /// Flush a schema when its oldest dirty row is at least this old (90s, 5m, 1h).
+    #[arg(long, env = "LAKECDC_MAX_AGE", default_value = "1h")]
+    max_age: String,
+    /// Flush regardless of --min-records and --max-age.
+    #[arg(long, env = "LAKECDC_FORCE")]
+    force: bool,
+    /// Rows per batch (one delta file per batch).
+    #[arg(long, env = "LAKECDC_BATCH_SIZE", default_value_t = 10_000)]
+    batch_size: i64,
+    /// Stop each schema after this many batches.
+    #[arg(long, env = "LAKECDC_MAX_BATCHES")]
+    max_batches: Option<u32>,
+    /// Start no new batch after this long (keeps a per-minute cron from overlapping itself).
+    #[arg(long, env = "LAKECDC_TIME_BUDGET", default_value = "50s")]
+    time_budget: String,
+    /// Show what would be flushed; write nothing anywhere.
+    #[arg(long, env = "LAKECDC_DRY_RUN")]
+    dry_run: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Export dirty change_log rows as delta Parquet files (run every minute from cron).
+    Flush(FlushArgs),
     /// Create the source tables and change_log index if missing, and register the schemas of
     /// --schema-dir (new names get the next id from 100; existing names keep theirs).
     InitDb,
@@ -146,12 +198,10 @@ enum Command {
 struct Validated {
     connector: Connector,
     tables: Tables,
-    #[allow(dead_code)] // read by the lake jobs as they land
     lake: LakeLocation,
-    #[allow(dead_code)] // read by the lake jobs as they land
     layout: Layout,
-    #[allow(dead_code)] // read by the lake jobs as they land
     s3: S3Options,
+    flush: Option<FlushOptions>,
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -204,7 +254,84 @@ fn validate(g: &Global) -> Result<Validated> {
         lake,
         layout,
         s3,
+        flush: None,
     })
+}
+
+fn engine_config(a: &EngineArgs) -> Result<(EngineConfig, PathBuf)> {
+    let work_dir = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    if !work_dir.is_dir() {
+        return Err(Error::config(format!(
+            "--work-dir {} is not a directory",
+            work_dir.display()
+        )));
+    }
+    Ok((
+        EngineConfig {
+            threads: a.threads.max(1),
+            memory_limit: parse_memory_limit(&a.memory_limit)?,
+            temp_directory: Some(work_dir.join("lakecdc-spill")),
+        },
+        work_dir,
+    ))
+}
+
+fn flush_options(g: &Global, a: &FlushArgs) -> Result<FlushOptions> {
+    if a.batch_size < 1 {
+        return Err(Error::config("--batch-size must be at least 1"));
+    }
+    if a.parallelism < 1 {
+        return Err(Error::config("--parallelism must be at least 1"));
+    }
+    let (engine, work_dir) = engine_config(&a.engine)?;
+    Ok(FlushOptions {
+        schemas: g.schema.clone(),
+        parallelism: a.parallelism,
+        min_records: a.min_records,
+        max_age: parse_duration("--max-age", &a.max_age)?,
+        force: a.force,
+        batch_size: a.batch_size,
+        max_batches: a.max_batches,
+        time_budget: parse_duration("--time-budget", &a.time_budget)?,
+        dry_run: a.dry_run,
+        work_dir,
+        engine,
+        commit: CommitPolicy::default(),
+    })
+}
+
+/// Raises the shutdown flag on SIGTERM or SIGINT.
+fn watch_signals(shutdown: Shutdown) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("stop requested: finishing the current step");
+        shutdown.request();
+    });
+}
+
+fn print_report<T: serde::Serialize>(
+    json: bool,
+    report: &T,
+    text: impl FnOnce() -> String,
+) -> Result<()> {
+    if json {
+        let out =
+            serde_json::to_string_pretty(report).map_err(|e| Error::Invariant(e.to_string()))?;
+        println!("{out}");
+    } else {
+        print!("{}", text());
+    }
+    Ok(())
 }
 
 fn init_logging(g: &Global) {
@@ -231,28 +358,50 @@ fn init_logging(g: &Global) {
 }
 
 async fn run(cli: &Cli, v: Validated) -> Result<i32> {
-    match cli.command {
+    match &cli.command {
         Command::InitDb => {
             let report =
                 lakecdc::init_db::run(&v.connector, &v.tables, cli.global.schema_dir.as_deref())
                     .await?;
-            if cli.global.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report)
-                        .map_err(|e| Error::Invariant(e.to_string()))?
-                );
-            } else {
-                print!("{}", report.to_text());
-            }
+            print_report(cli.global.json, &report, || report.to_text())?;
             Ok(0)
+        }
+        Command::Flush(_) => {
+            let opts = v
+                .flush
+                .clone()
+                .ok_or_else(|| Error::Invariant("flush options missing".into()))?;
+            let store = lakecdc::store::open(&v.lake, &v.s3)
+                .await
+                .map_err(Error::storage("open lake", v.lake.describe()))?;
+            let shutdown = Shutdown::new();
+            watch_signals(shutdown.clone());
+            let ctx = FlushContext {
+                connector: v.connector,
+                tables: v.tables,
+                schema_dir: cli.global.schema_dir.clone(),
+                lake: Lake {
+                    store,
+                    layout: v.layout,
+                },
+                clock: Arc::new(SystemClock),
+                shutdown,
+            };
+            let report = lakecdc::flush::run(&ctx, &opts, &FlushHooks::default()).await?;
+            print_report(cli.global.json, &report, || report.to_text())?;
+            Ok(if report.failed() { 1 } else { 0 })
         }
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let validated = match validate(&cli.global) {
+    let validated = match validate(&cli.global).and_then(|mut v| {
+        if let Command::Flush(a) = &cli.command {
+            v.flush = Some(flush_options(&cli.global, a)?);
+        }
+        Ok(v)
+    }) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("lakecdc: error: {}", e.chain());

@@ -1,15 +1,18 @@
-//! DuckDB, in process: opened with bounded threads, memory and a spill directory, and used to
-//! turn Arrow batches into lake Parquet files. DuckDB types never leave this module. Callers on
-//! an async runtime run these blocking calls inside `spawn_blocking`.
+//! DuckDB, in process: opened with bounded threads, memory and a spill directory; loads Arrow
+//! batches into temporary tables and writes lake Parquet files with `COPY`. DuckDB types never
+//! leave this module. Every call blocks: callers on the async runtime use `spawn_blocking`.
+
+pub mod export;
 
 use std::path::{Path, PathBuf};
 
+use arrow::datatypes::{DataType, Field};
 use arrow::record_batch::RecordBatch;
 use duckdb::Connection;
 
 use crate::error::{Error, Result};
 
-/// Rows per Parquet row group (DuckDB's default granularity, DESIGN §3.1).
+/// Rows per Parquet row group (DESIGN §3.1).
 pub const ROW_GROUP_SIZE: usize = 122_880;
 /// zstd level for every file lakecdc writes.
 pub const ZSTD_LEVEL: i32 = 3;
@@ -46,14 +49,14 @@ impl Engine {
     pub fn open(cfg: &EngineConfig) -> Result<Self> {
         let conn = Connection::open_in_memory().map_err(Error::duckdb("open"))?;
         let mut setup = format!(
-            "SET threads = {}; SET memory_limit = '{}'; SET preserve_insertion_order = false;",
+            "SET threads = {}; SET memory_limit = '{}';",
             cfg.threads.max(1),
             cfg.memory_limit.replace('\'', "''")
         );
         if let Some(dir) = &cfg.temp_directory {
             setup.push_str(&format!(
                 " SET temp_directory = '{}';",
-                dir.display().to_string().replace('\'', "''")
+                sql_string(&dir.display().to_string())
             ));
         }
         conn.execute_batch(&setup)
@@ -68,68 +71,97 @@ impl Engine {
             .map_err(Error::duckdb(format!("read setting {name}")))
     }
 
-    /// Writes `batches` to a Parquet file at `path`, sorted by `row_id`, with the lake's file
-    /// options (zstd level 3, V2 pages, 122,880-row groups). `columns` gives each output column
-    /// and its DuckDB type; `row_id` arrives as text and is stored as a 16-byte UUID. Returns
-    /// the number of rows written.
-    pub fn write_parquet(
-        &self,
-        columns: &[(String, String)],
-        batches: &[RecordBatch],
-        path: &Path,
-    ) -> Result<u64> {
-        let staging: Vec<String> = columns
+    /// Replaces temporary table `name` with the rows of `batches` (all of one schema). Arrow
+    /// `FixedSizeBinary(16)` fields with the `arrow.uuid` extension become UUID columns.
+    pub fn load(&self, name: &str, batches: &[RecordBatch]) -> Result<()> {
+        let Some(first) = batches.first() else {
+            return Err(Error::Invariant(format!("no batch to load into {name}")));
+        };
+        let columns: Vec<String> = first
+            .schema()
+            .fields()
             .iter()
-            .map(|(name, ty)| {
-                let ty = if ty == "UUID" { "VARCHAR" } else { ty.as_str() };
-                format!("{} {ty}", quote_ident(name))
-            })
-            .collect();
+            .map(|f| Ok(format!("{} {}", quote_ident(f.name()), duckdb_type(f)?)))
+            .collect::<Result<_>>()?;
         self.conn
             .execute_batch(&format!(
-                "CREATE OR REPLACE TEMP TABLE lakecdc_stage ({})",
-                staging.join(", ")
+                "CREATE OR REPLACE TEMP TABLE {} ({})",
+                quote_ident(name),
+                columns.join(", ")
             ))
-            .map_err(Error::duckdb("create staging table"))?;
-        {
-            let mut app = self
-                .conn
-                .appender("lakecdc_stage")
-                .map_err(Error::duckdb("open appender"))?;
-            for batch in batches {
-                app.append_record_batch(batch.clone())
-                    .map_err(Error::duckdb("append batch"))?;
-            }
-            app.flush().map_err(Error::duckdb("flush appender"))?;
+            .map_err(Error::duckdb(format!("create table {name}")))?;
+        let mut app = self
+            .conn
+            .appender(name)
+            .map_err(Error::duckdb(format!("open appender on {name}")))?;
+        for batch in batches.iter().filter(|b| b.num_rows() > 0) {
+            app.append_record_batch(batch.clone())
+                .map_err(Error::duckdb(format!("append to {name}")))?;
         }
-        let select: Vec<String> = columns
-            .iter()
-            .map(|(name, ty)| {
-                let q = quote_ident(name);
-                if ty == "UUID" {
-                    format!("CAST({q} AS UUID) AS {q}")
-                } else {
-                    q
-                }
-            })
-            .collect();
+        app.flush()
+            .map_err(Error::duckdb(format!("flush appender on {name}")))?;
+        Ok(())
+    }
+
+    /// Writes the result of `select` to a Parquet file with the lake's options (zstd level 3,
+    /// V2 pages, 122,880-row groups). Returns the rows written.
+    pub fn copy_to_parquet(&self, select: &str, path: &Path) -> Result<u64> {
         let sql = format!(
-            "COPY (SELECT {} FROM lakecdc_stage ORDER BY row_id) TO '{}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, PARQUET_VERSION V2, ROW_GROUP_SIZE {ROW_GROUP_SIZE})",
-            select.join(", "),
-            path.display().to_string().replace('\'', "''")
+            "COPY ({select}) TO '{}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, \
+             PARQUET_VERSION V2, ROW_GROUP_SIZE {ROW_GROUP_SIZE})",
+            sql_string(&path.display().to_string())
         );
         let rows = self
             .conn
             .execute(&sql, [])
             .map_err(Error::duckdb("write parquet"))?;
-        self.conn
-            .execute_batch("DROP TABLE lakecdc_stage")
-            .map_err(Error::duckdb("drop staging table"))?;
         Ok(rows as u64)
+    }
+
+    /// Loads `batches` and writes them, sorted by `row_id`, to a Parquet file.
+    pub fn write_parquet(&self, batches: &[RecordBatch], path: &Path) -> Result<u64> {
+        self.load("lakecdc_stage", batches)?;
+        let rows = self.copy_to_parquet("SELECT * FROM lakecdc_stage ORDER BY row_id", path)?;
+        self.drop_table("lakecdc_stage")?;
+        Ok(rows)
+    }
+
+    /// Drops a temporary table.
+    pub fn drop_table(&self, name: &str) -> Result<()> {
+        self.conn
+            .execute_batch(&format!("DROP TABLE IF EXISTS {}", quote_ident(name)))
+            .map_err(Error::duckdb(format!("drop table {name}")))
     }
 }
 
+/// The DuckDB column type for an Arrow field.
+fn duckdb_type(field: &Field) -> Result<String> {
+    if field.extension_type_name() == Some("arrow.uuid") {
+        return Ok("UUID".to_string());
+    }
+    Ok(match field.data_type() {
+        DataType::Boolean => "BOOLEAN".into(),
+        DataType::Int16 => "SMALLINT".into(),
+        DataType::Int32 => "INTEGER".into(),
+        DataType::Int64 => "BIGINT".into(),
+        DataType::Float64 => "DOUBLE".into(),
+        DataType::Utf8 => "VARCHAR".into(),
+        DataType::List(item) => format!("{}[]", duckdb_type(item)?),
+        other => {
+            return Err(Error::Invariant(format!(
+                "column {} has Arrow type {other}, which lakecdc does not load",
+                field.name()
+            )));
+        }
+    })
+}
+
 /// Quotes a DuckDB identifier.
-fn quote_ident(name: &str) -> String {
+pub(crate) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Escapes a DuckDB string literal's content.
+pub(crate) fn sql_string(s: &str) -> String {
+    s.replace('\'', "''")
 }

@@ -7,3 +7,16 @@ pub mod manifest;
 
 pub use keys::{KeyKind, Layout};
 pub use manifest::{FileEntry, Manifest, Tier};
+
+use std::sync::Arc;
+
+use crate::store::ObjectStore;
+
+/// A lake: where its objects are stored and how their keys are laid out.
+#[derive(Debug, Clone)]
+pub struct Lake {
+    /// The object store holding the lake.
+    pub store: Arc<dyn ObjectStore>,
+    /// Key shapes under the lake root.
+    pub layout: Layout,
+}

@@ -116,7 +116,7 @@ impl Encoding {
 }
 
 /// The SQL type of an `entity_main` slot column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SlotType {
     /// `text_01..text_10`
     Text,

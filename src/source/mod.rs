@@ -7,6 +7,7 @@ pub mod conninfo;
 pub mod ddl;
 pub mod lock;
 pub mod registry;
+pub mod snapshot;
 pub mod stats;
 
 pub use connect::{Connector, PgSettings, TlsPolicy};

@@ -2,12 +2,20 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, Int16Array, Int64Array, StringArray};
+use arrow::array::{Array, FixedSizeBinaryArray, Int16Array, Int64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use lakecdc::engine::{Engine, EngineConfig};
 use parquet::basic::{Compression, LogicalType, Type as PhysicalType};
 use parquet::file::reader::{FileReader, SerializedFileReader};
+
+fn uuid_array(ids: &[String]) -> FixedSizeBinaryArray {
+    FixedSizeBinaryArray::try_from_iter(
+        ids.iter()
+            .map(|s| uuid::Uuid::parse_str(s).unwrap().into_bytes()),
+    )
+    .unwrap()
+}
 
 #[test]
 fn engine_is_configured_as_asked() {
@@ -34,7 +42,7 @@ fn uuid_row_id_is_a_16_byte_fixed_array_with_the_uuid_logical_type() {
         .collect();
     let schema = Arc::new(Schema::new(vec![
         Field::new("schema_id", DataType::Int16, false),
-        Field::new("row_id", DataType::Utf8, false),
+        lakecdc::source::snapshot::uuid_field("row_id", false),
         Field::new("changed_at", DataType::Int64, false),
         Field::new("deleted_at", DataType::Int64, false),
         Field::new("ltbase_created_at", DataType::Int64, true),
@@ -44,30 +52,17 @@ fn uuid_row_id_is_a_16_byte_fixed_array_with_the_uuid_logical_type() {
         schema,
         vec![
             Arc::new(Int16Array::from(vec![7i16; n])),
-            Arc::new(StringArray::from(ids.clone())),
+            Arc::new(uuid_array(&ids)),
             Arc::new(Int64Array::from((0..n as i64).collect::<Vec<_>>())),
             Arc::new(Int64Array::from(vec![0i64; n])),
             Arc::new(Int64Array::from(vec![Some(5i64); n])),
         ],
     )
     .unwrap();
-    let columns: Vec<(String, String)> = [
-        ("schema_id", "SMALLINT"),
-        ("row_id", "UUID"),
-        ("changed_at", "BIGINT"),
-        ("deleted_at", "BIGINT"),
-        ("ltbase_created_at", "BIGINT"),
-    ]
-    .iter()
-    .map(|(a, b)| (a.to_string(), b.to_string()))
-    .collect();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("out.parquet");
     let engine = Engine::open(&EngineConfig::default()).unwrap();
-    assert_eq!(
-        engine.write_parquet(&columns, &[batch], &path).unwrap(),
-        1000
-    );
+    assert_eq!(engine.write_parquet(&[batch], &path).unwrap(), 1000);
 
     // The footer, read with the parquet crate.
     let reader = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
@@ -135,28 +130,24 @@ fn uuid_row_id_is_a_16_byte_fixed_array_with_the_uuid_logical_type() {
 #[test]
 fn a_file_missing_a_system_column_is_refused() {
     let schema = Arc::new(Schema::new(vec![
-        Field::new("row_id", DataType::Utf8, false),
+        lakecdc::source::snapshot::uuid_field("row_id", false),
         Field::new("changed_at", DataType::Int64, false),
     ]));
     let batch = RecordBatch::try_new(
         schema,
         vec![
-            Arc::new(StringArray::from(vec![
-                "00000000-0000-7000-8000-000000000001",
+            Arc::new(uuid_array(&[
+                "00000000-0000-7000-8000-000000000001".to_string()
             ])),
             Arc::new(Int64Array::from(vec![1i64])),
         ],
     )
     .unwrap();
-    let columns = vec![
-        ("row_id".to_string(), "UUID".to_string()),
-        ("changed_at".to_string(), "BIGINT".to_string()),
-    ];
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.parquet");
     Engine::open(&EngineConfig::default())
         .unwrap()
-        .write_parquet(&columns, &[batch], &path)
+        .write_parquet(&[batch], &path)
         .unwrap();
     let err = lakecdc::lake::footer::check_file(&path)
         .unwrap_err()

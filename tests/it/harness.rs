@@ -104,3 +104,12 @@ pub fn bin() -> std::process::Command {
 pub fn examples_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/schemas")
 }
+
+/// A connection to `url`.
+pub async fn pg_client(url: &str) -> tokio_postgres::Client {
+    Connector::new(&pg_settings(url))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}

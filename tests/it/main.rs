@@ -5,8 +5,11 @@
 
 mod cli;
 mod engine;
+mod flush;
 mod harness;
 mod init_db;
 mod manifest;
+mod oracle;
 mod source;
 mod store_conformance;
+mod writer;

@@ -1,0 +1,159 @@
+//! The export query: joins the change-log slots (or, for a base, the entity rows) with their
+//! `entity_main` row and pivoted EAV rows, and casts every attribute to its lake type
+//! (DESIGN §3.1, study §3.6). Deltas and bases share this one query builder, so a base and a
+//! delta of the same version are identical (study §10 #210).
+
+use std::path::Path;
+
+use arrow::record_batch::RecordBatch;
+
+use super::{Engine, quote_ident};
+use crate::error::Result;
+use crate::schema::columns::duckdb_type;
+use crate::schema::{Attribute, Encoding, SchemaDef, ValueType};
+
+/// Which table drives the export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// Delta: one row per dirty slot (`cl`), a hard-deleted row becoming a tombstone.
+    ChangeLog,
+    /// Base: one row per live entity (`m`), version `ltbase_updated_at`.
+    Entities,
+}
+
+/// The Arrow inputs of one export (see [`crate::source::snapshot::Snapshot`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// Dirty slots (`row_id, changed_at, deleted_at`); ignored for [`Driver::Entities`].
+    pub change_log: &'a RecordBatch,
+    /// Entity rows.
+    pub entities: &'a RecordBatch,
+    /// EAV rows.
+    pub eav: &'a RecordBatch,
+}
+
+/// The SELECT producing a lake file's rows, sorted by `row_id`.
+pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String {
+    let (from, row_id, changed_at, deleted_at) = match driver {
+        Driver::ChangeLog => (
+            "cl LEFT JOIN m ON m.ltbase_row_id = cl.row_id",
+            "cl.row_id",
+            "cl.changed_at",
+            // A slot without an entity row is a hard delete: a tombstone at its version.
+            "CASE WHEN COALESCE(cl.deleted_at, 0) > 0 THEN cl.deleted_at \
+             WHEN m.ltbase_row_id IS NULL THEN cl.changed_at ELSE 0 END",
+        ),
+        Driver::Entities => ("m", "m.ltbase_row_id", "m.ltbase_updated_at", "0"),
+    };
+    let mut cols = vec![
+        format!("CAST({schema_id} AS SMALLINT) AS schema_id"),
+        format!("{row_id} AS row_id"),
+        format!("CAST({changed_at} AS BIGINT) AS changed_at"),
+        format!("CAST({deleted_at} AS BIGINT) AS deleted_at"),
+        "m.ltbase_created_at AS ltbase_created_at".to_string(),
+        "m.ltbase_updated_at AS ltbase_updated_at".to_string(),
+        "m.ltbase_deleted_at AS ltbase_deleted_at".to_string(),
+    ];
+    let (bound, eav): (Vec<&Attribute>, Vec<&Attribute>) =
+        schema.attributes.iter().partition(|a| a.binding.is_some());
+    for a in &bound {
+        cols.push(format!("{} AS {}", bound_expr(a), quote_ident(&a.column)));
+    }
+    for a in &eav {
+        cols.push(format!("e.{0} AS {0}", quote_ident(&a.column)));
+    }
+    let mut sql = format!("SELECT {} FROM {from}", cols.join(", "));
+    if !eav.is_empty() {
+        let aggs: Vec<String> = eav
+            .iter()
+            .map(|a| format!("{} AS {}", eav_agg(a), quote_ident(&a.column)))
+            .collect();
+        sql.push_str(&format!(
+            " LEFT JOIN (SELECT row_id, {} FROM eav GROUP BY row_id) e ON e.row_id = {row_id}",
+            aggs.join(", ")
+        ));
+    }
+    sql.push_str(" ORDER BY row_id");
+    sql
+}
+
+/// A bound attribute's value from its slot column.
+fn bound_expr(a: &Attribute) -> String {
+    let Some(b) = &a.binding else {
+        return "NULL".to_string();
+    };
+    let c = format!("m.{}", quote_ident(&b.column));
+    match (a.value_type, b.encoding) {
+        (ValueType::Text, _) => format!("CAST({c} AS VARCHAR)"),
+        (ValueType::Uuid, _) => format!("TRY_CAST({c} AS UUID)"),
+        (ValueType::Smallint, _) => format!("TRY_CAST({c} AS SMALLINT)"),
+        (ValueType::Integer, _) => format!("TRY_CAST({c} AS INTEGER)"),
+        (ValueType::Bigint, _) => format!("TRY_CAST({c} AS BIGINT)"),
+        (ValueType::Numeric, _) => format!("TRY_CAST({c} AS DOUBLE)"),
+        (ValueType::Date | ValueType::Datetime, Encoding::Iso8601) => {
+            format!("epoch_ms(CAST(TRY_CAST({c} AS TIMESTAMPTZ) AS TIMESTAMP))")
+        }
+        (ValueType::Date | ValueType::Datetime, _) => format!("TRY_CAST({c} AS BIGINT)"),
+        (ValueType::Bool, Encoding::BoolText) => format!(
+            "CASE lower(trim({c})) WHEN '1' THEN TRUE WHEN 'true' THEN TRUE WHEN 't' THEN TRUE \
+             WHEN '0' THEN FALSE WHEN 'false' THEN FALSE WHEN 'f' THEN FALSE END"
+        ),
+        (ValueType::Bool, _) => format!("({c} <> 0)"),
+        (ValueType::List, _) => "NULL".to_string(),
+    }
+}
+
+/// How one EAV value of type `t` is read.
+fn eav_cast(t: ValueType) -> &'static str {
+    match t {
+        ValueType::Text | ValueType::List => "value_text",
+        ValueType::Uuid => "TRY_CAST(value_text AS UUID)",
+        ValueType::Smallint | ValueType::Integer | ValueType::Numeric => "value_numeric",
+        ValueType::Bigint | ValueType::Date | ValueType::Datetime => {
+            "TRY_CAST(value_numeric AS BIGINT)"
+        }
+        ValueType::Bool => "(value_numeric <> 0)",
+    }
+}
+
+/// The per-row aggregate of an EAV attribute: a scalar, or a list in index order (`[]` for the
+/// explicit-empty marker row, NULL when absent).
+fn eav_agg(a: &Attribute) -> String {
+    let id = a.id;
+    match a.value_type {
+        ValueType::List => {
+            let item = a.items_type.unwrap_or(ValueType::Text);
+            format!(
+                "CASE WHEN count(*) FILTER (WHERE attr_id = {id}) > 0 THEN COALESCE(\
+                 list({} ORDER BY TRY_CAST(array_indices AS BIGINT)) FILTER (WHERE attr_id = {id} AND array_indices <> ''), \
+                 CAST([] AS {})) END",
+                eav_cast(item),
+                duckdb_type(a)
+            )
+        }
+        t => format!("max(CASE WHEN attr_id = {id} THEN {} END)", eav_cast(t)),
+    }
+}
+
+impl Engine {
+    /// Writes one lake file from `inputs` to `path`. Returns the rows written.
+    pub fn export(
+        &self,
+        schema: &SchemaDef,
+        schema_id: i16,
+        driver: Driver,
+        inputs: Inputs<'_>,
+        path: &Path,
+    ) -> Result<u64> {
+        if driver == Driver::ChangeLog {
+            self.load("cl", std::slice::from_ref(inputs.change_log))?;
+        }
+        self.load("m", std::slice::from_ref(inputs.entities))?;
+        self.load("eav", std::slice::from_ref(inputs.eav))?;
+        let rows = self.copy_to_parquet(&export_sql(schema, schema_id, driver), path)?;
+        for t in ["cl", "m", "eav"] {
+            self.drop_table(t)?;
+        }
+        Ok(rows)
+    }
+}

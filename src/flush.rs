@@ -1,0 +1,716 @@
+//! `lakecdc flush`: exports dirty `change_log` rows as delta Parquet files (DESIGN §4.1).
+//!
+//! Per schema, under its advisory lock, each batch runs these side effects in this order:
+//!
+//! 1. select up to `batch_size` dirty slots by `(changed_at, row_id)`; cutoff = max(now, max
+//!    selected version);
+//! 2. read slots (`changed_at <= cutoff`), entity rows and EAV rows in ONE repeatable-read
+//!    snapshot; DuckDB writes the local Parquet file;
+//! 3. upload it to `_tmp/{uuid}`, copy to the delta key `{uuidv7}`, delete the tmp;
+//! 4. append the entry to the manifest (conditional write, re-applied on a confirmed conflict);
+//! 5. mark `flushed_at = T` where `changed_at` still equals the exported version.
+//!
+//! What a crash or failure between steps leaves behind: before 3, nothing; during 3, no tmp
+//! (it is deleted in band) unless the post-copy delete fails (one tmp for gc); after 3 and
+//! before 4 commits, an unlisted delta (gc reports it) and dirty rows; after 4, a listed delta
+//! and dirty rows — the next flush writes a second delta with the same versions, which is
+//! harmless. No row is ever marked unless its file is listed in a committed manifest.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::{StreamExt, stream};
+use serde::Serialize;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::clock::Clock;
+use crate::config::Tables;
+use crate::engine::export::{Driver, Inputs};
+use crate::engine::{Engine, EngineConfig};
+use crate::error::{Error, Result};
+use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
+use crate::lake::{Lake, footer};
+use crate::schema::{SchemaDef, dir};
+use crate::shutdown::Shutdown;
+use crate::source::registry::{self, Registered};
+use crate::source::snapshot::{self, Selected, Snapshot};
+use crate::source::{Connector, SchemaLock, stats};
+
+/// A test seam called with the schema id and the batch's row ids.
+pub type Hook = Arc<dyn Fn(i16, Vec<Uuid>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Test seams inside a batch; `None` in production.
+#[derive(Clone, Default)]
+pub struct FlushHooks {
+    /// After selection, before the snapshot is read.
+    pub before_export: Option<Hook>,
+    /// After the manifest commit, before the mark.
+    pub before_mark: Option<Hook>,
+}
+
+impl std::fmt::Debug for FlushHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlushHooks")
+            .field("before_export", &self.before_export.is_some())
+            .field("before_mark", &self.before_mark.is_some())
+            .finish()
+    }
+}
+
+/// Everything a flush run needs besides its options.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// PostgreSQL.
+    pub connector: Connector,
+    /// Source table names.
+    pub tables: Tables,
+    /// The schema directory (required when something is to be flushed).
+    pub schema_dir: Option<PathBuf>,
+    /// The lake.
+    pub lake: Lake,
+    /// Wall clock.
+    pub clock: Arc<dyn Clock>,
+    /// Stop request.
+    pub shutdown: Shutdown,
+}
+
+/// Flush options (defaults as in DESIGN §4.1).
+#[derive(Debug, Clone)]
+pub struct FlushOptions {
+    /// Schema names or ids; empty = every schema with dirty rows.
+    pub schemas: Vec<String>,
+    /// Schemas flushed at once.
+    pub parallelism: usize,
+    /// Flush when at least this many rows are dirty.
+    pub min_records: i64,
+    /// Flush when the oldest dirty row is at least this old.
+    pub max_age: Duration,
+    /// Flush regardless of the thresholds.
+    pub force: bool,
+    /// Rows per batch (and per delta file).
+    pub batch_size: i64,
+    /// Stop a schema after this many batches.
+    pub max_batches: Option<u32>,
+    /// Start no batch after this much time.
+    pub time_budget: Duration,
+    /// Plan only: lock, stats and selection, nothing written.
+    pub dry_run: bool,
+    /// Where local Parquet files are written.
+    pub work_dir: PathBuf,
+    /// DuckDB settings.
+    pub engine: EngineConfig,
+    /// Manifest commit bounds.
+    pub commit: CommitPolicy,
+}
+
+impl Default for FlushOptions {
+    fn default() -> Self {
+        Self {
+            schemas: Vec::new(),
+            parallelism: 2,
+            min_records: 20_000,
+            max_age: Duration::from_secs(3600),
+            force: false,
+            batch_size: 10_000,
+            max_batches: None,
+            time_budget: Duration::from_secs(50),
+            dry_run: false,
+            work_dir: std::env::temp_dir(),
+            engine: EngineConfig::default(),
+            commit: CommitPolicy::default(),
+        }
+    }
+}
+
+/// What happened to one schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// At least one batch was exported (or, in a dry run, planned).
+    Flushed,
+    /// Dirty rows exist but neither threshold is reached.
+    BelowThreshold,
+    /// Another process holds the schema lock; it is doing this work.
+    Locked,
+    /// No dirty rows.
+    NothingToDo,
+    /// A step failed; rows stay dirty.
+    Failed,
+}
+
+/// One delta file written (or planned).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileReport {
+    /// The delta key (empty in a dry run).
+    pub path: String,
+    /// Rows in the file.
+    pub rows: u64,
+    /// Bytes stored.
+    pub bytes: u64,
+}
+
+/// The report for one schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SchemaReport {
+    /// Schema id.
+    pub schema_id: i16,
+    /// Schema name.
+    pub schema: String,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// Why (threshold numbers, the failure), when useful.
+    pub reason: Option<String>,
+    /// Dirty rows when the schema was examined.
+    pub dirty_rows: i64,
+    /// Batches exported (or planned).
+    pub batches: u32,
+    /// Rows written to delta files.
+    pub rows_exported: u64,
+    /// Rows marked flushed.
+    pub rows_marked: u64,
+    /// Rows exported but left dirty because they changed meanwhile.
+    pub rows_left_dirty: u64,
+    /// Files written (or planned).
+    pub files: Vec<FileReport>,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Temporary objects whose post-copy delete failed (left for gc).
+    pub tmp_leaked: u32,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+}
+
+impl SchemaReport {
+    fn new(reg: &Registered) -> Self {
+        Self {
+            schema_id: reg.id,
+            schema: reg.name.clone(),
+            outcome: Outcome::NothingToDo,
+            reason: None,
+            dirty_rows: 0,
+            batches: 0,
+            rows_exported: 0,
+            rows_marked: 0,
+            rows_left_dirty: 0,
+            files: Vec::new(),
+            bytes: 0,
+            tmp_leaked: 0,
+            duration_ms: 0,
+        }
+    }
+}
+
+/// The report of a whole run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FlushReport {
+    /// True for `--dry-run`.
+    pub dry_run: bool,
+    /// Per schema, by id.
+    pub schemas: Vec<SchemaReport>,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+}
+
+impl FlushReport {
+    /// True when any schema failed.
+    pub fn failed(&self) -> bool {
+        self.schemas.iter().any(|s| s.outcome == Outcome::Failed)
+    }
+
+    /// The human-readable table.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "{:<24} {:>6} {:<16} {:>9} {:>7} {:>10} {:>10} {:>10} {:>6} {:>12} {:>9}\n",
+            "SCHEMA",
+            "ID",
+            "OUTCOME",
+            "DIRTY",
+            "BATCHES",
+            "EXPORTED",
+            "MARKED",
+            "LEFT",
+            "FILES",
+            "BYTES",
+            "MS"
+        );
+        for s in &self.schemas {
+            let outcome = serde_json::to_value(s.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "{:<24} {:>6} {:<16} {:>9} {:>7} {:>10} {:>10} {:>10} {:>6} {:>12} {:>9}\n",
+                s.schema,
+                s.schema_id,
+                outcome,
+                s.dirty_rows,
+                s.batches,
+                s.rows_exported,
+                s.rows_marked,
+                s.rows_left_dirty,
+                s.files.len(),
+                s.bytes,
+                s.duration_ms
+            ));
+            if let Some(reason) = &s.reason {
+                out.push_str(&format!("    {reason}\n"));
+            }
+        }
+        if self.dry_run {
+            out.push_str("dry run: nothing was written\n");
+            for s in &self.schemas {
+                for (i, f) in s.files.iter().enumerate() {
+                    out.push_str(&format!(
+                        "    would write {} file {} with {} rows\n",
+                        s.schema,
+                        i + 1,
+                        f.rows
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Last `flushed_at` handed out by this process: marks are strictly increasing, so two
+/// back-to-back flushes of one row never collide on the `(schema_id, row_id, flushed_at)` key.
+static LAST_FLUSHED_AT: AtomicI64 = AtomicI64::new(0);
+
+fn next_flushed_at(now: i64) -> i64 {
+    let mut last = LAST_FLUSHED_AT.load(Ordering::SeqCst);
+    loop {
+        let next = now.max(last + 1);
+        match LAST_FLUSHED_AT.compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+/// Runs one flush pass over the selected schemas.
+pub async fn run(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> Result<FlushReport> {
+    let started = Instant::now();
+    let client = ctx.connector.connect().await?;
+    let registered = registry::list(&client, &ctx.tables.registry).await?;
+    let targets = if opts.schemas.is_empty() {
+        let dirty = stats::dirty_schemas(&client, &ctx.tables.change_log).await?;
+        dirty
+            .iter()
+            .map(|id| {
+                registered.iter().find(|r| r.id == *id).cloned().ok_or_else(|| {
+                    Error::config(format!(
+                        "schema id {id} has dirty change_log rows but is not in the registry {}; run init-db with its metadata",
+                        ctx.tables.registry.quoted()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        registry::select(&registered, &opts.schemas)?
+    };
+    drop(client);
+    // Pre-flight (study §10 #193): every schema's metadata resolves before any side effect.
+    let mut work = Vec::with_capacity(targets.len());
+    for reg in targets {
+        let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
+            Error::config(format!(
+                "schema {} has rows to flush but --schema-dir is not set",
+                reg.name
+            ))
+        })?;
+        let def = dir::load(dir, &reg.name)?;
+        work.push((reg, def));
+    }
+    let parallelism = opts.parallelism.max(1);
+    let mut schemas: Vec<SchemaReport> = stream::iter(work)
+        .map(|(reg, def)| flush_schema(ctx, opts, hooks, reg, def))
+        .buffer_unordered(parallelism)
+        .collect()
+        .await;
+    schemas.sort_by_key(|s| s.schema_id);
+    let report = FlushReport {
+        dry_run: opts.dry_run,
+        schemas,
+        duration_ms: elapsed_ms(started),
+    };
+    tracing::info!(
+        schemas = report.schemas.len(),
+        failed = report
+            .schemas
+            .iter()
+            .filter(|s| s.outcome == Outcome::Failed)
+            .count(),
+        rows_exported = report.schemas.iter().map(|s| s.rows_exported).sum::<u64>(),
+        rows_marked = report.schemas.iter().map(|s| s.rows_marked).sum::<u64>(),
+        files = report.schemas.iter().map(|s| s.files.len()).sum::<usize>(),
+        dry_run = opts.dry_run,
+        duration_ms = report.duration_ms,
+        "flush done"
+    );
+    Ok(report)
+}
+
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn flush_schema(
+    ctx: &Context,
+    opts: &FlushOptions,
+    hooks: &FlushHooks,
+    reg: Registered,
+    def: SchemaDef,
+) -> SchemaReport {
+    let started = Instant::now();
+    let mut report = SchemaReport::new(&reg);
+    if ctx.shutdown.is_requested() {
+        report.reason = Some("stop requested before start".into());
+        return report;
+    }
+    let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
+    let result = async {
+        match SchemaLock::try_acquire(&ctx.connector, reg.id).await? {
+            None => {
+                report.outcome = Outcome::Locked;
+                report.reason = Some("another process holds the schema lock".into());
+                Ok(())
+            }
+            Some(lock) => {
+                let res = flush_locked(ctx, opts, hooks, &def, reg.id, &mut report).await;
+                if let Err(e) = lock.release().await {
+                    tracing::warn!(error = %e.chain(), "schema lock release failed; closing its connection releases it");
+                }
+                res
+            }
+        }
+    }
+    .instrument(span)
+    .await;
+    if let Err(e) = result {
+        tracing::error!(schema = %reg.name, error = %e.chain(), "flush failed");
+        report.outcome = Outcome::Failed;
+        report.reason = Some(e.chain());
+    }
+    report.duration_ms = elapsed_ms(started);
+    report
+}
+
+/// Why a schema is (not) due, or `None` when it is.
+fn below_threshold(opts: &FlushOptions, count: i64, oldest: i64, now: i64) -> Option<String> {
+    let age_ms = now.saturating_sub(oldest);
+    let max_age_ms = i64::try_from(opts.max_age.as_millis()).unwrap_or(i64::MAX);
+    if opts.force || count >= opts.min_records || (oldest > 0 && age_ms >= max_age_ms) {
+        None
+    } else {
+        Some(format!(
+            "{count} dirty rows < --min-records {} and oldest {}s < --max-age {}s",
+            opts.min_records,
+            age_ms.max(0) / 1000,
+            max_age_ms / 1000
+        ))
+    }
+}
+
+async fn flush_locked(
+    ctx: &Context,
+    opts: &FlushOptions,
+    hooks: &FlushHooks,
+    def: &SchemaDef,
+    schema_id: i16,
+    report: &mut SchemaReport,
+) -> Result<()> {
+    let mut client = ctx.connector.connect().await?;
+    let dirty = stats::dirty(&client, &ctx.tables.change_log, schema_id).await?;
+    report.dirty_rows = dirty.count;
+    if dirty.count == 0 {
+        report.outcome = Outcome::NothingToDo;
+        return Ok(());
+    }
+    if let Some(reason) = below_threshold(
+        opts,
+        dirty.count,
+        dirty.oldest_changed_at,
+        ctx.clock.now_ms(),
+    ) {
+        report.outcome = Outcome::BelowThreshold;
+        report.reason = Some(reason);
+        return Ok(());
+    }
+    report.outcome = Outcome::Flushed;
+    let started = Instant::now();
+    let mut engine: Option<Engine> = None;
+    let mut cursor: Option<Selected> = None;
+    loop {
+        if ctx.shutdown.is_requested() {
+            report.reason = Some("stopped by signal after a complete batch".into());
+            break;
+        }
+        if opts.max_batches.is_some_and(|m| report.batches >= m)
+            || started.elapsed() >= opts.time_budget
+        {
+            report.reason =
+                Some("batch or time budget reached; the rest is left for the next run".into());
+            break;
+        }
+        let selected =
+            snapshot::select(&client, &ctx.tables, schema_id, opts.batch_size, cursor).await?;
+        let Some(last) = selected.last().copied() else {
+            break;
+        };
+        cursor = Some(last);
+        let full = i64::try_from(selected.len()).unwrap_or(i64::MAX) >= opts.batch_size;
+        report.batches += 1;
+        if opts.dry_run {
+            report.files.push(FileReport {
+                path: String::new(),
+                rows: selected.len() as u64,
+                bytes: 0,
+            });
+            report.rows_exported += selected.len() as u64;
+        } else {
+            let cutoff = ctx
+                .clock
+                .now_ms()
+                .max(selected.iter().map(|s| s.changed_at).max().unwrap_or(0));
+            let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
+            if let Some(hook) = &hooks.before_export {
+                hook(schema_id, ids.clone()).await;
+            }
+            let snap =
+                snapshot::read(&mut client, &ctx.tables, def, schema_id, &ids, cutoff).await?;
+            if !snap.versions.is_empty() {
+                engine = Some(
+                    export_batch(
+                        ctx, opts, hooks, &client, def, schema_id, snap, engine, report,
+                    )
+                    .await?,
+                );
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Steps 2–5 for one batch. Returns the engine for reuse.
+#[allow(clippy::too_many_arguments)] // one call site; the arguments are the batch's context
+async fn export_batch(
+    ctx: &Context,
+    opts: &FlushOptions,
+    hooks: &FlushHooks,
+    client: &tokio_postgres::Client,
+    def: &SchemaDef,
+    schema_id: i16,
+    snap: Snapshot,
+    engine: Option<Engine>,
+    report: &mut SchemaReport,
+) -> Result<Engine> {
+    let file_id = Uuid::new_v4();
+    let local = opts.work_dir.join(format!("lakecdc-{file_id}.parquet"));
+    let (engine, written) = write_local(
+        opts,
+        def.clone(),
+        schema_id,
+        snap.clone(),
+        engine,
+        local.clone(),
+    )
+    .await?;
+    let outcome = publish(
+        ctx, opts, hooks, client, schema_id, &snap, &local, written, file_id, report,
+    )
+    .await;
+    if let Err(e) = tokio::fs::remove_file(&local).await {
+        tracing::warn!(path = %local.display(), error = %e, "could not remove local parquet file");
+    }
+    outcome.map(|()| engine)
+}
+
+/// What the local file holds.
+struct Written {
+    rows: u64,
+    columns: std::collections::BTreeMap<String, String>,
+}
+
+async fn write_local(
+    opts: &FlushOptions,
+    def: SchemaDef,
+    schema_id: i16,
+    snap: Snapshot,
+    engine: Option<Engine>,
+    path: PathBuf,
+) -> Result<(Engine, Written)> {
+    let cfg = opts.engine.clone();
+    tokio::task::spawn_blocking(move || {
+        let engine = match engine {
+            Some(e) => e,
+            None => Engine::open(&cfg)?,
+        };
+        let rows = engine.export(
+            &def,
+            schema_id,
+            Driver::ChangeLog,
+            Inputs {
+                change_log: &snap.change_log,
+                entities: &snap.entities,
+                eav: &snap.eav,
+            },
+            &path,
+        )?;
+        let info = footer::check_file(&path)?;
+        if u64::try_from(info.row_count).ok() != Some(rows) || rows != snap.versions.len() as u64 {
+            return Err(Error::Invariant(format!(
+                "export wrote {rows} rows ({} in the footer) for {} slots",
+                info.row_count,
+                snap.versions.len()
+            )));
+        }
+        Ok((
+            engine,
+            Written {
+                rows,
+                columns: info.columns.into_iter().collect(),
+            },
+        ))
+    })
+    .await
+    .map_err(|e| Error::Invariant(format!("export task failed: {e}")))?
+}
+
+/// Upload → promote → manifest → mark.
+#[allow(clippy::too_many_arguments)] // one call site; the arguments are the batch's context
+async fn publish(
+    ctx: &Context,
+    opts: &FlushOptions,
+    hooks: &FlushHooks,
+    client: &tokio_postgres::Client,
+    schema_id: i16,
+    snap: &Snapshot,
+    local: &std::path::Path,
+    written: Written,
+    file_id: Uuid,
+    report: &mut SchemaReport,
+) -> Result<()> {
+    let store = ctx.lake.store.as_ref();
+    let layout = &ctx.lake.layout;
+    let tmp = layout.tmp_key(schema_id, file_id);
+    let put = match store.put_file(&tmp, local).await {
+        Ok(put) => put,
+        Err(source) => {
+            delete_quietly(store, &tmp).await;
+            return Err(Error::Storage {
+                op: "upload delta",
+                key: tmp,
+                source,
+            });
+        }
+    };
+    let key = layout.delta_key(schema_id, Uuid::now_v7());
+    if let Err(source) = store.copy(&tmp, &key).await {
+        delete_quietly(store, &tmp).await;
+        return Err(Error::Storage {
+            op: "promote delta",
+            key,
+            source,
+        });
+    }
+    if let Err(e) = store.delete(&tmp).await {
+        report.tmp_leaked += 1;
+        tracing::warn!(key = %tmp, error = %e, "temporary object left for gc");
+    }
+    let (min, max) = row_id_range(&snap.versions);
+    let now = ctx.clock.now_ms();
+    let entry = FileEntry {
+        tier: Tier::Delta,
+        path: key.clone(),
+        row_id_min: min,
+        row_id_max: max,
+        created_min: now,
+        created_max: now,
+        size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
+        row_count: i64::try_from(written.rows).unwrap_or(i64::MAX),
+        checksum: Some(put.checksum()),
+        columns: Some(written.columns),
+        extra: Default::default(),
+    };
+    let manifest_key = layout.manifest_key(schema_id);
+    manifest::commit(
+        store,
+        &manifest_key,
+        schema_id,
+        ctx.clock.as_ref(),
+        opts.commit,
+        |m| {
+            m.files.push(entry.clone());
+            Ok(())
+        },
+    )
+    .await?;
+    report.files.push(FileReport {
+        path: key,
+        rows: written.rows,
+        bytes: put.size,
+    });
+    report.bytes += put.size;
+    report.rows_exported += written.rows;
+    if let Some(hook) = &hooks.before_mark {
+        hook(schema_id, snap.versions.iter().map(|v| v.row_id).collect()).await;
+    }
+    let flushed_at = next_flushed_at(ctx.clock.now_ms());
+    let marked =
+        snapshot::mark_flushed(client, &ctx.tables, schema_id, flushed_at, &snap.versions).await?;
+    report.rows_marked += marked;
+    report.rows_left_dirty += (snap.versions.len() as u64).saturating_sub(marked);
+    Ok(())
+}
+
+/// Smallest and largest row id in UUID byte order.
+fn row_id_range(versions: &[Selected]) -> (String, String) {
+    let min = versions.iter().map(|v| v.row_id).min();
+    let max = versions.iter().map(|v| v.row_id).max();
+    (
+        min.map(|u| u.to_string()).unwrap_or_default(),
+        max.map(|u| u.to_string()).unwrap_or_default(),
+    )
+}
+
+async fn delete_quietly(store: &dyn crate::store::ObjectStore, key: &str) {
+    if let Err(e) = store.delete(key).await {
+        tracing::warn!(key, error = %e, "could not delete temporary object; gc will");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flushed_at_is_strictly_increasing_even_when_the_clock_stalls() {
+        let a = next_flushed_at(5_000_000_000_000);
+        let b = next_flushed_at(5_000_000_000_000);
+        let c = next_flushed_at(4_000_000_000_000);
+        assert!(a < b && b < c, "{a} {b} {c}");
+    }
+
+    #[test]
+    fn thresholds() {
+        let opts = FlushOptions::default();
+        assert!(below_threshold(&opts, 19_999, 1_000, 1_000 + 3_599_999).is_some());
+        assert!(below_threshold(&opts, 20_000, 1_000, 1_000).is_none());
+        assert!(below_threshold(&opts, 1, 1_000, 1_000 + 3_600_000).is_none());
+        // Versions ahead of the clock are not "old".
+        assert!(below_threshold(&opts, 1, 10_000, 1_000).is_some());
+        let forced = FlushOptions {
+            force: true,
+            ..FlushOptions::default()
+        };
+        assert!(below_threshold(&forced, 1, 10_000, 1_000).is_none());
+    }
+}

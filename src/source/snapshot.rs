@@ -1,0 +1,354 @@
+//! Reading one flush batch: the selection of dirty slots, and their payload — the slots
+//! themselves, their `entity_main` rows and their EAV rows — read in ONE `REPEATABLE READ READ
+//! ONLY` transaction so that every table is seen at the same instant (no payload skew, study
+//! §10 #45). Values travel as parameters (`= ANY($n)`), never as SQL text; results come back in
+//! binary form and leave this module as Arrow batches. Also the mark step: `flushed_at = T`
+//! only where `changed_at` still equals the exported version.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, FixedSizeBinaryBuilder, Float64Builder, Int16Builder, Int32Builder, Int64Builder,
+    StringBuilder,
+};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use tokio_postgres::{Client, IsolationLevel, Row};
+use uuid::Uuid;
+
+use super::connect::timed;
+use crate::config::Tables;
+use crate::error::{Error, Result};
+use crate::schema::{SchemaDef, SlotType};
+
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A dirty slot chosen for a batch: its row and the version it carried when selected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selected {
+    /// The row.
+    pub row_id: Uuid,
+    /// Its dirty version.
+    pub changed_at: i64,
+}
+
+/// The payload of one batch, as Arrow batches for the engine.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// `row_id UUID, changed_at BIGINT, deleted_at BIGINT` — the slots exported.
+    pub change_log: RecordBatch,
+    /// `ltbase_row_id UUID, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at BIGINT`,
+    /// then the schema's bound slot columns.
+    pub entities: RecordBatch,
+    /// `row_id UUID, attr_id SMALLINT, array_indices VARCHAR, value_text VARCHAR,
+    /// value_numeric DOUBLE`.
+    pub eav: RecordBatch,
+    /// The version exported for each row, for the mark step.
+    pub versions: Vec<Selected>,
+}
+
+/// An Arrow field holding UUIDs (16-byte fixed binary with the `arrow.uuid` extension), which
+/// DuckDB reads as its UUID type.
+pub fn uuid_field(name: &str, nullable: bool) -> Field {
+    Field::new(name, DataType::FixedSizeBinary(16), nullable).with_metadata(HashMap::from([(
+        "ARROW:extension:name".to_string(),
+        "arrow.uuid".to_string(),
+    )]))
+}
+
+/// Selects up to `limit` dirty slots ordered by `(changed_at, row_id)`, strictly after `after`
+/// when given (keyset paging, so a run never revisits a slot it has planned).
+pub async fn select(
+    client: &Client,
+    tables: &Tables,
+    schema_id: i16,
+    limit: i64,
+    after: Option<Selected>,
+) -> Result<Vec<Selected>> {
+    let cl = tables.change_log.quoted();
+    let rows = match after {
+        None => {
+            let sql = format!(
+                "SELECT row_id, changed_at FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
+                 ORDER BY changed_at, row_id LIMIT $2"
+            );
+            timed(
+                TIMEOUT,
+                "select batch",
+                client.query(&sql, &[&schema_id, &limit]),
+            )
+            .await?
+        }
+        Some(a) => {
+            let sql = format!(
+                "SELECT row_id, changed_at FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
+                 AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
+            );
+            timed(
+                TIMEOUT,
+                "select batch",
+                client.query(&sql, &[&schema_id, &limit, &a.changed_at, &a.row_id]),
+            )
+            .await?
+        }
+    };
+    Ok(rows
+        .iter()
+        .map(|r| Selected {
+            row_id: r.get(0),
+            changed_at: r.get(1),
+        })
+        .collect())
+}
+
+/// Reads the payload of `ids` in one repeatable-read snapshot. Slots whose version moved past
+/// `cutoff` since selection are left out (they stay dirty).
+pub async fn read(
+    client: &mut Client,
+    tables: &Tables,
+    schema: &SchemaDef,
+    schema_id: i16,
+    ids: &[Uuid],
+    cutoff: i64,
+) -> Result<Snapshot> {
+    let tx = timed(
+        TIMEOUT,
+        "begin snapshot",
+        client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start(),
+    )
+    .await?;
+    let ids: Vec<Uuid> = ids.to_vec();
+    let slots = timed(
+        TIMEOUT,
+        "read change_log",
+        tx.query(
+            &format!(
+                "SELECT row_id, changed_at, deleted_at FROM {} WHERE schema_id = $1 AND flushed_at = 0 \
+                 AND row_id = ANY($2) AND changed_at <= $3",
+                tables.change_log.quoted()
+            ),
+            &[&schema_id, &ids, &cutoff],
+        ),
+    )
+    .await?;
+    let live: Vec<Uuid> = slots.iter().map(|r| r.get(0)).collect();
+    let bound = bound_columns(schema);
+    let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
+    let entities = timed(
+        TIMEOUT,
+        "read entity_main",
+        tx.query(
+            &format!(
+                "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
+                 FROM {} WHERE ltbase_schema_id = $1 AND ltbase_row_id = ANY($2)",
+                tables.entity.quoted()
+            ),
+            &[&schema_id, &live],
+        ),
+    )
+    .await?;
+    let eav_ids: Vec<i16> = schema
+        .attributes
+        .iter()
+        .filter(|a| a.binding.is_none())
+        .map(|a| a.id)
+        .collect();
+    let eav = if eav_ids.is_empty() {
+        Vec::new()
+    } else {
+        timed(
+            TIMEOUT,
+            "read eav_data",
+            tx.query(
+                &format!(
+                    "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
+                     WHERE schema_id = $1 AND row_id = ANY($2) AND attr_id = ANY($3)",
+                    tables.eav.quoted()
+                ),
+                &[&schema_id, &live, &eav_ids],
+            ),
+        )
+        .await?
+    };
+    timed(TIMEOUT, "end snapshot", tx.commit()).await?;
+    Ok(Snapshot {
+        versions: slots
+            .iter()
+            .map(|r| Selected {
+                row_id: r.get(0),
+                changed_at: r.get(1),
+            })
+            .collect(),
+        change_log: change_log_batch(&slots)?,
+        entities: entity_batch(&entities, &bound)?,
+        eav: eav_batch(&eav)?,
+    })
+}
+
+/// Marks the exported slots flushed at `flushed_at`, only where `changed_at` still equals the
+/// exported version (never `<=`): a row written since stays dirty. Returns the rows marked.
+pub async fn mark_flushed(
+    client: &Client,
+    tables: &Tables,
+    schema_id: i16,
+    flushed_at: i64,
+    versions: &[Selected],
+) -> Result<u64> {
+    let ids: Vec<Uuid> = versions.iter().map(|v| v.row_id).collect();
+    let changed: Vec<i64> = versions.iter().map(|v| v.changed_at).collect();
+    let sql = format!(
+        "UPDATE {} AS cl SET flushed_at = $1 FROM unnest($3::uuid[], $4::int8[]) AS v(row_id, changed_at) \
+         WHERE cl.schema_id = $2 AND cl.flushed_at = 0 AND cl.row_id = v.row_id AND cl.changed_at = v.changed_at",
+        tables.change_log.quoted()
+    );
+    timed(
+        TIMEOUT,
+        "mark flushed",
+        client.execute(&sql, &[&flushed_at, &schema_id, &ids, &changed]),
+    )
+    .await
+}
+
+/// The distinct slot columns the schema binds, sorted by name.
+pub fn bound_columns(schema: &SchemaDef) -> Vec<(String, SlotType)> {
+    let mut cols: Vec<(String, SlotType)> = schema
+        .attributes
+        .iter()
+        .filter_map(|a| a.binding.as_ref().map(|b| (b.column.clone(), b.slot)))
+        .collect();
+    cols.sort();
+    cols.dedup();
+    cols
+}
+
+fn batch(fields: Vec<Field>, columns: Vec<ArrayRef>) -> Result<RecordBatch> {
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| Error::Invariant(format!("building an Arrow batch failed: {e}")))
+}
+
+fn uuid_column(rows: &[Row], idx: usize) -> Result<ArrayRef> {
+    let mut b = FixedSizeBinaryBuilder::with_capacity(rows.len(), 16);
+    for r in rows {
+        match r.get::<_, Option<Uuid>>(idx) {
+            Some(u) => b
+                .append_value(u.as_bytes())
+                .map_err(|e| Error::Invariant(format!("uuid column: {e}")))?,
+            None => b.append_null(),
+        }
+    }
+    Ok(Arc::new(b.finish()))
+}
+
+fn i64_column(rows: &[Row], idx: usize) -> ArrayRef {
+    let mut b = Int64Builder::with_capacity(rows.len());
+    for r in rows {
+        b.append_option(r.get::<_, Option<i64>>(idx));
+    }
+    Arc::new(b.finish())
+}
+
+fn change_log_batch(rows: &[Row]) -> Result<RecordBatch> {
+    batch(
+        vec![
+            uuid_field("row_id", false),
+            Field::new("changed_at", DataType::Int64, false),
+            Field::new("deleted_at", DataType::Int64, true),
+        ],
+        vec![
+            uuid_column(rows, 0)?,
+            i64_column(rows, 1),
+            i64_column(rows, 2),
+        ],
+    )
+}
+
+fn entity_batch(rows: &[Row], bound: &[(String, SlotType)]) -> Result<RecordBatch> {
+    let mut fields = vec![
+        uuid_field("ltbase_row_id", false),
+        Field::new("ltbase_created_at", DataType::Int64, false),
+        Field::new("ltbase_updated_at", DataType::Int64, false),
+        Field::new("ltbase_deleted_at", DataType::Int64, true),
+    ];
+    let mut columns = vec![
+        uuid_column(rows, 0)?,
+        i64_column(rows, 1),
+        i64_column(rows, 2),
+        i64_column(rows, 3),
+    ];
+    for (i, (name, slot)) in bound.iter().enumerate() {
+        let idx = 4 + i;
+        let (ty, col): (DataType, ArrayRef) = match slot {
+            SlotType::Text => {
+                let mut b = StringBuilder::with_capacity(rows.len(), rows.len() * 16);
+                for r in rows {
+                    b.append_option(r.get::<_, Option<&str>>(idx));
+                }
+                (DataType::Utf8, Arc::new(b.finish()))
+            }
+            SlotType::Smallint => {
+                let mut b = Int16Builder::with_capacity(rows.len());
+                for r in rows {
+                    b.append_option(r.get::<_, Option<i16>>(idx));
+                }
+                (DataType::Int16, Arc::new(b.finish()))
+            }
+            SlotType::Integer => {
+                let mut b = Int32Builder::with_capacity(rows.len());
+                for r in rows {
+                    b.append_option(r.get::<_, Option<i32>>(idx));
+                }
+                (DataType::Int32, Arc::new(b.finish()))
+            }
+            SlotType::Bigint => (DataType::Int64, i64_column(rows, idx)),
+            SlotType::Double => {
+                let mut b = Float64Builder::with_capacity(rows.len());
+                for r in rows {
+                    b.append_option(r.get::<_, Option<f64>>(idx));
+                }
+                (DataType::Float64, Arc::new(b.finish()))
+            }
+            SlotType::Uuid => {
+                fields.push(uuid_field(name, true));
+                columns.push(uuid_column(rows, idx)?);
+                continue;
+            }
+        };
+        fields.push(Field::new(name, ty, true));
+        columns.push(col);
+    }
+    batch(fields, columns)
+}
+
+fn eav_batch(rows: &[Row]) -> Result<RecordBatch> {
+    let mut attr = Int16Builder::with_capacity(rows.len());
+    let mut idx = StringBuilder::with_capacity(rows.len(), rows.len());
+    let mut text = StringBuilder::with_capacity(rows.len(), rows.len() * 8);
+    let mut num = Float64Builder::with_capacity(rows.len());
+    for r in rows {
+        attr.append_value(r.get::<_, i16>(1));
+        idx.append_value(r.get::<_, &str>(2));
+        text.append_option(r.get::<_, Option<&str>>(3));
+        num.append_option(r.get::<_, Option<f64>>(4));
+    }
+    batch(
+        vec![
+            uuid_field("row_id", false),
+            Field::new("attr_id", DataType::Int16, false),
+            Field::new("array_indices", DataType::Utf8, false),
+            Field::new("value_text", DataType::Utf8, true),
+            Field::new("value_numeric", DataType::Float64, true),
+        ],
+        vec![
+            uuid_column(rows, 0)?,
+            Arc::new(attr.finish()),
+            Arc::new(idx.finish()),
+            Arc::new(text.finish()),
+            Arc::new(num.finish()),
+        ],
+    )
+}

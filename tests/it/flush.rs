@@ -1,0 +1,755 @@
+//! `lakecdc flush` against real PostgreSQL and SeaweedFS (and the local lake): the oracle under
+//! a random workload, every hazard of study §10 that applies to flush, the fault matrix, and
+//! concurrency.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use lakecdc::clock::SystemClock;
+use lakecdc::config::Tables;
+use lakecdc::flush::{Context, FlushHooks, FlushOptions, FlushReport, Outcome};
+use lakecdc::lake::{KeyKind, Lake, Layout};
+use lakecdc::shutdown::Shutdown;
+use lakecdc::store::ObjectStore;
+use lakecdc::store::fault::{Action, FaultStore, Op};
+use lakecdc::store::local::LocalStore;
+use uuid::Uuid;
+
+use crate::harness::{self, TestDb};
+use crate::oracle;
+use crate::writer::{Customer, Rng, Writer};
+
+const CUSTOMER: i16 = 100;
+const MANIFEST: &str = "manifest/100.json";
+
+pub struct Rig {
+    pub db: TestDb,
+    pub writer: Writer,
+    pub store: Arc<FaultStore>,
+    pub ctx: Context,
+    pub opts: FlushOptions,
+    _work: tempfile::TempDir,
+}
+
+pub enum LakeKind {
+    S3,
+    Local,
+}
+
+pub async fn rig(kind: LakeKind) -> Rig {
+    let db = TestDb::new().await;
+    lakecdc::init_db::run(
+        &db.connector(),
+        &Tables::default(),
+        Some(&harness::examples_dir()),
+    )
+    .await
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn ObjectStore> = match kind {
+        LakeKind::S3 => harness::s3_bucket().await,
+        LakeKind::Local => Arc::new(LocalStore::open(work.path().join("lake")).unwrap()),
+    };
+    let store = Arc::new(FaultStore::new(inner));
+    let ctx = Context {
+        connector: db.connector(),
+        tables: Tables::default(),
+        schema_dir: Some(harness::examples_dir()),
+        lake: Lake {
+            store: store.clone(),
+            layout: Layout::new("", "data", "manifest/{schema_id}.json").unwrap(),
+        },
+        clock: Arc::new(SystemClock),
+        shutdown: Shutdown::new(),
+    };
+    let opts = FlushOptions {
+        force: true,
+        batch_size: 40,
+        work_dir: work.path().to_path_buf(),
+        ..FlushOptions::default()
+    };
+    let writer = Writer::new(db.client().await, CUSTOMER).await;
+    Rig {
+        db,
+        writer,
+        store,
+        ctx,
+        opts,
+        _work: work,
+    }
+}
+
+impl Rig {
+    pub async fn flush(&self) -> FlushReport {
+        lakecdc::flush::run(&self.ctx, &self.opts, &FlushHooks::default())
+            .await
+            .unwrap()
+    }
+
+    pub async fn flush_with(&self, hooks: &FlushHooks) -> FlushReport {
+        lakecdc::flush::run(&self.ctx, &self.opts, hooks)
+            .await
+            .unwrap()
+    }
+
+    pub async fn seed(&mut self, n: usize, r: &mut Rng) -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            let id = r.uuid();
+            self.writer.create(id, Customer::random(r)).await;
+            ids.push(id);
+        }
+        ids
+    }
+
+    pub async fn assert_oracle(&self) -> (usize, usize) {
+        oracle::assert_matches(&self.writer, self.store.as_ref(), MANIFEST).await
+    }
+
+    pub async fn change_log(&self) -> Vec<(Uuid, i64, i64, Option<i64>)> {
+        self.writer
+            .client
+            .query(
+                "SELECT row_id, flushed_at, changed_at, deleted_at FROM change_log ORDER BY 1, 2",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect()
+    }
+
+    pub async fn keys(&self, prefix: &str) -> Vec<String> {
+        self.store
+            .list(prefix)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key)
+            .collect()
+    }
+
+    pub async fn listed(&self) -> Vec<String> {
+        match oracle::manifest_json(self.store.as_ref(), MANIFEST).await {
+            None => Vec::new(),
+            Some(m) => m["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["path"].as_str().unwrap().to_string())
+                .collect(),
+        }
+    }
+
+    pub fn hook(
+        f: impl Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> lakecdc::flush::Hook {
+        Arc::new(move |_, _| f())
+    }
+}
+
+fn only(report: &FlushReport) -> &lakecdc::flush::SchemaReport {
+    assert_eq!(report.schemas.len(), 1, "{report:?}");
+    &report.schemas[0]
+}
+
+async fn random_workload_holds_the_oracle(kind: LakeKind, seed: u64, rounds: usize, ops: usize) {
+    let mut rig = rig(kind).await;
+    let mut r = Rng::new(seed);
+    let mut total_compared = 0;
+    for round in 0..rounds {
+        let mut seen = BTreeMap::new();
+        for _ in 0..ops {
+            *seen.entry(rig.writer.random_op(&mut r).await).or_insert(0) += 1;
+        }
+        let report = rig.flush().await;
+        let s = only(&report);
+        assert_eq!(s.outcome, Outcome::Flushed, "round {round}: {s:?}");
+        assert_eq!(s.rows_left_dirty, 0, "{s:?}");
+        let (compared, dirty) = rig.assert_oracle().await;
+        assert_eq!(
+            dirty, 0,
+            "seed {seed} round {round}: nothing may stay dirty without concurrent writes"
+        );
+        let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+        assert_eq!(compared, live, "seed {seed} round {round} ({seen:?})");
+        total_compared += compared;
+    }
+    assert!(total_compared > 0);
+    // Every delta key classifies as a delta, and nothing is left in _tmp/.
+    let layout = &rig.ctx.lake.layout;
+    for key in rig.listed().await {
+        assert!(
+            matches!(
+                layout.classify(&key),
+                KeyKind::Delta {
+                    schema_id: CUSTOMER,
+                    ..
+                }
+            ),
+            "{key}"
+        );
+    }
+    assert!(rig.keys("data/100/_tmp/").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn oracle_holds_under_a_random_workload_on_s3() {
+    for seed in [1, 2] {
+        random_workload_holds_the_oracle(LakeKind::S3, seed, 4, 80).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn oracle_holds_under_a_random_workload_on_a_local_lake() {
+    random_workload_holds_the_oracle(LakeKind::Local, 3, 3, 80).await;
+}
+
+#[tokio::test]
+async fn an_idle_run_makes_no_store_request() {
+    let rig = rig(LakeKind::S3).await;
+    let report = rig.flush().await;
+    assert!(report.schemas.is_empty(), "{report:?}");
+    assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
+    // Dirty rows below the threshold: still no store request.
+    let mut rig = rig;
+    let mut r = Rng::new(9);
+    rig.seed(3, &mut r).await;
+    rig.opts.force = false;
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::BelowThreshold);
+    assert!(
+        s.reason.as_deref().unwrap().contains("--min-records 20000"),
+        "{s:?}"
+    );
+    assert!(rig.store.calls().is_empty());
+}
+
+#[tokio::test]
+async fn hard_delete_exports_a_tombstone() {
+    // study §10 #173
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(173);
+    let ids = rig.seed(3, &mut r).await;
+    rig.flush().await;
+    let stamp = rig.writer.hard_delete(ids[1]).await;
+    let report = rig.flush().await;
+    let file = &only(&report).files[0];
+    let bytes = rig.store.get_bytes(&file.path).await.unwrap().bytes;
+    let rows = oracle::read_parquet(bytes);
+    assert_eq!(rows.len(), 1);
+    let (id, row) = &rows[0];
+    assert_eq!(*id, ids[1]);
+    assert_eq!((row.changed_at, row.deleted_at), (stamp, stamp));
+    assert_eq!(row.columns["ltbase_created_at"], oracle::V::Null);
+    assert_eq!(row.columns["name"], oracle::V::Null);
+    let lake = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    assert!(!lake.contains_key(&ids[1]) && lake.contains_key(&ids[0]));
+    rig.assert_oracle().await;
+}
+
+#[tokio::test]
+async fn dry_run_writes_nothing_anywhere() {
+    // study §10 #180
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(180);
+    rig.seed(90, &mut r).await;
+    let before = rig.change_log().await;
+    rig.opts.dry_run = true;
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert!(report.dry_run);
+    assert_eq!(s.outcome, Outcome::Flushed);
+    let planned: Vec<u64> = s.files.iter().map(|f| f.rows).collect();
+    assert_eq!(planned, [40, 40, 10], "the plan lists every would-be file");
+    assert!(rig.store.writes().is_empty(), "{:?}", rig.store.writes());
+    assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
+    assert_eq!(rig.change_log().await, before);
+    // The real run executes the same plan.
+    rig.opts.dry_run = false;
+    let report = rig.flush().await;
+    let done: Vec<u64> = only(&report).files.iter().map(|f| f.rows).collect();
+    assert_eq!(done, planned);
+}
+
+#[tokio::test]
+async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
+    // study §10 #182: before export, and after export before mark.
+    for window in ["before_export", "before_mark"] {
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(182);
+        let ids = rig.seed(10, &mut r).await;
+        let (a, b) = (ids[0], ids[1]);
+        let newcomer = r.uuid();
+        let writer = Arc::new(tokio::sync::Mutex::new(
+            Writer::new(rig.db.client().await, CUSTOMER).await,
+        ));
+        {
+            let mut w = writer.lock().await;
+            w.rows = rig.writer.rows.clone();
+        }
+        let w2 = writer.clone();
+        let hook = Rig::hook(move || {
+            let w = w2.clone();
+            async move {
+                let mut w = w.lock().await;
+                if w.rows.contains_key(&newcomer) {
+                    return; // only the first batch
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let mut r = Rng::new(7);
+                w.update(a, Customer::random(&mut r)).await;
+                w.hard_delete(b).await;
+                w.create(newcomer, Customer::random(&mut r)).await;
+            }
+            .boxed()
+        });
+        let hooks = match window {
+            "before_export" => FlushHooks {
+                before_export: Some(hook),
+                ..Default::default()
+            },
+            _ => FlushHooks {
+                before_mark: Some(hook),
+                ..Default::default()
+            },
+        };
+        let report = rig.flush_with(&hooks).await;
+        assert_eq!(only(&report).outcome, Outcome::Flushed);
+        {
+            let w = writer.lock().await;
+            rig.writer.rows = w.rows.clone();
+            rig.writer.deleted = w.deleted.clone();
+        }
+        let dirty = oracle::dirty(&rig.writer).await;
+        assert_eq!(dirty, BTreeSet::from([a, b, newcomer]), "{window}");
+        rig.assert_oracle().await;
+        let report = rig.flush().await;
+        assert_eq!(only(&report).rows_left_dirty, 0);
+        let (compared, dirty) = rig.assert_oracle().await;
+        assert_eq!(dirty, 0, "{window}: a second flush converges");
+        assert_eq!(compared, 10, "{window}: 8 untouched + a + newcomer");
+        let lake = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+        assert!(!lake.contains_key(&b) && lake.contains_key(&newcomer));
+    }
+}
+
+#[tokio::test]
+async fn missing_metadata_stops_the_run_before_any_side_effect() {
+    // study §10 #193
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(193);
+    rig.seed(5, &mut r).await;
+    // Schema 101 (order) is dirty too, but its metadata is missing.
+    rig.writer
+        .client
+        .execute("INSERT INTO change_log (schema_id, row_id, changed_at) VALUES (101, gen_random_uuid(), 5)", &[])
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["customer.json", "customer_attributes.json", "order.json"] {
+        std::fs::copy(harness::examples_dir().join(f), dir.path().join(f)).unwrap();
+    }
+    rig.ctx.schema_dir = Some(dir.path().to_path_buf());
+    let before = rig.change_log().await;
+    let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("order_attributes.json") && msg.contains("order"),
+        "{msg}"
+    );
+    assert_eq!(err.exit_code(), 2);
+    assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
+    assert_eq!(rig.change_log().await, before);
+    // An empty metadata file is refused the same way.
+    std::fs::write(dir.path().join("order_attributes.json"), "{}").unwrap();
+    let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no attributes"), "{err}");
+    assert!(rig.store.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_manifest_write_lists_nothing_and_marks_nothing() {
+    // study §10 #197/#252
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(252);
+    rig.seed(12, &mut r).await;
+    rig.store
+        .arm(Op::PutBytes, Some("manifest/"), 1, Action::Fail);
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Failed);
+    assert!(s.reason.as_deref().unwrap().contains("manifest"), "{s:?}");
+    assert_eq!(s.rows_marked, 0);
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 12);
+    assert!(rig.listed().await.is_empty());
+    assert!(report.failed());
+    // An ambiguous write (it landed, the answer was lost): still nothing marked, and a retry
+    // converges with a duplicate delta of identical versions.
+    rig.store
+        .arm(Op::PutBytes, Some("manifest/"), 1, Action::FailAfter);
+    let report = rig.flush().await;
+    assert_eq!(only(&report).outcome, Outcome::Failed);
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 12);
+    assert_eq!(rig.listed().await.len(), 1);
+    rig.assert_oracle().await;
+    let report = rig.flush().await;
+    assert_eq!(only(&report).outcome, Outcome::Flushed);
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (12, 0));
+    assert_eq!(rig.listed().await.len(), 2);
+}
+
+#[tokio::test]
+async fn tmp_objects_never_outlive_a_failed_upload_or_copy() {
+    // study §10 #226
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(226);
+    rig.seed(8, &mut r).await;
+    for op in [Op::PutFile, Op::Copy] {
+        // FailAfter on upload: the object landed, then the call failed — it must still go.
+        for action in [Action::Fail, Action::FailAfter] {
+            rig.store.arm(op, None, 1, action);
+            let report = rig.flush().await;
+            assert_eq!(only(&report).outcome, Outcome::Failed, "{op:?}");
+            assert!(
+                rig.keys("data/100/_tmp/").await.is_empty(),
+                "{op:?}: tmp left"
+            );
+            assert_eq!(oracle::dirty(&rig.writer).await.len(), 8);
+            assert!(rig.listed().await.is_empty());
+        }
+    }
+    // A failed post-copy delete leaves exactly one tmp, and the flush still succeeds.
+    rig.store.arm(Op::Delete, Some("/_tmp/"), 1, Action::Fail);
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert_eq!(
+        (s.outcome, s.tmp_leaked, s.rows_marked),
+        (Outcome::Flushed, 1, 8)
+    );
+    let tmp = rig.keys("data/100/_tmp/").await;
+    assert_eq!(tmp.len(), 1);
+    assert!(matches!(
+        rig.ctx.lake.layout.classify(&tmp[0]),
+        KeyKind::Tmp {
+            schema_id: CUSTOMER,
+            ..
+        }
+    ));
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (8, 0));
+}
+
+#[tokio::test]
+async fn clock_ahead_versions_flush_in_one_pass_and_a_recreate_in_the_window_stays_dirty() {
+    // study §10 #274
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(274);
+    let ids = rig.seed(4, &mut r).await;
+    rig.flush().await;
+    let ahead: Vec<i64> = {
+        let mut v = Vec::new();
+        for id in &ids {
+            v.push(rig.writer.restamp_ahead(*id, 20_000).await);
+        }
+        v
+    };
+    let updated = rig.writer.update(ids[0], Customer::random(&mut r)).await;
+    assert_eq!(updated, ahead[0] + 1, "update lands at ahead+1");
+    let deleted = rig.writer.hard_delete(ids[1]).await;
+    assert_eq!(deleted, ahead[1] + 1, "delete lands at ahead+1");
+    let report = rig.flush().await;
+    assert_eq!(only(&report).rows_left_dirty, 0);
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!(
+        (compared, dirty),
+        (3, 0),
+        "one flush leaves zero dirty rows"
+    );
+
+    // Delete ids[2] (ahead), then recreate it while a flush is paused before its mark.
+    let stamp = rig.writer.hard_delete(ids[2]).await;
+    assert_eq!(stamp, ahead[2] + 1);
+    let writer = Arc::new(tokio::sync::Mutex::new(
+        Writer::new(rig.db.client().await, CUSTOMER).await,
+    ));
+    let w2 = writer.clone();
+    let target = ids[2];
+    let recreated = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let rec2 = recreated.clone();
+    let hooks = FlushHooks {
+        before_mark: Some(Rig::hook(move || {
+            let (w, rec) = (w2.clone(), rec2.clone());
+            async move {
+                let mut r = Rng::new(5);
+                let v = w
+                    .lock()
+                    .await
+                    .create(target, Customer::random(&mut r))
+                    .await;
+                rec.store(v, std::sync::atomic::Ordering::SeqCst);
+            }
+            .boxed()
+        })),
+        ..Default::default()
+    };
+    rig.flush_with(&hooks).await;
+    let v = recreated.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        v,
+        ahead[2] + 2,
+        "the recreate lands above its own tombstone"
+    );
+    assert_eq!(oracle::dirty(&rig.writer).await, BTreeSet::from([target]));
+    let model = writer.lock().await.rows[&target].clone();
+    rig.writer.rows.insert(target, model);
+    rig.writer.deleted.retain(|d| *d != target);
+    rig.flush().await;
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (3, 0));
+}
+
+#[tokio::test]
+async fn back_to_back_flushes_never_collide_on_flushed_at() {
+    // study §10 hazard 46
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(46);
+    let ids = rig.seed(1, &mut r).await;
+    for _ in 0..15 {
+        rig.writer.update(ids[0], Customer::random(&mut r)).await;
+        let report = rig.flush().await;
+        assert_eq!(only(&report).rows_marked, 1);
+    }
+    let slots: Vec<i64> = rig
+        .change_log()
+        .await
+        .iter()
+        .filter(|s| s.0 == ids[0])
+        .map(|s| s.1)
+        .collect();
+    assert_eq!(slots.len(), 15, "one flushed slot per flush");
+    let distinct: BTreeSet<i64> = slots.iter().copied().collect();
+    assert_eq!(distinct.len(), 15);
+    assert!(!distinct.contains(&0));
+    rig.assert_oracle().await;
+}
+
+#[tokio::test]
+async fn a_manifest_changed_between_load_and_save_is_reread() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(77);
+    rig.seed(5, &mut r).await;
+    let gate = lakecdc::store::fault::Gate::new();
+    rig.store.arm(
+        Op::PutBytes,
+        Some("manifest/"),
+        1,
+        Action::Pause(gate.clone()),
+    );
+    let ctx = rig.ctx.clone();
+    let opts = rig.opts.clone();
+    let task =
+        tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts, &FlushHooks::default()).await });
+    gate.wait_reached().await;
+    // Another writer (say, compact) commits in between.
+    lakecdc::lake::manifest::commit(
+        rig.store.as_ref(),
+        MANIFEST,
+        CUSTOMER,
+        &SystemClock,
+        Default::default(),
+        |m| {
+            m.extra.insert("touched_by".into(), "another writer".into());
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    gate.release();
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(only(&report).outcome, Outcome::Flushed);
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert_eq!(m["touched_by"], "another writer");
+    assert_eq!(m["files"].as_array().unwrap().len(), 1);
+    assert_eq!(m["version"], 2);
+    assert_eq!(rig.assert_oracle().await, (5, 0));
+}
+
+#[tokio::test]
+async fn fault_matrix_converges_after_one_clean_retry() {
+    // (step, store fault: operation and key pattern; None = a PostgreSQL fault)
+    type StoreFault<'a> = Option<(Op, Option<&'a str>)>;
+    let cases: Vec<(&str, StoreFault)> = vec![
+        ("upload", Some((Op::PutFile, None))),
+        ("promote", Some((Op::Copy, None))),
+        ("tmp delete", Some((Op::Delete, Some("/_tmp/")))),
+        ("manifest load", Some((Op::GetBytes, Some("manifest/")))),
+        ("manifest save", Some((Op::PutBytes, Some("manifest/")))),
+        ("select", None),
+        ("snapshot read", None),
+        ("mark", None),
+    ];
+    for (step, fault) in cases {
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(1000);
+        rig.seed(50, &mut r).await;
+        rig.flush().await; // a manifest exists, so its load is exercised
+        for _ in 0..60 {
+            rig.writer.random_op(&mut r).await;
+        }
+        let admin = rig.db.client().await;
+        let mut hooks = FlushHooks::default();
+        match (step, fault) {
+            (_, Some((op, pat))) => rig.store.arm(op, pat, 1, Action::Fail),
+            ("select", None) => {
+                admin
+                    .batch_execute("ALTER TABLE change_log RENAME TO change_log_away")
+                    .await
+                    .unwrap();
+            }
+            ("snapshot read", None) => {
+                let db_url = rig.db.url.clone();
+                hooks.before_export = Some(Rig::hook(move || {
+                    let url = db_url.clone();
+                    async move {
+                        let c = harness::pg_client(&url).await;
+                        let _ = c
+                            .batch_execute("ALTER TABLE eav_data RENAME TO eav_away")
+                            .await;
+                    }
+                    .boxed()
+                }));
+            }
+            _ => {
+                let db_url = rig.db.url.clone();
+                hooks.before_mark = Some(Rig::hook(move || {
+                    let url = db_url.clone();
+                    async move {
+                        let c = harness::pg_client(&url).await;
+                        let _ = c
+                            .batch_execute("ALTER TABLE change_log RENAME TO change_log_away")
+                            .await;
+                    }
+                    .boxed()
+                }));
+            }
+        }
+        let first = lakecdc::flush::run(&rig.ctx, &rig.opts, &hooks).await;
+        let failed = match &first {
+            Err(_) => true,
+            Ok(rep) => rep.failed() || rep.schemas.iter().any(|s| s.tmp_leaked > 0),
+        };
+        assert!(
+            failed,
+            "{step}: the injected fault did not surface: {first:?}"
+        );
+        let _ = admin
+            .batch_execute("ALTER TABLE IF EXISTS change_log_away RENAME TO change_log")
+            .await;
+        let _ = admin
+            .batch_execute("ALTER TABLE IF EXISTS eav_away RENAME TO eav_data")
+            .await;
+        let retry = rig.flush().await;
+        assert!(!retry.failed(), "{step}: {retry:?}");
+        let (compared, dirty) = rig.assert_oracle().await;
+        assert_eq!(dirty, 0, "{step}");
+        assert_eq!(
+            compared,
+            rig.writer.rows.values().filter(|m| !m.soft_deleted).count(),
+            "{step}"
+        );
+        for key in rig.listed().await {
+            rig.store
+                .head(&key)
+                .await
+                .unwrap_or_else(|e| panic!("{step}: listed {key} missing: {e}"));
+        }
+    }
+}
+
+#[test]
+fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut rig, bucket) = rt.block_on(async {
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(2);
+        // Both example schemas get dirty rows.
+        rig.seed(300, &mut r).await;
+        let bucket = harness::s3_bucket().await;
+        (rig, bucket)
+    });
+    let _ = &mut rig;
+    let lake = format!("s3://{}", bucket.bucket());
+    let spawn = || {
+        harness::bin()
+            .args([
+                "flush",
+                "--force",
+                "--json",
+                "--batch-size",
+                "25",
+                "--parallelism",
+                "2",
+            ])
+            .args(["--pg-url", &rig.db.url, "--lake", &lake, "--s3-path-style"])
+            .args(["--s3-endpoint", &harness::s3_endpoint(), "--work-dir"])
+            .arg(rig._work.path())
+            .arg("--schema-dir")
+            .arg(harness::examples_dir())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let mut outcomes = Vec::new();
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for s in report["schemas"].as_array().unwrap() {
+            outcomes.push(s["outcome"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(outcomes.iter().any(|o| o == "flushed"), "{outcomes:?}");
+    rt.block_on(async {
+        let store: Arc<dyn ObjectStore> = bucket.clone();
+        let m = oracle::manifest_json(store.as_ref(), MANIFEST)
+            .await
+            .unwrap();
+        let mut seen = BTreeSet::new();
+        for f in m["files"].as_array().unwrap() {
+            let bytes = store
+                .get_bytes(f["path"].as_str().unwrap())
+                .await
+                .unwrap()
+                .bytes;
+            for (id, row) in oracle::read_parquet(bytes) {
+                assert!(
+                    seen.insert((id, row.changed_at)),
+                    "{id} v{} published twice",
+                    row.changed_at
+                );
+            }
+        }
+        assert_eq!(seen.len(), 300);
+        let (compared, dirty) = oracle::assert_matches(&rig.writer, store.as_ref(), MANIFEST).await;
+        assert_eq!((compared, dirty), (300, 0));
+    });
+}

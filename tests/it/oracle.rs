@@ -1,0 +1,222 @@
+//! The oracle: the lake's current state (DESIGN §3.1) computed from the manifest JSON and the
+//! Parquet files with the parquet crate — not through lakecdc's own reader — and compared with
+//! the writer's model of PostgreSQL for every row that is not dirty.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, FixedSizeBinaryArray, Float64Array, Int16Array, Int32Array,
+    Int64Array, ListArray, StringArray,
+};
+use arrow::datatypes::DataType;
+use bytes::Bytes;
+use lakecdc::store::ObjectStore;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::writer::Writer;
+
+/// A value as the test sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum V {
+    Null,
+    Str(String),
+    Int(i64),
+    F(f64),
+    Bool(bool),
+    Uuid(Uuid),
+    List(Vec<V>),
+}
+
+/// One row copy in the lake.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LakeRow {
+    pub changed_at: i64,
+    pub deleted_at: i64,
+    pub columns: BTreeMap<String, V>,
+}
+
+fn value(col: &ArrayRef, i: usize) -> V {
+    if col.is_null(i) {
+        return V::Null;
+    }
+    let any = col.as_any();
+    match col.data_type() {
+        DataType::Utf8 => V::Str(
+            any.downcast_ref::<StringArray>()
+                .unwrap()
+                .value(i)
+                .to_string(),
+        ),
+        DataType::Int16 => V::Int(any.downcast_ref::<Int16Array>().unwrap().value(i).into()),
+        DataType::Int32 => V::Int(any.downcast_ref::<Int32Array>().unwrap().value(i).into()),
+        DataType::Int64 => V::Int(any.downcast_ref::<Int64Array>().unwrap().value(i)),
+        DataType::Float64 => V::F(any.downcast_ref::<Float64Array>().unwrap().value(i)),
+        DataType::Boolean => V::Bool(any.downcast_ref::<BooleanArray>().unwrap().value(i)),
+        DataType::FixedSizeBinary(16) => V::Uuid(
+            Uuid::from_slice(any.downcast_ref::<FixedSizeBinaryArray>().unwrap().value(i)).unwrap(),
+        ),
+        DataType::List(_) => {
+            let items = any.downcast_ref::<ListArray>().unwrap().value(i);
+            V::List((0..items.len()).map(|j| value(&items, j)).collect())
+        }
+        other => panic!("unexpected column type {other}"),
+    }
+}
+
+/// Every row copy of one Parquet file.
+pub fn read_parquet(bytes: Bytes) -> Vec<(Uuid, LakeRow)> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let schema = batch.schema();
+        for i in 0..batch.num_rows() {
+            let mut columns = BTreeMap::new();
+            for (f, col) in schema.fields().iter().zip(batch.columns()) {
+                columns.insert(f.name().clone(), value(col, i));
+            }
+            let V::Uuid(row_id) = columns["row_id"] else {
+                panic!("row_id is not a UUID")
+            };
+            let V::Int(changed_at) = columns["changed_at"] else {
+                panic!("changed_at")
+            };
+            let V::Int(deleted_at) = columns["deleted_at"] else {
+                panic!("deleted_at")
+            };
+            out.push((
+                row_id,
+                LakeRow {
+                    changed_at,
+                    deleted_at,
+                    columns,
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// The manifest as plain JSON, read directly from the store.
+pub async fn manifest_json(store: &dyn ObjectStore, key: &str) -> Option<serde_json::Value> {
+    match store.get_bytes(key).await {
+        Ok(got) => Some(serde_json::from_slice(&got.bytes).unwrap()),
+        Err(e) if e.is_not_found() => None,
+        Err(e) => panic!("manifest read failed: {e}"),
+    }
+}
+
+/// The lake's current state: for each row the copy with the highest `changed_at` (ties:
+/// tombstone first), tombstones removed. Also checks every listed file's checksum and size.
+pub async fn lake_state(store: &dyn ObjectStore, manifest_key: &str) -> BTreeMap<Uuid, LakeRow> {
+    let Some(m) = manifest_json(store, manifest_key).await else {
+        return BTreeMap::new();
+    };
+    let mut best: BTreeMap<Uuid, LakeRow> = BTreeMap::new();
+    for f in m["files"].as_array().unwrap() {
+        let path = f["path"].as_str().unwrap();
+        let bytes = store
+            .get_bytes(path)
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .bytes;
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+        assert_eq!(
+            f["checksum"].as_str(),
+            Some(digest.as_str()),
+            "{path}: checksum"
+        );
+        assert_eq!(
+            f["size_bytes"].as_u64(),
+            Some(bytes.len() as u64),
+            "{path}: size"
+        );
+        let rows = read_parquet(bytes);
+        assert_eq!(
+            f["row_count"].as_u64(),
+            Some(rows.len() as u64),
+            "{path}: row_count"
+        );
+        for (id, row) in rows {
+            let wins = match best.get(&id) {
+                None => true,
+                Some(cur) => {
+                    (row.changed_at, row.deleted_at > 0) > (cur.changed_at, cur.deleted_at > 0)
+                }
+            };
+            if wins {
+                best.insert(id, row);
+            }
+        }
+    }
+    best.retain(|_, r| r.deleted_at == 0);
+    best
+}
+
+/// Dirty row ids of the writer's schema.
+pub async fn dirty(w: &Writer) -> BTreeSet<Uuid> {
+    w.client
+        .query(
+            "SELECT row_id FROM change_log WHERE schema_id = $1 AND flushed_at = 0",
+            &[&w.schema_id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Asserts the lake equals the model for every non-dirty row. Returns (rows compared, dirty).
+pub async fn assert_matches(
+    w: &Writer,
+    store: &dyn ObjectStore,
+    manifest_key: &str,
+) -> (usize, usize) {
+    let dirty = dirty(w).await;
+    let lake = lake_state(store, manifest_key).await;
+    let mut compared = 0;
+    for (id, m) in &w.rows {
+        if dirty.contains(id) {
+            continue;
+        }
+        if m.soft_deleted {
+            assert!(
+                !lake.contains_key(id),
+                "soft-deleted {id} is live in the lake"
+            );
+            continue;
+        }
+        let row = lake.get(id).unwrap_or_else(|| {
+            panic!(
+                "live row {id} (version {}) missing from the lake",
+                m.version
+            )
+        });
+        assert_eq!(row.changed_at, m.version, "{id}: version");
+        assert_eq!(
+            row.columns["ltbase_created_at"],
+            V::Int(m.created_at),
+            "{id}"
+        );
+        assert_eq!(row.columns["ltbase_updated_at"], V::Int(m.version), "{id}");
+        assert_eq!(row.columns["ltbase_deleted_at"], V::Null, "{id}");
+        assert_eq!(row.columns["schema_id"], V::Int(w.schema_id.into()), "{id}");
+        for (col, want) in m.value.expected() {
+            assert_eq!(row.columns.get(col), Some(&want), "{id}: column {col}");
+        }
+        compared += 1;
+    }
+    for id in lake.keys() {
+        if !dirty.contains(id) {
+            let live = w.rows.get(id).is_some_and(|m| !m.soft_deleted);
+            assert!(live, "{id} is live in the lake but deleted in PostgreSQL");
+        }
+    }
+    (compared, dirty.len())
+}
