@@ -9,6 +9,13 @@
 # State dir: ${LAKECDC_SERVICES_DIR:-/var/tmp/lakecdc-services}. `start` writes
 # $DIR/env (export lines), so use it as: source "$DIR/env"
 # or: eval "$(scripts/services.sh start)". Progress messages go to stderr.
+#
+# PostgreSQL has TLS on, with a throwaway CA in the state dir ($DIR/ca.crt) that
+# signs a server certificate for DNS:localhost only (no IP address: verify-full
+# to 127.0.0.1 fails, verify-ca passes); $DIR/other-ca.crt is an unrelated CA.
+# Besides the trusted superuser postgres, two roles test authentication:
+# lakecdc_pw must give its password (SCRAM) and lakecdc_tls is refused without
+# TLS. The env file names all of these (LAKECDC_TEST_PG_*).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +27,11 @@ WEED_VERSION=4.48
 S3_ACCESS_KEY=lakecdc
 S3_SECRET_KEY=lakecdc-secret-key
 S3_REGION=us-east-1
+# Test roles of the PostgreSQL cluster; the password has a space, a quote and a
+# backslash so that every quoting layer is exercised.
+PG_PASSWORD_USER=lakecdc_pw
+PG_PASSWORD=$'Tq7 Zebra\'Quartz\\Plume9'
+PG_TLS_USER=lakecdc_tls
 MARKER=.lakecdc-services # marks a dir this script created, so stop may delete it
 START_TIMEOUT="${LAKECDC_SERVICES_TIMEOUT:-60}" # seconds, per service
 
@@ -154,6 +166,49 @@ print(" ".join(map(str, ports)))
 EOF
 }
 
+# Throwaway TLS material in $DIR: ca.crt/ca.key, server.crt/server.key (signed
+# by that CA; CN=localhost, subjectAltName DNS:localhost only) and an unrelated
+# other-ca.crt/other-ca.key. Keys are mode 0600 and belong to the server's user.
+make_certs() {
+	local cnf="$DIR/openssl.cnf" out="$DIR/openssl.log" key
+	cat >"$cnf" <<'EOF'
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[server]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+EOF
+	local req=(openssl req -config "$cnf" -x509 -new -nodes -days 3650
+		-newkey ec -pkeyopt ec_paramgen_curve:P-256)
+	{
+		"${req[@]}" -subj "/CN=lakecdc test CA" -extensions ca \
+			-keyout "$DIR/ca.key" -out "$DIR/ca.crt" &&
+			"${req[@]}" -subj "/CN=localhost" -extensions server \
+				-CA "$DIR/ca.crt" -CAkey "$DIR/ca.key" \
+				-keyout "$DIR/server.key" -out "$DIR/server.crt" &&
+			"${req[@]}" -subj "/CN=lakecdc unrelated CA" -extensions ca \
+				-keyout "$DIR/other-ca.key" -out "$DIR/other-ca.crt"
+	} >"$out" 2>&1 || {
+		tail -n 20 "$out" >&2
+		die "generating the test certificates with openssl failed"
+	}
+	for key in ca server other-ca; do
+		chmod 600 "$DIR/$key.key"
+		if [ "$(id -u)" = 0 ]; then chown postgres: "$DIR/$key.key"; fi
+		chmod 644 "$DIR/$key.crt"
+	done
+}
+
 # Start time (in clock ticks since boot) of PID, or nothing.
 start_time() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
 
@@ -257,6 +312,8 @@ cmd_start() {
 	if [ "$(id -u)" = 0 ]; then chown postgres: "$PGDATA" "$PGSOCK" "$DIR/pg.log"; fi
 	chmod 700 "$PGDATA"
 	as_pg test -w "$PGDATA" || die "user postgres cannot write $PGDATA (is a parent dir private?)"
+	command -v openssl >/dev/null || apt_install openssl
+	make_certs
 	log "initdb $PGDATA (PostgreSQL $(basename "$(dirname "$PGBIN")"))"
 	as_pg "$PGBIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --locale=C -N \
 		>"$DIR/initdb.log" 2>&1 || {
@@ -278,7 +335,28 @@ full_page_writes = off
 wal_level = logical
 max_replication_slots = 20
 max_wal_senders = 20
+# TLS with the throwaway CA's certificate; passwords stored as SCRAM.
+ssl = on
+ssl_cert_file = '$DIR/server.crt'
+ssl_key_file = '$DIR/server.key'
+password_encryption = 'scram-sha-256'
 EOF
+	# pg_hba.conf: the first matching line wins, so the test roles' rules go
+	# before initdb's trust lines (edited in place to keep the file's owner).
+	local hba="$PGDATA/pg_hba.conf"
+	{
+		echo "# --- lakecdc test roles (scripts/services.sh) ---"
+		echo "host      all  $PG_PASSWORD_USER  127.0.0.1/32  scram-sha-256"
+		echo "hostnossl all  $PG_TLS_USER  127.0.0.1/32  reject"
+		if grep -qE '^[[:space:]]*host[a-z]*[[:space:]].*::1/128' "$hba"; then
+			echo "host      all  $PG_PASSWORD_USER  ::1/128       scram-sha-256"
+			echo "hostnossl all  $PG_TLS_USER  ::1/128       reject"
+		fi
+		echo
+		cat "$hba"
+	} >"$DIR/pg_hba.conf.new"
+	cat "$DIR/pg_hba.conf.new" >"$hba"
+	rm -f "$DIR/pg_hba.conf.new"
 	log "starting postgres on 127.0.0.1:$pg_port"
 	(cd / && setsid "${AS_PG[@]}" "$PGBIN/pg_ctl" start -D "$PGDATA" -l "$DIR/pg.log" -w -t "$START_TIMEOUT" \
 		</dev/null >/dev/null 2>&1) || {
@@ -286,6 +364,16 @@ EOF
 		die "postgres did not start within ${START_TIMEOUT}s"
 	}
 	"$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$pg_port" || die "postgres is not accepting connections"
+	# The test roles; psql quotes the password (:'pw').
+	"$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -v pw="$PG_PASSWORD" \
+		"host=127.0.0.1 port=$pg_port user=postgres dbname=postgres sslmode=disable" \
+		>"$DIR/roles.log" 2>&1 <<EOF || {
+CREATE ROLE $PG_PASSWORD_USER LOGIN SUPERUSER PASSWORD :'pw';
+CREATE ROLE $PG_TLS_USER LOGIN;
+EOF
+		tail -n 20 "$DIR/roles.log" >&2
+		die "creating the test roles failed"
+	}
 
 	# --- SeaweedFS (S3) -------------------------------------------------------
 	read -r s3_port master_port volume_port filer_port admin_port <<<"$(free_ports 5 --grpc)"
@@ -329,6 +417,13 @@ EOF
 	# --- env file -------------------------------------------------------------
 	{
 		echo "export LAKECDC_TEST_PG_URL=postgres://postgres@127.0.0.1:$pg_port/postgres"
+		echo "export LAKECDC_TEST_PG_HOST=127.0.0.1"
+		echo "export LAKECDC_TEST_PG_PORT=$pg_port"
+		echo "export LAKECDC_TEST_PG_CA=$(printf '%q' "$DIR/ca.crt")"
+		echo "export LAKECDC_TEST_PG_OTHER_CA=$(printf '%q' "$DIR/other-ca.crt")"
+		echo "export LAKECDC_TEST_PG_PASSWORD_USER=$PG_PASSWORD_USER"
+		echo "export LAKECDC_TEST_PG_PASSWORD=$(printf '%q' "$PG_PASSWORD")"
+		echo "export LAKECDC_TEST_PG_TLS_USER=$PG_TLS_USER"
 		echo "export LAKECDC_TEST_S3_ENDPOINT=http://127.0.0.1:$s3_port"
 		echo "export AWS_ACCESS_KEY_ID=$S3_ACCESS_KEY"
 		echo "export AWS_SECRET_ACCESS_KEY=$S3_SECRET_KEY"

@@ -68,7 +68,8 @@ pub enum TlsPolicy {
     Disable,
     /// TLS if the server offers it, certificate not verified.
     Prefer,
-    /// TLS required, certificate not verified.
+    /// TLS required, certificate not verified (`require` without `sslrootcert`; with one it is
+    /// [`TlsPolicy::VerifyCa`], as in libpq).
     Require,
     /// TLS required, chain verified against the CA, host name not checked.
     VerifyCa,
@@ -179,8 +180,12 @@ impl Connector {
             .sslmode
             .or_else(|| env("PGSSLMODE"))
             .unwrap_or_else(|| "prefer".to_string());
-        let tls = TlsPolicy::parse(&mode)?;
+        let mut tls = TlsPolicy::parse(&mode)?;
         let rootcert = info.sslrootcert.or_else(|| env("PGSSLROOTCERT"));
+        // As libpq: when a root certificate is given, `require` verifies the chain against it.
+        if tls == TlsPolicy::Require && rootcert.is_some() {
+            tls = TlsPolicy::VerifyCa;
+        }
         config.ssl_mode(match tls {
             TlsPolicy::Disable => SslMode::Disable,
             TlsPolicy::Prefer => SslMode::Prefer,
@@ -515,6 +520,49 @@ mod tests {
                 .to_string();
             assert!(!e.contains("hunter2"), "{e}");
         }
+    }
+
+    #[test]
+    fn require_with_a_root_certificate_verifies_the_chain() {
+        for (conninfo, env) in [
+            (
+                "host=h sslmode=require sslrootcert=/nonexistent/ca.pem",
+                vec![],
+            ),
+            (
+                "postgres://u@h/db?sslmode=require&sslrootcert=%2Fnonexistent%2Fca.pem",
+                vec![],
+            ),
+            (
+                "host=h",
+                vec![
+                    ("PGSSLMODE", "require"),
+                    ("PGSSLROOTCERT", "/nonexistent/ca.pem"),
+                ],
+            ),
+            (
+                "host=h sslmode=require",
+                vec![("PGSSLROOTCERT", "/nonexistent/ca.pem")],
+            ),
+        ] {
+            // The roots are loaded, so the missing file is an error.
+            let e = Connector::new(&settings(Some(conninfo), &env))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("sslrootcert /nonexistent/ca.pem"),
+                "{conninfo}: {e}"
+            );
+        }
+        let c = Connector::new(&settings(Some("host=h sslmode=require"), &[])).unwrap();
+        assert_eq!(c.tls_policy(), TlsPolicy::Require);
+        // prefer stays unverified, root certificate or not.
+        let c = Connector::new(&settings(
+            Some("host=h sslmode=prefer sslrootcert=/nonexistent/ca.pem"),
+            &[],
+        ))
+        .unwrap();
+        assert_eq!(c.tls_policy(), TlsPolicy::Prefer);
     }
 
     #[test]

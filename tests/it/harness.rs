@@ -112,4 +112,45 @@ pub async fn pg_client(url: &str) -> tokio_postgres::Client {
         .connect()
         .await
         .unwrap()
+/// The TLS and authentication fixtures of the test cluster (see `scripts/services.sh`).
+pub struct PgFixtures {
+    /// Loopback address the server listens on.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+    /// The CA that signed the server certificate (valid for DNS:localhost only).
+    pub ca: String,
+    /// A CA unrelated to the server certificate.
+    pub other_ca: String,
+    /// A superuser that must authenticate with `password` (SCRAM).
+    pub password_user: String,
+    /// Its password (contains a space, a single quote and a backslash).
+    pub password: String,
+    /// A role the server refuses without TLS.
+    pub tls_user: String,
+}
+
+/// The fixtures of the test cluster.
+pub fn pg_fixtures() -> PgFixtures {
+    PgFixtures {
+        host: required_env("LAKECDC_TEST_PG_HOST"),
+        port: required_env("LAKECDC_TEST_PG_PORT").parse().unwrap(),
+        ca: required_env("LAKECDC_TEST_PG_CA"),
+        other_ca: required_env("LAKECDC_TEST_PG_OTHER_CA"),
+        password_user: required_env("LAKECDC_TEST_PG_PASSWORD_USER"),
+        password: required_env("LAKECDC_TEST_PG_PASSWORD"),
+        tls_user: required_env("LAKECDC_TEST_PG_TLS_USER"),
+    }
+}
+
+/// Settings with no connection string: only the given `PG*` variables.
+pub fn pg_env_settings(env: &[(&str, &str)]) -> PgSettings {
+    PgSettings {
+        conninfo: None,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..pg_settings("")
+    }
 }

@@ -1,5 +1,6 @@
 //! Integration tests against the real services started by `scripts/services.sh` (PostgreSQL and
-//! SeaweedFS). `scripts/test.sh` exports `LAKECDC_TEST_PG_URL` and `LAKECDC_TEST_S3_ENDPOINT`;
+//! SeaweedFS). `scripts/test.sh` exports `LAKECDC_TEST_PG_URL`, `LAKECDC_TEST_S3_ENDPOINT` and
+//! the cluster's TLS and password fixtures (`LAKECDC_TEST_PG_*`, see `harness::pg_fixtures`);
 //! tests that need a service fail with a clear message when they are missing, never skip.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -12,4 +13,5 @@ mod manifest;
 mod oracle;
 mod source;
 mod store_conformance;
+mod tls;
 mod writer;
