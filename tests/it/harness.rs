@@ -112,6 +112,8 @@ pub async fn pg_client(url: &str) -> tokio_postgres::Client {
         .connect()
         .await
         .unwrap()
+}
+
 /// The TLS and authentication fixtures of the test cluster (see `scripts/services.sh`).
 pub struct PgFixtures {
     /// Loopback address the server listens on.
