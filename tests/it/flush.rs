@@ -753,3 +753,160 @@ fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
         assert_eq!((compared, dirty), (300, 0));
     });
 }
+
+#[tokio::test]
+async fn a_locked_schema_is_skipped_without_touching_anything() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(31);
+    rig.seed(5, &mut r).await;
+    let held = lakecdc::source::SchemaLock::try_acquire(&rig.ctx.connector, CUSTOMER)
+        .await
+        .unwrap()
+        .unwrap();
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Locked);
+    assert!(
+        !report.failed(),
+        "a locked schema is not a failure: another flusher does the work"
+    );
+    assert!(rig.store.calls().is_empty());
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 5);
+    held.release().await.unwrap();
+    assert_eq!(only(&rig.flush().await).rows_marked, 5);
+}
+
+#[tokio::test]
+async fn a_stop_request_ends_the_run_at_a_batch_boundary() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(15);
+    rig.seed(100, &mut r).await;
+    rig.opts.batch_size = 30;
+    let shutdown = rig.ctx.shutdown.clone();
+    let hooks = FlushHooks {
+        before_mark: Some(Rig::hook(move || {
+            shutdown.request();
+            async {}.boxed()
+        })),
+        ..Default::default()
+    };
+    let report = rig.flush_with(&hooks).await;
+    let s = only(&report);
+    assert_eq!(
+        (s.batches, s.rows_marked),
+        (1, 30),
+        "the batch in progress completes"
+    );
+    assert!(s.reason.as_deref().unwrap().contains("stopped"), "{s:?}");
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 70);
+    assert_eq!(rig.listed().await.len(), 1);
+    rig.assert_oracle().await;
+}
+
+#[tokio::test]
+async fn a_named_schema_without_dirty_rows_has_nothing_to_do() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(8);
+    rig.seed(3, &mut r).await;
+    rig.opts.schemas = vec!["order".into()];
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert_eq!((s.schema_id, s.outcome), (101, Outcome::NothingToDo));
+    assert!(rig.store.calls().is_empty());
+    rig.opts.schemas = vec!["nosuch".into()];
+    let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    assert!(err.to_string().contains("\"nosuch\""), "{err}");
+}
+
+#[test]
+fn the_binary_exits_1_naming_a_missing_bucket_and_keeps_rows_dirty() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut rig = rt.block_on(rig(LakeKind::S3));
+    rt.block_on(async {
+        let mut r = Rng::new(4);
+        rig.seed(4, &mut r).await;
+    });
+    let out = harness::bin()
+        .args([
+            "flush",
+            "--force",
+            "--pg-url",
+            &rig.db.url,
+            "--lake",
+            "s3://lakecdc-missing-bucket/x",
+        ])
+        .args([
+            "--s3-path-style",
+            "--s3-endpoint",
+            &harness::s3_endpoint(),
+            "--schema-dir",
+        ])
+        .arg(harness::examples_dir())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("failed") && stdout.contains("lakecdc-missing-bucket does not exist"),
+        "{stdout}"
+    );
+    rt.block_on(async {
+        assert_eq!(oracle::dirty(&rig.writer).await.len(), 4);
+    });
+}
+
+#[test]
+fn sigterm_stops_the_binary_at_a_safe_boundary() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut rig = rt.block_on(rig(LakeKind::Local));
+    rt.block_on(async {
+        let mut r = Rng::new(143);
+        rig.seed(400, &mut r).await;
+    });
+    let lake = rig._work.path().join("lake");
+    let child = harness::bin()
+        .args([
+            "flush",
+            "--force",
+            "--json",
+            "--batch-size",
+            "5",
+            "--pg-url",
+            &rig.db.url,
+            "--lake",
+        ])
+        .arg(&lake)
+        .arg("--schema-dir")
+        .arg(harness::examples_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &report["schemas"][0];
+    let marked = s["rows_marked"].as_u64().unwrap();
+    assert!(marked < 400, "the run was not interrupted: {s}");
+    assert!(s["reason"].as_str().unwrap().contains("stopped"), "{s}");
+    rt.block_on(async {
+        let store = LocalStore::open(&lake).unwrap();
+        let (compared, dirty) = oracle::assert_matches(&rig.writer, &store, MANIFEST).await;
+        assert_eq!(compared + dirty, 400);
+        assert_eq!(dirty as u64, 400 - marked);
+    });
+}

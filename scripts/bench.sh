@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Benchmarks, each measured against a baseline taken in the same run on the same machine.
+#
+#   scripts/bench.sh flush [N]   # N-change backlog (default 1,000,000) → one `lakecdc flush --force`
+#
+# flush: seeds N entities of the DESIGN §7 shape (18 bound columns, 3 EAV attributes each) with
+# one dirty change_log slot each, measures the read floor (`COPY … (FORMAT binary)` of the
+# entity and EAV rows), then times one forced flush to SeaweedFS and an idle run. Prints
+# changes/s, the ratio flush / read floor, peak RSS, and the idle-run time.
+# Target (DESIGN §7): ≥ 100,000 changes/s; an idle run well under a second.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/lakecdc-target}"
+export LAKECDC_SERVICES_DIR="${LAKECDC_BENCH_SERVICES_DIR:-/var/tmp/lakecdc-bench-services}"
+
+what="${1:-flush}"
+N="${2:-1000000}"
+case "$what" in
+flush) ;;
+*)
+	echo "usage: scripts/bench.sh flush [N]" >&2
+	exit 2
+	;;
+esac
+
+now() { date +%s.%N; }
+secs() { python3 -c "print(f'{$2 - $1:.3f}')"; }
+
+command -v /usr/bin/time >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q time >/dev/null
+echo "bench: building lakecdc (release)" >&2
+cargo build --release --locked --bin lakecdc >&2
+BIN="$CARGO_TARGET_DIR/release/lakecdc"
+
+trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+scripts/services.sh start >/dev/null
+# shellcheck source=/dev/null
+source "$LAKECDC_SERVICES_DIR/env"
+PSQL="$PGBIN/psql -X -q -v ON_ERROR_STOP=1"
+$PSQL "$LAKECDC_TEST_PG_URL" -c "CREATE DATABASE bench"
+PGURL="${LAKECDC_TEST_PG_URL%/*}/bench"
+curl -sf -X PUT --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+	"$LAKECDC_TEST_S3_ENDPOINT/bench" >/dev/null
+export LAKECDC_PG_URL="$PGURL" LAKECDC_LAKE=s3://bench LAKECDC_S3_ENDPOINT="$LAKECDC_TEST_S3_ENDPOINT"
+export LAKECDC_S3_PATH_STYLE=true LAKECDC_SCHEMA_DIR="$ROOT/bench/schemas"
+"$BIN" -q init-db >/dev/null
+
+echo "bench: seeding $N entities" >&2
+t0=$(now)
+$PSQL "$PGURL" <<SQL
+INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, ltbase_updated_at,
+  text_01, text_02, text_03, text_04, text_05, text_06, text_07, text_08, text_09, text_10,
+  smallint_01, smallint_02, integer_01, integer_02, bigint_01, bigint_02, double_01, double_02)
+SELECT 100, gen_random_uuid(), 1700000000000 + i, 1700000000000 + i,
+  'customer ' || i, md5(i::text), 'city-' || (i % 1000), 'street ' || (i % 5000) || ' no ' || (i % 97),
+  'segment-' || (i % 12), 'note ' || md5((i * 7)::text), 'EUR', 'tier-' || (i % 4),
+  'ref-' || (i % 100000), 'status-' || (i % 5),
+  (i % 30000)::smallint, (i % 7)::smallint, i, i % 1000, i::bigint * 1000, i::bigint % 86400000,
+  i * 0.5, (i % 1000) / 3.0
+FROM generate_series(1, $N) AS i;
+INSERT INTO eav_data (schema_id, row_id, attr_id, array_indices, value_text, value_numeric)
+SELECT 100, ltbase_row_id, 19, '', NULL, (ltbase_created_at % 1000) / 7.0 FROM entity_main
+UNION ALL SELECT 100, ltbase_row_id, 20, '', 'label-' || (ltbase_created_at % 97), NULL FROM entity_main
+UNION ALL SELECT 100, ltbase_row_id, 21, '', NULL, ltbase_created_at FROM entity_main;
+INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at)
+SELECT 100, ltbase_row_id, 0, ltbase_updated_at FROM entity_main;
+VACUUM ANALYZE;
+SQL
+echo "bench: seeded in $(secs "$t0" "$(now)")s" >&2
+
+t0=$(now)
+$PSQL "$PGURL" -c "\\copy (SELECT * FROM entity_main) TO '/dev/null' WITH (FORMAT binary)"
+$PSQL "$PGURL" -c "\\copy (SELECT * FROM eav_data) TO '/dev/null' WITH (FORMAT binary)"
+floor=$(secs "$t0" "$(now)")
+
+report=$(mktemp)
+timing=$(mktemp)
+t0=$(now)
+/usr/bin/time -v -o "$timing" "$BIN" -q flush --force --time-budget 1h --json >"$report"
+flush=$(secs "$t0" "$(now)")
+rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$timing")
+
+t0=$(now)
+"$BIN" -q flush --json >/dev/null
+idle=$(secs "$t0" "$(now)")
+
+python3 - "$report" "$N" "$floor" "$flush" "$rss_kb" "$idle" <<'PY'
+import json, sys
+report, n, floor, flush, rss_kb, idle = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+r = json.load(open(report))
+s = r["schemas"][0]
+assert s["outcome"] == "flushed", s
+print(f"flush bench: {n} changes, {s['batches']} batches, {len(s['files'])} files, {s['bytes'] / 2**20:.1f} MiB")
+print(f"  rows exported / marked / left dirty: {s['rows_exported']} / {s['rows_marked']} / {s['rows_left_dirty']}")
+print(f"  read floor (COPY binary entity_main + eav_data): {floor:.2f} s")
+print(f"  lakecdc flush --force:                          {flush:.2f} s  = {n / flush:,.0f} changes/s (target >= 100,000)")
+print(f"  ratio flush / read floor:                       {flush / floor:.2f}")
+print(f"  peak RSS:                                       {rss_kb / 1024:.0f} MiB")
+print(f"  idle run (nothing to flush):                    {idle:.3f} s")
+PY
+rm -f "$report" "$timing"
