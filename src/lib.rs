@@ -2,7 +2,7 @@
 //! directory.
 //!
 //! Layering (dependencies point down only):
-//! - jobs: [`init_db`], [`flush`] (and, as they land, init, compact, gc/verify, inspect);
+//! - jobs: [`init_db`], [`flush`], [`verify`] (and, as they land, init, compact, gc, inspect);
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
@@ -19,5 +19,6 @@ pub mod schema;
 pub mod shutdown;
 pub mod source;
 pub mod store;
+pub mod verify;
 
 pub use error::{Error, Result};

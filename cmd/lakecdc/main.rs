@@ -20,6 +20,7 @@ use lakecdc::shutdown::Shutdown;
 use lakecdc::source::connect::PG_ENV_VARS;
 use lakecdc::source::{Connector, PgSettings};
 use lakecdc::store::s3::{S3Options, check_env_credentials};
+use lakecdc::verify::{Context as VerifyContext, VerifyOptions};
 use lakecdc::{Error, Result};
 
 /// Exports a PostgreSQL entity store into a verifiable Parquet lake on S3 or a local directory.
@@ -185,8 +186,21 @@ struct FlushArgs {
     engine: EngineArgs,
 }
 
+#[derive(Debug, Args)]
+struct VerifyArgs {
+    /// Objects downloaded and re-hashed at once.
+    #[arg(long, env = "LAKECDC_VERIFY_PARALLELISM", default_value_t = 4)]
+    parallelism: usize,
+    /// Where downloads are staged while checked (default: the system temp dir).
+    #[arg(long, env = "LAKECDC_WORK_DIR")]
+    work_dir: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Re-hash every listed object and check size, SHA-256, footer and columns against the
+    /// manifest; exit 3 on any divergence or dangling entry.
+    Verify(VerifyArgs),
     /// Export dirty change_log rows as delta Parquet files (run every minute from cron).
     Flush(FlushArgs),
     /// Create the source tables and change_log index if missing, and register the schemas of
@@ -202,6 +216,7 @@ struct Validated {
     layout: Layout,
     s3: S3Options,
     flush: Option<FlushOptions>,
+    verify: Option<VerifyOptions>,
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -255,6 +270,7 @@ fn validate(g: &Global) -> Result<Validated> {
         layout,
         s3,
         flush: None,
+        verify: None,
     })
 }
 
@@ -297,6 +313,31 @@ fn flush_options(g: &Global, a: &FlushArgs) -> Result<FlushOptions> {
         work_dir,
         engine,
         commit: CommitPolicy::default(),
+    })
+}
+
+fn verify_options(g: &Global, a: &VerifyArgs) -> Result<VerifyOptions> {
+    let work_dir = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    if !work_dir.is_dir() {
+        return Err(Error::config(format!(
+            "--work-dir {} is not a directory",
+            work_dir.display()
+        )));
+    }
+    Ok(VerifyOptions {
+        schemas: g.schema.clone(),
+        parallelism: a.parallelism.max(1),
+        work_dir,
+    })
+}
+
+async fn open_lake(v: &Validated) -> Result<Lake> {
+    let store = lakecdc::store::open(&v.lake, &v.s3)
+        .await
+        .map_err(Error::storage("open lake", v.lake.describe()))?;
+    Ok(Lake {
+        store,
+        layout: v.layout.clone(),
     })
 }
 
@@ -371,19 +412,14 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
                 .flush
                 .clone()
                 .ok_or_else(|| Error::Invariant("flush options missing".into()))?;
-            let store = lakecdc::store::open(&v.lake, &v.s3)
-                .await
-                .map_err(Error::storage("open lake", v.lake.describe()))?;
+            let lake = open_lake(&v).await?;
             let shutdown = Shutdown::new();
             watch_signals(shutdown.clone());
             let ctx = FlushContext {
                 connector: v.connector,
                 tables: v.tables,
                 schema_dir: cli.global.schema_dir.clone(),
-                lake: Lake {
-                    store,
-                    layout: v.layout,
-                },
+                lake,
                 clock: Arc::new(SystemClock),
                 shutdown,
             };
@@ -391,14 +427,34 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
             print_report(cli.global.json, &report, || report.to_text())?;
             Ok(if report.failed() { 1 } else { 0 })
         }
+        Command::Verify(_) => {
+            let opts = v
+                .verify
+                .clone()
+                .ok_or_else(|| Error::Invariant("verify options missing".into()))?;
+            let lake = open_lake(&v).await?;
+            let shutdown = Shutdown::new();
+            watch_signals(shutdown.clone());
+            let ctx = VerifyContext {
+                connector: v.connector,
+                tables: v.tables,
+                lake,
+                shutdown,
+            };
+            let report = lakecdc::verify::run(&ctx, &opts).await?;
+            print_report(cli.global.json, &report, || report.to_text())?;
+            Ok(report.exit_code())
+        }
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let validated = match validate(&cli.global).and_then(|mut v| {
-        if let Command::Flush(a) = &cli.command {
-            v.flush = Some(flush_options(&cli.global, a)?);
+        match &cli.command {
+            Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
+            Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),
+            Command::InitDb => {}
         }
         Ok(v)
     }) {

@@ -14,4 +14,5 @@ mod oracle;
 mod source;
 mod store_conformance;
 mod tls;
+mod verify;
 mod writer;

@@ -1,0 +1,345 @@
+//! `lakecdc verify`: proves the lake intact. Under each schema's lock it re-downloads every
+//! listed object (bounded parallelism, hashing while downloading) and checks its size, its
+//! SHA-256, the Parquet footer's system columns and row count, and the column stamp against the
+//! manifest. An entry whose object is missing is reported dangling only after a second look (the
+//! manifest is re-read and the object probed again), so a concurrent compaction never produces
+//! a false alarm. Nothing is written.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use futures::{StreamExt, stream};
+use serde::Serialize;
+
+use crate::config::Tables;
+use crate::error::{Error, Result};
+use crate::lake::manifest::{self, FileEntry};
+use crate::lake::{Lake, footer};
+use crate::shutdown::Shutdown;
+use crate::source::registry::{self, Registered};
+use crate::source::{Connector, SchemaLock};
+use crate::store::StoreError;
+
+/// Everything verify needs.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// PostgreSQL (registry and locks).
+    pub connector: Connector,
+    /// Source table names.
+    pub tables: Tables,
+    /// The lake.
+    pub lake: Lake,
+    /// Stop request.
+    pub shutdown: Shutdown,
+}
+
+/// Verify options.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// Schema names or ids; empty = every registered schema.
+    pub schemas: Vec<String>,
+    /// Objects downloaded at once.
+    pub parallelism: usize,
+    /// Where downloads are staged (removed right after checking).
+    pub work_dir: PathBuf,
+}
+
+/// One problem found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// The object key.
+    pub path: String,
+    /// `dangling`, `size`, `checksum`, `footer`, `row_count`, `columns` or `unstamped`.
+    pub kind: &'static str,
+    /// What was expected and found.
+    pub detail: String,
+}
+
+/// Outcome for one schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every listed object matches the manifest.
+    Intact,
+    /// At least one object diverges or is missing.
+    Diverged,
+    /// The schema has no manifest yet.
+    NoManifest,
+    /// Another process holds the schema lock; verify it later.
+    Locked,
+    /// Verification could not complete.
+    Failed,
+}
+
+/// Report for one schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SchemaVerify {
+    /// Schema id.
+    pub schema_id: i16,
+    /// Schema name.
+    pub schema: String,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// Listed objects checked.
+    pub files: usize,
+    /// Bytes re-hashed.
+    pub bytes: u64,
+    /// Problems, divergences first.
+    pub problems: Vec<Problem>,
+    /// The failure, for `failed`.
+    pub error: Option<String>,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// Per schema, by id.
+    pub schemas: Vec<SchemaVerify>,
+}
+
+impl VerifyReport {
+    /// 0 intact, 1 when a schema could not be verified, 3 when something diverged or a schema
+    /// was locked.
+    pub fn exit_code(&self) -> i32 {
+        if self.schemas.iter().any(|s| s.outcome == Outcome::Failed) {
+            1
+        } else if self
+            .schemas
+            .iter()
+            .any(|s| matches!(s.outcome, Outcome::Diverged | Outcome::Locked))
+        {
+            3
+        } else {
+            0
+        }
+    }
+
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "{:<24} {:>6} {:<12} {:>7} {:>14}\n",
+            "SCHEMA", "ID", "OUTCOME", "FILES", "BYTES"
+        );
+        for s in &self.schemas {
+            let outcome = match s.outcome {
+                Outcome::Intact => "intact",
+                Outcome::Diverged => "DIVERGED",
+                Outcome::NoManifest => "no_manifest",
+                Outcome::Locked => "locked",
+                Outcome::Failed => "FAILED",
+            };
+            out.push_str(&format!(
+                "{:<24} {:>6} {:<12} {:>7} {:>14}\n",
+                s.schema, s.schema_id, outcome, s.files, s.bytes
+            ));
+            for p in &s.problems {
+                out.push_str(&format!("    {} {}: {}\n", p.kind, p.path, p.detail));
+            }
+            if let Some(e) = &s.error {
+                out.push_str(&format!("    {e}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Verifies the selected schemas.
+pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
+    let client = ctx.connector.connect().await?;
+    let registered = registry::list(&client, &ctx.tables.registry).await?;
+    drop(client);
+    let targets = registry::select(&registered, &opts.schemas)?;
+    let mut schemas = Vec::with_capacity(targets.len());
+    for reg in targets {
+        if ctx.shutdown.is_requested() {
+            break;
+        }
+        schemas.push(verify_schema(ctx, opts, &reg).await);
+    }
+    let report = VerifyReport { schemas };
+    tracing::info!(
+        schemas = report.schemas.len(),
+        problems = report
+            .schemas
+            .iter()
+            .map(|s| s.problems.len())
+            .sum::<usize>(),
+        exit_code = report.exit_code(),
+        "verify done"
+    );
+    Ok(report)
+}
+
+async fn verify_schema(ctx: &Context, opts: &VerifyOptions, reg: &Registered) -> SchemaVerify {
+    let started = Instant::now();
+    let mut out = SchemaVerify {
+        schema_id: reg.id,
+        schema: reg.name.clone(),
+        outcome: Outcome::Intact,
+        files: 0,
+        bytes: 0,
+        problems: Vec::new(),
+        error: None,
+        duration_ms: 0,
+    };
+    let result = match SchemaLock::try_acquire(&ctx.connector, reg.id).await {
+        Ok(None) => {
+            out.outcome = Outcome::Locked;
+            Ok(())
+        }
+        Ok(Some(lock)) => {
+            let res = check_schema(ctx, opts, reg.id, &mut out).await;
+            if let Err(e) = lock.release().await {
+                tracing::warn!(error = %e.chain(), "schema lock release failed");
+            }
+            res
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        out.outcome = Outcome::Failed;
+        out.error = Some(e.chain());
+    }
+    out.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    out
+}
+
+async fn check_schema(
+    ctx: &Context,
+    opts: &VerifyOptions,
+    schema_id: i16,
+    out: &mut SchemaVerify,
+) -> Result<()> {
+    let store = ctx.lake.store.as_ref();
+    let key = ctx.lake.layout.manifest_key(schema_id);
+    let Some(loaded) = manifest::load(store, &key, schema_id).await? else {
+        out.outcome = Outcome::NoManifest;
+        return Ok(());
+    };
+    let entries = loaded.manifest.files;
+    out.files = entries.len();
+    let checks: Vec<Result<Check>> = stream::iter(entries.iter())
+        .map(|e| check_entry(ctx, opts, e))
+        .buffer_unordered(opts.parallelism.max(1))
+        .collect()
+        .await;
+    let mut missing = Vec::new();
+    for c in checks {
+        match c? {
+            Check::Present { bytes, problems } => {
+                out.bytes += bytes;
+                out.problems.extend(problems);
+            }
+            Check::Missing(path) => missing.push(path),
+        }
+    }
+    if !missing.is_empty() {
+        // Second look: is it still listed, and still absent?
+        let relisted: Vec<String> = manifest::load(store, &key, schema_id)
+            .await?
+            .map(|l| l.manifest.files.into_iter().map(|f| f.path).collect())
+            .unwrap_or_default();
+        for path in missing {
+            if !relisted.contains(&path) {
+                continue;
+            }
+            match store.head(&path).await {
+                Err(StoreError::NotFound) => out.problems.push(Problem {
+                    path,
+                    kind: "dangling",
+                    detail: "listed in the manifest but the object does not exist".into(),
+                }),
+                Ok(_) => {}
+                Err(source) => {
+                    return Err(Error::Storage {
+                        op: "probe listed object",
+                        key: path,
+                        source,
+                    });
+                }
+            }
+        }
+    }
+    out.problems
+        .sort_by_key(|p| (p.kind == "unstamped", p.path.clone()));
+    if out.problems.iter().any(|p| p.kind != "unstamped") {
+        out.outcome = Outcome::Diverged;
+    }
+    Ok(())
+}
+
+enum Check {
+    Present { bytes: u64, problems: Vec<Problem> },
+    Missing(String),
+}
+
+async fn check_entry(ctx: &Context, opts: &VerifyOptions, e: &FileEntry) -> Result<Check> {
+    let local = opts
+        .work_dir
+        .join(format!("lakecdc-verify-{}.parquet", uuid::Uuid::new_v4()));
+    let got = ctx.lake.store.get_to_file(&e.path, &local).await;
+    let result = match got {
+        Err(StoreError::NotFound) => Ok(Check::Missing(e.path.clone())),
+        Err(source) => Err(Error::Storage {
+            op: "download listed object",
+            key: e.path.clone(),
+            source,
+        }),
+        Ok(dl) => {
+            let e = e.clone();
+            let path = local.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut problems = Vec::new();
+                let mut problem = |kind, detail: String| {
+                    problems.push(Problem {
+                        path: e.path.clone(),
+                        kind,
+                        detail,
+                    })
+                };
+                if i64::try_from(dl.size).ok() != Some(e.size_bytes) {
+                    problem(
+                        "size",
+                        format!("manifest {} bytes, object {}", e.size_bytes, dl.size),
+                    );
+                }
+                let actual = format!("sha256:{}", hex::encode(dl.sha256));
+                match &e.checksum {
+                    None => problem("unstamped", "the entry has no checksum to compare".into()),
+                    Some(want) if *want != actual => {
+                        problem("checksum", format!("manifest {want}, object {actual}"));
+                    }
+                    Some(_) => {}
+                }
+                match footer::check_file(&path) {
+                    Err(err) => problem("footer", err.to_string()),
+                    Ok(info) => {
+                        if info.row_count != e.row_count {
+                            problem(
+                                "row_count",
+                                format!("manifest {} rows, footer {}", e.row_count, info.row_count),
+                            );
+                        }
+                        let found: BTreeMap<String, String> = info.columns.into_iter().collect();
+                        if let Some(stamp) = &e.columns
+                            && *stamp != found
+                        {
+                            problem("columns", format!("manifest {stamp:?}, footer {found:?}"));
+                        }
+                    }
+                }
+                Check::Present {
+                    bytes: dl.size,
+                    problems,
+                }
+            })
+            .await
+            .map_err(|err| Error::Invariant(format!("verify task failed: {err}")))
+        }
+    };
+    let _ = tokio::fs::remove_file(&local).await;
+    result
+}
