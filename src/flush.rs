@@ -355,6 +355,11 @@ pub async fn run(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> Resu
     Ok(report)
 }
 
+/// One debug event per batch step, for finding where a flush spends its time (`-v`).
+fn step_done(step: &'static str, since: Instant) {
+    tracing::debug!(step, ms = elapsed_ms(since), "batch step");
+}
+
 fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -442,9 +447,40 @@ async fn flush_locked(
         return Ok(());
     }
     report.outcome = Outcome::Flushed;
+    let mut pending: Option<PendingMark> = None;
+    let result = drain(
+        ctx,
+        opts,
+        hooks,
+        def,
+        schema_id,
+        &mut client,
+        &mut pending,
+        report,
+    )
+    .await;
+    // A started mark always finishes and is accounted for, whatever happened after it.
+    let settled = settle_mark(pending.take(), report).await;
+    result.and(settled)
+}
+
+/// The batch loop. Each batch's mark (step 5) runs on a second connection while the next batch
+/// is selected, read, exported and committed; at most one mark is in flight.
+#[allow(clippy::too_many_arguments)] // one call site; the arguments are the schema's context
+async fn drain(
+    ctx: &Context,
+    opts: &FlushOptions,
+    hooks: &FlushHooks,
+    def: &SchemaDef,
+    schema_id: i16,
+    client: &mut tokio_postgres::Client,
+    pending: &mut Option<PendingMark>,
+    report: &mut SchemaReport,
+) -> Result<()> {
     let started = Instant::now();
     let mut engine: Option<Engine> = None;
     let mut cursor: Option<Selected> = None;
+    let mut mark_client: Option<Arc<tokio_postgres::Client>> = None;
     loop {
         if ctx.shutdown.is_requested() {
             report.reason = Some("stopped by signal after a complete batch".into());
@@ -457,8 +493,10 @@ async fn flush_locked(
                 Some("batch or time budget reached; the rest is left for the next run".into());
             break;
         }
+        let t = Instant::now();
         let selected =
-            snapshot::select(&client, &ctx.tables, schema_id, opts.batch_size, cursor).await?;
+            snapshot::select(client, &ctx.tables, schema_id, opts.batch_size, cursor).await?;
+        step_done("select", t);
         let Some(last) = selected.last().copied() else {
             break;
         };
@@ -481,15 +519,23 @@ async fn flush_locked(
             if let Some(hook) = &hooks.before_export {
                 hook(schema_id, ids.clone()).await;
             }
-            let snap =
-                snapshot::read(&mut client, &ctx.tables, def, schema_id, &ids, cutoff).await?;
+            let t = Instant::now();
+            let snap = snapshot::read(client, &ctx.tables, def, schema_id, &ids, cutoff).await?;
+            step_done("read snapshot", t);
             if !snap.versions.is_empty() {
                 engine = Some(
-                    export_batch(
-                        ctx, opts, hooks, &client, def, schema_id, snap, engine, report,
-                    )
-                    .await?,
+                    export_batch(ctx, opts, hooks, def, schema_id, &snap, engine, report).await?,
                 );
+                settle_mark(pending.take(), report).await?;
+                let mc = match &mark_client {
+                    Some(c) => c.clone(),
+                    None => {
+                        let c = Arc::new(ctx.connector.connect().await?);
+                        mark_client = Some(c.clone());
+                        c
+                    }
+                };
+                *pending = Some(start_mark(ctx, &mc, schema_id, snap.versions));
             }
         }
         if !full {
@@ -505,15 +551,15 @@ async fn export_batch(
     ctx: &Context,
     opts: &FlushOptions,
     hooks: &FlushHooks,
-    client: &tokio_postgres::Client,
     def: &SchemaDef,
     schema_id: i16,
-    snap: Snapshot,
+    snap: &Snapshot,
     engine: Option<Engine>,
     report: &mut SchemaReport,
 ) -> Result<Engine> {
     let file_id = Uuid::new_v4();
     let local = opts.work_dir.join(format!("lakecdc-{file_id}.parquet"));
+    let t = Instant::now();
     let (engine, written) = write_local(
         opts,
         def.clone(),
@@ -523,8 +569,9 @@ async fn export_batch(
         local.clone(),
     )
     .await?;
+    step_done("write parquet", t);
     let outcome = publish(
-        ctx, opts, hooks, client, schema_id, &snap, &local, written, file_id, report,
+        ctx, opts, hooks, schema_id, snap, &local, written, file_id, report,
     )
     .await;
     if let Err(e) = tokio::fs::remove_file(&local).await {
@@ -590,7 +637,6 @@ async fn publish(
     ctx: &Context,
     opts: &FlushOptions,
     hooks: &FlushHooks,
-    client: &tokio_postgres::Client,
     schema_id: i16,
     snap: &Snapshot,
     local: &std::path::Path,
@@ -601,6 +647,7 @@ async fn publish(
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
     let tmp = layout.tmp_key(schema_id, file_id);
+    let t = Instant::now();
     let put = match store.put_file(&tmp, local).await {
         Ok(put) => put,
         Err(source) => {
@@ -625,6 +672,7 @@ async fn publish(
         report.tmp_leaked += 1;
         tracing::warn!(key = %tmp, error = %e, "temporary object left for gc");
     }
+    step_done("upload and promote", t);
     let (min, max) = row_id_range(&snap.versions);
     let now = ctx.clock.now_ms();
     let entry = FileEntry {
@@ -641,6 +689,7 @@ async fn publish(
         extra: Default::default(),
     };
     let manifest_key = layout.manifest_key(schema_id);
+    let t = Instant::now();
     manifest::commit(
         store,
         &manifest_key,
@@ -663,11 +712,41 @@ async fn publish(
     if let Some(hook) = &hooks.before_mark {
         hook(schema_id, snap.versions.iter().map(|v| v.row_id).collect()).await;
     }
+    step_done("commit manifest", t);
+    Ok(())
+}
+
+/// A mark running on its own connection while the next batch is exported.
+type PendingMark = tokio::task::JoinHandle<Result<(u64, u64)>>;
+
+/// Starts the mark of a committed batch (step 5) on the mark connection.
+fn start_mark(
+    ctx: &Context,
+    client: &Arc<tokio_postgres::Client>,
+    schema_id: i16,
+    versions: Vec<Selected>,
+) -> PendingMark {
     let flushed_at = next_flushed_at(ctx.clock.now_ms());
-    let marked =
-        snapshot::mark_flushed(client, &ctx.tables, schema_id, flushed_at, &snap.versions).await?;
+    let (client, tables) = (client.clone(), ctx.tables.clone());
+    tokio::spawn(async move {
+        let t = Instant::now();
+        let marked =
+            snapshot::mark_flushed(&client, &tables, schema_id, flushed_at, &versions).await?;
+        step_done("mark", t);
+        Ok((marked, versions.len() as u64))
+    })
+}
+
+/// Waits for a pending mark and accounts for it.
+async fn settle_mark(pending: Option<PendingMark>, report: &mut SchemaReport) -> Result<()> {
+    let Some(task) = pending else {
+        return Ok(());
+    };
+    let (marked, exported) = task
+        .await
+        .map_err(|e| Error::Invariant(format!("mark task failed: {e}")))??;
     report.rows_marked += marked;
-    report.rows_left_dirty += (snap.versions.len() as u64).saturating_sub(marked);
+    report.rows_left_dirty += exported.saturating_sub(marked);
     Ok(())
 }
 
