@@ -2,7 +2,7 @@
 //! directory.
 //!
 //! Layering (dependencies point down only):
-//! - jobs: [`init_db`], [`flush`], [`verify`] (and, as they land, init, compact, gc, inspect);
+//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`] (and, as they land, init, compact, inspect);
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
@@ -13,6 +13,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod flush;
+pub mod gc;
 pub mod init_db;
 pub mod lake;
 pub mod schema;

@@ -14,6 +14,7 @@ use lakecdc::clock::SystemClock;
 use lakecdc::config::{LakeLocation, TableName, Tables, parse_duration, parse_memory_limit};
 use lakecdc::engine::EngineConfig;
 use lakecdc::flush::{Context as FlushContext, FlushHooks, FlushOptions};
+use lakecdc::gc::{Context as GcContext, GcOptions};
 use lakecdc::lake::manifest::CommitPolicy;
 use lakecdc::lake::{Lake, Layout};
 use lakecdc::shutdown::Shutdown;
@@ -196,8 +197,21 @@ struct VerifyArgs {
     work_dir: Option<PathBuf>,
 }
 
+#[derive(Debug, Args)]
+struct GcArgs {
+    /// Delete an orphan only when it was first seen, and was written, at least this long ago.
+    #[arg(long, env = "LAKECDC_GC_GRACE", default_value = "15m")]
+    grace: String,
+    /// Report what would be deleted; delete and record nothing.
+    #[arg(long, env = "LAKECDC_DRY_RUN")]
+    dry_run: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Delete staging, merged-base and init-base orphans past a grace period; report unlisted
+    /// deltas and unknown keys (never deleted).
+    Gc(GcArgs),
     /// Re-hash every listed object and check size, SHA-256, footer and columns against the
     /// manifest; exit 3 on any divergence or dangling entry.
     Verify(VerifyArgs),
@@ -217,6 +231,7 @@ struct Validated {
     s3: S3Options,
     flush: Option<FlushOptions>,
     verify: Option<VerifyOptions>,
+    gc: Option<GcOptions>,
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -271,6 +286,7 @@ fn validate(g: &Global) -> Result<Validated> {
         s3,
         flush: None,
         verify: None,
+        gc: None,
     })
 }
 
@@ -427,6 +443,24 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
             print_report(cli.global.json, &report, || report.to_text())?;
             Ok(if report.failed() { 1 } else { 0 })
         }
+        Command::Gc(_) => {
+            let opts =
+                v.gc.clone()
+                    .ok_or_else(|| Error::Invariant("gc options missing".into()))?;
+            let lake = open_lake(&v).await?;
+            let shutdown = Shutdown::new();
+            watch_signals(shutdown.clone());
+            let ctx = GcContext {
+                connector: v.connector,
+                tables: v.tables,
+                lake,
+                clock: Arc::new(SystemClock),
+                shutdown,
+            };
+            let report = lakecdc::gc::run(&ctx, &opts).await?;
+            print_report(cli.global.json, &report, || report.to_text())?;
+            Ok(report.exit_code())
+        }
         Command::Verify(_) => {
             let opts = v
                 .verify
@@ -454,6 +488,17 @@ fn main() -> ExitCode {
         match &cli.command {
             Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
             Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),
+            Command::Gc(a) => {
+                let grace = parse_duration("--grace", &a.grace)?;
+                if grace.is_zero() {
+                    return Err(Error::config("--grace must be greater than zero"));
+                }
+                v.gc = Some(GcOptions {
+                    schemas: cli.global.schema.clone(),
+                    grace,
+                    dry_run: a.dry_run,
+                });
+            }
             Command::InitDb => {}
         }
         Ok(v)

@@ -7,6 +7,7 @@
 mod cli;
 mod engine;
 mod flush;
+mod gc;
 mod harness;
 mod init_db;
 mod manifest;

@@ -1,0 +1,373 @@
+//! `lakecdc gc`: removes proven garbage from a schema's data prefix (DESIGN §4.4).
+//!
+//! Under the schema lock it lists the prefix, classifies every unlisted key with the shared key
+//! parser, and records first sightings in `<manifest key>.gc-state` (forma's format:
+//! `{"first_unlisted_ms": {key: ms}}`). Staging (`_tmp/`), merged-base and init-base orphans are
+//! deleted only when both their first sighting and the object itself are older than the grace
+//! period — an in-flight writer's staged or promoted-but-not-yet-committed file is always
+//! younger. Unlisted deltas (a flush whose manifest commit failed) are reported, never deleted;
+//! unknown keys are never touched. A prefix holding base-shaped objects while no manifest entry
+//! lies in it is refused (study §10 #463): a mis-pointed manifest would make every base look
+//! orphaned.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Clock;
+use crate::config::Tables;
+use crate::error::{Error, Result};
+use crate::lake::manifest;
+use crate::lake::{KeyKind, Lake};
+use crate::shutdown::Shutdown;
+use crate::source::registry::{self, Registered};
+use crate::source::{Connector, SchemaLock};
+use crate::store::{PutMode, StoreError};
+
+/// Everything gc needs.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// PostgreSQL (registry and locks).
+    pub connector: Connector,
+    /// Source table names.
+    pub tables: Tables,
+    /// The lake.
+    pub lake: Lake,
+    /// Time, so tests can move it.
+    pub clock: Arc<dyn Clock>,
+    /// Stop request.
+    pub shutdown: Shutdown,
+}
+
+/// gc options.
+#[derive(Debug, Clone)]
+pub struct GcOptions {
+    /// Schema names or ids; empty = every registered schema.
+    pub schemas: Vec<String>,
+    /// How long an orphan must have been seen, and have existed, before it is deleted.
+    pub grace: Duration,
+    /// Report only: delete nothing, record nothing.
+    pub dry_run: bool,
+}
+
+/// The sighting state next to the manifest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcState {
+    /// Key → when gc first saw it unlisted (epoch ms).
+    #[serde(default)]
+    pub first_unlisted_ms: BTreeMap<String, i64>,
+}
+
+/// Outcome for one schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Nothing unlisted is left that gc may delete.
+    Clean,
+    /// Orphans remain within the grace period, or unlisted deltas need a look.
+    Pending,
+    /// The prefix holds bases but the manifest lists none of them: refused.
+    Refused,
+    /// Another process holds the schema lock.
+    Locked,
+    /// gc could not complete.
+    Failed,
+}
+
+/// Report for one schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct SchemaGc {
+    /// Schema id.
+    pub schema_id: i16,
+    /// Schema name.
+    pub schema: String,
+    /// Outcome.
+    pub outcome: Option<Outcome>,
+    /// Deleted (or, in a dry run, deletable) orphans.
+    pub deleted: Vec<String>,
+    /// Orphans kept because they are within the grace period.
+    pub within_grace: Vec<String>,
+    /// Unlisted delta files: reported, never deleted.
+    pub unlisted_deltas: Vec<String>,
+    /// Keys of no known shape: never touched.
+    pub unknown: Vec<String>,
+    /// Why the schema was refused or failed.
+    pub reason: Option<String>,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    /// True for `--dry-run`.
+    pub dry_run: bool,
+    /// Per schema, by id.
+    pub schemas: Vec<SchemaGc>,
+}
+
+impl GcReport {
+    /// 0 clean, 1 when a schema failed, 3 when something needs attention (garbage within the
+    /// grace period, unlisted deltas, a refusal, a locked schema).
+    pub fn exit_code(&self) -> i32 {
+        let outcomes: Vec<Outcome> = self.schemas.iter().filter_map(|s| s.outcome).collect();
+        if outcomes.contains(&Outcome::Failed) {
+            1
+        } else if outcomes.iter().any(|o| *o != Outcome::Clean) {
+            3
+        } else {
+            0
+        }
+    }
+
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        let verb = if self.dry_run {
+            "would delete"
+        } else {
+            "deleted"
+        };
+        let mut out = format!(
+            "{:<24} {:>6} {:<9} {:>8} {:>8} {:>9} {:>8}\n",
+            "SCHEMA", "ID", "OUTCOME", "DELETED", "IN_GRACE", "DELTAS", "UNKNOWN"
+        );
+        for s in &self.schemas {
+            let outcome = s
+                .outcome
+                .and_then(|o| serde_json::to_value(o).ok())
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "{:<24} {:>6} {:<9} {:>8} {:>8} {:>9} {:>8}\n",
+                s.schema,
+                s.schema_id,
+                outcome,
+                s.deleted.len(),
+                s.within_grace.len(),
+                s.unlisted_deltas.len(),
+                s.unknown.len()
+            ));
+            for k in &s.deleted {
+                out.push_str(&format!("    {verb} {k}\n"));
+            }
+            for k in &s.within_grace {
+                out.push_str(&format!("    within grace {k}\n"));
+            }
+            for k in &s.unlisted_deltas {
+                out.push_str(&format!("    unlisted delta (kept) {k}\n"));
+            }
+            for k in &s.unknown {
+                out.push_str(&format!("    unknown key (untouched) {k}\n"));
+            }
+            if let Some(r) = &s.reason {
+                out.push_str(&format!("    {r}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Runs gc over the selected schemas.
+pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
+    let client = ctx.connector.connect().await?;
+    let registered = registry::list(&client, &ctx.tables.registry).await?;
+    drop(client);
+    let targets = registry::select(&registered, &opts.schemas)?;
+    let mut schemas = Vec::with_capacity(targets.len());
+    for reg in targets {
+        if ctx.shutdown.is_requested() {
+            break;
+        }
+        schemas.push(gc_schema(ctx, opts, &reg).await);
+    }
+    let report = GcReport {
+        dry_run: opts.dry_run,
+        schemas,
+    };
+    tracing::info!(
+        schemas = report.schemas.len(),
+        deleted = report
+            .schemas
+            .iter()
+            .map(|s| s.deleted.len())
+            .sum::<usize>(),
+        dry_run = opts.dry_run,
+        exit_code = report.exit_code(),
+        "gc done"
+    );
+    Ok(report)
+}
+
+async fn gc_schema(ctx: &Context, opts: &GcOptions, reg: &Registered) -> SchemaGc {
+    let started = Instant::now();
+    let mut out = SchemaGc {
+        schema_id: reg.id,
+        schema: reg.name.clone(),
+        ..SchemaGc::default()
+    };
+    let result = match SchemaLock::try_acquire(&ctx.connector, reg.id).await {
+        Ok(None) => {
+            out.outcome = Some(Outcome::Locked);
+            Ok(())
+        }
+        Ok(Some(lock)) => {
+            let res = collect(ctx, opts, reg.id, &mut out).await;
+            if let Err(e) = lock.release().await {
+                tracing::warn!(error = %e.chain(), "schema lock release failed");
+            }
+            res
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        out.outcome = Some(Outcome::Failed);
+        out.reason = Some(e.chain());
+    }
+    out.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    out
+}
+
+/// The keys the manifest lists, or `None` when it does not exist.
+async fn listed(ctx: &Context, schema_id: i16) -> Result<Option<BTreeSet<String>>> {
+    let key = ctx.lake.layout.manifest_key(schema_id);
+    Ok(manifest::load(ctx.lake.store.as_ref(), &key, schema_id)
+        .await?
+        .map(|l| l.manifest.files.into_iter().map(|f| f.path).collect()))
+}
+
+async fn collect(
+    ctx: &Context,
+    opts: &GcOptions,
+    schema_id: i16,
+    out: &mut SchemaGc,
+) -> Result<()> {
+    let store = ctx.lake.store.as_ref();
+    let layout = &ctx.lake.layout;
+    let prefix = layout.schema_prefix(schema_id);
+    let listed_keys = listed(ctx, schema_id).await?.unwrap_or_default();
+    let objects = store
+        .list(&prefix)
+        .await
+        .map_err(Error::storage("list schema prefix", prefix.clone()))?;
+    // #463: bases present, none listed in this prefix → the manifest is not this prefix's.
+    let has_bases = objects.iter().any(|o| {
+        matches!(
+            layout.classify(&o.key),
+            KeyKind::InitBase { .. } | KeyKind::MergedBase { .. }
+        )
+    });
+    if has_bases && !listed_keys.iter().any(|k| k.starts_with(&prefix)) {
+        out.outcome = Some(Outcome::Refused);
+        out.reason = Some(format!(
+            "{prefix} holds base files but manifest {} lists none of them: check --lake, --data-prefix and --manifest-template before any gc",
+            layout.manifest_key(schema_id)
+        ));
+        return Ok(());
+    }
+    let state_key = layout.gc_state_key(schema_id);
+    let (state, state_etag) = load_state(store, &state_key).await?;
+    let now = ctx.clock.now_ms();
+    let grace_ms = i64::try_from(opts.grace.as_millis()).unwrap_or(i64::MAX);
+    let mut seen = BTreeMap::new();
+    let mut due = Vec::new();
+    for o in objects.iter().filter(|o| !listed_keys.contains(&o.key)) {
+        match layout.classify(&o.key) {
+            KeyKind::Tmp { schema_id: s, .. }
+            | KeyKind::MergedBase { schema_id: s, .. }
+            | KeyKind::InitBase { schema_id: s, .. }
+                if s == schema_id =>
+            {
+                let first = state.first_unlisted_ms.get(&o.key).copied().unwrap_or(now);
+                seen.insert(o.key.clone(), first);
+                if now - first >= grace_ms && now - o.last_modified_ms >= grace_ms {
+                    due.push(o.key.clone());
+                } else {
+                    out.within_grace.push(o.key.clone());
+                }
+            }
+            KeyKind::Delta { schema_id: s, .. } if s == schema_id => {
+                out.unlisted_deltas.push(o.key.clone())
+            }
+            _ => out.unknown.push(o.key.clone()),
+        }
+    }
+    if !due.is_empty() {
+        // Second look: a writer may have listed a key since the first load.
+        let relisted = listed(ctx, schema_id).await?.unwrap_or_default();
+        due.retain(|k| !relisted.contains(k));
+    }
+    if !opts.dry_run {
+        for key in &due {
+            match store.delete(key).await {
+                Ok(()) => {
+                    seen.remove(key);
+                }
+                Err(source) => {
+                    tracing::warn!(key, error = %source, "gc delete failed; retried next run");
+                    out.within_grace.push(key.clone());
+                    continue;
+                }
+            }
+        }
+        let new_state = GcState {
+            first_unlisted_ms: seen,
+        };
+        if new_state != state {
+            save_state(store, &state_key, &new_state, state_etag).await?;
+        }
+    }
+    out.deleted = due
+        .into_iter()
+        .filter(|k| !out.within_grace.contains(k))
+        .collect();
+    out.outcome = Some(
+        if out.within_grace.is_empty() && out.unlisted_deltas.is_empty() {
+            Outcome::Clean
+        } else {
+            Outcome::Pending
+        },
+    );
+    Ok(())
+}
+
+async fn load_state(
+    store: &dyn crate::store::ObjectStore,
+    key: &str,
+) -> Result<(GcState, Option<String>)> {
+    match store.get_bytes(key).await {
+        Ok(got) => {
+            let state = serde_json::from_slice(&got.bytes).map_err(|e| Error::Manifest {
+                key: key.to_string(),
+                message: format!(
+                    "gc state is not valid ({e}); remove it to start sightings afresh"
+                ),
+            })?;
+            Ok((state, Some(got.etag)))
+        }
+        Err(StoreError::NotFound) => Ok((GcState::default(), None)),
+        Err(source) => Err(Error::Storage {
+            op: "load gc state",
+            key: key.to_string(),
+            source,
+        }),
+    }
+}
+
+async fn save_state(
+    store: &dyn crate::store::ObjectStore,
+    key: &str,
+    state: &GcState,
+    etag: Option<String>,
+) -> Result<()> {
+    let body = serde_json::to_vec_pretty(state)
+        .map_err(|e| Error::Invariant(format!("gc state serialisation: {e}")))?;
+    let mode = etag.map_or(PutMode::Create, PutMode::Update);
+    store
+        .put_bytes(key, Bytes::from(body), mode)
+        .await
+        .map(|_| ())
+        .map_err(Error::storage("save gc state", key))
+}

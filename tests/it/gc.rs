@@ -1,0 +1,155 @@
+//! `lakecdc gc`: orphans are sighted, kept within the grace period and deleted past it (with a
+//! moved clock); unlisted deltas and unknown keys are never deleted; #463 refusal; dry run.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use lakecdc::clock::{Clock, ManualClock, SystemClock};
+use lakecdc::gc::{Context, GcOptions, Outcome};
+use lakecdc::store::fault::{Action, Op};
+use lakecdc::store::{ObjectStore, PutMode};
+use uuid::Uuid;
+
+use crate::flush::{LakeKind, Rig, rig};
+use crate::writer::Rng;
+
+const MIN: i64 = 60_000;
+
+fn ctx(rig: &Rig, clock: Arc<ManualClock>) -> Context {
+    Context {
+        connector: rig.ctx.connector.clone(),
+        tables: rig.ctx.tables.clone(),
+        lake: rig.ctx.lake.clone(),
+        clock,
+        shutdown: Default::default(),
+    }
+}
+
+fn opts(dry_run: bool) -> GcOptions {
+    GcOptions {
+        schemas: vec!["customer".into()],
+        grace: std::time::Duration::from_secs(15 * 60),
+        dry_run,
+    }
+}
+
+async fn put(store: &dyn ObjectStore, key: &str) {
+    store
+        .put_bytes(key, Bytes::from_static(b"x"), PutMode::Overwrite)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn orphans_are_deleted_only_past_the_grace_and_deltas_never() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(7);
+    rig.seed(30, &mut r).await;
+    // A flush whose post-copy tmp delete fails leaves a tmp orphan.
+    rig.store.arm(Op::Delete, Some("/_tmp/"), 1, Action::Fail);
+    rig.flush().await;
+    let tmp = rig.keys("data/100/_tmp/").await;
+    assert_eq!(tmp.len(), 1);
+    let layout = rig.ctx.lake.layout.clone();
+    let merged = layout.merged_base_key(100, Uuid::now_v7());
+    let init = layout.init_base_key(100, Uuid::new_v4(), Uuid::new_v4(), Uuid::now_v7());
+    let delta = layout.delta_key(100, Uuid::now_v7());
+    let unknown = "data/100/notes.txt".to_string();
+    for k in [&merged, &init, &delta, &unknown] {
+        put(rig.store.as_ref(), k).await;
+    }
+    let listed_before = rig.listed().await;
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let gc = ctx(&rig, clock.clone());
+
+    // First run: everything is sighted, nothing deleted.
+    let report = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Some(Outcome::Pending));
+    let mut within = s.within_grace.clone();
+    within.sort();
+    let mut want = vec![tmp[0].clone(), merged.clone(), init.clone()];
+    want.sort();
+    assert_eq!(within, want);
+    assert_eq!(s.unlisted_deltas, std::slice::from_ref(&delta));
+    assert_eq!(s.unknown, std::slice::from_ref(&unknown));
+    assert!(s.deleted.is_empty());
+    assert_eq!(report.exit_code(), 3);
+    let state_key = layout.gc_state_key(100);
+    let state: serde_json::Value =
+        serde_json::from_slice(&rig.store.get_bytes(&state_key).await.unwrap().bytes).unwrap();
+    assert_eq!(state["first_unlisted_ms"].as_object().unwrap().len(), 3);
+
+    // Ten minutes later: still within the grace.
+    clock.advance(10 * MIN);
+    let report = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    assert!(report.schemas[0].deleted.is_empty());
+
+    // Past the grace, a dry run reports and changes nothing.
+    clock.advance(6 * MIN);
+    let state_before = rig.store.get_bytes(&state_key).await.unwrap().bytes;
+    let writes_before = rig.store.writes().len();
+    let report = lakecdc::gc::run(&gc, &opts(true)).await.unwrap();
+    assert_eq!(report.schemas[0].deleted.len(), 3);
+    assert_eq!(rig.store.writes().len(), writes_before, "dry run wrote");
+    assert_eq!(
+        rig.store.get_bytes(&state_key).await.unwrap().bytes,
+        state_before
+    );
+    for k in [&tmp[0], &merged, &init] {
+        rig.store.head(k).await.unwrap();
+    }
+
+    // The real run deletes exactly the three orphans.
+    let report = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    let s = &report.schemas[0];
+    let mut deleted = s.deleted.clone();
+    deleted.sort();
+    assert_eq!(deleted, want);
+    for k in &want {
+        assert!(rig.store.head(k).await.unwrap_err().is_not_found(), "{k}");
+    }
+    for k in [&delta, &unknown] {
+        rig.store.head(k).await.unwrap();
+    }
+    for k in &listed_before {
+        rig.store.head(k).await.unwrap();
+    }
+    assert_eq!(
+        s.outcome,
+        Some(Outcome::Pending),
+        "the unlisted delta still needs a look"
+    );
+    let state: serde_json::Value =
+        serde_json::from_slice(&rig.store.get_bytes(&state_key).await.unwrap().bytes).unwrap();
+    assert!(state["first_unlisted_ms"].as_object().unwrap().is_empty());
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (30, 0));
+}
+
+#[tokio::test]
+async fn a_prefix_of_bases_that_the_manifest_does_not_list_is_refused() {
+    // study §10 #463
+    let rig = rig(LakeKind::S3).await;
+    let layout = rig.ctx.lake.layout.clone();
+    let base = layout.init_base_key(100, Uuid::new_v4(), Uuid::new_v4(), Uuid::now_v7());
+    let tmp = layout.tmp_key(100, Uuid::new_v4());
+    put(rig.store.as_ref(), &base).await;
+    put(rig.store.as_ref(), &tmp).await;
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms() + 24 * 60 * MIN));
+    let report = lakecdc::gc::run(&ctx(&rig, clock), &opts(false))
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Some(Outcome::Refused));
+    assert!(s.reason.as_deref().unwrap().contains("lists none"), "{s:?}");
+    assert_eq!(report.exit_code(), 3);
+    rig.store.head(&base).await.unwrap();
+    rig.store.head(&tmp).await.unwrap();
+    assert!(
+        rig.store
+            .writes()
+            .iter()
+            .all(|c| c.op == Op::PutBytes && !c.key.contains("gc-state"))
+    );
+}
