@@ -178,6 +178,45 @@ pub fn parse_memory_limit(s: &str) -> Result<String> {
     Ok(format!("{num}{}", unit.trim()))
 }
 
+/// Parses a byte size such as `256MiB`, `1GB`, `512KiB` or a bare number of bytes.
+pub fn parse_size(flag: &str, s: &str) -> Result<u64> {
+    let bad = || {
+        Error::config(format!(
+            "{flag} {s:?} is not a size like 256MiB, 1GB or 1048576"
+        ))
+    };
+    let t = s.trim();
+    let digits = t.chars().take_while(|c| c.is_ascii_digit()).count();
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(factor).ok_or_else(bad)
+}
+
+/// Parses a ratio given as a fraction (`0.05`) or a percentage (`5%`).
+pub fn parse_ratio(flag: &str, s: &str) -> Result<f64> {
+    let bad = || Error::config(format!("{flag} {s:?} is not a ratio like 0.05 or 5%"));
+    let t = s.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map_err(|_| bad())? / 100.0,
+        None => t.parse::<f64>().map_err(|_| bad())?,
+    };
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(bad())
+    }
+}
+
 /// Parses a duration such as `90s`, `5m`, `1h`, `1h30m`, `250ms` or a bare number of seconds.
 pub fn parse_duration(flag: &str, s: &str) -> Result<std::time::Duration> {
     let bad = || {
@@ -266,6 +305,23 @@ mod tests {
         for bad in ["s3://B", "s3://", "gs://x/y", "", "s3://-ab"] {
             assert!(LakeLocation::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn sizes_and_ratios() {
+        assert_eq!(parse_size("--t", "256MiB").unwrap(), 256 << 20);
+        assert_eq!(parse_size("--t", "1GB").unwrap(), 1_000_000_000);
+        assert_eq!(parse_size("--t", "42").unwrap(), 42);
+        assert!(
+            parse_size("--target-base-size", "12XB")
+                .unwrap_err()
+                .to_string()
+                .contains("--target-base-size")
+        );
+        assert!((parse_ratio("--r", "5%").unwrap() - 0.05).abs() < 1e-12);
+        assert!((parse_ratio("--r", "0.2").unwrap() - 0.2).abs() < 1e-12);
+        assert!(parse_ratio("--r", "-1").is_err());
+        assert!(parse_ratio("--r", "x%").is_err());
     }
 
     #[test]

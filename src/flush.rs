@@ -38,7 +38,7 @@ use crate::schema::{SchemaDef, dir};
 use crate::shutdown::Shutdown;
 use crate::source::registry::{self, Registered};
 use crate::source::snapshot::{self, Selected, Snapshot};
-use crate::source::{Connector, SchemaLock, stats};
+use crate::source::{Connector, stats};
 
 /// A test seam called with the schema id and the batch's row ids.
 pub type Hook = Arc<dyn Fn(i16, Vec<Uuid>) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -378,24 +378,17 @@ async fn flush_schema(
         return report;
     }
     let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
-    let result = async {
-        match SchemaLock::try_acquire(&ctx.connector, reg.id).await? {
-            None => {
-                report.outcome = Outcome::Locked;
-                report.reason = Some("another process holds the schema lock".into());
-                Ok(())
-            }
-            Some(lock) => {
-                let res = flush_locked(ctx, opts, hooks, &def, reg.id, &mut report).await;
-                if let Err(e) = lock.release().await {
-                    tracing::warn!(error = %e.chain(), "schema lock release failed; closing its connection releases it");
-                }
-                res
-            }
-        }
-    }
+    let result = crate::job::with_lock(&ctx.connector, reg.id, async || {
+        flush_locked(ctx, opts, hooks, &def, reg.id, &mut report).await
+    })
     .instrument(span)
-    .await;
+    .await
+    .map(|done| {
+        if done.is_none() {
+            report.outcome = Outcome::Locked;
+            report.reason = Some("another process holds the schema lock".into());
+        }
+    });
     if let Err(e) = result {
         tracing::error!(schema = %reg.name, error = %e.chain(), "flush failed");
         report.outcome = Outcome::Failed;

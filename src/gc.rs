@@ -5,42 +5,29 @@
 //! `{"first_unlisted_ms": {key: ms}}`). Staging (`_tmp/`), merged-base and init-base orphans are
 //! deleted only when both their first sighting and the object itself are older than the grace
 //! period — an in-flight writer's staged or promoted-but-not-yet-committed file is always
-//! younger. Unlisted deltas (a flush whose manifest commit failed) are reported, never deleted;
+//! younger. The same holds for files a compaction merged and recorded as `retired` in the
+//! manifest. Other unlisted deltas (a flush whose manifest commit failed) are reported, never
+//! deleted;
 //! unknown keys are never touched. A prefix holding base-shaped objects while no manifest entry
 //! lies in it is refused (study §10 #463): a mis-pointed manifest would make every base look
 //! orphaned.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Clock;
-use crate::config::Tables;
+use crate::compact;
 use crate::error::{Error, Result};
+use crate::job;
+use crate::lake::KeyKind;
 use crate::lake::manifest;
-use crate::lake::{KeyKind, Lake};
-use crate::shutdown::Shutdown;
-use crate::source::registry::{self, Registered};
-use crate::source::{Connector, SchemaLock};
+use crate::source::registry::Registered;
 use crate::store::{PutMode, StoreError};
 
-/// Everything gc needs.
-#[derive(Debug, Clone)]
-pub struct Context {
-    /// PostgreSQL (registry and locks).
-    pub connector: Connector,
-    /// Source table names.
-    pub tables: Tables,
-    /// The lake.
-    pub lake: Lake,
-    /// Time, so tests can move it.
-    pub clock: Arc<dyn Clock>,
-    /// Stop request.
-    pub shutdown: Shutdown,
-}
+/// gc runs with the shared lake-job context.
+pub use crate::job::Context;
 
 /// gc options.
 #[derive(Debug, Clone)]
@@ -172,10 +159,7 @@ impl GcReport {
 
 /// Runs gc over the selected schemas.
 pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
-    let client = ctx.connector.connect().await?;
-    let registered = registry::list(&client, &ctx.tables.registry).await?;
-    drop(client);
-    let targets = registry::select(&registered, &opts.schemas)?;
+    let targets = job::select_schemas(ctx, &opts.schemas).await?;
     let mut schemas = Vec::with_capacity(targets.len());
     for reg in targets {
         if ctx.shutdown.is_requested() {
@@ -208,34 +192,35 @@ async fn gc_schema(ctx: &Context, opts: &GcOptions, reg: &Registered) -> SchemaG
         schema: reg.name.clone(),
         ..SchemaGc::default()
     };
-    let result = match SchemaLock::try_acquire(&ctx.connector, reg.id).await {
-        Ok(None) => {
-            out.outcome = Some(Outcome::Locked);
-            Ok(())
+    let result = job::with_lock(&ctx.connector, reg.id, async || {
+        collect(ctx, opts, reg.id, &mut out).await
+    })
+    .await;
+    match result {
+        Ok(Some(())) => {}
+        Ok(None) => out.outcome = Some(Outcome::Locked),
+        Err(e) => {
+            out.outcome = Some(Outcome::Failed);
+            out.reason = Some(e.chain());
         }
-        Ok(Some(lock)) => {
-            let res = collect(ctx, opts, reg.id, &mut out).await;
-            if let Err(e) = lock.release().await {
-                tracing::warn!(error = %e.chain(), "schema lock release failed");
-            }
-            res
-        }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = result {
-        out.outcome = Some(Outcome::Failed);
-        out.reason = Some(e.chain());
     }
     out.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     out
 }
 
-/// The keys the manifest lists, or `None` when it does not exist.
-async fn listed(ctx: &Context, schema_id: i16) -> Result<Option<BTreeSet<String>>> {
+/// The keys the manifest lists, and the keys it records as retired by compaction (merged into
+/// a listed base, so deletable after the grace period).
+async fn listed(ctx: &Context, schema_id: i16) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
     let key = ctx.lake.layout.manifest_key(schema_id);
-    Ok(manifest::load(ctx.lake.store.as_ref(), &key, schema_id)
-        .await?
-        .map(|l| l.manifest.files.into_iter().map(|f| f.path).collect()))
+    Ok(
+        match manifest::load(ctx.lake.store.as_ref(), &key, schema_id).await? {
+            None => Default::default(),
+            Some(l) => (
+                l.manifest.files.iter().map(|f| f.path.clone()).collect(),
+                compact::retired_paths(&l.manifest),
+            ),
+        },
+    )
 }
 
 async fn collect(
@@ -247,7 +232,7 @@ async fn collect(
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
     let prefix = layout.schema_prefix(schema_id);
-    let listed_keys = listed(ctx, schema_id).await?.unwrap_or_default();
+    let (listed_keys, retired) = listed(ctx, schema_id).await?;
     let objects = store
         .list(&prefix)
         .await
@@ -288,6 +273,15 @@ async fn collect(
                     out.within_grace.push(o.key.clone());
                 }
             }
+            KeyKind::Delta { schema_id: s, .. } if s == schema_id && retired.contains(&o.key) => {
+                let first = state.first_unlisted_ms.get(&o.key).copied().unwrap_or(now);
+                seen.insert(o.key.clone(), first);
+                if now - first >= grace_ms && now - o.last_modified_ms >= grace_ms {
+                    due.push(o.key.clone());
+                } else {
+                    out.within_grace.push(o.key.clone());
+                }
+            }
             KeyKind::Delta { schema_id: s, .. } if s == schema_id => {
                 out.unlisted_deltas.push(o.key.clone())
             }
@@ -296,14 +290,16 @@ async fn collect(
     }
     if !due.is_empty() {
         // Second look: a writer may have listed a key since the first load.
-        let relisted = listed(ctx, schema_id).await?.unwrap_or_default();
+        let (relisted, _) = listed(ctx, schema_id).await?;
         due.retain(|k| !relisted.contains(k));
     }
     if !opts.dry_run {
+        let mut deleted_now = BTreeSet::new();
         for key in &due {
             match store.delete(key).await {
                 Ok(()) => {
                     seen.remove(key);
+                    deleted_now.insert(key.clone());
                 }
                 Err(source) => {
                     tracing::warn!(key, error = %source, "gc delete failed; retried next run");
@@ -317,6 +313,28 @@ async fn collect(
         };
         if new_state != state {
             save_state(store, &state_key, &new_state, state_etag).await?;
+        }
+        // Forget retired paths whose objects are gone.
+        let present: BTreeSet<&String> = objects.iter().map(|o| &o.key).collect();
+        let gone: BTreeSet<String> = retired
+            .iter()
+            .filter(|k| !present.contains(k) || deleted_now.contains(*k))
+            .cloned()
+            .collect();
+        if !gone.is_empty() {
+            let key = layout.manifest_key(schema_id);
+            manifest::commit(
+                store,
+                &key,
+                schema_id,
+                ctx.clock.as_ref(),
+                Default::default(),
+                |m| {
+                    compact::forget_retired(m, &gone);
+                    Ok(())
+                },
+            )
+            .await?;
         }
     }
     out.deleted = due

@@ -2,19 +2,21 @@
 //! directory.
 //!
 //! Layering (dependencies point down only):
-//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`] (and, as they land, init, compact, inspect);
+//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`] (and, as they land, init, inspect);
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
 //! - the domain model: [`schema`], [`config`], [`clock`].
 
 pub mod clock;
+pub mod compact;
 pub mod config;
 pub mod engine;
 pub mod error;
 pub mod flush;
 pub mod gc;
 pub mod init_db;
+pub mod job;
 pub mod lake;
 pub mod schema;
 pub mod shutdown;

@@ -12,27 +12,15 @@ use std::time::Instant;
 use futures::{StreamExt, stream};
 use serde::Serialize;
 
-use crate::config::Tables;
 use crate::error::{Error, Result};
+use crate::job;
+use crate::lake::footer;
 use crate::lake::manifest::{self, FileEntry};
-use crate::lake::{Lake, footer};
-use crate::shutdown::Shutdown;
-use crate::source::registry::{self, Registered};
-use crate::source::{Connector, SchemaLock};
+use crate::source::registry::Registered;
 use crate::store::StoreError;
 
-/// Everything verify needs.
-#[derive(Debug, Clone)]
-pub struct Context {
-    /// PostgreSQL (registry and locks).
-    pub connector: Connector,
-    /// Source table names.
-    pub tables: Tables,
-    /// The lake.
-    pub lake: Lake,
-    /// Stop request.
-    pub shutdown: Shutdown,
-}
+/// Verify runs with the shared lake-job context.
+pub use crate::job::Context;
 
 /// Verify options.
 #[derive(Debug, Clone)]
@@ -148,10 +136,7 @@ impl VerifyReport {
 
 /// Verifies the selected schemas.
 pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
-    let client = ctx.connector.connect().await?;
-    let registered = registry::list(&client, &ctx.tables.registry).await?;
-    drop(client);
-    let targets = registry::select(&registered, &opts.schemas)?;
+    let targets = job::select_schemas(ctx, &opts.schemas).await?;
     let mut schemas = Vec::with_capacity(targets.len());
     for reg in targets {
         if ctx.shutdown.is_requested() {
@@ -185,23 +170,17 @@ async fn verify_schema(ctx: &Context, opts: &VerifyOptions, reg: &Registered) ->
         error: None,
         duration_ms: 0,
     };
-    let result = match SchemaLock::try_acquire(&ctx.connector, reg.id).await {
-        Ok(None) => {
-            out.outcome = Outcome::Locked;
-            Ok(())
+    let result = job::with_lock(&ctx.connector, reg.id, async || {
+        check_schema(ctx, opts, reg.id, &mut out).await
+    })
+    .await;
+    match result {
+        Ok(Some(())) => {}
+        Ok(None) => out.outcome = Outcome::Locked,
+        Err(e) => {
+            out.outcome = Outcome::Failed;
+            out.error = Some(e.chain());
         }
-        Ok(Some(lock)) => {
-            let res = check_schema(ctx, opts, reg.id, &mut out).await;
-            if let Err(e) = lock.release().await {
-                tracing::warn!(error = %e.chain(), "schema lock release failed");
-            }
-            res
-        }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = result {
-        out.outcome = Outcome::Failed;
-        out.error = Some(e.chain());
     }
     out.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     out
@@ -221,8 +200,8 @@ async fn check_schema(
     };
     let entries = loaded.manifest.files;
     out.files = entries.len();
-    let checks: Vec<Result<Check>> = stream::iter(entries.iter())
-        .map(|e| check_entry(ctx, opts, e))
+    let checks: Vec<Result<Check>> = stream::iter(entries.clone())
+        .map(|e| async move { check_entry(ctx, opts, &e).await })
         .buffer_unordered(opts.parallelism.max(1))
         .collect()
         .await;

@@ -11,17 +11,21 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::sync::Arc;
 
 use lakecdc::clock::SystemClock;
-use lakecdc::config::{LakeLocation, TableName, Tables, parse_duration, parse_memory_limit};
+use lakecdc::compact::CompactOptions;
+use lakecdc::config::{
+    LakeLocation, TableName, Tables, parse_duration, parse_memory_limit, parse_ratio, parse_size,
+};
 use lakecdc::engine::EngineConfig;
 use lakecdc::flush::{Context as FlushContext, FlushHooks, FlushOptions};
-use lakecdc::gc::{Context as GcContext, GcOptions};
+use lakecdc::gc::GcOptions;
+use lakecdc::job::Context as JobContext;
 use lakecdc::lake::manifest::CommitPolicy;
 use lakecdc::lake::{Lake, Layout};
 use lakecdc::shutdown::Shutdown;
 use lakecdc::source::connect::PG_ENV_VARS;
 use lakecdc::source::{Connector, PgSettings};
 use lakecdc::store::s3::{S3Options, check_env_credentials};
-use lakecdc::verify::{Context as VerifyContext, VerifyOptions};
+use lakecdc::verify::VerifyOptions;
 use lakecdc::{Error, Result};
 
 /// Exports a PostgreSQL entity store into a verifiable Parquet lake on S3 or a local directory.
@@ -207,8 +211,31 @@ struct GcArgs {
     dry_run: bool,
 }
 
+#[derive(Debug, Args)]
+struct CompactArgs {
+    /// Promote (relabel) the deltas as base once they hold this many bytes.
+    #[arg(long, env = "LAKECDC_TARGET_BASE_SIZE", default_value = "256MiB")]
+    target_base_size: String,
+    /// Merge everything into one new base when delta rows / base rows exceeds this (0.05 or 5%).
+    #[arg(long, env = "LAKECDC_DIRTY_RATIO", default_value = "5%")]
+    dirty_ratio: String,
+    /// Merge even when a source's bytes do not match its manifest checksum.
+    #[arg(long, env = "LAKECDC_SKIP_INPUT_CHECKSUM_VERIFY")]
+    skip_input_checksum_verify: bool,
+    /// Whole-pass retries after losing a race with another writer.
+    #[arg(long, env = "LAKECDC_MAX_RETRIES", default_value_t = 5)]
+    max_retries: u32,
+    /// Print the plan; write nothing.
+    #[arg(long, env = "LAKECDC_DRY_RUN")]
+    dry_run: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Promote or merge deltas into UUID-named bases (run on a schedule; no lock needed).
+    Compact(CompactArgs),
     /// Delete staging, merged-base and init-base orphans past a grace period; report unlisted
     /// deltas and unknown keys (never deleted).
     Gc(GcArgs),
@@ -232,6 +259,7 @@ struct Validated {
     flush: Option<FlushOptions>,
     verify: Option<VerifyOptions>,
     gc: Option<GcOptions>,
+    compact: Option<CompactOptions>,
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -287,6 +315,7 @@ fn validate(g: &Global) -> Result<Validated> {
         flush: None,
         verify: None,
         gc: None,
+        compact: None,
     })
 }
 
@@ -344,6 +373,20 @@ fn verify_options(g: &Global, a: &VerifyArgs) -> Result<VerifyOptions> {
         schemas: g.schema.clone(),
         parallelism: a.parallelism.max(1),
         work_dir,
+    })
+}
+
+/// The shared context of the lake jobs (verify, gc, compact), with signal handling.
+async fn job_context(v: &Validated) -> Result<JobContext> {
+    let lake = open_lake(v).await?;
+    let shutdown = Shutdown::new();
+    watch_signals(shutdown.clone());
+    Ok(JobContext {
+        connector: v.connector.clone(),
+        tables: v.tables.clone(),
+        lake,
+        clock: Arc::new(SystemClock),
+        shutdown,
     })
 }
 
@@ -443,20 +486,21 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
             print_report(cli.global.json, &report, || report.to_text())?;
             Ok(if report.failed() { 1 } else { 0 })
         }
+        Command::Compact(_) => {
+            let opts = v
+                .compact
+                .clone()
+                .ok_or_else(|| Error::Invariant("compact options missing".into()))?;
+            let ctx = job_context(&v).await?;
+            let report = lakecdc::compact::run(&ctx, &opts, None).await?;
+            print_report(cli.global.json, &report, || report.to_text())?;
+            Ok(report.exit_code())
+        }
         Command::Gc(_) => {
             let opts =
                 v.gc.clone()
                     .ok_or_else(|| Error::Invariant("gc options missing".into()))?;
-            let lake = open_lake(&v).await?;
-            let shutdown = Shutdown::new();
-            watch_signals(shutdown.clone());
-            let ctx = GcContext {
-                connector: v.connector,
-                tables: v.tables,
-                lake,
-                clock: Arc::new(SystemClock),
-                shutdown,
-            };
+            let ctx = job_context(&v).await?;
             let report = lakecdc::gc::run(&ctx, &opts).await?;
             print_report(cli.global.json, &report, || report.to_text())?;
             Ok(report.exit_code())
@@ -466,15 +510,7 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
                 .verify
                 .clone()
                 .ok_or_else(|| Error::Invariant("verify options missing".into()))?;
-            let lake = open_lake(&v).await?;
-            let shutdown = Shutdown::new();
-            watch_signals(shutdown.clone());
-            let ctx = VerifyContext {
-                connector: v.connector,
-                tables: v.tables,
-                lake,
-                shutdown,
-            };
+            let ctx = job_context(&v).await?;
             let report = lakecdc::verify::run(&ctx, &opts).await?;
             print_report(cli.global.json, &report, || report.to_text())?;
             Ok(report.exit_code())
@@ -488,6 +524,20 @@ fn main() -> ExitCode {
         match &cli.command {
             Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
             Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),
+            Command::Compact(a) => {
+                let (engine, work_dir) = engine_config(&a.engine)?;
+                v.compact = Some(CompactOptions {
+                    schemas: cli.global.schema.clone(),
+                    target_base_size: parse_size("--target-base-size", &a.target_base_size)?,
+                    dirty_ratio: parse_ratio("--dirty-ratio", &a.dirty_ratio)?,
+                    skip_input_checksum_verify: a.skip_input_checksum_verify,
+                    max_retries: a.max_retries,
+                    dry_run: a.dry_run,
+                    work_dir,
+                    engine,
+                    download_parallelism: 4,
+                });
+            }
             Command::Gc(a) => {
                 let grace = parse_duration("--grace", &a.grace)?;
                 if grace.is_zero() {

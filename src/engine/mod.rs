@@ -165,3 +165,72 @@ pub(crate) fn quote_ident(name: &str) -> String {
 pub(crate) fn sql_string(s: &str) -> String {
     s.replace('\'', "''")
 }
+
+/// What a merge wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeStats {
+    /// Rows read from all sources.
+    pub rows_in: u64,
+    /// Rows in the merged file.
+    pub rows_out: u64,
+    /// Smallest `row_id` written (UUID byte order), if any row.
+    pub row_id_min: Option<String>,
+    /// Largest `row_id` written.
+    pub row_id_max: Option<String>,
+    /// Smallest `changed_at` written (0 when empty).
+    pub changed_min: i64,
+    /// Largest `changed_at` written (0 when empty).
+    pub changed_max: i64,
+}
+
+impl Engine {
+    /// Merges lake files into one base file: per `row_id` the copy with the highest
+    /// `changed_at` wins (on a tie the tombstone wins), tombstones are dropped, rows are sorted
+    /// by `row_id`. A merge with no survivors still writes a (zero-row) file.
+    pub fn merge(&self, sources: &[PathBuf], out: &Path) -> Result<MergeStats> {
+        if sources.is_empty() {
+            return Err(Error::Invariant("merge needs at least one source".into()));
+        }
+        let list: Vec<String> = sources
+            .iter()
+            .map(|p| format!("'{}'", sql_string(&p.display().to_string())))
+            .collect();
+        let scan = format!("read_parquet([{}], union_by_name = true)", list.join(", "));
+        let rows_in: i64 = self
+            .conn
+            .query_row(&format!("SELECT count(*) FROM {scan}"), [], |r| r.get(0))
+            .map_err(Error::duckdb("count merge input"))?;
+        let select = format!(
+            "SELECT * EXCLUDE (lakecdc_rn) REPLACE (COALESCE(deleted_at, 0) AS deleted_at) FROM (\
+             SELECT *, row_number() OVER (PARTITION BY row_id \
+             ORDER BY changed_at DESC, COALESCE(deleted_at, 0) DESC) AS lakecdc_rn FROM {scan}) \
+             WHERE lakecdc_rn = 1 AND COALESCE(deleted_at, 0) = 0 ORDER BY row_id"
+        );
+        let rows_out = self.copy_to_parquet(&select, out)?;
+        let out_scan = format!("read_parquet('{}')", sql_string(&out.display().to_string()));
+        let (row_id_min, row_id_max, changed_min, changed_max): (
+            Option<String>,
+            Option<String>,
+            i64,
+            i64,
+        ) = self
+            .conn
+            .query_row(
+                &format!(
+                    "SELECT min(row_id)::VARCHAR, max(row_id)::VARCHAR, \
+                     COALESCE(min(changed_at), 0), COALESCE(max(changed_at), 0) FROM {out_scan}"
+                ),
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .map_err(Error::duckdb("read merge output stats"))?;
+        Ok(MergeStats {
+            rows_in: u64::try_from(rows_in).unwrap_or(0),
+            rows_out,
+            row_id_min,
+            row_id_max,
+            changed_min,
+            changed_max,
+        })
+    }
+}

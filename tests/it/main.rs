@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod cli;
+mod compact;
 mod engine;
 mod flush;
 mod gc;

@@ -13,6 +13,7 @@ fn ctx(rig: &Rig) -> Context {
         connector: rig.ctx.connector.clone(),
         tables: rig.ctx.tables.clone(),
         lake: rig.ctx.lake.clone(),
+        clock: rig.ctx.clock.clone(),
         shutdown: Default::default(),
     }
 }

@@ -1,0 +1,51 @@
+//! What the lake jobs (verify, gc, compact) share: their context, the schema selection from
+//! the registry, and running a step under a schema's advisory lock.
+
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::config::Tables;
+use crate::error::Result;
+use crate::lake::Lake;
+use crate::shutdown::Shutdown;
+use crate::source::registry::{self, Registered};
+use crate::source::{Connector, SchemaLock};
+
+/// Everything a lake job needs besides its options.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// PostgreSQL (registry and locks).
+    pub connector: Connector,
+    /// Source table names.
+    pub tables: Tables,
+    /// The lake.
+    pub lake: Lake,
+    /// Time, so tests can move it.
+    pub clock: Arc<dyn Clock>,
+    /// Stop request.
+    pub shutdown: Shutdown,
+}
+
+/// The registered schemas named by `selectors` (all when empty), by id.
+pub async fn select_schemas(ctx: &Context, selectors: &[String]) -> Result<Vec<Registered>> {
+    let client = ctx.connector.connect().await?;
+    let registered = registry::list(&client, &ctx.tables.registry).await?;
+    registry::select(&registered, selectors)
+}
+
+/// Runs `work` while holding the schema's lock; `Ok(None)` when another session holds it.
+/// The lock is released on the connection that took it, whatever `work` returned.
+pub async fn with_lock<T>(
+    connector: &Connector,
+    schema_id: i16,
+    work: impl AsyncFnOnce() -> Result<T>,
+) -> Result<Option<T>> {
+    let Some(lock) = SchemaLock::try_acquire(connector, schema_id).await? else {
+        return Ok(None);
+    };
+    let out = work().await;
+    if let Err(e) = lock.release().await {
+        tracing::warn!(schema_id, error = %e.chain(), "schema lock release failed; closing its connection releases it");
+    }
+    out.map(Some)
+}

@@ -1,0 +1,447 @@
+//! `lakecdc compact` on SeaweedFS: the lake's state is identical before and after and equals
+//! PostgreSQL; every compaction hazard of study §10; a concurrent flush during a rewrite.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use lakecdc::compact::{CompactOptions, Decision, Hook, Outcome};
+use lakecdc::job::Context;
+use lakecdc::lake::KeyKind;
+use lakecdc::store::{ObjectStore, PutMode};
+
+use crate::flush::{LakeKind, Rig, rig};
+use crate::oracle;
+use crate::writer::{Customer, Rng};
+
+const MANIFEST: &str = "manifest/100.json";
+
+fn ctx(rig: &Rig) -> Context {
+    Context {
+        connector: rig.ctx.connector.clone(),
+        tables: rig.ctx.tables.clone(),
+        lake: rig.ctx.lake.clone(),
+        clock: rig.ctx.clock.clone(),
+        shutdown: Default::default(),
+    }
+}
+
+fn opts(rig: &Rig) -> CompactOptions {
+    CompactOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        ..CompactOptions::default()
+    }
+}
+
+async fn compact(rig: &Rig, o: &CompactOptions) -> lakecdc::compact::SchemaCompact {
+    let report = lakecdc::compact::run(&ctx(rig), o, None).await.unwrap();
+    report.schemas.into_iter().next().unwrap()
+}
+
+/// A lake with a base tier (promoted) and a delta tier over it.
+async fn lake_with_base_and_deltas(seed: u64) -> (Rig, Rng) {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(seed);
+    rig.seed(120, &mut r).await;
+    rig.flush().await;
+    let promote = CompactOptions {
+        target_base_size: 1,
+        ..opts(&rig)
+    };
+    let s = compact(&rig, &promote).await;
+    assert_eq!(s.plan.as_ref().unwrap().decision, Decision::Promote);
+    for _ in 0..60 {
+        rig.writer.random_op(&mut r).await;
+    }
+    // Deletes of rows that live in the base, and a delete → recreate.
+    let ids: Vec<_> = rig.writer.rows.keys().copied().take(3).collect();
+    rig.writer.hard_delete(ids[0]).await;
+    rig.writer.hard_delete(ids[1]).await;
+    rig.writer.create(ids[1], Customer::random(&mut r)).await;
+    rig.flush().await;
+    (rig, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rewrite_keeps_the_lake_state_and_retires_its_sources() {
+    let (rig, _) = lake_with_base_and_deltas(5).await;
+    let before = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    let sources = rig.listed().await;
+    assert!(sources.len() > 2);
+    let s = compact(&rig, &opts(&rig)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_eq!(s.plan.as_ref().unwrap().decision, Decision::Rewrite);
+    assert_eq!((s.files_in, s.files_out), (sources.len(), 1));
+    let after = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    assert_eq!(after, before, "compaction changed the lake's state");
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!(dirty, 0);
+    assert_eq!(compared, after.len());
+    // One base, UUID-named; every source still exists (#461) and is recorded as retired.
+    let listed = rig.listed().await;
+    assert_eq!(listed.len(), 1);
+    assert!(matches!(
+        rig.ctx.lake.layout.classify(&listed[0]),
+        KeyKind::MergedBase { schema_id: 100, .. }
+    ));
+    for src in &sources {
+        rig.store
+            .head(src)
+            .await
+            .unwrap_or_else(|e| panic!("source {src} was deleted: {e}"));
+    }
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let retired: Vec<&str> = m["retired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(retired.len(), sources.len());
+    // The merged file holds no tombstone and is sorted by row_id.
+    let rows = oracle::read_parquet(rig.store.get_bytes(&listed[0]).await.unwrap().bytes);
+    assert!(rows.iter().all(|(_, r)| r.deleted_at == 0));
+    assert!(rows.windows(2).all(|w| w[0].0 < w[1].0));
+    // A second rewrite (after more writes) never reuses a key (#188).
+    let first_base = listed[0].clone();
+    let mut rig = rig;
+    let mut r = Rng::new(6);
+    for _ in 0..40 {
+        rig.writer.random_op(&mut r).await;
+    }
+    rig.flush().await;
+    let s = compact(&rig, &opts(&rig)).await;
+    let second = s.new_base.unwrap();
+    assert_ne!(second, first_base);
+    rig.store.head(&first_base).await.unwrap();
+    assert_eq!(rig.assert_oracle().await.1, 0);
+}
+
+#[tokio::test]
+async fn a_corrupt_source_is_refused_unless_told_otherwise() {
+    // study §10 #347
+    let (rig, _) = lake_with_base_and_deltas(347).await;
+    let listed = rig.listed().await;
+    let victim = listed.last().unwrap().clone();
+    let mut bytes = rig.store.get_bytes(&victim).await.unwrap().bytes.to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    rig.store
+        .put_bytes(&victim, Bytes::from(bytes), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let manifest_before = rig.store.get_bytes(MANIFEST).await.unwrap().bytes;
+    let s = compact(&rig, &opts(&rig)).await;
+    assert_eq!(s.outcome, Outcome::Failed);
+    let err = s.error.unwrap();
+    assert!(
+        err.contains(&victim) && err.contains("checksum mismatch"),
+        "{err}"
+    );
+    assert_eq!(
+        rig.store.get_bytes(MANIFEST).await.unwrap().bytes,
+        manifest_before,
+        "something was published"
+    );
+    assert!(rig.keys("data/100/base-").await.is_empty());
+    // With the override the merge proceeds (the flipped byte may or may not decode).
+    let skip = CompactOptions {
+        skip_input_checksum_verify: true,
+        ..opts(&rig)
+    };
+    let s = compact(&rig, &skip).await;
+    if s.outcome == Outcome::Done {
+        assert_eq!(rig.listed().await.len(), 1);
+    } else {
+        assert!(!s.error.unwrap().contains("checksum mismatch"));
+    }
+}
+
+#[tokio::test]
+async fn entries_outside_the_lake_or_without_system_columns_are_refused() {
+    // study §10 #417 and #187/#189
+    let (rig, _) = lake_with_base_and_deltas(417).await;
+    let store = rig.store.clone();
+    let add = |path: &'static str| {
+        let store = store.clone();
+        async move {
+            lakecdc::lake::manifest::commit(
+                store.as_ref(),
+                MANIFEST,
+                100,
+                &lakecdc::clock::SystemClock,
+                Default::default(),
+                |m| {
+                    let mut e = m.files[0].clone();
+                    e.path = path.to_string();
+                    e.tier = lakecdc::lake::Tier::Delta;
+                    m.files.push(e);
+                    Ok(())
+                },
+            )
+            .await
+            .unwrap();
+        }
+    };
+    add("other-lake/100/0190a1b2-0000-7000-8000-000000000001.parquet").await;
+    let s = compact(&rig, &opts(&rig)).await;
+    assert_eq!(s.outcome, Outcome::Failed);
+    assert!(
+        s.error.unwrap().contains("other-lake/100"),
+        "refused naming the entry"
+    );
+    assert!(rig.keys("data/100/base-").await.is_empty());
+
+    // A listed file without `deleted_at`: write one and list it in place of the foreign entry.
+    let (rig2, _) = lake_with_base_and_deltas(189).await;
+    let bad = rig2.ctx.lake.layout.delta_key(100, uuid::Uuid::now_v7());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.parquet");
+    {
+        use arrow::array::{FixedSizeBinaryArray, Int64Array};
+        use arrow::datatypes::{DataType, Field, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            lakecdc::source::snapshot::uuid_field("row_id", false),
+            Field::new("changed_at", DataType::Int64, false),
+            Field::new("ltbase_created_at", DataType::Int64, false),
+        ]));
+        let batch = arrow::record_batch::RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(
+                    FixedSizeBinaryArray::try_from_iter(
+                        [uuid::Uuid::new_v4().into_bytes()].into_iter(),
+                    )
+                    .unwrap(),
+                ),
+                Arc::new(Int64Array::from(vec![1i64])),
+                Arc::new(Int64Array::from(vec![1i64])),
+            ],
+        )
+        .unwrap();
+        let engine = lakecdc::engine::Engine::open(&Default::default()).unwrap();
+        engine.write_parquet(&[batch], &path).unwrap();
+    }
+    let put = rig2.store.put_file(&bad, &path).await.unwrap();
+    lakecdc::lake::manifest::commit(
+        rig2.store.as_ref(),
+        MANIFEST,
+        100,
+        &lakecdc::clock::SystemClock,
+        Default::default(),
+        |m| {
+            let mut e = m.files[0].clone();
+            e.path = bad.clone();
+            e.tier = lakecdc::lake::Tier::Delta;
+            e.checksum = Some(put.checksum());
+            e.size_bytes = put.size as i64;
+            m.files.push(e);
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    let s = compact(&rig2, &opts(&rig2)).await;
+    assert_eq!(s.outcome, Outcome::Failed);
+    let err = s.error.unwrap();
+    assert!(err.contains("deleted_at is missing"), "{err}");
+    assert!(rig2.keys("data/100/base-").await.is_empty());
+}
+
+#[tokio::test]
+async fn an_all_tombstone_merge_publishes_a_zero_row_base() {
+    // study §10 #519
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(519);
+    let ids = rig.seed(20, &mut r).await;
+    rig.flush().await;
+    compact(
+        &rig,
+        &CompactOptions {
+            target_base_size: 1,
+            ..opts(&rig)
+        },
+    )
+    .await;
+    for id in ids {
+        rig.writer.hard_delete(id).await;
+    }
+    rig.flush().await;
+    let s = compact(&rig, &opts(&rig)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_eq!((s.rows_in, s.rows_out, s.files_out), (40, 0, 1));
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let files = m["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0]["tier"], "base");
+    assert_eq!(files[0]["row_count"], 0);
+    assert!(
+        oracle::lake_state(rig.store.as_ref(), MANIFEST)
+            .await
+            .is_empty()
+    );
+    rig.assert_oracle().await;
+}
+
+#[tokio::test]
+async fn a_schema_never_flushed_is_a_noop() {
+    // study §10 #524
+    let rig = rig(LakeKind::S3).await;
+    let report = lakecdc::compact::run(
+        &ctx(&rig),
+        &CompactOptions {
+            schemas: vec![],
+            ..opts(&rig)
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.exit_code(), 0);
+    assert!(
+        report
+            .schemas
+            .iter()
+            .all(|s| s.outcome == Outcome::NoManifest)
+    );
+    assert!(rig.store.writes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flush_committing_during_a_rewrite_keeps_its_delta() {
+    let (mut rig, mut r) = lake_with_base_and_deltas(77).await;
+    let before_listed = rig.listed().await;
+    // While the rewrite's base is staged, a flush commits a new delta.
+    let ids: Vec<_> = rig
+        .writer
+        .rows
+        .iter()
+        .filter(|(_, m)| !m.soft_deleted)
+        .map(|(k, _)| *k)
+        .take(5)
+        .collect();
+    for id in &ids {
+        rig.writer.update(*id, Customer::random(&mut r)).await;
+    }
+    let (fctx, fopts) = (rig.ctx.clone(), rig.opts.clone());
+    let hook: Hook = Arc::new(move |_| {
+        let (c, o) = (fctx.clone(), fopts.clone());
+        async move {
+            let report = lakecdc::flush::run(&c, &o, &Default::default())
+                .await
+                .unwrap();
+            assert_eq!(report.schemas[0].rows_marked, 5);
+        }
+        .boxed()
+    });
+    let report = lakecdc::compact::run(&ctx(&rig), &opts(&rig), Some(hook))
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    let listed = rig.listed().await;
+    assert_eq!(
+        listed.len(),
+        2,
+        "the new base and the concurrent delta: {listed:?}"
+    );
+    let base = s.new_base.clone().unwrap();
+    assert!(listed.contains(&base));
+    let delta = listed.iter().find(|k| **k != base).unwrap();
+    assert!(!before_listed.contains(delta));
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!(dirty, 0);
+    assert!(compared > 0);
+    let _ = &mut rig;
+}
+
+#[tokio::test]
+async fn gc_deletes_retired_sources_past_the_grace() {
+    use lakecdc::clock::{Clock, ManualClock, SystemClock};
+    let (rig, _) = lake_with_base_and_deltas(461).await;
+    let sources = rig.listed().await;
+    compact(&rig, &opts(&rig)).await;
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let gctx = Context {
+        clock: clock.clone(),
+        ..ctx(&rig)
+    };
+    let gopts = lakecdc::gc::GcOptions {
+        schemas: vec!["customer".into()],
+        grace: std::time::Duration::from_secs(900),
+        dry_run: false,
+    };
+    let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    assert_eq!(report.schemas[0].within_grace.len(), sources.len());
+    assert!(
+        report.schemas[0].unlisted_deltas.is_empty(),
+        "retired deltas are not 'unlisted deltas'"
+    );
+    clock.advance(16 * 60_000);
+    let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    assert_eq!(report.schemas[0].deleted.len(), sources.len());
+    assert_eq!(report.exit_code(), 0);
+    for src in &sources {
+        assert!(rig.store.head(src).await.unwrap_err().is_not_found());
+    }
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert!(m["retired"].as_array().unwrap().is_empty());
+    rig.assert_oracle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_conflicting_save_is_retried_and_keeps_the_concurrent_delta() {
+    use lakecdc::store::fault::{Action, Gate, Op};
+    let (mut rig, mut r) = lake_with_base_and_deltas(78).await;
+    let ids: Vec<_> = rig
+        .writer
+        .rows
+        .iter()
+        .filter(|(_, m)| !m.soft_deleted)
+        .map(|(k, _)| *k)
+        .take(4)
+        .collect();
+    for id in &ids {
+        rig.writer.update(*id, Customer::random(&mut r)).await;
+    }
+    // Hold the compactor's manifest save; a flush commits meanwhile.
+    let gate = Gate::new();
+    rig.store.arm(
+        Op::PutBytes,
+        Some("manifest/"),
+        1,
+        Action::Pause(gate.clone()),
+    );
+    let calls_before = rig.store.calls().len();
+    let c = ctx(&rig);
+    let o = opts(&rig);
+    let task = tokio::spawn(async move { lakecdc::compact::run(&c, &o, None).await });
+    gate.wait_reached().await;
+    let report = rig.flush().await;
+    assert_eq!(report.schemas[0].rows_marked, 4);
+    gate.release();
+    let report = task.await.unwrap().unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    let manifest_puts = rig.store.calls()[calls_before..]
+        .iter()
+        .filter(|c| c.op == Op::PutBytes && c.key == MANIFEST)
+        .count();
+    assert_eq!(
+        manifest_puts, 3,
+        "compactor (conflict), flush, compactor (retry)"
+    );
+    let listed = rig.listed().await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.contains(s.new_base.as_ref().unwrap()));
+    let (_, dirty) = rig.assert_oracle().await;
+    assert_eq!(dirty, 0);
+    let _ = &mut rig;
+}
