@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Benchmarks, each measured against a baseline taken in the same run on the same machine.
 #
-#   scripts/bench.sh flush [N]   # N-change backlog (default 1,000,000) → one `lakecdc flush --force`
+#   scripts/bench.sh flush [N]     # N-change backlog (default 1,000,000) → one `lakecdc flush --force`
+#   scripts/bench.sh compact [N]   # N base rows + N/10 delta rows → one `lakecdc compact` rewrite
 #
 # flush: seeds N entities of the DESIGN §7 shape (18 bound columns, 3 EAV attributes each) with
 # one dirty change_log slot each, measures the read floor (`COPY … (FORMAT binary)` of the
 # entity and EAV rows), then times one forced flush to SeaweedFS and an idle run. Prints
 # changes/s, the ratio flush / read floor, peak RSS, and the idle-run time.
 # Target (DESIGN §7): ≥ 100,000 changes/s; an idle run well under a second.
+#
+# compact: flushes and promotes N entities into the base tier, updates N/10 of them (writer
+# contract) and flushes those, then times one `lakecdc compact` rewrite of base + deltas,
+# against the read floor of the same files (DuckDB counting them). Target: ≥ 300,000 rows/s.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,9 +23,9 @@ export LAKECDC_SERVICES_DIR="${LAKECDC_BENCH_SERVICES_DIR:-/var/tmp/lakecdc-benc
 what="${1:-flush}"
 N="${2:-1000000}"
 case "$what" in
-flush) ;;
+flush | compact) ;;
 *)
-	echo "usage: scripts/bench.sh flush [N]" >&2
+	echo "usage: scripts/bench.sh flush|compact [N]" >&2
 	exit 2
 	;;
 esac
@@ -73,6 +78,43 @@ t0=$(now)
 $PSQL "$PGURL" -c "\\copy (SELECT * FROM entity_main) TO '/dev/null' WITH (FORMAT binary)"
 $PSQL "$PGURL" -c "\\copy (SELECT * FROM eav_data) TO '/dev/null' WITH (FORMAT binary)"
 floor=$(secs "$t0" "$(now)")
+
+if [ "$what" = compact ]; then
+	work=$(mktemp -d)
+	"$BIN" -q flush --force --time-budget 1h --work-dir "$work" >/dev/null
+	"$BIN" -q compact --target-base-size 1 --work-dir "$work" >/dev/null
+	echo "bench: updating $((N / 10)) rows" >&2
+	$PSQL "$PGURL" <<SQL
+WITH upd AS (
+  UPDATE entity_main SET text_01 = text_01 || ' (updated)', integer_02 = integer_02 + 1,
+         ltbase_updated_at = GREATEST((extract(epoch FROM clock_timestamp()) * 1000)::bigint, ltbase_updated_at + 1)
+  WHERE ltbase_schema_id = 100 AND ltbase_created_at % 10 = 0
+  RETURNING ltbase_row_id, ltbase_updated_at)
+INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at)
+SELECT 100, ltbase_row_id, 0, ltbase_updated_at FROM upd;
+SQL
+	"$BIN" -q flush --force --time-budget 1h --work-dir "$work" >/dev/null
+	report=$(mktemp)
+	timing=$(mktemp)
+	t0=$(now)
+	/usr/bin/time -v -o "$timing" "$BIN" -q compact --json --work-dir "$work" --memory-limit 1GB >"$report"
+	compact=$(secs "$t0" "$(now)")
+	rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$timing")
+	python3 - "$report" "$compact" "$rss_kb" "$floor" <<'PY'
+import json, sys
+report, secs, rss_kb, floor = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+s = json.load(open(report))["schemas"][0]
+assert s["outcome"] == "done" and s["plan"]["decision"] == "rewrite", s
+print(f"compact bench: rewrite of {s['plan']['base_rows']} base rows + {s['plan']['delta_rows']} delta rows "
+      f"({s['files_in']} files) into {s['rows_out']} rows, {s['bytes_out'] / 2**20:.1f} MiB")
+print(f"  lakecdc compact (download, verify, merge, upload, commit): {secs:.2f} s "
+      f"= {s['rows_in'] / secs:,.0f} rows/s (target >= 300,000)")
+print(f"  PostgreSQL read floor of the same rows (COPY binary):      {floor:.2f} s")
+print(f"  peak RSS:                                                  {rss_kb / 1024:.0f} MiB")
+PY
+	rm -rf "$report" "$timing" "$work"
+	exit 0
+fi
 
 report=$(mktemp)
 timing=$(mktemp)

@@ -8,7 +8,8 @@
 # source tables and registers the example schemas (init-db), loads about 100k entities over two
 # schemas, exports them, promotes the export to the base tier, applies a burst of application
 # writes (updates, deletes, recreates), shows what the next flush would do (--dry-run), flushes,
-# merges base and deltas (compact), shows what gc would delete, and verifies the lake.
+# merges base and deltas (compact), shows what gc would delete, and verifies the lake; inspect
+# shows the state in between.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -80,6 +81,9 @@ say "lakecdc compact --target-base-size 1MiB   (the first export becomes the bas
 say "a burst of application writes: updates, deletes, recreates"
 $PSQL "$LAKECDC_PG_URL" -v customer="$customer" -v order="$order" \
 	-v customers="$CUSTOMERS" -v orders="$ORDERS" -f scripts/demo/burst.sql
+
+say "lakecdc inspect   (what each job would do now; read-only)"
+"$BIN" -q inspect
 
 say "lakecdc flush   (the cron job: below --min-records 20000 and --max-age 1h, nothing is due yet)"
 "$BIN" -q flush

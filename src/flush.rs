@@ -398,8 +398,8 @@ async fn flush_schema(
     report
 }
 
-/// Why a schema is (not) due, or `None` when it is.
-fn below_threshold(opts: &FlushOptions, count: i64, oldest: i64, now: i64) -> Option<String> {
+/// Why a schema is not due for a flush, or `None` when it is (also used by inspect).
+pub fn below_threshold(opts: &FlushOptions, count: i64, oldest: i64, now: i64) -> Option<String> {
     let age_ms = now.saturating_sub(oldest);
     let max_age_ms = i64::try_from(opts.max_age.as_millis()).unwrap_or(i64::MAX);
     if opts.force || count >= opts.min_records || (oldest > 0 && age_ms >= max_age_ms) {

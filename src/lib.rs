@@ -2,7 +2,7 @@
 //! directory.
 //!
 //! Layering (dependencies point down only):
-//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`] (and, as they land, init, inspect);
+//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`], [`inspect`] (and, as it lands, init);
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
@@ -16,6 +16,7 @@ pub mod error;
 pub mod flush;
 pub mod gc;
 pub mod init_db;
+pub mod inspect;
 pub mod job;
 pub mod lake;
 pub mod schema;

@@ -232,8 +232,26 @@ struct CompactArgs {
     engine: EngineArgs,
 }
 
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// The flush threshold to evaluate: rows.
+    #[arg(long, env = "LAKECDC_MIN_RECORDS", default_value_t = 20_000)]
+    min_records: i64,
+    /// The flush threshold to evaluate: age of the oldest dirty row.
+    #[arg(long, env = "LAKECDC_MAX_AGE", default_value = "1h")]
+    max_age: String,
+    /// The compaction promote threshold to evaluate.
+    #[arg(long, env = "LAKECDC_TARGET_BASE_SIZE", default_value = "256MiB")]
+    target_base_size: String,
+    /// The compaction rewrite threshold to evaluate.
+    #[arg(long, env = "LAKECDC_DIRTY_RATIO", default_value = "5%")]
+    dirty_ratio: String,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Show per schema what each job would do now (read-only: no lock, nothing written).
+    Inspect(InspectArgs),
     /// Promote or merge deltas into UUID-named bases (run on a schedule; no lock needed).
     Compact(CompactArgs),
     /// Delete staging, merged-base and init-base orphans past a grace period; report unlisted
@@ -260,6 +278,7 @@ struct Validated {
     verify: Option<VerifyOptions>,
     gc: Option<GcOptions>,
     compact: Option<CompactOptions>,
+    inspect: Option<(FlushOptions, CompactOptions)>,
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -316,6 +335,7 @@ fn validate(g: &Global) -> Result<Validated> {
         verify: None,
         gc: None,
         compact: None,
+        inspect: None,
     })
 }
 
@@ -486,6 +506,16 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
             print_report(cli.global.json, &report, || report.to_text())?;
             Ok(if report.failed() { 1 } else { 0 })
         }
+        Command::Inspect(_) => {
+            let (flush, compact) = v
+                .inspect
+                .clone()
+                .ok_or_else(|| Error::Invariant("inspect options missing".into()))?;
+            let ctx = job_context(&v).await?;
+            let report = lakecdc::inspect::run(&ctx, &cli.global.schema, &flush, &compact).await?;
+            print_report(cli.global.json, &report, || report.to_text())?;
+            Ok(0)
+        }
         Command::Compact(_) => {
             let opts = v
                 .compact
@@ -524,6 +554,19 @@ fn main() -> ExitCode {
         match &cli.command {
             Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
             Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),
+            Command::Inspect(a) => {
+                let flush = FlushOptions {
+                    min_records: a.min_records,
+                    max_age: parse_duration("--max-age", &a.max_age)?,
+                    ..FlushOptions::default()
+                };
+                let compact = CompactOptions {
+                    target_base_size: parse_size("--target-base-size", &a.target_base_size)?,
+                    dirty_ratio: parse_ratio("--dirty-ratio", &a.dirty_ratio)?,
+                    ..CompactOptions::default()
+                };
+                v.inspect = Some((flush, compact));
+            }
             Command::Compact(a) => {
                 let (engine, work_dir) = engine_config(&a.engine)?;
                 v.compact = Some(CompactOptions {

@@ -73,3 +73,40 @@ impl SchemaLock {
         Ok(row.get(0))
     }
 }
+
+/// The session holding a schema's lock, as PostgreSQL reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LockHolder {
+    /// Backend pid.
+    pub pid: i32,
+    /// The holder's `application_name` (lakecdc sets `lakecdc`).
+    pub application_name: String,
+    /// When the holding session started (the lock's connection is dedicated), epoch ms.
+    pub since_ms: i64,
+    /// Client address, when connected over TCP.
+    pub client_addr: Option<String>,
+}
+
+/// Who holds `schema_id`'s lock, from `pg_locks` and `pg_stat_activity`; never takes it.
+pub async fn holder(client: &Client, schema_id: i16) -> Result<Option<LockHolder>> {
+    let row = timed(
+        std::time::Duration::from_secs(30),
+        "read lock holder",
+        client.query_opt(
+            "SELECT a.pid, COALESCE(a.application_name, ''), \
+             (extract(epoch FROM a.backend_start) * 1000)::int8, host(a.client_addr) \
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+             AND l.classid = $1::int4::oid AND l.objid = $1::int4::oid AND l.database = \
+             (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1",
+            &[&i32::from(schema_id)],
+        ),
+    )
+    .await?;
+    Ok(row.map(|r| LockHolder {
+        pid: r.get(0),
+        application_name: r.get(1),
+        since_ms: r.get(2),
+        client_addr: r.get(3),
+    }))
+}

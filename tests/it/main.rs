@@ -11,6 +11,7 @@ mod flush;
 mod gc;
 mod harness;
 mod init_db;
+mod inspect;
 mod manifest;
 mod oracle;
 mod source;

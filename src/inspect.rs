@@ -1,0 +1,251 @@
+//! `lakecdc inspect`: per schema, what each job would do now — read-only: no lock is taken and
+//! nothing is written anywhere. Dirty rows and the age of the oldest, whether flush would run
+//! and why, the lock holder (from `pg_locks` and `pg_stat_activity`), the manifest per tier,
+//! the dirty ratio and compaction decision, unlisted objects by class, and a warning when the
+//! `change_log` index is missing.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::compact::{self, CompactOptions, Plan};
+use crate::error::Result;
+use crate::flush::{FlushOptions, below_threshold};
+use crate::job::{self, Context};
+use crate::lake::KeyKind;
+use crate::lake::manifest::{self, Tier};
+use crate::source::lock::{self, LockHolder};
+use crate::source::registry::Registered;
+use crate::source::{ddl, stats};
+
+/// Files, rows and bytes of one tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TierSummary {
+    /// Listed files.
+    pub files: usize,
+    /// Rows in them.
+    pub rows: i64,
+    /// Bytes.
+    pub bytes: i64,
+}
+
+/// What inspect found for one schema.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SchemaInspect {
+    /// Schema id.
+    pub schema_id: i16,
+    /// Schema name.
+    pub schema: String,
+    /// Dirty rows.
+    pub dirty_rows: i64,
+    /// Age of the oldest dirty row in seconds (0 when none; negative when ahead of the clock).
+    pub oldest_dirty_age_s: i64,
+    /// Whether a flush run now (without --force) would export this schema.
+    pub flush_would_run: bool,
+    /// Why (not).
+    pub flush_reason: String,
+    /// The session holding the schema lock, if any.
+    pub lock_holder: Option<LockHolder>,
+    /// Whether the schema has a manifest.
+    pub manifest: bool,
+    /// Manifest version.
+    pub manifest_version: i64,
+    /// Base tier.
+    pub base: TierSummary,
+    /// Delta tier.
+    pub delta: TierSummary,
+    /// Compaction plan (decision, dirty ratio and the numbers behind it).
+    pub compaction: Option<Plan>,
+    /// Unlisted objects by class: tmp, merged_base, init_base, delta, retired, unknown.
+    pub unlisted: BTreeMap<&'static str, usize>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InspectReport {
+    /// Per schema, by id.
+    pub schemas: Vec<SchemaInspect>,
+    /// Problems with the source itself (e.g. a missing index).
+    pub warnings: Vec<String>,
+}
+
+impl InspectReport {
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for w in &self.warnings {
+            out.push_str(&format!("WARNING: {w}\n"));
+        }
+        for s in &self.schemas {
+            out.push_str(&format!("schema {} (id {})\n", s.schema, s.schema_id));
+            out.push_str(&format!(
+                "  dirty rows        {} (oldest {}s)\n",
+                s.dirty_rows, s.oldest_dirty_age_s
+            ));
+            out.push_str(&format!(
+                "  flush now         {} — {}\n",
+                if s.flush_would_run { "yes" } else { "no" },
+                s.flush_reason
+            ));
+            match &s.lock_holder {
+                Some(h) => out.push_str(&format!(
+                    "  lock              held by pid {} ({}) since {} ms{}\n",
+                    h.pid,
+                    h.application_name,
+                    h.since_ms,
+                    h.client_addr
+                        .as_deref()
+                        .map(|a| format!(" from {a}"))
+                        .unwrap_or_default()
+                )),
+                None => out.push_str("  lock              free\n"),
+            }
+            if s.manifest {
+                out.push_str(&format!(
+                    "  manifest          version {}; base {} files / {} rows / {} bytes; delta {} files / {} rows / {} bytes\n",
+                    s.manifest_version, s.base.files, s.base.rows, s.base.bytes, s.delta.files,
+                    s.delta.rows, s.delta.bytes
+                ));
+            } else {
+                out.push_str("  manifest          none (never exported)\n");
+            }
+            if let Some(p) = &s.compaction {
+                let d = serde_json::to_value(p.decision)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    "  compaction        {d} (dirty ratio {:.4}): {}\n",
+                    p.dirty_ratio, p.reason
+                ));
+            }
+            let unlisted: Vec<String> = s
+                .unlisted
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            out.push_str(&format!(
+                "  unlisted objects  {}\n",
+                if unlisted.is_empty() {
+                    "none".to_string()
+                } else {
+                    unlisted.join(", ")
+                }
+            ));
+        }
+        out
+    }
+}
+
+/// Inspects the selected schemas (all registered when `schemas` is empty).
+pub async fn run(
+    ctx: &Context,
+    schemas: &[String],
+    flush: &FlushOptions,
+    compact_opts: &CompactOptions,
+) -> Result<InspectReport> {
+    let client = ctx.connector.connect().await?;
+    let mut warnings = Vec::new();
+    if !ddl::change_log_index_exists(&client, &ctx.tables).await? {
+        warnings.push(format!(
+            "{} has no (schema_id, flushed_at, changed_at) index: flush scans the table; run init-db to create it",
+            ctx.tables.change_log.quoted()
+        ));
+    }
+    let mut out = Vec::new();
+    for reg in job::select_schemas(ctx, schemas).await? {
+        out.push(inspect_schema(ctx, &client, &reg, flush, compact_opts).await?);
+    }
+    Ok(InspectReport {
+        schemas: out,
+        warnings,
+    })
+}
+
+async fn inspect_schema(
+    ctx: &Context,
+    client: &tokio_postgres::Client,
+    reg: &Registered,
+    flush: &FlushOptions,
+    compact_opts: &CompactOptions,
+) -> Result<SchemaInspect> {
+    let now = ctx.clock.now_ms();
+    let dirty = stats::dirty(client, &ctx.tables.change_log, reg.id).await?;
+    let reason = below_threshold(flush, dirty.count, dirty.oldest_changed_at, now);
+    let (flush_would_run, flush_reason) = match (dirty.count, reason) {
+        (0, _) => (false, "no dirty rows".to_string()),
+        (_, Some(why)) => (false, why),
+        (n, None) => (true, format!("{n} dirty rows reach a threshold")),
+    };
+    let store = ctx.lake.store.as_ref();
+    let layout = &ctx.lake.layout;
+    let loaded = manifest::load(store, &layout.manifest_key(reg.id), reg.id).await?;
+    let tier = |t: Tier| {
+        loaded.as_ref().map_or(TierSummary::default(), |l| {
+            l.manifest
+                .tier(t)
+                .fold(TierSummary::default(), |a, f| TierSummary {
+                    files: a.files + 1,
+                    rows: a.rows + f.row_count,
+                    bytes: a.bytes + f.size_bytes,
+                })
+        })
+    };
+    let listed: std::collections::BTreeSet<String> = loaded
+        .as_ref()
+        .map(|l| l.manifest.files.iter().map(|f| f.path.clone()).collect())
+        .unwrap_or_default();
+    let retired = loaded
+        .as_ref()
+        .map(|l| compact::retired_paths(&l.manifest))
+        .unwrap_or_default();
+    let prefix = layout.schema_prefix(reg.id);
+    let objects = store
+        .list(&prefix)
+        .await
+        .map_err(crate::error::Error::storage("list schema prefix", prefix))?;
+    let mut unlisted: BTreeMap<&'static str, usize> = [
+        "tmp",
+        "merged_base",
+        "init_base",
+        "delta",
+        "retired",
+        "unknown",
+    ]
+    .into_iter()
+    .map(|k| (k, 0))
+    .collect();
+    for o in objects.iter().filter(|o| !listed.contains(&o.key)) {
+        let class = match layout.classify(&o.key) {
+            _ if retired.contains(&o.key) => "retired",
+            KeyKind::Tmp { .. } => "tmp",
+            KeyKind::MergedBase { .. } => "merged_base",
+            KeyKind::InitBase { .. } => "init_base",
+            KeyKind::Delta { .. } => "delta",
+            KeyKind::Unknown => "unknown",
+        };
+        *unlisted.entry(class).or_default() += 1;
+    }
+    Ok(SchemaInspect {
+        schema_id: reg.id,
+        schema: reg.name.clone(),
+        dirty_rows: dirty.count,
+        oldest_dirty_age_s: if dirty.count > 0 {
+            (now - dirty.oldest_changed_at) / 1000
+        } else {
+            0
+        },
+        flush_would_run,
+        flush_reason,
+        lock_holder: lock::holder(client, reg.id).await?,
+        manifest: loaded.is_some(),
+        manifest_version: loaded.as_ref().map_or(0, |l| l.manifest.version),
+        base: tier(Tier::Base),
+        delta: tier(Tier::Delta),
+        compaction: loaded
+            .as_ref()
+            .map(|l| compact::plan(&l.manifest, compact_opts)),
+        unlisted,
+    })
+}
