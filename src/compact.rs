@@ -297,14 +297,11 @@ pub async fn run(
     opts: &CompactOptions,
     hook: Option<Hook>,
 ) -> Result<CompactReport> {
-    let targets = job::select_schemas(ctx, &opts.schemas).await?;
-    let mut schemas = Vec::with_capacity(targets.len());
-    for reg in targets {
-        if ctx.shutdown.is_requested() {
-            break;
-        }
-        schemas.push(compact_schema(ctx, opts, hook.clone(), &reg).await);
-    }
+    let schemas = job::each_schema(ctx, &opts.schemas, |reg| {
+        let hook = hook.clone();
+        async move { compact_schema(ctx, opts, hook, &reg).await }
+    })
+    .await?;
     let report = CompactReport {
         dry_run: opts.dry_run,
         schemas,

@@ -159,14 +159,10 @@ impl GcReport {
 
 /// Runs gc over the selected schemas.
 pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
-    let targets = job::select_schemas(ctx, &opts.schemas).await?;
-    let mut schemas = Vec::with_capacity(targets.len());
-    for reg in targets {
-        if ctx.shutdown.is_requested() {
-            break;
-        }
-        schemas.push(gc_schema(ctx, opts, &reg).await);
-    }
+    let schemas = job::each_schema(ctx, &opts.schemas, |reg| async move {
+        gc_schema(ctx, opts, &reg).await
+    })
+    .await?;
     let report = GcReport {
         dry_run: opts.dry_run,
         schemas,

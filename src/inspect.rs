@@ -153,10 +153,13 @@ pub async fn run(
             ctx.tables.change_log.quoted()
         ));
     }
-    let mut out = Vec::new();
-    for reg in job::select_schemas(ctx, schemas).await? {
-        out.push(inspect_schema(ctx, &client, &reg, flush, compact_opts).await?);
-    }
+    let client = &client;
+    let out = job::each_schema(ctx, schemas, |reg| async move {
+        inspect_schema(ctx, client, &reg, flush, compact_opts).await
+    })
+    .await?
+    .into_iter()
+    .collect::<Result<Vec<_>>>()?;
     Ok(InspectReport {
         schemas: out,
         warnings,

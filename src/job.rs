@@ -49,3 +49,20 @@ pub async fn with_lock<T>(
     }
     out.map(Some)
 }
+
+/// Runs `work` for each selected schema, in id order, stopping early on a stop request.
+pub async fn each_schema<T, F: std::future::Future<Output = T>>(
+    ctx: &Context,
+    selectors: &[String],
+    mut work: impl FnMut(Registered) -> F,
+) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for reg in select_schemas(ctx, selectors).await? {
+        if ctx.shutdown.is_requested() {
+            tracing::warn!("stop requested: remaining schemas skipped");
+            break;
+        }
+        out.push(work(reg).await);
+    }
+    Ok(out)
+}

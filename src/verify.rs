@@ -136,14 +136,10 @@ impl VerifyReport {
 
 /// Verifies the selected schemas.
 pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
-    let targets = job::select_schemas(ctx, &opts.schemas).await?;
-    let mut schemas = Vec::with_capacity(targets.len());
-    for reg in targets {
-        if ctx.shutdown.is_requested() {
-            break;
-        }
-        schemas.push(verify_schema(ctx, opts, &reg).await);
-    }
+    let schemas = job::each_schema(ctx, &opts.schemas, |reg| async move {
+        verify_schema(ctx, opts, &reg).await
+    })
+    .await?;
     let report = VerifyReport { schemas };
     tracing::info!(
         schemas = report.schemas.len(),
