@@ -6,7 +6,7 @@
 #
 # Builds lakecdc, starts a throwaway PostgreSQL (or uses LAKECDC_PG_URL when set), creates the
 # source tables and registers the example schemas (init-db), loads about 100k entities over two
-# schemas, exports them, promotes the export to the base tier, applies a burst of application
+# schemas, exports them as the base tier (init), applies a burst of application
 # writes (updates, deletes, recreates), shows what the next flush would do (--dry-run), flushes,
 # merges base and deltas (compact), shows what gc would delete, and verifies the lake; inspect
 # shows the state in between.
@@ -72,11 +72,8 @@ say "loading $CUSTOMERS customers and $ORDERS orders"
 $PSQL "$LAKECDC_PG_URL" -v customer="$customer" -v order="$order" \
 	-v customers="$CUSTOMERS" -v orders="$ORDERS" -f scripts/demo/load.sql
 
-say "lakecdc flush --force   (first export of every row)"
-"$BIN" -q flush --force
-
-say "lakecdc compact --target-base-size 1MiB   (the first export becomes the base tier: promote)"
-"$BIN" -q compact --target-base-size 1MiB
+say "lakecdc init   (every live entity → base files; the schema enters the lake)"
+"$BIN" -q init
 
 say "a burst of application writes: updates, deletes, recreates"
 $PSQL "$LAKECDC_PG_URL" -v customer="$customer" -v order="$order" \

@@ -636,8 +636,9 @@ async fn rewrite(
     }
 }
 
-/// Records merged paths under the manifest's `retired` list (kept for gc).
-fn retire(m: &mut Manifest, paths: &BTreeSet<String>, now: i64) {
+/// Records merged or replaced paths under the manifest's `retired` list (deleted by gc after
+/// its grace period).
+pub fn retire(m: &mut Manifest, paths: &BTreeSet<String>, now: i64) {
     let list = m
         .extra
         .entry(RETIRED.to_string())

@@ -2,7 +2,7 @@
 //! directory.
 //!
 //! Layering (dependencies point down only):
-//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`], [`inspect`] (and, as it lands, init);
+//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`], [`inspect`], [`init`];
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod flush;
 pub mod gc;
+pub mod init;
 pub mod init_db;
 pub mod inspect;
 pub mod job;

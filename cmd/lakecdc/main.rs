@@ -18,6 +18,7 @@ use lakecdc::config::{
 use lakecdc::engine::EngineConfig;
 use lakecdc::flush::{Context as FlushContext, FlushHooks, FlushOptions};
 use lakecdc::gc::GcOptions;
+use lakecdc::init::InitOptions;
 use lakecdc::job::Context as JobContext;
 use lakecdc::lake::manifest::CommitPolicy;
 use lakecdc::lake::{Lake, Layout};
@@ -248,8 +249,32 @@ struct InspectArgs {
     dirty_ratio: String,
 }
 
+#[derive(Debug, Args)]
+struct InitArgs {
+    /// Replace a delta tier (deleted once the new base tier is committed) instead of refusing.
+    #[arg(long, env = "LAKECDC_REPLACE_DELTA")]
+    replace_delta: bool,
+    /// Aimed-for size of each base file.
+    #[arg(long, env = "LAKECDC_TARGET_FILE_SIZE", default_value = "256MiB")]
+    target_file_size: String,
+    /// Most rows in one base file (bounds what DuckDB stages at once).
+    #[arg(long, env = "LAKECDC_MAX_FILE_ROWS", default_value_t = 1_000_000)]
+    max_file_rows: u64,
+    /// Rows read per keyset page.
+    #[arg(long, env = "LAKECDC_PAGE_ROWS", default_value_t = 50_000)]
+    page_rows: i64,
+    /// Count live rows and estimate files and bytes; write nothing.
+    #[arg(long, env = "LAKECDC_DRY_RUN")]
+    dry_run: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Export every live entity as base files, replacing the base tier (once per schema, or to
+    /// rebuild it).
+    Init(InitArgs),
     /// Show per schema what each job would do now (read-only: no lock, nothing written).
     Inspect(InspectArgs),
     /// Promote or merge deltas into UUID-named bases (run on a schedule; no lock needed).
@@ -279,6 +304,7 @@ struct Validated {
     gc: Option<GcOptions>,
     compact: Option<CompactOptions>,
     inspect: Option<(FlushOptions, CompactOptions)>,
+    init: Option<InitOptions>,
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -336,6 +362,7 @@ fn validate(g: &Global) -> Result<Validated> {
         gc: None,
         compact: None,
         inspect: None,
+        init: None,
     })
 }
 
@@ -393,6 +420,19 @@ fn verify_options(g: &Global, a: &VerifyArgs) -> Result<VerifyOptions> {
         schemas: g.schema.clone(),
         parallelism: a.parallelism.max(1),
         work_dir,
+    })
+}
+
+/// The context of the jobs that read the source (flush, init), with signal handling.
+async fn source_context(v: &Validated, cli: &Cli) -> Result<FlushContext> {
+    let job = job_context(v).await?;
+    Ok(FlushContext {
+        connector: job.connector,
+        tables: job.tables,
+        schema_dir: cli.global.schema_dir.clone(),
+        lake: job.lake,
+        clock: job.clock,
+        shutdown: job.shutdown,
     })
 }
 
@@ -491,20 +531,20 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
                 .flush
                 .clone()
                 .ok_or_else(|| Error::Invariant("flush options missing".into()))?;
-            let lake = open_lake(&v).await?;
-            let shutdown = Shutdown::new();
-            watch_signals(shutdown.clone());
-            let ctx = FlushContext {
-                connector: v.connector,
-                tables: v.tables,
-                schema_dir: cli.global.schema_dir.clone(),
-                lake,
-                clock: Arc::new(SystemClock),
-                shutdown,
-            };
+            let ctx = source_context(&v, cli).await?;
             let report = lakecdc::flush::run(&ctx, &opts, &FlushHooks::default()).await?;
             print_report(cli.global.json, &report, || report.to_text())?;
             Ok(if report.failed() { 1 } else { 0 })
+        }
+        Command::Init(_) => {
+            let opts = v
+                .init
+                .clone()
+                .ok_or_else(|| Error::Invariant("init options missing".into()))?;
+            let ctx = source_context(&v, cli).await?;
+            let report = lakecdc::init::run(&ctx, &opts).await?;
+            print_report(cli.global.json, &report, || report.to_text())?;
+            Ok(report.exit_code())
         }
         Command::Inspect(_) => {
             let (flush, compact) = v
@@ -554,6 +594,23 @@ fn main() -> ExitCode {
         match &cli.command {
             Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
             Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),
+            Command::Init(a) => {
+                let (engine, work_dir) = engine_config(&a.engine)?;
+                if a.page_rows < 1 {
+                    return Err(Error::config("--page-rows must be at least 1"));
+                }
+                v.init = Some(InitOptions {
+                    schemas: cli.global.schema.clone(),
+                    replace_delta: a.replace_delta,
+                    target_file_size: parse_size("--target-file-size", &a.target_file_size)?,
+                    max_file_rows: a.max_file_rows,
+                    page_rows: a.page_rows,
+                    dry_run: a.dry_run,
+                    work_dir,
+                    engine,
+                    after_page: None,
+                });
+            }
             Command::Inspect(a) => {
                 let flush = FlushOptions {
                     min_records: a.min_records,

@@ -150,6 +150,29 @@ impl Engine {
         }
         self.load("m", std::slice::from_ref(inputs.entities))?;
         self.load("eav", std::slice::from_ref(inputs.eav))?;
+        self.export_staged(schema, schema_id, driver, path)
+    }
+
+    /// Adds one page of entity and EAV rows to the file being staged (tables `m` and `eav`),
+    /// creating the tables on the first page.
+    pub fn stage_page(&self, first: bool, entities: &RecordBatch, eav: &RecordBatch) -> Result<()> {
+        if first {
+            self.load("m", std::slice::from_ref(entities))?;
+            self.load("eav", std::slice::from_ref(eav))
+        } else {
+            self.append("m", std::slice::from_ref(entities))?;
+            self.append("eav", std::slice::from_ref(eav))
+        }
+    }
+
+    /// Writes the staged tables as one lake file and drops them. Returns the rows written.
+    pub fn export_staged(
+        &self,
+        schema: &SchemaDef,
+        schema_id: i16,
+        driver: Driver,
+        path: &Path,
+    ) -> Result<u64> {
         let rows = self.copy_to_parquet(&export_sql(schema, schema_id, driver), path)?;
         for t in ["cl", "m", "eav"] {
             self.drop_table(t)?;

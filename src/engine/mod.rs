@@ -90,6 +90,11 @@ impl Engine {
                 columns.join(", ")
             ))
             .map_err(Error::duckdb(format!("create table {name}")))?;
+        self.append(name, batches)
+    }
+
+    /// Appends `batches` to the existing temporary table `name`.
+    pub fn append(&self, name: &str, batches: &[RecordBatch]) -> Result<()> {
         let mut app = self
             .conn
             .appender(name)

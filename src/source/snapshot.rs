@@ -190,6 +190,132 @@ pub async fn read(
     })
 }
 
+/// One keyset page of live entities for a base export.
+#[derive(Debug, Clone)]
+pub struct LivePage {
+    /// Entity rows (see [`Snapshot::entities`]), ordered by `ltbase_row_id`.
+    pub entities: RecordBatch,
+    /// Their EAV rows.
+    pub eav: RecordBatch,
+    /// First row id of the page.
+    pub first: Uuid,
+    /// Last row id of the page (the next page's cursor).
+    pub last: Uuid,
+    /// Rows in the page.
+    pub rows: usize,
+}
+
+/// Reads up to `limit` live entities (`ltbase_deleted_at IS NULL`) with `ltbase_row_id > after`
+/// in row-id order — keyset paging, never OFFSET (study §10 #462) — and their EAV rows, in one
+/// repeatable-read snapshot. `None` when no row is left.
+pub async fn read_live_page(
+    client: &mut Client,
+    tables: &Tables,
+    schema: &SchemaDef,
+    schema_id: i16,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Option<LivePage>> {
+    let tx = timed(
+        TIMEOUT,
+        "begin page snapshot",
+        client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start(),
+    )
+    .await?;
+    let bound = bound_columns(schema);
+    let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
+    let base = format!(
+        "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
+         FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL",
+        tables.entity.quoted()
+    );
+    let entities = match after {
+        None => {
+            let sql = format!("{base} ORDER BY ltbase_row_id LIMIT $2");
+            timed(
+                TIMEOUT,
+                "read entity page",
+                tx.query(&sql, &[&schema_id, &limit]),
+            )
+            .await?
+        }
+        Some(a) => {
+            let sql = format!("{base} AND ltbase_row_id > $3 ORDER BY ltbase_row_id LIMIT $2");
+            timed(
+                TIMEOUT,
+                "read entity page",
+                tx.query(&sql, &[&schema_id, &limit, &a]),
+            )
+            .await?
+        }
+    };
+    let (Some(first), Some(last)) = (entities.first(), entities.last()) else {
+        return Ok(None);
+    };
+    let (first, last): (Uuid, Uuid) = (first.get(0), last.get(0));
+    let eav_ids: Vec<i16> = schema
+        .attributes
+        .iter()
+        .filter(|a| a.binding.is_none())
+        .map(|a| a.id)
+        .collect();
+    let eav = if eav_ids.is_empty() {
+        Vec::new()
+    } else {
+        timed(
+            TIMEOUT,
+            "read eav page",
+            tx.query(
+                &format!(
+                    "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
+                     WHERE schema_id = $1 AND row_id >= $2 AND row_id <= $3 AND attr_id = ANY($4)",
+                    tables.eav.quoted()
+                ),
+                &[&schema_id, &first, &last, &eav_ids],
+            ),
+        )
+        .await?
+    };
+    timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
+    Ok(Some(LivePage {
+        rows: entities.len(),
+        entities: entity_batch(&entities, &bound)?,
+        eav: eav_batch(&eav)?,
+        first,
+        last,
+    }))
+}
+
+/// A page with no rows but the schema's columns (for a zero-row base).
+pub fn empty_live_page(schema: &SchemaDef) -> Result<LivePage> {
+    Ok(LivePage {
+        entities: entity_batch(&[], &bound_columns(schema))?,
+        eav: eav_batch(&[])?,
+        first: Uuid::nil(),
+        last: Uuid::nil(),
+        rows: 0,
+    })
+}
+
+/// Counts the live entities of a schema.
+pub async fn count_live(client: &Client, tables: &Tables, schema_id: i16) -> Result<i64> {
+    let sql = format!(
+        "SELECT count(*) FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL",
+        tables.entity.quoted()
+    );
+    Ok(timed(
+        TIMEOUT,
+        "count live entities",
+        client.query_one(&sql, &[&schema_id]),
+    )
+    .await?
+    .get(0))
+}
+
 /// Marks the exported slots flushed at `flushed_at`, only where `changed_at` still equals the
 /// exported version (never `<=`): a row written since stays dirty. Returns the rows marked.
 pub async fn mark_flushed(

@@ -10,6 +10,7 @@ mod engine;
 mod flush;
 mod gc;
 mod harness;
+mod init;
 mod init_db;
 mod inspect;
 mod manifest;

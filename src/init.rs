@@ -1,0 +1,664 @@
+//! `lakecdc init`: exports every live entity of a schema as base files (DESIGN §4.2) and makes
+//! them the whole base tier in one conditional manifest save.
+//!
+//! Per schema, under its advisory lock (contended → reported for that schema, others go on).
+//! A manifest that lists deltas is refused unless `--replace-delta`. Live rows are read in
+//! keyset pages on `ltbase_row_id` (never OFFSET), each page with its EAV rows in one
+//! repeatable-read snapshot; pages are staged in DuckDB until a file holds about
+//! `--target-file-size` (the rows-per-file estimate corrects itself from each written file),
+//! then written, uploaded to `_tmp/`, promoted to `{min}_{max}_{uuid}.parquet` (write-once) and
+//! checksummed. Reading the next page, staging the current one and uploading the previous file
+//! overlap. Publishing replaces the base tier (and with `--replace-delta` the delta tier, whose
+//! files are then deleted) in ONE save; superseded bases are left to gc. A schema with no live
+//! rows publishes one zero-row base. Writes during init reach the lake with the next flush: a
+//! base row carries `changed_at = ltbase_updated_at`, exactly what flush writes for the same
+//! version (study §10 #210).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::compact;
+use crate::engine::export::Driver;
+use crate::engine::{Engine, EngineConfig};
+use crate::error::{Error, Result};
+use crate::flush::Context;
+use crate::job;
+use crate::lake::footer;
+use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
+use crate::schema::{SchemaDef, ValueType, dir};
+use crate::source::registry::Registered;
+use crate::source::snapshot::{self, LivePage};
+
+/// A test seam called by the reader after each page is handed over, with the page's last row
+/// id (the next page's cursor).
+pub type PageHook =
+    std::sync::Arc<dyn Fn(Uuid) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// Init options (defaults as in DESIGN §4.2).
+#[derive(Clone)]
+pub struct InitOptions {
+    /// Schema names or ids; empty = every registered schema.
+    pub schemas: Vec<String>,
+    /// Replace a delta tier instead of refusing.
+    pub replace_delta: bool,
+    /// Aimed-for size of each base file.
+    pub target_file_size: u64,
+    /// Most rows in one file (bounds the rows staged in DuckDB at once).
+    pub max_file_rows: u64,
+    /// Rows per keyset page.
+    pub page_rows: i64,
+    /// Count and estimate only.
+    pub dry_run: bool,
+    /// Local Parquet files and DuckDB spill files.
+    pub work_dir: PathBuf,
+    /// DuckDB settings.
+    pub engine: EngineConfig,
+    /// Test seam between pages; `None` in production.
+    pub after_page: Option<PageHook>,
+}
+
+impl std::fmt::Debug for InitOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InitOptions")
+            .field("schemas", &self.schemas)
+            .field("replace_delta", &self.replace_delta)
+            .field("target_file_size", &self.target_file_size)
+            .field("max_file_rows", &self.max_file_rows)
+            .field("page_rows", &self.page_rows)
+            .field("dry_run", &self.dry_run)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        Self {
+            schemas: Vec::new(),
+            replace_delta: false,
+            target_file_size: 256 * 1024 * 1024,
+            max_file_rows: 1_000_000,
+            page_rows: 50_000,
+            dry_run: false,
+            work_dir: std::env::temp_dir(),
+            engine: EngineConfig::default(),
+            after_page: None,
+        }
+    }
+}
+
+/// Outcome for one schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The base tier was replaced (or, in a dry run, estimated).
+    Exported,
+    /// Another process holds the schema lock; the schema was not exported.
+    Locked,
+    /// The manifest lists deltas and `--replace-delta` was not given.
+    Refused,
+    /// The export failed; nothing was published.
+    Failed,
+}
+
+/// One base file written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileReport {
+    /// Its key.
+    pub path: String,
+    /// Rows.
+    pub rows: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// Report for one schema.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SchemaInit {
+    /// Schema id.
+    pub schema_id: i16,
+    /// Schema name.
+    pub schema: String,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// Why, for refused and failed.
+    pub reason: Option<String>,
+    /// Live rows counted at the start.
+    pub live_rows: i64,
+    /// Rows exported.
+    pub rows: u64,
+    /// Files written (in a dry run: the estimate).
+    pub files: Vec<FileReport>,
+    /// Estimated files (dry run).
+    pub estimated_files: u64,
+    /// Bytes written (in a dry run: the estimate).
+    pub bytes: u64,
+    /// Delta files replaced (`--replace-delta`).
+    pub replaced_deltas: usize,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+    /// Rows per second.
+    pub rows_per_s: f64,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InitReport {
+    /// True for `--dry-run`.
+    pub dry_run: bool,
+    /// Per schema, by id.
+    pub schemas: Vec<SchemaInit>,
+}
+
+impl InitReport {
+    /// 0 done, 1 when a schema failed or was refused, 3 when a schema was skipped because its
+    /// lock was held (the others were exported).
+    pub fn exit_code(&self) -> i32 {
+        let has = |o| self.schemas.iter().any(|s| s.outcome == o);
+        if has(Outcome::Failed) || has(Outcome::Refused) {
+            1
+        } else if has(Outcome::Locked) {
+            3
+        } else {
+            0
+        }
+    }
+
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "{:<24} {:>6} {:<9} {:>10} {:>10} {:>6} {:>12} {:>9} {:>10}\n",
+            "SCHEMA", "ID", "OUTCOME", "LIVE", "ROWS", "FILES", "BYTES", "MS", "ROWS/S"
+        );
+        for s in &self.schemas {
+            let outcome = serde_json::to_value(s.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let files = if self.dry_run {
+                s.estimated_files
+            } else {
+                s.files.len() as u64
+            };
+            out.push_str(&format!(
+                "{:<24} {:>6} {:<9} {:>10} {:>10} {:>6} {:>12} {:>9} {:>10.0}\n",
+                s.schema,
+                s.schema_id,
+                outcome,
+                s.live_rows,
+                s.rows,
+                files,
+                s.bytes,
+                s.duration_ms,
+                s.rows_per_s
+            ));
+            if let Some(r) = &s.reason {
+                out.push_str(&format!("    {r}\n"));
+            }
+        }
+        if self.dry_run {
+            out.push_str("dry run: nothing was written (files and bytes are estimates)\n");
+        }
+        out
+    }
+}
+
+/// The row-width estimate used before any file has been written (study §4.2).
+pub fn estimated_row_bytes(def: &SchemaDef) -> u64 {
+    50 + def
+        .attributes
+        .iter()
+        .map(|a| match a.value_type {
+            ValueType::Text => 100,
+            ValueType::Numeric | ValueType::Bigint | ValueType::Integer => 8,
+            ValueType::Smallint => 2,
+            ValueType::Bool => 1,
+            ValueType::Date | ValueType::Datetime => 8,
+            ValueType::Uuid => 16,
+            ValueType::List => 200,
+        })
+        .sum::<u64>()
+}
+
+/// Rows for the next file: the target size over the bytes per row, at least 1,000 and at most
+/// `max_file_rows`.
+fn rows_per_file(opts: &InitOptions, bytes_per_row: u64) -> u64 {
+    let max = opts.max_file_rows.max(1);
+    (opts.target_file_size / bytes_per_row.max(1)).clamp(1_000.min(max), max)
+}
+
+/// Exports the selected schemas.
+pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
+    let jctx = job_context(ctx);
+    let targets = job::select_schemas(&jctx, &opts.schemas).await?;
+    // Pre-flight (study §10 #193): every schema's metadata resolves before any side effect.
+    let dir = ctx
+        .schema_dir
+        .as_deref()
+        .ok_or_else(|| Error::config("init needs --schema-dir (the attribute metadata)"))?;
+    let mut work = Vec::new();
+    for reg in targets {
+        let def = dir::load(dir, &reg.name)?;
+        work.push((reg, def));
+    }
+    let mut schemas = Vec::new();
+    for (reg, def) in work {
+        if ctx.shutdown.is_requested() {
+            break;
+        }
+        schemas.push(init_schema(ctx, opts, &reg, &def).await);
+    }
+    let report = InitReport {
+        dry_run: opts.dry_run,
+        schemas,
+    };
+    tracing::info!(
+        schemas = report.schemas.len(),
+        rows = report.schemas.iter().map(|s| s.rows).sum::<u64>(),
+        exit_code = report.exit_code(),
+        dry_run = opts.dry_run,
+        "init done"
+    );
+    Ok(report)
+}
+
+fn job_context(ctx: &Context) -> job::Context {
+    job::Context {
+        connector: ctx.connector.clone(),
+        tables: ctx.tables.clone(),
+        lake: ctx.lake.clone(),
+        clock: ctx.clock.clone(),
+        shutdown: ctx.shutdown.clone(),
+    }
+}
+
+async fn init_schema(
+    ctx: &Context,
+    opts: &InitOptions,
+    reg: &Registered,
+    def: &SchemaDef,
+) -> SchemaInit {
+    let started = Instant::now();
+    let mut out = SchemaInit {
+        schema_id: reg.id,
+        schema: reg.name.clone(),
+        outcome: Outcome::Exported,
+        reason: None,
+        live_rows: 0,
+        rows: 0,
+        files: Vec::new(),
+        estimated_files: 0,
+        bytes: 0,
+        replaced_deltas: 0,
+        duration_ms: 0,
+        rows_per_s: 0.0,
+    };
+    let result = job::with_lock(&ctx.connector, reg.id, async || {
+        export_schema(ctx, opts, reg.id, def, &mut out).await
+    })
+    .await;
+    match result {
+        Ok(Some(())) => {}
+        Ok(None) => {
+            out.outcome = Outcome::Locked;
+            out.reason = Some("another process holds the schema lock; run init again".into());
+        }
+        Err(e) => {
+            out.outcome = Outcome::Failed;
+            out.reason = Some(e.chain());
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    out.duration_ms = (secs * 1000.0) as u64;
+    out.rows_per_s = if secs > 0.0 {
+        out.rows as f64 / secs
+    } else {
+        0.0
+    };
+    out
+}
+
+async fn export_schema(
+    ctx: &Context,
+    opts: &InitOptions,
+    schema_id: i16,
+    def: &SchemaDef,
+    out: &mut SchemaInit,
+) -> Result<()> {
+    let store = ctx.lake.store.as_ref();
+    let layout = &ctx.lake.layout;
+    let key = layout.manifest_key(schema_id);
+    let loaded = manifest::load(store, &key, schema_id).await?;
+    let deltas: BTreeSet<String> = loaded
+        .as_ref()
+        .map(|l| {
+            l.manifest
+                .tier(Tier::Delta)
+                .map(|f| f.path.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !deltas.is_empty() && !opts.replace_delta {
+        out.outcome = Outcome::Refused;
+        out.reason = Some(format!(
+            "manifest {key} lists {} delta files; compact them first, or run init --replace-delta to replace them with the new base",
+            deltas.len()
+        ));
+        return Ok(());
+    }
+    let client = ctx.connector.connect().await?;
+    out.live_rows = snapshot::count_live(&client, &ctx.tables, schema_id).await?;
+    drop(client);
+    if opts.dry_run {
+        let per_row = estimated_row_bytes(def);
+        let per_file = rows_per_file(opts, per_row);
+        let live = u64::try_from(out.live_rows).unwrap_or(0);
+        out.estimated_files = live.div_ceil(per_file).max(1);
+        out.bytes = live * per_row;
+        return Ok(());
+    }
+    let entries = export_files(ctx, opts, schema_id, def, out).await?;
+    let replace_delta = opts.replace_delta;
+    let now = ctx.clock.now_ms();
+    manifest::commit(
+        store,
+        &key,
+        schema_id,
+        ctx.clock.as_ref(),
+        CommitPolicy::default(),
+        |m| {
+            let replaced: BTreeSet<String> = m
+                .files
+                .iter()
+                .filter(|f| replace_delta && f.tier == Tier::Delta)
+                .map(|f| f.path.clone())
+                .collect();
+            m.files
+                .retain(|f| f.tier != Tier::Base && !(replace_delta && f.tier == Tier::Delta));
+            m.files.extend(entries.iter().cloned());
+            if !replaced.is_empty() {
+                compact::retire(m, &replaced, now);
+            }
+            Ok(())
+        },
+    )
+    .await?;
+    // Only now, with the new base tier committed, do the replaced deltas go.
+    for d in &deltas {
+        if let Err(e) = store.delete(d).await {
+            tracing::warn!(key = %d, error = %e, "replaced delta not deleted; gc will (it is retired)");
+        }
+    }
+    out.replaced_deltas = deltas.len();
+    Ok(())
+}
+
+/// A file being staged in DuckDB.
+struct Staging {
+    rows: u64,
+    first: Uuid,
+    last: Uuid,
+}
+
+type Upload = JoinHandle<Result<FileEntry>>;
+
+/// Reads pages, stages them, writes files and uploads them, overlapping the three.
+async fn export_files(
+    ctx: &Context,
+    opts: &InitOptions,
+    schema_id: i16,
+    def: &SchemaDef,
+    out: &mut SchemaInit,
+) -> Result<Vec<FileEntry>> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<LivePage>>(2);
+    let reader = {
+        let (connector, tables, def, limit, hook) = (
+            ctx.connector.clone(),
+            ctx.tables.clone(),
+            def.clone(),
+            opts.page_rows.max(1),
+            opts.after_page.clone(),
+        );
+        tokio::spawn(async move {
+            let mut client = match connector.connect().await {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let mut after = None;
+            loop {
+                let page =
+                    snapshot::read_live_page(&mut client, &tables, &def, schema_id, after, limit)
+                        .await;
+                match page {
+                    Ok(Some(p)) => {
+                        after = Some(p.last);
+                        let last = p.last;
+                        if tx.send(Ok(p)).await.is_err() {
+                            return;
+                        }
+                        if let Some(h) = &hook {
+                            h(last).await;
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    let result = stage_and_upload(ctx, opts, schema_id, def, &mut rx, out).await;
+    drop(rx);
+    let _ = reader.await;
+    result
+}
+
+async fn stage_and_upload(
+    ctx: &Context,
+    opts: &InitOptions,
+    schema_id: i16,
+    def: &SchemaDef,
+    rx: &mut tokio::sync::mpsc::Receiver<Result<LivePage>>,
+    out: &mut SchemaInit,
+) -> Result<Vec<FileEntry>> {
+    let mut engine = Some(
+        blocking({
+            let cfg = opts.engine.clone();
+            move || Engine::open(&cfg)
+        })
+        .await?,
+    );
+    let mut target_rows = rows_per_file(opts, estimated_row_bytes(def));
+    let mut staging: Option<Staging> = None;
+    let mut uploads: VecDeque<Upload> = VecDeque::new();
+    let mut entries = Vec::new();
+    let total = u64::try_from(out.live_rows).unwrap_or(0);
+    let started = Instant::now();
+    while let Some(page) = rx.recv().await {
+        let page = page?;
+        let first = staging.is_none();
+        let e = take(&mut engine)?;
+        engine = Some(
+            blocking(move || {
+                e.stage_page(first, &page.entities, &page.eav)?;
+                Ok(e)
+            })
+            .await?,
+        );
+        let s = staging.get_or_insert(Staging {
+            rows: 0,
+            first: page.first,
+            last: page.last,
+        });
+        s.rows += page.rows as u64;
+        s.last = page.last;
+        if s.rows >= target_rows {
+            let done = staging.take();
+            let (e, upload, bytes_per_row) =
+                write_file(ctx, opts, schema_id, def, take(&mut engine)?, done).await?;
+            engine = Some(e);
+            target_rows = rows_per_file(opts, bytes_per_row);
+            uploads.push_back(upload);
+            while uploads.len() > 1 {
+                collect(&mut uploads, &mut entries, out).await?;
+            }
+            let rate = out.rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
+            tracing::info!(
+                schema_id,
+                rows_done = out.rows,
+                total,
+                rows_per_s = rate as u64,
+                "init progress"
+            );
+        }
+    }
+    if staging.is_some() || (entries.is_empty() && uploads.is_empty()) {
+        if staging.is_none() {
+            // No live rows at all: publish one zero-row base (study §10 #519).
+            let empty = snapshot::empty_live_page(def)?;
+            let e = take(&mut engine)?;
+            engine = Some(
+                blocking(move || {
+                    e.stage_page(true, &empty.entities, &empty.eav)?;
+                    Ok(e)
+                })
+                .await?,
+            );
+        }
+        let (e, upload, _) = write_file(
+            ctx,
+            opts,
+            schema_id,
+            def,
+            take(&mut engine)?,
+            staging.take(),
+        )
+        .await?;
+        engine = Some(e);
+        uploads.push_back(upload);
+    }
+    while !uploads.is_empty() {
+        collect(&mut uploads, &mut entries, out).await?;
+    }
+    drop(engine);
+    Ok(entries)
+}
+
+fn take(engine: &mut Option<Engine>) -> Result<Engine> {
+    engine
+        .take()
+        .ok_or_else(|| Error::Invariant("engine used after a failure".into()))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Invariant(format!("blocking task failed: {e}")))?
+}
+
+async fn collect(
+    uploads: &mut VecDeque<Upload>,
+    entries: &mut Vec<FileEntry>,
+    out: &mut SchemaInit,
+) -> Result<()> {
+    if let Some(task) = uploads.pop_front() {
+        let entry = task
+            .await
+            .map_err(|e| Error::Invariant(format!("upload task failed: {e}")))??;
+        let (rows, bytes) = (
+            u64::try_from(entry.row_count).unwrap_or(0),
+            u64::try_from(entry.size_bytes).unwrap_or(0),
+        );
+        out.rows += rows;
+        out.bytes += bytes;
+        out.files.push(FileReport {
+            path: entry.path.clone(),
+            rows,
+            bytes,
+        });
+        entries.push(entry);
+    }
+    Ok(())
+}
+
+/// Writes the staged rows as one file and starts its upload. Returns the engine, the upload
+/// and the file's bytes per row (for the next file's size).
+async fn write_file(
+    ctx: &Context,
+    opts: &InitOptions,
+    schema_id: i16,
+    def: &SchemaDef,
+    engine: Engine,
+    staged: Option<Staging>,
+) -> Result<(Engine, Upload, u64)> {
+    let local = opts
+        .work_dir
+        .join(format!("lakecdc-init-{}.parquet", Uuid::new_v4()));
+    let (engine, rows, columns) = blocking({
+        let (def, local) = (def.clone(), local.clone());
+        move || {
+            let rows = engine.export_staged(&def, schema_id, Driver::Entities, &local)?;
+            let info = footer::check_file(&local)?;
+            Ok((engine, rows, info.columns))
+        }
+    })
+    .await?;
+    let size = tokio::fs::metadata(&local)
+        .await
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let bytes_per_row = size.checked_div(rows).unwrap_or(1);
+    let layout = ctx.lake.layout.clone();
+    let key = match &staged {
+        Some(s) => layout.init_base_key(schema_id, s.first, s.last, Uuid::now_v7()),
+        None => layout.merged_base_key(schema_id, Uuid::now_v7()),
+    };
+    let (min, max) = staged
+        .as_ref()
+        .map(|s| (s.first.to_string(), s.last.to_string()))
+        .unwrap_or_default();
+    let store = ctx.lake.store.clone();
+    let now = ctx.clock.now_ms();
+    let upload = tokio::spawn(async move {
+        let tmp = layout.tmp_key(schema_id, Uuid::new_v4());
+        let result = async {
+            let put = store
+                .put_file(&tmp, &local)
+                .await
+                .map_err(Error::storage("upload base", tmp.clone()))?;
+            store
+                .copy(&tmp, &key)
+                .await
+                .map_err(Error::storage("promote base", key.clone()))?;
+            Ok(FileEntry {
+                tier: Tier::Base,
+                path: key.clone(),
+                row_id_min: min,
+                row_id_max: max,
+                created_min: now,
+                created_max: now,
+                size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
+                row_count: i64::try_from(rows).unwrap_or(i64::MAX),
+                checksum: Some(put.checksum()),
+                columns: Some(columns.into_iter().collect()),
+                extra: Default::default(),
+            })
+        }
+        .await;
+        if let Err(e) = store.delete(&tmp).await {
+            tracing::warn!(key = %tmp, error = %e, "temporary object left for gc");
+        }
+        let _ = tokio::fs::remove_file(&local).await;
+        result
+    });
+    Ok((engine, upload, bytes_per_row))
+}

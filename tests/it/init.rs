@@ -1,0 +1,376 @@
+//! `lakecdc init` against real PostgreSQL and SeaweedFS: the oracle, the init hazards of study
+//! §10, a concurrent writer, lock contention and the delta-tier refusal.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use lakecdc::init::{InitOptions, Outcome};
+use lakecdc::lake::KeyKind;
+use lakecdc::store::ObjectStore;
+
+use crate::flush::{LakeKind, Rig, rig};
+use crate::oracle;
+use crate::writer::{Customer, Rng, Writer};
+
+const MANIFEST: &str = "manifest/100.json";
+
+fn opts(rig: &Rig) -> InitOptions {
+    InitOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        page_rows: 25,
+        max_file_rows: 60,
+        ..InitOptions::default()
+    }
+}
+
+async fn init(rig: &Rig, o: &InitOptions) -> lakecdc::init::InitReport {
+    lakecdc::init::run(&rig.ctx, o).await.unwrap()
+}
+
+async fn base_paths(rig: &Rig) -> Vec<String> {
+    rig.listed().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn init_exports_exactly_the_live_rows_and_flush_continues_from_there() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(41);
+    rig.seed(100, &mut r).await;
+    for _ in 0..120 {
+        rig.writer.random_op(&mut r).await;
+    }
+    let report = init(&rig, &opts(&rig)).await;
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Outcome::Exported, "{s:?}");
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(s.rows as usize, live);
+    assert!(s.files.len() >= 2, "small files force several: {s:?}");
+    let compared = oracle::assert_live_rows(&rig.writer, rig.store.as_ref(), MANIFEST).await;
+    assert_eq!(compared, live);
+    let layout = rig.ctx.lake.layout.clone();
+    for p in base_paths(&rig).await {
+        assert!(
+            matches!(
+                layout.classify(&p),
+                KeyKind::InitBase {
+                    schema_id: 100,
+                    file: Some(_),
+                    ..
+                }
+            ),
+            "{p}"
+        );
+    }
+    // The base rows are sorted and the file ranges do not overlap.
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let mut ranges: Vec<(String, String)> = m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["row_id_min"].as_str().unwrap().into(),
+                f["row_id_max"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    ranges.sort();
+    assert!(ranges.windows(2).all(|w| w[0].1 < w[1].0), "{ranges:?}");
+    // After further writes, flush on top keeps the oracle.
+    for _ in 0..60 {
+        rig.writer.random_op(&mut r).await;
+    }
+    rig.flush().await;
+    let (_, dirty) = rig.assert_oracle().await;
+    assert_eq!(dirty, 0);
+}
+
+#[tokio::test]
+async fn a_rerun_replaces_the_base_tier_with_new_keys() {
+    // study §10 #176 and #416
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(176);
+    rig.seed(70, &mut r).await;
+    init(&rig, &opts(&rig)).await;
+    let first = base_paths(&rig).await;
+    let state = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    init(&rig, &opts(&rig)).await;
+    let second = base_paths(&rig).await;
+    assert_eq!(first.len(), second.len());
+    let a: BTreeSet<_> = first.iter().collect();
+    assert!(
+        second.iter().all(|k| !a.contains(k)),
+        "a rerun reused a key"
+    );
+    for k in &first {
+        rig.store.head(k).await.unwrap(); // never overwritten, left for gc
+    }
+    assert_eq!(
+        oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
+        state,
+        "no duplicates, same state"
+    );
+}
+
+#[tokio::test]
+async fn a_base_and_a_delta_of_the_same_version_are_identical() {
+    // study §10 #210
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(210);
+    let ids = rig.seed(5, &mut r).await;
+    init(&rig, &opts(&rig)).await;
+    rig.flush().await; // the same, still-dirty versions as deltas
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let mut base = Vec::new();
+    let mut delta = Vec::new();
+    for f in m["files"].as_array().unwrap() {
+        let rows = oracle::read_parquet(
+            rig.store
+                .get_bytes(f["path"].as_str().unwrap())
+                .await
+                .unwrap()
+                .bytes,
+        );
+        if f["tier"] == "base" {
+            base.extend(rows)
+        } else {
+            delta.extend(rows)
+        }
+    }
+    base.sort_by_key(|(id, _)| *id);
+    delta.sort_by_key(|(id, _)| *id);
+    assert_eq!(base.len(), ids.len());
+    assert_eq!(base, delta, "base and delta copies differ");
+}
+
+#[tokio::test]
+async fn rows_deleted_below_the_cursor_never_drop_live_rows_above_it() {
+    // study §10 #462
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(462);
+    let mut ids = rig.seed(120, &mut r).await;
+    ids.sort();
+    let victims: Vec<_> = ids[..10].to_vec();
+    let writer = Arc::new(tokio::sync::Mutex::new(
+        Writer::new(rig.db.client().await, 100).await,
+    ));
+    writer.lock().await.rows = rig.writer.rows.clone();
+    let (w2, v2) = (writer.clone(), victims.clone());
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f2 = fired.clone();
+    let mut o = opts(&rig);
+    o.after_page = Some(Arc::new(move |_| {
+        let (w, v, f) = (w2.clone(), v2.clone(), f2.clone());
+        async move {
+            if !f.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                let mut w = w.lock().await;
+                for id in v {
+                    w.hard_delete(id).await;
+                }
+            }
+        }
+        .boxed()
+    }));
+    let report = init(&rig, &o).await;
+    assert!(fired.load(std::sync::atomic::Ordering::SeqCst));
+    let lake = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    for id in &ids[10..] {
+        assert!(
+            lake.contains_key(id),
+            "live row {id} above the cursor was dropped"
+        );
+    }
+    assert_eq!(
+        report.schemas[0].rows, 120,
+        "the deleted rows had been read in page 1"
+    );
+    // The deletes reach the lake with the next flush.
+    {
+        let w = writer.lock().await;
+        rig.writer.rows = w.rows.clone();
+        rig.writer.deleted = w.deleted.clone();
+    }
+    rig.flush().await;
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (110, 0));
+}
+
+#[tokio::test]
+async fn a_schema_without_live_rows_publishes_a_zero_row_base() {
+    // study §10 #519
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(519);
+    let ids = rig.seed(3, &mut r).await;
+    for id in ids {
+        rig.writer.hard_delete(id).await;
+    }
+    let report = init(&rig, &opts(&rig)).await;
+    assert_eq!(report.schemas[0].outcome, Outcome::Exported);
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let files = m["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(
+        (files[0]["tier"].as_str(), files[0]["row_count"].as_i64()),
+        (Some("base"), Some(0))
+    );
+    assert!(matches!(
+        rig.ctx
+            .lake
+            .layout
+            .classify(files[0]["path"].as_str().unwrap()),
+        KeyKind::MergedBase { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_concurrent_writer_during_init_is_caught_up_by_flush() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(99);
+    rig.seed(100, &mut r).await;
+    let writer = Arc::new(tokio::sync::Mutex::new(
+        Writer::new(rig.db.client().await, 100).await,
+    ));
+    writer.lock().await.rows = rig.writer.rows.clone();
+    let w2 = writer.clone();
+    let mut o = opts(&rig);
+    o.after_page = Some(Arc::new(move |_| {
+        let w = w2.clone();
+        async move {
+            let mut w = w.lock().await;
+            let mut r = Rng::new(w.rows.len() as u64);
+            for _ in 0..8 {
+                w.random_op(&mut r).await;
+            }
+        }
+        .boxed()
+    }));
+    init(&rig, &o).await;
+    {
+        let w = writer.lock().await;
+        rig.writer.rows = w.rows.clone();
+        rig.writer.deleted = w.deleted.clone();
+    }
+    rig.flush().await;
+    let (_, dirty) = rig.assert_oracle().await;
+    assert_eq!(dirty, 0);
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(
+        oracle::lake_state(rig.store.as_ref(), MANIFEST).await.len(),
+        live
+    );
+    let _ = Customer::default();
+}
+
+#[tokio::test]
+async fn a_locked_schema_is_reported_while_the_other_is_exported() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(3);
+    rig.seed(10, &mut r).await;
+    let held = lakecdc::source::SchemaLock::try_acquire(&rig.ctx.connector, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    let report = init(
+        &rig,
+        &InitOptions {
+            schemas: vec![],
+            ..opts(&rig)
+        },
+    )
+    .await;
+    let outcomes: Vec<(i16, Outcome)> = report
+        .schemas
+        .iter()
+        .map(|s| (s.schema_id, s.outcome))
+        .collect();
+    assert_eq!(outcomes, [(100, Outcome::Locked), (101, Outcome::Exported)]);
+    assert_eq!(report.exit_code(), 3);
+    held.release().await.unwrap();
+    assert!(
+        oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+            .await
+            .is_none()
+    );
+    assert!(
+        oracle::manifest_json(rig.store.as_ref(), "manifest/101.json")
+            .await
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_delta_tier_is_refused_unless_replaced() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(371);
+    rig.seed(50, &mut r).await;
+    rig.flush().await;
+    let deltas = rig.listed().await;
+    let report = init(&rig, &opts(&rig)).await;
+    assert_eq!(report.schemas[0].outcome, Outcome::Refused);
+    assert!(
+        report.schemas[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("--replace-delta")
+    );
+    assert_eq!(report.exit_code(), 1);
+    assert_eq!(rig.listed().await, deltas, "nothing published");
+    let report = init(
+        &rig,
+        &InitOptions {
+            replace_delta: true,
+            ..opts(&rig)
+        },
+    )
+    .await;
+    let s = &report.schemas[0];
+    assert_eq!(
+        (s.outcome, s.replaced_deltas),
+        (Outcome::Exported, deltas.len())
+    );
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert!(
+        m["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["tier"] == "base")
+    );
+    for d in &deltas {
+        assert!(
+            rig.store.head(d).await.unwrap_err().is_not_found(),
+            "{d} not deleted"
+        );
+    }
+    assert_eq!(rig.assert_oracle().await, (50, 0));
+}
+
+#[tokio::test]
+async fn dry_run_counts_and_estimates_without_writing() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(1);
+    rig.seed(30, &mut r).await;
+    let report = init(
+        &rig,
+        &InitOptions {
+            dry_run: true,
+            ..opts(&rig)
+        },
+    )
+    .await;
+    let s = &report.schemas[0];
+    assert_eq!((s.live_rows, s.estimated_files), (30, 1));
+    assert!(s.bytes > 0);
+    assert!(rig.store.writes().is_empty());
+}
