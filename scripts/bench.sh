@@ -3,6 +3,7 @@
 #
 #   scripts/bench.sh flush [N]     # N-change backlog (default 1,000,000) → one `lakecdc flush --force`
 #   scripts/bench.sh compact [N]   # N base rows + N/10 delta rows → one `lakecdc compact` rewrite
+#   scripts/bench.sh init [N]      # N live entities → `lakecdc init` vs the DuckDB postgres peer
 #
 # flush: seeds N entities of the DESIGN §7 shape (18 bound columns, 3 EAV attributes each) with
 # one dirty change_log slot each, measures the read floor (`COPY … (FORMAT binary)` of the
@@ -11,8 +12,13 @@
 # Target (DESIGN §7): ≥ 100,000 changes/s; an idle run well under a second.
 #
 # compact: flushes and promotes N entities into the base tier, updates N/10 of them (writer
-# contract) and flushes those, then times one `lakecdc compact` rewrite of base + deltas,
-# against the read floor of the same files (DuckDB counting them). Target: ≥ 300,000 rows/s.
+# contract) and flushes those, then times one `lakecdc compact` rewrite of base + deltas.
+# Target: ≥ 300,000 rows/s.
+#
+# init: times `lakecdc init` (to SeaweedFS, checksummed, manifest committed) against the read
+# floor and the peer — DuckDB 1.5.5's postgres extension doing the same join and pivot into one
+# local zstd Parquet file (scripts/bench/peer.py, from PyPI wheels). Targets: lakecdc / peer
+# < 1.0, peak RSS ≤ 1 GiB.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,9 +29,9 @@ export LAKECDC_SERVICES_DIR="${LAKECDC_BENCH_SERVICES_DIR:-/var/tmp/lakecdc-benc
 what="${1:-flush}"
 N="${2:-1000000}"
 case "$what" in
-flush | compact) ;;
+flush | compact | init) ;;
 *)
-	echo "usage: scripts/bench.sh flush|compact [N]" >&2
+	echo "usage: scripts/bench.sh flush|compact|init [N]" >&2
 	exit 2
 	;;
 esac
@@ -78,6 +84,38 @@ t0=$(now)
 $PSQL "$PGURL" -c "\\copy (SELECT * FROM entity_main) TO '/dev/null' WITH (FORMAT binary)"
 $PSQL "$PGURL" -c "\\copy (SELECT * FROM eav_data) TO '/dev/null' WITH (FORMAT binary)"
 floor=$(secs "$t0" "$(now)")
+
+if [ "$what" = init ]; then
+	PEERENV="${LAKECDC_BENCH_VENV:-/var/tmp/lakecdc-bench-venv}"
+	if ! "$PEERENV/bin/python" -c "import duckdb, duckdb_extension_postgres" 2>/dev/null; then
+		python3 -m venv "$PEERENV"
+		"$PEERENV/bin/pip" install -q duckdb==1.5.5 duckdb-extension-postgres==1.5.5
+	fi
+	work=$(mktemp -d)
+	peer=$("$PEERENV/bin/python" scripts/bench/peer.py "$PGURL" "$work/peer.parquet" 100)
+	report=$(mktemp)
+	timing=$(mktemp)
+	t0=$(now)
+	/usr/bin/time -v -o "$timing" "$BIN" -q init --json --work-dir "$work" --memory-limit 1GB >"$report"
+	init=$(secs "$t0" "$(now)")
+	rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$timing")
+	python3 - "$report" "$N" "$floor" "$peer" "$init" "$rss_kb" "$(stat -c %s "$work/peer.parquet")" <<'PY'
+import json, sys
+report, n, floor, peer, init, rss_kb, peer_bytes = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+s = json.load(open(report))["schemas"][0]
+assert s["outcome"] == "exported" and s["rows"] == n, s
+print(f"init bench: {n} live entities (18 bound columns, 3 EAV attributes each)")
+print(f"  read floor (COPY binary entity_main + eav_data):    {floor:.2f} s")
+print(f"  peer: DuckDB 1.5.5 postgres scanner → local file:   {peer:.2f} s  ({peer_bytes / 2**20:.1f} MiB)")
+print(f"  lakecdc init → SeaweedFS, checksummed, committed:   {init:.2f} s  = {n / init:,.0f} rows/s, "
+      f"{len(s['files'])} files, {s['bytes'] / 2**20:.1f} MiB")
+print(f"  ratio lakecdc / peer:                               {init / peer:.2f} (target < 1.0)")
+print(f"  ratio lakecdc / read floor:                         {init / floor:.2f} (target <= 2.0)")
+print(f"  peak RSS:                                           {rss_kb / 1024:.0f} MiB (target <= 1024)")
+PY
+	rm -rf "$report" "$timing" "$work"
+	exit 0
+fi
 
 if [ "$what" = compact ]; then
 	work=$(mktemp -d)
