@@ -40,9 +40,12 @@ now() { date +%s.%N; }
 secs() { python3 -c "print(f'{$2 - $1:.3f}')"; }
 
 command -v /usr/bin/time >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q time >/dev/null
-echo "bench: building lakecdc (release)" >&2
-cargo build --release --locked --bin lakecdc >&2
-BIN="$CARGO_TARGET_DIR/release/lakecdc"
+BIN="${LAKECDC_BENCH_BIN:-}" # a prebuilt binary (e.g. to check this script quickly)
+if [ -z "$BIN" ]; then
+	echo "bench: building lakecdc (release)" >&2
+	cargo build --release --locked --bin lakecdc >&2
+	BIN="$CARGO_TARGET_DIR/release/lakecdc"
+fi
 
 trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
 scripts/services.sh start >/dev/null

@@ -39,6 +39,10 @@ use crate::source::snapshot::{self, LivePage};
 pub type PageHook =
     std::sync::Arc<dyn Fn(Uuid) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
+/// Called as rows are staged: (schema id, rows done, live rows counted at the start). The
+/// binary draws a progress bar with it on a terminal.
+pub type ProgressFn = std::sync::Arc<dyn Fn(i16, u64, u64) + Send + Sync>;
+
 /// Init options (defaults as in DESIGN §4.2).
 #[derive(Clone)]
 pub struct InitOptions {
@@ -60,6 +64,8 @@ pub struct InitOptions {
     pub engine: EngineConfig,
     /// Test seam between pages; `None` in production.
     pub after_page: Option<PageHook>,
+    /// Progress reporting; `None` logs a line per file only.
+    pub progress: Option<ProgressFn>,
 }
 
 impl std::fmt::Debug for InitOptions {
@@ -87,6 +93,7 @@ impl Default for InitOptions {
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),
             after_page: None,
+            progress: None,
         }
     }
 }
@@ -483,6 +490,7 @@ async fn stage_and_upload(
     let mut entries = Vec::new();
     let total = u64::try_from(out.live_rows).unwrap_or(0);
     let started = Instant::now();
+    let mut staged_total = 0u64;
     while let Some(page) = rx.recv().await {
         let page = page?;
         let first = staging.is_none();
@@ -501,6 +509,10 @@ async fn stage_and_upload(
         });
         s.rows += page.rows as u64;
         s.last = page.last;
+        staged_total += page.rows as u64;
+        if let Some(p) = &opts.progress {
+            p(schema_id, staged_total, total);
+        }
         if s.rows >= target_rows {
             let done = staging.take();
             let (e, upload, bytes_per_row) =

@@ -460,6 +460,31 @@ async fn open_lake(v: &Validated) -> Result<Lake> {
     })
 }
 
+/// A progress bar on stderr when it is a terminal (rows done / total, rows/s, ETA); `None`
+/// otherwise, and init logs one line per file instead.
+fn progress_bar() -> Option<lakecdc::init::ProgressFn> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:40}] {human_pos}/{human_len} rows  {per_sec}  ETA {eta}",
+    )
+    .ok()?
+    .progress_chars("=> ");
+    bar.set_style(style);
+    Some(Arc::new(move |schema_id, done, total| {
+        bar.set_message(format!("schema {schema_id}"));
+        bar.set_length(total.max(done));
+        bar.set_position(done);
+        if done >= total {
+            bar.finish_and_clear();
+            bar.reset();
+        }
+    }))
+}
+
 /// Raises the shutdown flag on SIGTERM or SIGINT.
 fn watch_signals(shutdown: Shutdown) {
     tokio::spawn(async move {
@@ -609,6 +634,7 @@ fn main() -> ExitCode {
                     work_dir,
                     engine,
                     after_page: None,
+                    progress: progress_bar(),
                 });
             }
             Command::Inspect(a) => {
