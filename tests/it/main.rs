@@ -6,6 +6,7 @@
 
 mod cli;
 mod compact;
+mod deploy;
 mod engine;
 mod flush;
 mod gc;

@@ -1,0 +1,622 @@
+//! The deployment files under `manifests/`: every YAML file parses; every lakecdc command line
+//! of the Kubernetes jobs and the systemd units is accepted by the binary, with the environment
+//! those files give it; the manifests lakecdc writes validate against
+//! `manifests/lake-manifest.schema.json`, and the schema rejects what lakecdc never writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use jsonschema::Validator;
+use lakecdc::compact::{CompactOptions, Decision, Outcome};
+use lakecdc::job::Context;
+use serde_json::{Value, json};
+use yaml_rust2::{Yaml, YamlLoader};
+
+use crate::flush::{LakeKind, Rig, rig};
+use crate::harness;
+use crate::oracle;
+use crate::writer::Rng;
+
+/// A PostgreSQL address where the connection fails at once: a command line that gets this far
+/// has been accepted (flags, environment and paths) and fails at run time with exit 1.
+const UNREACHABLE: &str = "host=127.0.0.1 port=1 user=u dbname=d sslmode=disable connect_timeout=1";
+
+fn manifests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests")
+}
+
+/// Files under `dir` (recursively) whose name ends with one of `suffixes`, sorted.
+fn files_with(dir: &Path, suffixes: &[&str]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if suffixes.iter().any(|s| path.to_string_lossy().ends_with(s)) {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A YAML node as JSON (mapping keys must be strings, as in every Kubernetes object).
+fn yaml_to_json(y: &Yaml, file: &Path) -> Value {
+    match y {
+        Yaml::Null => Value::Null,
+        Yaml::Boolean(b) => Value::Bool(*b),
+        Yaml::Integer(i) => json!(i),
+        Yaml::Real(r) => json!(r.parse::<f64>().unwrap()),
+        Yaml::String(s) => Value::String(s.clone()),
+        Yaml::Array(a) => Value::Array(a.iter().map(|v| yaml_to_json(v, file)).collect()),
+        Yaml::Hash(h) => Value::Object(
+            h.iter()
+                .map(|(k, v)| match k {
+                    Yaml::String(k) => (k.clone(), yaml_to_json(v, file)),
+                    other => panic!("{}: mapping key {other:?} is not a string", file.display()),
+                })
+                .collect(),
+        ),
+        other => panic!("{}: unsupported YAML node {other:?}", file.display()),
+    }
+}
+
+/// Every document of a (possibly multi-document) YAML file; empty documents are dropped.
+fn load_yaml(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs = YamlLoader::load_from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", path.display()));
+    docs.iter()
+        .map(|d| yaml_to_json(d, path))
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+fn kubernetes_docs() -> Vec<(PathBuf, Value)> {
+    files_with(&manifests_dir().join("kubernetes"), &[".yaml", ".yml"])
+        .into_iter()
+        .flat_map(|f| load_yaml(&f).into_iter().map(move |d| (f.clone(), d)))
+        .collect()
+}
+
+fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what} is not a string: {v}"))
+}
+
+#[test]
+fn every_yaml_file_parses_as_kubernetes_objects() {
+    let files = files_with(&manifests_dir(), &[".yaml", ".yml"]);
+    assert!(files.len() >= 9, "{files:?}");
+    for file in &files {
+        let docs = load_yaml(file);
+        assert!(!docs.is_empty(), "{} holds no document", file.display());
+        for doc in &docs {
+            let what = format!("{} ({})", file.display(), doc["kind"]);
+            assert!(doc["apiVersion"].is_string(), "{what}: no apiVersion");
+            assert!(doc["kind"].is_string(), "{what}: no kind");
+            // Kubernetes refuses non-string ConfigMap/Secret values (an unquoted 2 or true).
+            for field in ["data", "stringData"] {
+                if let Some(data) = doc[field].as_object()
+                    && matches!(doc["kind"].as_str(), Some("ConfigMap" | "Secret"))
+                {
+                    for (k, v) in data {
+                        assert!(v.is_string(), "{what}: {field}.{k} is not a string: {v}");
+                    }
+                }
+            }
+        }
+    }
+    // kustomization.yaml lists files that exist, and never the example Secret or the one-off
+    // init Job.
+    let kdir = manifests_dir().join("kubernetes");
+    let k = &load_yaml(&kdir.join("kustomization.yaml"))[0];
+    let resources: Vec<&str> = k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| str_of(r, "resource"))
+        .collect();
+    for r in &resources {
+        assert!(kdir.join(r).is_file(), "kustomization lists missing {r}");
+    }
+    assert!(!resources.contains(&"secret.yaml"));
+    assert!(!resources.contains(&"job-init.yaml"));
+}
+
+/// The pod specs of the Kubernetes files, with the file they come from.
+fn pod_specs(docs: &[(PathBuf, Value)]) -> Vec<(PathBuf, String, Value)> {
+    fn walk(file: &Path, name: &str, v: &Value, out: &mut Vec<(PathBuf, String, Value)>) {
+        match v {
+            Value::Object(m) => {
+                if m.get("containers").is_some_and(Value::is_array) {
+                    out.push((file.to_path_buf(), name.to_string(), v.clone()));
+                }
+                m.values().for_each(|c| walk(file, name, c, out));
+            }
+            Value::Array(a) => a.iter().for_each(|c| walk(file, name, c, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (file, doc) in docs {
+        let name = format!("{}/{}", doc["kind"], doc["metadata"]["name"]);
+        walk(file, &name, doc, &mut out);
+    }
+    out
+}
+
+/// Which deployed paths stand for which local ones in a command-line check.
+type PathMap = Vec<(String, PathBuf)>;
+
+fn map_path(value: &str, paths: &PathMap) -> String {
+    for (from, to) in paths {
+        if value == from {
+            return to.display().to_string();
+        }
+        if let Some(rest) = value.strip_prefix(&format!("{from}/")) {
+            return to.join(rest).display().to_string();
+        }
+    }
+    value.to_string()
+}
+
+/// Runs one command line of the deployment files with the environment they give it: the
+/// lake replaced by a local directory, PostgreSQL by an unreachable address, and deployed paths
+/// by local ones. Returns the subcommand.
+fn assert_accepted(
+    origin: &str,
+    args: &[String],
+    mut env: BTreeMap<String, String>,
+    paths: &PathMap,
+) -> String {
+    let sub = args
+        .first()
+        .unwrap_or_else(|| panic!("{origin}: no subcommand"))
+        .clone();
+    let lake = tempfile::tempdir().unwrap();
+    let url = env
+        .remove("LAKECDC_PG_URL")
+        .unwrap_or_else(|| panic!("{origin}: LAKECDC_PG_URL is not set"));
+    let userinfo = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .map_or("", |(user, _)| user);
+    assert!(
+        !url.contains("password") && !userinfo.contains(':'),
+        "{origin}: the PostgreSQL URL must not carry the password (PGPASSWORD does): {url}"
+    );
+    let lake_url = env
+        .remove("LAKECDC_LAKE")
+        .unwrap_or_else(|| panic!("{origin}: LAKECDC_LAKE is not set"));
+    assert!(lake_url.starts_with("s3://"), "{origin}: {lake_url}");
+    let mut cmd = harness::bin();
+    cmd.env_clear();
+    for (k, v) in &env {
+        cmd.env(k, map_path(v, paths));
+    }
+    cmd.env("LAKECDC_PG_URL", UNREACHABLE)
+        .env("LAKECDC_LAKE", lake.path())
+        .args(args.iter().map(|a| map_path(a, paths)));
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let code = out.status.code();
+    assert!(code.is_some(), "{origin}: {args:?} was killed: {stderr}");
+    assert_ne!(
+        code,
+        Some(2),
+        "{origin}: {args:?} is a usage or configuration error: {stderr}"
+    );
+    for clap_error in [
+        "unexpected argument",
+        "unrecognized subcommand",
+        "invalid value",
+    ] {
+        assert!(!stderr.contains(clap_error), "{origin}: {args:?}: {stderr}");
+    }
+    // Got as far as connecting: everything before the connection was accepted.
+    assert!(
+        stderr.contains("127.0.0.1:1"),
+        "{origin}: {args:?} exited {code:?} without trying PostgreSQL: {stderr}"
+    );
+    sub
+}
+
+#[test]
+fn kubernetes_command_lines_are_accepted_by_the_binary() {
+    let docs = kubernetes_docs();
+    let objects = |kind: &str, field: &str| -> BTreeMap<String, BTreeMap<String, String>> {
+        docs.iter()
+            .filter(|(_, d)| d["kind"] == kind)
+            .map(|(_, d)| {
+                let data = d[field]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), str_of(v, k).to_string()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (str_of(&d["metadata"]["name"], "name").to_string(), data)
+            })
+            .collect()
+    };
+    let config_maps = objects("ConfigMap", "data");
+    let secrets = objects("Secret", "stringData");
+    let accounts: BTreeSet<String> = docs
+        .iter()
+        .filter(|(_, d)| d["kind"] == "ServiceAccount")
+        .map(|(_, d)| str_of(&d["metadata"]["name"], "name").to_string())
+        .collect();
+
+    let mut checked = BTreeSet::new();
+    for (file, owner, pod) in pod_specs(&docs) {
+        if let Some(sa) = pod["serviceAccountName"].as_str() {
+            assert!(accounts.contains(sa), "{owner}: no ServiceAccount {sa}");
+        }
+        // Volumes: a local directory per mount, holding the ConfigMap's files.
+        let scratch = tempfile::tempdir().unwrap();
+        let mut volumes = BTreeMap::new();
+        for v in pod["volumes"].as_array().into_iter().flatten() {
+            let name = str_of(&v["name"], "volume name");
+            let dir = scratch.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            if let Some(cm) = v["configMap"]["name"].as_str() {
+                let data = config_maps
+                    .get(cm)
+                    .unwrap_or_else(|| panic!("{owner}: volume {name} names no ConfigMap {cm}"));
+                for (k, content) in data {
+                    std::fs::write(dir.join(k), content).unwrap();
+                }
+            } else {
+                assert!(v["emptyDir"].is_object(), "{owner}: volume {name}: {v}");
+            }
+            volumes.insert(name.to_string(), dir);
+        }
+        for c in pod["containers"].as_array().unwrap() {
+            let origin = format!("{} {owner} container {}", file.display(), c["name"]);
+            if !str_of(&c["image"], "image").contains("lakecdc") {
+                continue;
+            }
+            let mut paths: PathMap = Vec::new();
+            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+                let name = str_of(&m["name"], "mount name");
+                let dir = volumes
+                    .get(name)
+                    .unwrap_or_else(|| panic!("{origin}: mounts unknown volume {name}"));
+                paths.push((
+                    str_of(&m["mountPath"], "mountPath").to_string(),
+                    dir.clone(),
+                ));
+            }
+            // Environment as the kubelet builds it: envFrom in order, then env.
+            let mut env = BTreeMap::new();
+            for from in c["envFrom"].as_array().into_iter().flatten() {
+                let (kind, source, name) = if from["configMapRef"].is_object() {
+                    ("ConfigMap", &config_maps, &from["configMapRef"]["name"])
+                } else {
+                    ("Secret", &secrets, &from["secretRef"]["name"])
+                };
+                let name = str_of(name, "envFrom name");
+                let data = source
+                    .get(name)
+                    .unwrap_or_else(|| panic!("{origin}: envFrom names no {kind} {name}"));
+                env.extend(data.clone());
+            }
+            for e in c["env"].as_array().into_iter().flatten() {
+                if let Some(v) = e.get("value") {
+                    env.insert(
+                        str_of(&e["name"], "env name").to_string(),
+                        str_of(v, "env value").to_string(),
+                    );
+                }
+            }
+            // The image's entrypoint is the binary; a `command` must name it.
+            let mut args: Vec<String> = Vec::new();
+            if let Some(command) = c["command"].as_array() {
+                let (bin, rest) = command.split_first().unwrap();
+                assert!(str_of(bin, "command").ends_with("lakecdc"), "{origin}");
+                args.extend(rest.iter().map(|a| str_of(a, "command").to_string()));
+            }
+            args.extend(
+                c["args"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|a| str_of(a, "args").to_string()),
+            );
+            checked.insert(assert_accepted(&origin, &args, env, &paths));
+        }
+    }
+    assert_eq!(
+        checked,
+        BTreeSet::from(["compact".into(), "flush".into(), "gc".into(), "init".into()])
+    );
+}
+
+/// `KEY=value` lines of a systemd unit or environment file (comments and sections dropped).
+fn unit_lines(path: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with(['#', ';', '[']))
+        .map(|l| {
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("{}: not KEY=value: {l}", path.display()));
+            (k.trim().to_string(), v.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn systemd_command_lines_are_accepted_by_the_binary() {
+    let dir = manifests_dir().join("systemd");
+    let units = files_with(&dir, &[".service"]);
+    let mut checked = BTreeSet::new();
+    for unit in &units {
+        let origin = unit.display().to_string();
+        let timer = unit.with_extension("timer");
+        assert!(timer.is_file(), "{origin} has no timer");
+        assert!(
+            unit_lines(&timer).iter().any(|(k, _)| k == "OnCalendar"),
+            "{}",
+            timer.display()
+        );
+        let lines = unit_lines(unit);
+        let scratch = tempfile::tempdir().unwrap();
+        // The example schemas stand for the installed schema directory.
+        let mut paths: PathMap = vec![("/etc/lakecdc/schemas".into(), harness::examples_dir())];
+        let mut env = BTreeMap::new();
+        let mut exec = Vec::new();
+        for (k, v) in &lines {
+            match k.as_str() {
+                "EnvironmentFile" => {
+                    assert_eq!(v.trim_start_matches('-'), "/etc/lakecdc/lakecdc.env");
+                    for (k, v) in unit_lines(&dir.join("lakecdc.env.example")) {
+                        env.insert(k, v);
+                    }
+                }
+                "Environment" => {
+                    assert!(!v.contains(['"', '\'', ' ']), "{origin}: keep {v} simple");
+                    let (k, v) = v.split_once('=').unwrap();
+                    env.insert(k.to_string(), v.to_string());
+                }
+                "CacheDirectory" | "StateDirectory" => {
+                    let root = if k == "CacheDirectory" {
+                        "/var/cache"
+                    } else {
+                        "/var/lib"
+                    };
+                    let local = scratch.path().join(v.replace('/', "_"));
+                    std::fs::create_dir(&local).unwrap();
+                    paths.push((format!("{root}/{v}"), local));
+                }
+                "ExecStart" => exec.push(v.clone()),
+                _ => {}
+            }
+        }
+        assert_eq!(exec.len(), 1, "{origin}: {exec:?}");
+        assert!(!exec[0].contains(['"', '\'', '%']), "{origin}: {}", exec[0]);
+        let mut words = exec[0]
+            .trim_start_matches(['-', '@', '+', '!', ':'])
+            .split_whitespace()
+            .map(str::to_string);
+        assert_eq!(words.next().as_deref(), Some("/usr/local/bin/lakecdc"));
+        let args: Vec<String> = words.collect();
+        checked.insert(assert_accepted(&origin, &args, env, &paths));
+    }
+    assert_eq!(
+        checked,
+        BTreeSet::from(["compact".into(), "flush".into(), "gc".into()])
+    );
+}
+
+#[test]
+fn the_schema_config_map_holds_the_example_schemas() {
+    let file = manifests_dir().join("kubernetes/configmap-schemas.yaml");
+    let doc = &load_yaml(&file)[0];
+    let data = doc["data"].as_object().unwrap();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(harness::examples_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let want = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            data.get(&name).and_then(Value::as_str),
+            Some(want.as_str()),
+            "{name}"
+        );
+        names.push(name);
+    }
+    assert_eq!(data.len(), names.len(), "{:?}", data.keys());
+}
+
+#[test]
+fn the_deployment_readme_names_every_environment_variable() {
+    let readme = std::fs::read_to_string(manifests_dir().join("README.md")).unwrap();
+    let mut vars = BTreeSet::new();
+    for sub in [
+        "flush", "compact", "gc", "verify", "inspect", "init", "init-db",
+    ] {
+        let out = harness::bin().args([sub, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{sub} --help");
+        let help = String::from_utf8_lossy(&out.stdout).into_owned();
+        for part in help.split("[env: ").skip(1) {
+            let var: String = part
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            vars.insert(var);
+        }
+    }
+    assert!(vars.len() > 20, "{vars:?}");
+    for var in vars {
+        assert!(
+            readme.contains(&format!("`{var}`")),
+            "manifests/README.md does not name {var}"
+        );
+    }
+}
+
+fn schema_validator() -> Validator {
+    let schema: Value = serde_json::from_slice(
+        &std::fs::read(manifests_dir().join("lake-manifest.schema.json")).unwrap(),
+    )
+    .unwrap();
+    jsonschema::draft202012::meta::validate(&schema)
+        .unwrap_or_else(|e| panic!("lake-manifest.schema.json is not a valid schema: {e}"));
+    jsonschema::draft202012::new(&schema).unwrap()
+}
+
+/// The instance paths of every validation error (empty when valid).
+fn errors(v: &Validator, doc: &Value) -> Vec<String> {
+    v.iter_errors(doc)
+        .map(|e| format!("{}: {e}", e.instance_path().as_str()))
+        .collect()
+}
+
+fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/manifest")
+        .join(name);
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn compact_ctx(rig: &Rig) -> Context {
+    Context {
+        connector: rig.ctx.connector.clone(),
+        tables: rig.ctx.tables.clone(),
+        lake: rig.ctx.lake.clone(),
+        clock: rig.ctx.clock.clone(),
+        shutdown: Default::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn manifests_written_by_lakecdc_validate_against_the_schema() {
+    const MANIFEST: &str = "manifest/100.json";
+    let v = schema_validator();
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(2020);
+    let compact = |rig: &Rig, o: CompactOptions| {
+        let ctx = compact_ctx(rig);
+        async move {
+            let report = lakecdc::compact::run(&ctx, &o, None).await.unwrap();
+            report.schemas.into_iter().next().unwrap()
+        }
+    };
+    let opts = |rig: &Rig| CompactOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        ..CompactOptions::default()
+    };
+    let mut tiers = BTreeSet::new();
+    let mut check = async |rig: &Rig, stage: &str| -> Value {
+        let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+            .await
+            .unwrap();
+        assert_eq!(errors(&v, &m), Vec::<String>::new(), "{stage}: {m:#}");
+        for f in m["files"].as_array().unwrap() {
+            tiers.insert(f["tier"].as_str().unwrap().to_string());
+        }
+        m
+    };
+
+    // Deltas of a flush.
+    rig.seed(120, &mut r).await;
+    rig.flush().await;
+    let m = check(&rig, "after a flush").await;
+    assert!(!m["files"].as_array().unwrap().is_empty());
+    // The deltas promoted to base, then new deltas over it.
+    let promote = CompactOptions {
+        target_base_size: 1,
+        ..opts(&rig)
+    };
+    let s = compact(&rig, promote).await;
+    assert_eq!(s.plan.as_ref().unwrap().decision, Decision::Promote);
+    check(&rig, "after a promotion").await;
+    for _ in 0..60 {
+        rig.writer.random_op(&mut r).await;
+    }
+    let id = *rig.writer.rows.keys().next().unwrap();
+    rig.writer.hard_delete(id).await;
+    rig.flush().await;
+    check(&rig, "base and deltas").await;
+    // A rewrite: one merged base, and the sources recorded under `retired`.
+    let s = compact(&rig, opts(&rig)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_eq!(s.plan.as_ref().unwrap().decision, Decision::Rewrite);
+    let m = check(&rig, "after a rewrite").await;
+    assert!(!m["retired"].as_array().unwrap().is_empty(), "{m:#}");
+    assert_eq!(tiers, BTreeSet::from(["base".into(), "delta".into()]));
+}
+
+#[test]
+fn the_schema_accepts_the_forma_fixture_as_lakecdc_rewrites_it() {
+    let v = schema_validator();
+    // lakecdc's rewrite of a forma manifest: an entry without checksum, empty row_id bounds,
+    // unknown fields at both levels (`writer`, `level`).
+    let rewritten = fixture("forma.rewritten.json");
+    assert_eq!(errors(&v, &rewritten), Vec::<String>::new());
+    // forma's own file spells one tier "Delta": readers accept it, but the schema documents
+    // what lakecdc writes (lowercase), and lakecdc lowercases it on rewrite.
+    let errs = errors(&v, &fixture("forma.json"));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].starts_with("/files/1/tier:"), "{errs:?}");
+}
+
+#[test]
+fn the_schema_rejects_what_lakecdc_never_writes() {
+    let v = schema_validator();
+    let good = fixture("forma.rewritten.json");
+    type Edit = fn(&mut Value);
+    let cases: [(&str, Edit); 11] = [
+        ("/files/0/checksum", |m| {
+            m["files"][0]["checksum"] = json!("md5:9e107d9d372bb6826bd81d3542a419d6");
+        }),
+        ("/files/0/checksum", |m| {
+            m["files"][0]["checksum"] = json!("sha256:ABCDEF");
+        }),
+        ("/files/1/tier", |m| {
+            m["files"][1]["tier"] = json!("archive")
+        }),
+        ("/files/0/tier", |m| m["files"][0]["tier"] = json!("BASE")),
+        ("/files/0/row_id_min", |m| {
+            m["files"][0]["row_id_min"] = json!("0190A1B2-0000-7000-8000-000000000001");
+        }),
+        ("/files/0/path", |m| m["files"][0]["path"] = json!("")),
+        ("/files/0/row_count", |m| {
+            m["files"][0]["row_count"] = json!(-1)
+        }),
+        ("/files/2", |m| {
+            m["files"][2].as_object_mut().unwrap().remove("size_bytes");
+        }),
+        ("/schema_id", |m| m["schema_id"] = json!(0)),
+        ("", |m| {
+            m.as_object_mut().unwrap().remove("files");
+        }),
+        ("/retired/0/retired_at_ms", |m| {
+            m["retired"] = json!([{"path": "data/7/x.parquet", "retired_at_ms": "yesterday"}]);
+        }),
+    ];
+    for (at, edit) in cases {
+        let mut m = good.clone();
+        edit(&mut m);
+        let errs = errors(&v, &m);
+        assert!(
+            errs.iter().any(|e| e.starts_with(&format!("{at}:"))),
+            "expected an error at {at:?}, got {errs:?}"
+        );
+    }
+    // What the schema allows: fields it does not describe, and a well-formed `retired`.
+    let mut m = good;
+    m["compactor"] = json!({"note": "kept verbatim"});
+    m["files"][0]["level"] = json!(3);
+    m["retired"] = json!([{"path": "data/7/x.parquet", "retired_at_ms": 1732860000999_i64}]);
+    assert_eq!(errors(&v, &m), Vec::<String>::new());
+}
