@@ -73,10 +73,15 @@ SELECT 100, gen_random_uuid(), 1700000000000 + i, 1700000000000 + i,
   (i % 30000)::smallint, (i % 7)::smallint, i, i % 1000, i::bigint * 1000, i::bigint % 86400000,
   i * 0.5, (i % 1000) / 3.0
 FROM generate_series(1, $N) AS i;
+-- An entity's EAV rows are written together, as the application writes them.
 INSERT INTO eav_data (schema_id, row_id, attr_id, array_indices, value_text, value_numeric)
-SELECT 100, ltbase_row_id, 19, '', NULL, (ltbase_created_at % 1000) / 7.0 FROM entity_main
-UNION ALL SELECT 100, ltbase_row_id, 20, '', 'label-' || (ltbase_created_at % 97), NULL FROM entity_main
-UNION ALL SELECT 100, ltbase_row_id, 21, '', NULL, ltbase_created_at FROM entity_main;
+SELECT 100, m.ltbase_row_id, a.attr_id, '',
+       CASE WHEN a.attr_id = 20 THEN 'label-' || (m.ltbase_created_at % 97) END,
+       CASE a.attr_id WHEN 19 THEN (m.ltbase_created_at % 1000) / 7.0
+                      WHEN 21 THEN m.ltbase_created_at END
+FROM (SELECT ltbase_row_id, ltbase_created_at FROM entity_main ORDER BY ltbase_created_at) m
+CROSS JOIN (VALUES (19::smallint), (20::smallint), (21::smallint)) AS a(attr_id)
+ORDER BY m.ltbase_created_at, a.attr_id;
 INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at)
 SELECT 100, ltbase_row_id, 0, ltbase_updated_at FROM entity_main;
 VACUUM ANALYZE;

@@ -2,10 +2,10 @@
 //!
 //! Per schema, under its advisory lock, each batch runs these side effects in this order:
 //!
-//! 1. select up to `batch_size` dirty slots by `(changed_at, row_id)`; cutoff = max(now, max
-//!    selected version);
-//! 2. read slots (`changed_at <= cutoff`), entity rows and EAV rows in ONE repeatable-read
-//!    snapshot; DuckDB writes the local Parquet file;
+//! 1. select up to `batch_size` dirty slots by `(changed_at, row_id)` (keyset paging) and
+//! 2. read their entity and EAV rows, all in ONE repeatable-read snapshot, so the file holds
+//!    exactly the versions selected; DuckDB writes the local Parquet file (the next batch is
+//!    selected and read meanwhile);
 //! 3. upload it to `_tmp/{uuid}`, copy to the delta key `{uuidv7}`, delete the tmp;
 //! 4. append the entry to the manifest (conditional write, re-applied on a confirmed conflict);
 //! 5. mark `flushed_at = T` where `changed_at` still equals the exported version.
@@ -423,6 +423,7 @@ async fn flush_locked(
     report: &mut SchemaReport,
 ) -> Result<()> {
     let mut client = ctx.connector.connect().await?;
+    snapshot::tune_for_lookups(&client).await?;
     let dirty = stats::dirty(&client, &ctx.tables.change_log, schema_id).await?;
     report.dirty_rows = dirty.count;
     if dirty.count == 0 {
@@ -457,8 +458,70 @@ async fn flush_locked(
     result.and(settled)
 }
 
-/// The batch loop. Each batch's mark (step 5) runs on a second connection while the next batch
-/// is selected, read, exported and committed; at most one mark is in flight.
+/// A selected batch and, unless in a dry run, its snapshot.
+struct Fetched {
+    selected: Vec<Selected>,
+    snapshot: Option<Snapshot>,
+}
+
+/// Steps 1 and 2 (selection and payload, one snapshot) for the batch after `cursor`; in a dry
+/// run only the selection.
+#[allow(clippy::too_many_arguments)] // two call sites in one loop; the batch's context
+async fn fetch(
+    ctx: &Context,
+    opts: &FlushOptions,
+    hooks: &FlushHooks,
+    def: &SchemaDef,
+    schema_id: i16,
+    client: &mut tokio_postgres::Client,
+    stmts: &snapshot::BatchStatements,
+    cursor: &mut Option<Selected>,
+) -> Result<Fetched> {
+    let t = Instant::now();
+    if opts.dry_run {
+        let selected =
+            snapshot::select(client, &ctx.tables, schema_id, opts.batch_size, *cursor).await?;
+        *cursor = selected.last().copied().or(*cursor);
+        step_done("select", t);
+        return Ok(Fetched {
+            selected,
+            snapshot: None,
+        });
+    }
+    let hook = hooks.before_export.clone();
+    let read = snapshot::read_next(
+        client,
+        stmts,
+        def,
+        schema_id,
+        opts.batch_size,
+        *cursor,
+        |ids| async move {
+            if let Some(h) = hook {
+                h(schema_id, ids).await;
+            }
+        },
+    )
+    .await?;
+    step_done("select and read snapshot", t);
+    Ok(match read {
+        None => Fetched {
+            selected: Vec::new(),
+            snapshot: None,
+        },
+        Some((selected, snap)) => {
+            *cursor = selected.last().copied();
+            Fetched {
+                selected,
+                snapshot: Some(snap),
+            }
+        }
+    })
+}
+
+/// The batch loop. The next batch is selected and read while the current one is written,
+/// uploaded and committed, and each batch's mark (step 5) runs on a second connection while
+/// the next batch is exported; at most one mark is in flight.
 #[allow(clippy::too_many_arguments)] // one call site; the arguments are the schema's context
 async fn drain(
     ctx: &Context,
@@ -471,9 +534,11 @@ async fn drain(
     report: &mut SchemaReport,
 ) -> Result<()> {
     let started = Instant::now();
+    let stmts = snapshot::BatchStatements::prepare(client, &ctx.tables, def).await?;
     let mut engine: Option<Engine> = None;
     let mut cursor: Option<Selected> = None;
     let mut mark_client: Option<Arc<tokio_postgres::Client>> = None;
+    let mut prefetched: Option<Fetched> = None;
     loop {
         if ctx.shutdown.is_requested() {
             report.reason = Some("stopped by signal after a complete batch".into());
@@ -486,49 +551,76 @@ async fn drain(
                 Some("batch or time budget reached; the rest is left for the next run".into());
             break;
         }
-        let t = Instant::now();
-        let selected =
-            snapshot::select(client, &ctx.tables, schema_id, opts.batch_size, cursor).await?;
-        step_done("select", t);
-        let Some(last) = selected.last().copied() else {
-            break;
-        };
-        cursor = Some(last);
-        let full = i64::try_from(selected.len()).unwrap_or(i64::MAX) >= opts.batch_size;
-        report.batches += 1;
-        if opts.dry_run {
-            report.files.push(FileReport {
-                path: String::new(),
-                rows: selected.len() as u64,
-                bytes: 0,
-            });
-            report.rows_exported += selected.len() as u64;
-        } else {
-            let cutoff = ctx
-                .clock
-                .now_ms()
-                .max(selected.iter().map(|s| s.changed_at).max().unwrap_or(0));
-            let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
-            if let Some(hook) = &hooks.before_export {
-                hook(schema_id, ids.clone()).await;
+        let batch = match prefetched.take() {
+            Some(b) => b,
+            None => {
+                fetch(
+                    ctx,
+                    opts,
+                    hooks,
+                    def,
+                    schema_id,
+                    client,
+                    &stmts,
+                    &mut cursor,
+                )
+                .await?
             }
-            let t = Instant::now();
-            let snap = snapshot::read(client, &ctx.tables, def, schema_id, &ids, cutoff).await?;
-            step_done("read snapshot", t);
-            if !snap.versions.is_empty() {
-                engine = Some(
-                    export_batch(ctx, opts, hooks, def, schema_id, &snap, engine, report).await?,
+        };
+        if batch.selected.is_empty() {
+            break;
+        }
+        let full = i64::try_from(batch.selected.len()).unwrap_or(i64::MAX) >= opts.batch_size;
+        report.batches += 1;
+        match batch.snapshot {
+            None => {
+                report.files.push(FileReport {
+                    path: String::new(),
+                    rows: batch.selected.len() as u64,
+                    bytes: 0,
+                });
+                report.rows_exported += batch.selected.len() as u64;
+            }
+            Some(snap) if snap.versions.is_empty() => {}
+            Some(snap) => {
+                let next = async {
+                    if full {
+                        Some(
+                            fetch(
+                                ctx,
+                                opts,
+                                hooks,
+                                def,
+                                schema_id,
+                                client,
+                                &stmts,
+                                &mut cursor,
+                            )
+                            .await,
+                        )
+                    } else {
+                        None
+                    }
+                };
+                let (exported, next) = tokio::join!(
+                    export_batch(ctx, opts, hooks, def, schema_id, &snap, engine, report),
+                    next
                 );
+                engine = Some(exported?);
                 settle_mark(pending.take(), report).await?;
                 let mc = match &mark_client {
                     Some(c) => c.clone(),
                     None => {
-                        let c = Arc::new(ctx.connector.connect().await?);
+                        let c = ctx.connector.connect().await?;
+                        snapshot::tune_for_lookups(&c).await?;
+                        let c = Arc::new(c);
                         mark_client = Some(c.clone());
                         c
                     }
                 };
                 *pending = Some(start_mark(ctx, &mc, schema_id, snap.versions));
+                // Only now: a failed read of the next batch must not keep this one unmarked.
+                prefetched = next.transpose()?;
             }
         }
         if !full {

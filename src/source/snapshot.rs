@@ -14,7 +14,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
-use tokio_postgres::{Client, IsolationLevel, Row};
+use tokio_postgres::{Client, IsolationLevel, Row, Statement};
 use uuid::Uuid;
 
 use super::connect::timed;
@@ -55,6 +55,84 @@ pub fn uuid_field(name: &str, nullable: bool) -> Field {
         "ARROW:extension:name".to_string(),
         "arrow.uuid".to_string(),
     )]))
+}
+
+/// Tunes a connection that reads and marks batches by row id. The statements look up a few
+/// thousand rows by primary key (`= ANY($n)`, an `unnest` join); with arrays that large the
+/// planner's estimates favour sequential or hash plans that scan whole tables and make a
+/// backlog drain quadratic. Index lookups are always right here, and JIT compilation only adds
+/// latency to these short statements.
+pub async fn tune_for_lookups(client: &Client) -> Result<()> {
+    timed(
+        TIMEOUT,
+        "tune session",
+        client.batch_execute(
+            "SET jit = off; SET enable_seqscan = off; SET enable_hashjoin = off; \
+             SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan",
+        ),
+    )
+    .await
+}
+
+/// The batch-read statements of one schema, prepared once per run (planned once: no
+/// per-batch planning of large array parameters).
+#[derive(Debug, Clone)]
+pub struct BatchStatements {
+    first: Statement,
+    after: Statement,
+    entities: Statement,
+    eav: Option<(Statement, Vec<i16>)>,
+}
+
+impl BatchStatements {
+    /// Prepares the slot, entity and EAV reads for `schema` on `client`.
+    pub async fn prepare(client: &Client, tables: &Tables, schema: &SchemaDef) -> Result<Self> {
+        let cl = tables.change_log.quoted();
+        let first = format!(
+            "SELECT row_id, changed_at, deleted_at FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
+             ORDER BY changed_at, row_id LIMIT $2"
+        );
+        let after = format!(
+            "SELECT row_id, changed_at, deleted_at FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
+             AND changed_at >= $3 AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
+        );
+        let bound = bound_columns(schema);
+        let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
+        let entities = format!(
+            "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
+             FROM {} WHERE ltbase_schema_id = $1 AND ltbase_row_id = ANY($2)",
+            tables.entity.quoted()
+        );
+        let eav_ids: Vec<i16> = schema
+            .attributes
+            .iter()
+            .filter(|a| a.binding.is_none())
+            .map(|a| a.id)
+            .collect();
+        let eav = format!(
+            "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
+             WHERE schema_id = $1 AND row_id = ANY($2) AND attr_id = ANY($3)",
+            tables.eav.quoted()
+        );
+        Ok(Self {
+            first: timed(TIMEOUT, "prepare change_log read", client.prepare(&first)).await?,
+            after: timed(TIMEOUT, "prepare change_log read", client.prepare(&after)).await?,
+            entities: timed(
+                TIMEOUT,
+                "prepare entity_main read",
+                client.prepare(&entities),
+            )
+            .await?,
+            eav: if eav_ids.is_empty() {
+                None
+            } else {
+                Some((
+                    timed(TIMEOUT, "prepare eav_data read", client.prepare(&eav)).await?,
+                    eav_ids,
+                ))
+            },
+        })
+    }
 }
 
 /// Selects up to `limit` dirty slots ordered by `(changed_at, row_id)`, strictly after `after`
@@ -102,16 +180,20 @@ pub async fn select(
         .collect())
 }
 
-/// Reads the payload of `ids` in one repeatable-read snapshot. Slots whose version moved past
-/// `cutoff` since selection are left out (they stay dirty).
-pub async fn read(
+/// Selects the next batch — up to `limit` dirty slots by `(changed_at, row_id)` after `after` —
+/// and reads their entity and EAV rows, all in ONE repeatable-read snapshot: the payload is
+/// exactly the versions selected (no skew, study §10 #45). `before_payload` runs between the
+/// selection and the payload reads (a test seam). `None` when nothing is dirty after `after`.
+#[allow(clippy::too_many_arguments)] // one call site; the arguments are the batch's context
+pub async fn read_next<F: std::future::Future<Output = ()>>(
     client: &mut Client,
-    tables: &Tables,
+    stmts: &BatchStatements,
     schema: &SchemaDef,
     schema_id: i16,
-    ids: &[Uuid],
-    cutoff: i64,
-) -> Result<Snapshot> {
+    limit: i64,
+    after: Option<Selected>,
+    before_payload: impl FnOnce(Vec<Uuid>) -> F,
+) -> Result<Option<(Vec<Selected>, Snapshot)>> {
     let tx = timed(
         TIMEOUT,
         "begin snapshot",
@@ -122,72 +204,66 @@ pub async fn read(
             .start(),
     )
     .await?;
-    let ids: Vec<Uuid> = ids.to_vec();
-    let slots = timed(
-        TIMEOUT,
-        "read change_log",
-        tx.query(
-            &format!(
-                "SELECT row_id, changed_at, deleted_at FROM {} WHERE schema_id = $1 AND flushed_at = 0 \
-                 AND row_id = ANY($2) AND changed_at <= $3",
-                tables.change_log.quoted()
-            ),
-            &[&schema_id, &ids, &cutoff],
-        ),
-    )
-    .await?;
-    let live: Vec<Uuid> = slots.iter().map(|r| r.get(0)).collect();
+    let slots = match after {
+        None => {
+            timed(
+                TIMEOUT,
+                "select batch",
+                tx.query(&stmts.first, &[&schema_id, &limit]),
+            )
+            .await?
+        }
+        Some(a) => {
+            timed(
+                TIMEOUT,
+                "select batch",
+                tx.query(
+                    &stmts.after,
+                    &[&schema_id, &limit, &a.changed_at, &a.row_id],
+                ),
+            )
+            .await?
+        }
+    };
+    if slots.is_empty() {
+        timed(TIMEOUT, "end snapshot", tx.commit()).await?;
+        return Ok(None);
+    }
+    let selected: Vec<Selected> = slots
+        .iter()
+        .map(|r| Selected {
+            row_id: r.get(0),
+            changed_at: r.get(1),
+        })
+        .collect();
+    let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
+    before_payload(ids.clone()).await;
     let bound = bound_columns(schema);
-    let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
     let entities = timed(
         TIMEOUT,
         "read entity_main",
-        tx.query(
-            &format!(
-                "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
-                 FROM {} WHERE ltbase_schema_id = $1 AND ltbase_row_id = ANY($2)",
-                tables.entity.quoted()
-            ),
-            &[&schema_id, &live],
-        ),
+        tx.query(&stmts.entities, &[&schema_id, &ids]),
     )
     .await?;
-    let eav_ids: Vec<i16> = schema
-        .attributes
-        .iter()
-        .filter(|a| a.binding.is_none())
-        .map(|a| a.id)
-        .collect();
-    let eav = if eav_ids.is_empty() {
-        Vec::new()
-    } else {
-        timed(
-            TIMEOUT,
-            "read eav_data",
-            tx.query(
-                &format!(
-                    "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
-                     WHERE schema_id = $1 AND row_id = ANY($2) AND attr_id = ANY($3)",
-                    tables.eav.quoted()
-                ),
-                &[&schema_id, &live, &eav_ids],
-            ),
-        )
-        .await?
+    let eav = match &stmts.eav {
+        None => Vec::new(),
+        Some((stmt, eav_ids)) => {
+            timed(
+                TIMEOUT,
+                "read eav_data",
+                tx.query(stmt, &[&schema_id, &ids, eav_ids]),
+            )
+            .await?
+        }
     };
     timed(TIMEOUT, "end snapshot", tx.commit()).await?;
-    Ok(Snapshot {
-        versions: slots
-            .iter()
-            .map(|r| Selected {
-                row_id: r.get(0),
-                changed_at: r.get(1),
-            })
-            .collect(),
+    let snapshot = Snapshot {
+        versions: selected.clone(),
         change_log: change_log_batch(&slots)?,
         entities: entity_batch(&entities, &bound)?,
         eav: eav_batch(&eav)?,
-    })
+    };
+    Ok(Some((selected, snapshot)))
 }
 
 /// One keyset page of live entities for a base export.
