@@ -515,6 +515,7 @@ async fn rewrite(
         check_source(ctx, schema_id, f)?;
     }
     // 1. download + verify, then the system-column check.
+    let t = Instant::now();
     let sources: Vec<PathBuf> =
         stream::iter(m.files.clone().into_iter().enumerate())
             .map(|(i, f)| async move {
@@ -525,7 +526,13 @@ async fn rewrite(
             .await
             .into_iter()
             .collect::<Result<_>>()?;
+    tracing::debug!(
+        ms = t.elapsed().as_millis() as u64,
+        files = m.files.len(),
+        "compact step download"
+    );
     // 2. merge.
+    let t = Instant::now();
     let merged = dir.join("merged.parquet");
     let (stats, columns) = {
         let (cfg, sources, merged) = (opts.engine.clone(), sources.clone(), merged.clone());
@@ -541,9 +548,11 @@ async fn rewrite(
         .await
         .map_err(|e| Error::Invariant(format!("merge task failed: {e}")))??
     };
+    tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step merge");
     out.files_in = m.files.len();
     out.rows_in = stats.rows_in;
     // 3. stage and promote.
+    let t = Instant::now();
     let tmp = layout.tmp_key(schema_id, Uuid::new_v4());
     let put = match store.put_file(&tmp, &merged).await {
         Ok(p) => p,
@@ -570,6 +579,7 @@ async fn rewrite(
     if let Err(e) = store.delete(&tmp).await {
         tracing::warn!(key = %tmp, error = %e, "temporary object left for gc");
     }
+    tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step upload");
     if let Some(h) = &hook {
         h(schema_id).await;
     }

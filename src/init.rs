@@ -440,9 +440,11 @@ async fn export_files(
             };
             let mut after = None;
             loop {
+                let t = Instant::now();
                 let page =
                     snapshot::read_live_page(&mut client, &tables, &def, schema_id, after, limit)
                         .await;
+                tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step read page");
                 match page {
                     Ok(Some(p)) => {
                         after = Some(p.last);
@@ -494,6 +496,7 @@ async fn stage_and_upload(
     while let Some(page) = rx.recv().await {
         let page = page?;
         let first = staging.is_none();
+        let t = Instant::now();
         let e = take(&mut engine)?;
         engine = Some(
             blocking(move || {
@@ -502,6 +505,7 @@ async fn stage_and_upload(
             })
             .await?,
         );
+        tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step stage page");
         let s = staging.get_or_insert(Staging {
             rows: 0,
             first: page.first,
@@ -615,6 +619,7 @@ async fn write_file(
     let local = opts
         .work_dir
         .join(format!("lakecdc-init-{}.parquet", Uuid::new_v4()));
+    let t = Instant::now();
     let (engine, rows, columns) = blocking({
         let (def, local) = (def.clone(), local.clone());
         move || {
@@ -624,6 +629,11 @@ async fn write_file(
         }
     })
     .await?;
+    tracing::debug!(
+        ms = t.elapsed().as_millis() as u64,
+        rows,
+        "init step write file"
+    );
     let size = tokio::fs::metadata(&local)
         .await
         .map(|m| m.len())
@@ -642,6 +652,7 @@ async fn write_file(
     let now = ctx.clock.now_ms();
     let upload = tokio::spawn(async move {
         let tmp = layout.tmp_key(schema_id, Uuid::new_v4());
+        let t = Instant::now();
         let result = async {
             let put = store
                 .put_file(&tmp, &local)
@@ -670,6 +681,7 @@ async fn write_file(
             tracing::warn!(key = %tmp, error = %e, "temporary object left for gc");
         }
         let _ = tokio::fs::remove_file(&local).await;
+        tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step upload");
         result
     });
     Ok((engine, upload, bytes_per_row))
