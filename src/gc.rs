@@ -255,32 +255,17 @@ async fn collect(
     let mut seen = BTreeMap::new();
     let mut due = Vec::new();
     for o in objects.iter().filter(|o| !listed_keys.contains(&o.key)) {
-        match layout.classify(&o.key) {
-            KeyKind::Tmp { schema_id: s, .. }
-            | KeyKind::MergedBase { schema_id: s, .. }
-            | KeyKind::InitBase { schema_id: s, .. }
-                if s == schema_id =>
-            {
-                let first = state.first_unlisted_ms.get(&o.key).copied().unwrap_or(now);
-                seen.insert(o.key.clone(), first);
-                if now - first >= grace_ms && now - o.last_modified_ms >= grace_ms {
-                    due.push(o.key.clone());
-                } else {
-                    out.within_grace.push(o.key.clone());
-                }
+        let kind = layout.classify(&o.key);
+        let ours = kind.schema_id() == Some(schema_id);
+        match kind {
+            // Garbage by shape, or a delta that compaction merged and retired.
+            KeyKind::Tmp { .. } | KeyKind::MergedBase { .. } | KeyKind::InitBase { .. } if ours => {
+                sight(&state, &mut seen, o, now, grace_ms, &mut due, out)
             }
-            KeyKind::Delta { schema_id: s, .. } if s == schema_id && retired.contains(&o.key) => {
-                let first = state.first_unlisted_ms.get(&o.key).copied().unwrap_or(now);
-                seen.insert(o.key.clone(), first);
-                if now - first >= grace_ms && now - o.last_modified_ms >= grace_ms {
-                    due.push(o.key.clone());
-                } else {
-                    out.within_grace.push(o.key.clone());
-                }
+            KeyKind::Delta { .. } if ours && retired.contains(&o.key) => {
+                sight(&state, &mut seen, o, now, grace_ms, &mut due, out)
             }
-            KeyKind::Delta { schema_id: s, .. } if s == schema_id => {
-                out.unlisted_deltas.push(o.key.clone())
-            }
+            KeyKind::Delta { .. } if ours => out.unlisted_deltas.push(o.key.clone()),
             _ => out.unknown.push(o.key.clone()),
         }
     }
@@ -345,6 +330,26 @@ async fn collect(
         },
     );
     Ok(())
+}
+
+/// Records a deletable orphan's sighting and files it as due (both the sighting and the object
+/// older than the grace) or within the grace.
+fn sight(
+    state: &GcState,
+    seen: &mut BTreeMap<String, i64>,
+    o: &crate::store::ObjectMeta,
+    now: i64,
+    grace_ms: i64,
+    due: &mut Vec<String>,
+    out: &mut SchemaGc,
+) {
+    let first = state.first_unlisted_ms.get(&o.key).copied().unwrap_or(now);
+    seen.insert(o.key.clone(), first);
+    if now - first >= grace_ms && now - o.last_modified_ms >= grace_ms {
+        due.push(o.key.clone());
+    } else {
+        out.within_grace.push(o.key.clone());
+    }
 }
 
 async fn load_state(
