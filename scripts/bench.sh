@@ -60,13 +60,23 @@ export LAKECDC_PG_URL="$PGURL" LAKECDC_LAKE=s3://bench LAKECDC_S3_ENDPOINT="$LAK
 export LAKECDC_S3_PATH_STYLE=true LAKECDC_SCHEMA_DIR="$ROOT/bench/schemas"
 "$BIN" -q init-db >/dev/null
 
-echo "bench: seeding $N entities" >&2
+# Row ids: UUIDv7 (time-ordered, as the entity store generates them) by default, or random
+# UUIDv4 with LAKECDC_BENCH_IDS=v4 (the worst case for index-ordered reads).
+case "${LAKECDC_BENCH_IDS:-v7}" in
+v7) ROW_ID="(lpad(to_hex(1700000000000 + i), 12, '0') || '7' || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid" ;;
+v4) ROW_ID="gen_random_uuid()" ;;
+*)
+	echo "LAKECDC_BENCH_IDS must be v7 or v4" >&2
+	exit 2
+	;;
+esac
+echo "bench: seeding $N entities (${LAKECDC_BENCH_IDS:-v7} row ids)" >&2
 t0=$(now)
 $PSQL "$PGURL" <<SQL
 INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, ltbase_updated_at,
   text_01, text_02, text_03, text_04, text_05, text_06, text_07, text_08, text_09, text_10,
   smallint_01, smallint_02, integer_01, integer_02, bigint_01, bigint_02, double_01, double_02)
-SELECT 100, gen_random_uuid(), 1700000000000 + i, 1700000000000 + i,
+SELECT 100, $ROW_ID, 1700000000000 + i, 1700000000000 + i,
   'customer ' || i, md5(i::text), 'city-' || (i % 1000), 'street ' || (i % 5000) || ' no ' || (i % 97),
   'segment-' || (i % 12), 'note ' || md5((i * 7)::text), 'EUR', 'tier-' || (i % 4),
   'ref-' || (i % 100000), 'status-' || (i % 5),
@@ -104,7 +114,7 @@ if [ "$what" = init ]; then
 	report=$(mktemp)
 	timing=$(mktemp)
 	t0=$(now)
-	/usr/bin/time -v -o "$timing" "$BIN" -q init --json --work-dir "$work" --memory-limit 1GB >"$report"
+	/usr/bin/time -v -o "$timing" "$BIN" -q init --json --work-dir "$work" --memory-limit 640MB >"$report"
 	init=$(secs "$t0" "$(now)")
 	rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$timing")
 	python3 - "$report" "$N" "$floor" "$peer" "$init" "$rss_kb" "$(stat -c %s "$work/peer.parquet")" <<'PY'

@@ -87,7 +87,7 @@ impl Default for InitOptions {
             schemas: Vec::new(),
             replace_delta: false,
             target_file_size: 256 * 1024 * 1024,
-            max_file_rows: 500_000,
+            max_file_rows: 300_000,
             page_rows: 50_000,
             dry_run: false,
             work_dir: std::env::temp_dir(),

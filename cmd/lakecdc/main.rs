@@ -258,7 +258,7 @@ struct InitArgs {
     #[arg(long, env = "LAKECDC_TARGET_FILE_SIZE", default_value = "256MiB")]
     target_file_size: String,
     /// Most rows in one base file (bounds what DuckDB stages at once).
-    #[arg(long, env = "LAKECDC_MAX_FILE_ROWS", default_value_t = 500_000)]
+    #[arg(long, env = "LAKECDC_MAX_FILE_ROWS", default_value_t = 300_000)]
     max_file_rows: u64,
     /// Rows read per keyset page.
     #[arg(long, env = "LAKECDC_PAGE_ROWS", default_value_t = 50_000)]
