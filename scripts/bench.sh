@@ -114,7 +114,7 @@ if [ "$what" = init ]; then
 	report=$(mktemp)
 	timing=$(mktemp)
 	t0=$(now)
-	/usr/bin/time -v -o "$timing" "$BIN" -q init --json --work-dir "$work" --memory-limit 640MB >"$report"
+	/usr/bin/time -v -o "$timing" "$BIN" -q init --json --work-dir "$work" --memory-limit 512MB >"$report"
 	init=$(secs "$t0" "$(now)")
 	rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$timing")
 	python3 - "$report" "$N" "$floor" "$peer" "$init" "$rss_kb" "$(stat -c %s "$work/peer.parquet")" <<'PY'
