@@ -7,7 +7,8 @@
 //! repeatable-read snapshot; pages are staged in DuckDB until a file holds about
 //! `--target-file-size` (the rows-per-file estimate corrects itself from each written file),
 //! then written, uploaded to `_tmp/`, promoted to `{min}_{max}_{uuid}.parquet` (write-once) and
-//! checksummed. Reading the next page, staging the current one and uploading the previous file
+//! checksummed. `--readers` connections (2) read disjoint row-id ranges at once; reading pages,
+//! staging the current one and uploading the previous file
 //! overlap. Publishing replaces the base tier (and with `--replace-delta` the delta tier, whose
 //! files are then deleted) in ONE save; superseded bases are left to gc. A schema with no live
 //! rows publishes one zero-row base. Writes during init reach the lake with the next flush: a
@@ -56,6 +57,8 @@ pub struct InitOptions {
     pub max_file_rows: u64,
     /// Rows per keyset page.
     pub page_rows: i64,
+    /// Connections reading disjoint row-id ranges at once.
+    pub readers: u32,
     /// Count and estimate only.
     pub dry_run: bool,
     /// Local Parquet files and DuckDB spill files.
@@ -89,6 +92,7 @@ impl Default for InitOptions {
             target_file_size: 256 * 1024 * 1024,
             max_file_rows: 300_000,
             page_rows: 50_000,
+            readers: 2,
             dry_run: false,
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),
@@ -422,15 +426,20 @@ async fn export_files(
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<LivePage>>(2);
-    let reader = {
-        let (connector, tables, def, limit, hook) = (
+    let client = ctx.connector.connect().await?;
+    let ranges = snapshot::live_ranges(&client, &ctx.tables, schema_id, opts.readers).await?;
+    drop(client);
+    let mut readers = Vec::new();
+    for range in ranges {
+        let (tx, connector, tables, def, limit, hook) = (
+            tx.clone(),
             ctx.connector.clone(),
             ctx.tables.clone(),
             def.clone(),
             opts.page_rows.max(1),
             opts.after_page.clone(),
         );
-        tokio::spawn(async move {
+        readers.push(tokio::spawn(async move {
             let mut client = match connector.connect().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -441,9 +450,16 @@ async fn export_files(
             let mut after = None;
             loop {
                 let t = Instant::now();
-                let page =
-                    snapshot::read_live_page(&mut client, &tables, &def, schema_id, after, limit)
-                        .await;
+                let page = snapshot::read_live_page(
+                    &mut client,
+                    &tables,
+                    &def,
+                    schema_id,
+                    range,
+                    after,
+                    limit,
+                )
+                .await;
                 tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step read page");
                 match page {
                     Ok(Some(p)) => {
@@ -463,11 +479,15 @@ async fn export_files(
                     }
                 }
             }
-        })
-    };
+        }));
+    }
+    // The channel ends when every reader has dropped its sender.
+    drop(tx);
     let result = stage_and_upload(ctx, opts, schema_id, def, &mut rx, out).await;
     drop(rx);
-    let _ = reader.await;
+    for r in readers {
+        let _ = r.await;
+    }
     result
 }
 

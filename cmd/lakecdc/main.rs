@@ -263,6 +263,9 @@ struct InitArgs {
     /// Rows read per keyset page.
     #[arg(long, env = "LAKECDC_PAGE_ROWS", default_value_t = 50_000)]
     page_rows: i64,
+    /// Connections reading disjoint row-id ranges at once.
+    #[arg(long, env = "LAKECDC_READERS", default_value_t = 2)]
+    readers: u32,
     /// Count live rows and estimate files and bytes; write nothing.
     #[arg(long, env = "LAKECDC_DRY_RUN")]
     dry_run: bool,
@@ -630,6 +633,7 @@ fn main() -> ExitCode {
                     target_file_size: parse_size("--target-file-size", &a.target_file_size)?,
                     max_file_rows: a.max_file_rows,
                     page_rows: a.page_rows,
+                    readers: a.readers.max(1),
                     dry_run: a.dry_run,
                     work_dir,
                     engine,

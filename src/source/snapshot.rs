@@ -281,14 +281,75 @@ pub struct LivePage {
     pub rows: usize,
 }
 
-/// Reads up to `limit` live entities (`ltbase_deleted_at IS NULL`) with `ltbase_row_id > after`
-/// in row-id order — keyset paging, never OFFSET (study §10 #462) — and their EAV rows, in one
-/// repeatable-read snapshot. `None` when no row is left.
+/// A slice of the row-id space read by one init reader: `lo <= ltbase_row_id < hi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    /// Inclusive lower bound.
+    pub lo: Uuid,
+    /// Exclusive upper bound; `None` is unbounded.
+    pub hi: Option<Uuid>,
+}
+
+/// Splits the row-id space into `parts` ranges cut at equal widths between the smallest and
+/// largest live id (UUIDv7 ids are time-ordered, so equal widths hold similar row counts); the
+/// ranges together cover every possible id. Empty when the schema has no live row.
+pub async fn live_ranges(
+    client: &Client,
+    tables: &Tables,
+    schema_id: i16,
+    parts: u32,
+) -> Result<Vec<IdRange>> {
+    // PostgreSQL has no min/max for uuid; two index probes give the bounds.
+    let t = tables.entity.quoted();
+    let sql = format!(
+        "SELECT (SELECT ltbase_row_id FROM {t} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL \
+                 ORDER BY ltbase_row_id LIMIT 1), \
+                (SELECT ltbase_row_id FROM {t} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL \
+                 ORDER BY ltbase_row_id DESC LIMIT 1)"
+    );
+    let row = timed(
+        TIMEOUT,
+        "read row id bounds",
+        client.query_one(&sql, &[&schema_id]),
+    )
+    .await?;
+    let (Some(min), Some(max)) = (row.get::<_, Option<Uuid>>(0), row.get::<_, Option<Uuid>>(1))
+    else {
+        return Ok(Vec::new());
+    };
+    let (lo, hi) = (min.as_u128(), max.as_u128());
+    let parts = u128::from(parts.max(1));
+    let width = (hi - lo) / parts;
+    let mut cuts: Vec<u128> = (1..parts).map(|i| lo + width * i).collect();
+    cuts.dedup();
+    cuts.retain(|c| *c > lo);
+    let mut ranges = Vec::new();
+    // The first range starts at the smallest possible id, so a row inserted meanwhile below
+    // the minimum is not skipped (the last range is unbounded above for the same reason).
+    let mut start = 0;
+    for c in cuts {
+        ranges.push(IdRange {
+            lo: Uuid::from_u128(start),
+            hi: Some(Uuid::from_u128(c)),
+        });
+        start = c;
+    }
+    ranges.push(IdRange {
+        lo: Uuid::from_u128(start),
+        hi: None,
+    });
+    Ok(ranges)
+}
+
+/// Reads up to `limit` live entities (`ltbase_deleted_at IS NULL`) of `range` with
+/// `ltbase_row_id > after`, in row-id order — keyset paging, never OFFSET (study §10 #462) —
+/// and their EAV rows, in one repeatable-read snapshot. `None` when no row is left.
 pub async fn read_live_page(
     client: &mut Client,
     tables: &Tables,
     schema: &SchemaDef,
     schema_id: i16,
+    range: IdRange,
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Option<LivePage>> {
@@ -304,31 +365,21 @@ pub async fn read_live_page(
     .await?;
     let bound = bound_columns(schema);
     let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
-    let base = format!(
+    // Unnamed statements get custom plans, so the NULL tests fold away and the bounds become
+    // index conditions.
+    let sql = format!(
         "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
-         FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL",
+         FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL \
+         AND ltbase_row_id >= $3 AND ($4::uuid IS NULL OR ltbase_row_id < $4) \
+         AND ($5::uuid IS NULL OR ltbase_row_id > $5) ORDER BY ltbase_row_id LIMIT $2",
         tables.entity.quoted()
     );
-    let entities = match after {
-        None => {
-            let sql = format!("{base} ORDER BY ltbase_row_id LIMIT $2");
-            timed(
-                TIMEOUT,
-                "read entity page",
-                tx.query(&sql, &[&schema_id, &limit]),
-            )
-            .await?
-        }
-        Some(a) => {
-            let sql = format!("{base} AND ltbase_row_id > $3 ORDER BY ltbase_row_id LIMIT $2");
-            timed(
-                TIMEOUT,
-                "read entity page",
-                tx.query(&sql, &[&schema_id, &limit, &a]),
-            )
-            .await?
-        }
-    };
+    let entities = timed(
+        TIMEOUT,
+        "read entity page",
+        tx.query(&sql, &[&schema_id, &limit, &range.lo, &range.hi, &after]),
+    )
+    .await?;
     let (Some(first), Some(last)) = (entities.first(), entities.last()) else {
         return Ok(None);
     };
