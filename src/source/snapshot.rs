@@ -239,23 +239,28 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
     before_payload(ids.clone()).await;
     let bound = bound_columns(schema);
-    let entities = timed(
+    // Both reads are sent at once: tokio-postgres pipelines them on the connection, so the
+    // server works on the second while the first's rows are decoded here.
+    let entity_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&schema_id, &ids];
+    let entity_read = timed(
         TIMEOUT,
         "read entity_main",
-        tx.query(&stmts.entities, &[&schema_id, &ids]),
-    )
-    .await?;
-    let eav = match &stmts.eav {
-        None => Vec::new(),
-        Some((stmt, eav_ids)) => {
-            timed(
-                TIMEOUT,
-                "read eav_data",
-                tx.query(stmt, &[&schema_id, &ids, eav_ids]),
-            )
-            .await?
+        tx.query(&stmts.entities, &entity_params),
+    );
+    let eav_read = async {
+        match &stmts.eav {
+            None => Ok(Vec::new()),
+            Some((stmt, eav_ids)) => {
+                timed(
+                    TIMEOUT,
+                    "read eav_data",
+                    tx.query(stmt, &[&schema_id, &ids, eav_ids]),
+                )
+                .await
+            }
         }
     };
+    let (entities, eav) = futures::try_join!(entity_read, eav_read)?;
     timed(TIMEOUT, "end snapshot", tx.commit()).await?;
     let snapshot = Snapshot {
         versions: selected.clone(),
