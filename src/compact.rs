@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::job;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
 use crate::lake::{KeyKind, footer};
+use crate::report::label;
 use crate::source::registry::Registered;
 
 /// Compact runs with the shared lake-job context.
@@ -253,10 +254,7 @@ impl CompactReport {
             let decision = match (&s.plan, s.outcome) {
                 (_, Outcome::Failed) => "FAILED".to_string(),
                 (None, _) => "no_manifest".to_string(),
-                (Some(p), _) => serde_json::to_value(p.decision)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
+                (Some(p), _) => label(&p.decision),
             };
             out.push_str(&format!(
                 "{:<24} {:>6} {:<10} {:>8} {:>9} {:>10} {:>10} {:>12} {:>8}\n",
@@ -447,6 +445,15 @@ async fn pass(
     }
 }
 
+/// What the merge step produced.
+struct Merged {
+    /// Rows in the sources (from their footers, read anyway for the system-column check).
+    rows_in: u64,
+    stats: MergeStats,
+    /// The merged file's columns and types.
+    columns: Vec<(String, String)>,
+}
+
 /// Refuses entries that do not name a lake file of this schema (study §10 #417).
 fn check_source(ctx: &Context, schema_id: i16, f: &FileEntry) -> Result<()> {
     match ctx.lake.layout.classify(&f.path) {
@@ -534,23 +541,32 @@ async fn rewrite(
     // 2. merge.
     let t = Instant::now();
     let merged = dir.join("merged.parquet");
-    let (stats, columns) = {
+    let Merged {
+        rows_in,
+        stats,
+        columns,
+    } = {
         let (cfg, sources, merged) = (opts.engine.clone(), sources.clone(), merged.clone());
-        tokio::task::spawn_blocking(move || -> Result<(MergeStats, Vec<(String, String)>)> {
+        tokio::task::spawn_blocking(move || -> Result<Merged> {
+            let mut rows_in = 0u64;
             for s in &sources {
-                footer::check_file(s)?;
+                rows_in += u64::try_from(footer::check_file(s)?.row_count).unwrap_or(0);
             }
             let engine = Engine::open(&cfg)?;
             let stats = engine.merge(&sources, &merged)?;
             let info = footer::check_file(&merged)?;
-            Ok((stats, info.columns))
+            Ok(Merged {
+                rows_in,
+                stats,
+                columns: info.columns,
+            })
         })
         .await
         .map_err(|e| Error::Invariant(format!("merge task failed: {e}")))??
     };
     tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step merge");
     out.files_in = m.files.len();
-    out.rows_in = stats.rows_in;
+    out.rows_in = rows_in;
     // 3. stage and promote.
     let t = Instant::now();
     let tmp = layout.tmp_key(schema_id, Uuid::new_v4());

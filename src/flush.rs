@@ -34,6 +34,8 @@ use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
 use crate::lake::{Lake, footer};
+pub use crate::report::FileReport;
+use crate::report::label;
 use crate::schema::{SchemaDef, dir};
 use crate::shutdown::Shutdown;
 use crate::source::registry::{self, Registered};
@@ -142,17 +144,6 @@ pub enum Outcome {
     Failed,
 }
 
-/// One delta file written (or planned).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FileReport {
-    /// The delta key (empty in a dry run).
-    pub path: String,
-    /// Rows in the file.
-    pub rows: u64,
-    /// Bytes stored.
-    pub bytes: u64,
-}
-
 /// The report for one schema.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SchemaReport {
@@ -238,10 +229,7 @@ impl FlushReport {
             "MS"
         );
         for s in &self.schemas {
-            let outcome = serde_json::to_value(s.outcome)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
+            let outcome = label(&s.outcome);
             out.push_str(&format!(
                 "{:<24} {:>6} {:<16} {:>9} {:>7} {:>10} {:>10} {:>10} {:>6} {:>12} {:>9}\n",
                 s.schema,

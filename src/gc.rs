@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::job;
 use crate::lake::KeyKind;
 use crate::lake::manifest;
+use crate::report::label;
 use crate::source::registry::Registered;
 use crate::store::{PutMode, StoreError};
 
@@ -122,11 +123,7 @@ impl GcReport {
             "SCHEMA", "ID", "OUTCOME", "DELETED", "IN_GRACE", "DELTAS", "UNKNOWN"
         );
         for s in &self.schemas {
-            let outcome = s
-                .outcome
-                .and_then(|o| serde_json::to_value(o).ok())
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
+            let outcome = s.outcome.map(|o| label(&o)).unwrap_or_default();
             out.push_str(&format!(
                 "{:<24} {:>6} {:<9} {:>8} {:>8} {:>9} {:>8}\n",
                 s.schema,

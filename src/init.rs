@@ -31,6 +31,8 @@ use crate::flush::Context;
 use crate::job;
 use crate::lake::footer;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
+pub use crate::report::FileReport;
+use crate::report::label;
 use crate::schema::{SchemaDef, ValueType, dir};
 use crate::source::registry::Registered;
 use crate::source::snapshot::{self, LivePage};
@@ -116,17 +118,6 @@ pub enum Outcome {
     Failed,
 }
 
-/// One base file written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FileReport {
-    /// Its key.
-    pub path: String,
-    /// Rows.
-    pub rows: u64,
-    /// Bytes.
-    pub bytes: u64,
-}
-
 /// Report for one schema.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SchemaInit {
@@ -186,10 +177,7 @@ impl InitReport {
             "SCHEMA", "ID", "OUTCOME", "LIVE", "ROWS", "FILES", "BYTES", "MS", "ROWS/S"
         );
         for s in &self.schemas {
-            let outcome = serde_json::to_value(s.outcome)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
+            let outcome = label(&s.outcome);
             let files = if self.dry_run {
                 s.estimated_files
             } else {

@@ -14,6 +14,7 @@ use crate::flush::{FlushOptions, below_threshold};
 use crate::job::{self, Context};
 use crate::lake::KeyKind;
 use crate::lake::manifest::{self, Tier};
+use crate::report::label;
 use crate::source::lock::{self, LockHolder};
 use crate::source::registry::Registered;
 use crate::source::{ddl, stats};
@@ -110,10 +111,7 @@ impl InspectReport {
                 out.push_str("  manifest          none (never exported)\n");
             }
             if let Some(p) = &s.compaction {
-                let d = serde_json::to_value(p.decision)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default();
+                let d = label(&p.decision);
                 out.push_str(&format!(
                     "  compaction        {d} (dirty ratio {:.4}): {}\n",
                     p.dirty_ratio, p.reason

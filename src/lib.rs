@@ -20,6 +20,7 @@ pub mod init_db;
 pub mod inspect;
 pub mod job;
 pub mod lake;
+pub mod report;
 pub mod schema;
 pub mod shutdown;
 pub mod source;

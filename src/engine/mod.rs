@@ -174,8 +174,6 @@ pub(crate) fn sql_string(s: &str) -> String {
 /// What a merge wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MergeStats {
-    /// Rows read from all sources.
-    pub rows_in: u64,
     /// Rows in the merged file.
     pub rows_out: u64,
     /// Smallest `row_id` written (UUID byte order), if any row.
@@ -201,10 +199,6 @@ impl Engine {
             .map(|p| format!("'{}'", sql_string(&p.display().to_string())))
             .collect();
         let scan = format!("read_parquet([{}], union_by_name = true)", list.join(", "));
-        let rows_in: i64 = self
-            .conn
-            .query_row(&format!("SELECT count(*) FROM {scan}"), [], |r| r.get(0))
-            .map_err(Error::duckdb("count merge input"))?;
         let select = format!(
             "SELECT * EXCLUDE (lakecdc_rn) REPLACE (COALESCE(deleted_at, 0) AS deleted_at) FROM (\
              SELECT *, row_number() OVER (PARTITION BY row_id \
@@ -230,7 +224,6 @@ impl Engine {
             )
             .map_err(Error::duckdb("read merge output stats"))?;
         Ok(MergeStats {
-            rows_in: u64::try_from(rows_in).unwrap_or(0),
             rows_out,
             row_id_min,
             row_id_max,

@@ -11,7 +11,7 @@ use lakecdc::store::ObjectStore;
 
 use crate::flush::{LakeKind, Rig, rig};
 use crate::oracle;
-use crate::writer::{Customer, Rng, Writer};
+use crate::writer::{Rng, Writer};
 
 const MANIFEST: &str = "manifest/100.json";
 
@@ -270,7 +270,6 @@ async fn a_concurrent_writer_during_init_is_caught_up_by_flush() {
         oracle::lake_state(rig.store.as_ref(), MANIFEST).await.len(),
         live
     );
-    let _ = Customer::default();
 }
 
 #[tokio::test]
