@@ -124,9 +124,11 @@ async fn a_rewrite_keeps_the_lake_state_and_retires_its_sources() {
 async fn a_corrupt_source_is_refused_unless_told_otherwise() {
     // study §10 #347
     let (rig, _) = lake_with_base_and_deltas(347).await;
+    let state_before = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
     let listed = rig.listed().await;
     let victim = listed.last().unwrap().clone();
-    let mut bytes = rig.store.get_bytes(&victim).await.unwrap().bytes.to_vec();
+    let original = rig.store.get_bytes(&victim).await.unwrap().bytes;
+    let mut bytes = original.to_vec();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     rig.store
@@ -147,17 +149,40 @@ async fn a_corrupt_source_is_refused_unless_told_otherwise() {
         "something was published"
     );
     assert!(rig.keys("data/100/base-").await.is_empty());
-    // With the override the merge proceeds (the flipped byte may or may not decode).
+    // The override: with intact bytes but a wrong recorded checksum (so the outcome does not
+    // depend on whether a flipped byte still decodes), verification refuses and the skip flag
+    // merges, keeping the lake's state.
+    rig.store
+        .put_bytes(&victim, original, PutMode::Overwrite)
+        .await
+        .unwrap();
+    lakecdc::lake::manifest::commit(
+        rig.store.as_ref(),
+        MANIFEST,
+        100,
+        &lakecdc::clock::SystemClock,
+        Default::default(),
+        |m| {
+            let e = m.files.iter_mut().find(|f| f.path == victim).unwrap();
+            e.checksum = Some(format!("sha256:{}", "0".repeat(64)));
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    let s = compact(&rig, &opts(&rig)).await;
+    assert!(s.error.unwrap().contains("checksum mismatch"));
     let skip = CompactOptions {
         skip_input_checksum_verify: true,
         ..opts(&rig)
     };
     let s = compact(&rig, &skip).await;
-    if s.outcome == Outcome::Done {
-        assert_eq!(rig.listed().await.len(), 1);
-    } else {
-        assert!(!s.error.unwrap().contains("checksum mismatch"));
-    }
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_eq!(rig.listed().await.len(), 1);
+    assert_eq!(
+        oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
+        state_before
+    );
 }
 
 #[tokio::test]
