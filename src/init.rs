@@ -399,7 +399,9 @@ async fn export_schema(
 /// A file being staged in DuckDB.
 struct Staging {
     rows: u64,
+    /// Smallest row id staged.
     first: Uuid,
+    /// Largest row id staged.
     last: Uuid,
 }
 
@@ -520,7 +522,9 @@ async fn stage_and_upload(
             last: page.last,
         });
         s.rows += page.rows as u64;
-        s.last = page.last;
+        // Pages of several readers interleave: the file's range is the union of its pages'.
+        s.first = s.first.min(page.first);
+        s.last = s.last.max(page.last);
         staged_total += page.rows as u64;
         if let Some(p) = &opts.progress {
             p(schema_id, staged_total, total);
