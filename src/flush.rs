@@ -525,7 +525,7 @@ async fn drain(
     let stmts = snapshot::BatchStatements::prepare(client, &ctx.tables, def).await?;
     let mut engine: Option<Engine> = None;
     let mut cursor: Option<Selected> = None;
-    let mut mark_client: Option<Arc<tokio_postgres::Client>> = None;
+    let mut marker: Option<Arc<snapshot::Marker>> = None;
     let mut prefetched: Option<Fetched> = None;
     loop {
         if ctx.shutdown.is_requested() {
@@ -596,14 +596,13 @@ async fn drain(
                 );
                 engine = Some(exported?);
                 settle_mark(pending.take(), report).await?;
-                let mc = match &mark_client {
-                    Some(c) => c.clone(),
+                let mc = match &marker {
+                    Some(m) => m.clone(),
                     None => {
                         let c = ctx.connector.connect().await?;
-                        snapshot::tune_for_lookups(&c).await?;
-                        let c = Arc::new(c);
-                        mark_client = Some(c.clone());
-                        c
+                        let m = Arc::new(snapshot::Marker::new(c, &ctx.tables).await?);
+                        marker = Some(m.clone());
+                        m
                     }
                 };
                 *pending = Some(start_mark(ctx, &mc, schema_id, snap.versions));
@@ -678,9 +677,9 @@ async fn write_local(
             schema_id,
             Driver::ChangeLog,
             Inputs {
-                change_log: &snap.change_log,
-                entities: &snap.entities,
-                eav: &snap.eav,
+                change_log: std::slice::from_ref(&snap.change_log),
+                entities: std::slice::from_ref(&snap.entities),
+                eav: std::slice::from_ref(&snap.eav),
             },
             &path,
         )?;
@@ -795,16 +794,15 @@ type PendingMark = tokio::task::JoinHandle<Result<(u64, u64)>>;
 /// Starts the mark of a committed batch (step 5) on the mark connection.
 fn start_mark(
     ctx: &Context,
-    client: &Arc<tokio_postgres::Client>,
+    marker: &Arc<snapshot::Marker>,
     schema_id: i16,
     versions: Vec<Selected>,
 ) -> PendingMark {
     let flushed_at = next_flushed_at(ctx.clock.now_ms());
-    let (client, tables) = (client.clone(), ctx.tables.clone());
+    let marker = marker.clone();
     tokio::spawn(async move {
         let t = Instant::now();
-        let marked =
-            snapshot::mark_flushed(&client, &tables, schema_id, flushed_at, &versions).await?;
+        let marked = marker.mark(schema_id, flushed_at, &versions).await?;
         step_done("mark", t);
         Ok((marked, versions.len() as u64))
     })

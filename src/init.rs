@@ -19,12 +19,13 @@ use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::time::Instant;
 
+use arrow::record_batch::RecordBatch;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::compact;
-use crate::engine::export::Driver;
+use crate::engine::export::{Driver, Inputs};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::flush::Context;
@@ -398,6 +399,9 @@ async fn export_schema(
 
 /// A file being staged in DuckDB.
 struct Staging {
+    /// The pages' entity and EAV batches, scanned in place by the export.
+    entities: Vec<RecordBatch>,
+    eav: Vec<RecordBatch>,
     rows: u64,
     /// Smallest row id staged.
     first: Uuid,
@@ -498,81 +502,79 @@ async fn stage_and_upload(
     );
     let mut target_rows = rows_per_file(opts, estimated_row_bytes(def));
     let mut staging: Option<Staging> = None;
+    let mut writing: Option<Export> = None;
     let mut uploads: VecDeque<Upload> = VecDeque::new();
     let mut entries = Vec::new();
     let total = u64::try_from(out.live_rows).unwrap_or(0);
     let started = Instant::now();
     let mut staged_total = 0u64;
-    while let Some(page) = rx.recv().await {
-        let page = page?;
-        let first = staging.is_none();
-        let t = Instant::now();
-        let e = take(&mut engine)?;
-        engine = Some(
-            blocking(move || {
-                e.stage_page(first, &page.entities, &page.eav)?;
-                Ok(e)
-            })
-            .await?,
-        );
-        tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step stage page");
-        let s = staging.get_or_insert(Staging {
-            rows: 0,
-            first: page.first,
-            last: page.last,
-        });
-        s.rows += page.rows as u64;
-        // Pages of several readers interleave: the file's range is the union of its pages'.
-        s.first = s.first.min(page.first);
-        s.last = s.last.max(page.last);
-        staged_total += page.rows as u64;
-        if let Some(p) = &opts.progress {
-            p(schema_id, staged_total, total);
-        }
-        if s.rows >= target_rows {
-            let done = staging.take();
-            let (e, upload, bytes_per_row) =
-                write_file(ctx, opts, schema_id, def, take(&mut engine)?, done).await?;
-            engine = Some(e);
-            target_rows = rows_per_file(opts, bytes_per_row);
-            uploads.push_back(upload);
-            while uploads.len() > 1 {
-                collect(&mut uploads, &mut entries, out).await?;
+    let result: Result<()> = async {
+        while let Some(page) = rx.recv().await {
+            let page = page?;
+            let s = staging.get_or_insert(Staging {
+                entities: Vec::new(),
+                eav: Vec::new(),
+                rows: 0,
+                first: page.first,
+                last: page.last,
+            });
+            s.rows += page.rows as u64;
+            // Pages of several readers interleave: the file's range is the union of its pages'.
+            s.first = s.first.min(page.first);
+            s.last = s.last.max(page.last);
+            s.entities.push(page.entities);
+            s.eav.push(page.eav);
+            staged_total += page.rows as u64;
+            if let Some(p) = &opts.progress {
+                p(schema_id, staged_total, total);
             }
-            let rate = out.rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
-            tracing::info!(
-                schema_id,
-                rows_done = out.rows,
-                total,
-                rows_per_s = rate as u64,
-                "init progress"
-            );
+            if s.rows >= target_rows {
+                // The previous file's export has had this file's reading time to finish; this
+                // file's export then runs while the next one is read.
+                if let Some(w) = writing.take() {
+                    let (e, upload, bytes_per_row) = finish_file(ctx, schema_id, w).await?;
+                    engine = Some(e);
+                    target_rows = rows_per_file(opts, bytes_per_row);
+                    uploads.push_back(upload);
+                    while uploads.len() > 1 {
+                        collect(&mut uploads, &mut entries, out).await?;
+                    }
+                }
+                writing = Some(start_export(
+                    opts,
+                    schema_id,
+                    def,
+                    take(&mut engine)?,
+                    staging.take(),
+                ));
+                let rate = out.rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
+                tracing::info!(
+                    schema_id,
+                    rows_done = out.rows,
+                    total,
+                    rows_per_s = rate as u64,
+                    "init progress"
+                );
+            }
         }
+        if let Some(w) = writing.take() {
+            let (e, upload, _) = finish_file(ctx, schema_id, w).await?;
+            engine = Some(e);
+            uploads.push_back(upload);
+        }
+        if staging.is_some() || (entries.is_empty() && uploads.is_empty()) {
+            // With no live rows at all, `None` publishes one zero-row base (study §10 #519).
+            let w = start_export(opts, schema_id, def, take(&mut engine)?, staging.take());
+            let (e, upload, _) = finish_file(ctx, schema_id, w).await?;
+            engine = Some(e);
+            uploads.push_back(upload);
+        }
+        Ok(())
     }
-    if staging.is_some() || (entries.is_empty() && uploads.is_empty()) {
-        if staging.is_none() {
-            // No live rows at all: publish one zero-row base (study §10 #519).
-            let empty = snapshot::empty_live_page(def)?;
-            let e = take(&mut engine)?;
-            engine = Some(
-                blocking(move || {
-                    e.stage_page(true, &empty.entities, &empty.eav)?;
-                    Ok(e)
-                })
-                .await?,
-            );
-        }
-        let (e, upload, _) = write_file(
-            ctx,
-            opts,
-            schema_id,
-            def,
-            take(&mut engine)?,
-            staging.take(),
-        )
-        .await?;
-        engine = Some(e);
-        uploads.push_back(upload);
+    .await;
+    if let Err(e) = result {
+        abandon(writing.take()).await;
+        return Err(e);
     }
     while !uploads.is_empty() {
         collect(&mut uploads, &mut entries, out).await?;
@@ -618,31 +620,105 @@ async fn collect(
     Ok(())
 }
 
-/// Writes the staged rows as one file and starts its upload. Returns the engine, the upload
-/// and the file's bytes per row (for the next file's size).
-async fn write_file(
-    ctx: &Context,
+/// A file being written by DuckDB on a blocking thread.
+struct Export {
+    task: JoinHandle<Result<Exported>>,
+    local: PathBuf,
+    started: Instant,
+}
+
+/// What an export wrote.
+struct Exported {
+    engine: Engine,
+    rows: u64,
+    columns: std::collections::BTreeMap<String, String>,
+    /// The staged row-id range; `None` for a zero-row base.
+    range: Option<(Uuid, Uuid)>,
+}
+
+/// Waits for an export nobody will upload and removes its local file.
+async fn abandon(export: Option<Export>) {
+    if let Some(w) = export {
+        let _ = w.task.await;
+        let _ = tokio::fs::remove_file(&w.local).await;
+    }
+}
+
+/// Starts writing the staged rows (`None`: zero rows) as one local file.
+fn start_export(
     opts: &InitOptions,
     schema_id: i16,
     def: &SchemaDef,
     engine: Engine,
     staged: Option<Staging>,
-) -> Result<(Engine, Upload, u64)> {
+) -> Export {
     let local = opts
         .work_dir
         .join(format!("lakecdc-init-{}.parquet", Uuid::new_v4()));
-    let t = Instant::now();
-    let (engine, rows, columns) = blocking({
-        let (def, local) = (def.clone(), local.clone());
-        move || {
-            let rows = engine.export_staged(&def, schema_id, Driver::Entities, &local)?;
-            let info = footer::check_file(&local)?;
-            Ok((engine, rows, info.columns))
+    let (def, path) = (def.clone(), local.clone());
+    let task = tokio::task::spawn_blocking(move || {
+        let (entities, eav, range) = match staged {
+            Some(s) => (s.entities, s.eav, Some((s.first, s.last))),
+            None => {
+                let empty = snapshot::empty_live_page(&def)?;
+                (vec![empty.entities], vec![empty.eav], None)
+            }
+        };
+        let rows = engine.export(
+            &def,
+            schema_id,
+            Driver::Entities,
+            Inputs {
+                change_log: &[],
+                entities: &entities,
+                eav: &eav,
+            },
+            &path,
+        )?;
+        let info = footer::check_file(&path)?;
+        Ok(Exported {
+            engine,
+            rows,
+            columns: info.columns.into_iter().collect(),
+            range,
+        })
+    });
+    Export {
+        task,
+        local,
+        started: Instant::now(),
+    }
+}
+
+/// Waits for an export and starts its upload. Returns the engine, the upload and the file's
+/// bytes per row (for the next file's size).
+async fn finish_file(
+    ctx: &Context,
+    schema_id: i16,
+    export: Export,
+) -> Result<(Engine, Upload, u64)> {
+    let Export {
+        task,
+        local,
+        started,
+    } = export;
+    let exported = task
+        .await
+        .map_err(|e| Error::Invariant(format!("export task failed: {e}")))?;
+    let Exported {
+        engine,
+        rows,
+        columns,
+        range,
+    } = match exported {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&local).await;
+            return Err(e);
         }
-    })
-    .await?;
+    };
     tracing::debug!(
-        ms = t.elapsed().as_millis() as u64,
+        ms = started.elapsed().as_millis() as u64,
         rows,
         "init step write file"
     );
@@ -652,28 +728,26 @@ async fn write_file(
         .unwrap_or(0);
     let bytes_per_row = size.checked_div(rows).unwrap_or(1);
     let layout = ctx.lake.layout.clone();
-    let key = match &staged {
-        Some(s) => layout.init_base_key(schema_id, s.first, s.last, Uuid::now_v7()),
+    let key = match range {
+        Some((first, last)) => layout.init_base_key(schema_id, first, last, Uuid::now_v7()),
         None => layout.merged_base_key(schema_id, Uuid::now_v7()),
     };
-    let (min, max) = staged
-        .as_ref()
-        .map(|s| (s.first.to_string(), s.last.to_string()))
+    let (min, max) = range
+        .map(|(first, last)| (first.to_string(), last.to_string()))
         .unwrap_or_default();
     let store = ctx.lake.store.clone();
     let now = ctx.clock.now_ms();
+    // A base goes straight to its final key: the key is new (a UUID), nothing lists it
+    // until the manifest commit, and gc recognises an uncommitted init base as an orphan. The
+    // temporary-object dance deltas need (an unlisted delta is never deleted) would only make
+    // the store copy every byte a second time.
     let upload = tokio::spawn(async move {
-        let tmp = layout.tmp_key(schema_id, Uuid::new_v4());
         let t = Instant::now();
         let result = async {
             let put = store
-                .put_file(&tmp, &local)
+                .put_file(&key, &local)
                 .await
-                .map_err(Error::storage("upload base", tmp.clone()))?;
-            store
-                .copy(&tmp, &key)
-                .await
-                .map_err(Error::storage("promote base", key.clone()))?;
+                .map_err(Error::storage("upload base", key.clone()))?;
             Ok(FileEntry {
                 tier: Tier::Base,
                 path: key.clone(),
@@ -689,9 +763,6 @@ async fn write_file(
             })
         }
         .await;
-        if let Err(e) = store.delete(&tmp).await {
-            tracing::warn!(key = %tmp, error = %e, "temporary object left for gc");
-        }
         let _ = tokio::fs::remove_file(&local).await;
         tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step upload");
         result

@@ -151,9 +151,10 @@ enum LogFormat {
 
 #[derive(Debug, Args)]
 struct EngineArgs {
-    /// DuckDB worker threads.
-    #[arg(long, env = "LAKECDC_THREADS", default_value_t = 2)]
-    threads: usize,
+    /// DuckDB worker threads (default: 1 for flush, whose files are small — a second thread
+    /// only spins waiting for work — and 2 for init and compact).
+    #[arg(long, env = "LAKECDC_THREADS")]
+    threads: Option<usize>,
     /// DuckDB memory limit (e.g. 1GB, 512MiB, 50%); beyond it DuckDB spills to --work-dir.
     #[arg(long, env = "LAKECDC_MEMORY_LIMIT", default_value = "1GB")]
     memory_limit: String,
@@ -369,7 +370,7 @@ fn validate(g: &Global) -> Result<Validated> {
     })
 }
 
-fn engine_config(a: &EngineArgs) -> Result<(EngineConfig, PathBuf)> {
+fn engine_config(a: &EngineArgs, default_threads: usize) -> Result<(EngineConfig, PathBuf)> {
     let work_dir = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
     if !work_dir.is_dir() {
         return Err(Error::config(format!(
@@ -379,7 +380,7 @@ fn engine_config(a: &EngineArgs) -> Result<(EngineConfig, PathBuf)> {
     }
     Ok((
         EngineConfig {
-            threads: a.threads.max(1),
+            threads: a.threads.unwrap_or(default_threads).max(1),
             memory_limit: parse_memory_limit(&a.memory_limit)?,
             temp_directory: Some(work_dir.join("lakecdc-spill")),
         },
@@ -394,7 +395,7 @@ fn flush_options(g: &Global, a: &FlushArgs) -> Result<FlushOptions> {
     if a.parallelism < 1 {
         return Err(Error::config("--parallelism must be at least 1"));
     }
-    let (engine, work_dir) = engine_config(&a.engine)?;
+    let (engine, work_dir) = engine_config(&a.engine, 1)?;
     Ok(FlushOptions {
         schemas: g.schema.clone(),
         parallelism: a.parallelism,
@@ -623,7 +624,7 @@ fn main() -> ExitCode {
             Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
             Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),
             Command::Init(a) => {
-                let (engine, work_dir) = engine_config(&a.engine)?;
+                let (engine, work_dir) = engine_config(&a.engine, 2)?;
                 if a.page_rows < 1 {
                     return Err(Error::config("--page-rows must be at least 1"));
                 }
@@ -655,7 +656,7 @@ fn main() -> ExitCode {
                 v.inspect = Some((flush, compact));
             }
             Command::Compact(a) => {
-                let (engine, work_dir) = engine_config(&a.engine)?;
+                let (engine, work_dir) = engine_config(&a.engine, 2)?;
                 v.compact = Some(CompactOptions {
                     schemas: cli.global.schema.clone(),
                     target_base_size: parse_size("--target-base-size", &a.target_base_size)?,

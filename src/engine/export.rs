@@ -7,6 +7,7 @@ use std::path::Path;
 
 use arrow::record_batch::RecordBatch;
 
+use super::scan::Registered;
 use super::{Engine, quote_ident};
 use crate::error::Result;
 use crate::schema::columns::duckdb_type;
@@ -21,15 +22,16 @@ pub enum Driver {
     Entities,
 }
 
-/// The Arrow inputs of one export (see [`crate::source::snapshot::Snapshot`]).
+/// The Arrow inputs of one export (see [`crate::source::snapshot::Snapshot`]); each is a list
+/// of batches of one schema (at least one batch, which may be empty).
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
     /// Dirty slots (`row_id, changed_at, deleted_at`); ignored for [`Driver::Entities`].
-    pub change_log: &'a RecordBatch,
+    pub change_log: &'a [RecordBatch],
     /// Entity rows.
-    pub entities: &'a RecordBatch,
+    pub entities: &'a [RecordBatch],
     /// EAV rows.
-    pub eav: &'a RecordBatch,
+    pub eav: &'a [RecordBatch],
 }
 
 /// The SELECT producing a lake file's rows, sorted by `row_id`.
@@ -136,7 +138,9 @@ fn eav_agg(a: &Attribute) -> String {
 }
 
 impl Engine {
-    /// Writes one lake file from `inputs` to `path`. Returns the rows written.
+    /// Writes one lake file from `inputs` to `path`, DuckDB scanning the Arrow batches in place
+    /// (views `cl`, `m` and `eav` over [`Registered`] batches, dropped afterwards). Returns the
+    /// rows written.
     pub fn export(
         &self,
         schema: &SchemaDef,
@@ -145,38 +149,22 @@ impl Engine {
         inputs: Inputs<'_>,
         path: &Path,
     ) -> Result<u64> {
+        let mut views = vec![("m", inputs.entities), ("eav", inputs.eav)];
         if driver == Driver::ChangeLog {
-            self.load("cl", std::slice::from_ref(inputs.change_log))?;
+            views.push(("cl", inputs.change_log));
         }
-        self.load("m", std::slice::from_ref(inputs.entities))?;
-        self.load("eav", std::slice::from_ref(inputs.eav))?;
-        self.export_staged(schema, schema_id, driver, path)
-    }
-
-    /// Adds one page of entity and EAV rows to the file being staged (tables `m` and `eav`),
-    /// creating the tables on the first page.
-    pub fn stage_page(&self, first: bool, entities: &RecordBatch, eav: &RecordBatch) -> Result<()> {
-        if first {
-            self.load("m", std::slice::from_ref(entities))?;
-            self.load("eav", std::slice::from_ref(eav))
-        } else {
-            self.append("m", std::slice::from_ref(entities))?;
-            self.append("eav", std::slice::from_ref(eav))
+        // The guards keep the batches registered until the export has finished.
+        let mut guards = Vec::new();
+        for (name, batches) in views {
+            let registered = Registered::new(batches.to_vec());
+            self.create_view(name, &format!("SELECT * FROM {}", registered.scan_sql()))?;
+            guards.push(registered);
         }
-    }
-
-    /// Writes the staged tables as one lake file and drops them. Returns the rows written.
-    pub fn export_staged(
-        &self,
-        schema: &SchemaDef,
-        schema_id: i16,
-        driver: Driver,
-        path: &Path,
-    ) -> Result<u64> {
-        let rows = self.copy_to_parquet(&export_sql(schema, schema_id, driver), path)?;
-        for t in ["cl", "m", "eav"] {
-            self.drop_table(t)?;
+        let rows = self.copy_to_parquet(&export_sql(schema, schema_id, driver), path);
+        for name in ["cl", "m", "eav"] {
+            self.drop_view(name)?;
         }
-        Ok(rows)
+        drop(guards);
+        rows
     }
 }

@@ -3,6 +3,7 @@
 //! leave this module. Every call blocks: callers on the async runtime use `spawn_blocking`.
 
 pub mod export;
+mod scan;
 
 use std::path::{Path, PathBuf};
 
@@ -61,6 +62,8 @@ impl Engine {
         }
         conn.execute_batch(&setup)
             .map_err(Error::duckdb("configure"))?;
+        conn.register_table_function::<scan::ArrowScan>(scan::FUNCTION)
+            .map_err(Error::duckdb("register the Arrow scan"))?;
         Ok(Self { conn })
     }
 
@@ -129,6 +132,23 @@ impl Engine {
         let rows = self.copy_to_parquet("SELECT * FROM lakecdc_stage ORDER BY row_id", path)?;
         self.drop_table("lakecdc_stage")?;
         Ok(rows)
+    }
+
+    /// Creates (or replaces) temporary view `name` as `select`.
+    pub fn create_view(&self, name: &str, select: &str) -> Result<()> {
+        self.conn
+            .execute_batch(&format!(
+                "CREATE OR REPLACE TEMP VIEW {} AS {select}",
+                quote_ident(name)
+            ))
+            .map_err(Error::duckdb(format!("create view {name}")))
+    }
+
+    /// Drops a temporary view.
+    pub fn drop_view(&self, name: &str) -> Result<()> {
+        self.conn
+            .execute_batch(&format!("DROP VIEW IF EXISTS {}", quote_ident(name)))
+            .map_err(Error::duckdb(format!("drop view {name}")))
     }
 
     /// Drops a temporary table.

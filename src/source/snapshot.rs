@@ -14,6 +14,8 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
+use bytes::BufMut;
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, IsolationLevel, Row, Statement};
 use uuid::Uuid;
 
@@ -31,6 +33,55 @@ pub struct Selected {
     pub row_id: Uuid,
     /// Its dirty version.
     pub changed_at: i64,
+    /// Where the slot's tuple was when selected, so the mark reaches it without an index
+    /// lookup.
+    pub tid: Tid,
+}
+
+/// A tuple's physical address (`ctid`). The mark uses it only to find a slot quickly and still
+/// checks `row_id`, `changed_at` and `flushed_at`: a slot whose tuple moved since the selection
+/// (an update, `VACUUM FULL`) is not marked and stays dirty — the safe side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Tid {
+    block: u32,
+    offset: u16,
+}
+
+impl<'a> FromSql<'a> for Tid {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        match raw {
+            [b0, b1, b2, b3, o0, o1] => Ok(Self {
+                block: u32::from_be_bytes([*b0, *b1, *b2, *b3]),
+                offset: u16::from_be_bytes([*o0, *o1]),
+            }),
+            _ => Err(format!("a tid is 6 bytes, got {}", raw.len()).into()),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TID
+    }
+}
+
+impl ToSql for Tid {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.put_u32(self.block);
+        out.put_u16(self.offset);
+        Ok(IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TID
+    }
+
+    to_sql_checked!();
 }
 
 /// The payload of one batch, as Arrow batches for the engine.
@@ -81,7 +132,8 @@ pub struct BatchStatements {
     first: Statement,
     after: Statement,
     entities: Statement,
-    eav: Option<(Statement, Vec<i16>)>,
+    /// `None` when the schema has no EAV attribute.
+    eav: Option<Statement>,
 }
 
 impl BatchStatements {
@@ -89,11 +141,11 @@ impl BatchStatements {
     pub async fn prepare(client: &Client, tables: &Tables, schema: &SchemaDef) -> Result<Self> {
         let cl = tables.change_log.quoted();
         let first = format!(
-            "SELECT row_id, changed_at, deleted_at FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
+            "SELECT row_id, changed_at, deleted_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
              ORDER BY changed_at, row_id LIMIT $2"
         );
         let after = format!(
-            "SELECT row_id, changed_at, deleted_at FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
+            "SELECT row_id, changed_at, deleted_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
              AND changed_at >= $3 AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
         );
         let bound = bound_columns(schema);
@@ -103,15 +155,13 @@ impl BatchStatements {
              FROM {} WHERE ltbase_schema_id = $1 AND ltbase_row_id = ANY($2)",
             tables.entity.quoted()
         );
-        let eav_ids: Vec<i16> = schema
-            .attributes
-            .iter()
-            .filter(|a| a.binding.is_none())
-            .map(|a| a.id)
-            .collect();
+        let has_eav = schema.attributes.iter().any(|a| a.binding.is_none());
+        // Every EAV row of the batch's entities: the pivot picks the schema's attributes by id
+        // and ignores others. An `attr_id = ANY(..)` condition here would make the index scan
+        // descend once per (row, attribute) pair — three times the work for three attributes.
         let eav = format!(
             "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
-             WHERE schema_id = $1 AND row_id = ANY($2) AND attr_id = ANY($3)",
+             WHERE schema_id = $1 AND row_id = ANY($2)",
             tables.eav.quoted()
         );
         Ok(Self {
@@ -123,13 +173,10 @@ impl BatchStatements {
                 client.prepare(&entities),
             )
             .await?,
-            eav: if eav_ids.is_empty() {
-                None
+            eav: if has_eav {
+                Some(timed(TIMEOUT, "prepare eav_data read", client.prepare(&eav)).await?)
             } else {
-                Some((
-                    timed(TIMEOUT, "prepare eav_data read", client.prepare(&eav)).await?,
-                    eav_ids,
-                ))
+                None
             },
         })
     }
@@ -148,7 +195,7 @@ pub async fn select(
     let rows = match after {
         None => {
             let sql = format!(
-                "SELECT row_id, changed_at FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
+                "SELECT row_id, changed_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
                  ORDER BY changed_at, row_id LIMIT $2"
             );
             timed(
@@ -160,7 +207,7 @@ pub async fn select(
         }
         Some(a) => {
             let sql = format!(
-                "SELECT row_id, changed_at FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
+                "SELECT row_id, changed_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
                  AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
             );
             timed(
@@ -176,6 +223,7 @@ pub async fn select(
         .map(|r| Selected {
             row_id: r.get(0),
             changed_at: r.get(1),
+            tid: r.get(2),
         })
         .collect())
 }
@@ -234,6 +282,7 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
         .map(|r| Selected {
             row_id: r.get(0),
             changed_at: r.get(1),
+            tid: r.get(3),
         })
         .collect();
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
@@ -250,11 +299,11 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     let eav_read = async {
         match &stmts.eav {
             None => Ok(Vec::new()),
-            Some((stmt, eav_ids)) => {
+            Some(stmt) => {
                 timed(
                     TIMEOUT,
                     "read eav_data",
-                    tx.query(stmt, &[&schema_id, &ids, eav_ids]),
+                    tx.query(stmt, &[&schema_id, &ids]),
                 )
                 .await
             }
@@ -448,28 +497,52 @@ pub async fn count_live(client: &Client, tables: &Tables, schema_id: i16) -> Res
     .get(0))
 }
 
-/// Marks the exported slots flushed at `flushed_at`, only where `changed_at` still equals the
-/// exported version (never `<=`): a row written since stays dirty. Returns the rows marked.
-pub async fn mark_flushed(
-    client: &Client,
-    tables: &Tables,
-    schema_id: i16,
-    flushed_at: i64,
-    versions: &[Selected],
-) -> Result<u64> {
-    let ids: Vec<Uuid> = versions.iter().map(|v| v.row_id).collect();
-    let changed: Vec<i64> = versions.iter().map(|v| v.changed_at).collect();
-    let sql = format!(
-        "UPDATE {} AS cl SET flushed_at = $1 FROM unnest($3::uuid[], $4::int8[]) AS v(row_id, changed_at) \
-         WHERE cl.schema_id = $2 AND cl.flushed_at = 0 AND cl.row_id = v.row_id AND cl.changed_at = v.changed_at",
-        tables.change_log.quoted()
-    );
-    timed(
-        TIMEOUT,
-        "mark flushed",
-        client.execute(&sql, &[&flushed_at, &schema_id, &ids, &changed]),
-    )
-    .await
+/// The mark step (`flushed_at = T`) on its own connection, its statement prepared once.
+#[derive(Debug)]
+pub struct Marker {
+    client: Client,
+    stmt: Statement,
+}
+
+impl Marker {
+    /// Tunes `client` for lookups and prepares the mark statement on it.
+    pub async fn new(client: Client, tables: &Tables) -> Result<Self> {
+        tune_for_lookups(&client).await?;
+        // The slot is found by its `ctid` (a TID scan, no index descent); the full predicate
+        // is still checked, so only a slot still holding the exported version is marked.
+        let sql = format!(
+            "UPDATE {} AS cl SET flushed_at = $1 \
+             FROM unnest($3::tid[], $4::uuid[], $5::int8[]) AS v(tid, row_id, changed_at) \
+             WHERE cl.ctid = v.tid AND cl.schema_id = $2 AND cl.flushed_at = 0 \
+             AND cl.row_id = v.row_id AND cl.changed_at = v.changed_at",
+            tables.change_log.quoted()
+        );
+        let stmt = timed(TIMEOUT, "prepare mark", client.prepare(&sql)).await?;
+        Ok(Self { client, stmt })
+    }
+
+    /// Marks the exported slots flushed at `flushed_at`, only where `changed_at` still equals
+    /// the exported version (never `<=`): a row written since stays dirty. Returns the rows
+    /// marked.
+    pub async fn mark(
+        &self,
+        schema_id: i16,
+        flushed_at: i64,
+        versions: &[Selected],
+    ) -> Result<u64> {
+        let tids: Vec<Tid> = versions.iter().map(|v| v.tid).collect();
+        let ids: Vec<Uuid> = versions.iter().map(|v| v.row_id).collect();
+        let changed: Vec<i64> = versions.iter().map(|v| v.changed_at).collect();
+        timed(
+            TIMEOUT,
+            "mark flushed",
+            self.client.execute(
+                &self.stmt,
+                &[&flushed_at, &schema_id, &tids, &ids, &changed],
+            ),
+        )
+        .await
+    }
 }
 
 /// The distinct slot columns the schema binds, sorted by name.
@@ -489,124 +562,122 @@ fn batch(fields: Vec<Field>, columns: Vec<ArrayRef>) -> Result<RecordBatch> {
         .map_err(|e| Error::Invariant(format!("building an Arrow batch failed: {e}")))
 }
 
-fn uuid_column(rows: &[Row], idx: usize) -> Result<ArrayRef> {
-    let mut b = FixedSizeBinaryBuilder::with_capacity(rows.len(), 16);
-    for r in rows {
-        match r.get::<_, Option<Uuid>>(idx) {
-            Some(u) => b
-                .append_value(u.as_bytes())
-                .map_err(|e| Error::Invariant(format!("uuid column: {e}")))?,
-            None => b.append_null(),
-        }
-    }
-    Ok(Arc::new(b.finish()))
+/// One Arrow column being built from result rows.
+enum Column {
+    Uuid(FixedSizeBinaryBuilder),
+    Smallint(Int16Builder),
+    Integer(Int32Builder),
+    Bigint(Int64Builder),
+    Double(Float64Builder),
+    Text(StringBuilder),
 }
 
-fn i64_column(rows: &[Row], idx: usize) -> ArrayRef {
-    let mut b = Int64Builder::with_capacity(rows.len());
-    for r in rows {
-        b.append_option(r.get::<_, Option<i64>>(idx));
+impl Column {
+    fn new(kind: SlotType, rows: usize) -> Self {
+        match kind {
+            SlotType::Uuid => Self::Uuid(FixedSizeBinaryBuilder::with_capacity(rows, 16)),
+            SlotType::Smallint => Self::Smallint(Int16Builder::with_capacity(rows)),
+            SlotType::Integer => Self::Integer(Int32Builder::with_capacity(rows)),
+            SlotType::Bigint => Self::Bigint(Int64Builder::with_capacity(rows)),
+            SlotType::Double => Self::Double(Float64Builder::with_capacity(rows)),
+            SlotType::Text => Self::Text(StringBuilder::with_capacity(rows, rows * 16)),
+        }
     }
-    Arc::new(b.finish())
+
+    fn push(&mut self, row: &Row, idx: usize) -> Result<()> {
+        fn get<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> Result<Option<T>> {
+            row.try_get(idx)
+                .map_err(|e| Error::Invariant(format!("decoding result column {idx}: {e}")))
+        }
+        match self {
+            Self::Uuid(b) => match get::<Uuid>(row, idx)? {
+                Some(u) => b
+                    .append_value(u.as_bytes())
+                    .map_err(|e| Error::Invariant(format!("uuid column: {e}")))?,
+                None => b.append_null(),
+            },
+            Self::Smallint(b) => b.append_option(get::<i16>(row, idx)?),
+            Self::Integer(b) => b.append_option(get::<i32>(row, idx)?),
+            Self::Bigint(b) => b.append_option(get::<i64>(row, idx)?),
+            Self::Double(b) => b.append_option(get::<f64>(row, idx)?),
+            Self::Text(b) => b.append_option(get::<&str>(row, idx)?),
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            Self::Uuid(b) => Arc::new(b.finish()),
+            Self::Smallint(b) => Arc::new(b.finish()),
+            Self::Integer(b) => Arc::new(b.finish()),
+            Self::Bigint(b) => Arc::new(b.finish()),
+            Self::Double(b) => Arc::new(b.finish()),
+            Self::Text(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+/// Decodes `rows` into a batch of `columns` (name, kind, nullable), row by row: each row's
+/// values sit together in memory, so one pass over the rows beats one pass per column.
+fn decode(rows: &[Row], columns: &[(&str, SlotType, bool)]) -> Result<RecordBatch> {
+    let mut builders: Vec<Column> = columns
+        .iter()
+        .map(|(_, kind, _)| Column::new(*kind, rows.len()))
+        .collect();
+    for row in rows {
+        for (idx, b) in builders.iter_mut().enumerate() {
+            b.push(row, idx)?;
+        }
+    }
+    let fields = columns
+        .iter()
+        .map(|(name, kind, nullable)| match kind {
+            SlotType::Uuid => uuid_field(name, *nullable),
+            SlotType::Smallint => Field::new(*name, DataType::Int16, *nullable),
+            SlotType::Integer => Field::new(*name, DataType::Int32, *nullable),
+            SlotType::Bigint => Field::new(*name, DataType::Int64, *nullable),
+            SlotType::Double => Field::new(*name, DataType::Float64, *nullable),
+            SlotType::Text => Field::new(*name, DataType::Utf8, *nullable),
+        })
+        .collect();
+    batch(fields, builders.iter_mut().map(Column::finish).collect())
 }
 
 fn change_log_batch(rows: &[Row]) -> Result<RecordBatch> {
-    batch(
-        vec![
-            uuid_field("row_id", false),
-            Field::new("changed_at", DataType::Int64, false),
-            Field::new("deleted_at", DataType::Int64, true),
-        ],
-        vec![
-            uuid_column(rows, 0)?,
-            i64_column(rows, 1),
-            i64_column(rows, 2),
+    decode(
+        rows,
+        &[
+            ("row_id", SlotType::Uuid, false),
+            ("changed_at", SlotType::Bigint, false),
+            ("deleted_at", SlotType::Bigint, true),
         ],
     )
 }
 
 fn entity_batch(rows: &[Row], bound: &[(String, SlotType)]) -> Result<RecordBatch> {
-    let mut fields = vec![
-        uuid_field("ltbase_row_id", false),
-        Field::new("ltbase_created_at", DataType::Int64, false),
-        Field::new("ltbase_updated_at", DataType::Int64, false),
-        Field::new("ltbase_deleted_at", DataType::Int64, true),
-    ];
     let mut columns = vec![
-        uuid_column(rows, 0)?,
-        i64_column(rows, 1),
-        i64_column(rows, 2),
-        i64_column(rows, 3),
+        ("ltbase_row_id", SlotType::Uuid, false),
+        ("ltbase_created_at", SlotType::Bigint, false),
+        ("ltbase_updated_at", SlotType::Bigint, false),
+        ("ltbase_deleted_at", SlotType::Bigint, true),
     ];
-    for (i, (name, slot)) in bound.iter().enumerate() {
-        let idx = 4 + i;
-        let (ty, col): (DataType, ArrayRef) = match slot {
-            SlotType::Text => {
-                let mut b = StringBuilder::with_capacity(rows.len(), rows.len() * 16);
-                for r in rows {
-                    b.append_option(r.get::<_, Option<&str>>(idx));
-                }
-                (DataType::Utf8, Arc::new(b.finish()))
-            }
-            SlotType::Smallint => {
-                let mut b = Int16Builder::with_capacity(rows.len());
-                for r in rows {
-                    b.append_option(r.get::<_, Option<i16>>(idx));
-                }
-                (DataType::Int16, Arc::new(b.finish()))
-            }
-            SlotType::Integer => {
-                let mut b = Int32Builder::with_capacity(rows.len());
-                for r in rows {
-                    b.append_option(r.get::<_, Option<i32>>(idx));
-                }
-                (DataType::Int32, Arc::new(b.finish()))
-            }
-            SlotType::Bigint => (DataType::Int64, i64_column(rows, idx)),
-            SlotType::Double => {
-                let mut b = Float64Builder::with_capacity(rows.len());
-                for r in rows {
-                    b.append_option(r.get::<_, Option<f64>>(idx));
-                }
-                (DataType::Float64, Arc::new(b.finish()))
-            }
-            SlotType::Uuid => {
-                fields.push(uuid_field(name, true));
-                columns.push(uuid_column(rows, idx)?);
-                continue;
-            }
-        };
-        fields.push(Field::new(name, ty, true));
-        columns.push(col);
-    }
-    batch(fields, columns)
+    columns.extend(
+        bound
+            .iter()
+            .map(|(name, slot)| (name.as_str(), *slot, true)),
+    );
+    decode(rows, &columns)
 }
 
 fn eav_batch(rows: &[Row]) -> Result<RecordBatch> {
-    let mut attr = Int16Builder::with_capacity(rows.len());
-    let mut idx = StringBuilder::with_capacity(rows.len(), rows.len());
-    let mut text = StringBuilder::with_capacity(rows.len(), rows.len() * 8);
-    let mut num = Float64Builder::with_capacity(rows.len());
-    for r in rows {
-        attr.append_value(r.get::<_, i16>(1));
-        idx.append_value(r.get::<_, &str>(2));
-        text.append_option(r.get::<_, Option<&str>>(3));
-        num.append_option(r.get::<_, Option<f64>>(4));
-    }
-    batch(
-        vec![
-            uuid_field("row_id", false),
-            Field::new("attr_id", DataType::Int16, false),
-            Field::new("array_indices", DataType::Utf8, false),
-            Field::new("value_text", DataType::Utf8, true),
-            Field::new("value_numeric", DataType::Float64, true),
-        ],
-        vec![
-            uuid_column(rows, 0)?,
-            Arc::new(attr.finish()),
-            Arc::new(idx.finish()),
-            Arc::new(text.finish()),
-            Arc::new(num.finish()),
+    decode(
+        rows,
+        &[
+            ("row_id", SlotType::Uuid, false),
+            ("attr_id", SlotType::Smallint, false),
+            ("array_indices", SlotType::Text, false),
+            ("value_text", SlotType::Text, true),
+            ("value_numeric", SlotType::Double, true),
         ],
     )
 }

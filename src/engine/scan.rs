@@ -1,0 +1,123 @@
+//! `lakecdc_arrow(id)`: a DuckDB table function that scans Arrow batches held by lakecdc, so
+//! an export reads a batch's rows straight from the Arrow buffers the source decoded them into
+//! — no `CREATE TABLE` + appender copy into DuckDB storage first (that copy cost as much CPU as
+//! writing the Parquet file). Batches are registered under an id for exactly as long as the
+//! returned [`Registered`] guard lives; nothing outlives it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use arrow::record_batch::RecordBatch;
+use duckdb::core::{DataChunkHandle, LogicalTypeHandle, LogicalTypeId};
+use duckdb::vtab::{
+    BindInfo, InitInfo, TableFunctionInfo, VTab, record_batch_to_duckdb_data_chunk,
+    to_duckdb_logical_type_for_field,
+};
+
+/// The name the function is registered under.
+pub const FUNCTION: &str = "lakecdc_arrow";
+/// Rows per emitted chunk: DuckDB's standard vector size.
+const CHUNK_ROWS: usize = 2048;
+
+type Batches = Arc<Vec<RecordBatch>>;
+
+fn registry() -> MutexGuard<'static, HashMap<u64, Batches>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<u64, Batches>>> = OnceLock::new();
+    // A panic while holding the lock cannot leave the map half-updated (single insert or
+    // remove), so a poisoned lock is still usable.
+    REGISTRY
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Batches visible to `lakecdc_arrow(id)` while this guard lives.
+#[derive(Debug)]
+pub struct Registered {
+    id: u64,
+}
+
+impl Registered {
+    /// Registers `batches` (all of one schema, at least one batch, possibly empty ones).
+    pub fn new(batches: Vec<RecordBatch>) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        registry().insert(id, Arc::new(batches));
+        Self { id }
+    }
+
+    /// The SQL that scans the batches.
+    pub fn scan_sql(&self) -> String {
+        format!("{FUNCTION}({}::UBIGINT)", self.id)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        registry().remove(&self.id);
+    }
+}
+
+/// The table function.
+pub struct ArrowScan;
+
+/// The batches being scanned.
+pub struct Bind {
+    batches: Batches,
+}
+
+/// The scan position: (batch index, row offset in that batch).
+pub struct Position(Mutex<(usize, usize)>);
+
+impl VTab for ArrowScan {
+    type BindData = Bind;
+    type InitData = Position;
+
+    fn bind(bind: &BindInfo) -> Result<Self::BindData, Box<dyn std::error::Error>> {
+        let id = bind.get_parameter(0).to_uint64();
+        let batches = registry()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| format!("{FUNCTION}({id}): no batches registered under this id"))?;
+        let first = batches
+            .first()
+            .ok_or_else(|| format!("{FUNCTION}({id}): registered without a schema"))?;
+        for field in first.schema().fields() {
+            bind.add_result_column(field.name(), to_duckdb_logical_type_for_field(field)?);
+        }
+        Ok(Bind { batches })
+    }
+
+    fn init(_: &InitInfo) -> Result<Self::InitData, Box<dyn std::error::Error>> {
+        Ok(Position(Mutex::new((0, 0))))
+    }
+
+    fn func(
+        func: &TableFunctionInfo<Self>,
+        output: &mut DataChunkHandle,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let batches = &func.get_bind_data().batches;
+        let mut pos = func
+            .get_init_data()
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some(batch) = batches.get(pos.0) {
+            if pos.1 >= batch.num_rows() {
+                *pos = (pos.0 + 1, 0);
+                continue;
+            }
+            let len = (batch.num_rows() - pos.1).min(CHUNK_ROWS);
+            record_batch_to_duckdb_data_chunk(&batch.slice(pos.1, len), output)?;
+            pos.1 += len;
+            return Ok(());
+        }
+        output.set_len(0);
+        Ok(())
+    }
+
+    fn parameters() -> Option<Vec<LogicalTypeHandle>> {
+        Some(vec![LogicalTypeHandle::from(LogicalTypeId::UBigint)])
+    }
+}
