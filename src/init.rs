@@ -56,7 +56,7 @@ pub struct InitOptions {
     pub replace_delta: bool,
     /// Aimed-for size of each base file.
     pub target_file_size: u64,
-    /// Most rows in one file (bounds the rows staged in DuckDB at once).
+    /// Most rows in one file (bounds the rows staged in memory at once).
     pub max_file_rows: u64,
     /// Rows per keyset page.
     pub page_rows: i64,
@@ -93,7 +93,7 @@ impl Default for InitOptions {
             schemas: Vec::new(),
             replace_delta: false,
             target_file_size: 256 * 1024 * 1024,
-            max_file_rows: 300_000,
+            max_file_rows: 200_000,
             page_rows: 50_000,
             readers: 2,
             dry_run: false,
@@ -402,6 +402,8 @@ struct Staging {
     /// The pages' entity and EAV batches, scanned in place by the export.
     entities: Vec<RecordBatch>,
     eav: Vec<RecordBatch>,
+    /// Their Arrow memory.
+    bytes: usize,
     rows: u64,
     /// Smallest row id staged.
     first: Uuid,
@@ -410,6 +412,11 @@ struct Staging {
 }
 
 type Upload = JoinHandle<Result<FileEntry>>;
+
+/// A file is cut once its staged Arrow pages reach this size, whatever the row count, so wide
+/// rows cannot make memory grow: at most two files are staged at once (one being written, the
+/// next being read), besides the pages in flight and DuckDB's own `--memory-limit`.
+const STAGED_BYTES_PER_FILE: usize = 96 * 1024 * 1024;
 
 /// Reads pages, stages them, writes files and uploads them, overlapping the three.
 async fn export_files(
@@ -514,6 +521,7 @@ async fn stage_and_upload(
             let s = staging.get_or_insert(Staging {
                 entities: Vec::new(),
                 eav: Vec::new(),
+                bytes: 0,
                 rows: 0,
                 first: page.first,
                 last: page.last,
@@ -522,13 +530,14 @@ async fn stage_and_upload(
             // Pages of several readers interleave: the file's range is the union of its pages'.
             s.first = s.first.min(page.first);
             s.last = s.last.max(page.last);
+            s.bytes += page.entities.get_array_memory_size() + page.eav.get_array_memory_size();
             s.entities.push(page.entities);
             s.eav.push(page.eav);
             staged_total += page.rows as u64;
             if let Some(p) = &opts.progress {
                 p(schema_id, staged_total, total);
             }
-            if s.rows >= target_rows {
+            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE {
                 // The previous file's export has had this file's reading time to finish; this
                 // file's export then runs while the next one is read.
                 if let Some(w) = writing.take() {

@@ -258,8 +258,9 @@ struct InitArgs {
     /// Aimed-for size of each base file.
     #[arg(long, env = "LAKECDC_TARGET_FILE_SIZE", default_value = "256MiB")]
     target_file_size: String,
-    /// Most rows in one base file (bounds what DuckDB stages at once).
-    #[arg(long, env = "LAKECDC_MAX_FILE_ROWS", default_value_t = 300_000)]
+    /// Most rows in one base file (bounds the rows held in memory at once; a file is also cut
+    /// at 96 MiB of staged rows).
+    #[arg(long, env = "LAKECDC_MAX_FILE_ROWS", default_value_t = 200_000)]
     max_file_rows: u64,
     /// Rows read per keyset page.
     #[arg(long, env = "LAKECDC_PAGE_ROWS", default_value_t = 50_000)]

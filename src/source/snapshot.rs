@@ -9,14 +9,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, FixedSizeBinaryBuilder, Float64Builder, Int16Builder, Int32Builder, Int64Builder,
-    StringBuilder,
+    ArrayRef, FixedSizeBinaryArray, FixedSizeBinaryBuilder, Float64Builder, Int16Builder,
+    Int32Builder, Int64Builder, StringBuilder,
 };
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
 use bytes::BufMut;
+use futures::TryStreamExt;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{Client, IsolationLevel, Row, Statement};
+use tokio_postgres::{Client, IsolationLevel, Row, Statement, ToStatement, Transaction};
 use uuid::Uuid;
 
 use super::connect::timed;
@@ -288,34 +289,31 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
     before_payload(ids.clone()).await;
     let bound = bound_columns(schema);
+    let mut entities = BatchBuilder::entities(&bound, ids.len());
+    let mut eav = BatchBuilder::eav(ids.len() * 4);
     // Both reads are sent at once: tokio-postgres pipelines them on the connection, so the
     // server works on the second while the first's rows are decoded here.
-    let entity_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&schema_id, &ids];
-    let entity_read = timed(
-        TIMEOUT,
+    let params: [&(dyn ToSql + Sync); 2] = [&schema_id, &ids];
+    let entity_read = stream_into(
+        &tx,
         "read entity_main",
-        tx.query(&stmts.entities, &entity_params),
+        &stmts.entities,
+        &params,
+        &mut entities,
     );
     let eav_read = async {
         match &stmts.eav {
-            None => Ok(Vec::new()),
-            Some(stmt) => {
-                timed(
-                    TIMEOUT,
-                    "read eav_data",
-                    tx.query(stmt, &[&schema_id, &ids]),
-                )
-                .await
-            }
+            None => Ok(0),
+            Some(stmt) => stream_into(&tx, "read eav_data", stmt, &params, &mut eav).await,
         }
     };
-    let (entities, eav) = futures::try_join!(entity_read, eav_read)?;
+    futures::try_join!(entity_read, eav_read)?;
     timed(TIMEOUT, "end snapshot", tx.commit()).await?;
     let snapshot = Snapshot {
         versions: selected.clone(),
         change_log: change_log_batch(&slots)?,
-        entities: entity_batch(&entities, &bound)?,
-        eav: eav_batch(&eav)?,
+        entities: entities.finish()?,
+        eav: eav.finish()?,
     };
     Ok(Some((selected, snapshot)))
 }
@@ -428,44 +426,43 @@ pub async fn read_live_page(
          AND ($5::uuid IS NULL OR ltbase_row_id > $5) ORDER BY ltbase_row_id LIMIT $2",
         tables.entity.quoted()
     );
-    let entities = timed(
-        TIMEOUT,
+    let mut entities = BatchBuilder::entities(&bound, usize::try_from(limit).unwrap_or(0));
+    let rows = stream_into(
+        &tx,
         "read entity page",
-        tx.query(&sql, &[&schema_id, &limit, &range.lo, &range.hi, &after]),
+        sql.as_str(),
+        &[&schema_id, &limit, &range.lo, &range.hi, &after],
+        &mut entities,
     )
     .await?;
-    let (Some(first), Some(last)) = (entities.first(), entities.last()) else {
+    if rows == 0 {
+        timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
         return Ok(None);
-    };
-    let (first, last): (Uuid, Uuid) = (first.get(0), last.get(0));
-    let eav_ids: Vec<i16> = schema
-        .attributes
-        .iter()
-        .filter(|a| a.binding.is_none())
-        .map(|a| a.id)
-        .collect();
-    let eav = if eav_ids.is_empty() {
-        Vec::new()
-    } else {
-        timed(
-            TIMEOUT,
+    }
+    let entities = entities.finish()?;
+    let (first, last) = (row_id_at(&entities, 0)?, row_id_at(&entities, rows - 1)?);
+    let mut eav = BatchBuilder::eav(rows * 4);
+    if schema.attributes.iter().any(|a| a.binding.is_none()) {
+        // Every EAV row of the page's range: the pivot picks the schema's attributes by id.
+        let sql = format!(
+            "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
+             WHERE schema_id = $1 AND row_id >= $2 AND row_id <= $3",
+            tables.eav.quoted()
+        );
+        stream_into(
+            &tx,
             "read eav page",
-            tx.query(
-                &format!(
-                    "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
-                     WHERE schema_id = $1 AND row_id >= $2 AND row_id <= $3 AND attr_id = ANY($4)",
-                    tables.eav.quoted()
-                ),
-                &[&schema_id, &first, &last, &eav_ids],
-            ),
+            sql.as_str(),
+            &[&schema_id, &first, &last],
+            &mut eav,
         )
-        .await?
-    };
+        .await?;
+    }
     timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
     Ok(Some(LivePage {
-        rows: entities.len(),
-        entities: entity_batch(&entities, &bound)?,
-        eav: eav_batch(&eav)?,
+        rows,
+        entities,
+        eav: eav.finish()?,
         first,
         last,
     }))
@@ -474,8 +471,8 @@ pub async fn read_live_page(
 /// A page with no rows but the schema's columns (for a zero-row base).
 pub fn empty_live_page(schema: &SchemaDef) -> Result<LivePage> {
     Ok(LivePage {
-        entities: entity_batch(&[], &bound_columns(schema))?,
-        eav: eav_batch(&[])?,
+        entities: BatchBuilder::entities(&bound_columns(schema), 0).finish()?,
+        eav: BatchBuilder::eav(0).finish()?,
         first: Uuid::nil(),
         last: Uuid::nil(),
         rows: 0,
@@ -617,67 +614,125 @@ impl Column {
     }
 }
 
-/// Decodes `rows` into a batch of `columns` (name, kind, nullable), row by row: each row's
-/// values sit together in memory, so one pass over the rows beats one pass per column.
-fn decode(rows: &[Row], columns: &[(&str, SlotType, bool)]) -> Result<RecordBatch> {
-    let mut builders: Vec<Column> = columns
-        .iter()
-        .map(|(_, kind, _)| Column::new(*kind, rows.len()))
-        .collect();
-    for row in rows {
-        for (idx, b) in builders.iter_mut().enumerate() {
+/// An Arrow batch of `columns` (name, kind, nullable) built row by row, as rows arrive: each
+/// row's values sit together in memory, so one pass over a row beats one pass per column.
+struct BatchBuilder {
+    fields: Vec<Field>,
+    builders: Vec<Column>,
+}
+
+impl BatchBuilder {
+    fn new(columns: &[(&str, SlotType, bool)], capacity: usize) -> Self {
+        let fields = columns
+            .iter()
+            .map(|(name, kind, nullable)| match kind {
+                SlotType::Uuid => uuid_field(name, *nullable),
+                SlotType::Smallint => Field::new(*name, DataType::Int16, *nullable),
+                SlotType::Integer => Field::new(*name, DataType::Int32, *nullable),
+                SlotType::Bigint => Field::new(*name, DataType::Int64, *nullable),
+                SlotType::Double => Field::new(*name, DataType::Float64, *nullable),
+                SlotType::Text => Field::new(*name, DataType::Utf8, *nullable),
+            })
+            .collect();
+        let builders = columns
+            .iter()
+            .map(|(_, kind, _)| Column::new(*kind, capacity))
+            .collect();
+        Self { fields, builders }
+    }
+
+    fn entities(bound: &[(String, SlotType)], capacity: usize) -> Self {
+        let mut columns = vec![
+            ("ltbase_row_id", SlotType::Uuid, false),
+            ("ltbase_created_at", SlotType::Bigint, false),
+            ("ltbase_updated_at", SlotType::Bigint, false),
+            ("ltbase_deleted_at", SlotType::Bigint, true),
+        ];
+        columns.extend(
+            bound
+                .iter()
+                .map(|(name, slot)| (name.as_str(), *slot, true)),
+        );
+        Self::new(&columns, capacity)
+    }
+
+    fn eav(capacity: usize) -> Self {
+        Self::new(
+            &[
+                ("row_id", SlotType::Uuid, false),
+                ("attr_id", SlotType::Smallint, false),
+                ("array_indices", SlotType::Text, false),
+                ("value_text", SlotType::Text, true),
+                ("value_numeric", SlotType::Double, true),
+            ],
+            capacity,
+        )
+    }
+
+    fn push(&mut self, row: &Row) -> Result<()> {
+        for (idx, b) in self.builders.iter_mut().enumerate() {
             b.push(row, idx)?;
         }
+        Ok(())
     }
-    let fields = columns
-        .iter()
-        .map(|(name, kind, nullable)| match kind {
-            SlotType::Uuid => uuid_field(name, *nullable),
-            SlotType::Smallint => Field::new(*name, DataType::Int16, *nullable),
-            SlotType::Integer => Field::new(*name, DataType::Int32, *nullable),
-            SlotType::Bigint => Field::new(*name, DataType::Int64, *nullable),
-            SlotType::Double => Field::new(*name, DataType::Float64, *nullable),
-            SlotType::Text => Field::new(*name, DataType::Utf8, *nullable),
-        })
-        .collect();
-    batch(fields, builders.iter_mut().map(Column::finish).collect())
+
+    fn finish(mut self) -> Result<RecordBatch> {
+        let columns = self.builders.iter_mut().map(Column::finish).collect();
+        batch(self.fields, columns)
+    }
+}
+
+/// Runs `statement` and decodes its rows into `into` as they stream in (no intermediate row
+/// list), under the statement time limit. Returns the rows read.
+async fn stream_into<T: ?Sized + ToStatement>(
+    tx: &Transaction<'_>,
+    op: &'static str,
+    statement: &T,
+    params: &[&(dyn ToSql + Sync)],
+    into: &mut BatchBuilder,
+) -> Result<usize> {
+    let read = async {
+        let stream = tx
+            .query_raw(statement, params.iter().map(|p| *p as &dyn ToSql))
+            .await
+            .map_err(Error::postgres(op))?;
+        futures::pin_mut!(stream);
+        let mut rows = 0;
+        while let Some(row) = stream.try_next().await.map_err(Error::postgres(op))? {
+            into.push(&row)?;
+            rows += 1;
+        }
+        Ok(rows)
+    };
+    tokio::time::timeout(TIMEOUT, read)
+        .await
+        .map_err(|_| Error::PostgresTimeout {
+            op: op.to_string(),
+            seconds: TIMEOUT.as_secs(),
+        })?
+}
+
+/// The row id in column 0 of `batch` at `idx`.
+fn row_id_at(batch: &RecordBatch, idx: usize) -> Result<Uuid> {
+    let ids = batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<FixedSizeBinaryArray>()
+        .ok_or_else(|| Error::Invariant("row id column is not 16-byte binary".into()))?;
+    Uuid::from_slice(ids.value(idx)).map_err(|e| Error::Invariant(format!("row id column: {e}")))
 }
 
 fn change_log_batch(rows: &[Row]) -> Result<RecordBatch> {
-    decode(
-        rows,
+    let mut b = BatchBuilder::new(
         &[
             ("row_id", SlotType::Uuid, false),
             ("changed_at", SlotType::Bigint, false),
             ("deleted_at", SlotType::Bigint, true),
         ],
-    )
-}
-
-fn entity_batch(rows: &[Row], bound: &[(String, SlotType)]) -> Result<RecordBatch> {
-    let mut columns = vec![
-        ("ltbase_row_id", SlotType::Uuid, false),
-        ("ltbase_created_at", SlotType::Bigint, false),
-        ("ltbase_updated_at", SlotType::Bigint, false),
-        ("ltbase_deleted_at", SlotType::Bigint, true),
-    ];
-    columns.extend(
-        bound
-            .iter()
-            .map(|(name, slot)| (name.as_str(), *slot, true)),
+        rows.len(),
     );
-    decode(rows, &columns)
-}
-
-fn eav_batch(rows: &[Row]) -> Result<RecordBatch> {
-    decode(
-        rows,
-        &[
-            ("row_id", SlotType::Uuid, false),
-            ("attr_id", SlotType::Smallint, false),
-            ("array_indices", SlotType::Text, false),
-            ("value_text", SlotType::Text, true),
-            ("value_numeric", SlotType::Double, true),
-        ],
-    )
+    for row in rows {
+        b.push(row)?;
+    }
+    b.finish()
 }
