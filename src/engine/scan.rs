@@ -121,3 +121,71 @@ impl VTab for ArrowScan {
         Some(vec![LogicalTypeHandle::from(LogicalTypeId::UBigint)])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{FixedSizeBinaryArray, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+
+    use super::Registered;
+    use crate::engine::{Engine, EngineConfig};
+    use crate::source::snapshot::uuid_field;
+
+    fn batch(from: i64, rows: i64) -> RecordBatch {
+        let ids: Vec<u8> = (from..from + rows)
+            .flat_map(|i| (i as u128).to_be_bytes())
+            .collect();
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                uuid_field("id", false),
+                Field::new("n", DataType::Int64, false),
+                Field::new("s", DataType::Utf8, true),
+            ])),
+            vec![
+                Arc::new(FixedSizeBinaryArray::new(16, ids.into(), None)),
+                Arc::new(Int64Array::from_iter_values(from..from + rows)),
+                Arc::new(StringArray::from_iter(
+                    (from..from + rows).map(|i| (i % 3 != 0).then(|| format!("v{i}"))),
+                )),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn batches_are_scanned_in_place_and_released_with_their_guard() {
+        let engine = Engine::open(&EngineConfig::default()).unwrap();
+        // More rows than one chunk, an empty batch in the middle, a short tail.
+        let reg = Registered::new(vec![batch(0, 5000), batch(5000, 0), batch(5000, 7)]);
+        let sql = format!(
+            "SELECT count(*), sum(n), count(s), min(typeof(id)), max(id)::VARCHAR FROM {}",
+            reg.scan_sql()
+        );
+        let got: (i64, i64, i64, String, String) = engine
+            .conn
+            .query_row(&sql, [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .unwrap();
+        let nulls = (0..5007).filter(|i| i % 3 == 0).count() as i64;
+        assert_eq!(
+            got,
+            (
+                5007,
+                (0..5007).sum::<i64>(),
+                5007 - nulls,
+                "UUID".to_string(),
+                "00000000-0000-0000-0000-00000000138e".to_string()
+            )
+        );
+        drop(reg);
+        let err = engine.conn.query_row(&sql, [], |_| Ok(())).unwrap_err();
+        assert!(
+            err.to_string().contains("no batches registered"),
+            "a released id is gone: {err}"
+        );
+    }
+}
