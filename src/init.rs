@@ -4,12 +4,13 @@
 //! Per schema, under its advisory lock (contended → reported for that schema, others go on).
 //! A manifest that lists deltas is refused unless `--replace-delta`. Live rows are read in
 //! keyset pages on `ltbase_row_id` (never OFFSET), each page with its EAV rows in one
-//! repeatable-read snapshot; pages are staged in DuckDB until a file holds about
-//! `--target-file-size` (the rows-per-file estimate corrects itself from each written file),
-//! then written, uploaded to `_tmp/`, promoted to `{min}_{max}_{uuid}.parquet` (write-once) and
-//! checksummed. `--readers` connections (2) read disjoint row-id ranges at once; reading pages,
-//! staging the current one and uploading the previous file
-//! overlap. Publishing replaces the base tier (and with `--replace-delta` the delta tier, whose
+//! repeatable-read snapshot, decoded into Arrow as the rows stream in; pages are staged (held
+//! as Arrow) until a file holds about `--target-file-size` (the rows-per-file estimate corrects
+//! itself from each written file; at most `--max-file-rows` and 96 MiB of staged rows), then
+//! DuckDB scans them in place to write the file, which is checksummed while it uploads straight
+//! to its write-once key `{min}_{max}_{uuid}.parquet`. `--readers` connections (2) read disjoint
+//! row-id ranges at once; reading the next file's pages, writing this file and uploading the
+//! previous one overlap. Publishing replaces the base tier (and with `--replace-delta` the delta tier, whose
 //! files are then deleted) in ONE save; superseded bases are left to gc. A schema with no live
 //! rows publishes one zero-row base. Writes during init reach the lake with the next flush: a
 //! base row carries `changed_at = ltbase_updated_at`, exactly what flush writes for the same
@@ -397,7 +398,7 @@ async fn export_schema(
     Ok(())
 }
 
-/// A file being staged in DuckDB.
+/// A file being staged: its pages, held as Arrow until the export scans them.
 struct Staging {
     /// The pages' entity and EAV batches, scanned in place by the export.
     entities: Vec<RecordBatch>,

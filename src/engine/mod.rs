@@ -1,5 +1,6 @@
-//! DuckDB, in process: opened with bounded threads, memory and a spill directory; loads Arrow
-//! batches into temporary tables and writes lake Parquet files with `COPY`. DuckDB types never
+//! DuckDB, in process: opened with bounded threads, memory and a spill directory; scans Arrow
+//! batches in place (`scan`) or loads them into temporary tables, and writes lake Parquet
+//! files with `COPY`. DuckDB types never
 //! leave this module. Every call blocks: callers on the async runtime use `spawn_blocking`.
 
 pub mod export;
