@@ -14,7 +14,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
-use bytes::BufMut;
+use bytes::{Buf, BufMut};
 use futures::TryStreamExt;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, IsolationLevel, Row, Statement, ToStatement, Transaction};
@@ -417,24 +417,23 @@ pub async fn read_live_page(
     .await?;
     let bound = bound_columns(schema);
     let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
-    // Unnamed statements get custom plans, so the NULL tests fold away and the bounds become
-    // index conditions.
+    // Read with binary COPY (decoded without row objects). COPY takes no parameters: the only
+    // values in the text are the schema id and row ids, formatted here from their types.
+    let mut bounds = format!("ltbase_row_id >= '{}'::uuid", range.lo);
+    if let Some(hi) = range.hi {
+        bounds.push_str(&format!(" AND ltbase_row_id < '{hi}'::uuid"));
+    }
+    if let Some(after) = after {
+        bounds.push_str(&format!(" AND ltbase_row_id > '{after}'::uuid"));
+    }
     let sql = format!(
         "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
-         FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL \
-         AND ltbase_row_id >= $3 AND ($4::uuid IS NULL OR ltbase_row_id < $4) \
-         AND ($5::uuid IS NULL OR ltbase_row_id > $5) ORDER BY ltbase_row_id LIMIT $2",
+         FROM {} WHERE ltbase_schema_id = {schema_id} AND ltbase_deleted_at IS NULL AND {bounds} \
+         ORDER BY ltbase_row_id LIMIT {limit}",
         tables.entity.quoted()
     );
     let mut entities = BatchBuilder::entities(&bound, usize::try_from(limit).unwrap_or(0));
-    let rows = stream_into(
-        &tx,
-        "read entity page",
-        sql.as_str(),
-        &[&schema_id, &limit, &range.lo, &range.hi, &after],
-        &mut entities,
-    )
-    .await?;
+    let rows = copy_into(&tx, "read entity page", &sql, &mut entities).await?;
     if rows == 0 {
         timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
         return Ok(None);
@@ -446,17 +445,10 @@ pub async fn read_live_page(
         // Every EAV row of the page's range: the pivot picks the schema's attributes by id.
         let sql = format!(
             "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
-             WHERE schema_id = $1 AND row_id >= $2 AND row_id <= $3",
+             WHERE schema_id = {schema_id} AND row_id >= '{first}'::uuid AND row_id <= '{last}'::uuid",
             tables.eav.quoted()
         );
-        stream_into(
-            &tx,
-            "read eav page",
-            sql.as_str(),
-            &[&schema_id, &first, &last],
-            &mut eav,
-        )
-        .await?;
+        copy_into(&tx, "read eav page", &sql, &mut eav).await?;
     }
     timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
     Ok(Some(LivePage {
@@ -602,6 +594,42 @@ impl Column {
         Ok(())
     }
 
+    /// Appends one value in PostgreSQL's binary format (`None` is NULL).
+    fn push_binary(&mut self, raw: Option<&[u8]>) -> Result<()> {
+        fn fixed<const N: usize>(raw: &[u8]) -> Result<[u8; N]> {
+            raw.try_into().map_err(|_| {
+                Error::Invariant(format!(
+                    "binary COPY value has {} bytes, expected {N}",
+                    raw.len()
+                ))
+            })
+        }
+        match (self, raw) {
+            (Self::Uuid(b), None) => b.append_null(),
+            (Self::Uuid(b), Some(v)) => b
+                .append_value(fixed::<16>(v)?)
+                .map_err(|e| Error::Invariant(format!("uuid column: {e}")))?,
+            (Self::Smallint(b), v) => {
+                b.append_option(v.map(fixed::<2>).transpose()?.map(i16::from_be_bytes))
+            }
+            (Self::Integer(b), v) => {
+                b.append_option(v.map(fixed::<4>).transpose()?.map(i32::from_be_bytes))
+            }
+            (Self::Bigint(b), v) => {
+                b.append_option(v.map(fixed::<8>).transpose()?.map(i64::from_be_bytes))
+            }
+            (Self::Double(b), v) => {
+                b.append_option(v.map(fixed::<8>).transpose()?.map(f64::from_be_bytes))
+            }
+            (Self::Text(b), v) => b.append_option(
+                v.map(std::str::from_utf8)
+                    .transpose()
+                    .map_err(|e| Error::Invariant(format!("text value is not UTF-8: {e}")))?,
+            ),
+        }
+        Ok(())
+    }
+
     fn finish(&mut self) -> ArrayRef {
         match self {
             Self::Uuid(b) => Arc::new(b.finish()),
@@ -712,6 +740,120 @@ async fn stream_into<T: ?Sized + ToStatement>(
         })?
 }
 
+/// The signature opening a binary COPY stream, followed by a 32-bit flags field and a 32-bit
+/// header-extension length.
+const COPY_SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
+
+/// Runs `COPY (query) TO STDOUT (FORMAT binary)` and decodes its tuples into `into` as they
+/// stream in — no row objects: each value is appended straight from the wire bytes. COPY takes
+/// no parameters, so `query` may only embed values lakecdc formats itself (ids and row ids).
+/// Returns the rows read.
+async fn copy_into(
+    tx: &Transaction<'_>,
+    op: &'static str,
+    query: &str,
+    into: &mut BatchBuilder,
+) -> Result<usize> {
+    let sql = format!("COPY ({query}) TO STDOUT (FORMAT binary)");
+    let read = async {
+        let stream = tx
+            .copy_out(sql.as_str())
+            .await
+            .map_err(Error::postgres(op))?;
+        futures::pin_mut!(stream);
+        let mut buf = bytes::BytesMut::new();
+        let mut header = false;
+        let mut ended = false;
+        let mut rows = 0;
+        while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
+            buf.extend_from_slice(&chunk);
+            if !header {
+                let Some(ext) = buf.get(15..19) else { continue };
+                let ext = u32::from_be_bytes([ext[0], ext[1], ext[2], ext[3]]) as usize;
+                if buf.get(..11) != Some(COPY_SIGNATURE) {
+                    return Err(Error::Invariant(format!("{op}: not a binary COPY stream")));
+                }
+                if buf.len() < 19 + ext {
+                    continue;
+                }
+                buf.advance(19 + ext);
+                header = true;
+            }
+            let (n, end) = decode_tuples(&mut buf, into)?;
+            rows += n;
+            ended |= end;
+        }
+        if !ended || !buf.is_empty() {
+            return Err(Error::Invariant(format!(
+                "{op}: binary COPY stream ended early ({} bytes left)",
+                buf.len()
+            )));
+        }
+        Ok(rows)
+    };
+    tokio::time::timeout(TIMEOUT, read)
+        .await
+        .map_err(|_| Error::PostgresTimeout {
+            op: op.to_string(),
+            seconds: TIMEOUT.as_secs(),
+        })?
+}
+
+/// Decodes the complete tuples at the front of `buf` into `into` and removes them. Returns the
+/// tuples decoded and whether the end-of-data marker was reached.
+fn decode_tuples(buf: &mut bytes::BytesMut, into: &mut BatchBuilder) -> Result<(usize, bool)> {
+    fn field_len(data: &[u8], at: usize) -> Option<i32> {
+        let b = data.get(at..at + 4)?;
+        Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    let mut rows = 0;
+    loop {
+        let data = &buf[..];
+        let Some(count) = data.get(..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
+            return Ok((rows, false));
+        };
+        if count == -1 {
+            buf.advance(2);
+            return Ok((rows, true));
+        }
+        if usize::try_from(count).ok() != Some(into.builders.len()) {
+            return Err(Error::Invariant(format!(
+                "binary COPY tuple has {count} fields, expected {}",
+                into.builders.len()
+            )));
+        }
+        // Only a complete tuple is decoded, so no column is ever left one value short.
+        let mut end = 2;
+        let mut complete = true;
+        for _ in 0..into.builders.len() {
+            match field_len(data, end) {
+                None => {
+                    complete = false;
+                    break;
+                }
+                Some(len) => end += 4 + usize::try_from(len).unwrap_or(0),
+            }
+        }
+        if !complete || data.len() < end {
+            return Ok((rows, false));
+        }
+        let mut at = 2;
+        for b in into.builders.iter_mut() {
+            let len = field_len(data, at).unwrap_or(-1);
+            at += 4;
+            match usize::try_from(len) {
+                Ok(n) => {
+                    b.push_binary(data.get(at..at + n))?;
+                    at += n;
+                }
+                Err(_) => b.push_binary(None)?,
+            }
+        }
+        buf.advance(end);
+        rows += 1;
+    }
+}
+
 /// The row id in column 0 of `batch` at `idx`.
 fn row_id_at(batch: &RecordBatch, idx: usize) -> Result<Uuid> {
     let ids = batch
@@ -735,4 +877,86 @@ fn change_log_batch(rows: &[Row]) -> Result<RecordBatch> {
         b.push(row)?;
     }
     b.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::Int64Type;
+
+    use super::*;
+
+    /// One binary COPY tuple of (uuid, bigint, text).
+    fn tuple(id: u128, n: Option<i64>, s: Option<&str>) -> Vec<u8> {
+        let mut t = 3i16.to_be_bytes().to_vec();
+        t.extend(16i32.to_be_bytes());
+        t.extend(id.to_be_bytes());
+        match n {
+            Some(n) => {
+                t.extend(8i32.to_be_bytes());
+                t.extend(n.to_be_bytes());
+            }
+            None => t.extend((-1i32).to_be_bytes()),
+        }
+        match s {
+            Some(s) => {
+                t.extend(i32::try_from(s.len()).unwrap().to_be_bytes());
+                t.extend(s.as_bytes());
+            }
+            None => t.extend((-1i32).to_be_bytes()),
+        }
+        t
+    }
+
+    fn builder() -> BatchBuilder {
+        BatchBuilder::new(
+            &[
+                ("id", SlotType::Uuid, false),
+                ("n", SlotType::Bigint, true),
+                ("s", SlotType::Text, true),
+            ],
+            4,
+        )
+    }
+
+    #[test]
+    fn binary_copy_tuples_decode_whatever_the_chunking() {
+        let mut stream = tuple(1, Some(-5), Some("ä,\"x\"\n"));
+        stream.extend(tuple(2, None, Some("")));
+        stream.extend(tuple(3, Some(i64::MAX), None));
+        stream.extend((-1i16).to_be_bytes());
+        for chunk in [1, 3, 7, stream.len()] {
+            let mut into = builder();
+            let mut buf = bytes::BytesMut::new();
+            let (mut rows, mut ended) = (0, false);
+            for piece in stream.chunks(chunk) {
+                buf.extend_from_slice(piece);
+                let (n, end) = decode_tuples(&mut buf, &mut into).unwrap();
+                rows += n;
+                ended |= end;
+            }
+            assert_eq!((rows, ended, buf.len()), (3, true, 0), "chunk {chunk}");
+            let b = into.finish().unwrap();
+            assert_eq!(row_id_at(&b, 2).unwrap(), Uuid::from_u128(3));
+            let n = b.column(1).as_primitive::<Int64Type>();
+            assert_eq!((n.value(0), n.is_null(1), n.value(2)), (-5, true, i64::MAX));
+            let s = b.column(2).as_string::<i32>();
+            assert_eq!(
+                (s.value(0), s.value(1), s.is_null(2)),
+                ("ä,\"x\"\n", "", true)
+            );
+            assert!(s.is_valid(1), "an empty string is not NULL");
+        }
+    }
+
+    #[test]
+    fn a_tuple_of_the_wrong_shape_is_an_error_not_a_shifted_column() {
+        let mut buf = bytes::BytesMut::from(&2i16.to_be_bytes()[..]);
+        assert!(decode_tuples(&mut buf, &mut builder()).is_err());
+        let mut t = tuple(1, Some(1), None);
+        t[2..6].copy_from_slice(&4i32.to_be_bytes()); // a 4-byte "uuid"
+        t.drain(10..22);
+        let mut buf = bytes::BytesMut::from(&t[..]);
+        assert!(decode_tuples(&mut buf, &mut builder()).is_err());
+    }
 }
