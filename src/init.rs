@@ -4,9 +4,10 @@
 //! Per schema, under its advisory lock (contended → reported for that schema, others go on).
 //! A manifest that lists deltas is refused unless `--replace-delta`. Live rows are read in
 //! keyset pages on `ltbase_row_id` (never OFFSET), each page with its EAV rows in one
-//! repeatable-read snapshot, decoded into Arrow as the rows stream in; pages are staged (held
-//! as Arrow) until a file holds about `--target-file-size` (the rows-per-file estimate corrects
-//! itself from each written file; at most `--max-file-rows` and 96 MiB of staged rows), then
+//! repeatable-read snapshot, read with binary COPY decoded straight into Arrow; pages are
+//! staged (held as Arrow) until a file holds about `--target-file-size` (the rows-per-file
+//! estimate corrects itself from each written file; at most `--max-file-rows` and 96 MiB of
+//! staged rows), then
 //! DuckDB scans them in place to write the file, which is checksummed while it uploads straight
 //! to its write-once key `{min}_{max}_{uuid}.parquet`. `--readers` connections (2) read disjoint
 //! row-id ranges at once; reading the next file's pages, writing this file and uploading the
