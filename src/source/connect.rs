@@ -281,13 +281,22 @@ pub async fn timed<T>(
     op: &str,
     fut: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
 ) -> Result<T> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(res) => res.map_err(Error::postgres(op)),
-        Err(_) => Err(Error::PostgresTimeout {
+    within(limit, op, async { fut.await.map_err(Error::postgres(op)) }).await
+}
+
+/// Runs a multi-step PostgreSQL exchange (a statement and the decoding of its rows) under the
+/// statement time limit.
+pub async fn within<T>(
+    limit: Duration,
+    op: &str,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| Error::PostgresTimeout {
             op: op.to_string(),
             seconds: limit.as_secs(),
-        }),
-    }
+        })?
 }
 
 fn provider() -> Arc<CryptoProvider> {

@@ -20,7 +20,7 @@ use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, IsolationLevel, Row, Statement, ToStatement, Transaction};
 use uuid::Uuid;
 
-use super::connect::timed;
+use super::connect::{timed, within};
 use crate::config::Tables;
 use crate::error::{Error, Result};
 use crate::schema::{SchemaDef, SlotType};
@@ -732,12 +732,7 @@ async fn stream_into<T: ?Sized + ToStatement>(
         }
         Ok(rows)
     };
-    tokio::time::timeout(TIMEOUT, read)
-        .await
-        .map_err(|_| Error::PostgresTimeout {
-            op: op.to_string(),
-            seconds: TIMEOUT.as_secs(),
-        })?
+    within(TIMEOUT, op, read).await
 }
 
 /// The signature opening a binary COPY stream, followed by a 32-bit flags field and a 32-bit
@@ -791,12 +786,7 @@ async fn copy_into(
         }
         Ok(rows)
     };
-    tokio::time::timeout(TIMEOUT, read)
-        .await
-        .map_err(|_| Error::PostgresTimeout {
-            op: op.to_string(),
-            seconds: TIMEOUT.as_secs(),
-        })?
+    within(TIMEOUT, op, read).await
 }
 
 /// Decodes the complete tuples at the front of `buf` into `into` and removes them. Returns the
