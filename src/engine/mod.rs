@@ -1,6 +1,5 @@
 //! DuckDB, in process: opened with bounded threads, memory and a spill directory; scans Arrow
-//! batches in place (`scan`) or loads them into temporary tables, and writes lake Parquet
-//! files with `COPY`. DuckDB types never
+//! batches in place (`scan`) and writes lake Parquet files with `COPY`. DuckDB types never
 //! leave this module. Every call blocks: callers on the async runtime use `spawn_blocking`.
 
 pub mod export;
@@ -8,7 +7,6 @@ mod scan;
 
 use std::path::{Path, PathBuf};
 
-use arrow::datatypes::{DataType, Field};
 use arrow::record_batch::RecordBatch;
 use duckdb::Connection;
 
@@ -75,43 +73,6 @@ impl Engine {
             .map_err(Error::duckdb(format!("read setting {name}")))
     }
 
-    /// Replaces temporary table `name` with the rows of `batches` (all of one schema). Arrow
-    /// `FixedSizeBinary(16)` fields with the `arrow.uuid` extension become UUID columns.
-    pub fn load(&self, name: &str, batches: &[RecordBatch]) -> Result<()> {
-        let Some(first) = batches.first() else {
-            return Err(Error::Invariant(format!("no batch to load into {name}")));
-        };
-        let columns: Vec<String> = first
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| Ok(format!("{} {}", quote_ident(f.name()), duckdb_type(f)?)))
-            .collect::<Result<_>>()?;
-        self.conn
-            .execute_batch(&format!(
-                "CREATE OR REPLACE TEMP TABLE {} ({})",
-                quote_ident(name),
-                columns.join(", ")
-            ))
-            .map_err(Error::duckdb(format!("create table {name}")))?;
-        self.append(name, batches)
-    }
-
-    /// Appends `batches` to the existing temporary table `name`.
-    pub fn append(&self, name: &str, batches: &[RecordBatch]) -> Result<()> {
-        let mut app = self
-            .conn
-            .appender(name)
-            .map_err(Error::duckdb(format!("open appender on {name}")))?;
-        for batch in batches.iter().filter(|b| b.num_rows() > 0) {
-            app.append_record_batch(batch.clone())
-                .map_err(Error::duckdb(format!("append to {name}")))?;
-        }
-        app.flush()
-            .map_err(Error::duckdb(format!("flush appender on {name}")))?;
-        Ok(())
-    }
-
     /// Writes the result of `select` to a Parquet file with the lake's options (zstd level 3,
     /// V2 pages, 122,880-row groups). Returns the rows written.
     pub fn copy_to_parquet(&self, select: &str, path: &Path) -> Result<u64> {
@@ -127,12 +88,14 @@ impl Engine {
         Ok(rows as u64)
     }
 
-    /// Loads `batches` and writes them, sorted by `row_id`, to a Parquet file.
+    /// Writes `batches` (all of one schema, at least one), sorted by `row_id`, to a Parquet
+    /// file.
     pub fn write_parquet(&self, batches: &[RecordBatch], path: &Path) -> Result<u64> {
-        self.load("lakecdc_stage", batches)?;
-        let rows = self.copy_to_parquet("SELECT * FROM lakecdc_stage ORDER BY row_id", path)?;
-        self.drop_table("lakecdc_stage")?;
-        Ok(rows)
+        let staged = scan::Registered::new(batches.to_vec());
+        self.copy_to_parquet(
+            &format!("SELECT * FROM {} ORDER BY row_id", staged.scan_sql()),
+            path,
+        )
     }
 
     /// Creates (or replaces) temporary view `name` as `select`.
@@ -151,35 +114,6 @@ impl Engine {
             .execute_batch(&format!("DROP VIEW IF EXISTS {}", quote_ident(name)))
             .map_err(Error::duckdb(format!("drop view {name}")))
     }
-
-    /// Drops a temporary table.
-    pub fn drop_table(&self, name: &str) -> Result<()> {
-        self.conn
-            .execute_batch(&format!("DROP TABLE IF EXISTS {}", quote_ident(name)))
-            .map_err(Error::duckdb(format!("drop table {name}")))
-    }
-}
-
-/// The DuckDB column type for an Arrow field.
-fn duckdb_type(field: &Field) -> Result<String> {
-    if field.extension_type_name() == Some("arrow.uuid") {
-        return Ok("UUID".to_string());
-    }
-    Ok(match field.data_type() {
-        DataType::Boolean => "BOOLEAN".into(),
-        DataType::Int16 => "SMALLINT".into(),
-        DataType::Int32 => "INTEGER".into(),
-        DataType::Int64 => "BIGINT".into(),
-        DataType::Float64 => "DOUBLE".into(),
-        DataType::Utf8 => "VARCHAR".into(),
-        DataType::List(item) => format!("{}[]", duckdb_type(item)?),
-        other => {
-            return Err(Error::Invariant(format!(
-                "column {} has Arrow type {other}, which lakecdc does not load",
-                field.name()
-            )));
-        }
-    })
 }
 
 /// Quotes a DuckDB identifier.
