@@ -452,59 +452,71 @@ struct Fetched {
     snapshot: Option<Snapshot>,
 }
 
-/// Steps 1 and 2 (selection and payload, one snapshot) for the batch after `cursor`; in a dry
-/// run only the selection.
-#[allow(clippy::too_many_arguments)] // two call sites in one loop; the batch's context
-async fn fetch(
-    ctx: &Context,
-    opts: &FlushOptions,
-    hooks: &FlushHooks,
-    def: &SchemaDef,
+/// What every batch read of one schema's drain shares.
+struct Reader<'a> {
+    opts: &'a FlushOptions,
+    hooks: &'a FlushHooks,
+    def: &'a SchemaDef,
     schema_id: i16,
-    client: &mut tokio_postgres::Client,
-    stmts: &snapshot::BatchStatements,
-    cursor: &mut Option<Selected>,
-) -> Result<Fetched> {
-    let t = Instant::now();
-    if opts.dry_run {
-        let selected =
-            snapshot::select(client, &ctx.tables, schema_id, opts.batch_size, *cursor).await?;
-        *cursor = selected.last().copied().or(*cursor);
-        step_done("select", t);
-        return Ok(Fetched {
-            selected,
-            snapshot: None,
-        });
-    }
-    let hook = hooks.before_export.clone();
-    let read = snapshot::read_next(
-        client,
-        stmts,
-        def,
-        schema_id,
-        opts.batch_size,
-        *cursor,
-        |ids| async move {
-            if let Some(h) = hook {
-                h(schema_id, ids).await;
-            }
-        },
-    )
-    .await?;
-    step_done("select and read snapshot", t);
-    Ok(match read {
-        None => Fetched {
-            selected: Vec::new(),
-            snapshot: None,
-        },
-        Some((selected, snap)) => {
-            *cursor = selected.last().copied();
-            Fetched {
+    stmts: snapshot::BatchStatements,
+}
+
+impl Reader<'_> {
+    /// Steps 1 and 2 (selection and payload, one snapshot) for the batch after `cursor`; in a
+    /// dry run only the selection.
+    async fn fetch(
+        &self,
+        client: &mut tokio_postgres::Client,
+        cursor: &mut Option<Selected>,
+    ) -> Result<Fetched> {
+        let Self {
+            opts,
+            hooks,
+            def,
+            schema_id,
+            ref stmts,
+        } = *self;
+        let t = Instant::now();
+        if opts.dry_run {
+            let selected =
+                snapshot::select(client, stmts, schema_id, opts.batch_size, *cursor).await?;
+            *cursor = selected.last().copied().or(*cursor);
+            step_done("select", t);
+            return Ok(Fetched {
                 selected,
-                snapshot: Some(snap),
-            }
+                snapshot: None,
+            });
         }
-    })
+        let hook = hooks.before_export.clone();
+        let read = snapshot::read_next(
+            client,
+            stmts,
+            def,
+            schema_id,
+            opts.batch_size,
+            *cursor,
+            |ids| async move {
+                if let Some(h) = hook {
+                    h(schema_id, ids).await;
+                }
+            },
+        )
+        .await?;
+        step_done("select and read snapshot", t);
+        Ok(match read {
+            None => Fetched {
+                selected: Vec::new(),
+                snapshot: None,
+            },
+            Some((selected, snap)) => {
+                *cursor = selected.last().copied();
+                Fetched {
+                    selected,
+                    snapshot: Some(snap),
+                }
+            }
+        })
+    }
 }
 
 /// The batch loop. The next batch is selected and read while the current one is written,
@@ -522,7 +534,13 @@ async fn drain(
     report: &mut SchemaReport,
 ) -> Result<()> {
     let started = Instant::now();
-    let stmts = snapshot::BatchStatements::prepare(client, &ctx.tables, def).await?;
+    let reader = Reader {
+        opts,
+        hooks,
+        def,
+        schema_id,
+        stmts: snapshot::BatchStatements::prepare(client, &ctx.tables, def).await?,
+    };
     let mut engine: Option<Engine> = None;
     let mut cursor: Option<Selected> = None;
     let mut marker: Option<Arc<snapshot::Marker>> = None;
@@ -541,19 +559,7 @@ async fn drain(
         }
         let batch = match prefetched.take() {
             Some(b) => b,
-            None => {
-                fetch(
-                    ctx,
-                    opts,
-                    hooks,
-                    def,
-                    schema_id,
-                    client,
-                    &stmts,
-                    &mut cursor,
-                )
-                .await?
-            }
+            None => reader.fetch(client, &mut cursor).await?,
         };
         if batch.selected.is_empty() {
             break;
@@ -573,19 +579,7 @@ async fn drain(
             Some(snap) => {
                 let next = async {
                     if full {
-                        Some(
-                            fetch(
-                                ctx,
-                                opts,
-                                hooks,
-                                def,
-                                schema_id,
-                                client,
-                                &stmts,
-                                &mut cursor,
-                            )
-                            .await,
-                        )
+                        Some(reader.fetch(client, &mut cursor).await)
                     } else {
                         None
                     }

@@ -17,7 +17,9 @@ use arrow::record_batch::RecordBatch;
 use bytes::{Buf, BufMut};
 use futures::TryStreamExt;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{Client, IsolationLevel, Row, Statement, ToStatement, Transaction};
+use tokio_postgres::{
+    Client, GenericClient, IsolationLevel, Row, Statement, ToStatement, Transaction,
+};
 use uuid::Uuid;
 
 use super::connect::{timed, within};
@@ -184,49 +186,49 @@ impl BatchStatements {
 }
 
 /// Selects up to `limit` dirty slots ordered by `(changed_at, row_id)`, strictly after `after`
-/// when given (keyset paging, so a run never revisits a slot it has planned).
+/// when given (keyset paging, so a run never revisits a slot it has planned). The dry run's
+/// selection; a real batch selects inside its snapshot ([`read_next`]).
 pub async fn select(
     client: &Client,
-    tables: &Tables,
+    stmts: &BatchStatements,
     schema_id: i16,
     limit: i64,
     after: Option<Selected>,
 ) -> Result<Vec<Selected>> {
-    let cl = tables.change_log.quoted();
-    let rows = match after {
-        None => {
-            let sql = format!(
-                "SELECT row_id, changed_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
-                 ORDER BY changed_at, row_id LIMIT $2"
-            );
-            timed(
-                TIMEOUT,
-                "select batch",
-                client.query(&sql, &[&schema_id, &limit]),
-            )
-            .await?
+    let slots = select_slots(client, stmts, schema_id, limit, after).await?;
+    Ok(selected(&slots))
+}
+
+/// The slot rows (`row_id, changed_at, deleted_at, ctid`) of the next selection.
+async fn select_slots(
+    client: &impl GenericClient,
+    stmts: &BatchStatements,
+    schema_id: i16,
+    limit: i64,
+    after: Option<Selected>,
+) -> Result<Vec<Row>> {
+    timed(TIMEOUT, "select batch", async {
+        match after {
+            None => client.query(&stmts.first, &[&schema_id, &limit]).await,
+            Some(a) => {
+                let params: [&(dyn ToSql + Sync); 4] =
+                    [&schema_id, &limit, &a.changed_at, &a.row_id];
+                client.query(&stmts.after, &params).await
+            }
         }
-        Some(a) => {
-            let sql = format!(
-                "SELECT row_id, changed_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
-                 AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
-            );
-            timed(
-                TIMEOUT,
-                "select batch",
-                client.query(&sql, &[&schema_id, &limit, &a.changed_at, &a.row_id]),
-            )
-            .await?
-        }
-    };
-    Ok(rows
+    })
+    .await
+}
+
+fn selected(slots: &[Row]) -> Vec<Selected> {
+    slots
         .iter()
         .map(|r| Selected {
             row_id: r.get(0),
             changed_at: r.get(1),
-            tid: r.get(2),
+            tid: r.get(3),
         })
-        .collect())
+        .collect()
 }
 
 /// Selects the next batch — up to `limit` dirty slots by `(changed_at, row_id)` after `after` —
@@ -253,39 +255,12 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
             .start(),
     )
     .await?;
-    let slots = match after {
-        None => {
-            timed(
-                TIMEOUT,
-                "select batch",
-                tx.query(&stmts.first, &[&schema_id, &limit]),
-            )
-            .await?
-        }
-        Some(a) => {
-            timed(
-                TIMEOUT,
-                "select batch",
-                tx.query(
-                    &stmts.after,
-                    &[&schema_id, &limit, &a.changed_at, &a.row_id],
-                ),
-            )
-            .await?
-        }
-    };
+    let slots = select_slots(&tx, stmts, schema_id, limit, after).await?;
     if slots.is_empty() {
         timed(TIMEOUT, "end snapshot", tx.commit()).await?;
         return Ok(None);
     }
-    let selected: Vec<Selected> = slots
-        .iter()
-        .map(|r| Selected {
-            row_id: r.get(0),
-            changed_at: r.get(1),
-            tid: r.get(3),
-        })
-        .collect();
+    let selected = selected(&slots);
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
     before_payload(ids.clone()).await;
     let bound = bound_columns(schema);
