@@ -19,6 +19,8 @@ use duckdb::vtab::{
 pub const FUNCTION: &str = "lakecdc_arrow";
 /// Rows per emitted chunk: DuckDB's standard vector size.
 const CHUNK_ROWS: usize = 2048;
+/// Threads that may scan at once; DuckDB caps it at its own `threads` setting.
+const MAX_THREADS: u64 = 64;
 
 type Batches = Arc<Vec<RecordBatch>>;
 
@@ -89,7 +91,11 @@ impl VTab for ArrowScan {
         Ok(Bind { batches })
     }
 
-    fn init(_: &InitInfo) -> Result<Self::InitData, Box<dyn std::error::Error>> {
+    fn init(init: &InitInfo) -> Result<Self::InitData, Box<dyn std::error::Error>> {
+        // Chunks are claimed under the lock and converted outside it, so every DuckDB thread
+        // can scan at once (the pipelines above a single-threaded source run on one thread).
+        // Every query over the scan sorts, so the order the threads emit chunks in is free.
+        init.set_max_threads(MAX_THREADS);
         Ok(Position(Mutex::new((0, 0))))
     }
 
@@ -98,22 +104,29 @@ impl VTab for ArrowScan {
         output: &mut DataChunkHandle,
     ) -> Result<(), Box<dyn std::error::Error>> {
         let batches = &func.get_bind_data().batches;
-        let mut pos = func
-            .get_init_data()
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while let Some(batch) = batches.get(pos.0) {
-            if pos.1 >= batch.num_rows() {
-                *pos = (pos.0 + 1, 0);
-                continue;
+        let claimed = {
+            let mut pos = func
+                .get_init_data()
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut claimed = None;
+            while let Some(batch) = batches.get(pos.0) {
+                if pos.1 >= batch.num_rows() {
+                    *pos = (pos.0 + 1, 0);
+                    continue;
+                }
+                let len = (batch.num_rows() - pos.1).min(CHUNK_ROWS);
+                claimed = Some(batch.slice(pos.1, len));
+                pos.1 += len;
+                break;
             }
-            let len = (batch.num_rows() - pos.1).min(CHUNK_ROWS);
-            record_batch_to_duckdb_data_chunk(&batch.slice(pos.1, len), output)?;
-            pos.1 += len;
-            return Ok(());
+            claimed
+        };
+        match claimed {
+            Some(chunk) => record_batch_to_duckdb_data_chunk(&chunk, output)?,
+            None => output.set_len(0),
         }
-        output.set_len(0);
         Ok(())
     }
 
@@ -153,6 +166,40 @@ mod tests {
             ],
         )
         .unwrap()
+    }
+
+    #[test]
+    fn threads_scanning_at_once_see_every_row_exactly_once() {
+        let engine = Engine::open(&EngineConfig {
+            threads: 4,
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        // Many chunks, batches that do not end on a chunk boundary.
+        let batches: Vec<RecordBatch> = (0..40).map(|i| batch(i * 3001, 3001)).collect();
+        let n = 40 * 3001;
+        let reg = Registered::new(batches);
+        let sql = format!(
+            "SELECT count(*), count(DISTINCT n), sum(n), count(DISTINCT id) FROM {}",
+            reg.scan_sql()
+        );
+        let got: (i64, i64, i64, i64) = engine
+            .conn
+            .query_row(&sql, [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
+            .unwrap();
+        assert_eq!(got, (n, n, (0..n).sum::<i64>(), n));
+        // Sorted output is in order whatever order the threads emitted chunks in.
+        let ordered: Vec<i64> = engine
+            .conn
+            .prepare(&format!("SELECT n FROM {} ORDER BY id", reg.scan_sql()))
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(ordered, (0..n).collect::<Vec<_>>());
     }
 
     #[test]
