@@ -178,6 +178,20 @@ pub fn parse_memory_limit(s: &str) -> Result<String> {
     Ok(format!("{num}{}", unit.trim()))
 }
 
+/// One of `parts` equal shares of a memory limit already checked by [`parse_memory_limit`]
+/// (`512MB` in two is `256MB`, `75%` is `37.5%`), for jobs that run several engines at once.
+pub fn share_memory_limit(limit: &str, parts: usize) -> String {
+    let digits = limit
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .count();
+    let (num, unit) = limit.split_at(digits);
+    match num.parse::<f64>() {
+        Ok(n) if parts > 1 => format!("{}{unit}", n / parts as f64),
+        _ => limit.to_string(),
+    }
+}
+
 /// Parses a byte size such as `256MiB`, `1GB`, `512KiB` or a bare number of bytes.
 pub fn parse_size(flag: &str, s: &str) -> Result<u64> {
     let bad = || {
@@ -258,6 +272,15 @@ pub fn parse_duration(flag: &str, s: &str) -> Result<std::time::Duration> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_memory_limit_is_shared_in_equal_parts() {
+        use super::share_memory_limit;
+        assert_eq!(share_memory_limit("512MB", 2), "256MB");
+        assert_eq!(share_memory_limit("75%", 2), "37.5%");
+        assert_eq!(share_memory_limit("1GiB", 2), "0.5GiB");
+        assert_eq!(share_memory_limit("1GB", 1), "1GB");
+    }
+
     use super::*;
 
     #[test]

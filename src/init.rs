@@ -7,13 +7,15 @@
 //! repeatable-read snapshot, read with binary COPY decoded straight into Arrow; pages are
 //! staged (held as Arrow) until a file holds about `--target-file-size` (the rows-per-file
 //! estimate corrects itself from each written file; at most `--max-file-rows` and 96 MiB of
-//! staged rows), then
-//! DuckDB scans them in place to write the file, which is checksummed while it uploads straight
-//! to its write-once key `{min}_{max}_{uuid}.parquet`. `--readers` connections (2) read disjoint
-//! row-id ranges at once; reading the next file's pages, writing this file and uploading the
-//! previous one overlap. Publishing replaces the base tier (and with `--replace-delta` the delta tier, whose
-//! files are then deleted) in ONE save; superseded bases are left to gc. A schema with no live
-//! rows publishes one zero-row base. Writes during init reach the lake with the next flush: a
+//! staged rows). A file's pages are joined with their EAV values in Rust when that gives the
+//! pivot's rows exactly ([`crate::engine::assemble`]: scalar EAV attributes), so DuckDB only
+//! casts and encodes them in row order; otherwise DuckDB joins, pivots and sorts them. Two
+//! files are written at once, each by its own engine, and each is checksummed while it
+//! uploads straight to its write-once key `{min}_{max}_{uuid}.parquet`. `--readers`
+//! connections (2) read disjoint row-id ranges at once; reading the next file's pages, writing
+//! files and uploading them overlap. Publishing replaces the base tier (and with
+//! `--replace-delta` the delta tier, whose files are then deleted) in ONE save; superseded
+//! bases are left to gc. A schema with no live rows publishes one zero-row base. Writes during init reach the lake with the next flush: a
 //! base row carries `changed_at = ltbase_updated_at`, exactly what flush writes for the same
 //! version (study §10 #210).
 
@@ -27,6 +29,8 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::compact;
+use crate::config;
+use crate::engine::assemble;
 use crate::engine::export::{Driver, Inputs};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
@@ -416,7 +420,7 @@ struct Staging {
 type Upload = JoinHandle<Result<FileEntry>>;
 
 /// A file is cut once its staged Arrow pages reach this size, whatever the row count, so wide
-/// rows cannot make memory grow: at most two files are staged at once (one being written, the
+/// rows cannot make memory grow: at most three files are staged at once (two being written, the
 /// next being read), besides the pages in flight and DuckDB's own `--memory-limit`.
 const STAGED_BYTES_PER_FILE: usize = 96 * 1024 * 1024;
 
@@ -502,18 +506,18 @@ async fn stage_and_upload(
     rx: &mut tokio::sync::mpsc::Receiver<Result<LivePage>>,
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
-    let mut engine = Some(
-        blocking({
-            let cfg = opts.engine.clone();
-            move || Engine::open(&cfg)
-        })
-        .await?,
-    );
+    let mut files = Files::default();
+    // The engines share `--memory-limit`.
+    let mut cfg = opts.engine.clone();
+    cfg.memory_limit = config::share_memory_limit(&cfg.memory_limit, EXPORTS_IN_FLIGHT);
+    for _ in 0..EXPORTS_IN_FLIGHT {
+        let cfg = cfg.clone();
+        files
+            .engines
+            .push(blocking(move || Engine::open(&cfg)).await?);
+    }
     let mut target_rows = rows_per_file(opts, estimated_row_bytes(def));
     let mut staging: Option<Staging> = None;
-    let mut writing: Option<Export> = None;
-    let mut uploads: VecDeque<Upload> = VecDeque::new();
-    let mut entries = Vec::new();
     let total = u64::try_from(out.live_rows).unwrap_or(0);
     let started = Instant::now();
     let mut staged_total = 0u64;
@@ -539,25 +543,21 @@ async fn stage_and_upload(
             if let Some(p) = &opts.progress {
                 p(schema_id, staged_total, total);
             }
-            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE {
-                // The previous file's export has had this file's reading time to finish; this
-                // file's export then runs while the next one is read.
-                if let Some(w) = writing.take() {
-                    let (e, upload, bytes_per_row) = finish_file(ctx, schema_id, w).await?;
-                    engine = Some(e);
-                    target_rows = rows_per_file(opts, bytes_per_row);
-                    uploads.push_back(upload);
-                    while uploads.len() > 1 {
-                        collect(&mut uploads, &mut entries, out).await?;
-                    }
+            // A finished export's upload starts at once.
+            while files.writing.front().is_some_and(|w| w.task.is_finished()) {
+                if let Some(b) = files.finish_oldest(ctx, schema_id, out).await? {
+                    target_rows = rows_per_file(opts, b);
                 }
-                writing = Some(start_export(
-                    opts,
-                    schema_id,
-                    def,
-                    take(&mut engine)?,
-                    staging.take(),
-                ));
+            }
+            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE {
+                // With every engine busy, the oldest export has had the reading of the files
+                // since to finish; this file's export then runs while the next one is read.
+                if files.engines.is_empty()
+                    && let Some(b) = files.finish_oldest(ctx, schema_id, out).await?
+                {
+                    target_rows = rows_per_file(opts, b);
+                }
+                files.start(opts, schema_id, def, staging.take())?;
                 let rate = out.rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
                 tracing::info!(
                     schema_id,
@@ -568,36 +568,85 @@ async fn stage_and_upload(
                 );
             }
         }
-        if let Some(w) = writing.take() {
-            let (e, upload, _) = finish_file(ctx, schema_id, w).await?;
-            engine = Some(e);
-            uploads.push_back(upload);
-        }
-        if staging.is_some() || (entries.is_empty() && uploads.is_empty()) {
+        let nothing =
+            files.writing.is_empty() && files.entries.is_empty() && files.uploads.is_empty();
+        if staging.is_some() || nothing {
             // With no live rows at all, `None` publishes one zero-row base (study §10 #519).
-            let w = start_export(opts, schema_id, def, take(&mut engine)?, staging.take());
-            let (e, upload, _) = finish_file(ctx, schema_id, w).await?;
-            engine = Some(e);
-            uploads.push_back(upload);
+            if files.engines.is_empty() {
+                files.finish_oldest(ctx, schema_id, out).await?;
+            }
+            files.start(opts, schema_id, def, staging.take())?;
+        }
+        while !files.writing.is_empty() {
+            files.finish_oldest(ctx, schema_id, out).await?;
         }
         Ok(())
     }
     .await;
     if let Err(e) = result {
-        abandon(writing.take()).await;
+        for w in files.writing.drain(..) {
+            abandon(w).await;
+        }
         return Err(e);
     }
-    while !uploads.is_empty() {
-        collect(&mut uploads, &mut entries, out).await?;
+    while !files.uploads.is_empty() {
+        collect(&mut files.uploads, &mut files.entries, out).await?;
     }
-    drop(engine);
-    Ok(entries)
+    Ok(files.entries)
 }
 
-fn take(engine: &mut Option<Engine>) -> Result<Engine> {
-    engine
-        .take()
-        .ok_or_else(|| Error::Invariant("engine used after a failure".into()))
+/// Exports written at once, each by its own engine: an export scans, casts and encodes on one
+/// thread (the rows arrive joined and sorted, see [`assemble`]), so two keep both cores busy
+/// once reading is done.
+const EXPORTS_IN_FLIGHT: usize = 2;
+
+/// The files of one init past staging: free engines, exports being written (oldest first),
+/// uploads running (oldest first) and the entries of the files uploaded.
+#[derive(Default)]
+struct Files {
+    engines: Vec<Engine>,
+    writing: VecDeque<Export>,
+    uploads: VecDeque<Upload>,
+    entries: Vec<FileEntry>,
+}
+
+impl Files {
+    /// Starts writing the staged rows (`None`: zero rows) with a free engine.
+    fn start(
+        &mut self,
+        opts: &InitOptions,
+        schema_id: i16,
+        def: &SchemaDef,
+        staged: Option<Staging>,
+    ) -> Result<()> {
+        let engine = self
+            .engines
+            .pop()
+            .ok_or_else(|| Error::Invariant("no engine free for an export".into()))?;
+        self.writing
+            .push_back(start_export(opts, schema_id, def, engine, staged));
+        Ok(())
+    }
+
+    /// Waits for the oldest export (if any), frees its engine and starts its upload, keeping
+    /// at most one earlier upload running. Returns the file's bytes per row.
+    async fn finish_oldest(
+        &mut self,
+        ctx: &Context,
+        schema_id: i16,
+        out: &mut SchemaInit,
+    ) -> Result<Option<u64>> {
+        let Some(export) = self.writing.pop_front() else {
+            return Ok(None);
+        };
+        let (engine, upload, bytes_per_row) = finish_file(ctx, schema_id, export).await?;
+        self.engines.push(engine);
+        self.uploads.push_back(upload);
+        while self.uploads.len() > 1 {
+            collect(&mut self.uploads, &mut self.entries, out).await?;
+        }
+        Ok(Some(bytes_per_row))
+    }
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -648,11 +697,9 @@ struct Exported {
 }
 
 /// Waits for an export nobody will upload and removes its local file.
-async fn abandon(export: Option<Export>) {
-    if let Some(w) = export {
-        let _ = w.task.await;
-        let _ = tokio::fs::remove_file(&w.local).await;
-    }
+async fn abandon(export: Export) {
+    let _ = export.task.await;
+    let _ = tokio::fs::remove_file(&export.local).await;
 }
 
 /// Starts writing the staged rows (`None`: zero rows) as one local file.
@@ -675,17 +722,28 @@ fn start_export(
                 (vec![empty.entities], vec![empty.eav], None)
             }
         };
-        let rows = engine.export(
-            &def,
-            schema_id,
-            Driver::Entities,
-            Inputs {
-                change_log: &[],
-                entities: &entities,
-                eav: &eav,
-            },
-            &path,
-        )?;
+        let pages = entities
+            .iter()
+            .zip(&eav)
+            .map(|(entities, eav)| assemble::Page {
+                entities: entities.clone(),
+                eav: eav.clone(),
+            })
+            .collect();
+        let rows = match assemble::assemble(&def, pages)? {
+            Some(assembled) => engine.export_assembled(&def, schema_id, assembled, &path)?,
+            None => engine.export(
+                &def,
+                schema_id,
+                Driver::Entities,
+                Inputs {
+                    change_log: &[],
+                    entities: &entities,
+                    eav: &eav,
+                },
+                &path,
+            )?,
+        };
         let info = footer::check_file(&path)?;
         Ok(Exported {
             engine,

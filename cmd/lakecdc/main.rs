@@ -152,7 +152,8 @@ enum LogFormat {
 #[derive(Debug, Args)]
 struct EngineArgs {
     /// DuckDB worker threads (default: 1 for flush, whose files are small — a second thread
-    /// only spins waiting for work — and 2 for init and compact).
+    /// only spins waiting for work — and for init, which writes two files at once, each on
+    /// one thread; 2 for compact).
     #[arg(long, env = "LAKECDC_THREADS")]
     threads: Option<usize>,
     /// DuckDB memory limit (e.g. 1GB, 512MiB, 50%); beyond it DuckDB spills to --work-dir.
@@ -625,7 +626,7 @@ fn main() -> ExitCode {
             Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
             Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),
             Command::Init(a) => {
-                let (engine, work_dir) = engine_config(&a.engine, 2)?;
+                let (engine, work_dir) = engine_config(&a.engine, 1)?;
                 if a.page_rows < 1 {
                     return Err(Error::config("--page-rows must be at least 1"));
                 }

@@ -47,24 +47,15 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
         ),
         Driver::Entities => ("m", "m.ltbase_row_id", "m.ltbase_updated_at", "0"),
     };
-    let mut cols = vec![
-        format!("CAST({schema_id} AS SMALLINT) AS schema_id"),
-        format!("{row_id} AS row_id"),
-        format!("CAST({changed_at} AS BIGINT) AS changed_at"),
-        format!("CAST({deleted_at} AS BIGINT) AS deleted_at"),
-        "m.ltbase_created_at AS ltbase_created_at".to_string(),
-        "m.ltbase_updated_at AS ltbase_updated_at".to_string(),
-        "m.ltbase_deleted_at AS ltbase_deleted_at".to_string(),
-    ];
-    let (bound, eav): (Vec<&Attribute>, Vec<&Attribute>) =
-        schema.attributes.iter().partition(|a| a.binding.is_some());
-    for a in &bound {
-        cols.push(format!("{} AS {}", bound_expr(a), quote_ident(&a.column)));
-    }
-    for a in &eav {
-        cols.push(format!("e.{0} AS {0}", quote_ident(&a.column)));
-    }
+    let cols = select_list(schema, schema_id, (row_id, changed_at, deleted_at), |a| {
+        format!("e.{}", quote_ident(&a.column))
+    });
     let mut sql = format!("SELECT {} FROM {from}", cols.join(", "));
+    let eav: Vec<&Attribute> = schema
+        .attributes
+        .iter()
+        .filter(|a| a.binding.is_none())
+        .collect();
     if !eav.is_empty() {
         let aggs: Vec<String> = eav
             .iter()
@@ -77,6 +68,53 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
     }
     sql.push_str(" ORDER BY row_id");
     sql
+}
+
+/// The SELECT producing a base file's rows from entity rows already joined with their EAV
+/// values by [`super::assemble`] (one raw value per scalar attribute, in its
+/// [`super::assemble::raw_column`]) and already in `row_id` order: the same columns, types
+/// and values as [`export_sql`] with [`Driver::Entities`], with no join, aggregate or sort
+/// left for DuckDB. The maximum the pivot takes over an attribute's one row is that row's
+/// value, so both give the same file (study §10 #210).
+pub fn assembled_sql(schema: &SchemaDef, schema_id: i16) -> String {
+    let cols = select_list(
+        schema,
+        schema_id,
+        ("m.ltbase_row_id", "m.ltbase_updated_at", "0"),
+        |a| {
+            let raw = format!("m.{}", quote_ident(&super::assemble::raw_column(a.id)));
+            eav_cast(a.value_type, &raw)
+        },
+    );
+    format!("SELECT {} FROM m", cols.join(", "))
+}
+
+/// A lake file's columns, in file order: the system columns from `(row_id, changed_at,
+/// deleted_at)`, the bound attributes from their slots, then the EAV attributes from `eav`.
+fn select_list(
+    schema: &SchemaDef,
+    schema_id: i16,
+    (row_id, changed_at, deleted_at): (&str, &str, &str),
+    eav: impl Fn(&Attribute) -> String,
+) -> Vec<String> {
+    let mut cols = vec![
+        format!("CAST({schema_id} AS SMALLINT) AS schema_id"),
+        format!("{row_id} AS row_id"),
+        format!("CAST({changed_at} AS BIGINT) AS changed_at"),
+        format!("CAST({deleted_at} AS BIGINT) AS deleted_at"),
+        "m.ltbase_created_at AS ltbase_created_at".to_string(),
+        "m.ltbase_updated_at AS ltbase_updated_at".to_string(),
+        "m.ltbase_deleted_at AS ltbase_deleted_at".to_string(),
+    ];
+    let (bound, unbound): (Vec<&Attribute>, Vec<&Attribute>) =
+        schema.attributes.iter().partition(|a| a.binding.is_some());
+    for a in &bound {
+        cols.push(format!("{} AS {}", bound_expr(a), quote_ident(&a.column)));
+    }
+    for a in &unbound {
+        cols.push(format!("{} AS {}", eav(a), quote_ident(&a.column)));
+    }
+    cols
 }
 
 /// A bound attribute's value from its slot column.
@@ -105,16 +143,47 @@ fn bound_expr(a: &Attribute) -> String {
     }
 }
 
-/// How one EAV value of type `t` is read.
-fn eav_cast(t: ValueType) -> &'static str {
+/// Which `eav_data` column holds a value of type `t`.
+pub fn eav_source(t: ValueType) -> EavSource {
     match t {
-        ValueType::Text | ValueType::List => "value_text",
-        ValueType::Uuid => "TRY_CAST(value_text AS UUID)",
-        ValueType::Smallint | ValueType::Integer | ValueType::Numeric => "value_numeric",
+        ValueType::Text | ValueType::List | ValueType::Uuid => EavSource::Text,
+        ValueType::Smallint
+        | ValueType::Integer
+        | ValueType::Numeric
+        | ValueType::Bigint
+        | ValueType::Date
+        | ValueType::Datetime
+        | ValueType::Bool => EavSource::Numeric,
+    }
+}
+
+/// An `eav_data` value column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EavSource {
+    /// `value_text`.
+    Text,
+    /// `value_numeric`.
+    Numeric,
+}
+
+/// How one EAV value of type `t`, held in `raw` (its [`eav_source`] column), is read.
+fn eav_cast(t: ValueType, raw: &str) -> String {
+    match t {
+        ValueType::Text | ValueType::List => raw.to_string(),
+        ValueType::Uuid => format!("TRY_CAST({raw} AS UUID)"),
+        ValueType::Smallint | ValueType::Integer | ValueType::Numeric => raw.to_string(),
         ValueType::Bigint | ValueType::Date | ValueType::Datetime => {
-            "TRY_CAST(value_numeric AS BIGINT)"
+            format!("TRY_CAST({raw} AS BIGINT)")
         }
-        ValueType::Bool => "(value_numeric <> 0)",
+        ValueType::Bool => format!("({raw} <> 0)"),
+    }
+}
+
+/// The `eav` view's column holding a value of type `t`.
+fn eav_column(t: ValueType) -> &'static str {
+    match eav_source(t) {
+        EavSource::Text => "value_text",
+        EavSource::Numeric => "value_numeric",
     }
 }
 
@@ -129,11 +198,14 @@ fn eav_agg(a: &Attribute) -> String {
                 "CASE WHEN count(*) FILTER (WHERE attr_id = {id}) > 0 THEN COALESCE(\
                  list({} ORDER BY TRY_CAST(array_indices AS BIGINT)) FILTER (WHERE attr_id = {id} AND array_indices <> ''), \
                  CAST([] AS {})) END",
-                eav_cast(item),
+                eav_cast(item, eav_column(item)),
                 duckdb_type(a)
             )
         }
-        t => format!("max(CASE WHEN attr_id = {id} THEN {} END)", eav_cast(t)),
+        t => format!(
+            "max(CASE WHEN attr_id = {id} THEN {} END)",
+            eav_cast(t, eav_column(t))
+        ),
     }
 }
 
@@ -165,6 +237,24 @@ impl Engine {
             self.drop_view(name)?;
         }
         drop(guards);
+        rows
+    }
+
+    /// Writes a base file from pages joined by [`super::assemble::assemble`] (in `row_id`
+    /// order) to `path`: DuckDB only casts and encodes them, scanning them in order. Returns
+    /// the rows written.
+    pub fn export_assembled(
+        &self,
+        schema: &SchemaDef,
+        schema_id: i16,
+        pages: Vec<RecordBatch>,
+        path: &Path,
+    ) -> Result<u64> {
+        let registered = Registered::in_order(pages);
+        self.create_view("m", &format!("SELECT * FROM {}", registered.scan_sql()))?;
+        let rows = self.copy_to_parquet(&assembled_sql(schema, schema_id), path);
+        self.drop_view("m")?;
+        drop(registered);
         rows
     }
 }

@@ -1,7 +1,9 @@
 //! DuckDB, in process: opened with bounded threads, memory and a spill directory; scans Arrow
-//! batches in place (`scan`) and writes lake Parquet files with `COPY`. DuckDB types never
+//! batches in place (`scan`) and writes lake Parquet files with `COPY`; `assemble` joins base
+//! pages in Rust when DuckDB then only has to cast and encode them. DuckDB types never
 //! leave this module. Every call blocks: callers on the async runtime use `spawn_blocking`.
 
+pub mod assemble;
 pub mod export;
 mod scan;
 
@@ -61,8 +63,10 @@ impl Engine {
         }
         conn.execute_batch(&setup)
             .map_err(Error::duckdb("configure"))?;
-        conn.register_table_function::<scan::ArrowScan>(scan::FUNCTION)
+        conn.register_table_function::<scan::ArrowScan<true>>(scan::FUNCTION)
             .map_err(Error::duckdb("register the Arrow scan"))?;
+        conn.register_table_function::<scan::ArrowScan<false>>(scan::ORDERED_FUNCTION)
+            .map_err(Error::duckdb("register the ordered Arrow scan"))?;
         Ok(Self { conn })
     }
 

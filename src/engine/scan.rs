@@ -15,8 +15,10 @@ use duckdb::vtab::{
     to_duckdb_logical_type_for_field,
 };
 
-/// The name the function is registered under.
+/// The name the parallel scan is registered under.
 pub const FUNCTION: &str = "lakecdc_arrow";
+/// The name the in-order (single-threaded) scan is registered under.
+pub const ORDERED_FUNCTION: &str = "lakecdc_arrow_ordered";
 /// Rows per emitted chunk: DuckDB's standard vector size.
 const CHUNK_ROWS: usize = 2048;
 /// Threads that may scan at once; DuckDB caps it at its own `threads` setting.
@@ -38,20 +40,38 @@ fn registry() -> MutexGuard<'static, HashMap<u64, Batches>> {
 #[derive(Debug)]
 pub struct Registered {
     id: u64,
+    ordered: bool,
 }
 
 impl Registered {
     /// Registers `batches` (all of one schema, at least one batch, possibly empty ones).
+    /// Scanned by every DuckDB thread at once, in no particular order.
     pub fn new(batches: Vec<RecordBatch>) -> Self {
+        Self::register(batches, false)
+    }
+
+    /// Registers `batches` for a scan that emits their rows in order, on one thread: a query
+    /// with no join, aggregate or sort over it keeps that order (DuckDB preserves insertion
+    /// order by default).
+    pub fn in_order(batches: Vec<RecordBatch>) -> Self {
+        Self::register(batches, true)
+    }
+
+    fn register(batches: Vec<RecordBatch>, ordered: bool) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
         registry().insert(id, Arc::new(batches));
-        Self { id }
+        Self { id, ordered }
     }
 
     /// The SQL that scans the batches.
     pub fn scan_sql(&self) -> String {
-        format!("{FUNCTION}({}::UBIGINT)", self.id)
+        let function = if self.ordered {
+            ORDERED_FUNCTION
+        } else {
+            FUNCTION
+        };
+        format!("{function}({}::UBIGINT)", self.id)
     }
 }
 
@@ -61,8 +81,8 @@ impl Drop for Registered {
     }
 }
 
-/// The table function.
-pub struct ArrowScan;
+/// The table function; `PARALLEL` scans on every DuckDB thread, otherwise on one, in order.
+pub struct ArrowScan<const PARALLEL: bool>;
 
 /// The batches being scanned.
 pub struct Bind {
@@ -72,7 +92,7 @@ pub struct Bind {
 /// The scan position: (batch index, row offset in that batch).
 pub struct Position(Mutex<(usize, usize)>);
 
-impl VTab for ArrowScan {
+impl<const PARALLEL: bool> VTab for ArrowScan<PARALLEL> {
     type BindData = Bind;
     type InitData = Position;
 
@@ -94,8 +114,8 @@ impl VTab for ArrowScan {
     fn init(init: &InitInfo) -> Result<Self::InitData, Box<dyn std::error::Error>> {
         // Chunks are claimed under the lock and converted outside it, so every DuckDB thread
         // can scan at once (the pipelines above a single-threaded source run on one thread).
-        // Every query over the scan sorts, so the order the threads emit chunks in is free.
-        init.set_max_threads(MAX_THREADS);
+        // The queries over a parallel scan sort, so the order threads emit chunks in is free.
+        init.set_max_threads(if PARALLEL { MAX_THREADS } else { 1 });
         Ok(Position(Mutex::new((0, 0))))
     }
 

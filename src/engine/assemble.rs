@@ -1,0 +1,144 @@
+//! Joins a base file's entity pages with their EAV values in Rust, when that gives exactly the
+//! rows the export query's pivot would: every EAV attribute of the schema is a scalar and no
+//! entity has two rows of one attribute. The pages arrive sorted by row id (keyset pages), so
+//! each EAV row finds its entity by binary search and each attribute becomes one gathered
+//! column; DuckDB is left with casting and encoding — no hash join, aggregate or sort (about
+//! a third of a base export's CPU). Anything else (lists, duplicate rows, unsorted pages)
+//! returns `None` and the caller uses the export query.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, FixedSizeBinaryArray, Int16Array, UInt32Array};
+use arrow::compute::take;
+use arrow::datatypes::{Field, Schema};
+use arrow::record_batch::RecordBatch;
+
+use super::export::{EavSource, eav_source};
+use crate::error::{Error, Result};
+use crate::schema::{SchemaDef, ValueType};
+
+/// The column of an assembled page holding attribute `id`'s raw EAV value. The prefix cannot
+/// be an `entity_main` column of a valid binding.
+pub fn raw_column(id: i16) -> String {
+    format!("__lakecdc_eav_{id}")
+}
+
+/// One staged page: entity rows (sorted by row id, `ltbase_row_id` first) and the EAV rows
+/// of its row-id range (any order, any attribute).
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// Entity rows.
+    pub entities: RecordBatch,
+    /// EAV rows (`row_id, attr_id, array_indices, value_text, value_numeric`).
+    pub eav: RecordBatch,
+}
+
+/// The pages, ordered by row id and joined with their EAV values (one [`raw_column`] per EAV
+/// attribute), or `None` when only the export query's pivot gives the right rows.
+pub fn assemble(schema: &SchemaDef, mut pages: Vec<Page>) -> Result<Option<Vec<RecordBatch>>> {
+    let attrs: Vec<(i16, ValueType)> = schema
+        .attributes
+        .iter()
+        .filter(|a| a.binding.is_none())
+        .map(|a| (a.id, a.value_type))
+        .collect();
+    if attrs.iter().any(|(_, t)| *t == ValueType::List) {
+        return Ok(None);
+    }
+    // Pages of several readers interleave; each is sorted, so ordering them by their first
+    // row id orders the rows (checked below).
+    pages.sort_by_cached_key(|p| {
+        ids(&p.entities, 0)
+            .ok()
+            .filter(|a| !a.is_empty())
+            .map(|a| a.value(0).to_vec())
+    });
+    let mut out = Vec::with_capacity(pages.len());
+    let mut previous: Option<&[u8]> = None;
+    for page in &pages {
+        let row_ids = ids(&page.entities, 0)?;
+        // Strictly increasing within the page and across pages: otherwise the order DuckDB
+        // would keep is not the file's order.
+        for id in row_ids.iter().flatten() {
+            if previous.is_some_and(|p| p >= id) {
+                return Ok(None);
+            }
+            previous = Some(id);
+        }
+        match join_page(&attrs, page)? {
+            Some(batch) => out.push(batch),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// One page's entity columns followed by one gathered column per attribute in `attrs`.
+fn join_page(attrs: &[(i16, ValueType)], page: &Page) -> Result<Option<RecordBatch>> {
+    let row_ids = ids(&page.entities, 0)?;
+    let n = row_ids.len();
+    let eav_ids = ids(&page.eav, 0)?;
+    let attr_ids = page
+        .eav
+        .column(1)
+        .as_any()
+        .downcast_ref::<Int16Array>()
+        .ok_or_else(|| Error::Invariant("eav attr_id column is not smallint".into()))?;
+    let mut picks: Vec<Vec<Option<u32>>> = vec![vec![None; n]; attrs.len()];
+    for e in 0..eav_ids.len() {
+        let Some(slot) = attrs.iter().position(|(id, _)| *id == attr_ids.value(e)) else {
+            continue; // not an attribute of this schema: the pivot ignores it too
+        };
+        let Ok(at) = search(row_ids, eav_ids.value(e)) else {
+            continue; // no live entity: the LEFT JOIN from the entity side drops it
+        };
+        let pick = &mut picks[slot][at];
+        if pick.is_some() {
+            return Ok(None); // two rows of one attribute: the pivot takes their maximum
+        }
+        *pick = Some(u32::try_from(e).map_err(|_| Error::Invariant("eav page too big".into()))?);
+    }
+    let schema = page.entities.schema();
+    let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+    let mut columns: Vec<ArrayRef> = page.entities.columns().to_vec();
+    for ((id, t), pick) in attrs.iter().zip(picks) {
+        let values = match eav_source(*t) {
+            EavSource::Text => page.eav.column(3),
+            EavSource::Numeric => page.eav.column(4),
+        };
+        let gathered = take(values.as_ref(), &UInt32Array::from(pick), None)
+            .map_err(|e| Error::Invariant(format!("gather eav attribute {id}: {e}")))?;
+        fields.push(Arc::new(Field::new(
+            raw_column(*id),
+            values.data_type().clone(),
+            true,
+        )));
+        columns.push(gathered);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map(Some)
+        .map_err(|e| Error::Invariant(format!("assembled page: {e}")))
+}
+
+/// Binary search of a row id in a sorted id column.
+fn search(sorted: &FixedSizeBinaryArray, id: &[u8]) -> std::result::Result<usize, usize> {
+    let (mut lo, mut hi) = (0, sorted.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match sorted.value(mid).cmp(id) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => return Ok(mid),
+        }
+    }
+    Err(lo)
+}
+
+/// Column `idx` of `batch` as 16-byte row ids.
+fn ids(batch: &RecordBatch, idx: usize) -> Result<&FixedSizeBinaryArray> {
+    batch
+        .column(idx)
+        .as_any()
+        .downcast_ref::<FixedSizeBinaryArray>()
+        .ok_or_else(|| Error::Invariant("row id column is not 16-byte binary".into()))
+}
