@@ -549,7 +549,12 @@ async fn stage_and_upload(
                     target_rows = rows_per_file(opts, b);
                 }
             }
-            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE {
+            // The last file is written after reading ends, with nothing left to overlap: when
+            // what remains to read would fit in a quarter file, this file is cut early so the
+            // last one is that small remainder.
+            let left = total.saturating_sub(staged_total);
+            let before_tail = left > 0 && left <= target_rows / 4 && s.rows >= target_rows / 2;
+            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE || before_tail {
                 // With every engine busy, the oldest export has had the reading of the files
                 // since to finish; this file's export then runs while the next one is read.
                 if files.engines.is_empty()
