@@ -356,10 +356,17 @@ async fn export_schema(
         ));
         return Ok(());
     }
-    let client = ctx.connector.connect().await?;
-    out.live_rows = snapshot::count_live(&client, &ctx.tables, schema_id).await?;
-    drop(client);
+    // The count feeds the report, the progress bar and the size of the last file; a real run
+    // reads pages while it runs.
+    let count = tokio::spawn({
+        let (connector, tables) = (ctx.connector.clone(), ctx.tables.clone());
+        async move {
+            let client = connector.connect().await?;
+            snapshot::count_live(&client, &tables, schema_id).await
+        }
+    });
     if opts.dry_run {
+        out.live_rows = joined_count(count).await?;
         let per_row = estimated_row_bytes(def);
         let per_file = rows_per_file(opts, per_row);
         let live = u64::try_from(out.live_rows).unwrap_or(0);
@@ -367,7 +374,7 @@ async fn export_schema(
         out.bytes = live * per_row;
         return Ok(());
     }
-    let entries = export_files(ctx, opts, schema_id, def, out).await?;
+    let entries = export_files(ctx, opts, schema_id, def, count, out).await?;
     let replace_delta = opts.replace_delta;
     let now = ctx.clock.now_ms();
     manifest::commit(
@@ -425,11 +432,21 @@ type Upload = JoinHandle<Result<FileEntry>>;
 const STAGED_BYTES_PER_FILE: usize = 96 * 1024 * 1024;
 
 /// Reads pages, stages them, writes files and uploads them, overlapping the three.
+/// The live-row count of a schema, counted on its own connection.
+type Count = JoinHandle<Result<i64>>;
+
+async fn joined_count(count: Count) -> Result<i64> {
+    count
+        .await
+        .map_err(|e| Error::Invariant(format!("count task failed: {e}")))?
+}
+
 async fn export_files(
     ctx: &Context,
     opts: &InitOptions,
     schema_id: i16,
     def: &SchemaDef,
+    count: Count,
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<LivePage>>(2);
@@ -490,7 +507,7 @@ async fn export_files(
     }
     // The channel ends when every reader has dropped its sender.
     drop(tx);
-    let result = stage_and_upload(ctx, opts, schema_id, def, &mut rx, out).await;
+    let result = stage_and_upload(ctx, opts, schema_id, def, &mut rx, count, out).await;
     drop(rx);
     for r in readers {
         let _ = r.await;
@@ -504,6 +521,7 @@ async fn stage_and_upload(
     schema_id: i16,
     def: &SchemaDef,
     rx: &mut tokio::sync::mpsc::Receiver<Result<LivePage>>,
+    count: Count,
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
     let mut files = Files::default();
@@ -518,7 +536,8 @@ async fn stage_and_upload(
     }
     let mut target_rows = rows_per_file(opts, estimated_row_bytes(def));
     let mut staging: Option<Staging> = None;
-    let total = u64::try_from(out.live_rows).unwrap_or(0);
+    let mut count = Some(count);
+    let mut total = 0u64;
     let started = Instant::now();
     let mut staged_total = 0u64;
     let result: Result<()> = async {
@@ -540,6 +559,10 @@ async fn stage_and_upload(
             s.entities.push(page.entities);
             s.eav.push(page.eav);
             staged_total += page.rows as u64;
+            if let Some(c) = count.take_if(|c| c.is_finished()) {
+                out.live_rows = joined_count(c).await?;
+                total = u64::try_from(out.live_rows).unwrap_or(0);
+            }
             if let Some(p) = &opts.progress {
                 p(schema_id, staged_total, total);
             }
@@ -573,6 +596,9 @@ async fn stage_and_upload(
                 );
             }
         }
+        if let Some(c) = count.take() {
+            out.live_rows = joined_count(c).await?;
+        }
         let nothing =
             files.writing.is_empty() && files.entries.is_empty() && files.uploads.is_empty();
         if staging.is_some() || nothing {
@@ -589,6 +615,9 @@ async fn stage_and_upload(
     }
     .await;
     if let Err(e) = result {
+        if let Some(c) = count {
+            c.abort();
+        }
         for w in files.writing.drain(..) {
             abandon(w).await;
         }
