@@ -25,7 +25,7 @@ use uuid::Uuid;
 use super::connect::{timed, within};
 use crate::config::Tables;
 use crate::error::{Error, Result};
-use crate::schema::{SchemaDef, SlotType};
+use crate::schema::{SchemaDef, SlotType, ValueType};
 
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
@@ -418,8 +418,18 @@ pub async fn read_live_page(
     let mut eav = BatchBuilder::eav(rows * 4);
     if schema.attributes.iter().any(|a| a.binding.is_none()) {
         // Every EAV row of the page's range: the pivot picks the schema's attributes by id.
+        // Only list attributes use the indices; a NULL costs PostgreSQL no send call.
+        let indices = if schema
+            .attributes
+            .iter()
+            .any(|a| a.binding.is_none() && a.value_type == ValueType::List)
+        {
+            "array_indices"
+        } else {
+            "NULL::text"
+        };
         let sql = format!(
-            "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
+            "SELECT row_id, attr_id, {indices}, value_text, value_numeric::float8 FROM {} \
              WHERE schema_id = {schema_id} AND row_id >= '{first}'::uuid AND row_id <= '{last}'::uuid",
             tables.eav.quoted()
         );
@@ -664,7 +674,8 @@ impl BatchBuilder {
             &[
                 ("row_id", SlotType::Uuid, false),
                 ("attr_id", SlotType::Smallint, false),
-                ("array_indices", SlotType::Text, false),
+                // NULL when the schema has no list attribute (see `read_live_page`).
+                ("array_indices", SlotType::Text, true),
                 ("value_text", SlotType::Text, true),
                 ("value_numeric", SlotType::Double, true),
             ],
