@@ -54,18 +54,18 @@ pub fn assemble(schema: &SchemaDef, mut pages: Vec<Page>) -> Result<Option<Vec<R
             .map(|a| a.value(0).to_vec())
     });
     let mut out = Vec::with_capacity(pages.len());
-    let mut previous: Option<&[u8]> = None;
+    let mut previous: Option<u128> = None;
     for page in &pages {
-        let row_ids = ids(&page.entities, 0)?;
+        let keys = keys(ids(&page.entities, 0)?);
         // Strictly increasing within the page and across pages: otherwise the order DuckDB
         // would keep is not the file's order.
-        for id in row_ids.iter().flatten() {
-            if previous.is_some_and(|p| p >= id) {
+        for &k in &keys {
+            if previous.is_some_and(|p| p >= k) {
                 return Ok(None);
             }
-            previous = Some(id);
+            previous = Some(k);
         }
-        match join_page(&attrs, page)? {
+        match join_page(&attrs, page, &keys)? {
             Some(batch) => out.push(batch),
             None => return Ok(None),
         }
@@ -74,9 +74,13 @@ pub fn assemble(schema: &SchemaDef, mut pages: Vec<Page>) -> Result<Option<Vec<R
 }
 
 /// One page's entity columns followed by one gathered column per attribute in `attrs`.
-fn join_page(attrs: &[(i16, ValueType)], page: &Page) -> Result<Option<RecordBatch>> {
-    let row_ids = ids(&page.entities, 0)?;
-    let n = row_ids.len();
+/// `keys` are the page's row ids, in order.
+fn join_page(
+    attrs: &[(i16, ValueType)],
+    page: &Page,
+    keys: &[u128],
+) -> Result<Option<RecordBatch>> {
+    let n = keys.len();
     let eav_ids = ids(&page.eav, 0)?;
     let attr_ids = page
         .eav
@@ -85,13 +89,25 @@ fn join_page(attrs: &[(i16, ValueType)], page: &Page) -> Result<Option<RecordBat
         .downcast_ref::<Int16Array>()
         .ok_or_else(|| Error::Invariant("eav attr_id column is not smallint".into()))?;
     let mut picks: Vec<Vec<Option<u32>>> = vec![vec![None; n]; attrs.len()];
-    for e in 0..eav_ids.len() {
+    // EAV rows mostly come in row-id order, so the entity of the previous row (or the next
+    // one) is tried before a binary search.
+    let mut hint = 0;
+    for (e, id) in eav_ids.value_data().chunks_exact(16).enumerate() {
         let Some(slot) = attrs.iter().position(|(id, _)| *id == attr_ids.value(e)) else {
             continue; // not an attribute of this schema: the pivot ignores it too
         };
-        let Ok(at) = search(row_ids, eav_ids.value(e)) else {
-            continue; // no live entity: the LEFT JOIN from the entity side drops it
+        let k = key(id);
+        let at = if keys.get(hint) == Some(&k) {
+            hint
+        } else if keys.get(hint + 1) == Some(&k) {
+            hint + 1
+        } else {
+            match keys.binary_search(&k) {
+                Ok(at) => at,
+                Err(_) => continue, // no live entity: the LEFT JOIN from the entity side drops it
+            }
         };
+        hint = at;
         let pick = &mut picks[slot][at];
         if pick.is_some() {
             return Ok(None); // two rows of one attribute: the pivot takes their maximum
@@ -120,18 +136,15 @@ fn join_page(attrs: &[(i16, ValueType)], page: &Page) -> Result<Option<RecordBat
         .map_err(|e| Error::Invariant(format!("assembled page: {e}")))
 }
 
-/// Binary search of a row id in a sorted id column.
-fn search(sorted: &FixedSizeBinaryArray, id: &[u8]) -> std::result::Result<usize, usize> {
-    let (mut lo, mut hi) = (0, sorted.len());
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        match sorted.value(mid).cmp(id) {
-            std::cmp::Ordering::Less => lo = mid + 1,
-            std::cmp::Ordering::Greater => hi = mid,
-            std::cmp::Ordering::Equal => return Ok(mid),
-        }
-    }
-    Err(lo)
+/// Row ids as big-endian integers: their order is the byte order PostgreSQL and DuckDB sort
+/// UUIDs by.
+fn keys(ids: &FixedSizeBinaryArray) -> Vec<u128> {
+    ids.value_data().chunks_exact(16).map(key).collect()
+}
+
+/// A 16-byte row id as an integer (ids come from 16-byte chunks, so never anything else).
+fn key(id: &[u8]) -> u128 {
+    <[u8; 16]>::try_from(id).map_or(0, u128::from_be_bytes)
 }
 
 /// Column `idx` of `batch` as 16-byte row ids.
