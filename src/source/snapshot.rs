@@ -742,55 +742,78 @@ async fn copy_into(
             .await
             .map_err(Error::postgres(op))?;
         futures::pin_mut!(stream);
-        let mut buf = bytes::BytesMut::new();
-        let mut header = false;
-        let mut ended = false;
-        let mut rows = 0;
+        let mut decoder = CopyDecoder::default();
         while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
-            buf.extend_from_slice(&chunk);
-            if !header {
-                let Some(ext) = buf.get(15..19) else { continue };
-                let ext = u32::from_be_bytes([ext[0], ext[1], ext[2], ext[3]]) as usize;
-                if buf.get(..11) != Some(COPY_SIGNATURE) {
-                    return Err(Error::Invariant(format!("{op}: not a binary COPY stream")));
-                }
-                if buf.len() < 19 + ext {
-                    continue;
-                }
-                buf.advance(19 + ext);
-                header = true;
-            }
-            let (n, end) = decode_tuples(&mut buf, into)?;
-            rows += n;
-            ended |= end;
+            decoder.feed(op, &chunk, into)?;
         }
-        if !ended || !buf.is_empty() {
-            return Err(Error::Invariant(format!(
-                "{op}: binary COPY stream ended early ({} bytes left)",
-                buf.len()
-            )));
-        }
-        Ok(rows)
+        decoder.finish(op)
     };
     within(TIMEOUT, op, read).await
 }
 
-/// Decodes the complete tuples at the front of `buf` into `into` and removes them. Returns the
-/// tuples decoded and whether the end-of-data marker was reached.
-fn decode_tuples(buf: &mut bytes::BytesMut, into: &mut BatchBuilder) -> Result<(usize, bool)> {
+/// A binary COPY stream being decoded into a [`BatchBuilder`], message by message.
+#[derive(Default)]
+struct CopyDecoder {
+    /// Bytes of an incomplete header or tuple, waiting for the next message.
+    buf: bytes::BytesMut,
+    header: bool,
+    ended: bool,
+    rows: usize,
+}
+
+impl CopyDecoder {
+    /// Decodes the complete tuples `chunk` ends (and whatever `buf` held before it).
+    fn feed(&mut self, op: &str, chunk: &[u8], into: &mut BatchBuilder) -> Result<()> {
+        self.buf.extend_from_slice(chunk);
+        if !self.header {
+            let Some(ext) = self.buf.get(15..19) else {
+                return Ok(());
+            };
+            let ext = u32::from_be_bytes([ext[0], ext[1], ext[2], ext[3]]) as usize;
+            if self.buf.get(..11) != Some(COPY_SIGNATURE) {
+                return Err(Error::Invariant(format!("{op}: not a binary COPY stream")));
+            }
+            if self.buf.len() < 19 + ext {
+                return Ok(());
+            }
+            self.buf.advance(19 + ext);
+            self.header = true;
+        }
+        let (used, n, end) = decode_tuples(&self.buf, into)?;
+        self.buf.advance(used);
+        self.rows += n;
+        self.ended |= end;
+        Ok(())
+    }
+
+    /// The tuples decoded, once the stream has ended exactly at its end-of-data marker.
+    fn finish(self, op: &str) -> Result<usize> {
+        if !self.ended || !self.buf.is_empty() {
+            return Err(Error::Invariant(format!(
+                "{op}: binary COPY stream ended early ({} bytes left)",
+                self.buf.len()
+            )));
+        }
+        Ok(self.rows)
+    }
+}
+
+/// Decodes the complete tuples at the front of `data` into `into`. Returns the bytes they
+/// took, the tuples decoded and whether the end-of-data marker was reached.
+fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<(usize, usize, bool)> {
     fn field_len(data: &[u8], at: usize) -> Option<i32> {
         let b = data.get(at..at + 4)?;
         Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
     let mut rows = 0;
+    let mut used = 0;
     loop {
-        let data = &buf[..];
+        let data = &data[used..];
         let Some(count) = data.get(..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
-            return Ok((rows, false));
+            return Ok((used, rows, false));
         };
         if count == -1 {
-            buf.advance(2);
-            return Ok((rows, true));
+            return Ok((used + 2, rows, true));
         }
         if usize::try_from(count).ok() != Some(into.builders.len()) {
             return Err(Error::Invariant(format!(
@@ -811,7 +834,7 @@ fn decode_tuples(buf: &mut bytes::BytesMut, into: &mut BatchBuilder) -> Result<(
             }
         }
         if !complete || data.len() < end {
-            return Ok((rows, false));
+            return Ok((used, rows, false));
         }
         let mut at = 2;
         for b in into.builders.iter_mut() {
@@ -825,7 +848,7 @@ fn decode_tuples(buf: &mut bytes::BytesMut, into: &mut BatchBuilder) -> Result<(
                 Err(_) => b.push_binary(None)?,
             }
         }
-        buf.advance(end);
+        used += end;
         rows += 1;
     }
 }
@@ -897,21 +920,34 @@ mod tests {
 
     #[test]
     fn binary_copy_tuples_decode_whatever_the_chunking() {
-        let mut stream = tuple(1, Some(-5), Some("ä,\"x\"\n"));
-        stream.extend(tuple(2, None, Some("")));
-        stream.extend(tuple(3, Some(i64::MAX), None));
-        stream.extend((-1i16).to_be_bytes());
-        for chunk in [1, 3, 7, stream.len()] {
+        // Header (signature, flags, a 3-byte extension), three tuples, the end marker.
+        let mut header = COPY_SIGNATURE.to_vec();
+        header.extend(0u32.to_be_bytes());
+        header.extend(3u32.to_be_bytes());
+        header.extend([9, 9, 9]);
+        let mut end = tuple(3, Some(i64::MAX), None);
+        end.extend((-1i16).to_be_bytes());
+        // One message per tuple, as PostgreSQL sends them.
+        let tuples = vec![
+            header,
+            tuple(1, Some(-5), Some("ä,\"x\"\n")),
+            tuple(2, None, Some("")),
+            end,
+        ];
+        let stream = tuples.concat();
+        // Also messages of 1, 3 and 7 bytes, and everything at once.
+        let chunkings: Vec<Vec<Vec<u8>>> = [1, 3, 7, stream.len()]
+            .iter()
+            .map(|n| stream.chunks(*n).map(<[u8]>::to_vec).collect())
+            .chain([tuples])
+            .collect();
+        for (i, messages) in chunkings.iter().enumerate() {
             let mut into = builder();
-            let mut buf = bytes::BytesMut::new();
-            let (mut rows, mut ended) = (0, false);
-            for piece in stream.chunks(chunk) {
-                buf.extend_from_slice(piece);
-                let (n, end) = decode_tuples(&mut buf, &mut into).unwrap();
-                rows += n;
-                ended |= end;
+            let mut decoder = CopyDecoder::default();
+            for m in messages {
+                decoder.feed("test", m, &mut into).unwrap();
             }
-            assert_eq!((rows, ended, buf.len()), (3, true, 0), "chunk {chunk}");
+            assert_eq!(decoder.finish("test").unwrap(), 3, "chunking {i}");
             let b = into.finish().unwrap();
             assert_eq!(row_id_at(&b, 2).unwrap(), Uuid::from_u128(3));
             let n = b.column(1).as_primitive::<Int64Type>();
@@ -923,16 +959,25 @@ mod tests {
             );
             assert!(s.is_valid(1), "an empty string is not NULL");
         }
+        // A stream cut short, or with bytes after its end marker, is an error.
+        let mut decoder = CopyDecoder::default();
+        decoder
+            .feed("test", &stream[..stream.len() - 2], &mut builder())
+            .unwrap();
+        assert!(decoder.finish("test").is_err());
+        let mut decoder = CopyDecoder::default();
+        let mut longer = stream.clone();
+        longer.push(0);
+        decoder.feed("test", &longer, &mut builder()).unwrap();
+        assert!(decoder.finish("test").is_err());
     }
 
     #[test]
     fn a_tuple_of_the_wrong_shape_is_an_error_not_a_shifted_column() {
-        let mut buf = bytes::BytesMut::from(&2i16.to_be_bytes()[..]);
-        assert!(decode_tuples(&mut buf, &mut builder()).is_err());
+        assert!(decode_tuples(&2i16.to_be_bytes(), &mut builder()).is_err());
         let mut t = tuple(1, Some(1), None);
         t[2..6].copy_from_slice(&4i32.to_be_bytes()); // a 4-byte "uuid"
         t.drain(10..22);
-        let mut buf = bytes::BytesMut::from(&t[..]);
-        assert!(decode_tuples(&mut buf, &mut builder()).is_err());
+        assert!(decode_tuples(&t, &mut builder()).is_err());
     }
 }
