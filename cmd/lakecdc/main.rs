@@ -157,6 +157,7 @@ struct EngineArgs {
     #[arg(long, env = "LAKECDC_THREADS")]
     threads: Option<usize>,
     /// DuckDB memory limit (e.g. 1GB, 512MiB, 50%); beyond it DuckDB spills to --work-dir.
+    /// Init's two engines (it writes two files at once) share it.
     #[arg(long, env = "LAKECDC_MEMORY_LIMIT", default_value = "1GB")]
     memory_limit: String,
     /// Directory for local Parquet files and DuckDB spill files (default: the system temp dir).
