@@ -159,12 +159,7 @@ impl LakeLocation {
 /// Parses a DuckDB memory limit such as `4GB`, `512MiB` or `75%`, refusing anything that could
 /// not be passed to `SET memory_limit` verbatim.
 pub fn parse_memory_limit(s: &str) -> Result<String> {
-    let t = s.trim();
-    let digits = t
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.')
-        .count();
-    let (num, unit) = t.split_at(digits);
+    let (num, unit) = number_and_unit(s.trim());
     let unit_ok = [
         "", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "%",
     ]
@@ -181,15 +176,20 @@ pub fn parse_memory_limit(s: &str) -> Result<String> {
 /// One of `parts` equal shares of a memory limit already checked by [`parse_memory_limit`]
 /// (`512MB` in two is `256MB`, `75%` is `37.5%`), for jobs that run several engines at once.
 pub fn share_memory_limit(limit: &str, parts: usize) -> String {
-    let digits = limit
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.')
-        .count();
-    let (num, unit) = limit.split_at(digits);
+    let (num, unit) = number_and_unit(limit);
     match num.parse::<f64>() {
         Ok(n) if parts > 1 => format!("{}{unit}", n / parts as f64),
         _ => limit.to_string(),
     }
+}
+
+/// `4.5GB` → (`4.5`, `GB`).
+fn number_and_unit(s: &str) -> (&str, &str) {
+    let digits = s
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .count();
+    s.split_at(digits)
 }
 
 /// Parses a byte size such as `256MiB`, `1GB`, `512KiB` or a bare number of bytes.
@@ -272,16 +272,15 @@ pub fn parse_duration(flag: &str, s: &str) -> Result<std::time::Duration> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_memory_limit_is_shared_in_equal_parts() {
-        use super::share_memory_limit;
         assert_eq!(share_memory_limit("512MB", 2), "256MB");
         assert_eq!(share_memory_limit("75%", 2), "37.5%");
         assert_eq!(share_memory_limit("1GiB", 2), "0.5GiB");
         assert_eq!(share_memory_limit("1GB", 1), "1GB");
     }
-
-    use super::*;
 
     #[test]
     fn table_names() {

@@ -15,9 +15,9 @@
 //! connections (2) read disjoint row-id ranges at once; reading the next file's pages, writing
 //! files and uploading them overlap. Publishing replaces the base tier (and with
 //! `--replace-delta` the delta tier, whose files are then deleted) in ONE save; superseded
-//! bases are left to gc. A schema with no live rows publishes one zero-row base. Writes during init reach the lake with the next flush: a
-//! base row carries `changed_at = ltbase_updated_at`, exactly what flush writes for the same
-//! version (study §10 #210).
+//! bases are left to gc. A schema with no live rows publishes one zero-row base. Writes during
+//! init reach the lake with the next flush: a base row carries `changed_at =
+//! ltbase_updated_at`, exactly what flush writes for the same version (study §10 #210).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
@@ -356,17 +356,9 @@ async fn export_schema(
         ));
         return Ok(());
     }
-    // The count feeds the report, the progress bar and the size of the last file; a real run
-    // reads pages while it runs.
-    let count = tokio::spawn({
-        let (connector, tables) = (ctx.connector.clone(), ctx.tables.clone());
-        async move {
-            let client = connector.connect().await?;
-            snapshot::count_live(&client, &tables, schema_id).await
-        }
-    });
     if opts.dry_run {
-        out.live_rows = joined_count(count).await?;
+        let client = ctx.connector.connect().await?;
+        out.live_rows = snapshot::count_live(&client, &ctx.tables, schema_id).await?;
         let per_row = estimated_row_bytes(def);
         let per_file = rows_per_file(opts, per_row);
         let live = u64::try_from(out.live_rows).unwrap_or(0);
@@ -374,6 +366,15 @@ async fn export_schema(
         out.bytes = live * per_row;
         return Ok(());
     }
+    // The count feeds the report, the progress bar and the size of the last file; pages are
+    // read while it runs.
+    let count = tokio::spawn({
+        let (connector, tables) = (ctx.connector.clone(), ctx.tables.clone());
+        async move {
+            let client = connector.connect().await?;
+            snapshot::count_live(&client, &tables, schema_id).await
+        }
+    });
     let entries = export_files(ctx, opts, schema_id, def, count, out).await?;
     let replace_delta = opts.replace_delta;
     let now = ctx.clock.now_ms();
@@ -413,8 +414,7 @@ async fn export_schema(
 /// A file being staged: its pages, held as Arrow until the export scans them.
 struct Staging {
     /// The pages' entity and EAV batches, scanned in place by the export.
-    entities: Vec<RecordBatch>,
-    eav: Vec<RecordBatch>,
+    pages: Vec<assemble::Page>,
     /// Their Arrow memory.
     bytes: usize,
     rows: u64,
@@ -431,7 +431,6 @@ type Upload = JoinHandle<Result<FileEntry>>;
 /// next being read), besides the pages in flight and DuckDB's own `--memory-limit`.
 const STAGED_BYTES_PER_FILE: usize = 96 * 1024 * 1024;
 
-/// Reads pages, stages them, writes files and uploads them, overlapping the three.
 /// The live-row count of a schema, counted on its own connection.
 type Count = JoinHandle<Result<i64>>;
 
@@ -441,6 +440,7 @@ async fn joined_count(count: Count) -> Result<i64> {
         .map_err(|e| Error::Invariant(format!("count task failed: {e}")))?
 }
 
+/// Reads pages, stages them, writes files and uploads them, overlapping the three.
 async fn export_files(
     ctx: &Context,
     opts: &InitOptions,
@@ -544,8 +544,7 @@ async fn stage_and_upload(
         while let Some(page) = rx.recv().await {
             let page = page?;
             let s = staging.get_or_insert(Staging {
-                entities: Vec::new(),
-                eav: Vec::new(),
+                pages: Vec::new(),
                 bytes: 0,
                 rows: 0,
                 first: page.first,
@@ -556,8 +555,10 @@ async fn stage_and_upload(
             s.first = s.first.min(page.first);
             s.last = s.last.max(page.last);
             s.bytes += page.entities.get_array_memory_size() + page.eav.get_array_memory_size();
-            s.entities.push(page.entities);
-            s.eav.push(page.eav);
+            s.pages.push(assemble::Page {
+                entities: page.entities,
+                eav: page.eav,
+            });
             staged_total += page.rows as u64;
             if let Some(c) = count.take_if(|c| c.is_finished()) {
                 out.live_rows = joined_count(c).await?;
@@ -578,14 +579,12 @@ async fn stage_and_upload(
             let left = total.saturating_sub(staged_total);
             let before_tail = left > 0 && left <= target_rows / 4 && s.rows >= target_rows / 2;
             if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE || before_tail {
-                // With every engine busy, the oldest export has had the reading of the files
-                // since to finish; this file's export then runs while the next one is read.
-                if files.engines.is_empty()
-                    && let Some(b) = files.finish_oldest(ctx, schema_id, out).await?
+                if let Some(b) = files
+                    .start(ctx, opts, schema_id, def, staging.take(), out)
+                    .await?
                 {
                     target_rows = rows_per_file(opts, b);
                 }
-                files.start(opts, schema_id, def, staging.take())?;
                 let rate = out.rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
                 tracing::info!(
                     schema_id,
@@ -599,14 +598,11 @@ async fn stage_and_upload(
         if let Some(c) = count.take() {
             out.live_rows = joined_count(c).await?;
         }
-        let nothing =
-            files.writing.is_empty() && files.entries.is_empty() && files.uploads.is_empty();
-        if staging.is_some() || nothing {
+        if staging.is_some() || staged_total == 0 {
             // With no live rows at all, `None` publishes one zero-row base (study §10 #519).
-            if files.engines.is_empty() {
-                files.finish_oldest(ctx, schema_id, out).await?;
-            }
-            files.start(opts, schema_id, def, staging.take())?;
+            files
+                .start(ctx, opts, schema_id, def, staging.take(), out)
+                .await?;
         }
         while !files.writing.is_empty() {
             files.finish_oldest(ctx, schema_id, out).await?;
@@ -645,21 +641,30 @@ struct Files {
 }
 
 impl Files {
-    /// Starts writing the staged rows (`None`: zero rows) with a free engine.
-    fn start(
+    /// Starts writing the staged rows (`None`: zero rows) with a free engine. With every
+    /// engine busy, the oldest export (which has had the reading of the files since to
+    /// finish) is finished first; its bytes per row are returned.
+    async fn start(
         &mut self,
+        ctx: &Context,
         opts: &InitOptions,
         schema_id: i16,
         def: &SchemaDef,
         staged: Option<Staging>,
-    ) -> Result<()> {
+        out: &mut SchemaInit,
+    ) -> Result<Option<u64>> {
+        let finished = if self.engines.is_empty() {
+            self.finish_oldest(ctx, schema_id, out).await?
+        } else {
+            None
+        };
         let engine = self
             .engines
             .pop()
             .ok_or_else(|| Error::Invariant("no engine free for an export".into()))?;
         self.writing
             .push_back(start_export(opts, schema_id, def, engine, staged));
-        Ok(())
+        Ok(finished)
     }
 
     /// Waits for the oldest export (if any), frees its engine and starts its upload, keeping
@@ -749,34 +754,29 @@ fn start_export(
         .join(format!("lakecdc-init-{}.parquet", Uuid::new_v4()));
     let (def, path) = (def.clone(), local.clone());
     let task = tokio::task::spawn_blocking(move || {
-        let (entities, eav, range) = match staged {
-            Some(s) => (s.entities, s.eav, Some((s.first, s.last))),
+        let (pages, range) = match staged {
+            Some(s) => (s.pages, Some((s.first, s.last))),
             None => {
                 let empty = snapshot::empty_live_page(&def)?;
-                (vec![empty.entities], vec![empty.eav], None)
+                let page = assemble::Page {
+                    entities: empty.entities,
+                    eav: empty.eav,
+                };
+                (vec![page], None)
             }
         };
-        let pages = entities
-            .iter()
-            .zip(&eav)
-            .map(|(entities, eav)| assemble::Page {
-                entities: entities.clone(),
-                eav: eav.clone(),
-            })
-            .collect();
-        let rows = match assemble::assemble(&def, pages)? {
+        let rows = match assemble::assemble(&def, &pages)? {
             Some(assembled) => engine.export_assembled(&def, schema_id, assembled, &path)?,
-            None => engine.export(
-                &def,
-                schema_id,
-                Driver::Entities,
-                Inputs {
+            None => {
+                let (entities, eav): (Vec<RecordBatch>, Vec<RecordBatch>) =
+                    pages.into_iter().map(|p| (p.entities, p.eav)).unzip();
+                let inputs = Inputs {
                     change_log: &[],
                     entities: &entities,
                     eav: &eav,
-                },
-                &path,
-            )?,
+                };
+                engine.export(&def, schema_id, Driver::Entities, inputs, &path)?
+            }
         };
         let info = footer::check_file(&path)?;
         Ok(Exported {
@@ -861,7 +861,7 @@ async fn finish_file(
                 size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
                 row_count: i64::try_from(rows).unwrap_or(i64::MAX),
                 checksum: Some(put.checksum()),
-                columns: Some(columns.into_iter().collect()),
+                columns: Some(columns),
                 extra: Default::default(),
             })
         }

@@ -13,7 +13,7 @@ use arrow::compute::take;
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
 
-use super::export::{EavSource, eav_source};
+use super::export::eav_column;
 use crate::error::{Error, Result};
 use crate::schema::{SchemaDef, ValueType};
 
@@ -35,27 +35,26 @@ pub struct Page {
 
 /// The pages, ordered by row id and joined with their EAV values (one [`raw_column`] per EAV
 /// attribute), or `None` when only the export query's pivot gives the right rows.
-pub fn assemble(schema: &SchemaDef, mut pages: Vec<Page>) -> Result<Option<Vec<RecordBatch>>> {
-    let attrs: Vec<(i16, ValueType)> = schema
-        .attributes
-        .iter()
-        .filter(|a| a.binding.is_none())
-        .map(|a| (a.id, a.value_type))
-        .collect();
-    if attrs.iter().any(|(_, t)| *t == ValueType::List) {
-        return Ok(None);
+pub fn assemble(schema: &SchemaDef, pages: &[Page]) -> Result<Option<Vec<RecordBatch>>> {
+    let mut attrs = Attributes::default();
+    for a in schema.attributes.iter().filter(|a| a.binding.is_none()) {
+        if a.value_type == ValueType::List {
+            return Ok(None);
+        }
+        attrs.add(a.id, a.value_type);
     }
     // Pages of several readers interleave; each is sorted, so ordering them by their first
     // row id orders the rows (checked below).
-    pages.sort_by_cached_key(|p| {
-        ids(&p.entities, 0)
+    let mut order: Vec<usize> = (0..pages.len()).collect();
+    order.sort_by_cached_key(|i| {
+        ids(&pages[*i].entities, 0)
             .ok()
             .filter(|a| !a.is_empty())
-            .map(|a| a.value(0).to_vec())
+            .map(|a| key(a.value(0)))
     });
     let mut out = Vec::with_capacity(pages.len());
     let mut previous: Option<u128> = None;
-    for page in &pages {
+    for page in order.into_iter().map(|i| &pages[i]) {
         let keys = keys(ids(&page.entities, 0)?);
         // Strictly increasing within the page and across pages: otherwise the order DuckDB
         // would keep is not the file's order.
@@ -73,27 +72,35 @@ pub fn assemble(schema: &SchemaDef, mut pages: Vec<Page>) -> Result<Option<Vec<R
     Ok(Some(out))
 }
 
+/// The schema's EAV attributes in file order, and each attribute id's place among them.
+#[derive(Default)]
+struct Attributes {
+    list: Vec<(i16, ValueType)>,
+    slot: std::collections::HashMap<i16, usize>,
+}
+
+impl Attributes {
+    fn add(&mut self, id: i16, t: ValueType) {
+        self.slot.insert(id, self.list.len());
+        self.list.push((id, t));
+    }
+}
+
 /// One page's entity columns followed by one gathered column per attribute in `attrs`.
 /// `keys` are the page's row ids, in order.
-fn join_page(
-    attrs: &[(i16, ValueType)],
-    page: &Page,
-    keys: &[u128],
-) -> Result<Option<RecordBatch>> {
+fn join_page(attrs: &Attributes, page: &Page, keys: &[u128]) -> Result<Option<RecordBatch>> {
     let n = keys.len();
     let eav_ids = ids(&page.eav, 0)?;
-    let attr_ids = page
-        .eav
-        .column(1)
+    let attr_ids = column(&page.eav, "attr_id")?
         .as_any()
         .downcast_ref::<Int16Array>()
         .ok_or_else(|| Error::Invariant("eav attr_id column is not smallint".into()))?;
-    let mut picks: Vec<Vec<Option<u32>>> = vec![vec![None; n]; attrs.len()];
+    let mut picks: Vec<Vec<Option<u32>>> = vec![vec![None; n]; attrs.list.len()];
     // EAV rows mostly come in row-id order, so the entity of the previous row (or the next
     // one) is tried before a binary search.
     let mut hint = 0;
     for (e, id) in eav_ids.value_data().chunks_exact(16).enumerate() {
-        let Some(slot) = attrs.iter().position(|(id, _)| *id == attr_ids.value(e)) else {
+        let Some(&slot) = attrs.slot.get(&attr_ids.value(e)) else {
             continue; // not an attribute of this schema: the pivot ignores it too
         };
         let k = key(id);
@@ -117,11 +124,8 @@ fn join_page(
     let schema = page.entities.schema();
     let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
     let mut columns: Vec<ArrayRef> = page.entities.columns().to_vec();
-    for ((id, t), pick) in attrs.iter().zip(picks) {
-        let values = match eav_source(*t) {
-            EavSource::Text => page.eav.column(3),
-            EavSource::Numeric => page.eav.column(4),
-        };
+    for ((id, t), pick) in attrs.list.iter().zip(picks) {
+        let values = column(&page.eav, eav_column(*t))?;
         let gathered = take(values.as_ref(), &UInt32Array::from(pick), None)
             .map_err(|e| Error::Invariant(format!("gather eav attribute {id}: {e}")))?;
         fields.push(Arc::new(Field::new(
@@ -145,6 +149,13 @@ fn keys(ids: &FixedSizeBinaryArray) -> Vec<u128> {
 /// A 16-byte row id as an integer (ids come from 16-byte chunks, so never anything else).
 fn key(id: &[u8]) -> u128 {
     <[u8; 16]>::try_from(id).map_or(0, u128::from_be_bytes)
+}
+
+/// The column of `batch` named `name`.
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| Error::Invariant(format!("eav page has no {name} column")))
 }
 
 /// Column `idx` of `batch` as 16-byte row ids.

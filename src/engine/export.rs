@@ -143,30 +143,7 @@ fn bound_expr(a: &Attribute) -> String {
     }
 }
 
-/// Which `eav_data` column holds a value of type `t`.
-pub fn eav_source(t: ValueType) -> EavSource {
-    match t {
-        ValueType::Text | ValueType::List | ValueType::Uuid => EavSource::Text,
-        ValueType::Smallint
-        | ValueType::Integer
-        | ValueType::Numeric
-        | ValueType::Bigint
-        | ValueType::Date
-        | ValueType::Datetime
-        | ValueType::Bool => EavSource::Numeric,
-    }
-}
-
-/// An `eav_data` value column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EavSource {
-    /// `value_text`.
-    Text,
-    /// `value_numeric`.
-    Numeric,
-}
-
-/// How one EAV value of type `t`, held in `raw` (its [`eav_source`] column), is read.
+/// How one EAV value of type `t`, held in `raw` (its [`eav_column`]), is read.
 fn eav_cast(t: ValueType, raw: &str) -> String {
     match t {
         ValueType::Text | ValueType::List => raw.to_string(),
@@ -179,11 +156,17 @@ fn eav_cast(t: ValueType, raw: &str) -> String {
     }
 }
 
-/// The `eav` view's column holding a value of type `t`.
-fn eav_column(t: ValueType) -> &'static str {
-    match eav_source(t) {
-        EavSource::Text => "value_text",
-        EavSource::Numeric => "value_numeric",
+/// The `eav_data` column (and `eav` view column) holding a value of type `t`.
+pub(crate) fn eav_column(t: ValueType) -> &'static str {
+    match t {
+        ValueType::Text | ValueType::List | ValueType::Uuid => "value_text",
+        ValueType::Smallint
+        | ValueType::Integer
+        | ValueType::Numeric
+        | ValueType::Bigint
+        | ValueType::Date
+        | ValueType::Datetime
+        | ValueType::Bool => "value_numeric",
     }
 }
 

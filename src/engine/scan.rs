@@ -66,13 +66,13 @@ impl Registered {
 
     /// The SQL that scans the batches.
     pub fn scan_sql(&self) -> String {
-        let function = if self.ordered {
-            ORDERED_FUNCTION
-        } else {
-            FUNCTION
-        };
-        format!("{function}({}::UBIGINT)", self.id)
+        format!("{}({}::UBIGINT)", function_name(self.ordered), self.id)
     }
+}
+
+/// The name of the in-order or the parallel scan.
+fn function_name(ordered: bool) -> &'static str {
+    if ordered { ORDERED_FUNCTION } else { FUNCTION }
 }
 
 impl Drop for Registered {
@@ -98,13 +98,14 @@ impl<const PARALLEL: bool> VTab for ArrowScan<PARALLEL> {
 
     fn bind(bind: &BindInfo) -> Result<Self::BindData, Box<dyn std::error::Error>> {
         let id = bind.get_parameter(0).to_uint64();
+        let name = function_name(!PARALLEL);
         let batches = registry()
             .get(&id)
             .cloned()
-            .ok_or_else(|| format!("{FUNCTION}({id}): no batches registered under this id"))?;
+            .ok_or_else(|| format!("{name}({id}): no batches registered under this id"))?;
         let first = batches
             .first()
-            .ok_or_else(|| format!("{FUNCTION}({id}): registered without a schema"))?;
+            .ok_or_else(|| format!("{name}({id}): registered without a schema"))?;
         for field in first.schema().fields() {
             bind.add_result_column(field.name(), to_duckdb_logical_type_for_field(field)?);
         }

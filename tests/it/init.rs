@@ -459,7 +459,7 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     let n = engine
         .export(&scalar, 100, Driver::Entities, inputs, &by_query)
         .unwrap();
-    let joined = assemble::assemble(&scalar, as_pages())
+    let joined = assemble::assemble(&scalar, &as_pages())
         .unwrap()
         .expect("scalar attributes are joined in Rust");
     let m = engine
@@ -480,18 +480,20 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
 
     // A list attribute, two rows of one scalar attribute, or overlapping pages: only the
     // query's pivot is right, so the join declines.
-    assert!(assemble::assemble(&full, as_pages()).unwrap().is_none());
+    assert!(assemble::assemble(&full, &as_pages()).unwrap().is_none());
     let mut twice = as_pages();
-    let dup = twice[0].eav.clone();
-    let both = arrow::compute::concat_batches(&dup.schema(), [&dup, &dup]).unwrap();
-    if dup.num_rows() > 0 {
-        twice[0].eav = both;
-        assert!(assemble::assemble(&scalar, twice).unwrap().is_none());
-    }
+    let with_eav = twice
+        .iter()
+        .position(|p| p.eav.num_rows() > 0)
+        .expect("a page with EAV rows");
+    let eav_rows = twice[with_eav].eav.clone();
+    twice[with_eav].eav =
+        arrow::compute::concat_batches(&eav_rows.schema(), [&eav_rows, &eav_rows]).unwrap();
+    assert!(assemble::assemble(&scalar, &twice).unwrap().is_none());
     let mut overlapping = as_pages();
     overlapping.push(Page {
         entities: pages[0].entities.clone(),
         eav: pages[0].eav.clone(),
     });
-    assert!(assemble::assemble(&scalar, overlapping).unwrap().is_none());
+    assert!(assemble::assemble(&scalar, &overlapping).unwrap().is_none());
 }
