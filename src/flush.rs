@@ -456,7 +456,6 @@ struct Fetched {
 struct Reader<'a> {
     opts: &'a FlushOptions,
     hooks: &'a FlushHooks,
-    def: &'a SchemaDef,
     schema_id: i16,
     stmts: snapshot::BatchStatements,
 }
@@ -472,7 +471,6 @@ impl Reader<'_> {
         let Self {
             opts,
             hooks,
-            def,
             schema_id,
             ref stmts,
         } = *self;
@@ -491,7 +489,6 @@ impl Reader<'_> {
         let read = snapshot::read_next(
             client,
             stmts,
-            def,
             schema_id,
             opts.batch_size,
             *cursor,
@@ -537,7 +534,6 @@ async fn drain(
     let reader = Reader {
         opts,
         hooks,
-        def,
         schema_id,
         stmts: snapshot::BatchStatements::prepare(client, &ctx.tables, def).await?,
     };

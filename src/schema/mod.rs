@@ -210,6 +210,18 @@ pub struct SchemaDef {
 }
 
 impl SchemaDef {
+    /// Whether any attribute lives in `eav_data` (not bound to an `entity_main` column).
+    pub fn has_eav(&self) -> bool {
+        self.attributes.iter().any(|a| a.binding.is_none())
+    }
+
+    /// Whether any EAV attribute is a list (only lists read `eav_data.array_indices`).
+    pub fn has_eav_list(&self) -> bool {
+        self.attributes
+            .iter()
+            .any(|a| a.binding.is_none() && a.value_type == ValueType::List)
+    }
+
     /// The Parquet columns every file of this schema carries, in file order: the system
     /// columns, then bound attributes by name, then EAV attributes by name (DESIGN §3.1).
     pub fn export_columns(&self) -> Vec<(String, String)> {

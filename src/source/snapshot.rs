@@ -25,7 +25,7 @@ use uuid::Uuid;
 use super::connect::{timed, within};
 use crate::config::Tables;
 use crate::error::{Error, Result};
-use crate::schema::{SchemaDef, SlotType, ValueType};
+use crate::schema::{SchemaDef, SlotType};
 
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
@@ -44,10 +44,26 @@ pub struct Selected {
 /// A tuple's physical address (`ctid`). The mark uses it only to find a slot quickly and still
 /// checks `row_id`, `changed_at` and `flushed_at`: a slot whose tuple moved since the selection
 /// (an update, `VACUUM FULL`) is not marked and stays dirty — the safe side.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tid {
     block: u32,
     offset: u16,
+}
+
+/// A value's bytes in PostgreSQL's binary format, decoded by [`Column::push_binary`].
+struct Raw<'a>(&'a [u8]);
+
+impl<'a> FromSql<'a> for Raw<'a> {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Self(raw))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
 }
 
 impl<'a> FromSql<'a> for Tid {
@@ -111,8 +127,9 @@ pub fn uuid_field(name: &str, nullable: bool) -> Field {
     )]))
 }
 
-/// Tunes a connection that reads and marks batches by row id. The statements look up a few
-/// thousand rows by primary key (`= ANY($n)`, an `unnest` join); with arrays that large the
+/// Tunes a connection that reads batches by row id and marks them by `ctid`. The statements
+/// look up a few thousand rows by primary key (`= ANY($n)`) or tuple address (an `unnest`
+/// join on `ctid`); with arrays that large the
 /// planner's estimates favour sequential or hash plans that scan whole tables and make a
 /// backlog drain quadratic. Index lookups are always right here, and JIT compilation only adds
 /// latency to these short statements.
@@ -135,6 +152,8 @@ pub struct BatchStatements {
     first: Statement,
     after: Statement,
     entities: Statement,
+    /// The bound slot columns the entity read returns.
+    bound: Vec<(String, SlotType)>,
     /// `None` when the schema has no EAV attribute.
     eav: Option<Statement>,
 }
@@ -158,14 +177,12 @@ impl BatchStatements {
              FROM {} WHERE ltbase_schema_id = $1 AND ltbase_row_id = ANY($2)",
             tables.entity.quoted()
         );
-        let has_eav = schema.attributes.iter().any(|a| a.binding.is_none());
         // Every EAV row of the batch's entities: the pivot picks the schema's attributes by id
         // and ignores others. An `attr_id = ANY(..)` condition here would make the index scan
         // descend once per (row, attribute) pair — three times the work for three attributes.
         let eav = format!(
-            "SELECT row_id, attr_id, array_indices, value_text, value_numeric::float8 FROM {} \
-             WHERE schema_id = $1 AND row_id = ANY($2)",
-            tables.eav.quoted()
+            "{} WHERE schema_id = $1 AND row_id = ANY($2)",
+            eav_select(tables, schema)
         );
         Ok(Self {
             first: timed(TIMEOUT, "prepare change_log read", client.prepare(&first)).await?,
@@ -176,7 +193,8 @@ impl BatchStatements {
                 client.prepare(&entities),
             )
             .await?,
-            eav: if has_eav {
+            bound,
+            eav: if schema.has_eav() {
                 Some(timed(TIMEOUT, "prepare eav_data read", client.prepare(&eav)).await?)
             } else {
                 None
@@ -235,11 +253,9 @@ fn selected(slots: &[Row]) -> Vec<Selected> {
 /// and reads their entity and EAV rows, all in ONE repeatable-read snapshot: the payload is
 /// exactly the versions selected (no skew, study §10 #45). `before_payload` runs between the
 /// selection and the payload reads (a test seam). `None` when nothing is dirty after `after`.
-#[allow(clippy::too_many_arguments)] // one call site; the arguments are the batch's context
 pub async fn read_next<F: std::future::Future<Output = ()>>(
     client: &mut Client,
     stmts: &BatchStatements,
-    schema: &SchemaDef,
     schema_id: i16,
     limit: i64,
     after: Option<Selected>,
@@ -263,8 +279,7 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     let selected = selected(&slots);
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
     before_payload(ids.clone()).await;
-    let bound = bound_columns(schema);
-    let mut entities = BatchBuilder::entities(&bound, ids.len());
+    let mut entities = BatchBuilder::entities(&stmts.bound, ids.len());
     let mut eav = BatchBuilder::eav(ids.len() * 4);
     // Both reads are sent at once: tokio-postgres pipelines them on the connection, so the
     // server works on the second while the first's rows are decoded here.
@@ -416,22 +431,11 @@ pub async fn read_live_page(
     let entities = entities.finish()?;
     let (first, last) = (row_id_at(&entities, 0)?, row_id_at(&entities, rows - 1)?);
     let mut eav = BatchBuilder::eav(rows * 4);
-    if schema.attributes.iter().any(|a| a.binding.is_none()) {
+    if schema.has_eav() {
         // Every EAV row of the page's range: the pivot picks the schema's attributes by id.
-        // Only list attributes use the indices; a NULL costs PostgreSQL no send call.
-        let indices = if schema
-            .attributes
-            .iter()
-            .any(|a| a.binding.is_none() && a.value_type == ValueType::List)
-        {
-            "array_indices"
-        } else {
-            "NULL::text"
-        };
         let sql = format!(
-            "SELECT row_id, attr_id, {indices}, value_text, value_numeric::float8 FROM {} \
-             WHERE schema_id = {schema_id} AND row_id >= '{first}'::uuid AND row_id <= '{last}'::uuid",
-            tables.eav.quoted()
+            "{} WHERE schema_id = {schema_id} AND row_id >= '{first}'::uuid AND row_id <= '{last}'::uuid",
+            eav_select(tables, schema)
         );
         copy_into(&tx, "read eav page", &sql, &mut eav).await?;
     }
@@ -443,6 +447,20 @@ pub async fn read_live_page(
         first,
         last,
     }))
+}
+
+/// The EAV read's select list (the columns of [`BatchBuilder::eav`]). Only list attributes use
+/// the indices: without them NULL is read, which costs PostgreSQL no send call per row.
+fn eav_select(tables: &Tables, schema: &SchemaDef) -> String {
+    let indices = if schema.has_eav_list() {
+        "array_indices"
+    } else {
+        "NULL::text"
+    };
+    format!(
+        "SELECT row_id, attr_id, {indices}, value_text, value_numeric::float8 FROM {}",
+        tables.eav.quoted()
+    )
 }
 
 /// A page with no rows but the schema's columns (for a zero-row base).
@@ -558,25 +576,12 @@ impl Column {
         }
     }
 
+    /// Appends column `idx` of `row` (rows arrive in binary format, as binary COPY values do).
     fn push(&mut self, row: &Row, idx: usize) -> Result<()> {
-        fn get<'a, T: FromSql<'a>>(row: &'a Row, idx: usize) -> Result<Option<T>> {
-            row.try_get(idx)
-                .map_err(|e| Error::Invariant(format!("decoding result column {idx}: {e}")))
-        }
-        match self {
-            Self::Uuid(b) => match get::<Uuid>(row, idx)? {
-                Some(u) => b
-                    .append_value(u.as_bytes())
-                    .map_err(|e| Error::Invariant(format!("uuid column: {e}")))?,
-                None => b.append_null(),
-            },
-            Self::Smallint(b) => b.append_option(get::<i16>(row, idx)?),
-            Self::Integer(b) => b.append_option(get::<i32>(row, idx)?),
-            Self::Bigint(b) => b.append_option(get::<i64>(row, idx)?),
-            Self::Double(b) => b.append_option(get::<f64>(row, idx)?),
-            Self::Text(b) => b.append_option(get::<&str>(row, idx)?),
-        }
-        Ok(())
+        let raw = row
+            .try_get::<_, Option<Raw>>(idx)
+            .map_err(|e| Error::Invariant(format!("decoding result column {idx}: {e}")))?;
+        self.push_binary(raw.map(|r| r.0))
     }
 
     /// Appends one value in PostgreSQL's binary format (`None` is NULL).
@@ -674,7 +679,7 @@ impl BatchBuilder {
             &[
                 ("row_id", SlotType::Uuid, false),
                 ("attr_id", SlotType::Smallint, false),
-                // NULL when the schema has no list attribute (see `read_live_page`).
+                // NULL when the schema has no list attribute (see `eav_select`).
                 ("array_indices", SlotType::Text, true),
                 ("value_text", SlotType::Text, true),
                 ("value_numeric", SlotType::Double, true),
