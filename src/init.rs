@@ -766,7 +766,9 @@ fn start_export(
             }
         };
         let rows = match assemble::assemble(&def, &pages)? {
-            Some(assembled) => engine.export_assembled(&def, schema_id, assembled, &path)?,
+            Some(assembled) => {
+                engine.export_assembled(&def, schema_id, Driver::Entities, assembled, &path)?
+            }
             None => {
                 let (entities, eav): (Vec<RecordBatch>, Vec<RecordBatch>) =
                     pages.into_iter().map(|p| (p.entities, p.eav)).unzip();

@@ -1,15 +1,16 @@
-//! Joins a base file's entity pages with their EAV values in Rust, when that gives exactly the
-//! rows the export query's pivot would: every EAV attribute of the schema is a scalar and no
-//! entity has two rows of one attribute. The pages arrive sorted by row id (keyset pages), so
-//! each EAV row finds its entity by binary search and each attribute becomes one gathered
-//! column; DuckDB is left with casting and encoding — no hash join, aggregate or sort (about
-//! a third of a base export's CPU). Anything else (lists, duplicate rows, unsorted pages)
-//! returns `None` and the caller uses the export query.
+//! Joins an export's rows with their EAV values in Rust, when that gives exactly the rows the
+//! export query's pivot would: every EAV attribute of the schema is a scalar and no row has
+//! two EAV rows of one attribute. A base's keyset pages arrive sorted by row id; a delta's
+//! slots are sorted here and their entity rows looked up by id. Each EAV row then finds its
+//! row by binary search and each attribute becomes one gathered column; DuckDB is left with
+//! casting and encoding — no hash join, aggregate or sort (about a third of an export's CPU).
+//! Anything else (lists, duplicate rows, unsorted pages) returns `None` and the caller uses
+//! the export query.
 
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, FixedSizeBinaryArray, Int16Array, UInt32Array};
-use arrow::compute::take;
+use arrow::compute::{take, take_record_batch};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
 
@@ -36,13 +37,9 @@ pub struct Page {
 /// The pages, ordered by row id and joined with their EAV values (one [`raw_column`] per EAV
 /// attribute), or `None` when only the export query's pivot gives the right rows.
 pub fn assemble(schema: &SchemaDef, pages: &[Page]) -> Result<Option<Vec<RecordBatch>>> {
-    let mut attrs = Attributes::default();
-    for a in schema.attributes.iter().filter(|a| a.binding.is_none()) {
-        if a.value_type == ValueType::List {
-            return Ok(None);
-        }
-        attrs.add(a.id, a.value_type);
-    }
+    let Some(attrs) = Attributes::scalars(schema) else {
+        return Ok(None);
+    };
     // Pages of several readers interleave; each is sorted, so ordering them by their first
     // row id orders the rows (checked below).
     let mut order: Vec<usize> = (0..pages.len()).collect();
@@ -80,6 +77,18 @@ struct Attributes {
 }
 
 impl Attributes {
+    /// The schema's EAV attributes, or `None` when one is a list.
+    fn scalars(schema: &SchemaDef) -> Option<Self> {
+        let mut attrs = Self::default();
+        for a in schema.attributes.iter().filter(|a| a.binding.is_none()) {
+            if a.value_type == ValueType::List {
+                return None;
+            }
+            attrs.add(a.id, a.value_type);
+        }
+        Some(attrs)
+    }
+
     fn add(&mut self, id: i16, t: ValueType) {
         self.slot.insert(id, self.list.len());
         self.list.push((id, t));
@@ -89,14 +98,91 @@ impl Attributes {
 /// One page's entity columns followed by one gathered column per attribute in `attrs`.
 /// `keys` are the page's row ids, in order.
 fn join_page(attrs: &Attributes, page: &Page, keys: &[u128]) -> Result<Option<RecordBatch>> {
+    let Some(eav) = gather_eav(attrs, &page.eav, keys)? else {
+        return Ok(None);
+    };
+    let schema = page.entities.schema();
+    let fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+    combine(fields, page.entities.columns().to_vec(), eav).map(Some)
+}
+
+/// The rows of one delta: the change-log `slots` (`row_id, changed_at, deleted_at`) sorted by
+/// row id, each followed by its entity row's columns (NULL for a hard-deleted row, which has
+/// none) and one gathered column per EAV attribute — what the export query's `cl LEFT JOIN m`
+/// and pivot give, in its `ORDER BY row_id`. `None` when only the pivot gives the right rows
+/// (a list attribute, two EAV rows of one attribute, two slots or entity rows of one id).
+pub fn assemble_slots(
+    schema: &SchemaDef,
+    slots: &RecordBatch,
+    entities: &RecordBatch,
+    eav: &RecordBatch,
+) -> Result<Option<RecordBatch>> {
+    let Some(attrs) = Attributes::scalars(schema) else {
+        return Ok(None);
+    };
+    let slot_keys = keys(ids(slots, 0)?);
+    let mut order: Vec<u32> = (0..index(slot_keys.len())?).collect();
+    order.sort_unstable_by_key(|&i| slot_keys[i as usize]);
+    let sorted: Vec<u128> = order.iter().map(|&i| slot_keys[i as usize]).collect();
+    if sorted.windows(2).any(|w| w[0] >= w[1]) {
+        return Ok(None);
+    }
+    let entity_keys = keys(ids(entities, 0)?);
+    let mut by_key = std::collections::HashMap::with_capacity(entity_keys.len());
+    for (i, k) in entity_keys.iter().enumerate() {
+        if by_key.insert(*k, index(i)?).is_some() {
+            return Ok(None);
+        }
+    }
+    let matched: UInt32Array = sorted.iter().map(|k| by_key.get(k).copied()).collect();
+    let Some(eav) = gather_eav(&attrs, eav, &sorted)? else {
+        return Ok(None);
+    };
+    let slots = take_record_batch(slots, &UInt32Array::from(order))
+        .map_err(|e| Error::Invariant(format!("sort slots: {e}")))?;
+    let mut fields: Vec<Arc<Field>> = slots.schema().fields().iter().cloned().collect();
+    let mut columns = slots.columns().to_vec();
+    // Entity columns are NULL where a slot has no entity row.
+    for (field, column) in entities.schema().fields().iter().zip(entities.columns()) {
+        fields.push(Arc::new(field.as_ref().clone().with_nullable(true)));
+        columns.push(
+            take(column.as_ref(), &matched, None)
+                .map_err(|e| Error::Invariant(format!("gather entity rows: {e}")))?,
+        );
+    }
+    combine(fields, columns, eav).map(Some)
+}
+
+/// `fields`/`columns` followed by the gathered EAV columns, as one batch.
+fn combine(
+    mut fields: Vec<Arc<Field>>,
+    mut columns: Vec<ArrayRef>,
+    eav: Vec<(Field, ArrayRef)>,
+) -> Result<RecordBatch> {
+    for (field, column) in eav {
+        fields.push(Arc::new(field));
+        columns.push(column);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| Error::Invariant(format!("assembled rows: {e}")))
+}
+
+/// One column per attribute in `attrs` ([`raw_column`]), holding for each row of `keys` (row
+/// ids, strictly increasing) its EAV value of that attribute from `eav`, or NULL. `None` when a
+/// row has two EAV rows of one attribute (the pivot takes their maximum).
+fn gather_eav(
+    attrs: &Attributes,
+    eav: &RecordBatch,
+    keys: &[u128],
+) -> Result<Option<Vec<(Field, ArrayRef)>>> {
     let n = keys.len();
-    let eav_ids = ids(&page.eav, 0)?;
-    let attr_ids = column(&page.eav, "attr_id")?
+    let eav_ids = ids(eav, 0)?;
+    let attr_ids = column(eav, "attr_id")?
         .as_any()
         .downcast_ref::<Int16Array>()
         .ok_or_else(|| Error::Invariant("eav attr_id column is not smallint".into()))?;
     let mut picks: Vec<Vec<Option<u32>>> = vec![vec![None; n]; attrs.list.len()];
-    // EAV rows mostly come in row-id order, so the entity of the previous row (or the next
+    // EAV rows mostly come in row-id order, so the row of the previous EAV row (or the next
     // one) is tried before a binary search.
     let mut hint = 0;
     for (e, id) in eav_ids.value_data().chunks_exact(16).enumerate() {
@@ -111,7 +197,7 @@ fn join_page(attrs: &Attributes, page: &Page, keys: &[u128]) -> Result<Option<Re
         } else {
             match keys.binary_search(&k) {
                 Ok(at) => at,
-                Err(_) => continue, // no live entity: the LEFT JOIN from the entity side drops it
+                Err(_) => continue, // no row of the export: the LEFT JOIN drops it
             }
         };
         hint = at;
@@ -119,25 +205,22 @@ fn join_page(attrs: &Attributes, page: &Page, keys: &[u128]) -> Result<Option<Re
         if pick.is_some() {
             return Ok(None); // two rows of one attribute: the pivot takes their maximum
         }
-        *pick = Some(u32::try_from(e).map_err(|_| Error::Invariant("eav page too big".into()))?);
+        *pick = Some(index(e)?);
     }
-    let schema = page.entities.schema();
-    let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
-    let mut columns: Vec<ArrayRef> = page.entities.columns().to_vec();
+    let mut out = Vec::with_capacity(attrs.list.len());
     for ((id, t), pick) in attrs.list.iter().zip(picks) {
-        let values = column(&page.eav, eav_column(*t))?;
+        let values = column(eav, eav_column(*t))?;
         let gathered = take(values.as_ref(), &UInt32Array::from(pick), None)
             .map_err(|e| Error::Invariant(format!("gather eav attribute {id}: {e}")))?;
-        fields.push(Arc::new(Field::new(
-            raw_column(*id),
-            values.data_type().clone(),
-            true,
-        )));
-        columns.push(gathered);
+        let field = Field::new(raw_column(*id), values.data_type().clone(), true);
+        out.push((field, gathered));
     }
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map(Some)
-        .map_err(|e| Error::Invariant(format!("assembled page: {e}")))
+    Ok(Some(out))
+}
+
+/// A row position as a `take` index.
+fn index(i: usize) -> Result<u32> {
+    u32::try_from(i).map_err(|_| Error::Invariant("too many rows for one export".into()))
 }
 
 /// Row ids as big-endian integers: their order is the byte order PostgreSQL and DuckDB sort

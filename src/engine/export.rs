@@ -36,20 +36,15 @@ pub struct Inputs<'a> {
 
 /// The SELECT producing a lake file's rows, sorted by `row_id`.
 pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String {
-    let (from, row_id, changed_at, deleted_at) = match driver {
-        Driver::ChangeLog => (
-            "cl LEFT JOIN m ON m.ltbase_row_id = cl.row_id",
-            "cl.row_id",
-            "cl.changed_at",
-            // A slot without an entity row is a hard delete: a tombstone at its version.
-            "CASE WHEN COALESCE(cl.deleted_at, 0) > 0 THEN cl.deleted_at \
-             WHEN m.ltbase_row_id IS NULL THEN cl.changed_at ELSE 0 END",
-        ),
-        Driver::Entities => ("m", "m.ltbase_row_id", "m.ltbase_updated_at", "0"),
+    let from = match driver {
+        Driver::ChangeLog => "cl LEFT JOIN m ON m.ltbase_row_id = cl.row_id",
+        Driver::Entities => "m",
     };
-    let cols = select_list(schema, schema_id, (row_id, changed_at, deleted_at), |a| {
+    let system = system_columns(driver, "cl");
+    let cols = select_list(schema, schema_id, &system, |a| {
         format!("e.{}", quote_ident(&a.column))
     });
+    let row_id = &system[0];
     let mut sql = format!("SELECT {} FROM {from}", cols.join(", "));
     let eav: Vec<&Attribute> = schema
         .attributes
@@ -70,31 +65,48 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
     sql
 }
 
-/// The SELECT producing a base file's rows from entity rows already joined with their EAV
-/// values by [`super::assemble`] (one raw value per scalar attribute, in its
-/// [`super::assemble::raw_column`]) and already in `row_id` order: the same columns, types
-/// and values as [`export_sql`] with [`Driver::Entities`], with no join, aggregate or sort
-/// left for DuckDB. The maximum the pivot takes over an attribute's one row is that row's
-/// value, so both give the same file (study §10 #210).
-pub fn assembled_sql(schema: &SchemaDef, schema_id: i16) -> String {
-    let cols = select_list(
-        schema,
-        schema_id,
-        ("m.ltbase_row_id", "m.ltbase_updated_at", "0"),
-        |a| {
-            let raw = format!("m.{}", quote_ident(&super::assemble::raw_column(a.id)));
-            eav_cast(a.value_type, &raw)
-        },
-    );
+/// The SELECT producing a lake file's rows from rows already joined with their EAV values by
+/// [`super::assemble`] (one raw value per scalar attribute, in its
+/// [`super::assemble::raw_column`]; for a delta, the slot columns next to the entity columns)
+/// and already in `row_id` order: the same columns, types and values as [`export_sql`] with
+/// the same `driver`, with no join, aggregate or sort left for DuckDB. The maximum the pivot
+/// takes over an attribute's one row is that row's value, so both give the same file (study
+/// §10 #210).
+pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String {
+    let cols = select_list(schema, schema_id, &system_columns(driver, "m"), |a| {
+        let raw = format!("m.{}", quote_ident(&super::assemble::raw_column(a.id)));
+        eav_cast(a.value_type, &raw)
+    });
     format!("SELECT {} FROM m", cols.join(", "))
 }
 
-/// A lake file's columns, in file order: the system columns from `(row_id, changed_at,
-/// deleted_at)`, the bound attributes from their slots, then the EAV attributes from `eav`.
+/// The `row_id`, `changed_at` and `deleted_at` expressions of a file's rows; a delta's slot
+/// columns are read from relation `slots`.
+fn system_columns(driver: Driver, slots: &str) -> [String; 3] {
+    match driver {
+        Driver::ChangeLog => [
+            format!("{slots}.row_id"),
+            format!("{slots}.changed_at"),
+            // A slot without an entity row is a hard delete: a tombstone at its version.
+            format!(
+                "CASE WHEN COALESCE({slots}.deleted_at, 0) > 0 THEN {slots}.deleted_at \
+                 WHEN m.ltbase_row_id IS NULL THEN {slots}.changed_at ELSE 0 END"
+            ),
+        ],
+        Driver::Entities => [
+            "m.ltbase_row_id".to_string(),
+            "m.ltbase_updated_at".to_string(),
+            "0".to_string(),
+        ],
+    }
+}
+
+/// A lake file's columns, in file order: the system columns from `[row_id, changed_at,
+/// deleted_at]`, the bound attributes from their slots, then the EAV attributes from `eav`.
 fn select_list(
     schema: &SchemaDef,
     schema_id: i16,
-    (row_id, changed_at, deleted_at): (&str, &str, &str),
+    [row_id, changed_at, deleted_at]: &[String; 3],
     eav: impl Fn(&Attribute) -> String,
 ) -> Vec<String> {
     let mut cols = vec![
@@ -223,19 +235,20 @@ impl Engine {
         rows
     }
 
-    /// Writes a base file from pages joined by [`super::assemble::assemble`] (in `row_id`
-    /// order) to `path`: DuckDB only casts and encodes them, scanning them in order. Returns
-    /// the rows written.
+    /// Writes a lake file from rows joined by [`super::assemble`] (in `row_id` order) to
+    /// `path`: DuckDB only casts and encodes them, scanning them in order. Returns the rows
+    /// written.
     pub fn export_assembled(
         &self,
         schema: &SchemaDef,
         schema_id: i16,
+        driver: Driver,
         pages: Vec<RecordBatch>,
         path: &Path,
     ) -> Result<u64> {
         let registered = Registered::in_order(pages);
         self.create_view("m", &format!("SELECT * FROM {}", registered.scan_sql()))?;
-        let rows = self.copy_to_parquet(&assembled_sql(schema, schema_id), path);
+        let rows = self.copy_to_parquet(&assembled_sql(schema, schema_id, driver), path);
         self.drop_view("m")?;
         drop(registered);
         rows

@@ -463,7 +463,7 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
         .unwrap()
         .expect("scalar attributes are joined in Rust");
     let m = engine
-        .export_assembled(&scalar, 100, joined, &by_rust)
+        .export_assembled(&scalar, 100, Driver::Entities, joined, &by_rust)
         .unwrap();
     let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
     assert_eq!((n as usize, m as usize), (live, live));
