@@ -4,8 +4,8 @@
 //!
 //! 1. select up to `batch_size` dirty slots by `(changed_at, row_id)` (keyset paging) and
 //! 2. read their entity and EAV rows, all in ONE repeatable-read snapshot, so the file holds
-//!    exactly the versions selected; DuckDB writes the local Parquet file (the next batch is
-//!    selected and read meanwhile);
+//!    exactly the versions selected; DuckDB writes the local Parquet file (the next batches
+//!    are selected and read meanwhile, on two connections: [`read_ahead`]);
 //! 3. upload it to `_tmp/{uuid}`, copy to the delta key `{uuidv7}`, delete the tmp;
 //! 4. append the entry to the manifest (conditional write, re-applied on a confirmed conflict);
 //! 5. mark `flushed_at = T` where `changed_at` still equals the exported version.
@@ -42,6 +42,8 @@ use crate::shutdown::Shutdown;
 use crate::source::registry::{self, Registered};
 use crate::source::snapshot::{self, Selected, Snapshot};
 use crate::source::{Connector, stats};
+
+mod read_ahead;
 
 /// A test seam called with the schema id and the batch's row ids.
 pub type Hook = Arc<dyn Fn(i16, Vec<Uuid>) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -411,7 +413,7 @@ async fn flush_locked(
     schema_id: i16,
     report: &mut SchemaReport,
 ) -> Result<()> {
-    let mut client = ctx.connector.connect().await?;
+    let client = ctx.connector.connect().await?;
     snapshot::tune_for_lookups(&client).await?;
     let dirty = stats::dirty(&client, &ctx.tables.change_log, schema_id).await?;
     report.dirty_rows = dirty.count;
@@ -437,7 +439,7 @@ async fn flush_locked(
         hooks,
         def,
         schema_id,
-        &mut client,
+        client,
         &mut pending,
         report,
     )
@@ -447,79 +449,9 @@ async fn flush_locked(
     result.and(settled)
 }
 
-/// A selected batch and, unless in a dry run, its snapshot.
-struct Fetched {
-    selected: Vec<Selected>,
-    snapshot: Option<Snapshot>,
-}
-
-/// What every batch read of one schema's drain shares.
-struct Reader<'a> {
-    opts: &'a FlushOptions,
-    hooks: &'a FlushHooks,
-    schema_id: i16,
-    stmts: snapshot::BatchStatements,
-}
-
-impl Reader<'_> {
-    /// Steps 1 and 2 (selection and payload, one snapshot) for the batch after `cursor`; in a
-    /// dry run only the selection.
-    async fn fetch(
-        &self,
-        client: &mut tokio_postgres::Client,
-        cursor: &mut Option<Selected>,
-    ) -> Result<Fetched> {
-        let Self {
-            opts,
-            hooks,
-            schema_id,
-            ref stmts,
-        } = *self;
-        let t = Instant::now();
-        if opts.dry_run {
-            let selected =
-                snapshot::select(client, stmts, schema_id, opts.batch_size, *cursor).await?;
-            *cursor = selected.last().copied().or(*cursor);
-            step_done("select", t);
-            return Ok(Fetched {
-                selected,
-                snapshot: None,
-            });
-        }
-        let hook = hooks.before_export.clone();
-        let read = snapshot::read_next(
-            client,
-            stmts,
-            schema_id,
-            opts.batch_size,
-            *cursor,
-            |ids| async move {
-                if let Some(h) = hook {
-                    h(schema_id, ids).await;
-                }
-            },
-        )
-        .await?;
-        step_done("select and read snapshot", t);
-        Ok(match read {
-            None => Fetched {
-                selected: Vec::new(),
-                snapshot: None,
-            },
-            Some((selected, snap)) => {
-                *cursor = selected.last().copied();
-                Fetched {
-                    selected,
-                    snapshot: Some(snap),
-                }
-            }
-        })
-    }
-}
-
-/// The batch loop. The next batch is selected and read while the current one is written,
-/// uploaded and committed, and each batch's mark (step 5) runs on a second connection while
-/// the next batch is exported; at most one mark is in flight.
+/// The batch loop. Batches are read ahead on up to two connections ([`read_ahead`]) while the
+/// current one is written, uploaded and committed, and each batch's mark (step 5) runs on a
+/// further connection while the next batch is exported; at most one mark is in flight.
 #[allow(clippy::too_many_arguments)] // one call site; the arguments are the schema's context
 async fn drain(
     ctx: &Context,
@@ -527,21 +459,23 @@ async fn drain(
     hooks: &FlushHooks,
     def: &SchemaDef,
     schema_id: i16,
-    client: &mut tokio_postgres::Client,
+    client: tokio_postgres::Client,
     pending: &mut Option<PendingMark>,
     report: &mut SchemaReport,
 ) -> Result<()> {
     let started = Instant::now();
-    let reader = Reader {
-        opts,
-        hooks,
+    let plan = read_ahead::Plan {
+        connector: ctx.connector.clone(),
+        tables: ctx.tables.clone(),
+        def: def.clone(),
         schema_id,
-        stmts: snapshot::BatchStatements::prepare(client, &ctx.tables, def).await?,
+        batch_size: opts.batch_size,
+        dry_run: opts.dry_run,
+        before_payload: hooks.before_export.clone(),
     };
+    let mut reads = read_ahead::ReadAhead::start(plan, client).await?;
     let mut engine: Option<Engine> = None;
-    let mut cursor: Option<Selected> = None;
     let mut marker: Option<Arc<snapshot::Marker>> = None;
-    let mut prefetched: Option<Fetched> = None;
     loop {
         if ctx.shutdown.is_requested() {
             report.reason = Some("stopped by signal after a complete batch".into());
@@ -554,9 +488,8 @@ async fn drain(
                 Some("batch or time budget reached; the rest is left for the next run".into());
             break;
         }
-        let batch = match prefetched.take() {
-            Some(b) => b,
-            None => reader.fetch(client, &mut cursor).await?,
+        let Some(batch) = reads.next().await? else {
+            break;
         };
         if batch.selected.is_empty() {
             break;
@@ -574,18 +507,9 @@ async fn drain(
             }
             Some(snap) if snap.versions.is_empty() => {}
             Some(snap) => {
-                let next = async {
-                    if full {
-                        Some(reader.fetch(client, &mut cursor).await)
-                    } else {
-                        None
-                    }
-                };
-                let (exported, next) = tokio::join!(
-                    export_batch(ctx, opts, hooks, def, schema_id, &snap, engine, report),
-                    next
+                engine = Some(
+                    export_batch(ctx, opts, hooks, def, schema_id, &snap, engine, report).await?,
                 );
-                engine = Some(exported?);
                 settle_mark(pending.take(), report).await?;
                 let mc = match &marker {
                     Some(m) => m.clone(),
@@ -597,8 +521,6 @@ async fn drain(
                     }
                 };
                 *pending = Some(start_mark(ctx, &mc, schema_id, snap.versions));
-                // Only now: a failed read of the next batch must not keep this one unmarked.
-                prefetched = next.transpose()?;
             }
         }
         if !full {

@@ -252,14 +252,15 @@ fn selected(slots: &[Row]) -> Vec<Selected> {
 /// Selects the next batch — up to `limit` dirty slots by `(changed_at, row_id)` after `after` —
 /// and reads their entity and EAV rows, all in ONE repeatable-read snapshot: the payload is
 /// exactly the versions selected (no skew, study §10 #45). `before_payload` runs between the
-/// selection and the payload reads (a test seam). `None` when nothing is dirty after `after`.
+/// selection and the payload reads, with the selection (so the next batch's selection can
+/// start; also a test seam). `None` when nothing is dirty after `after`.
 pub async fn read_next<F: std::future::Future<Output = ()>>(
     client: &mut Client,
     stmts: &BatchStatements,
     schema_id: i16,
     limit: i64,
     after: Option<Selected>,
-    before_payload: impl FnOnce(Vec<Uuid>) -> F,
+    before_payload: impl FnOnce(&[Selected]) -> F,
 ) -> Result<Option<(Vec<Selected>, Snapshot)>> {
     let tx = timed(
         TIMEOUT,
@@ -277,8 +278,8 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
         return Ok(None);
     }
     let selected = selected(&slots);
+    before_payload(&selected).await;
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
-    before_payload(ids.clone()).await;
     let mut entities = BatchBuilder::entities(&stmts.bound, ids.len());
     let mut eav = BatchBuilder::eav(ids.len() * 4);
     // Both reads are sent at once: tokio-postgres pipelines them on the connection, so the

@@ -1,0 +1,211 @@
+//! Batch reads running ahead of the export, on up to two connections. A batch's selection
+//! fixes where the next one starts, so batch k+1 is selected (on the other connection, in
+//! its own repeatable-read snapshot) while batch k's entity and EAV rows are still being
+//! read: PostgreSQL serves two reads at once and the drain seldom waits for one. Batches
+//! come out in selection order; reads still in flight when the drain stops are aborted
+//! (they write nothing).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_postgres::Client;
+
+use super::{Hook, step_done};
+use crate::config::Tables;
+use crate::error::{Error, Result};
+use crate::schema::SchemaDef;
+use crate::source::Connector;
+use crate::source::snapshot::{self, BatchStatements, Selected, Snapshot};
+
+/// A selected batch and, unless in a dry run, its snapshot.
+pub(super) struct Fetched {
+    pub selected: Vec<Selected>,
+    pub snapshot: Option<Snapshot>,
+}
+
+/// What every batch read of one schema's drain needs.
+pub(super) struct Plan {
+    pub connector: Connector,
+    pub tables: Tables,
+    pub def: SchemaDef,
+    pub schema_id: i16,
+    pub batch_size: i64,
+    /// Select only; read no snapshot.
+    pub dry_run: bool,
+    /// Called between a batch's selection and its payload read.
+    pub before_payload: Option<Hook>,
+}
+
+/// A read connection with its prepared batch statements.
+struct Conn {
+    client: Client,
+    stmts: BatchStatements,
+}
+
+impl Conn {
+    /// Prepares the batch statements on `client`, already tuned for lookups.
+    async fn prepare(client: Client, plan: &Plan) -> Result<Self> {
+        let stmts = BatchStatements::prepare(&client, &plan.tables, &plan.def).await?;
+        Ok(Self { client, stmts })
+    }
+
+    /// Opens, tunes and prepares a second read connection.
+    async fn open(plan: &Plan) -> Result<Self> {
+        let client = plan.connector.connect().await?;
+        snapshot::tune_for_lookups(&client).await?;
+        Self::prepare(client, plan).await
+    }
+}
+
+/// Sends the last slot of a full selection (where the next batch starts), or `None` when the
+/// selection was the last.
+type Cursor = oneshot::Sender<Option<Selected>>;
+
+type Read = JoinHandle<Result<Option<(Conn, Fetched)>>>;
+
+/// The batch reads in flight, oldest first.
+pub(super) struct ReadAhead {
+    plan: Arc<Plan>,
+    reads: VecDeque<Read>,
+    /// Where the batch after the newest read starts, once that read's selection is known.
+    newest: Option<oneshot::Receiver<Option<Selected>>>,
+}
+
+impl ReadAhead {
+    /// Starts reading the first batch on `client` (tuned for lookups) and the second on a
+    /// connection opened only once the first selection turns out full.
+    pub async fn start(plan: Plan, client: Client) -> Result<Self> {
+        let plan = Arc::new(plan);
+        let conn = Conn::prepare(client, &plan).await?;
+        let mut ahead = Self {
+            plan,
+            reads: VecDeque::new(),
+            newest: None,
+        };
+        let (cursor, first) = oneshot::channel();
+        ahead.spawn(Some(conn), None, cursor);
+        ahead.newest = Some(first);
+        ahead.spawn_next(None);
+        Ok(ahead)
+    }
+
+    /// The next batch in selection order (empty when nothing is left), or `None` after the
+    /// last one. Its connection goes on to read the batch after the one already in flight.
+    pub async fn next(&mut self) -> Result<Option<Fetched>> {
+        let Some(read) = self.reads.pop_front() else {
+            return Ok(None);
+        };
+        let done = read
+            .await
+            .map_err(|e| Error::Invariant(format!("batch read task failed: {e}")))??;
+        Ok(done.map(|(conn, fetched)| {
+            self.spawn_next(Some(conn));
+            fetched
+        }))
+    }
+
+    /// Starts the read after the newest one, on `conn` or on a new connection.
+    fn spawn_next(&mut self, conn: Option<Conn>) {
+        if let Some(previous) = self.newest.take() {
+            let (cursor, next) = oneshot::channel();
+            self.spawn(conn, Some(previous), cursor);
+            self.newest = Some(next);
+        }
+    }
+
+    fn spawn(
+        &mut self,
+        conn: Option<Conn>,
+        previous: Option<oneshot::Receiver<Option<Selected>>>,
+        cursor: Cursor,
+    ) {
+        let plan = self.plan.clone();
+        self.reads.push_back(tokio::spawn(async move {
+            let after = match previous {
+                None => None,
+                Some(rx) => match rx.await {
+                    Ok(Some(last)) => Some(last),
+                    // The batch before was the last, or failed (its own read reports that).
+                    Ok(None) | Err(_) => return Ok(None),
+                },
+            };
+            let conn = match conn {
+                Some(c) => c,
+                None => Conn::open(&plan).await?,
+            };
+            read(&plan, conn, after, cursor).await.map(Some)
+        }));
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        for read in &self.reads {
+            read.abort();
+        }
+    }
+}
+
+/// Where the batch after `selected` starts: its last slot when the selection is full.
+fn next_start(selected: &[Selected], limit: i64) -> Option<Selected> {
+    if i64::try_from(selected.len()).unwrap_or(i64::MAX) >= limit {
+        selected.last().copied()
+    } else {
+        None
+    }
+}
+
+/// Steps 1 and 2 for the batch after `after`: selection and payload in one snapshot (in a
+/// dry run only the selection). The selection's end goes to `cursor` as soon as it is known.
+async fn read(
+    plan: &Plan,
+    mut conn: Conn,
+    after: Option<Selected>,
+    cursor: Cursor,
+) -> Result<(Conn, Fetched)> {
+    let (schema_id, limit) = (plan.schema_id, plan.batch_size);
+    let t = Instant::now();
+    if plan.dry_run {
+        let selected = snapshot::select(&conn.client, &conn.stmts, schema_id, limit, after).await?;
+        let _ = cursor.send(next_start(&selected, limit));
+        step_done("select", t);
+        let fetched = Fetched {
+            selected,
+            snapshot: None,
+        };
+        return Ok((conn, fetched));
+    }
+    let hook = plan.before_payload.clone();
+    let read = snapshot::read_next(
+        &mut conn.client,
+        &conn.stmts,
+        schema_id,
+        limit,
+        after,
+        move |selected| {
+            let _ = cursor.send(next_start(selected, limit));
+            let ids = selected.iter().map(|s| s.row_id).collect();
+            async move {
+                if let Some(h) = hook {
+                    h(schema_id, ids).await;
+                }
+            }
+        },
+    )
+    .await?;
+    step_done("select and read snapshot", t);
+    let fetched = match read {
+        None => Fetched {
+            selected: Vec::new(),
+            snapshot: None,
+        },
+        Some((selected, snap)) => Fetched {
+            selected,
+            snapshot: Some(snap),
+        },
+    };
+    Ok((conn, fetched))
+}
