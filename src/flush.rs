@@ -471,6 +471,7 @@ async fn drain(
         schema_id,
         batch_size: opts.batch_size,
         dry_run: opts.dry_run,
+        max_batches: opts.max_batches,
         before_payload: hooks.before_export.clone(),
     };
     let mut reads = read_ahead::ReadAhead::start(plan, client).await?;

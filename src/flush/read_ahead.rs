@@ -35,6 +35,8 @@ pub(super) struct Plan {
     pub batch_size: i64,
     /// Select only; read no snapshot.
     pub dry_run: bool,
+    /// Read no more batches than this (`--max-batches`).
+    pub max_batches: Option<u32>,
     /// Called between a batch's selection and its payload read.
     pub before_payload: Option<Hook>,
 }
@@ -70,6 +72,8 @@ type Read = JoinHandle<Result<Option<(Conn, Fetched)>>>;
 pub(super) struct ReadAhead {
     plan: Arc<Plan>,
     reads: VecDeque<Read>,
+    /// Reads started so far.
+    started: u32,
     /// Where the batch after the newest read starts, once that read's selection is known.
     newest: Option<oneshot::Receiver<Option<Selected>>>,
 }
@@ -83,6 +87,7 @@ impl ReadAhead {
         let mut ahead = Self {
             plan,
             reads: VecDeque::new(),
+            started: 0,
             newest: None,
         };
         let (cursor, first) = oneshot::channel();
@@ -107,8 +112,12 @@ impl ReadAhead {
         }))
     }
 
-    /// Starts the read after the newest one, on `conn` or on a new connection.
+    /// Starts the read after the newest one, on `conn` or on a new connection, unless
+    /// `--max-batches` are read already.
     fn spawn_next(&mut self, conn: Option<Conn>) {
+        if self.plan.max_batches.is_some_and(|m| self.started >= m) {
+            return;
+        }
         if let Some(previous) = self.newest.take() {
             let (cursor, next) = oneshot::channel();
             self.spawn(conn, Some(previous), cursor);
@@ -123,6 +132,7 @@ impl ReadAhead {
         cursor: Cursor,
     ) {
         let plan = self.plan.clone();
+        self.started += 1;
         self.reads.push_back(tokio::spawn(async move {
             let after = match previous {
                 None => None,

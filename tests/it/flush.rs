@@ -1091,7 +1091,8 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
 async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
     // Batch k+1 is selected and read on a second connection while batch k is still being
     // read. However the reads interleave, file k holds exactly the k-th run of the dirty
-    // slots in (changed_at, row_id) order, and every slot is exported and marked once.
+    // slots in (changed_at, row_id) order, every slot is exported and marked once, and no
+    // batch beyond --max-batches is read.
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(4242);
     rig.seed(250, &mut r).await;
@@ -1108,6 +1109,24 @@ async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
         .map(|row| row.get(0))
         .collect();
     assert_eq!(order.len(), 250);
+
+    // --max-batches bounds the reads too: no batch is read beyond it.
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = reads.clone();
+    let counting = FlushHooks {
+        before_export: Some(Rig::hook(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async {}.boxed()
+        })),
+        ..Default::default()
+    };
+    let mut opts = rig.opts.clone();
+    opts.max_batches = Some(2);
+    let report = lakecdc::flush::run(&rig.ctx, &opts, &counting)
+        .await
+        .unwrap();
+    assert_eq!((only(&report).batches, only(&report).rows_marked), (2, 80));
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
 
     // The first batch's read is held up long enough for the second to be read meanwhile.
     let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1134,13 +1153,13 @@ async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
     let s = only(&report);
     assert_eq!(
         (s.batches, s.rows_exported, s.rows_marked, s.rows_left_dirty),
-        (7, 250, 250, 0),
+        (5, 170, 170, 0),
         "{s:?}"
     );
     let calls = calls.lock().unwrap().clone();
     assert_eq!(
         calls[1],
-        ("start", order[40]),
+        ("start", order[120]),
         "the second batch is read while the first waits: {calls:?}"
     );
 
