@@ -8,8 +8,8 @@
 //! staged (held as Arrow) until a file holds about `--target-file-size` (the rows-per-file
 //! estimate corrects itself from each written file; at most `--max-file-rows` and 96 MiB of
 //! staged rows). A file's pages are joined with their EAV values in Rust when that gives the
-//! pivot's rows exactly ([`crate::engine::assemble`]: scalar EAV attributes), so DuckDB only
-//! casts and encodes them in row order; otherwise DuckDB joins, pivots and sorts them. Two
+//! pivot's rows exactly (nearly always: [`crate::engine::assemble`]), so DuckDB only casts and
+//! encodes them in row order; otherwise DuckDB joins, pivots and sorts them. Two
 //! files are written at once, each by its own engine, and each is checksummed while it
 //! uploads straight to its write-once key `{min}_{max}_{uuid}.parquet`. `--readers`
 //! connections (2) read disjoint row-id ranges at once; reading the next file's pages, writing

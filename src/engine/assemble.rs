@@ -1,15 +1,19 @@
 //! Joins an export's rows with their EAV values in Rust, when that gives exactly the rows the
-//! export query's pivot would: every EAV attribute of the schema is a scalar and no row has
-//! two EAV rows of one attribute. A base's keyset pages arrive sorted by row id; a delta's
-//! slots are sorted here and their entity rows looked up by id. Each EAV row then finds its
-//! row by binary search and each attribute becomes one gathered column; DuckDB is left with
-//! casting and encoding — no hash join, aggregate or sort (about a third of an export's CPU).
-//! Anything else (lists, duplicate rows, unsorted pages) returns `None` and the caller uses
-//! the export query.
+//! export query's pivot would. A base's keyset pages arrive sorted by row id; a delta's slots
+//! are sorted here and their entity rows looked up by id. Each EAV row then finds its row by
+//! binary search: a scalar attribute becomes one gathered column, a list attribute a list
+//! column of its items in index order (`[]` for the empty-list marker alone, NULL without
+//! rows). DuckDB is left with casting and encoding — no hash join, aggregate or sort (about a
+//! third of an export's CPU). Where the pivot's result is not this one (two rows of one scalar
+//! attribute, list indices that are not plain integers or repeat, unsorted pages) `None` is
+//! returned and the caller uses the export query.
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, FixedSizeBinaryArray, Int16Array, UInt32Array};
+use arrow::array::{
+    Array, ArrayRef, FixedSizeBinaryArray, Int16Array, ListArray, StringArray, UInt32Array,
+};
+use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::compute::{take, take_record_batch};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
@@ -37,9 +41,7 @@ pub struct Page {
 /// The pages, ordered by row id and joined with their EAV values (one [`raw_column`] per EAV
 /// attribute), or `None` when only the export query's pivot gives the right rows.
 pub fn assemble(schema: &SchemaDef, pages: &[Page]) -> Result<Option<Vec<RecordBatch>>> {
-    let Some(attrs) = Attributes::scalars(schema) else {
-        return Ok(None);
-    };
+    let attrs = Attributes::of(schema);
     // Pages of several readers interleave; each is sorted, so ordering them by their first
     // row id orders the rows (checked below).
     let mut order: Vec<usize> = (0..pages.len()).collect();
@@ -72,26 +74,42 @@ pub fn assemble(schema: &SchemaDef, pages: &[Page]) -> Result<Option<Vec<RecordB
 /// The schema's EAV attributes in file order, and each attribute id's place among them.
 #[derive(Default)]
 struct Attributes {
-    list: Vec<(i16, ValueType)>,
+    order: Vec<(i16, Shape)>,
     slot: std::collections::HashMap<i16, usize>,
 }
 
+/// How an attribute's EAV rows become its value.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    /// One row holds the value.
+    Scalar(ValueType),
+    /// Rows with numeric `array_indices` hold the items of this type, in index order; a row
+    /// with an empty index marks an empty list.
+    List(ValueType),
+}
+
+impl Shape {
+    /// The `eav_data` column the value (or item) is read from.
+    fn column(self) -> &'static str {
+        match self {
+            Shape::Scalar(t) | Shape::List(t) => eav_column(t),
+        }
+    }
+}
+
 impl Attributes {
-    /// The schema's EAV attributes, or `None` when one is a list.
-    fn scalars(schema: &SchemaDef) -> Option<Self> {
+    /// The schema's EAV attributes.
+    fn of(schema: &SchemaDef) -> Self {
         let mut attrs = Self::default();
         for a in schema.attributes.iter().filter(|a| a.binding.is_none()) {
-            if a.value_type == ValueType::List {
-                return None;
-            }
-            attrs.add(a.id, a.value_type);
+            let shape = match a.value_type {
+                ValueType::List => Shape::List(a.items_type.unwrap_or(ValueType::Text)),
+                t => Shape::Scalar(t),
+            };
+            attrs.slot.insert(a.id, attrs.order.len());
+            attrs.order.push((a.id, shape));
         }
-        Some(attrs)
-    }
-
-    fn add(&mut self, id: i16, t: ValueType) {
-        self.slot.insert(id, self.list.len());
-        self.list.push((id, t));
+        attrs
     }
 }
 
@@ -117,9 +135,7 @@ pub fn assemble_slots(
     entities: &RecordBatch,
     eav: &RecordBatch,
 ) -> Result<Option<RecordBatch>> {
-    let Some(attrs) = Attributes::scalars(schema) else {
-        return Ok(None);
-    };
+    let attrs = Attributes::of(schema);
     let slot_keys = keys(ids(slots, 0)?);
     let mut order: Vec<u32> = (0..index(slot_keys.len())?).collect();
     order.sort_unstable_by_key(|&i| slot_keys[i as usize]);
@@ -168,8 +184,11 @@ fn combine(
 }
 
 /// One column per attribute in `attrs` ([`raw_column`]), holding for each row of `keys` (row
-/// ids, strictly increasing) its EAV value of that attribute from `eav`, or NULL. `None` when a
-/// row has two EAV rows of one attribute (the pivot takes their maximum).
+/// ids, strictly increasing) its raw EAV value of that attribute from `eav` (a list of raw
+/// items for a list attribute), or NULL. `None` when only the pivot gives the right value: a
+/// row with two rows of one scalar attribute (the pivot takes their maximum), or list items
+/// whose order the pivot leaves open (an index that is not a plain integer, or two items at
+/// one index).
 fn gather_eav(
     attrs: &Attributes,
     eav: &RecordBatch,
@@ -181,7 +200,21 @@ fn gather_eav(
         .as_any()
         .downcast_ref::<Int16Array>()
         .ok_or_else(|| Error::Invariant("eav attr_id column is not smallint".into()))?;
-    let mut picks: Vec<Vec<Option<u32>>> = vec![vec![None; n]; attrs.list.len()];
+    let indices = column(eav, "array_indices")?
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .ok_or_else(|| Error::Invariant("eav array_indices column is not text".into()))?;
+    let mut gathers: Vec<Gather> = attrs
+        .order
+        .iter()
+        .map(|(_, shape)| match shape {
+            Shape::Scalar(_) => Gather::Scalar(vec![None; n]),
+            Shape::List(_) => Gather::List {
+                present: vec![false; n],
+                items: Vec::new(),
+            },
+        })
+        .collect();
     // EAV rows mostly come in row-id order, so the row of the previous EAV row (or the next
     // one) is tried before a binary search.
     let mut hint = 0;
@@ -201,21 +234,88 @@ fn gather_eav(
             }
         };
         hint = at;
-        let pick = &mut picks[slot][at];
-        if pick.is_some() {
-            return Ok(None); // two rows of one attribute: the pivot takes their maximum
+        let e32 = index(e)?;
+        match &mut gathers[slot] {
+            Gather::Scalar(picks) => {
+                if picks[at].replace(e32).is_some() {
+                    return Ok(None);
+                }
+            }
+            Gather::List { present, items } => {
+                present[at] = true;
+                if indices.is_null(e) {
+                    return Ok(None);
+                }
+                let text = indices.value(e);
+                if text.is_empty() {
+                    continue; // the empty-list marker
+                }
+                match text.parse::<i64>() {
+                    Ok(i) if i.to_string() == text => items.push((at, i, e32)),
+                    _ => return Ok(None),
+                }
+            }
         }
-        *pick = Some(index(e)?);
     }
-    let mut out = Vec::with_capacity(attrs.list.len());
-    for ((id, t), pick) in attrs.list.iter().zip(picks) {
-        let values = column(eav, eav_column(*t))?;
-        let gathered = take(values.as_ref(), &UInt32Array::from(pick), None)
-            .map_err(|e| Error::Invariant(format!("gather eav attribute {id}: {e}")))?;
-        let field = Field::new(raw_column(*id), values.data_type().clone(), true);
+    let mut out = Vec::with_capacity(attrs.order.len());
+    for ((id, shape), gather) in attrs.order.iter().zip(gathers) {
+        let values = column(eav, shape.column())?;
+        let gathered = match gather {
+            Gather::Scalar(picks) => take(values.as_ref(), &UInt32Array::from(picks), None)
+                .map_err(|e| Error::Invariant(format!("gather eav attribute {id}: {e}")))?,
+            Gather::List { present, items } => match list(values, present, items)? {
+                Some(list) => list,
+                None => return Ok(None),
+            },
+        };
+        let field = Field::new(raw_column(*id), gathered.data_type().clone(), true);
         out.push((field, gathered));
     }
     Ok(Some(out))
+}
+
+/// One attribute's EAV rows found for the export's rows.
+enum Gather {
+    /// The EAV row of each row, if any.
+    Scalar(Vec<Option<u32>>),
+    /// Which rows have any row of the attribute, and its items as (row, index, EAV row).
+    List {
+        present: Vec<bool>,
+        items: Vec<(usize, i64, u32)>,
+    },
+}
+
+/// The list column of one attribute: per row its items from `values` in index order, `[]`
+/// for a row with only the empty-list marker, NULL for a row with none. `None` when two items
+/// of one row share an index.
+fn list(
+    values: &ArrayRef,
+    present: Vec<bool>,
+    mut items: Vec<(usize, i64, u32)>,
+) -> Result<Option<ArrayRef>> {
+    items.sort_unstable_by_key(|&(at, i, _)| (at, i));
+    if items
+        .windows(2)
+        .any(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
+    {
+        return Ok(None);
+    }
+    let picks: UInt32Array = items.iter().map(|&(_, _, e)| Some(e)).collect();
+    let flat = take(values.as_ref(), &picks, None)
+        .map_err(|e| Error::Invariant(format!("gather list items: {e}")))?;
+    let mut lengths = vec![0usize; present.len()];
+    for &(at, _, _) in &items {
+        lengths[at] += 1;
+    }
+    let field = Arc::new(Field::new("item", values.data_type().clone(), true));
+    ListArray::try_new(
+        field,
+        OffsetBuffer::from_lengths(lengths),
+        flat,
+        Some(NullBuffer::from(present)),
+    )
+    .map(|l| Some(Arc::new(l) as ArrayRef))
+    .map_err(|e| Error::Invariant(format!("build list column: {e}")))
 }
 
 /// A row position as a `take` index.

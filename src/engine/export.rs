@@ -66,7 +66,7 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
 }
 
 /// The SELECT producing a lake file's rows from rows already joined with their EAV values by
-/// [`super::assemble`] (one raw value per scalar attribute, in its
+/// [`super::assemble`] (one raw value — or list of raw items — per EAV attribute, in its
 /// [`super::assemble::raw_column`]; for a delta, the slot columns next to the entity columns)
 /// and already in `row_id` order: the same columns, types and values as [`export_sql`] with
 /// the same `driver`, with no join, aggregate or sort left for DuckDB. The maximum the pivot
@@ -75,7 +75,15 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
 pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String {
     let cols = select_list(schema, schema_id, &system_columns(driver, "m"), |a| {
         let raw = format!("m.{}", quote_ident(&super::assemble::raw_column(a.id)));
-        eav_cast(a.value_type, &raw)
+        match a.value_type {
+            // The raw items, already in index order: each is cast as the pivot casts it.
+            ValueType::List => format!(
+                "CAST(list_transform({raw}, lambda x: {}) AS {})",
+                eav_cast(a.items_type.unwrap_or(ValueType::Text), "x"),
+                duckdb_type(a)
+            ),
+            t => eav_cast(t, &raw),
+        }
     });
     format!("SELECT {} FROM m", cols.join(", "))
 }

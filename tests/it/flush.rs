@@ -986,7 +986,7 @@ fn sigterm_stops_the_binary_at_a_safe_boundary() {
 async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
     // study §10 #210: a delta written from slots joined by `assemble_slots` is the file the
     // export query writes from the same snapshot — tombstones of hard deletes, soft deletes,
-    // columns, types, values and row order.
+    // scalar and list attributes, columns, types, values and row order.
     use lakecdc::engine::assemble;
     use lakecdc::engine::export::{Driver, Inputs};
     use lakecdc::engine::{Engine, EngineConfig};
@@ -1007,7 +1007,7 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
         .retain(|a| a.value_type != ValueType::List);
 
     let mut client = rig.ctx.connector.connect().await.unwrap();
-    let stmts = snapshot::BatchStatements::prepare(&client, &rig.ctx.tables, &scalar)
+    let stmts = snapshot::BatchStatements::prepare(&client, &rig.ctx.tables, &full)
         .await
         .unwrap();
     let (selected, snap) =
@@ -1044,47 +1044,48 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
         entities: std::slice::from_ref(&snap.entities),
         eav: std::slice::from_ref(&snap.eav),
     };
-    let n = engine
-        .export(&scalar, CUSTOMER, Driver::ChangeLog, inputs, &by_query)
-        .unwrap();
-    let joined = assemble::assemble_slots(&scalar, &snap.change_log, &snap.entities, &snap.eav)
-        .unwrap()
-        .expect("scalar attributes are joined in Rust");
-    let m = engine
-        .export_assembled(&scalar, CUSTOMER, Driver::ChangeLog, vec![joined], &by_rust)
-        .unwrap();
-    assert_eq!((n as usize, m as usize), (selected.len(), selected.len()));
-    let footer = |p| lakecdc::lake::footer::check_file(p).unwrap().columns;
-    assert_eq!(
-        footer(&by_query),
-        footer(&by_rust),
-        "column names and types"
-    );
-    let rows = |p| oracle::read_parquet(std::fs::read(p).unwrap().into());
-    let (q, rust) = (rows(&by_query), rows(&by_rust));
-    assert!(q.windows(2).all(|w| w[0].0 < w[1].0), "sorted by row id");
-    let tombstones = q.iter().filter(|(_, row)| row.deleted_at > 0).count();
+    for def in [&scalar, &full] {
+        let n = engine
+            .export(def, CUSTOMER, Driver::ChangeLog, inputs, &by_query)
+            .unwrap();
+        let joined = assemble::assemble_slots(def, &snap.change_log, &snap.entities, &snap.eav)
+            .unwrap()
+            .expect("joined in Rust");
+        let m = engine
+            .export_assembled(def, CUSTOMER, Driver::ChangeLog, vec![joined], &by_rust)
+            .unwrap();
+        assert_eq!((n as usize, m as usize), (selected.len(), selected.len()));
+        oracle::assert_same_file(&by_query, &by_rust);
+    }
+    let tombstones = oracle::read_parquet(std::fs::read(&by_query).unwrap().into())
+        .iter()
+        .filter(|(_, row)| row.deleted_at > 0)
+        .count();
     assert!(tombstones >= hard_deleted + soft_deleted, "{tombstones}");
-    assert_eq!(q, rust, "same rows in the same order");
+    let lists = oracle::list_shapes(&by_query, "tags");
+    assert_eq!(lists, [true; 3], "NULL, [] and several items: {lists:?}");
 
-    // A list attribute, two EAV rows of one attribute, or two slots of one row: only the
-    // query is right, so the join declines.
+    // Two EAV rows of one scalar attribute, two slots of one row, or list indices that are
+    // not plain integers or that repeat: only the query is right, so the join declines.
     let decline = |cl: &arrow::record_batch::RecordBatch,
                    eav: &arrow::record_batch::RecordBatch| {
-        assemble::assemble_slots(&scalar, cl, &snap.entities, eav)
+        assemble::assemble_slots(&full, cl, &snap.entities, eav)
             .unwrap()
             .is_none()
     };
-    assert!(
-        assemble::assemble_slots(&full, &snap.change_log, &snap.entities, &snap.eav)
-            .unwrap()
-            .is_none()
-    );
     let twice = |b: &arrow::record_batch::RecordBatch| {
         arrow::compute::concat_batches(&b.schema(), [b, b]).unwrap()
     };
     assert!(decline(&snap.change_log, &twice(&snap.eav)));
     assert!(decline(&twice(&snap.change_log), &snap.eav));
+    assert!(decline(
+        &snap.change_log,
+        &oracle::map_indices(&snap.eav, |i| format!("+{i}"))
+    ));
+    assert!(decline(
+        &snap.change_log,
+        &oracle::map_indices(&snap.eav, |_| "3".to_string())
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

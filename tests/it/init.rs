@@ -400,7 +400,74 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     for _ in 0..200 {
         rig.writer.random_op(&mut r).await;
     }
-    let full = lakecdc::schema::dir::load(&crate::harness::examples_dir(), "customer").unwrap();
+    let mut full = lakecdc::schema::dir::load(&crate::harness::examples_dir(), "customer").unwrap();
+    // Lists of every item type, with values: items at indices 10, 2 and 0 (numeric, not text,
+    // order), an explicit empty list, an absent one, and a uuid item that does not parse.
+    let item_types = [
+        ValueType::Integer,
+        ValueType::Bigint,
+        ValueType::Bool,
+        ValueType::Uuid,
+        ValueType::Numeric,
+        ValueType::Date,
+        ValueType::Text,
+    ];
+    let live: Vec<uuid::Uuid> = rig
+        .writer
+        .rows
+        .iter()
+        .filter(|(_, m)| !m.soft_deleted)
+        .map(|(id, _)| *id)
+        .take(6)
+        .collect();
+    for (n, items) in item_types.into_iter().enumerate() {
+        let id = 90 + n as i16;
+        full.attributes.push(lakecdc::schema::Attribute {
+            name: format!("list{id}"),
+            id,
+            value_type: ValueType::List,
+            items_type: Some(items),
+            binding: None,
+            column: format!("list{id}"),
+        });
+        for (k, row) in live.iter().enumerate() {
+            let rows: Vec<(String, Option<String>, Option<f64>)> = match k {
+                0 => vec![(String::new(), None, None)],
+                1 => vec![],
+                _ => ["10", "2", "0"]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, i)| {
+                        let v = (k * 10 + j) as f64;
+                        let text = if items == ValueType::Uuid && j == 1 {
+                            "not a uuid".to_string()
+                        } else if items == ValueType::Uuid {
+                            uuid::Uuid::from_u128((k * 10 + j) as u128).to_string()
+                        } else {
+                            format!("item {k}.{j}")
+                        };
+                        let num = if items == ValueType::Bool {
+                            (j % 2) as f64
+                        } else {
+                            v * 1.5
+                        };
+                        (i.to_string(), Some(text), Some(num))
+                    })
+                    .collect(),
+            };
+            for (idx, text, num) in rows {
+                rig.writer
+                    .client
+                    .execute(
+                        "INSERT INTO eav_data (schema_id, row_id, attr_id, array_indices, value_text, value_numeric) VALUES (100, $1, $2, $3, $4, $5)",
+                        &[row, &id, &idx, &text, &num],
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    full.attributes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut scalar = full.clone();
     scalar
         .attributes
@@ -426,7 +493,7 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     {
         let mut after = None;
         while let Some(p) =
-            snapshot::read_live_page(&mut client, &tables, &scalar, 100, range, after, 7)
+            snapshot::read_live_page(&mut client, &tables, &full, 100, range, after, 7)
                 .await
                 .unwrap()
         {
@@ -456,31 +523,37 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
         entities: &entities,
         eav: &eav,
     };
-    let n = engine
-        .export(&scalar, 100, Driver::Entities, inputs, &by_query)
-        .unwrap();
-    let joined = assemble::assemble(&scalar, &as_pages())
-        .unwrap()
-        .expect("scalar attributes are joined in Rust");
-    let m = engine
-        .export_assembled(&scalar, 100, Driver::Entities, joined, &by_rust)
-        .unwrap();
     let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
-    assert_eq!((n as usize, m as usize), (live, live));
-    let footer = |p| lakecdc::lake::footer::check_file(p).unwrap().columns;
-    assert_eq!(
-        footer(&by_query),
-        footer(&by_rust),
-        "column names and types"
-    );
-    let rows = |p| oracle::read_parquet(std::fs::read(p).unwrap().into());
-    let (q, rust) = (rows(&by_query), rows(&by_rust));
-    assert!(q.windows(2).all(|w| w[0].0 < w[1].0), "sorted by row id");
-    assert_eq!(q, rust, "same rows in the same order");
+    for def in [&scalar, &full] {
+        let n = engine
+            .export(def, 100, Driver::Entities, inputs, &by_query)
+            .unwrap();
+        let joined = assemble::assemble(def, &as_pages())
+            .unwrap()
+            .expect("joined in Rust");
+        let m = engine
+            .export_assembled(def, 100, Driver::Entities, joined, &by_rust)
+            .unwrap();
+        assert_eq!((n as usize, m as usize), (live, live));
+        oracle::assert_same_file(&by_query, &by_rust);
+    }
+    for column in ["tags", "list90", "list93", "list96"] {
+        let lists = oracle::list_shapes(&by_query, column);
+        assert_eq!(
+            lists, [true; 3],
+            "{column}: NULL, [] and several items: {lists:?}"
+        );
+    }
 
-    // A list attribute, two rows of one scalar attribute, or overlapping pages: only the
-    // query's pivot is right, so the join declines.
-    assert!(assemble::assemble(&full, &as_pages()).unwrap().is_none());
+    // Two rows of one scalar attribute, list indices that are not plain integers or that
+    // repeat, or overlapping pages: only the query's pivot is right, so the join declines.
+    for rename in [|i: &str| format!("0{i}"), |_: &str| "0".to_string()] {
+        let mut odd = as_pages();
+        for p in &mut odd {
+            p.eav = oracle::map_indices(&p.eav, rename);
+        }
+        assert!(assemble::assemble(&full, &odd).unwrap().is_none());
+    }
     let mut twice = as_pages();
     let with_eav = twice
         .iter()
@@ -489,11 +562,11 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     let eav_rows = twice[with_eav].eav.clone();
     twice[with_eav].eav =
         arrow::compute::concat_batches(&eav_rows.schema(), [&eav_rows, &eav_rows]).unwrap();
-    assert!(assemble::assemble(&scalar, &twice).unwrap().is_none());
+    assert!(assemble::assemble(&full, &twice).unwrap().is_none());
     let mut overlapping = as_pages();
     overlapping.push(Page {
         entities: pages[0].entities.clone(),
         eav: pages[0].eav.clone(),
     });
-    assert!(assemble::assemble(&scalar, &overlapping).unwrap().is_none());
+    assert!(assemble::assemble(&full, &overlapping).unwrap().is_none());
 }

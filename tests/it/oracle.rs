@@ -237,3 +237,58 @@ async fn assert_matches_except(
     }
     (compared, dirty.len())
 }
+
+/// Asserts two local lake files are the same file for a reader: column names and types, and
+/// the same rows in the same (`row_id`) order (study §10 #210).
+pub fn assert_same_file(a: &std::path::Path, b: &std::path::Path) {
+    let footer = |p| lakecdc::lake::footer::check_file(p).unwrap().columns;
+    assert_eq!(footer(a), footer(b), "column names and types");
+    let rows = |p| read_parquet(std::fs::read(p).unwrap().into());
+    let (ra, rb) = (rows(a), rows(b));
+    assert!(ra.windows(2).all(|w| w[0].0 < w[1].0), "sorted by row id");
+    if ra != rb {
+        let first = ra.iter().zip(&rb).position(|(x, y)| x != y);
+        panic!(
+            "{} vs {} rows; first difference at {first:?}: {:?} vs {:?}",
+            ra.len(),
+            rb.len(),
+            first.map(|i| &ra[i]),
+            first.map(|i| &rb[i])
+        );
+    }
+}
+
+/// Which shapes list column `column` of a local lake file holds: [NULL, `[]`, two or more
+/// items].
+pub fn list_shapes(path: &std::path::Path, column: &str) -> [bool; 3] {
+    let mut seen = [false; 3];
+    for (_, row) in read_parquet(std::fs::read(path).unwrap().into()) {
+        match &row.columns[column] {
+            V::Null => seen[0] = true,
+            V::List(items) if items.is_empty() => seen[1] = true,
+            V::List(items) if items.len() >= 2 => seen[2] = true,
+            _ => {}
+        }
+    }
+    seen
+}
+
+/// `eav` with every non-empty `array_indices` value replaced by `f(value)`.
+pub fn map_indices(
+    eav: &arrow::record_batch::RecordBatch,
+    f: impl Fn(&str) -> String,
+) -> arrow::record_batch::RecordBatch {
+    let idx = eav.schema().index_of("array_indices").unwrap();
+    let old = eav
+        .column(idx)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap();
+    let new: StringArray = old
+        .iter()
+        .map(|v| v.map(|s| if s.is_empty() { String::new() } else { f(s) }))
+        .collect();
+    let mut columns = eav.columns().to_vec();
+    columns[idx] = std::sync::Arc::new(new);
+    arrow::record_batch::RecordBatch::try_new(eav.schema(), columns).unwrap()
+}
