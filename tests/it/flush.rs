@@ -1129,12 +1129,14 @@ async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
     assert_eq!((only(&report).batches, only(&report).rows_marked), (2, 80));
     assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
 
-    // The first batch's read is held up long enough for the second to be read meanwhile.
+    // The first batch's read waits (up to 10 s) until the second batch's read has started:
+    // with reads ahead that is at once; read one after the other, it never happens.
     let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let seen = calls.clone();
+    let second_started = Arc::new(tokio::sync::Notify::new());
+    let (seen, started) = (calls.clone(), second_started.clone());
     let hooks = FlushHooks {
         before_export: Some(Arc::new(move |_, ids: Vec<Uuid>| {
-            let seen = seen.clone();
+            let (seen, started) = (seen.clone(), started.clone());
             async move {
                 let first = {
                     let mut calls = seen.lock().unwrap();
@@ -1142,7 +1144,9 @@ async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
                     calls.len() == 1
                 };
                 if first {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(10), started.notified()).await;
+                } else {
+                    started.notify_one();
                 }
                 seen.lock().unwrap().push(("end", ids[0]));
             }
