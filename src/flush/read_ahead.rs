@@ -100,24 +100,23 @@ impl ReadAhead {
     /// The next batch in selection order (empty when nothing is left), or `None` after the
     /// last one. Its connection goes on to read the batch after the one already in flight.
     pub async fn next(&mut self) -> Result<Option<Fetched>> {
-        let Some(read) = self.reads.pop_front() else {
+        // Taken off the queue only once finished, so a read is aborted with the queue even
+        // if this future is dropped while waiting for it.
+        let Some(read) = self.reads.front_mut() else {
             return Ok(None);
         };
-        let done = read
-            .await
-            .map_err(|e| Error::Invariant(format!("batch read task failed: {e}")))??;
+        let joined = read.await;
+        self.reads.pop_front();
+        let done =
+            joined.map_err(|e| Error::Invariant(format!("batch read task failed: {e}")))??;
         Ok(done.map(|(conn, fetched)| {
             self.spawn_next(Some(conn));
             fetched
         }))
     }
 
-    /// Starts the read after the newest one, on `conn` or on a new connection, unless
-    /// `--max-batches` are read already.
+    /// Starts the read after the newest one, on `conn` or on a new connection.
     fn spawn_next(&mut self, conn: Option<Conn>) {
-        if self.plan.max_batches.is_some_and(|m| self.started >= m) {
-            return;
-        }
         if let Some(previous) = self.newest.take() {
             let (cursor, next) = oneshot::channel();
             self.spawn(conn, Some(previous), cursor);
@@ -125,12 +124,17 @@ impl ReadAhead {
         }
     }
 
+    /// Starts a read after the one `previous` tells of (or the first), unless `--max-batches`
+    /// reads are started already.
     fn spawn(
         &mut self,
         conn: Option<Conn>,
         previous: Option<oneshot::Receiver<Option<Selected>>>,
         cursor: Cursor,
     ) {
+        if self.plan.max_batches.is_some_and(|m| self.started >= m) {
+            return;
+        }
         let plan = self.plan.clone();
         self.started += 1;
         self.reads.push_back(tokio::spawn(async move {
