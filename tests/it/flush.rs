@@ -1200,3 +1200,51 @@ async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
     let (compared, dirty) = rig.assert_oracle().await;
     assert_eq!((compared, dirty), (250, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_failing_ahead_leaves_the_committed_batch_marked_and_the_rest_dirty() {
+    // The second batch's read fails (its EAV table vanishes once the first batch is
+    // committed): the first batch stays listed and marked, every later row stays dirty,
+    // nothing else is listed, and a clean retry converges.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(5151);
+    rig.seed(120, &mut r).await;
+    let committed = Arc::new(tokio::sync::Notify::new());
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (url, on_commit, count) = (rig.db.url.clone(), committed.clone(), calls.clone());
+    let hooks = FlushHooks {
+        before_export: Some(Rig::hook(move || {
+            let (url, committed) = (url.clone(), on_commit.clone());
+            let second = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1;
+            async move {
+                if second {
+                    committed.notified().await;
+                    let c = harness::pg_client(&url).await;
+                    c.batch_execute("ALTER TABLE eav_data RENAME TO eav_away")
+                        .await
+                        .unwrap();
+                }
+            }
+            .boxed()
+        })),
+        before_mark: Some(Rig::hook(move || {
+            committed.notify_one();
+            async {}.boxed()
+        })),
+    };
+    let report = rig.flush_with(&hooks).await;
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    assert_eq!((s.rows_exported, s.rows_marked), (40, 40), "{s:?}");
+    assert_eq!(rig.listed().await.len(), 1);
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 80);
+    rig.writer
+        .client
+        .batch_execute("ALTER TABLE eav_away RENAME TO eav_data")
+        .await
+        .unwrap();
+    let retry = rig.flush().await;
+    assert_eq!(only(&retry).rows_marked, 80, "{retry:?}");
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (120, 0));
+}
