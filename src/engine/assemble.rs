@@ -349,3 +349,128 @@ fn ids(batch: &RecordBatch, idx: usize) -> Result<&FixedSizeBinaryArray> {
         .downcast_ref::<FixedSizeBinaryArray>()
         .ok_or_else(|| Error::Invariant("row id column is not 16-byte binary".into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{AsArray, Float64Array, StringArray};
+    use arrow::datatypes::{DataType, Float64Type};
+
+    use super::*;
+    use crate::schema::Attribute;
+
+    fn schema() -> SchemaDef {
+        let attr = |id: i16, value_type, items_type| Attribute {
+            name: format!("a{id}"),
+            id,
+            value_type,
+            items_type,
+            binding: None,
+            column: format!("a{id}"),
+        };
+        SchemaDef {
+            name: "t".into(),
+            attributes: vec![
+                attr(7, ValueType::List, Some(ValueType::Text)),
+                attr(8, ValueType::Numeric, None),
+            ],
+        }
+    }
+
+    /// EAV rows `(row key, attr_id, array_indices, value_text, value_numeric)`.
+    fn eav(rows: &[(u128, i16, Option<&str>, Option<&str>, Option<f64>)]) -> RecordBatch {
+        let ids: Vec<[u8; 16]> = rows.iter().map(|r| r.0.to_be_bytes()).collect();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter()).unwrap()),
+            Arc::new(Int16Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(StringArray::from_iter(rows.iter().map(|r| r.2))),
+            Arc::new(StringArray::from_iter(rows.iter().map(|r| r.3))),
+            Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.4))),
+        ];
+        let fields = vec![
+            Field::new("row_id", DataType::FixedSizeBinary(16), false),
+            Field::new("attr_id", DataType::Int16, false),
+            Field::new("array_indices", DataType::Utf8, true),
+            Field::new("value_text", DataType::Utf8, true),
+            Field::new("value_numeric", DataType::Float64, true),
+        ];
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    }
+
+    fn gather(
+        rows: &[(u128, i16, Option<&str>, Option<&str>, Option<f64>)],
+    ) -> Option<Vec<ArrayRef>> {
+        gather_eav(&Attributes::of(&schema()), &eav(rows), &[1, 2, 3])
+            .unwrap()
+            .map(|cols| cols.into_iter().map(|(_, c)| c).collect())
+    }
+
+    #[test]
+    fn list_items_come_in_numeric_index_order_and_the_marker_alone_is_empty() {
+        let cols = gather(&[
+            (1, 7, Some("10"), Some("ten"), None),
+            (1, 7, Some(""), None, None), // marker next to items: the items win
+            (1, 7, Some("2"), Some("two"), None),
+            (1, 7, Some("-1"), Some("minus one"), None),
+            (2, 7, Some(""), None, None),
+            (3, 8, Some(""), None, Some(2.5)),
+            (4, 7, Some("0"), Some("not in the export"), None),
+            (1, 99, Some(""), Some("not in the schema"), None),
+        ])
+        .expect("joined");
+        let lists = cols[0].as_list::<i32>();
+        let items = |row: usize| -> Vec<Option<String>> {
+            lists
+                .value(row)
+                .as_string::<i32>()
+                .iter()
+                .map(|v| v.map(str::to_string))
+                .collect()
+        };
+        assert_eq!(
+            items(0),
+            [
+                Some("minus one".into()),
+                Some("two".into()),
+                Some("ten".into())
+            ]
+        );
+        assert!(
+            lists.is_valid(1) && items(1).is_empty(),
+            "[] for the marker"
+        );
+        assert!(lists.is_null(2), "NULL without rows");
+        let scalars = cols[1].as_primitive::<Float64Type>();
+        assert_eq!(
+            (scalars.is_null(0), scalars.is_null(1), scalars.value(2)),
+            (true, true, 2.5)
+        );
+    }
+
+    #[test]
+    fn what_only_the_pivot_defines_is_declined() {
+        for index in [
+            None,
+            Some("01"),
+            Some("+1"),
+            Some("-0"),
+            Some(" 1"),
+            Some("x"),
+        ] {
+            assert!(
+                gather(&[(1, 7, index, Some("v"), None)]).is_none(),
+                "index {index:?}"
+            );
+        }
+        let repeated = [
+            (1, 7, Some("1"), Some("a"), None),
+            (1, 7, Some("1"), Some("b"), None),
+        ];
+        assert!(gather(&repeated).is_none(), "two items at one index");
+        let twice = [
+            (3, 8, Some(""), None, Some(1.0)),
+            (3, 8, Some(""), None, Some(2.0)),
+        ];
+        assert!(gather(&twice).is_none(), "two rows of one scalar");
+        assert!(gather(&[(1, 7, Some("1"), Some("a"), None)]).is_some());
+    }
+}
