@@ -376,8 +376,10 @@ mod tests {
         }
     }
 
-    /// EAV rows `(row key, attr_id, array_indices, value_text, value_numeric)`.
-    fn eav(rows: &[(u128, i16, Option<&str>, Option<&str>, Option<f64>)]) -> RecordBatch {
+    /// An EAV row: `(row key, attr_id, array_indices, value_text, value_numeric)`.
+    type EavRow<'a> = (u128, i16, Option<&'a str>, Option<&'a str>, Option<f64>);
+
+    fn eav(rows: &[EavRow]) -> RecordBatch {
         let ids: Vec<[u8; 16]> = rows.iter().map(|r| r.0.to_be_bytes()).collect();
         let columns: Vec<ArrayRef> = vec![
             Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter()).unwrap()),
@@ -396,9 +398,7 @@ mod tests {
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
     }
 
-    fn gather(
-        rows: &[(u128, i16, Option<&str>, Option<&str>, Option<f64>)],
-    ) -> Option<Vec<ArrayRef>> {
+    fn gather(rows: &[EavRow]) -> Option<Vec<ArrayRef>> {
         gather_eav(&Attributes::of(&schema()), &eav(rows), &[1, 2, 3])
             .unwrap()
             .map(|cols| cols.into_iter().map(|(_, c)| c).collect())
