@@ -55,6 +55,8 @@ pub struct FlushHooks {
     pub before_export: Option<Hook>,
     /// After the manifest commit, before the mark.
     pub before_mark: Option<Hook>,
+    /// Before a second read connection is opened (called with no row ids).
+    pub before_second_connection: Option<Hook>,
 }
 
 impl std::fmt::Debug for FlushHooks {
@@ -62,6 +64,10 @@ impl std::fmt::Debug for FlushHooks {
         f.debug_struct("FlushHooks")
             .field("before_export", &self.before_export.is_some())
             .field("before_mark", &self.before_mark.is_some())
+            .field(
+                "before_second_connection",
+                &self.before_second_connection.is_some(),
+            )
             .finish()
     }
 }
@@ -473,6 +479,7 @@ async fn drain(
         dry_run: opts.dry_run,
         max_batches: opts.max_batches,
         before_payload: hooks.before_export.clone(),
+        before_second_connection: hooks.before_second_connection.clone(),
     };
     let mut reads = read_ahead::ReadAhead::start(plan, client).await?;
     let mut engine: Option<Engine> = None;

@@ -3,13 +3,15 @@
 //! its own repeatable-read snapshot) while batch k's entity and EAV rows are still being
 //! read: PostgreSQL serves two reads at once and the drain seldom waits for one. Batches
 //! come out in selection order; reads still in flight when the drain stops are aborted
-//! (they write nothing).
+//! (they write nothing). When the second connection cannot be opened (a connection limit),
+//! the reads take turns on the first.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 
@@ -39,6 +41,8 @@ pub(super) struct Plan {
     pub max_batches: Option<u32>,
     /// Called between a batch's selection and its payload read.
     pub before_payload: Option<Hook>,
+    /// Called before the second connection is opened (a test seam).
+    pub before_second_connection: Option<Hook>,
 }
 
 /// A read connection with its prepared batch statements.
@@ -62,6 +66,53 @@ impl Conn {
     }
 }
 
+/// The read connections not reading now. The first is there from the start; a second is
+/// opened (once) when a read finds none free.
+struct Pool {
+    idle: Mutex<Vec<Conn>>,
+    released: Notify,
+    /// Whether the second connection is still to be tried.
+    may_open: AtomicBool,
+}
+
+impl Pool {
+    /// A free connection: an idle one, else a new second one, else the next one released.
+    async fn acquire(&self, plan: &Plan) -> Conn {
+        loop {
+            if let Some(conn) = self
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop()
+            {
+                return conn;
+            }
+            if self.may_open.swap(false, Ordering::SeqCst) {
+                if let Some(hook) = &plan.before_second_connection {
+                    hook(plan.schema_id, Vec::new()).await;
+                }
+                match Conn::open(plan).await {
+                    Ok(conn) => return conn,
+                    Err(e) => tracing::warn!(
+                        error = %e.chain(),
+                        "no second read connection; batches are read one after the other"
+                    ),
+                }
+            }
+            // A release between the check above and here leaves a permit: no wake-up is lost.
+            self.released.notified().await;
+        }
+    }
+
+    fn release(&self, conn: Conn) {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(conn);
+        self.released.notify_one();
+    }
+}
+
 /// Sends the last slot of a full selection (where the next batch starts), or `None` when the
 /// selection was the last.
 type Cursor = oneshot::Sender<Option<Selected>>;
@@ -71,6 +122,7 @@ type Read = JoinHandle<Result<Option<(Conn, Fetched)>>>;
 /// The batch reads in flight, oldest first.
 pub(super) struct ReadAhead {
     plan: Arc<Plan>,
+    pool: Arc<Pool>,
     reads: VecDeque<Read>,
     /// Reads started so far.
     started: u32,
@@ -86,19 +138,24 @@ impl ReadAhead {
         let conn = Conn::prepare(client, &plan).await?;
         let mut ahead = Self {
             plan,
+            pool: Arc::new(Pool {
+                idle: Mutex::new(vec![conn]),
+                released: Notify::new(),
+                may_open: AtomicBool::new(true),
+            }),
             reads: VecDeque::new(),
             started: 0,
             newest: None,
         };
         let (cursor, first) = oneshot::channel();
-        ahead.spawn(Some(conn), None, cursor);
+        ahead.spawn(None, cursor);
         ahead.newest = Some(first);
-        ahead.spawn_next(None);
+        ahead.spawn_next();
         Ok(ahead)
     }
 
     /// The next batch in selection order (empty when nothing is left), or `None` after the
-    /// last one. Its connection goes on to read the batch after the one already in flight.
+    /// last one. Its connection goes back to the pool and a read of a later batch starts.
     pub async fn next(&mut self) -> Result<Option<Fetched>> {
         // Taken off the queue only once finished, so a read is aborted with the queue even
         // if this future is dropped while waiting for it.
@@ -110,32 +167,28 @@ impl ReadAhead {
         let done =
             joined.map_err(|e| Error::Invariant(format!("batch read task failed: {e}")))??;
         Ok(done.map(|(conn, fetched)| {
-            self.spawn_next(Some(conn));
+            self.pool.release(conn);
+            self.spawn_next();
             fetched
         }))
     }
 
-    /// Starts the read after the newest one, on `conn` or on a new connection.
-    fn spawn_next(&mut self, conn: Option<Conn>) {
+    /// Starts the read after the newest one.
+    fn spawn_next(&mut self) {
         if let Some(previous) = self.newest.take() {
             let (cursor, next) = oneshot::channel();
-            self.spawn(conn, Some(previous), cursor);
+            self.spawn(Some(previous), cursor);
             self.newest = Some(next);
         }
     }
 
     /// Starts a read after the one `previous` tells of (or the first), unless `--max-batches`
     /// reads are started already.
-    fn spawn(
-        &mut self,
-        conn: Option<Conn>,
-        previous: Option<oneshot::Receiver<Option<Selected>>>,
-        cursor: Cursor,
-    ) {
+    fn spawn(&mut self, previous: Option<oneshot::Receiver<Option<Selected>>>, cursor: Cursor) {
         if self.plan.max_batches.is_some_and(|m| self.started >= m) {
             return;
         }
-        let plan = self.plan.clone();
+        let (plan, pool) = (self.plan.clone(), self.pool.clone());
         self.started += 1;
         self.reads.push_back(tokio::spawn(async move {
             let after = match previous {
@@ -146,10 +199,7 @@ impl ReadAhead {
                     Ok(None) | Err(_) => return Ok(None),
                 },
             };
-            let conn = match conn {
-                Some(c) => c,
-                None => Conn::open(&plan).await?,
-            };
+            let conn = pool.acquire(&plan).await;
             read(&plan, conn, after, cursor).await.map(Some)
         }));
     }

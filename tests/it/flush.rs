@@ -1231,6 +1231,7 @@ async fn a_read_failing_ahead_leaves_the_committed_batch_marked_and_the_rest_dir
             committed.notify_one();
             async {}.boxed()
         })),
+        ..Default::default()
     };
     let report = rig.flush_with(&hooks).await;
     let s = only(&report);
@@ -1245,6 +1246,71 @@ async fn a_read_failing_ahead_leaves_the_committed_batch_marked_and_the_rest_dir
         .unwrap();
     let retry = rig.flush().await;
     assert_eq!(only(&retry).rows_marked, 80, "{retry:?}");
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (120, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_a_second_connection_batches_are_read_one_after_the_other() {
+    // The database refuses new connections just when the second read connection is opened:
+    // the reads take turns on the first, and the flush exports and marks every row.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(6161);
+    rig.seed(120, &mut r).await;
+    let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
+    let admin = Arc::new(harness::pg_client(&harness::pg_admin_url()).await);
+    let allow = |on: bool| format!("ALTER DATABASE {db} ALLOW_CONNECTIONS {on}");
+    let reopened = Arc::new((
+        std::sync::atomic::AtomicBool::new(false),
+        tokio::sync::Notify::new(),
+    ));
+    let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (a1, a2, a3) = (admin.clone(), admin.clone(), attempts.clone());
+    let (refuse, reopen) = (allow(false), allow(true));
+    let (r1, r2) = (reopened.clone(), reopened.clone());
+    let counted = reads.clone();
+    let hooks = FlushHooks {
+        before_second_connection: Some(Rig::hook(move || {
+            a3.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (admin, sql) = (a1.clone(), refuse.clone());
+            async move { admin.batch_execute(&sql).await.unwrap() }.boxed()
+        })),
+        // The second batch's read runs once the refused connection has been given up:
+        // connections are allowed again, for the mark.
+        before_export: Some(Rig::hook(move || {
+            let second = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1;
+            let (admin, sql, reopened) = (a2.clone(), reopen.clone(), r1.clone());
+            async move {
+                if second {
+                    admin.batch_execute(&sql).await.unwrap();
+                    reopened.0.store(true, std::sync::atomic::Ordering::SeqCst);
+                    reopened.1.notify_one();
+                }
+            }
+            .boxed()
+        })),
+        before_mark: Some(Rig::hook(move || {
+            let reopened = r2.clone();
+            async move {
+                if !reopened.0.load(std::sync::atomic::Ordering::SeqCst) {
+                    let wait = reopened.1.notified();
+                    let _ = tokio::time::timeout(Duration::from_secs(30), wait).await;
+                }
+            }
+            .boxed()
+        })),
+    };
+    let report = rig.flush_with(&hooks).await;
+    admin.batch_execute(&allow(true)).await.unwrap();
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Flushed, "{s:?}");
+    assert_eq!(
+        (s.batches, s.rows_exported, s.rows_marked, s.rows_left_dirty),
+        (3, 120, 120, 0),
+        "{s:?}"
+    );
+    assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 1);
     let (compared, dirty) = rig.assert_oracle().await;
     assert_eq!((compared, dirty), (120, 0));
 }
