@@ -66,6 +66,9 @@ pub const PG_ENV_VARS: [&str; 9] = [
 pub enum TlsPolicy {
     /// No TLS.
     Disable,
+    /// No TLS, unless the server refuses the plain connection: then TLS, certificate not
+    /// verified (libpq's `allow`).
+    Allow,
     /// TLS if the server offers it, certificate not verified.
     Prefer,
     /// TLS required, certificate not verified (`require` without `sslrootcert`; with one it is
@@ -81,7 +84,8 @@ impl TlsPolicy {
     fn parse(mode: &str) -> Result<Self> {
         Ok(match mode {
             "disable" => TlsPolicy::Disable,
-            "allow" | "prefer" => TlsPolicy::Prefer,
+            "allow" => TlsPolicy::Allow,
+            "prefer" => TlsPolicy::Prefer,
             "require" => TlsPolicy::Require,
             "verify-ca" => TlsPolicy::VerifyCa,
             "verify-full" => TlsPolicy::VerifyFull,
@@ -187,7 +191,8 @@ impl Connector {
             tls = TlsPolicy::VerifyCa;
         }
         config.ssl_mode(match tls {
-            TlsPolicy::Disable => SslMode::Disable,
+            // `allow` tries without TLS first (see `connect`).
+            TlsPolicy::Disable | TlsPolicy::Allow => SslMode::Disable,
             TlsPolicy::Prefer => SslMode::Prefer,
             _ => SslMode::Require,
         });
@@ -244,34 +249,54 @@ impl Connector {
     /// Opens one connection; its driver task runs until the client is dropped.
     pub async fn connect(&self) -> Result<Client> {
         let op = format!("connect to {}", self.describe());
-        match &self.rustls {
-            None => {
-                let (client, conn) = self
-                    .config
-                    .connect(NoTls)
+        let tls = match self.tls {
+            TlsPolicy::Allow => None,
+            _ => self.rustls.as_ref(),
+        };
+        let first = open(&self.config, tls).await;
+        match (first, self.tls, &self.rustls) {
+            // As libpq: a plain connection the server refuses is tried again with TLS.
+            (Err(plain), TlsPolicy::Allow, Some(rustls)) => {
+                tracing::debug!(error = %plain, "plain connection refused; trying TLS (sslmode=allow)");
+                let mut config = self.config.clone();
+                config.ssl_mode(SslMode::Require);
+                open(&config, Some(rustls))
                     .await
-                    .map_err(Error::postgres(op))?;
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "postgres connection closed");
-                    }
-                });
-                Ok(client)
+                    .map_err(Error::postgres(format!(
+                        "{op} (with TLS, after a refused plain connection)"
+                    )))
             }
-            Some(tls) => {
-                let (client, conn) = self
-                    .config
-                    .connect(tls.clone())
-                    .await
-                    .map_err(Error::postgres(op))?;
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "postgres connection closed");
-                    }
-                });
-                Ok(client)
-            }
+            (result, _, _) => result.map_err(Error::postgres(op)),
         }
+    }
+}
+
+/// Opens one connection (over `tls` when given) and drives it on the runtime.
+async fn open(
+    config: &Config,
+    tls: Option<&MakeRustlsConnect>,
+) -> std::result::Result<Client, tokio_postgres::Error> {
+    let client = match tls {
+        None => {
+            let (client, conn) = config.connect(NoTls).await?;
+            tokio::spawn(drive(conn));
+            client
+        }
+        Some(tls) => {
+            let (client, conn) = config.connect(tls.clone()).await?;
+            tokio::spawn(drive(conn));
+            client
+        }
+    };
+    Ok(client)
+}
+
+/// Runs a connection until it closes.
+async fn drive<F: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>>(
+    conn: F,
+) {
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "postgres connection closed");
     }
 }
 
@@ -309,7 +334,7 @@ fn client_config(policy: TlsPolicy, rootcert: Option<PathBuf>) -> Result<rustls:
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::config(format!("TLS setup failed: {e}")))?;
     let verifier: Arc<dyn ServerCertVerifier> = match policy {
-        TlsPolicy::Disable | TlsPolicy::Prefer | TlsPolicy::Require => {
+        TlsPolicy::Disable | TlsPolicy::Allow | TlsPolicy::Prefer | TlsPolicy::Require => {
             Arc::new(NoVerification(provider))
         }
         TlsPolicy::VerifyCa | TlsPolicy::VerifyFull => {
@@ -572,6 +597,9 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.tls_policy(), TlsPolicy::Prefer);
+        // allow is its own policy (plain first), not prefer.
+        let c = Connector::new(&settings(Some("host=h sslmode=allow"), &[])).unwrap();
+        assert_eq!(c.tls_policy(), TlsPolicy::Allow);
     }
 
     #[test]

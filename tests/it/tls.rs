@@ -174,9 +174,11 @@ fn assert_hidden(text: &str, secret: &str, what: &str) {
 async fn sslmode_decides_whether_the_session_is_encrypted() {
     let f = pg_fixtures();
     for form in FORMS {
-        // No sslmode means prefer, as in libpq; require and prefer do not verify the chain.
+        // No sslmode means prefer, as in libpq; require and prefer do not verify the chain;
+        // allow takes the plain connection a server accepts.
         for (mode, want) in [
             (Some("disable"), false),
+            (Some("allow"), false),
             (Some("require"), true),
             (Some("prefer"), true),
             (None, true),
@@ -211,7 +213,8 @@ async fn a_tls_only_role_is_refused_without_tls() {
             e.contains("pg_hba.conf rejects connection") && e.contains("no encryption"),
             "{form:?}: {e}"
         );
-        for mode in ["require", "prefer"] {
+        // allow: the refused plain connection is tried again with TLS, as libpq does.
+        for mode in ["require", "prefer", "allow"] {
             let tls = Target {
                 sslmode: Some(mode),
                 ..t
