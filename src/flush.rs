@@ -5,7 +5,7 @@
 //! 1. select up to `batch_size` dirty slots by `(changed_at, row_id)` (keyset paging) and
 //! 2. read their entity and EAV rows, all in ONE repeatable-read snapshot, so the file holds
 //!    exactly the versions selected; DuckDB writes the local Parquet file (the next batches
-//!    are selected and read meanwhile, on two connections: [`read_ahead`]);
+//!    are selected and read meanwhile, on two connections: `read_ahead`);
 //! 3. upload it to `_tmp/{uuid}`, copy to the delta key `{uuidv7}`, delete the tmp;
 //! 4. append the entry to the manifest (conditional write, re-applied on a confirmed conflict);
 //! 5. mark `flushed_at = T` where `changed_at` still equals the exported version.

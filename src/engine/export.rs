@@ -214,7 +214,7 @@ fn eav_agg(a: &Attribute) -> String {
 
 impl Engine {
     /// Writes one lake file from `inputs` to `path`, DuckDB scanning the Arrow batches in place
-    /// (views `cl`, `m` and `eav` over [`Registered`] batches, dropped afterwards). Returns the
+    /// (views `cl`, `m` and `eav` over registered Arrow batches, dropped afterwards). Returns the
     /// rows written.
     pub fn export(
         &self,

@@ -13,7 +13,7 @@ const OWN_KEYS: [&str; 2] = ["sslmode", "sslrootcert"];
 /// A parsed connection string: driver-ready text plus the parameters lakecdc owns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conninfo {
-    /// Text tokio-postgres can parse (URL or keyword form), without [`OWN_KEYS`].
+    /// Text tokio-postgres can parse (URL or keyword form), without `OWN_KEYS`.
     pub driver: String,
     /// `sslmode`, when given.
     pub sslmode: Option<String>,
