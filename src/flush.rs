@@ -29,7 +29,6 @@ use uuid::Uuid;
 
 use crate::clock::Clock;
 use crate::config::Tables;
-use crate::engine::assemble;
 use crate::engine::export::{Driver, Inputs};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
@@ -593,24 +592,17 @@ async fn write_local(
             Some(e) => e,
             None => Engine::open(&cfg)?,
         };
-        let assembled =
-            assemble::assemble_slots(&def, &snap.change_log, &snap.entities, &snap.eav)?;
-        let rows = match assembled {
-            Some(rows) => {
-                engine.export_assembled(&def, schema_id, Driver::ChangeLog, vec![rows], &path)?
-            }
-            None => engine.export(
-                &def,
-                schema_id,
-                Driver::ChangeLog,
-                Inputs {
-                    change_log: std::slice::from_ref(&snap.change_log),
-                    entities: std::slice::from_ref(&snap.entities),
-                    eav: std::slice::from_ref(&snap.eav),
-                },
-                &path,
-            )?,
-        };
+        let rows = engine.export(
+            &def,
+            schema_id,
+            Driver::ChangeLog,
+            Inputs {
+                change_log: std::slice::from_ref(&snap.change_log),
+                entities: std::slice::from_ref(&snap.entities),
+                eav: std::slice::from_ref(&snap.eav),
+            },
+            &path,
+        )?;
         let info = footer::check_file(&path)?;
         if u64::try_from(info.row_count).ok() != Some(rows) || rows != snap.versions.len() as u64 {
             return Err(Error::Invariant(format!(

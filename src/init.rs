@@ -30,7 +30,6 @@ use uuid::Uuid;
 
 use crate::compact;
 use crate::config;
-use crate::engine::assemble;
 use crate::engine::export::{Driver, Inputs};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
@@ -413,8 +412,10 @@ async fn export_schema(
 
 /// A file being staged: its pages, held as Arrow until the export scans them.
 struct Staging {
-    /// The pages' entity and EAV batches, scanned in place by the export.
-    pages: Vec<assemble::Page>,
+    /// The pages' entity and EAV batches (page i is `entities[i]` and `eav[i]`), scanned in
+    /// place by the export.
+    entities: Vec<RecordBatch>,
+    eav: Vec<RecordBatch>,
     /// Their Arrow memory.
     bytes: usize,
     rows: u64,
@@ -544,7 +545,8 @@ async fn stage_and_upload(
         while let Some(page) = rx.recv().await {
             let page = page?;
             let s = staging.get_or_insert(Staging {
-                pages: Vec::new(),
+                entities: Vec::new(),
+                eav: Vec::new(),
                 bytes: 0,
                 rows: 0,
                 first: page.first,
@@ -555,10 +557,8 @@ async fn stage_and_upload(
             s.first = s.first.min(page.first);
             s.last = s.last.max(page.last);
             s.bytes += page.entities.get_array_memory_size() + page.eav.get_array_memory_size();
-            s.pages.push(assemble::Page {
-                entities: page.entities,
-                eav: page.eav,
-            });
+            s.entities.push(page.entities);
+            s.eav.push(page.eav);
             staged_total += page.rows as u64;
             if let Some(c) = count.take_if(|c| c.is_finished()) {
                 out.live_rows = joined_count(c).await?;
@@ -626,7 +626,7 @@ async fn stage_and_upload(
 }
 
 /// Exports written at once, each by its own engine: an export scans, casts and encodes on one
-/// thread (the rows arrive joined and sorted, see [`assemble`]), so two keep both cores busy
+/// thread (the rows arrive joined and sorted, see [`crate::engine::assemble`]), so two keep both cores busy
 /// once reading is done.
 const EXPORTS_IN_FLIGHT: usize = 2;
 
@@ -754,32 +754,19 @@ fn start_export(
         .join(format!("lakecdc-init-{}.parquet", Uuid::new_v4()));
     let (def, path) = (def.clone(), local.clone());
     let task = tokio::task::spawn_blocking(move || {
-        let (pages, range) = match staged {
-            Some(s) => (s.pages, Some((s.first, s.last))),
+        let (entities, eav, range) = match staged {
+            Some(s) => (s.entities, s.eav, Some((s.first, s.last))),
             None => {
                 let empty = snapshot::empty_live_page(&def)?;
-                let page = assemble::Page {
-                    entities: empty.entities,
-                    eav: empty.eav,
-                };
-                (vec![page], None)
+                (vec![empty.entities], vec![empty.eav], None)
             }
         };
-        let rows = match assemble::assemble(&def, &pages)? {
-            Some(assembled) => {
-                engine.export_assembled(&def, schema_id, Driver::Entities, assembled, &path)?
-            }
-            None => {
-                let (entities, eav): (Vec<RecordBatch>, Vec<RecordBatch>) =
-                    pages.into_iter().map(|p| (p.entities, p.eav)).unzip();
-                let inputs = Inputs {
-                    change_log: &[],
-                    entities: &entities,
-                    eav: &eav,
-                };
-                engine.export(&def, schema_id, Driver::Entities, inputs, &path)?
-            }
+        let inputs = Inputs {
+            change_log: &[],
+            entities: &entities,
+            eav: &eav,
         };
+        let rows = engine.export(&def, schema_id, Driver::Entities, inputs, &path)?;
         let info = footer::check_file(&path)?;
         Ok(Exported {
             engine,

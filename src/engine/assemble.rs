@@ -28,33 +28,32 @@ pub fn raw_column(id: i16) -> String {
     format!("__lakecdc_eav_{id}")
 }
 
-/// One staged page: entity rows (sorted by row id, `ltbase_row_id` first) and the EAV rows
-/// of its row-id range (any order, any attribute).
-#[derive(Debug, Clone)]
-pub struct Page {
-    /// Entity rows.
-    pub entities: RecordBatch,
-    /// EAV rows (`row_id, attr_id, array_indices, value_text, value_numeric`).
-    pub eav: RecordBatch,
-}
-
-/// The pages, ordered by row id and joined with their EAV values (one [`raw_column`] per EAV
-/// attribute), or `None` when only the export query's pivot gives the right rows.
-pub fn assemble(schema: &SchemaDef, pages: &[Page]) -> Result<Option<Vec<RecordBatch>>> {
+/// The pages `entities[i]` + `eav[i]` (entity rows sorted by row id, `ltbase_row_id` first;
+/// the EAV rows of the page's row-id range, any order, any attribute), ordered by row id and
+/// joined with their EAV values (one [`raw_column`] per EAV attribute), or `None` when only the
+/// export query's pivot gives the right rows.
+pub fn assemble(
+    schema: &SchemaDef,
+    entities: &[RecordBatch],
+    eav: &[RecordBatch],
+) -> Result<Option<Vec<RecordBatch>>> {
+    if entities.len() != eav.len() {
+        return Ok(None); // not pages
+    }
     let attrs = Attributes::of(schema);
     // Pages of several readers interleave; each is sorted, so ordering them by their first
     // row id orders the rows (checked below).
-    let mut order: Vec<usize> = (0..pages.len()).collect();
+    let mut order: Vec<usize> = (0..entities.len()).collect();
     order.sort_by_cached_key(|i| {
-        ids(&pages[*i].entities, 0)
+        ids(&entities[*i])
             .ok()
             .filter(|a| !a.is_empty())
             .map(|a| key(a.value(0)))
     });
-    let mut out = Vec::with_capacity(pages.len());
+    let mut out = Vec::with_capacity(entities.len());
     let mut previous: Option<u128> = None;
-    for page in order.into_iter().map(|i| &pages[i]) {
-        let keys = keys(ids(&page.entities, 0)?);
+    for i in order {
+        let keys = keys(ids(&entities[i])?);
         // Strictly increasing within the page and across pages: otherwise the order DuckDB
         // would keep is not the file's order.
         for &k in &keys {
@@ -63,10 +62,11 @@ pub fn assemble(schema: &SchemaDef, pages: &[Page]) -> Result<Option<Vec<RecordB
             }
             previous = Some(k);
         }
-        match join_page(&attrs, page, &keys)? {
-            Some(batch) => out.push(batch),
-            None => return Ok(None),
-        }
+        let Some(values) = gather_eav(&attrs, &eav[i], &keys)? else {
+            return Ok(None);
+        };
+        let fields: Vec<Arc<Field>> = entities[i].schema().fields().iter().cloned().collect();
+        out.push(combine(fields, entities[i].columns().to_vec(), values)?);
     }
     Ok(Some(out))
 }
@@ -113,22 +113,11 @@ impl Attributes {
     }
 }
 
-/// One page's entity columns followed by one gathered column per attribute in `attrs`.
-/// `keys` are the page's row ids, in order.
-fn join_page(attrs: &Attributes, page: &Page, keys: &[u128]) -> Result<Option<RecordBatch>> {
-    let Some(eav) = gather_eav(attrs, &page.eav, keys)? else {
-        return Ok(None);
-    };
-    let schema = page.entities.schema();
-    let fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
-    combine(fields, page.entities.columns().to_vec(), eav).map(Some)
-}
-
 /// The rows of one delta: the change-log `slots` (`row_id, changed_at, deleted_at`) sorted by
 /// row id, each followed by its entity row's columns (NULL for a hard-deleted row, which has
 /// none) and one gathered column per EAV attribute — what the export query's `cl LEFT JOIN m`
 /// and pivot give, in its `ORDER BY row_id`. `None` when only the pivot gives the right rows
-/// (a list attribute, two EAV rows of one attribute, two slots or entity rows of one id).
+/// (see [`gather_eav`]; two slots or entity rows of one id).
 pub fn assemble_slots(
     schema: &SchemaDef,
     slots: &RecordBatch,
@@ -136,14 +125,14 @@ pub fn assemble_slots(
     eav: &RecordBatch,
 ) -> Result<Option<RecordBatch>> {
     let attrs = Attributes::of(schema);
-    let slot_keys = keys(ids(slots, 0)?);
+    let slot_keys = keys(ids(slots)?);
     let mut order: Vec<u32> = (0..index(slot_keys.len())?).collect();
     order.sort_unstable_by_key(|&i| slot_keys[i as usize]);
     let sorted: Vec<u128> = order.iter().map(|&i| slot_keys[i as usize]).collect();
     if sorted.windows(2).any(|w| w[0] >= w[1]) {
         return Ok(None);
     }
-    let entity_keys = keys(ids(entities, 0)?);
+    let entity_keys = keys(ids(entities)?);
     let mut by_key = std::collections::HashMap::with_capacity(entity_keys.len());
     for (i, k) in entity_keys.iter().enumerate() {
         if by_key.insert(*k, index(i)?).is_some() {
@@ -195,7 +184,7 @@ fn gather_eav(
     keys: &[u128],
 ) -> Result<Option<Vec<(Field, ArrayRef)>>> {
     let n = keys.len();
-    let eav_ids = ids(eav, 0)?;
+    let eav_ids = ids(eav)?;
     let attr_ids = column(eav, "attr_id")?
         .as_any()
         .downcast_ref::<Int16Array>()
@@ -341,10 +330,10 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
         .ok_or_else(|| Error::Invariant(format!("eav page has no {name} column")))
 }
 
-/// Column `idx` of `batch` as 16-byte row ids.
-fn ids(batch: &RecordBatch, idx: usize) -> Result<&FixedSizeBinaryArray> {
+/// The first column of `batch` (`row_id` or `ltbase_row_id`) as 16-byte row ids.
+fn ids(batch: &RecordBatch) -> Result<&FixedSizeBinaryArray> {
     batch
-        .column(idx)
+        .column(0)
         .as_any()
         .downcast_ref::<FixedSizeBinaryArray>()
         .ok_or_else(|| Error::Invariant("row id column is not 16-byte binary".into()))

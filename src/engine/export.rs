@@ -213,10 +213,43 @@ fn eav_agg(a: &Attribute) -> String {
 }
 
 impl Engine {
-    /// Writes one lake file from `inputs` to `path`, DuckDB scanning the Arrow batches in place
-    /// (views `cl`, `m` and `eav` over registered Arrow batches, dropped afterwards). Returns the
-    /// rows written.
+    /// Writes one lake file from `inputs` to `path`. The rows are joined with their EAV values
+    /// in Rust when that gives the pivot's rows ([`super::assemble`]), and DuckDB only casts
+    /// and encodes them; otherwise DuckDB joins and pivots them ([`Engine::export_pivoted`]).
+    /// Either way the file is the same. Returns the rows written.
     pub fn export(
+        &self,
+        schema: &SchemaDef,
+        schema_id: i16,
+        driver: Driver,
+        inputs: Inputs<'_>,
+        path: &Path,
+    ) -> Result<u64> {
+        let assembled = match (driver, inputs.change_log, inputs.entities, inputs.eav) {
+            (Driver::Entities, _, entities, eav) => {
+                super::assemble::assemble(schema, entities, eav)?
+            }
+            (Driver::ChangeLog, [slots], [entities], [eav]) => {
+                super::assemble::assemble_slots(schema, slots, entities, eav)?.map(|b| vec![b])
+            }
+            (Driver::ChangeLog, ..) => None,
+        };
+        let Some(rows) = assembled else {
+            return self.export_pivoted(schema, schema_id, driver, inputs, path);
+        };
+        let registered = Registered::in_order(rows);
+        self.create_view("m", &format!("SELECT * FROM {}", registered.scan_sql()))?;
+        let written = self.copy_to_parquet(&assembled_sql(schema, schema_id, driver), path);
+        self.drop_view("m")?;
+        drop(registered);
+        written
+    }
+
+    /// Writes one lake file from `inputs` to `path` with the export query ([`export_sql`]):
+    /// DuckDB scans the Arrow batches in place (views `cl`, `m` and `eav` over registered
+    /// batches, dropped afterwards), joins, pivots and sorts them. The definition the Rust join
+    /// of [`Engine::export`] must match. Returns the rows written.
+    pub fn export_pivoted(
         &self,
         schema: &SchemaDef,
         schema_id: i16,
@@ -240,25 +273,6 @@ impl Engine {
             self.drop_view(name)?;
         }
         drop(guards);
-        rows
-    }
-
-    /// Writes a lake file from rows joined by [`super::assemble`] (in `row_id` order) to
-    /// `path`: DuckDB only casts and encodes them, scanning them in order. Returns the rows
-    /// written.
-    pub fn export_assembled(
-        &self,
-        schema: &SchemaDef,
-        schema_id: i16,
-        driver: Driver,
-        pages: Vec<RecordBatch>,
-        path: &Path,
-    ) -> Result<u64> {
-        let registered = Registered::in_order(pages);
-        self.create_view("m", &format!("SELECT * FROM {}", registered.scan_sql()))?;
-        let rows = self.copy_to_parquet(&assembled_sql(schema, schema_id, driver), path);
-        self.drop_view("m")?;
-        drop(registered);
         rows
     }
 }

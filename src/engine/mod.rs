@@ -1,6 +1,6 @@
 //! DuckDB, in process: opened with bounded threads, memory and a spill directory; scans Arrow
-//! batches in place (`scan`) and writes lake Parquet files with `COPY`; `assemble` joins base
-//! pages in Rust when DuckDB then only has to cast and encode them. DuckDB types never
+//! batches in place (`scan`) and writes lake Parquet files with `COPY`; `assemble` joins an
+//! export's rows with their EAV values in Rust, so DuckDB mostly only casts and encodes. DuckDB types never
 //! leave this module. Every call blocks: callers on the async runtime use `spawn_blocking`.
 
 pub mod assemble;

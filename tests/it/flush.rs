@@ -984,8 +984,8 @@ fn sigterm_stops_the_binary_at_a_safe_boundary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
-    // study §10 #210: a delta written from slots joined by `assemble_slots` is the file the
-    // export query writes from the same snapshot — tombstones of hard deletes, soft deletes,
+    // study §10 #210: a delta written from slots joined by `assemble_slots` (what `export`
+    // does) is the file the export query writes from the same snapshot — tombstones of hard deletes, soft deletes,
     // scalar and list attributes, columns, types, values and row order.
     use lakecdc::engine::assemble;
     use lakecdc::engine::export::{Driver, Inputs};
@@ -1045,14 +1045,17 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
         eav: std::slice::from_ref(&snap.eav),
     };
     for def in [&scalar, &full] {
+        assert!(
+            assemble::assemble_slots(def, &snap.change_log, &snap.entities, &snap.eav)
+                .unwrap()
+                .is_some(),
+            "export joins these slots in Rust"
+        );
         let n = engine
-            .export(def, CUSTOMER, Driver::ChangeLog, inputs, &by_query)
+            .export_pivoted(def, CUSTOMER, Driver::ChangeLog, inputs, &by_query)
             .unwrap();
-        let joined = assemble::assemble_slots(def, &snap.change_log, &snap.entities, &snap.eav)
-            .unwrap()
-            .expect("joined in Rust");
         let m = engine
-            .export_assembled(def, CUSTOMER, Driver::ChangeLog, vec![joined], &by_rust)
+            .export(def, CUSTOMER, Driver::ChangeLog, inputs, &by_rust)
             .unwrap();
         assert_eq!((n as usize, m as usize), (selected.len(), selected.len()));
         oracle::assert_same_file(&by_query, &by_rust);

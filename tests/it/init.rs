@@ -386,9 +386,9 @@ async fn dry_run_counts_and_estimates_without_writing() {
 
 #[tokio::test]
 async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
-    // study §10 #210: a base written from rows joined by `assemble` is the file the export
-    // query writes from the same pages — columns, types, values and order.
-    use lakecdc::engine::assemble::{self, Page};
+    // study §10 #210: a base written from rows joined by `assemble` (what `export` does) is
+    // the file the export query writes from the same pages — columns, types, values, order.
+    use lakecdc::engine::assemble;
     use lakecdc::engine::export::{Driver, Inputs};
     use lakecdc::engine::{Engine, EngineConfig};
     use lakecdc::schema::ValueType;
@@ -510,15 +510,6 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     pages.reverse();
     let entities: Vec<_> = pages.iter().map(|p| p.entities.clone()).collect();
     let eav: Vec<_> = pages.iter().map(|p| p.eav.clone()).collect();
-    let as_pages = || -> Vec<Page> {
-        pages
-            .iter()
-            .map(|p| Page {
-                entities: p.entities.clone(),
-                eav: p.eav.clone(),
-            })
-            .collect()
-    };
 
     let engine = Engine::open(&EngineConfig::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -530,14 +521,15 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     };
     let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
     for def in [&scalar, &full] {
+        assert!(
+            assemble::assemble(def, &entities, &eav).unwrap().is_some(),
+            "export joins these pages in Rust"
+        );
         let n = engine
-            .export(def, 100, Driver::Entities, inputs, &by_query)
+            .export_pivoted(def, 100, Driver::Entities, inputs, &by_query)
             .unwrap();
-        let joined = assemble::assemble(def, &as_pages())
-            .unwrap()
-            .expect("joined in Rust");
         let m = engine
-            .export_assembled(def, 100, Driver::Entities, joined, &by_rust)
+            .export(def, 100, Driver::Entities, inputs, &by_rust)
             .unwrap();
         assert_eq!((n as usize, m as usize), (live, live));
         oracle::assert_same_file(&by_query, &by_rust);
@@ -553,26 +545,33 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     // Two rows of one scalar attribute, list indices that are not plain integers or that
     // repeat, or overlapping pages: only the query's pivot is right, so the join declines.
     for rename in [|i: &str| format!("0{i}"), |_: &str| "0".to_string()] {
-        let mut odd = as_pages();
-        for p in &mut odd {
-            p.eav = oracle::map_indices(&p.eav, rename);
-        }
-        assert!(assemble::assemble(&full, &odd).unwrap().is_none());
+        let odd: Vec<_> = eav.iter().map(|e| oracle::map_indices(e, rename)).collect();
+        assert!(
+            assemble::assemble(&full, &entities, &odd)
+                .unwrap()
+                .is_none()
+        );
     }
-    let mut twice = as_pages();
+    let mut twice = eav.clone();
     let with_eav = twice
         .iter()
-        .position(|p| p.eav.num_rows() > 0)
+        .position(|e| e.num_rows() > 0)
         .expect("a page with EAV rows");
-    let eav_rows = twice[with_eav].eav.clone();
-    twice[with_eav].eav =
+    let eav_rows = twice[with_eav].clone();
+    twice[with_eav] =
         arrow::compute::concat_batches(&eav_rows.schema(), [&eav_rows, &eav_rows]).unwrap();
     // (With scalars only: doubled list items would decline on their own.)
-    assert!(assemble::assemble(&scalar, &twice).unwrap().is_none());
-    let mut overlapping = as_pages();
-    overlapping.push(Page {
-        entities: pages[0].entities.clone(),
-        eav: pages[0].eav.clone(),
-    });
-    assert!(assemble::assemble(&full, &overlapping).unwrap().is_none());
+    assert!(
+        assemble::assemble(&scalar, &entities, &twice)
+            .unwrap()
+            .is_none()
+    );
+    let (mut overlapping, mut overlapping_eav) = (entities.clone(), eav.clone());
+    overlapping.push(entities[0].clone());
+    overlapping_eav.push(eav[0].clone());
+    assert!(
+        assemble::assemble(&full, &overlapping, &overlapping_eav)
+            .unwrap()
+            .is_none()
+    );
 }
