@@ -498,22 +498,18 @@ async fn drain(
         let Some(batch) = reads.next().await? else {
             break;
         };
-        if batch.selected.is_empty() {
-            break;
-        }
-        let full = i64::try_from(batch.selected.len()).unwrap_or(i64::MAX) >= opts.batch_size;
+        let full = i64::try_from(batch.slots().len()).unwrap_or(i64::MAX) >= opts.batch_size;
         report.batches += 1;
-        match batch.snapshot {
-            None => {
+        match batch {
+            read_ahead::Fetched::Planned(slots) => {
                 report.files.push(FileReport {
                     path: String::new(),
-                    rows: batch.selected.len() as u64,
+                    rows: slots.len() as u64,
                     bytes: 0,
                 });
-                report.rows_exported += batch.selected.len() as u64;
+                report.rows_exported += slots.len() as u64;
             }
-            Some(snap) if snap.versions.is_empty() => {}
-            Some(snap) => {
+            read_ahead::Fetched::Read(snap) => {
                 engine = Some(
                     export_batch(ctx, opts, hooks, def, schema_id, &snap, engine, report).await?,
                 );

@@ -22,10 +22,22 @@ use crate::schema::SchemaDef;
 use crate::source::Connector;
 use crate::source::snapshot::{self, BatchStatements, Selected, Snapshot};
 
-/// A selected batch and, unless in a dry run, its snapshot.
-pub(super) struct Fetched {
-    pub selected: Vec<Selected>,
-    pub snapshot: Option<Snapshot>,
+/// A batch: a dry run's selection, or a selection with its snapshot.
+pub(super) enum Fetched {
+    /// The slots a dry run would export.
+    Planned(Vec<Selected>),
+    /// The slots selected (`versions`) and their rows.
+    Read(Snapshot),
+}
+
+impl Fetched {
+    /// The slots of the batch.
+    pub fn slots(&self) -> &[Selected] {
+        match self {
+            Fetched::Planned(slots) => slots,
+            Fetched::Read(snap) => &snap.versions,
+        }
+    }
 }
 
 /// What every batch read of one schema's drain needs.
@@ -154,8 +166,7 @@ impl ReadAhead {
         Ok(ahead)
     }
 
-    /// The next batch in selection order (empty when nothing is left), or `None` after the
-    /// last one. Its connection goes back to the pool and a read of a later batch starts.
+    /// The next batch in selection order, or `None` when no slot is left. Its connection goes back to the pool and a read of a later batch starts.
     pub async fn next(&mut self) -> Result<Option<Fetched>> {
         // Taken off the queue only once finished, so a read is aborted with the queue even
         // if this future is dropped while waiting for it.
@@ -200,7 +211,7 @@ impl ReadAhead {
                 },
             };
             let conn = pool.acquire(&plan).await;
-            read(&plan, conn, after, cursor).await.map(Some)
+            read(&plan, conn, after, cursor).await
         }));
     }
 }
@@ -223,24 +234,21 @@ fn next_start(selected: &[Selected], limit: i64) -> Option<Selected> {
 }
 
 /// Steps 1 and 2 for the batch after `after`: selection and payload in one snapshot (in a
-/// dry run only the selection). The selection's end goes to `cursor` as soon as it is known.
+/// dry run only the selection); `None` when no slot is left. The selection's end goes to
+/// `cursor` as soon as it is known.
 async fn read(
     plan: &Plan,
     mut conn: Conn,
     after: Option<Selected>,
     cursor: Cursor,
-) -> Result<(Conn, Fetched)> {
+) -> Result<Option<(Conn, Fetched)>> {
     let (schema_id, limit) = (plan.schema_id, plan.batch_size);
     let t = Instant::now();
     if plan.dry_run {
         let selected = snapshot::select(&conn.client, &conn.stmts, schema_id, limit, after).await?;
         let _ = cursor.send(next_start(&selected, limit));
         step_done("select", t);
-        let fetched = Fetched {
-            selected,
-            snapshot: None,
-        };
-        return Ok((conn, fetched));
+        return Ok((!selected.is_empty()).then(|| (conn, Fetched::Planned(selected))));
     }
     let hook = plan.before_payload.clone();
     let read = snapshot::read_next(
@@ -261,15 +269,5 @@ async fn read(
     )
     .await?;
     step_done("select and read snapshot", t);
-    let fetched = match read {
-        None => Fetched {
-            selected: Vec::new(),
-            snapshot: None,
-        },
-        Some((selected, snap)) => Fetched {
-            selected,
-            snapshot: Some(snap),
-        },
-    };
-    Ok((conn, fetched))
+    Ok(read.map(|snap| (conn, Fetched::Read(snap))))
 }

@@ -261,7 +261,7 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     limit: i64,
     after: Option<Selected>,
     before_payload: impl FnOnce(&[Selected]) -> F,
-) -> Result<Option<(Vec<Selected>, Snapshot)>> {
+) -> Result<Option<Snapshot>> {
     let tx = timed(
         TIMEOUT,
         "begin snapshot",
@@ -301,12 +301,12 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     futures::try_join!(entity_read, eav_read)?;
     timed(TIMEOUT, "end snapshot", tx.commit()).await?;
     let snapshot = Snapshot {
-        versions: selected.clone(),
+        versions: selected,
         change_log: change_log_batch(&slots)?,
         entities: entities.finish()?,
         eav: eav.finish()?,
     };
-    Ok(Some((selected, snapshot)))
+    Ok(Some(snapshot))
 }
 
 /// One keyset page of live entities for a base export.

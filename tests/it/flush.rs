@@ -1010,11 +1010,11 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
     let stmts = snapshot::BatchStatements::prepare(&client, &rig.ctx.tables, &full)
         .await
         .unwrap();
-    let (selected, snap) =
-        snapshot::read_next(&mut client, &stmts, CUSTOMER, 10_000, None, |_| async {})
-            .await
-            .unwrap()
-            .expect("dirty slots");
+    let snap = snapshot::read_next(&mut client, &stmts, CUSTOMER, 10_000, None, |_| async {})
+        .await
+        .unwrap()
+        .expect("dirty slots");
+    let selected = &snap.versions;
     // The batch holds every kind of slot, in change order rather than row order.
     let hard_deleted = selected
         .iter()
