@@ -413,7 +413,7 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
         ValueType::Date,
         ValueType::Text,
     ];
-    let live: Vec<uuid::Uuid> = rig
+    let with_lists: Vec<uuid::Uuid> = rig
         .writer
         .rows
         .iter()
@@ -431,7 +431,7 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
             binding: None,
             column: format!("list{id}"),
         });
-        for (k, row) in live.iter().enumerate() {
+        for (k, row) in with_lists.iter().enumerate() {
             let rows: Vec<(String, Option<String>, Option<f64>)> = match k {
                 0 => vec![(String::new(), None, None)],
                 1 => vec![],
