@@ -7,13 +7,14 @@
 //! repeatable-read snapshot, read with binary COPY decoded straight into Arrow; pages are
 //! staged (held as Arrow) until a file holds about `--target-file-size` (the rows-per-file
 //! estimate corrects itself from each written file; at most `--max-file-rows` and 96 MiB of
-//! staged rows). A file's pages are joined with their EAV values in Rust when that gives the
+//! staged rows, shared by the files being staged). A file's pages are joined with their EAV values in Rust when that gives the
 //! pivot's rows exactly (nearly always: [`crate::engine::assemble`]), so DuckDB only casts and
 //! encodes them in row order; otherwise DuckDB joins, pivots and sorts them. Two
 //! files are written at once, each by its own engine, and each is checksummed while it
 //! uploads straight to its write-once key `{min}_{max}_{uuid}.parquet`. `--readers`
-//! connections (2) read disjoint row-id ranges at once; reading the next file's pages, writing
-//! files and uploading them overlap. Publishing replaces the base tier (and with
+//! connections (2) read disjoint row-id ranges at once, and a file holds one reader's
+//! consecutive pages, so base files never overlap in row-id range; reading the next file's
+//! pages, writing files and uploading them overlap. Publishing replaces the base tier (and with
 //! `--replace-delta` the delta tier, whose files are then deleted) in ONE save; superseded
 //! bases are left to gc. A schema with no live rows publishes one zero-row base. Writes during
 //! init reach the lake with the next flush: a base row carries `changed_at =
@@ -410,7 +411,20 @@ async fn export_schema(
     Ok(())
 }
 
-/// A file being staged: its pages, held as Arrow until the export scans them.
+/// What a reader hands over: a page, or that its range is read to the end.
+enum Read {
+    Page(usize, LivePage),
+    Done(usize),
+}
+
+/// The readers' pages, and how many readers there are.
+struct Reads {
+    rx: tokio::sync::mpsc::Receiver<Result<Read>>,
+    readers: usize,
+}
+
+/// A file being staged: one reader's consecutive pages, held as Arrow until the export scans
+/// them.
 struct Staging {
     /// The pages' entity and EAV batches (page i is `entities[i]` and `eav[i]`), scanned in
     /// place by the export.
@@ -428,8 +442,8 @@ struct Staging {
 type Upload = JoinHandle<Result<FileEntry>>;
 
 /// A file is cut once its staged Arrow pages reach this size, whatever the row count, so wide
-/// rows cannot make memory grow: at most three files are staged at once (two being written, the
-/// next being read), besides the pages in flight and DuckDB's own `--memory-limit`.
+/// rows cannot make memory grow: at most two files are being written and the files the readers
+/// are staging share this cap, besides the pages in flight and DuckDB's own `--memory-limit`.
 const STAGED_BYTES_PER_FILE: usize = 96 * 1024 * 1024;
 
 /// The live-row count of a schema, counted on its own connection.
@@ -450,12 +464,12 @@ async fn export_files(
     count: Count,
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<LivePage>>(2);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Read>>(2);
     let client = ctx.connector.connect().await?;
     let ranges = snapshot::live_ranges(&client, &ctx.tables, schema_id, opts.readers).await?;
     drop(client);
     let mut readers = Vec::new();
-    for range in ranges {
+    for (reader, range) in ranges.iter().copied().enumerate() {
         let (tx, connector, tables, def, limit, hook) = (
             tx.clone(),
             ctx.connector.clone(),
@@ -490,14 +504,17 @@ async fn export_files(
                     Ok(Some(p)) => {
                         after = Some(p.last);
                         let last = p.last;
-                        if tx.send(Ok(p)).await.is_err() {
+                        if tx.send(Ok(Read::Page(reader, p))).await.is_err() {
                             return;
                         }
                         if let Some(h) = &hook {
                             h(last).await;
                         }
                     }
-                    Ok(None) => return,
+                    Ok(None) => {
+                        let _ = tx.send(Ok(Read::Done(reader))).await;
+                        return;
+                    }
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
                         return;
@@ -508,8 +525,12 @@ async fn export_files(
     }
     // The channel ends when every reader has dropped its sender.
     drop(tx);
-    let result = stage_and_upload(ctx, opts, schema_id, def, &mut rx, count, out).await;
-    drop(rx);
+    let mut reads = Reads {
+        rx,
+        readers: ranges.len(),
+    };
+    let result = stage_and_upload(ctx, opts, schema_id, def, &mut reads, count, out).await;
+    drop(reads);
     for r in readers {
         let _ = r.await;
     }
@@ -521,7 +542,7 @@ async fn stage_and_upload(
     opts: &InitOptions,
     schema_id: i16,
     def: &SchemaDef,
-    rx: &mut tokio::sync::mpsc::Receiver<Result<LivePage>>,
+    reads: &mut Reads,
     count: Count,
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
@@ -536,15 +557,34 @@ async fn stage_and_upload(
             .push(blocking(move || Engine::open(&cfg)).await?);
     }
     let mut target_rows = rows_per_file(opts, estimated_row_bytes(def));
-    let mut staging: Option<Staging> = None;
+    // One file being staged per reader: a file holds one contiguous run of row ids, so base
+    // files never overlap in range.
+    let mut staging: Vec<Option<Staging>> = (0..reads.readers).map(|_| None).collect();
+    let mut active = reads.readers;
     let mut count = Some(count);
     let mut total = 0u64;
     let started = Instant::now();
     let mut staged_total = 0u64;
     let result: Result<()> = async {
-        while let Some(page) = rx.recv().await {
-            let page = page?;
-            let s = staging.get_or_insert(Staging {
+        while let Some(read) = reads.rx.recv().await {
+            let (reader, page) = match read? {
+                Read::Page(reader, page) => (reader, page),
+                Read::Done(reader) => {
+                    active = active.saturating_sub(1);
+                    // The reader's last run of rows is a file of its own.
+                    let staged = staging.get_mut(reader).and_then(Option::take);
+                    if staged.is_some()
+                        && let Some(b) = files.start(ctx, opts, schema_id, def, staged, out).await?
+                    {
+                        target_rows = rows_per_file(opts, b);
+                    }
+                    continue;
+                }
+            };
+            let slot = staging
+                .get_mut(reader)
+                .ok_or_else(|| Error::Invariant(format!("a page from unknown reader {reader}")))?;
+            let s = slot.get_or_insert(Staging {
                 entities: Vec::new(),
                 eav: Vec::new(),
                 bytes: 0,
@@ -553,9 +593,8 @@ async fn stage_and_upload(
                 last: page.last,
             });
             s.rows += page.rows as u64;
-            // Pages of several readers interleave: the file's range is the union of its pages'.
-            s.first = s.first.min(page.first);
-            s.last = s.last.max(page.last);
+            // A reader's pages come in keyset order.
+            s.last = page.last;
             s.bytes += page.entities.get_array_memory_size() + page.eav.get_array_memory_size();
             s.entities.push(page.entities);
             s.eav.push(page.eav);
@@ -573,14 +612,17 @@ async fn stage_and_upload(
                     target_rows = rows_per_file(opts, b);
                 }
             }
-            // The last file is written after reading ends, with nothing left to overlap: when
-            // what remains to read would fit in a quarter file, this file is cut early so the
-            // last one is that small remainder.
+            // While several readers stage files, each staged file gets its share of the
+            // staged-bytes cap, so the memory held stays as bounded as with one reader.
+            let share = active.max(1);
+            // The last files are written after reading ends, with nothing left to overlap:
+            // when what remains to read would fit in a quarter file, this file is cut early so
+            // the last ones are that small remainder.
             let left = total.saturating_sub(staged_total);
             let before_tail = left > 0 && left <= target_rows / 4 && s.rows >= target_rows / 2;
-            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE || before_tail {
+            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE / share || before_tail {
                 if let Some(b) = files
-                    .start(ctx, opts, schema_id, def, staging.take(), out)
+                    .start(ctx, opts, schema_id, def, slot.take(), out)
                     .await?
                 {
                     target_rows = rows_per_file(opts, b);
@@ -598,11 +640,14 @@ async fn stage_and_upload(
         if let Some(c) = count.take() {
             out.live_rows = joined_count(c).await?;
         }
-        if staging.is_some() || staged_total == 0 {
-            // With no live rows at all, `None` publishes one zero-row base (study §10 #519).
+        for staged in staging.iter_mut().filter_map(Option::take) {
             files
-                .start(ctx, opts, schema_id, def, staging.take(), out)
+                .start(ctx, opts, schema_id, def, Some(staged), out)
                 .await?;
+        }
+        if staged_total == 0 {
+            // With no live rows at all, `None` publishes one zero-row base (study §10 #519).
+            files.start(ctx, opts, schema_id, def, None, out).await?;
         }
         while !files.writing.is_empty() {
             files.finish_oldest(ctx, schema_id, out).await?;

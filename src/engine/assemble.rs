@@ -41,8 +41,8 @@ pub fn assemble(
         return Ok(None); // not pages
     }
     let attrs = Attributes::of(schema);
-    // Pages of several readers interleave; each is sorted, so ordering them by their first
-    // row id orders the rows (checked below).
+    // Each page is sorted; ordering the pages by their first row id orders the rows of pages
+    // handed over in any order (checked below).
     let mut order: Vec<usize> = (0..entities.len()).collect();
     order.sort_by_cached_key(|i| {
         ids(&entities[*i])

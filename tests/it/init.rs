@@ -41,12 +41,21 @@ async fn init_exports_exactly_the_live_rows_and_flush_continues_from_there() {
     for _ in 0..120 {
         rig.writer.random_op(&mut r).await;
     }
-    let report = init(&rig, &opts(&rig)).await;
+    // Two readers (the default), each staging several files.
+    let o = InitOptions {
+        max_file_rows: 30,
+        ..opts(&rig)
+    };
+    assert_eq!(o.readers, 2);
+    let report = init(&rig, &o).await;
     let s = &report.schemas[0];
     assert_eq!(s.outcome, Outcome::Exported, "{s:?}");
     let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
     assert_eq!(s.rows as usize, live);
-    assert!(s.files.len() >= 2, "small files force several: {s:?}");
+    assert!(
+        s.files.len() >= 4,
+        "small files force several per reader: {s:?}"
+    );
     let compared = oracle::assert_live_rows(&rig.writer, rig.store.as_ref(), MANIFEST).await;
     assert_eq!(compared, live);
     let layout = rig.ctx.lake.layout.clone();
@@ -63,12 +72,13 @@ async fn init_exports_exactly_the_live_rows_and_flush_continues_from_there() {
             "{p}"
         );
     }
-    // Each file is sorted by row_id and its recorded range is its rows' true range (with
-    // several readers, files may interleave ranges; rows are never in two files).
+    // Each file is sorted by row_id, its recorded range is its rows' true range, and no two
+    // files' ranges overlap (a file holds one reader's consecutive pages).
     let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
         .await
         .unwrap();
     let mut seen = BTreeSet::new();
+    let mut ranges = Vec::new();
     for f in m["files"].as_array().unwrap() {
         let path = f["path"].as_str().unwrap();
         let rows = oracle::read_parquet(rig.store.get_bytes(path).await.unwrap().bytes);
@@ -81,11 +91,16 @@ async fn init_exports_exactly_the_live_rows_and_flush_continues_from_there() {
             f["row_id_max"].as_str().unwrap(),
             rows[rows.len() - 1].0.to_string()
         );
+        ranges.push((rows[0].0, rows[rows.len() - 1].0));
         for (id, _) in rows {
             assert!(seen.insert(id), "{id} is in two base files");
         }
     }
     assert_eq!(seen.len(), live);
+    ranges.sort();
+    for w in ranges.windows(2) {
+        assert!(w[0].1 < w[1].0, "base files overlap in row-id range: {w:?}");
+    }
     // After further writes, flush on top keeps the oracle.
     for _ in 0..60 {
         rig.writer.random_op(&mut r).await;
