@@ -368,13 +368,13 @@ async fn export_schema(
     }
     // The count feeds the report, the progress bar and the size of the last file; pages are
     // read while it runs.
-    let count = tokio::spawn({
+    let count = Guarded(tokio::spawn({
         let (connector, tables) = (ctx.connector.clone(), ctx.tables.clone());
         async move {
             let client = connector.connect().await?;
             snapshot::count_live(&client, &tables, schema_id).await
         }
-    });
+    }));
     let entries = export_files(ctx, opts, schema_id, def, count, out).await?;
     let replace_delta = opts.replace_delta;
     let now = ctx.clock.now_ms();
@@ -446,11 +446,37 @@ type Upload = JoinHandle<Result<FileEntry>>;
 /// are staging share this cap, besides the pages in flight and DuckDB's own `--memory-limit`.
 const STAGED_BYTES_PER_FILE: usize = 96 * 1024 * 1024;
 
+/// The least staged-bytes cap of one file, however many readers share
+/// [`STAGED_BYTES_PER_FILE`]: with many readers, files stay this large and the memory held
+/// grows with `--readers` instead.
+const MIN_STAGED_BYTES_PER_FILE: usize = 32 * 1024 * 1024;
+
+/// A task that is aborted when its handle is dropped, so a failed init leaves no count or
+/// reader running behind it.
+struct Guarded<T>(JoinHandle<T>);
+
+impl<T> Guarded<T> {
+    fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+
+    async fn join(mut self) -> std::result::Result<T, tokio::task::JoinError> {
+        (&mut self.0).await
+    }
+}
+
+impl<T> Drop for Guarded<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The live-row count of a schema, counted on its own connection.
-type Count = JoinHandle<Result<i64>>;
+type Count = Guarded<Result<i64>>;
 
 async fn joined_count(count: Count) -> Result<i64> {
     count
+        .join()
         .await
         .map_err(|e| Error::Invariant(format!("count task failed: {e}")))?
 }
@@ -478,7 +504,7 @@ async fn export_files(
             opts.page_rows.max(1),
             opts.after_page.clone(),
         );
-        readers.push(tokio::spawn(async move {
+        readers.push(Guarded(tokio::spawn(async move {
             let mut client = match connector.connect().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -521,7 +547,7 @@ async fn export_files(
                     }
                 }
             }
-        }));
+        })));
     }
     // The channel ends when every reader has dropped its sender.
     drop(tx);
@@ -529,11 +555,10 @@ async fn export_files(
         rx,
         readers: ranges.len(),
     };
+    // On success every reader has reported its range done; on failure dropping them aborts
+    // any read still in flight.
     let result = stage_and_upload(ctx, opts, schema_id, def, &mut reads, count, out).await;
-    drop(reads);
-    for r in readers {
-        let _ = r.await;
-    }
+    drop(readers);
     result
 }
 
@@ -620,7 +645,8 @@ async fn stage_and_upload(
             // the last ones are that small remainder.
             let left = total.saturating_sub(staged_total);
             let before_tail = left > 0 && left <= target_rows / 4 && s.rows >= target_rows / 2;
-            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE / share || before_tail {
+            let staged_cap = (STAGED_BYTES_PER_FILE / share).max(MIN_STAGED_BYTES_PER_FILE);
+            if s.rows >= target_rows || s.bytes >= staged_cap || before_tail {
                 if let Some(b) = files
                     .start(ctx, opts, schema_id, def, slot.take(), out)
                     .await?
@@ -637,13 +663,15 @@ async fn stage_and_upload(
                 );
             }
         }
+        if active > 0 {
+            // A reader ended without reading its range to the end (it panicked): publishing
+            // now would drop the rest of its rows from the base tier.
+            return Err(Error::Invariant(format!(
+                "{active} init reader(s) stopped before the end of their row-id range"
+            )));
+        }
         if let Some(c) = count.take() {
             out.live_rows = joined_count(c).await?;
-        }
-        for staged in staging.iter_mut().filter_map(Option::take) {
-            files
-                .start(ctx, opts, schema_id, def, Some(staged), out)
-                .await?;
         }
         if staged_total == 0 {
             // With no live rows at all, `None` publishes one zero-row base (study §10 #519).
@@ -652,22 +680,39 @@ async fn stage_and_upload(
         while !files.writing.is_empty() {
             files.finish_oldest(ctx, schema_id, out).await?;
         }
+        while !files.uploads.is_empty() {
+            collect(&mut files.uploads, &mut files.entries, out).await?;
+        }
         Ok(())
     }
     .await;
     if let Err(e) = result {
-        if let Some(c) = count {
-            c.abort();
-        }
+        drop(count);
         for w in files.writing.drain(..) {
             abandon(w).await;
         }
+        discard(ctx, files.uploads, files.entries).await;
         return Err(e);
     }
-    while !files.uploads.is_empty() {
-        collect(&mut files.uploads, &mut files.entries, out).await?;
-    }
     Ok(files.entries)
+}
+
+/// Deletes what a failing init has uploaded. Nothing lists it (the manifest is committed only
+/// after every upload), so it can go at once; uploads still running are waited for first (an
+/// aborted upload could leave a stray object or multipart upload). What cannot be deleted is
+/// an orphan gc removes.
+async fn discard(ctx: &Context, uploads: VecDeque<Upload>, entries: Vec<FileEntry>) {
+    let mut keys: Vec<String> = entries.into_iter().map(|e| e.path).collect();
+    for upload in uploads {
+        if let Ok(Ok(entry)) = upload.await {
+            keys.push(entry.path);
+        }
+    }
+    for key in keys {
+        if let Err(e) = ctx.lake.store.delete(&key).await {
+            tracing::warn!(key = %key, error = %e, "unlisted base of a failed init not deleted; gc will");
+        }
+    }
 }
 
 /// Exports written at once, each by its own engine: an export scans, casts and encodes on one

@@ -226,6 +226,88 @@ async fn rows_deleted_below_the_cursor_never_drop_live_rows_above_it() {
     assert_eq!((compared, dirty), (110, 0));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
+    use lakecdc::store::fault::{Action, Op};
+    for case in ["second upload", "eav read after a page", "a reader panics"] {
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(77);
+        rig.seed(100, &mut r).await;
+        init(&rig, &opts(&rig)).await;
+        let manifest = oracle::manifest_json(rig.store.as_ref(), MANIFEST).await;
+        let objects = |rig: &Rig| {
+            let store = rig.store.clone();
+            async move {
+                let mut keys: Vec<String> = store
+                    .list("data/100/")
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|m| m.key)
+                    .collect();
+                keys.sort();
+                keys
+            }
+        };
+        let before = objects(&rig).await;
+        for _ in 0..40 {
+            rig.writer.random_op(&mut r).await;
+        }
+        let mut o = opts(&rig);
+        let admin = rig.db.client().await;
+        if case == "second upload" {
+            rig.store
+                .arm(Op::PutFile, Some("data/100/"), 2, Action::Fail);
+        } else if case == "a reader panics" {
+            // The reader task dies without an error: its range is unfinished, so nothing
+            // may be published (the other reader's files alone would drop rows).
+            o.after_page = Some(Arc::new(|_| async { panic!("reader dies") }.boxed()));
+        } else {
+            let url = rig.db.url.clone();
+            let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            o.after_page = Some(Arc::new(move |_| {
+                let (url, fired) = (url.clone(), fired.clone());
+                async move {
+                    if !fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        let c = crate::harness::pg_client(&url).await;
+                        c.batch_execute("ALTER TABLE eav_data RENAME TO eav_away")
+                            .await
+                            .unwrap();
+                    }
+                }
+                .boxed()
+            }));
+        }
+        let report = init(&rig, &o).await;
+        let s = &report.schemas[0];
+        assert_eq!(s.outcome, Outcome::Failed, "{case}: {s:?}");
+        assert_eq!(report.exit_code(), 1, "{case}");
+        admin
+            .batch_execute("ALTER TABLE IF EXISTS eav_away RENAME TO eav_data")
+            .await
+            .unwrap();
+        assert_eq!(
+            oracle::manifest_json(rig.store.as_ref(), MANIFEST).await,
+            manifest,
+            "{case}: a failed init changed the manifest"
+        );
+        assert_eq!(
+            objects(&rig).await,
+            before,
+            "{case}: a failed init left objects behind"
+        );
+        // The previous base still serves its rows; a clean rerun publishes the new state.
+        let report = init(&rig, &opts(&rig)).await;
+        assert_eq!(report.schemas[0].outcome, Outcome::Exported, "{case}");
+        let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+        assert_eq!(
+            oracle::assert_live_rows(&rig.writer, rig.store.as_ref(), MANIFEST).await,
+            live,
+            "{case}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_schema_without_live_rows_publishes_a_zero_row_base() {
     // study §10 #519
