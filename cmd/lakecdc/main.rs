@@ -261,13 +261,14 @@ struct InitArgs {
     #[arg(long, env = "LAKECDC_TARGET_FILE_SIZE", default_value = "256MiB")]
     target_file_size: String,
     /// Most rows in one base file (bounds the rows held in memory at once; a file is also cut
-    /// at 96 MiB of staged rows).
+    /// at 96 MiB of staged rows, shared by the files the readers stage, at least 32 MiB each).
     #[arg(long, env = "LAKECDC_MAX_FILE_ROWS", default_value_t = 200_000)]
     max_file_rows: u64,
     /// Rows read per keyset page.
     #[arg(long, env = "LAKECDC_PAGE_ROWS", default_value_t = 50_000)]
     page_rows: i64,
-    /// Connections reading disjoint row-id ranges at once.
+    /// Connections reading disjoint row-id ranges at once (each stages its own files, so base
+    /// files never overlap in row-id range).
     #[arg(long, env = "LAKECDC_READERS", default_value_t = 2)]
     readers: u32,
     /// Count live rows and estimate files and bytes; write nothing.
