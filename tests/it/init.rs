@@ -463,6 +463,51 @@ async fn a_delta_tier_is_refused_unless_replaced() {
 }
 
 #[tokio::test]
+async fn an_ambiguous_publish_deletes_no_delta_and_retires_them_with_the_save() {
+    // The manifest save of `init --replace-delta` reaches the store but reports a failure:
+    // init cannot know it committed, so it must delete no delta (they may still be listed);
+    // the save itself records them as retired, so gc removes them if it did commit.
+    use lakecdc::store::fault::{Action, Op};
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(252);
+    rig.seed(50, &mut r).await;
+    rig.flush().await;
+    let deltas = rig.listed().await;
+    assert!(!deltas.is_empty());
+    rig.store
+        .arm(Op::PutBytes, Some("manifest/"), 1, Action::FailAfter);
+    let o = InitOptions {
+        replace_delta: true,
+        ..opts(&rig)
+    };
+    let report = init(&rig, &o).await;
+    let s = &report.schemas[0];
+    assert_eq!(
+        (s.outcome, s.replaced_deltas),
+        (Outcome::Failed, 0),
+        "{s:?}"
+    );
+    for d in &deltas {
+        rig.store
+            .head(d)
+            .await
+            .unwrap_or_else(|e| panic!("{d} deleted after an ambiguous save: {e}"));
+    }
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let retired: BTreeSet<&str> = m["retired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(retired, deltas.iter().map(String::as_str).collect());
+    // The save did land: the lake is whole from the new bases alone.
+    assert_eq!(rig.assert_oracle().await, (50, 0));
+}
+
+#[tokio::test]
 async fn dry_run_counts_and_estimates_without_writing() {
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(1);
