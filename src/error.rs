@@ -127,6 +127,11 @@ pub enum Error {
     /// An internal invariant does not hold; a bug or a corrupted input.
     #[error("invariant violated: {0}")]
     Invariant(String),
+
+    /// A stop was requested (SIGTERM/SIGINT) while a job could still give up its work
+    /// without publishing anything.
+    #[error("stop requested; nothing was published")]
+    Stopped,
 }
 
 impl Error {

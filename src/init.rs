@@ -123,6 +123,9 @@ pub enum Outcome {
     Refused,
     /// The export failed; nothing was published.
     Failed,
+    /// A stop (SIGTERM/SIGINT) came before the schema's base was published; nothing was
+    /// published, and init can simply be run again.
+    Stopped,
 }
 
 /// Report for one schema.
@@ -154,6 +157,26 @@ pub struct SchemaInit {
     pub rows_per_s: f64,
 }
 
+impl SchemaInit {
+    /// A schema's report before anything was done (outcome `Exported` until told otherwise).
+    fn new(reg: &Registered) -> Self {
+        Self {
+            schema_id: reg.id,
+            schema: reg.name.clone(),
+            outcome: Outcome::Exported,
+            reason: None,
+            live_rows: 0,
+            rows: 0,
+            files: Vec::new(),
+            estimated_files: 0,
+            bytes: 0,
+            replaced_deltas: 0,
+            duration_ms: 0,
+            rows_per_s: 0.0,
+        }
+    }
+}
+
 /// The whole run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InitReport {
@@ -164,11 +187,11 @@ pub struct InitReport {
 }
 
 impl InitReport {
-    /// 0 done, 1 when a schema failed or was refused, 3 when a schema was skipped because its
-    /// lock was held (the others were exported).
+    /// 0 done, 1 when a schema failed, was refused or was stopped, 3 when a schema was skipped
+    /// because its lock was held (the others were exported).
     pub fn exit_code(&self) -> i32 {
         let has = |o| self.schemas.iter().any(|s| s.outcome == o);
-        if has(Outcome::Failed) || has(Outcome::Refused) {
+        if has(Outcome::Failed) || has(Outcome::Refused) || has(Outcome::Stopped) {
             1
         } else if has(Outcome::Locked) {
             3
@@ -254,7 +277,11 @@ pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
     let mut schemas = Vec::new();
     for (reg, def) in work {
         if ctx.shutdown.is_requested() {
-            break;
+            let mut s = SchemaInit::new(&reg);
+            s.outcome = Outcome::Stopped;
+            s.reason = Some("stop requested before this schema started; run init again".into());
+            schemas.push(s);
+            continue;
         }
         schemas.push(init_schema(ctx, opts, &reg, &def).await);
     }
@@ -289,20 +316,7 @@ async fn init_schema(
     def: &SchemaDef,
 ) -> SchemaInit {
     let started = Instant::now();
-    let mut out = SchemaInit {
-        schema_id: reg.id,
-        schema: reg.name.clone(),
-        outcome: Outcome::Exported,
-        reason: None,
-        live_rows: 0,
-        rows: 0,
-        files: Vec::new(),
-        estimated_files: 0,
-        bytes: 0,
-        replaced_deltas: 0,
-        duration_ms: 0,
-        rows_per_s: 0.0,
-    };
+    let mut out = SchemaInit::new(reg);
     let result = job::with_lock(&ctx.connector, reg.id, async || {
         export_schema(ctx, opts, reg.id, def, &mut out).await
     })
@@ -312,6 +326,10 @@ async fn init_schema(
         Ok(None) => {
             out.outcome = Outcome::Locked;
             out.reason = Some("another process holds the schema lock; run init again".into());
+        }
+        Err(Error::Stopped) => {
+            out.outcome = Outcome::Stopped;
+            out.reason = Some("stop requested during the export; nothing was published (what was uploaded is deleted); run init again".into());
         }
         Err(e) => {
             out.outcome = Outcome::Failed;
@@ -592,6 +610,10 @@ async fn stage_and_upload(
     let mut staged_total = 0u64;
     let result: Result<()> = async {
         while let Some(read) = reads.rx.recv().await {
+            // init publishes all or nothing: on a stop, what was staged and uploaded goes.
+            if ctx.shutdown.is_requested() {
+                return Err(Error::Stopped);
+            }
             let (reader, page) = match read? {
                 Read::Page(reader, page) => (reader, page),
                 Read::Done(reader) => {

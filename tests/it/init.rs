@@ -229,7 +229,12 @@ async fn rows_deleted_below_the_cursor_never_drop_live_rows_above_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
     use lakecdc::store::fault::{Action, Op};
-    for case in ["second upload", "eav read after a page", "a reader panics"] {
+    for case in [
+        "second upload",
+        "eav read after a page",
+        "a reader panics",
+        "a stop request",
+    ] {
         let mut rig = rig(LakeKind::S3).await;
         let mut r = Rng::new(77);
         rig.seed(100, &mut r).await;
@@ -258,6 +263,13 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
         if case == "second upload" {
             rig.store
                 .arm(Op::PutFile, Some("data/100/"), 2, Action::Fail);
+        } else if case == "a stop request" {
+            // SIGTERM mid-export: init publishes all or nothing, so it gives up at once.
+            let stop = rig.ctx.shutdown.clone();
+            o.after_page = Some(Arc::new(move |_| {
+                stop.request();
+                async {}.boxed()
+            }));
         } else if case == "a reader panics" {
             // The reader task dies without an error: its range is unfinished, so nothing
             // may be published (the other reader's files alone would drop rows).
@@ -280,8 +292,24 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
         }
         let report = init(&rig, &o).await;
         let s = &report.schemas[0];
-        assert_eq!(s.outcome, Outcome::Failed, "{case}: {s:?}");
+        let expected = if case == "a stop request" {
+            Outcome::Stopped
+        } else {
+            Outcome::Failed
+        };
+        assert_eq!(s.outcome, expected, "{case}: {s:?}");
         assert_eq!(report.exit_code(), 1, "{case}");
+        // A stopped run reports every schema it did not export.
+        if case == "a stop request" {
+            let both = InitOptions {
+                schemas: vec!["customer".into(), "order".into()],
+                ..opts(&rig)
+            };
+            let report = init(&rig, &both).await;
+            let outcomes: Vec<_> = report.schemas.iter().map(|s| s.outcome).collect();
+            assert_eq!(outcomes, [Outcome::Stopped, Outcome::Stopped], "{case}");
+            rig.ctx.shutdown = lakecdc::shutdown::Shutdown::new();
+        }
         admin
             .batch_execute("ALTER TABLE IF EXISTS eav_away RENAME TO eav_data")
             .await
