@@ -188,6 +188,8 @@ pub enum Outcome {
     Done,
     /// The compaction failed or was refused; nothing was published.
     Failed,
+    /// A stop request (SIGTERM/SIGINT) came before this schema was compacted.
+    Stopped,
 }
 
 /// Report for one schema.
@@ -221,6 +223,27 @@ pub struct SchemaCompact {
     pub duration_ms: u64,
 }
 
+impl SchemaCompact {
+    /// A schema's report before anything was done.
+    fn new(reg: &Registered) -> Self {
+        Self {
+            schema_id: reg.id,
+            schema: reg.name.clone(),
+            outcome: Outcome::Done,
+            plan: None,
+            files_in: 0,
+            files_out: 0,
+            rows_in: 0,
+            rows_out: 0,
+            bytes_out: 0,
+            new_base: None,
+            attempts: 0,
+            error: None,
+            duration_ms: 0,
+        }
+    }
+}
+
 /// The whole run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CompactReport {
@@ -231,9 +254,16 @@ pub struct CompactReport {
 }
 
 impl CompactReport {
-    /// 0 done, 1 when a schema failed or was refused.
+    /// 0 done, 1 when a schema failed or was refused, 3 when a stop request skipped one.
     pub fn exit_code(&self) -> i32 {
-        i32::from(self.schemas.iter().any(|s| s.outcome == Outcome::Failed))
+        let has = |o| self.schemas.iter().any(|s| s.outcome == o);
+        if has(Outcome::Failed) {
+            1
+        } else if has(Outcome::Stopped) {
+            3
+        } else {
+            0
+        }
     }
 
     /// The human-readable report.
@@ -253,6 +283,7 @@ impl CompactReport {
         for s in &self.schemas {
             let decision = match (&s.plan, s.outcome) {
                 (_, Outcome::Failed) => "FAILED".to_string(),
+                (_, Outcome::Stopped) => "stopped".to_string(),
                 (None, _) => "no_manifest".to_string(),
                 (Some(p), _) => label(&p.decision),
             };
@@ -295,10 +326,18 @@ pub async fn run(
     opts: &CompactOptions,
     hook: Option<Hook>,
 ) -> Result<CompactReport> {
-    let schemas = job::each_schema(ctx, &opts.schemas, |reg| {
-        let hook = hook.clone();
-        async move { compact_schema(ctx, opts, hook, &reg).await }
-    })
+    let schemas = job::each_schema(
+        ctx,
+        &opts.schemas,
+        |reg| {
+            let hook = hook.clone();
+            async move { compact_schema(ctx, opts, hook, &reg).await }
+        },
+        |reg| SchemaCompact {
+            outcome: Outcome::Stopped,
+            ..SchemaCompact::new(&reg)
+        },
+    )
     .await?;
     let report = CompactReport {
         dry_run: opts.dry_run,
@@ -339,21 +378,7 @@ async fn compact_schema(
     reg: &Registered,
 ) -> SchemaCompact {
     let started = Instant::now();
-    let mut out = SchemaCompact {
-        schema_id: reg.id,
-        schema: reg.name.clone(),
-        outcome: Outcome::Done,
-        plan: None,
-        files_in: 0,
-        files_out: 0,
-        rows_in: 0,
-        rows_out: 0,
-        bytes_out: 0,
-        new_base: None,
-        attempts: 0,
-        error: None,
-        duration_ms: 0,
-    };
+    let mut out = SchemaCompact::new(reg);
     let policy = CommitPolicy::default();
     loop {
         out.attempts += 1;

@@ -130,7 +130,7 @@ pub enum Error {
 
     /// A stop was requested (SIGTERM/SIGINT) while a job could still give up its work
     /// without publishing anything.
-    #[error("stop requested; nothing was published")]
+    #[error("stop requested (SIGTERM/SIGINT)")]
     Stopped,
 }
 

@@ -63,6 +63,8 @@ pub enum Outcome {
     Locked,
     /// gc could not complete.
     Failed,
+    /// A stop request (SIGTERM/SIGINT) came before gc reached this schema.
+    Stopped,
 }
 
 /// Report for one schema.
@@ -156,9 +158,17 @@ impl GcReport {
 
 /// Runs gc over the selected schemas.
 pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
-    let schemas = job::each_schema(ctx, &opts.schemas, |reg| async move {
-        gc_schema(ctx, opts, &reg).await
-    })
+    let schemas = job::each_schema(
+        ctx,
+        &opts.schemas,
+        |reg| async move { gc_schema(ctx, opts, &reg).await },
+        |reg| SchemaGc {
+            schema_id: reg.id,
+            schema: reg.name,
+            outcome: Some(Outcome::Stopped),
+            ..SchemaGc::default()
+        },
+    )
     .await?;
     let report = GcReport {
         dry_run: opts.dry_run,

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::compact::{self, CompactOptions, Plan};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::flush::{FlushOptions, below_threshold};
 use crate::job::{self, Context};
 use crate::lake::KeyKind;
@@ -152,9 +152,12 @@ pub async fn run(
         ));
     }
     let client = &client;
-    let out = job::each_schema(ctx, schemas, |reg| async move {
-        inspect_schema(ctx, client, &reg, flush, compact_opts).await
-    })
+    let out = job::each_schema(
+        ctx,
+        schemas,
+        |reg| async move { inspect_schema(ctx, client, &reg, flush, compact_opts).await },
+        |_| Err(Error::Stopped),
+    )
     .await?
     .into_iter()
     .collect::<Result<Vec<_>>>()?;

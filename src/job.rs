@@ -50,19 +50,22 @@ pub async fn with_lock<T>(
     out.map(Some)
 }
 
-/// Runs `work` for each selected schema, in id order, stopping early on a stop request.
+/// Runs `work` for each selected schema, in id order. After a stop request the remaining
+/// schemas are not worked on but reported by `stopped`, so a stopped run never looks complete.
 pub async fn each_schema<T, F: std::future::Future<Output = T>>(
     ctx: &Context,
     selectors: &[String],
     mut work: impl FnMut(Registered) -> F,
+    mut stopped: impl FnMut(Registered) -> T,
 ) -> Result<Vec<T>> {
     let mut out = Vec::new();
     for reg in select_schemas(ctx, selectors).await? {
         if ctx.shutdown.is_requested() {
-            tracing::warn!("stop requested: remaining schemas skipped");
-            break;
+            tracing::warn!(schema = %reg.name, "stop requested: schema skipped");
+            out.push(stopped(reg));
+        } else {
+            out.push(work(reg).await);
         }
-        out.push(work(reg).await);
     }
     Ok(out)
 }

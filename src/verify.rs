@@ -58,6 +58,8 @@ pub enum Outcome {
     Locked,
     /// Verification could not complete.
     Failed,
+    /// A stop request (SIGTERM/SIGINT) came before this schema was verified; verify it later.
+    Stopped,
 }
 
 /// Report for one schema.
@@ -81,6 +83,22 @@ pub struct SchemaVerify {
     pub duration_ms: u64,
 }
 
+impl SchemaVerify {
+    /// A schema's report before anything was checked.
+    fn new(reg: &Registered) -> Self {
+        Self {
+            schema_id: reg.id,
+            schema: reg.name.clone(),
+            outcome: Outcome::Intact,
+            files: 0,
+            bytes: 0,
+            problems: Vec::new(),
+            error: None,
+            duration_ms: 0,
+        }
+    }
+}
+
 /// The whole run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VerifyReport {
@@ -90,15 +108,16 @@ pub struct VerifyReport {
 
 impl VerifyReport {
     /// 0 intact, 1 when a schema could not be verified, 3 when something diverged or a schema
-    /// was locked.
+    /// was locked or skipped by a stop request.
     pub fn exit_code(&self) -> i32 {
         if self.schemas.iter().any(|s| s.outcome == Outcome::Failed) {
             1
-        } else if self
-            .schemas
-            .iter()
-            .any(|s| matches!(s.outcome, Outcome::Diverged | Outcome::Locked))
-        {
+        } else if self.schemas.iter().any(|s| {
+            matches!(
+                s.outcome,
+                Outcome::Diverged | Outcome::Locked | Outcome::Stopped
+            )
+        }) {
             3
         } else {
             0
@@ -118,6 +137,7 @@ impl VerifyReport {
                 Outcome::NoManifest => "no_manifest",
                 Outcome::Locked => "locked",
                 Outcome::Failed => "FAILED",
+                Outcome::Stopped => "stopped",
             };
             out.push_str(&format!(
                 "{:<24} {:>6} {:<12} {:>7} {:>14}\n",
@@ -136,9 +156,15 @@ impl VerifyReport {
 
 /// Verifies the selected schemas.
 pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
-    let schemas = job::each_schema(ctx, &opts.schemas, |reg| async move {
-        verify_schema(ctx, opts, &reg).await
-    })
+    let schemas = job::each_schema(
+        ctx,
+        &opts.schemas,
+        |reg| async move { verify_schema(ctx, opts, &reg).await },
+        |reg| SchemaVerify {
+            outcome: Outcome::Stopped,
+            ..SchemaVerify::new(&reg)
+        },
+    )
     .await?;
     let report = VerifyReport { schemas };
     tracing::info!(
@@ -156,16 +182,7 @@ pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
 
 async fn verify_schema(ctx: &Context, opts: &VerifyOptions, reg: &Registered) -> SchemaVerify {
     let started = Instant::now();
-    let mut out = SchemaVerify {
-        schema_id: reg.id,
-        schema: reg.name.clone(),
-        outcome: Outcome::Intact,
-        files: 0,
-        bytes: 0,
-        problems: Vec::new(),
-        error: None,
-        duration_ms: 0,
-    };
+    let mut out = SchemaVerify::new(reg);
     let result = job::with_lock(&ctx.connector, reg.id, async || {
         check_schema(ctx, opts, reg.id, &mut out).await
     })

@@ -107,3 +107,65 @@ async fn a_flipped_byte_and_a_missing_object_are_named() {
 fn bucket_of(rig: &Rig) -> String {
     rig.store.describe().trim_start_matches("s3://").to_string()
 }
+
+#[tokio::test]
+async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
+    // A SIGTERM before (or between) schemas: verify, gc and compact each report the schemas
+    // they skipped as `stopped`, with a non-zero exit code, so a stopped run never passes for
+    // a complete one.
+    let rig = flushed_rig(LakeKind::S3).await;
+    let stopped = ctx(&rig);
+    stopped.shutdown.request();
+    let before = rig.store.writes().len();
+    let verify = lakecdc::verify::run(&stopped, &opts(&rig)).await.unwrap();
+    assert_eq!(
+        verify
+            .schemas
+            .iter()
+            .map(|s| (s.schema_id, s.outcome))
+            .collect::<Vec<_>>(),
+        [(100, Outcome::Stopped), (101, Outcome::Stopped)]
+    );
+    assert_eq!(verify.exit_code(), 3);
+    let gc = lakecdc::gc::run(
+        &stopped,
+        &lakecdc::gc::GcOptions {
+            schemas: vec![],
+            grace: std::time::Duration::ZERO,
+            dry_run: false,
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        gc.schemas
+            .iter()
+            .all(|s| s.outcome == Some(lakecdc::gc::Outcome::Stopped)),
+        "{gc:?}"
+    );
+    assert_eq!((gc.schemas.len(), gc.exit_code()), (2, 3));
+    let compact = lakecdc::compact::run(
+        &stopped,
+        &lakecdc::compact::CompactOptions {
+            target_base_size: 1,
+            work_dir: rig.opts.work_dir.clone(),
+            ..Default::default()
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(
+        compact
+            .schemas
+            .iter()
+            .all(|s| s.outcome == lakecdc::compact::Outcome::Stopped),
+        "{compact:?}"
+    );
+    assert_eq!((compact.schemas.len(), compact.exit_code()), (2, 3));
+    assert!(compact.to_text().contains("stopped"));
+    assert_eq!(rig.store.writes().len(), before, "a stopped run wrote");
+    // Without the stop, the same runs work on every schema.
+    let verify = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
+    assert_eq!(verify.exit_code(), 0, "{verify:?}");
+}
