@@ -387,6 +387,7 @@ EOF
 		-s3.port="$s3_port" -master.port="$master_port" -volume.port="$volume_port" \
 		-filer.port="$filer_port" -admin.port="$admin_port" \
 		-s3.autoCreateBucket=false -s3.localSocket="$S3DIR/data/s3.sock" \
+		-master.volumeSizeLimitMB=64 -volume.max=4000 \
 		-filer.localSocket="$S3DIR/data/filer.sock" \
 		</dev/null >"$S3DIR/weed.out" 2>&1 &
 	local weed_pid=$! code=000 deadline=$((SECONDS + START_TIMEOUT))

@@ -30,7 +30,8 @@ async fn flushed_rig(kind: LakeKind) -> Rig {
     let mut rig = rig(kind).await;
     let mut r = Rng::new(99);
     rig.seed(120, &mut r).await;
-    rig.flush().await;
+    let report = rig.flush().await;
+    assert!(!report.failed(), "{report:?}");
     rig
 }
 
