@@ -261,7 +261,7 @@ struct InitArgs {
     #[arg(long, env = "LAKECDC_TARGET_FILE_SIZE", default_value = "256MiB")]
     target_file_size: String,
     /// Most rows in one base file (bounds the rows held in memory at once; a file is also cut
-    /// at 96 MiB of staged rows, shared by the files the readers stage, at least 32 MiB each).
+    /// at 96 MiB of staged rows; each reader stages one file at a time).
     #[arg(long, env = "LAKECDC_MAX_FILE_ROWS", default_value_t = 200_000)]
     max_file_rows: u64,
     /// Rows read per keyset page.
