@@ -101,7 +101,7 @@ pub struct GcReport {
 
 impl GcReport {
     /// 0 clean, 1 when a schema failed, 3 when something needs attention (garbage within the
-    /// grace period, unlisted deltas, a refusal, a locked schema).
+    /// grace period, unlisted deltas, a refusal, a locked schema, a schema a stop skipped).
     pub fn exit_code(&self) -> i32 {
         let outcomes: Vec<Outcome> = self.schemas.iter().filter_map(|s| s.outcome).collect();
         if outcomes.contains(&Outcome::Failed) {

@@ -158,6 +158,13 @@ pub struct SchemaInit {
 }
 
 impl SchemaInit {
+    /// Drops the files of an init that published nothing (they were deleted).
+    fn forget_files(&mut self) {
+        self.files.clear();
+        self.rows = 0;
+        self.bytes = 0;
+    }
+
     /// A schema's report before anything was done (outcome `Exported` until told otherwise).
     fn new(reg: &Registered) -> Self {
         Self {
@@ -396,7 +403,7 @@ async fn export_schema(
     let entries = export_files(ctx, opts, schema_id, def, count, out).await?;
     let replace_delta = opts.replace_delta;
     let now = ctx.clock.now_ms();
-    manifest::commit(
+    let committed = manifest::commit(
         store,
         &key,
         schema_id,
@@ -418,7 +425,19 @@ async fn export_schema(
             Ok(())
         },
     )
-    .await?;
+    .await;
+    match committed {
+        Ok(_) => {}
+        // The save may have landed: the new bases may be listed, so they stay (gc decides).
+        Err(e @ Error::AmbiguousCommit { .. }) => return Err(e),
+        // Definitely not saved: nothing lists the new bases.
+        Err(e) => {
+            let keys: Vec<String> = entries.into_iter().map(|e| e.path).collect();
+            delete_unlisted(ctx, &keys).await;
+            out.forget_files();
+            return Err(e);
+        }
+    }
     // Only now, with the new base tier committed, do the replaced deltas go.
     for d in &deltas {
         if let Err(e) = store.delete(d).await {
@@ -705,25 +724,23 @@ async fn stage_and_upload(
         for w in files.writing.drain(..) {
             abandon(w).await;
         }
-        discard(ctx, files.uploads, files.entries).await;
+        // Every upload is waited for (an aborted one could leave a stray object or multipart
+        // upload); then what they wrote goes: the manifest is committed only after all of them.
+        for upload in files.uploads {
+            let _ = upload.await;
+        }
+        delete_unlisted(ctx, &files.keys).await;
+        out.forget_files();
         return Err(e);
     }
     Ok(files.entries)
 }
 
-/// Deletes what a failing init has uploaded. Nothing lists it (the manifest is committed only
-/// after every upload), so it can go at once; uploads still running are waited for first (an
-/// aborted upload could leave a stray object or multipart upload). What cannot be deleted is
-/// an orphan gc removes.
-async fn discard(ctx: &Context, uploads: VecDeque<Upload>, entries: Vec<FileEntry>) {
-    let mut keys: Vec<String> = entries.into_iter().map(|e| e.path).collect();
-    for upload in uploads {
-        if let Ok(Ok(entry)) = upload.await {
-            keys.push(entry.path);
-        }
-    }
+/// Deletes the bases a failing init uploaded (or tried to: a failed upload may still have
+/// landed), which no manifest lists. What cannot be deleted is an orphan gc removes.
+async fn delete_unlisted(ctx: &Context, keys: &[String]) {
     for key in keys {
-        if let Err(e) = ctx.lake.store.delete(&key).await {
+        if let Err(e) = ctx.lake.store.delete(key).await {
             tracing::warn!(key = %key, error = %e, "unlisted base of a failed init not deleted; gc will");
         }
     }
@@ -735,13 +752,16 @@ async fn discard(ctx: &Context, uploads: VecDeque<Upload>, entries: Vec<FileEntr
 const EXPORTS_IN_FLIGHT: usize = 2;
 
 /// The files of one init past staging: free engines, exports being written (oldest first),
-/// uploads running (oldest first) and the entries of the files uploaded.
+/// uploads running (oldest first), the entries of the files uploaded and the keys of every
+/// upload started.
 #[derive(Default)]
 struct Files {
     engines: Vec<Engine>,
     writing: VecDeque<Export>,
     uploads: VecDeque<Upload>,
     entries: Vec<FileEntry>,
+    /// Every key an upload was started for.
+    keys: Vec<String>,
 }
 
 impl Files {
@@ -782,7 +802,8 @@ impl Files {
         let Some(export) = self.writing.pop_front() else {
             return Ok(None);
         };
-        let (engine, upload, bytes_per_row) = finish_file(ctx, schema_id, export).await?;
+        let (engine, key, upload, bytes_per_row) = finish_file(ctx, schema_id, export).await?;
+        self.keys.push(key);
         self.engines.push(engine);
         self.uploads.push_back(upload);
         while self.uploads.len() > 1 {
@@ -886,13 +907,13 @@ fn start_export(
     }
 }
 
-/// Waits for an export and starts its upload. Returns the engine, the upload and the file's
-/// bytes per row (for the next file's size).
+/// Waits for an export and starts its upload. Returns the engine, the key uploaded to, the
+/// upload and the file's bytes per row (for the next file's size).
 async fn finish_file(
     ctx: &Context,
     schema_id: i16,
     export: Export,
-) -> Result<(Engine, Upload, u64)> {
+) -> Result<(Engine, String, Upload, u64)> {
     let Export {
         task,
         local,
@@ -937,6 +958,7 @@ async fn finish_file(
     // until the manifest commit, and gc recognises an uncommitted init base as an orphan. The
     // temporary-object dance deltas need (an unlisted delta is never deleted) would only make
     // the store copy every byte a second time.
+    let upload_key = key.clone();
     let upload = tokio::spawn(async move {
         let t = Instant::now();
         let result = async {
@@ -963,5 +985,5 @@ async fn finish_file(
         tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step upload");
         result
     });
-    Ok((engine, upload, bytes_per_row))
+    Ok((engine, upload_key, upload, bytes_per_row))
 }

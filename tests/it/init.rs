@@ -232,6 +232,7 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
     for case in [
         "second upload",
         "eav read after a page",
+        "manifest read at publish",
         "a reader panics",
         "a stop request",
     ] {
@@ -258,22 +259,54 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
         for _ in 0..40 {
             rig.writer.random_op(&mut r).await;
         }
-        let mut o = opts(&rig);
+        // Pages of 10 rows, files of 20: each reader uploads some before the fault.
+        let mut o = InitOptions {
+            page_rows: 10,
+            max_file_rows: 20,
+            ..opts(&rig)
+        };
         let admin = rig.db.client().await;
+        let uploads = |rig: &Rig| {
+            rig.store
+                .calls()
+                .iter()
+                .filter(|c| c.op == Op::PutFile && c.key.starts_with("data/100/"))
+                .count()
+        };
+        let uploads_before = uploads(&rig);
+        let pages = Arc::new(std::sync::atomic::AtomicU32::new(0));
         if case == "second upload" {
             rig.store
                 .arm(Op::PutFile, Some("data/100/"), 2, Action::Fail);
+        } else if case == "manifest read at publish" {
+            // The first read is the delta-tier check; the second is the publish, which then
+            // certainly did not save: every uploaded base goes.
+            rig.store
+                .arm(Op::GetBytes, Some("manifest/"), 2, Action::Fail);
         } else if case == "a stop request" {
-            // SIGTERM mid-export: init publishes all or nothing, so it gives up at once.
-            let stop = rig.ctx.shutdown.clone();
+            // SIGTERM mid-export, with files already written: init publishes all or nothing,
+            // so it gives up at once.
+            let (stop, pages) = (rig.ctx.shutdown.clone(), pages.clone());
             o.after_page = Some(Arc::new(move |_| {
-                stop.request();
+                if pages.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 8 {
+                    stop.request();
+                }
                 async {}.boxed()
             }));
         } else if case == "a reader panics" {
-            // The reader task dies without an error: its range is unfinished, so nothing
-            // may be published (the other reader's files alone would drop rows).
-            o.after_page = Some(Arc::new(|_| async { panic!("reader dies") }.boxed()));
+            // One reader task dies without an error while the other reads and uploads on: its
+            // range is unfinished, so nothing may be published (the other reader's files
+            // alone would drop rows).
+            let pages = pages.clone();
+            o.after_page = Some(Arc::new(move |_| {
+                let first = pages.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                async move {
+                    if first {
+                        panic!("reader dies")
+                    }
+                }
+                .boxed()
+            }));
         } else {
             let url = rig.db.url.clone();
             let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -299,6 +332,17 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
         };
         assert_eq!(s.outcome, expected, "{case}: {s:?}");
         assert_eq!(report.exit_code(), 1, "{case}");
+        assert_eq!(
+            (s.files.len(), s.rows),
+            (0, 0),
+            "{case}: reports deleted files"
+        );
+        if case != "eav read after a page" {
+            assert!(
+                uploads(&rig) > uploads_before,
+                "{case}: nothing was uploaded"
+            );
+        }
         // A stopped run reports every schema it did not export.
         if case == "a stop request" {
             let both = InitOptions {
