@@ -128,6 +128,17 @@ pub enum Error {
     #[error("invariant violated: {0}")]
     Invariant(String),
 
+    /// The session holding a schema's lock ended while a job worked under it; what the job
+    /// prepared was not published.
+    #[error("the lock of schema {schema_id} was lost (its session ended); nothing was published")]
+    LockLost {
+        /// The schema.
+        schema_id: i16,
+        /// Why the session is gone.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// A stop was requested (SIGTERM/SIGINT) while a job could still give up its work
     /// without publishing anything.
     #[error("stop requested (SIGTERM/SIGINT)")]

@@ -374,7 +374,7 @@ async fn flush_schema(
         return report;
     }
     let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
-    let result = crate::job::with_lock(&ctx.connector, reg.id, async || {
+    let result = crate::job::with_lock(&ctx.connector, reg.id, async |_| {
         flush_locked(ctx, opts, hooks, &def, reg.id, &mut report).await
     })
     .instrument(span)

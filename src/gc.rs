@@ -195,7 +195,7 @@ async fn gc_schema(ctx: &Context, opts: &GcOptions, reg: &Registered) -> SchemaG
         schema: reg.name.clone(),
         ..SchemaGc::default()
     };
-    let result = job::with_lock(&ctx.connector, reg.id, async || {
+    let result = job::with_lock(&ctx.connector, reg.id, async |_| {
         collect(ctx, opts, reg.id, &mut out).await
     })
     .await;

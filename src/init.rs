@@ -41,6 +41,7 @@ use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, ValueType, dir};
+use crate::source::lock::SchemaLock;
 use crate::source::registry::Registered;
 use crate::source::snapshot::{self, LivePage};
 
@@ -324,8 +325,8 @@ async fn init_schema(
 ) -> SchemaInit {
     let started = Instant::now();
     let mut out = SchemaInit::new(reg);
-    let result = job::with_lock(&ctx.connector, reg.id, async || {
-        export_schema(ctx, opts, reg.id, def, &mut out).await
+    let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
+        export_schema(ctx, opts, lock, def, &mut out).await
     })
     .await;
     match result {
@@ -356,10 +357,11 @@ async fn init_schema(
 async fn export_schema(
     ctx: &Context,
     opts: &InitOptions,
-    schema_id: i16,
+    lock: &SchemaLock,
     def: &SchemaDef,
     out: &mut SchemaInit,
 ) -> Result<()> {
+    let schema_id = lock.schema_id();
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
     let key = layout.manifest_key(schema_id);
@@ -401,31 +403,40 @@ async fn export_schema(
         }
     }));
     let entries = export_files(ctx, opts, schema_id, def, count, out).await?;
-    let replace_delta = opts.replace_delta;
     let now = ctx.clock.now_ms();
-    let committed = manifest::commit(
-        store,
-        &key,
-        schema_id,
-        ctx.clock.as_ref(),
-        CommitPolicy::default(),
-        |m| {
-            let replaced: BTreeSet<String> = m
-                .files
-                .iter()
-                .filter(|f| replace_delta && f.tier == Tier::Delta)
-                .map(|f| f.path.clone())
-                .collect();
-            m.files
-                .retain(|f| f.tier != Tier::Base && !(replace_delta && f.tier == Tier::Delta));
-            m.files.extend(entries.iter().cloned());
-            if !replaced.is_empty() {
-                compact::retire(m, &replaced, now);
-            }
-            Ok(())
-        },
-    )
-    .await;
+    // An export can run for hours: had the lock's session died meanwhile, gc could have taken
+    // the lock and deleted bases uploaded long ago as orphans. Held now means held throughout
+    // (the lock lives as long as its session).
+    let committed = match lock.ensure_held().await {
+        Ok(()) => {
+            manifest::commit(
+                store,
+                &key,
+                schema_id,
+                ctx.clock.as_ref(),
+                CommitPolicy::default(),
+                |m| {
+                    // Exactly the deltas inventoried at the start (what `--replace-delta`
+                    // agreed to replace); any other delta is newer than this export's reads.
+                    let replaced: BTreeSet<String> = m
+                        .files
+                        .iter()
+                        .filter(|f| f.tier == Tier::Delta && deltas.contains(&f.path))
+                        .map(|f| f.path.clone())
+                        .collect();
+                    m.files
+                        .retain(|f| f.tier != Tier::Base && !replaced.contains(&f.path));
+                    m.files.extend(entries.iter().cloned());
+                    if !replaced.is_empty() {
+                        compact::retire(m, &replaced, now);
+                    }
+                    Ok(())
+                },
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
     match committed {
         Ok(_) => {}
         // The save may have landed: the new bases may be listed, so they stay (gc decides).

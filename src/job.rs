@@ -33,17 +33,18 @@ pub async fn select_schemas(ctx: &Context, selectors: &[String]) -> Result<Vec<R
     registry::select(&registered, selectors)
 }
 
-/// Runs `work` while holding the schema's lock; `Ok(None)` when another session holds it.
-/// The lock is released on the connection that took it, whatever `work` returned.
+/// Runs `work` while holding the schema's lock (which `work` may check is still held before
+/// it publishes); `Ok(None)` when another session holds it. The lock is released on the
+/// connection that took it, whatever `work` returned.
 pub async fn with_lock<T>(
     connector: &Connector,
     schema_id: i16,
-    work: impl AsyncFnOnce() -> Result<T>,
+    work: impl AsyncFnOnce(&SchemaLock) -> Result<T>,
 ) -> Result<Option<T>> {
     let Some(lock) = SchemaLock::try_acquire(connector, schema_id).await? else {
         return Ok(None);
     };
-    let out = work().await;
+    let out = work(&lock).await;
     if let Err(e) = lock.release().await {
         tracing::warn!(schema_id, error = %e.chain(), "schema lock release failed; closing its connection releases it");
     }

@@ -183,7 +183,7 @@ pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
 async fn verify_schema(ctx: &Context, opts: &VerifyOptions, reg: &Registered) -> SchemaVerify {
     let started = Instant::now();
     let mut out = SchemaVerify::new(reg);
-    let result = job::with_lock(&ctx.connector, reg.id, async || {
+    let result = job::with_lock(&ctx.connector, reg.id, async |_| {
         check_schema(ctx, opts, reg.id, &mut out).await
     })
     .await;

@@ -5,7 +5,7 @@
 use tokio_postgres::Client;
 
 use super::connect::{Connector, timed};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A held schema lock. Dropping it closes the connection, which also releases the lock.
 #[derive(Debug)]
@@ -35,6 +35,18 @@ impl SchemaLock {
         if !locked {
             return Ok(None);
         }
+        // The lock's connection is idle while the job works; a server-wide
+        // `idle_session_timeout` (PostgreSQL 14+) would close it and so drop the lock. Older
+        // servers do not know the setting: nothing to turn off there.
+        if let Err(e) = timed(
+            limit,
+            "keep the lock session open",
+            client.batch_execute("SET idle_session_timeout = 0"),
+        )
+        .await
+        {
+            tracing::debug!(error = %e.chain(), "idle_session_timeout not set");
+        }
         Ok(Some(Self {
             backend_pid: row.get(1),
             client,
@@ -51,6 +63,22 @@ impl SchemaLock {
     /// The PostgreSQL backend pid holding the lock.
     pub fn backend_pid(&self) -> i32 {
         self.backend_pid
+    }
+
+    /// Errs unless the lock's session is still alive — and so still holds the lock, which only
+    /// ends with the session or an unlock on it. Checked before publishing what was prepared
+    /// under the lock.
+    pub async fn ensure_held(&self) -> Result<()> {
+        let alive = timed(
+            self.connector.statement_timeout(),
+            "check the schema lock",
+            self.client.simple_query("SELECT 1"),
+        )
+        .await;
+        alive.map(|_| ()).map_err(|e| Error::LockLost {
+            schema_id: self.schema_id,
+            source: Box::new(e),
+        })
     }
 
     /// The lock's own connection (for work that must run inside the lock's session).

@@ -233,6 +233,7 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
         "second upload",
         "eav read after a page",
         "manifest read at publish",
+        "the lock's session ends",
         "a reader panics",
         "a stop request",
     ] {
@@ -283,6 +284,32 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
             // certainly did not save: every uploaded base goes.
             rig.store
                 .arm(Op::GetBytes, Some("manifest/"), 2, Action::Fail);
+        } else if case == "the lock's session ends" {
+            // An idle-session timeout, a proxy or an operator ends the session holding the
+            // schema lock mid-export: gc could then take the lock, so init must not publish.
+            let (url, pages) = (rig.db.url.clone(), pages.clone());
+            o.after_page = Some(Arc::new(move |_| {
+                let (url, first) = (
+                    url.clone(),
+                    pages.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0,
+                );
+                async move {
+                    if first {
+                        let c = crate::harness::pg_client(&url).await;
+                        let ended = c
+                            .query_one(
+                                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
+                                 WHERE locktype = 'advisory' AND objid = 100 AND granted",
+                                &[],
+                            )
+                            .await
+                            .unwrap()
+                            .get::<_, i64>(0);
+                        assert_eq!(ended, 1);
+                    }
+                }
+                .boxed()
+            }));
         } else if case == "a stop request" {
             // SIGTERM mid-export, with files already written: init publishes all or nothing,
             // so it gives up at once.
@@ -337,6 +364,10 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
             (0, 0),
             "{case}: reports deleted files"
         );
+        if case == "the lock's session ends" {
+            let reason = s.reason.as_deref().unwrap_or_default();
+            assert!(reason.contains("lock of schema 100 was lost"), "{reason}");
+        }
         if case != "eav read after a page" {
             assert!(
                 uploads(&rig) > uploads_before,
@@ -577,6 +608,79 @@ async fn an_ambiguous_publish_deletes_no_delta_and_retires_them_with_the_save() 
     assert_eq!(retired, deltas.iter().map(String::as_str).collect());
     // The save did land: the lake is whole from the new bases alone.
     assert_eq!(rig.assert_oracle().await, (50, 0));
+}
+
+#[tokio::test]
+async fn replace_delta_replaces_only_the_deltas_it_inventoried() {
+    // A delta committed while init runs (only possible for a flush whose lock was lost) is
+    // newer than init's reads: `--replace-delta` must neither drop it from the manifest nor
+    // delete it.
+    use lakecdc::lake::manifest;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(413);
+    rig.seed(50, &mut r).await;
+    rig.flush().await;
+    let deltas = rig.listed().await;
+    let late = rig.ctx.lake.layout.delta_key(100, uuid::Uuid::now_v7());
+    let (store, late2, source) = (rig.store.clone(), late.clone(), deltas[0].clone());
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let o = InitOptions {
+        replace_delta: true,
+        after_page: Some(Arc::new(move |_| {
+            let (store, late, source, fired) =
+                (store.clone(), late2.clone(), source.clone(), fired.clone());
+            async move {
+                if fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                store.copy(&source, &late).await.unwrap();
+                let clock = lakecdc::clock::SystemClock;
+                manifest::commit(
+                    store.as_ref(),
+                    MANIFEST,
+                    100,
+                    &clock,
+                    Default::default(),
+                    |m| {
+                        let mut entry = m.files.iter().find(|f| f.path == source).unwrap().clone();
+                        entry.path = late.clone();
+                        m.files.push(entry);
+                        Ok(())
+                    },
+                )
+                .await
+                .unwrap();
+            }
+            .boxed()
+        })),
+        ..opts(&rig)
+    };
+    let report = init(&rig, &o).await;
+    let s = &report.schemas[0];
+    assert_eq!(
+        (s.outcome, s.replaced_deltas),
+        (Outcome::Exported, deltas.len()),
+        "{s:?}"
+    );
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let listed_deltas: Vec<&str> = m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["tier"] == "delta")
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed_deltas,
+        [late.as_str()],
+        "only the late delta stays listed"
+    );
+    rig.store.head(&late).await.unwrap();
+    for d in &deltas {
+        assert!(rig.store.head(d).await.unwrap_err().is_not_found(), "{d}");
+    }
 }
 
 #[tokio::test]
