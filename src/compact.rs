@@ -721,13 +721,22 @@ pub fn forget_retired(m: &mut Manifest, paths: &BTreeSet<String>) {
 
 /// The paths a manifest lists as retired.
 pub fn retired_paths(m: &Manifest) -> BTreeSet<String> {
+    retired_since(m).into_keys().collect()
+}
+
+/// When each path in the manifest's `retired` list was retired (epoch ms; 0 when unknown).
+pub fn retired_since(m: &Manifest) -> std::collections::BTreeMap<String, i64> {
     m.extra
         .get(RETIRED)
         .and_then(Value::as_array)
         .map(|items| {
             items
                 .iter()
-                .filter_map(|v| v.get("path").and_then(Value::as_str).map(str::to_string))
+                .filter_map(|v| {
+                    let path = v.get("path").and_then(Value::as_str)?;
+                    let at = v.get("retired_at_ms").and_then(Value::as_i64).unwrap_or(0);
+                    Some((path.to_string(), at))
+                })
                 .collect()
         })
         .unwrap_or_default()

@@ -213,14 +213,17 @@ async fn gc_schema(ctx: &Context, opts: &GcOptions, reg: &Registered) -> SchemaG
 
 /// The keys the manifest lists, and the keys it records as retired by compaction (merged into
 /// a listed base, so deletable after the grace period).
-async fn listed(ctx: &Context, schema_id: i16) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
+async fn listed(
+    ctx: &Context,
+    schema_id: i16,
+) -> Result<(BTreeSet<String>, BTreeMap<String, i64>)> {
     let key = ctx.lake.layout.manifest_key(schema_id);
     Ok(
         match manifest::load(ctx.lake.store.as_ref(), &key, schema_id).await? {
             None => Default::default(),
             Some(l) => (
                 l.manifest.files.iter().map(|f| f.path.clone()).collect(),
-                compact::retired_paths(&l.manifest),
+                compact::retired_since(&l.manifest),
             ),
         },
     )
@@ -267,19 +270,30 @@ async fn collect(
         match kind {
             // Garbage by shape, or a delta that compaction merged and retired.
             KeyKind::Tmp { .. } | KeyKind::MergedBase { .. } | KeyKind::InitBase { .. } if ours => {
-                sight(&state, &mut seen, o, now, grace_ms, &mut due, out)
+                let retired_at = retired.get(&o.key).copied();
+                sight(
+                    &state, &mut seen, o, retired_at, now, grace_ms, &mut due, out,
+                )
             }
-            KeyKind::Delta { .. } if ours && retired.contains(&o.key) => {
-                sight(&state, &mut seen, o, now, grace_ms, &mut due, out)
+            KeyKind::Delta { .. } if ours && retired.contains_key(&o.key) => {
+                let retired_at = retired.get(&o.key).copied();
+                sight(
+                    &state, &mut seen, o, retired_at, now, grace_ms, &mut due, out,
+                )
             }
             KeyKind::Delta { .. } if ours => out.unlisted_deltas.push(o.key.clone()),
             _ => out.unknown.push(o.key.clone()),
         }
     }
-    if !due.is_empty() {
-        // Second look: a writer may have listed a key since the first load.
+    if !seen.is_empty() {
+        // Second look: a writer may have listed a key since the first load (it was being
+        // committed while the prefix was listed). Such a key is neither deleted nor sighted:
+        // a sighting kept from before it was listed would cut its grace short once it is
+        // unlisted again.
         let (relisted, _) = listed(ctx, schema_id).await?;
         due.retain(|k| !relisted.contains(k));
+        seen.retain(|k, _| !relisted.contains(k));
+        out.within_grace.retain(|k| !relisted.contains(k));
     }
     if !opts.dry_run {
         let mut deleted_now = BTreeSet::new();
@@ -305,7 +319,7 @@ async fn collect(
         // Forget retired paths whose objects are gone.
         let present: BTreeSet<&String> = objects.iter().map(|o| &o.key).collect();
         let gone: BTreeSet<String> = retired
-            .iter()
+            .keys()
             .filter(|k| !present.contains(k) || deleted_now.contains(*k))
             .cloned()
             .collect();
@@ -339,12 +353,16 @@ async fn collect(
     Ok(())
 }
 
-/// Records a deletable orphan's sighting and files it as due (both the sighting and the object
-/// older than the grace) or within the grace.
+/// Records a deletable orphan's sighting and files it as due or within the grace. It is due
+/// when the object, its first sighting and its retirement (when a manifest retired it) are
+/// all older than the grace: a file retired after an earlier sighting still gets its whole
+/// grace, for readers of the manifests that listed it.
+#[allow(clippy::too_many_arguments)] // two call sites, one per kind of deletable orphan
 fn sight(
     state: &GcState,
     seen: &mut BTreeMap<String, i64>,
     o: &crate::store::ObjectMeta,
+    retired_at: Option<i64>,
     now: i64,
     grace_ms: i64,
     due: &mut Vec<String>,
@@ -352,7 +370,9 @@ fn sight(
 ) {
     let first = state.first_unlisted_ms.get(&o.key).copied().unwrap_or(now);
     seen.insert(o.key.clone(), first);
-    if now - first >= grace_ms && now - o.last_modified_ms >= grace_ms {
+    // A retirement stamped by a clock ahead of ours counts from now.
+    let since = retired_at.map_or(first, |r| first.max(r.min(now)));
+    if now - since >= grace_ms && now - o.last_modified_ms >= grace_ms {
         due.push(o.key.clone());
     } else {
         out.within_grace.push(o.key.clone());

@@ -416,16 +416,20 @@ async fn export_schema(
                 ctx.clock.as_ref(),
                 CommitPolicy::default(),
                 |m| {
-                    // Exactly the deltas inventoried at the start (what `--replace-delta`
-                    // agreed to replace); any other delta is newer than this export's reads.
+                    // The whole base tier, and exactly the deltas inventoried at the start
+                    // (what `--replace-delta` agreed to replace; any other delta is newer
+                    // than this export's reads). They are recorded as retired, so gc gives
+                    // readers of the manifests that listed them the whole grace period.
                     let replaced: BTreeSet<String> = m
                         .files
                         .iter()
-                        .filter(|f| f.tier == Tier::Delta && deltas.contains(&f.path))
+                        .filter(|f| {
+                            f.tier == Tier::Base
+                                || (f.tier == Tier::Delta && deltas.contains(&f.path))
+                        })
                         .map(|f| f.path.clone())
                         .collect();
-                    m.files
-                        .retain(|f| f.tier != Tier::Base && !replaced.contains(&f.path));
+                    m.files.retain(|f| !replaced.contains(&f.path));
                     m.files.extend(entries.iter().cloned());
                     if !replaced.is_empty() {
                         compact::retire(m, &replaced, now);

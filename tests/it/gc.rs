@@ -153,3 +153,77 @@ async fn a_prefix_of_bases_that_the_manifest_does_not_list_is_refused() {
             .all(|c| c.op == Op::PutBytes && !c.key.contains("gc-state"))
     );
 }
+
+#[tokio::test]
+async fn a_file_retired_after_an_early_sighting_still_gets_its_whole_grace() {
+    // gc sights a base while it is still unlisted (a compaction staging it); the compaction
+    // lists it, and a later one retires it before gc runs again. Readers of the manifest that
+    // listed it get the whole grace from its retirement, not from the old sighting.
+    use lakecdc::lake::manifest;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(461);
+    rig.seed(20, &mut r).await;
+    rig.flush().await;
+    let layout = rig.ctx.lake.layout.clone();
+    let base = layout.merged_base_key(100, Uuid::now_v7());
+    put(rig.store.as_ref(), &base).await;
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let gc = ctx(&rig, clock.clone());
+    let first = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    assert_eq!(first.schemas[0].within_grace, std::slice::from_ref(&base));
+    let commit = |clock: Arc<ManualClock>, f: Box<dyn Fn(&mut manifest::Manifest) + Send>| {
+        let store = rig.store.clone();
+        async move {
+            manifest::commit(
+                store.as_ref(),
+                "manifest/100.json",
+                100,
+                clock.as_ref(),
+                Default::default(),
+                |m| {
+                    f(m);
+                    Ok(())
+                },
+            )
+            .await
+            .unwrap();
+        }
+    };
+    // Listed by the first compaction, then retired by a second one 20 minutes later.
+    let listed = base.clone();
+    commit(
+        clock.clone(),
+        Box::new(move |m| {
+            let mut entry = m.files[0].clone();
+            entry.path = listed.clone();
+            entry.tier = manifest::Tier::Base;
+            m.files.push(entry);
+        }),
+    )
+    .await;
+    clock.advance(20 * MIN);
+    let (retired, now) = (base.clone(), clock.now_ms());
+    commit(
+        clock.clone(),
+        Box::new(move |m| {
+            m.files.retain(|f| f.path != retired);
+            lakecdc::compact::retire(m, &[retired.clone()].into(), now);
+        }),
+    )
+    .await;
+    let second = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    assert_eq!(
+        second.schemas[0].within_grace,
+        std::slice::from_ref(&base),
+        "deleted right after its retirement: {second:?}"
+    );
+    rig.store.head(&base).await.unwrap();
+    clock.advance(16 * MIN);
+    let third = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    assert_eq!(
+        third.schemas[0].deleted,
+        std::slice::from_ref(&base),
+        "{third:?}"
+    );
+    assert!(rig.store.head(&base).await.unwrap_err().is_not_found());
+}

@@ -130,6 +130,17 @@ async fn a_rerun_replaces_the_base_tier_with_new_keys() {
     for k in &first {
         rig.store.head(k).await.unwrap(); // never overwritten, left for gc
     }
+    // ... recorded as retired, so gc gives their readers the whole grace.
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let retired: BTreeSet<&str> = m["retired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(retired, first.iter().map(String::as_str).collect());
     assert_eq!(
         oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
         state,
@@ -299,7 +310,9 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
                         let ended = c
                             .query_one(
                                 "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
-                                 WHERE locktype = 'advisory' AND objid = 100 AND granted",
+                                 WHERE locktype = 'advisory' AND objid = 100 AND granted \
+                                 AND database = (SELECT oid FROM pg_database \
+                                                 WHERE datname = current_database())",
                                 &[],
                             )
                             .await
