@@ -117,7 +117,7 @@ impl Attributes {
 /// row id, each followed by its entity row's columns (NULL for a hard-deleted row, which has
 /// none) and one gathered column per EAV attribute — what the export query's `cl LEFT JOIN m`
 /// and pivot give, in its `ORDER BY row_id`. `None` when only the pivot gives the right rows
-/// (see [`gather_eav`]; two slots or entity rows of one id).
+/// (see `gather_eav`; two slots or entity rows of one id).
 pub fn assemble_slots(
     schema: &SchemaDef,
     slots: &RecordBatch,

@@ -91,15 +91,7 @@ async fn a_rewrite_keeps_the_lake_state_and_retires_its_sources() {
             .await
             .unwrap_or_else(|e| panic!("source {src} was deleted: {e}"));
     }
-    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
-        .await
-        .unwrap();
-    let retired: Vec<&str> = m["retired"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["path"].as_str().unwrap())
-        .collect();
+    let retired = oracle::retired_paths(rig.store.as_ref(), MANIFEST).await;
     assert_eq!(retired.len(), sources.len());
     // The merged file holds no tombstone and is sorted by row_id.
     let rows = oracle::read_parquet(rig.store.get_bytes(&listed[0]).await.unwrap().bytes);

@@ -131,16 +131,10 @@ async fn a_rerun_replaces_the_base_tier_with_new_keys() {
         rig.store.head(k).await.unwrap(); // never overwritten, left for gc
     }
     // ... recorded as retired, so gc gives their readers the whole grace.
-    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
-        .await
-        .unwrap();
-    let retired: BTreeSet<&str> = m["retired"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(retired, first.iter().map(String::as_str).collect());
+    assert_eq!(
+        oracle::retired_paths(rig.store.as_ref(), MANIFEST).await,
+        first.iter().cloned().collect()
+    );
     assert_eq!(
         oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
         state,
@@ -609,16 +603,10 @@ async fn an_ambiguous_publish_deletes_no_delta_and_retires_them_with_the_save() 
             .await
             .unwrap_or_else(|e| panic!("{d} deleted after an ambiguous save: {e}"));
     }
-    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
-        .await
-        .unwrap();
-    let retired: BTreeSet<&str> = m["retired"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(retired, deltas.iter().map(String::as_str).collect());
+    assert_eq!(
+        oracle::retired_paths(rig.store.as_ref(), MANIFEST).await,
+        deltas.iter().cloned().collect()
+    );
     // The save did land: the lake is whole from the new bases alone.
     assert_eq!(rig.assert_oracle().await, (50, 0));
 }

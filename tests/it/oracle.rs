@@ -102,6 +102,18 @@ pub fn read_parquet(bytes: Bytes) -> Vec<(Uuid, LakeRow)> {
     out
 }
 
+/// The paths the manifest at `key` records as retired (compaction's and init's `retired`
+/// list), read directly from the store.
+pub async fn retired_paths(store: &dyn ObjectStore, key: &str) -> BTreeSet<String> {
+    let m = manifest_json(store, key).await.unwrap();
+    m["retired"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// The manifest as plain JSON, read directly from the store.
 pub async fn manifest_json(store: &dyn ObjectStore, key: &str) -> Option<serde_json::Value> {
     match store.get_bytes(key).await {
