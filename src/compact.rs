@@ -640,7 +640,6 @@ async fn rewrite(
         extra: Default::default(),
     };
     let mut vanished: Option<String> = None;
-    let now = ctx.clock.now_ms();
     let key = layout.manifest_key(schema_id);
     let policy = CommitPolicy {
         max_attempts: opts.max_retries.max(1),
@@ -654,7 +653,8 @@ async fn rewrite(
         }
         m.files.retain(|f| !merged_paths.contains(&f.path));
         m.files.push(entry.clone());
-        retire(m, &merged_paths, now);
+        // Stamped at this attempt: gc's grace for the sources starts when they are unlisted.
+        retire(m, &merged_paths, ctx.clock.now_ms());
         Ok(())
     })
     .await;

@@ -370,12 +370,26 @@ fn sight(
 ) {
     let first = state.first_unlisted_ms.get(&o.key).copied().unwrap_or(now);
     seen.insert(o.key.clone(), first);
-    // A retirement stamped by a clock ahead of ours counts from now.
-    let since = retired_at.map_or(first, |r| first.max(r.min(now)));
+    let since = grace_start(first, retired_at, now, grace_ms);
+    if retired_at.is_some_and(|r| r > now.saturating_add(grace_ms)) {
+        tracing::warn!(key = %o.key, retired_at, now, "retirement stamped in the future (a writer's clock is ahead); its grace counts from the first sighting");
+    }
     if now - since >= grace_ms && now - o.last_modified_ms >= grace_ms {
         due.push(o.key.clone());
     } else {
         out.within_grace.push(o.key.clone());
+    }
+}
+
+/// When a deletable orphan's grace starts: its first sighting, or its retirement when that is
+/// later. A retirement a little ahead of this clock (writers' clocks differ) counts from now;
+/// one more than a grace ahead is not believed (a wrong clock or unit), so it cannot keep the
+/// file forever.
+fn grace_start(first: i64, retired_at: Option<i64>, now: i64, grace_ms: i64) -> i64 {
+    match retired_at {
+        Some(r) if r > now.saturating_add(grace_ms) => first,
+        Some(r) => first.max(r.min(now)),
+        None => first,
     }
 }
 
@@ -416,4 +430,41 @@ async fn save_state(
         .await
         .map(|_| ())
         .map_err(Error::storage("save gc state", key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grace_start;
+
+    const GRACE: i64 = 15 * 60_000;
+
+    #[test]
+    fn the_grace_starts_at_the_later_of_sighting_and_retirement() {
+        let now = 100 * GRACE;
+        // Not retired: the first sighting.
+        assert_eq!(
+            grace_start(now - 2 * GRACE, None, now, GRACE),
+            now - 2 * GRACE
+        );
+        // Retired after an early sighting: the retirement.
+        assert_eq!(
+            grace_start(now - 2 * GRACE, Some(now - 60_000), now, GRACE),
+            now - 60_000
+        );
+        // Retired before it was sighted: the sighting.
+        assert_eq!(
+            grace_start(now - 60_000, Some(now - 2 * GRACE), now, GRACE),
+            now - 60_000
+        );
+        // A writer's clock a little ahead: from now.
+        assert_eq!(
+            grace_start(now - 2 * GRACE, Some(now + 60_000), now, GRACE),
+            now
+        );
+        // Far ahead (a wrong clock or unit): not believed, so the file is not kept forever.
+        assert_eq!(
+            grace_start(now - 2 * GRACE, Some(now * 1000), now, GRACE),
+            now - 2 * GRACE
+        );
+    }
 }

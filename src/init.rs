@@ -403,7 +403,6 @@ async fn export_schema(
         }
     }));
     let entries = export_files(ctx, opts, schema_id, def, count, out).await?;
-    let now = ctx.clock.now_ms();
     // An export can run for hours: had the lock's session died meanwhile, gc could have taken
     // the lock and deleted bases uploaded long ago as orphans. Held now means held throughout
     // (the lock lives as long as its session).
@@ -432,7 +431,8 @@ async fn export_schema(
                     m.files.retain(|f| !replaced.contains(&f.path));
                     m.files.extend(entries.iter().cloned());
                     if !replaced.is_empty() {
-                        compact::retire(m, &replaced, now);
+                        // Stamped at this attempt: gc's grace starts when they are unlisted.
+                        compact::retire(m, &replaced, ctx.clock.now_ms());
                     }
                     Ok(())
                 },

@@ -69,13 +69,29 @@ impl SchemaLock {
     /// ends with the session or an unlock on it. Checked before publishing what was prepared
     /// under the lock.
     pub async fn ensure_held(&self) -> Result<()> {
-        let alive = timed(
+        // The same backend (not another one behind a pooler), and it still holds the lock.
+        let held = timed(
             self.connector.statement_timeout(),
             "check the schema lock",
-            self.client.simple_query("SELECT 1"),
+            self.client.query_one(
+                "SELECT pg_backend_pid() = $2 AND EXISTS (SELECT 1 FROM pg_locks \
+                 WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() \
+                 AND objsubid = 2 AND classid = $1::int4::oid AND objid = $1::int4::oid)",
+                &[&i32::from(self.schema_id), &self.backend_pid],
+            ),
         )
-        .await;
-        alive.map(|_| ()).map_err(|e| Error::LockLost {
+        .await
+        .and_then(|row| {
+            if row.get::<_, bool>(0) {
+                Ok(())
+            } else {
+                Err(Error::Invariant(format!(
+                    "backend {} no longer holds the advisory lock",
+                    self.backend_pid
+                )))
+            }
+        });
+        held.map_err(|e| Error::LockLost {
             schema_id: self.schema_id,
             source: Box::new(e),
         })
