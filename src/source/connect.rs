@@ -98,6 +98,10 @@ impl TlsPolicy {
     }
 }
 
+/// Silence after which TCP keepalive probes start, unless the connection string sets
+/// `keepalives_idle`.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+
 /// A validated way to open connections; opening none until asked.
 #[derive(Clone)]
 pub struct Connector {
@@ -147,6 +151,12 @@ impl Connector {
                 Error::config(format!("invalid PostgreSQL connection string: {e}"))
             })?
         };
+        // Long-idle connections (the schema lock's, held through an init that can take hours)
+        // must outlive NAT and load-balancer idle timeouts (AWS NLB: 350 s): probe after a
+        // minute of silence unless the connection string chose (the driver's default is 2 h).
+        if !info.driver.contains("keepalives_idle") {
+            config.keepalives_idle(KEEPALIVE_IDLE);
+        }
         if config.get_hosts().is_empty() {
             let host = env("PGHOST").unwrap_or_else(|| "localhost".to_string());
             for h in host.split(',') {
@@ -514,6 +524,15 @@ mod tests {
         assert_eq!(c.describe(), "we ird@127.0.0.1:5432/db");
         assert_eq!(c.tls_policy(), TlsPolicy::Disable);
         assert!(!format!("{c:?}").contains("ss"));
+    }
+
+    #[test]
+    fn idle_connections_send_keepalives_after_a_minute_unless_told() {
+        let c = Connector::new(&settings(Some("host=h"), &[])).unwrap();
+        assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(60));
+        assert!(c.config.get_keepalives());
+        let c = Connector::new(&settings(Some("host=h keepalives_idle=7"), &[])).unwrap();
+        assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(7));
     }
 
     #[test]
