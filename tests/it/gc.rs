@@ -227,3 +227,57 @@ async fn a_file_retired_after_an_early_sighting_still_gets_its_whole_grace() {
     );
     assert!(rig.store.head(&base).await.unwrap_err().is_not_found());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_listed_while_gc_lists_the_prefix_is_not_sighted() {
+    // A base committed between gc's manifest load and its listing looks unlisted to the first
+    // load. The second look finds it listed: it must be neither deleted nor remembered as
+    // sighted (an early sighting would later cut its grace short once it is unlisted again).
+    use lakecdc::lake::manifest;
+    use lakecdc::store::fault::Gate;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(462);
+    rig.seed(10, &mut r).await;
+    rig.flush().await;
+    let base = rig.ctx.lake.layout.merged_base_key(100, Uuid::now_v7());
+    put(rig.store.as_ref(), &base).await;
+    let gate = Gate::new();
+    rig.store
+        .arm(Op::List, Some("data/100/"), 1, Action::Pause(gate.clone()));
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms() + 60 * MIN));
+    let gc = ctx(&rig, clock.clone());
+    let run = tokio::spawn(async move { lakecdc::gc::run(&gc, &opts(false)).await });
+    gate.wait_reached().await;
+    let listed = base.clone();
+    manifest::commit(
+        rig.store.as_ref(),
+        "manifest/100.json",
+        100,
+        clock.as_ref(),
+        Default::default(),
+        |m| {
+            let mut entry = m.files[0].clone();
+            entry.path = listed.clone();
+            entry.tier = manifest::Tier::Base;
+            m.files.push(entry);
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    gate.release();
+    let report = run.await.unwrap().unwrap();
+    let s = &report.schemas[0];
+    assert!(
+        s.deleted.is_empty() && s.within_grace.is_empty(),
+        "{report:?}"
+    );
+    rig.store.head(&base).await.unwrap();
+    let state = rig
+        .store
+        .get_bytes(&rig.ctx.lake.layout.gc_state_key(100))
+        .await
+        .map(|g| String::from_utf8(g.bytes.to_vec()).unwrap())
+        .unwrap_or_default();
+    assert!(!state.contains(&base), "sighted while listed: {state}");
+}
