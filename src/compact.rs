@@ -68,7 +68,15 @@ pub struct CompactOptions {
     pub engine: EngineConfig,
     /// Files downloaded at once.
     pub download_parallelism: usize,
+    /// The longest a new base may wait between being staged and being listed (see
+    /// [`COMMIT_LEASE`]).
+    pub commit_lease: Duration,
 }
+
+/// The longest a compaction may take from staging its new base to listing it. Until listed,
+/// the base is an orphan to gc; gc's grace must be at least twice this (the CLI refuses a
+/// shorter `--grace`), so a base older than this is never published: it may already be gone.
+pub const COMMIT_LEASE: Duration = Duration::from_secs(5 * 60);
 
 impl Default for CompactOptions {
     fn default() -> Self {
@@ -82,6 +90,7 @@ impl Default for CompactOptions {
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),
             download_parallelism: 4,
+            commit_lease: COMMIT_LEASE,
         }
     }
 }
@@ -608,6 +617,8 @@ async fn rewrite(
         }
     };
     let base = layout.merged_base_key(schema_id, Uuid::now_v7());
+    // The lease starts before the copy creates the base (gc ages objects by their creation).
+    let staged = Instant::now();
     if let Err(source) = store.copy(&tmp, &base).await {
         let _ = store.delete(&tmp).await;
         return Err(Error::Storage {
@@ -646,6 +657,13 @@ async fn rewrite(
         ..CommitPolicy::default()
     };
     let committed = manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {
+        if staged.elapsed() > opts.commit_lease {
+            return Err(Error::Invariant(format!(
+                "the new base {base} was staged {}s ago, longer than the {}s lease (a slow store?): gc may already treat it as an orphan, so it is not published; run compact again",
+                staged.elapsed().as_secs(),
+                opts.commit_lease.as_secs()
+            )));
+        }
         let listed: BTreeSet<&String> = m.files.iter().map(|f| &f.path).collect();
         if let Some(gone) = merged_paths.iter().find(|p| !listed.contains(p)) {
             vanished = Some(gone.clone());

@@ -680,13 +680,18 @@ fn main() -> ExitCode {
                     dry_run: a.dry_run,
                     work_dir,
                     engine,
-                    download_parallelism: 4,
+                    ..CompactOptions::default()
                 });
             }
             Command::Gc(a) => {
                 let grace = parse_duration("--grace", &a.grace)?;
-                if grace.is_zero() {
-                    return Err(Error::config("--grace must be greater than zero"));
+                let least = lakecdc::compact::COMMIT_LEASE * 2;
+                if grace < least {
+                    return Err(Error::config(format!(
+                        "--grace must be at least {}m: a compaction may take up to {}m between staging its new base and listing it",
+                        least.as_secs() / 60,
+                        lakecdc::compact::COMMIT_LEASE.as_secs() / 60
+                    )));
                 }
                 v.gc = Some(GcOptions {
                     schemas: cli.global.schema.clone(),

@@ -462,3 +462,48 @@ async fn a_conflicting_save_is_retried_and_keeps_the_concurrent_delta() {
     assert_eq!(dirty, 0);
     let _ = &mut rig;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_staged_longer_than_the_lease_is_never_published() {
+    // Until listed, a compaction's new base is an orphan to gc. A pass that stalls past its
+    // lease between staging and saving (a slow store, a paused process) must not publish a
+    // base that gc may already have removed: it deletes it and fails; the lake is unchanged.
+    let (rig, _) = lake_with_base_and_deltas(17).await;
+    let before = oracle::manifest_json(rig.store.as_ref(), MANIFEST).await;
+    let state = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    let objects = rig.keys("data/100/").await;
+    let stall: Hook = Arc::new(|_| {
+        async { tokio::time::sleep(std::time::Duration::from_millis(1500)).await }.boxed()
+    });
+    let o = CompactOptions {
+        commit_lease: std::time::Duration::from_secs(1),
+        ..opts(&rig)
+    };
+    let report = lakecdc::compact::run(&ctx(&rig), &o, Some(stall))
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    assert!(s.error.as_deref().unwrap().contains("lease"), "{s:?}");
+    assert_eq!(
+        oracle::manifest_json(rig.store.as_ref(), MANIFEST).await,
+        before,
+        "published after the lease"
+    );
+    assert_eq!(
+        rig.keys("data/100/").await,
+        objects,
+        "the staged base was left"
+    );
+    assert_eq!(
+        oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
+        state
+    );
+    // Within the lease the same rewrite publishes.
+    let s = compact(&rig, &opts(&rig)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_eq!(
+        oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
+        state
+    );
+}
