@@ -34,6 +34,7 @@ use crate::engine::{Engine, EngineConfig, MergeStats};
 use crate::error::{Error, Result};
 use crate::job;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
+use crate::lake::owner;
 use crate::lake::{KeyKind, footer};
 use crate::report::label;
 use crate::source::registry::Registered;
@@ -434,6 +435,10 @@ async fn pass(
     out.plan = Some(plan.clone());
     if opts.dry_run {
         return Ok(());
+    }
+    if plan.decision != Decision::Noop {
+        // Its bases will live in the data prefix: the prefix must be this manifest's.
+        owner::ensure(store, &ctx.lake.layout, schema_id, true).await?;
     }
     match plan.decision {
         Decision::Noop => Ok(()),

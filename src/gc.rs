@@ -22,7 +22,7 @@ use crate::compact;
 use crate::error::{Error, Result};
 use crate::job;
 use crate::lake::KeyKind;
-use crate::lake::manifest;
+use crate::lake::{manifest, owner};
 use crate::report::label;
 use crate::source::registry::Registered;
 use crate::store::{PutMode, StoreError};
@@ -238,6 +238,15 @@ async fn collect(
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
     let prefix = layout.schema_prefix(schema_id);
+    if let Some(why) = owner::mismatch(
+        layout,
+        schema_id,
+        owner::owner(store, layout, schema_id).await?.as_deref(),
+    ) {
+        out.outcome = Some(Outcome::Refused);
+        out.reason = Some(why);
+        return Ok(());
+    }
     let (listed_keys, retired) = listed(ctx, schema_id).await?;
     let objects = store
         .list(&prefix)
@@ -282,6 +291,7 @@ async fn collect(
                 )
             }
             KeyKind::Delta { .. } if ours => out.unlisted_deltas.push(o.key.clone()),
+            KeyKind::Owner { .. } if ours => {}
             _ => out.unknown.push(o.key.clone()),
         }
     }

@@ -38,6 +38,7 @@ use crate::flush::Context;
 use crate::job;
 use crate::lake::footer;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
+use crate::lake::owner;
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, ValueType, dir};
@@ -375,6 +376,13 @@ async fn export_schema(
                 .collect()
         })
         .unwrap_or_default();
+    // gc deletes what this manifest does not list: the data prefix must be its own.
+    let claimed = owner::owner(store, layout, schema_id).await?;
+    if let Some(why) = owner::mismatch(layout, schema_id, claimed.as_deref()) {
+        out.outcome = Outcome::Refused;
+        out.reason = Some(why);
+        return Ok(());
+    }
     if !deltas.is_empty() && !opts.replace_delta {
         out.outcome = Outcome::Refused;
         out.reason = Some(format!(
@@ -392,6 +400,9 @@ async fn export_schema(
         out.estimated_files = live.div_ceil(per_file).max(1);
         out.bytes = live * per_row;
         return Ok(());
+    }
+    if claimed.is_none() {
+        owner::ensure(store, layout, schema_id, true).await?;
     }
     // The count feeds the report, the progress bar and the size of the last file; pages are
     // read while it runs.

@@ -227,6 +227,8 @@ async fn inspect_schema(
             KeyKind::MergedBase { .. } => "merged_base",
             KeyKind::InitBase { .. } => "init_base",
             KeyKind::Delta { .. } => "delta",
+            // The prefix's owner marker is not a data file.
+            KeyKind::Owner { .. } => continue,
             KeyKind::Unknown => "unknown",
         };
         *unlisted.entry(class).or_default() += 1;

@@ -54,6 +54,12 @@ pub enum KeyKind {
         /// The file UUID.
         file: Uuid,
     },
+    /// `{data}/{schema}/_owner.json`: names the manifest the prefix belongs to
+    /// ([`super::owner`]).
+    Owner {
+        /// The schema id.
+        schema_id: i16,
+    },
     /// Anything else: never touched by gc.
     Unknown,
 }
@@ -65,7 +71,8 @@ impl KeyKind {
             KeyKind::Delta { schema_id, .. }
             | KeyKind::Tmp { schema_id, .. }
             | KeyKind::InitBase { schema_id, .. }
-            | KeyKind::MergedBase { schema_id, .. } => Some(schema_id),
+            | KeyKind::MergedBase { schema_id, .. }
+            | KeyKind::Owner { schema_id } => Some(schema_id),
             KeyKind::Unknown => None,
         }
     }
@@ -150,6 +157,11 @@ impl Layout {
         render(&self.manifest_template, schema_id)
     }
 
+    /// The owner marker of the schema's data prefix.
+    pub fn owner_key(&self, schema_id: i16) -> String {
+        format!("{}_owner.json", self.schema_prefix(schema_id))
+    }
+
     /// The schema's gc sighting-state key.
     pub fn gc_state_key(&self, schema_id: i16) -> String {
         format!("{}.gc-state", self.manifest_key(schema_id))
@@ -171,6 +183,9 @@ impl Layout {
         let schema_id: i16 = schema.parse().ok().filter(|id| *id > 0)?;
         if schema_id.to_string() != schema {
             return None;
+        }
+        if rest == "_owner.json" {
+            return Some(KeyKind::Owner { schema_id });
         }
         if let Some(tmp) = rest.strip_prefix("_tmp/") {
             let file = parse_uuid(tmp.strip_suffix(".parquet")?)?;
@@ -288,6 +303,7 @@ mod tests {
                         l.merged_base_key(schema_id, c),
                         KeyKind::MergedBase { schema_id, file: c },
                     ),
+                    (l.owner_key(schema_id), KeyKind::Owner { schema_id }),
                 ];
                 for (key, want) in cases {
                     assert!(key.starts_with(&l.schema_prefix(schema_id)), "{key}");

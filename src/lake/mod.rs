@@ -1,9 +1,11 @@
 //! The on-storage format: object keys (built and parsed by one module), the per-schema
-//! manifest and its conditional commit, and Parquet footer checks.
+//! manifest and its conditional commit, the owner marker of each data prefix, and Parquet
+//! footer checks.
 
 pub mod footer;
 pub mod keys;
 pub mod manifest;
+pub mod owner;
 
 pub use keys::{KeyKind, Layout};
 pub use manifest::{FileEntry, Manifest, Tier};

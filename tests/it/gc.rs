@@ -281,3 +281,77 @@ async fn a_key_listed_while_gc_lists_the_prefix_is_not_sighted() {
         .unwrap_or_default();
     assert!(!state.contains(&base), "sighted while listed: {state}");
 }
+
+#[tokio::test]
+async fn a_data_prefix_belongs_to_one_manifest() {
+    // A second manifest (another --manifest-template) over the same data prefix: gc would take
+    // the first manifest's files for orphans. The first writer of bases claims the prefix;
+    // init and compact under the other manifest refuse it, and so does gc.
+    use lakecdc::init::{InitOptions, Outcome as InitOutcome};
+    use lakecdc::lake::{Lake, Layout};
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(463);
+    rig.seed(20, &mut r).await;
+    let init_opts = InitOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        ..InitOptions::default()
+    };
+    let report = lakecdc::init::run(&rig.ctx, &init_opts).await.unwrap();
+    assert_eq!(report.schemas[0].outcome, InitOutcome::Exported);
+    let marker = rig
+        .store
+        .get_bytes(&rig.ctx.lake.layout.owner_key(100))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&marker.bytes).contains("manifest/100.json"),
+        "{marker:?}"
+    );
+    let objects = rig.keys("data/100/").await;
+    // The same lake seen through another manifest template.
+    let mut other = rig.ctx.clone();
+    other.lake = Lake {
+        store: rig.store.clone(),
+        layout: Layout::new("", "data", "staging/{schema_id}.json").unwrap(),
+    };
+    let report = lakecdc::init::run(&other, &init_opts).await.unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, InitOutcome::Refused, "{s:?}");
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("belongs to manifest manifest/100.json")
+    );
+    let gc_ctx = Context {
+        lake: other.lake.clone(),
+        ..ctx(
+            &rig,
+            Arc::new(ManualClock::new(SystemClock.now_ms() + 24 * 60 * MIN)),
+        )
+    };
+    let report = lakecdc::gc::run(&gc_ctx, &opts(false)).await.unwrap();
+    assert_eq!(
+        report.schemas[0].outcome,
+        Some(Outcome::Refused),
+        "{report:?}"
+    );
+    assert!(rig.store.get_bytes("staging/100.json").await.is_err());
+    assert_eq!(
+        rig.keys("data/100/").await,
+        objects,
+        "the other manifest touched the prefix"
+    );
+    // Under its own manifest, gc runs as usual.
+    let gc_ctx = ctx(
+        &rig,
+        Arc::new(ManualClock::new(SystemClock.now_ms() + 24 * 60 * MIN)),
+    );
+    let report = lakecdc::gc::run(&gc_ctx, &opts(false)).await.unwrap();
+    assert_eq!(
+        report.schemas[0].outcome,
+        Some(Outcome::Clean),
+        "{report:?}"
+    );
+}
