@@ -433,16 +433,18 @@ async fn pass(
     };
     let plan = plan(&loaded.manifest, opts);
     out.plan = Some(plan.clone());
+    if plan.decision != Decision::Noop {
+        // Its bases will live in the data prefix: the prefix must be this manifest's (a dry
+        // run checks without claiming).
+        owner::ensure(store, &ctx.lake.layout, schema_id, false).await?;
+    }
     if opts.dry_run {
         return Ok(());
-    }
-    if plan.decision != Decision::Noop {
-        // Its bases will live in the data prefix: the prefix must be this manifest's.
-        owner::ensure(store, &ctx.lake.layout, schema_id, true).await?;
     }
     match plan.decision {
         Decision::Noop => Ok(()),
         Decision::Promote => {
+            owner::ensure(store, &ctx.lake.layout, schema_id, true).await?;
             let deltas: BTreeSet<String> = loaded
                 .manifest
                 .tier(Tier::Delta)
@@ -661,7 +663,11 @@ async fn rewrite(
         max_attempts: opts.max_retries.max(1),
         ..CommitPolicy::default()
     };
-    let committed = manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {
+    // An unclaimed prefix is claimed at publish time, so a failed pass leaves no claim.
+    let claimed = owner::ensure(store, layout, schema_id, true).await;
+    let committed = match claimed {
+        Err(e) => Err(e),
+        Ok(()) => manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {
         if staged.elapsed() > opts.commit_lease {
             return Err(Error::Invariant(format!(
                 "the new base {base} was staged {}s ago, longer than the {}s lease (a slow store?): gc may already treat it as an orphan, so it is not published; run compact again",
@@ -680,7 +686,8 @@ async fn rewrite(
         retire(m, &merged_paths, ctx.clock.now_ms());
         Ok(())
     })
-    .await;
+    .await,
+    };
     match committed {
         Ok(_) => {
             out.files_out = 1;

@@ -401,9 +401,6 @@ async fn export_schema(
         out.bytes = live * per_row;
         return Ok(());
     }
-    if claimed.is_none() {
-        owner::ensure(store, layout, schema_id, true).await?;
-    }
     // The count feeds the report, the progress bar and the size of the last file; pages are
     // read while it runs.
     let count = Guarded(tokio::spawn({
@@ -417,7 +414,13 @@ async fn export_schema(
     // An export can run for hours: had the lock's session died meanwhile, gc could have taken
     // the lock and deleted bases uploaded long ago as orphans. Held now means held throughout
     // (the lock lives as long as its session).
-    let committed = match lock.ensure_held().await {
+    // An unclaimed prefix is claimed now, at publish time, so an export that fails or stops
+    // leaves no claim behind.
+    let ready = match lock.ensure_held().await {
+        Ok(()) if claimed.is_none() => owner::ensure(store, layout, schema_id, true).await,
+        other => other,
+    };
+    let committed = match ready {
         Ok(()) => {
             manifest::commit(
                 store,

@@ -17,6 +17,8 @@ pub struct Layout {
     data_prefix: String,
     /// `{root}/` (or empty) followed by the manifest template.
     manifest_template: String,
+    /// The manifest template alone (relative to the lake root).
+    manifest_in_lake: String,
 }
 
 /// What a key in a schema's data prefix is.
@@ -101,6 +103,7 @@ impl Layout {
         Ok(Self {
             data_prefix: join(&root, &data),
             manifest_template: join(&root, manifest_template),
+            manifest_in_lake: manifest_template.to_string(),
         })
     }
 
@@ -155,6 +158,12 @@ impl Layout {
     /// The schema's manifest key.
     pub fn manifest_key(&self, schema_id: i16) -> String {
         render(&self.manifest_template, schema_id)
+    }
+
+    /// The schema's manifest key relative to the lake root (what an owner marker records, so a
+    /// lake moved to another root keeps its owner).
+    pub fn manifest_key_in_lake(&self, schema_id: i16) -> String {
+        render(&self.manifest_in_lake, schema_id)
     }
 
     /// The owner marker of the schema's data prefix.

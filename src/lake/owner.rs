@@ -45,13 +45,14 @@ pub async fn owner(
 }
 
 /// The refusal when the prefix belongs to `other`, not to this layout's manifest; `None` when
-/// it is unclaimed or ours.
+/// it is unclaimed or ours. Manifest keys are compared relative to the lake root.
 pub fn mismatch(layout: &Layout, schema_id: i16, owner: Option<&str>) -> Option<String> {
-    let ours = layout.manifest_key(schema_id);
+    let ours = layout.manifest_key_in_lake(schema_id);
     owner.filter(|o| *o != ours).map(|other| {
         format!(
-            "{} belongs to manifest {other}, not {ours}: check --lake, --data-prefix and --manifest-template",
-            layout.schema_prefix(schema_id)
+            "{} belongs to manifest {other}, not {ours}: check --lake, --data-prefix and --manifest-template (delete {} only if the lake really moved to this manifest)",
+            layout.schema_prefix(schema_id),
+            layout.owner_key(schema_id)
         )
     })
 }
@@ -77,7 +78,7 @@ pub async fn ensure(
     }
     let key = layout.owner_key(schema_id);
     let body = serde_json::to_vec(&Marker {
-        manifest: layout.manifest_key(schema_id),
+        manifest: layout.manifest_key_in_lake(schema_id),
     })
     .map_err(|e| Error::Invariant(format!("owner marker: {e}")))?;
     match store

@@ -324,6 +324,26 @@ async fn a_data_prefix_belongs_to_one_manifest() {
             .unwrap()
             .contains("belongs to manifest manifest/100.json")
     );
+    // The other manifest lists one of the prefix's bases (so the older "lists none of them"
+    // guard does not apply): gc through it must still refuse, not delete the rest.
+    let mine = lakecdc::lake::manifest::load(rig.store.as_ref(), "manifest/100.json", 100)
+        .await
+        .unwrap()
+        .unwrap();
+    let one = mine.manifest.files[0].clone();
+    lakecdc::lake::manifest::commit(
+        rig.store.as_ref(),
+        "staging/100.json",
+        100,
+        &SystemClock,
+        Default::default(),
+        |m| {
+            m.files.push(one.clone());
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
     let gc_ctx = Context {
         lake: other.lake.clone(),
         ..ctx(
@@ -332,12 +352,15 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         )
     };
     let report = lakecdc::gc::run(&gc_ctx, &opts(false)).await.unwrap();
-    assert_eq!(
-        report.schemas[0].outcome,
-        Some(Outcome::Refused),
-        "{report:?}"
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Some(Outcome::Refused), "{report:?}");
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("belongs to manifest manifest/100.json"),
+        "{s:?}"
     );
-    assert!(rig.store.get_bytes("staging/100.json").await.is_err());
     assert_eq!(
         rig.keys("data/100/").await,
         objects,
