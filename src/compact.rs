@@ -433,10 +433,14 @@ async fn pass(
     };
     let plan = plan(&loaded.manifest, opts);
     out.plan = Some(plan.clone());
-    if plan.decision != Decision::Noop {
-        // Its bases will live in the data prefix: the prefix must be this manifest's (a dry
-        // run checks without claiming).
-        owner::ensure(store, &ctx.lake.layout, schema_id, false).await?;
+    // Its bases live in the data prefix: the prefix must be this manifest's (a dry run checks;
+    // a real pass claims an unclaimed one when it publishes).
+    let ownership = owner::check(store, &ctx.lake.layout, schema_id).await?;
+    if let owner::Ownership::Other(why) = &ownership {
+        return Err(PassError::Fail(Error::Manifest {
+            key: ctx.lake.layout.owner_key(schema_id),
+            message: why.clone(),
+        }));
     }
     if opts.dry_run {
         return Ok(());
@@ -444,7 +448,7 @@ async fn pass(
     match plan.decision {
         Decision::Noop => Ok(()),
         Decision::Promote => {
-            owner::ensure(store, &ctx.lake.layout, schema_id, true).await?;
+            owner::claim(store, &ctx.lake.layout, schema_id, &ownership).await?;
             let deltas: BTreeSet<String> = loaded
                 .manifest
                 .tier(Tier::Delta)
@@ -479,7 +483,17 @@ async fn pass(
                     path: dir.clone(),
                     source,
                 })?;
-            let res = rewrite(ctx, opts, hook, schema_id, &loaded.manifest, &dir, out).await;
+            let res = rewrite(
+                ctx,
+                opts,
+                hook,
+                schema_id,
+                &ownership,
+                &loaded.manifest,
+                &dir,
+                out,
+            )
+            .await;
             let _ = tokio::fs::remove_dir_all(&dir).await;
             res
         }
@@ -553,6 +567,7 @@ async fn rewrite(
     opts: &CompactOptions,
     hook: Option<Hook>,
     schema_id: i16,
+    ownership: &owner::Ownership,
     m: &Manifest,
     dir: &std::path::Path,
     out: &mut SchemaCompact,
@@ -664,7 +679,7 @@ async fn rewrite(
         ..CommitPolicy::default()
     };
     // An unclaimed prefix is claimed at publish time, so a failed pass leaves no claim.
-    let claimed = owner::ensure(store, layout, schema_id, true).await;
+    let claimed = owner::claim(store, layout, schema_id, ownership).await;
     let committed = match claimed {
         Err(e) => Err(e),
         Ok(()) => manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {

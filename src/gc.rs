@@ -238,11 +238,7 @@ async fn collect(
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
     let prefix = layout.schema_prefix(schema_id);
-    if let Some(why) = owner::mismatch(
-        layout,
-        schema_id,
-        owner::owner(store, layout, schema_id).await?.as_deref(),
-    ) {
+    if let owner::Ownership::Other(why) = owner::check(store, layout, schema_id).await? {
         out.outcome = Some(Outcome::Refused);
         out.reason = Some(why);
         return Ok(());

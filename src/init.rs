@@ -377,8 +377,8 @@ async fn export_schema(
         })
         .unwrap_or_default();
     // gc deletes what this manifest does not list: the data prefix must be its own.
-    let claimed = owner::owner(store, layout, schema_id).await?;
-    if let Some(why) = owner::mismatch(layout, schema_id, claimed.as_deref()) {
+    let ownership = owner::check(store, layout, schema_id).await?;
+    if let owner::Ownership::Other(why) = ownership {
         out.outcome = Outcome::Refused;
         out.reason = Some(why);
         return Ok(());
@@ -417,8 +417,8 @@ async fn export_schema(
     // An unclaimed prefix is claimed now, at publish time, so an export that fails or stops
     // leaves no claim behind.
     let ready = match lock.ensure_held().await {
-        Ok(()) if claimed.is_none() => owner::ensure(store, layout, schema_id, true).await,
-        other => other,
+        Ok(()) => owner::claim(store, layout, schema_id, &ownership).await,
+        lost => lost,
     };
     let committed = match ready {
         Ok(()) => {

@@ -20,63 +20,68 @@ struct Marker {
     manifest: String,
 }
 
-/// The manifest key the schema's data prefix belongs to, if it is claimed.
-pub async fn owner(
-    store: &dyn ObjectStore,
-    layout: &Layout,
-    schema_id: i16,
-) -> Result<Option<String>> {
+/// Whose the schema's data prefix is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// Claimed by this layout's manifest.
+    Ours,
+    /// Not claimed yet: the first writer of bases claims it when it publishes.
+    Unclaimed,
+    /// Claimed by another manifest; the refusal, naming both.
+    Other(String),
+}
+
+/// Reads the marker of the schema's data prefix (manifest keys compared relative to the lake
+/// root).
+pub async fn check(store: &dyn ObjectStore, layout: &Layout, schema_id: i16) -> Result<Ownership> {
     let key = layout.owner_key(schema_id);
-    match store.get_bytes(&key).await {
+    let owner = match store.get_bytes(&key).await {
         Ok(got) => {
             let marker: Marker = serde_json::from_slice(&got.bytes).map_err(|e| Error::Manifest {
                 key: key.clone(),
                 message: format!("the owner marker is not valid ({e}); it should hold {{\"manifest\": \"<manifest key>\"}}"),
             })?;
-            Ok(Some(marker.manifest))
+            marker.manifest
         }
-        Err(StoreError::NotFound) => Ok(None),
-        Err(source) => Err(Error::Storage {
-            op: "read owner marker",
-            key,
-            source,
-        }),
-    }
-}
-
-/// The refusal when the prefix belongs to `other`, not to this layout's manifest; `None` when
-/// it is unclaimed or ours. Manifest keys are compared relative to the lake root.
-pub fn mismatch(layout: &Layout, schema_id: i16, owner: Option<&str>) -> Option<String> {
+        Err(StoreError::NotFound) => return Ok(Ownership::Unclaimed),
+        Err(source) => {
+            return Err(Error::Storage {
+                op: "read owner marker",
+                key,
+                source,
+            });
+        }
+    };
     let ours = layout.manifest_key_in_lake(schema_id);
-    owner.filter(|o| *o != ours).map(|other| {
-        format!(
-            "{} belongs to manifest {other}, not {ours}: check --lake, --data-prefix and --manifest-template (delete {} only if the lake really moved to this manifest)",
+    Ok(if owner == ours {
+        Ownership::Ours
+    } else {
+        Ownership::Other(format!(
+            "{} belongs to manifest {owner}, not {ours}: check --lake, --data-prefix and --manifest-template (delete {key} only if the lake really moved to this manifest)",
             layout.schema_prefix(schema_id),
-            layout.owner_key(schema_id)
-        )
+        ))
     })
 }
 
-/// Fails unless the schema's data prefix is unclaimed or belongs to this layout's manifest,
-/// and claims an unclaimed one (`claim`: false checks only, for a dry run).
-pub async fn ensure(
+/// Fails unless the schema's data prefix is this layout's manifest's, claiming it (a
+/// conditional create) when `ownership` says it is unclaimed. Called right before publishing,
+/// so a run that fails earlier leaves no claim; a claim lost to another manifest fails.
+pub async fn claim(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,
-    claim: bool,
+    ownership: &Ownership,
 ) -> Result<()> {
+    let key = layout.owner_key(schema_id);
     let refuse = |why: String| Error::Manifest {
-        key: layout.owner_key(schema_id),
+        key: key.clone(),
         message: why,
     };
-    let current = owner(store, layout, schema_id).await?;
-    if let Some(why) = mismatch(layout, schema_id, current.as_deref()) {
-        return Err(refuse(why));
+    match ownership {
+        Ownership::Ours => return Ok(()),
+        Ownership::Other(why) => return Err(refuse(why.clone())),
+        Ownership::Unclaimed => {}
     }
-    if current.is_some() || !claim {
-        return Ok(());
-    }
-    let key = layout.owner_key(schema_id);
     let body = serde_json::to_vec(&Marker {
         manifest: layout.manifest_key_in_lake(schema_id),
     })
@@ -87,13 +92,10 @@ pub async fn ensure(
     {
         Ok(_) => Ok(()),
         // Claimed meanwhile: fine if by the same manifest.
-        Err(StoreError::Conflict) => {
-            let now = owner(store, layout, schema_id).await?;
-            match mismatch(layout, schema_id, now.as_deref()) {
-                Some(why) => Err(refuse(why)),
-                None => Ok(()),
-            }
-        }
+        Err(StoreError::Conflict) => match check(store, layout, schema_id).await? {
+            Ownership::Other(why) => Err(refuse(why)),
+            _ => Ok(()),
+        },
         Err(source) => Err(Error::Storage {
             op: "claim data prefix",
             key,
