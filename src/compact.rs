@@ -38,6 +38,7 @@ use crate::lake::owner;
 use crate::lake::{KeyKind, footer};
 use crate::report::label;
 use crate::source::registry::Registered;
+use crate::store::delete_or_leave;
 
 /// Compact runs with the shared lake-job context.
 pub use crate::job::Context;
@@ -433,6 +434,9 @@ async fn pass(
     };
     let plan = plan(&loaded.manifest, opts);
     out.plan = Some(plan.clone());
+    if plan.decision == Decision::Noop {
+        return Ok(());
+    }
     // Its bases live in the data prefix: the prefix must be this manifest's (a dry run checks;
     // a real pass claims an unclaimed one when it publishes).
     let ownership = owner::check(store, &ctx.lake.layout, schema_id).await?;
@@ -446,7 +450,7 @@ async fn pass(
         return Ok(());
     }
     match plan.decision {
-        Decision::Noop => Ok(()),
+        Decision::Noop => Ok(()), // returned above
         Decision::Promote => {
             owner::claim(store, &ctx.lake.layout, schema_id, &ownership).await?;
             let deltas: BTreeSet<String> = loaded
@@ -650,9 +654,7 @@ async fn rewrite(
         }
         .into());
     }
-    if let Err(e) = store.delete(&tmp).await {
-        tracing::warn!(key = %tmp, error = %e, "temporary object left for gc");
-    }
+    delete_or_leave(store, &tmp, "temporary object").await;
     tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step upload");
     if let Some(h) = &hook {
         h(schema_id).await;
@@ -679,30 +681,33 @@ async fn rewrite(
         ..CommitPolicy::default()
     };
     // An unclaimed prefix is claimed at publish time, so a failed pass leaves no claim.
-    let claimed = owner::claim(store, layout, schema_id, ownership).await;
-    let committed = match claimed {
-        Err(e) => Err(e),
-        Ok(()) => manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {
-        if staged.elapsed() > opts.commit_lease {
-            return Err(Error::Invariant(format!(
-                "the new base {base} was staged {}s ago, longer than the {}s lease (a slow store?): gc may already treat it as an orphan, so it is not published; run compact again",
-                staged.elapsed().as_secs(),
-                opts.commit_lease.as_secs()
-            )));
-        }
-        let listed: BTreeSet<&String> = m.files.iter().map(|f| &f.path).collect();
-        if let Some(gone) = merged_paths.iter().find(|p| !listed.contains(p)) {
-            vanished = Some(gone.clone());
-            return Err(Error::Invariant(format!("{gone} is no longer listed")));
-        }
-        m.files.retain(|f| !merged_paths.contains(&f.path));
-        m.files.push(entry.clone());
-        // Stamped at this attempt: gc's grace for the sources starts when they are unlisted.
-        retire(m, &merged_paths, ctx.clock.now_ms());
-        Ok(())
-    })
-    .await,
-    };
+    let committed = async {
+        owner::claim(store, layout, schema_id, ownership).await?;
+        manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {
+            let age = staged.elapsed();
+            if age > opts.commit_lease {
+                return Err(Error::Invariant(format!(
+                    "the new base {base} was staged {}s ago, longer than the {}s lease (a slow \
+                     store?): gc may already treat it as an orphan, so it is not published; run \
+                     compact again",
+                    age.as_secs(),
+                    opts.commit_lease.as_secs()
+                )));
+            }
+            let listed: BTreeSet<&String> = m.files.iter().map(|f| &f.path).collect();
+            if let Some(gone) = merged_paths.iter().find(|p| !listed.contains(p)) {
+                vanished = Some(gone.clone());
+                return Err(Error::Invariant(format!("{gone} is no longer listed")));
+            }
+            m.files.retain(|f| !merged_paths.contains(&f.path));
+            m.files.push(entry.clone());
+            // Stamped at this attempt: gc's grace for the sources starts when they are unlisted.
+            retire(m, &merged_paths, ctx.clock.now_ms());
+            Ok(())
+        })
+        .await
+    }
+    .await;
     match committed {
         Ok(_) => {
             out.files_out = 1;
@@ -719,9 +724,7 @@ async fn rewrite(
         })),
         Err(e) => {
             // Provably not committed: the staged base is unlisted garbage now.
-            if let Err(d) = store.delete(&base).await {
-                tracing::warn!(key = %base, error = %d, "staged base left for gc");
-            }
+            delete_or_leave(store, &base, "staged base").await;
             match vanished {
                 Some(path) => Err(PassError::Retry(format!(
                     "{path} left the manifest meanwhile"

@@ -41,6 +41,7 @@ use crate::shutdown::Shutdown;
 use crate::source::registry::{self, Registered};
 use crate::source::snapshot::{self, Selected, Snapshot};
 use crate::source::{Connector, stats};
+use crate::store::delete_or_leave;
 
 mod read_ahead;
 
@@ -639,7 +640,7 @@ async fn publish(
     let put = match store.put_file(&tmp, local).await {
         Ok(put) => put,
         Err(source) => {
-            delete_quietly(store, &tmp).await;
+            delete_or_leave(store, &tmp, "temporary object").await;
             return Err(Error::Storage {
                 op: "upload delta",
                 key: tmp,
@@ -649,7 +650,7 @@ async fn publish(
     };
     let key = layout.delta_key(schema_id, Uuid::now_v7());
     if let Err(source) = store.copy(&tmp, &key).await {
-        delete_quietly(store, &tmp).await;
+        delete_or_leave(store, &tmp, "temporary object").await;
         return Err(Error::Storage {
             op: "promote delta",
             key,
@@ -745,12 +746,6 @@ fn row_id_range(versions: &[Selected]) -> (String, String) {
         min.map(|u| u.to_string()).unwrap_or_default(),
         max.map(|u| u.to_string()).unwrap_or_default(),
     )
-}
-
-async fn delete_quietly(store: &dyn crate::store::ObjectStore, key: &str) {
-    if let Err(e) = store.delete(key).await {
-        tracing::warn!(key, error = %e, "could not delete temporary object; gc will");
-    }
 }
 
 #[cfg(test)]

@@ -272,20 +272,20 @@ async fn collect(
     for o in objects.iter().filter(|o| !listed_keys.contains(&o.key)) {
         let kind = layout.classify(&o.key);
         let ours = kind.schema_id() == Some(schema_id);
-        match kind {
+        let retired_at = retired.get(&o.key).copied();
+        let deletable = match kind {
             // Garbage by shape, or a delta that compaction merged and retired.
-            KeyKind::Tmp { .. } | KeyKind::MergedBase { .. } | KeyKind::InitBase { .. } if ours => {
-                let retired_at = retired.get(&o.key).copied();
-                sight(
-                    &state, &mut seen, o, retired_at, now, grace_ms, &mut due, out,
-                )
-            }
-            KeyKind::Delta { .. } if ours && retired.contains_key(&o.key) => {
-                let retired_at = retired.get(&o.key).copied();
-                sight(
-                    &state, &mut seen, o, retired_at, now, grace_ms, &mut due, out,
-                )
-            }
+            KeyKind::Tmp { .. } | KeyKind::MergedBase { .. } | KeyKind::InitBase { .. } => ours,
+            KeyKind::Delta { .. } => ours && retired_at.is_some(),
+            _ => false,
+        };
+        if deletable {
+            sight(
+                &state, &mut seen, o, retired_at, now, grace_ms, &mut due, out,
+            );
+            continue;
+        }
+        match kind {
             KeyKind::Delta { .. } if ours => out.unlisted_deltas.push(o.key.clone()),
             KeyKind::Owner { .. } if ours => {}
             _ => out.unknown.push(o.key.clone()),

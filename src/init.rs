@@ -45,6 +45,7 @@ use crate::schema::{SchemaDef, ValueType, dir};
 use crate::source::lock::SchemaLock;
 use crate::source::registry::Registered;
 use crate::source::snapshot::{self, LivePage};
+use crate::store::delete_or_leave;
 
 /// A test seam called by the reader after each page is handed over, with the page's last row
 /// id (the next page's cursor).
@@ -413,48 +414,42 @@ async fn export_schema(
     let entries = export_files(ctx, opts, schema_id, def, count, out).await?;
     // An export can run for hours: had the lock's session died meanwhile, gc could have taken
     // the lock and deleted bases uploaded long ago as orphans. Held now means held throughout
-    // (the lock lives as long as its session).
-    // An unclaimed prefix is claimed now, at publish time, so an export that fails or stops
-    // leaves no claim behind.
-    let ready = match lock.ensure_held().await {
-        Ok(()) => owner::claim(store, layout, schema_id, &ownership).await,
-        lost => lost,
-    };
-    let committed = match ready {
-        Ok(()) => {
-            manifest::commit(
-                store,
-                &key,
-                schema_id,
-                ctx.clock.as_ref(),
-                CommitPolicy::default(),
-                |m| {
-                    // The whole base tier, and exactly the deltas inventoried at the start
-                    // (what `--replace-delta` agreed to replace; any other delta is newer
-                    // than this export's reads). They are recorded as retired, so gc gives
-                    // readers of the manifests that listed them the whole grace period.
-                    let replaced: BTreeSet<String> = m
-                        .files
-                        .iter()
-                        .filter(|f| {
-                            f.tier == Tier::Base
-                                || (f.tier == Tier::Delta && deltas.contains(&f.path))
-                        })
-                        .map(|f| f.path.clone())
-                        .collect();
-                    m.files.retain(|f| !replaced.contains(&f.path));
-                    m.files.extend(entries.iter().cloned());
-                    if !replaced.is_empty() {
-                        // Stamped at this attempt: gc's grace starts when they are unlisted.
-                        compact::retire(m, &replaced, ctx.clock.now_ms());
-                    }
-                    Ok(())
-                },
-            )
-            .await
-        }
-        Err(e) => Err(e),
-    };
+    // (the lock lives as long as its session). An unclaimed prefix is claimed now, at publish
+    // time, so an export that fails or stops leaves no claim behind.
+    let committed = async {
+        lock.ensure_held().await?;
+        owner::claim(store, layout, schema_id, &ownership).await?;
+        manifest::commit(
+            store,
+            &key,
+            schema_id,
+            ctx.clock.as_ref(),
+            CommitPolicy::default(),
+            |m| {
+                // The whole base tier, and exactly the deltas inventoried at the start (what
+                // `--replace-delta` agreed to replace; any other delta is newer than this
+                // export's reads). They are recorded as retired, so gc gives readers of the
+                // manifests that listed them the whole grace period.
+                let replaced: BTreeSet<String> = m
+                    .files
+                    .iter()
+                    .filter(|f| {
+                        f.tier == Tier::Base || (f.tier == Tier::Delta && deltas.contains(&f.path))
+                    })
+                    .map(|f| f.path.clone())
+                    .collect();
+                m.files.retain(|f| !replaced.contains(&f.path));
+                m.files.extend(entries.iter().cloned());
+                if !replaced.is_empty() {
+                    // Stamped at this attempt: gc's grace starts when they are unlisted.
+                    compact::retire(m, &replaced, ctx.clock.now_ms());
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+    .await;
     match committed {
         Ok(_) => {}
         // The save may have landed: the new bases may be listed, so they stay (gc decides).
@@ -469,9 +464,7 @@ async fn export_schema(
     }
     // Only now, with the new base tier committed, do the replaced deltas go.
     for d in &deltas {
-        if let Err(e) = store.delete(d).await {
-            tracing::warn!(key = %d, error = %e, "replaced delta not deleted; gc will (it is retired)");
-        }
+        delete_or_leave(store, d, "replaced (retired) delta").await;
     }
     out.replaced_deltas = deltas.len();
     Ok(())
@@ -769,9 +762,12 @@ async fn stage_and_upload(
 /// landed), which no manifest lists. What cannot be deleted is an orphan gc removes.
 async fn delete_unlisted(ctx: &Context, keys: &[String]) {
     for key in keys {
-        if let Err(e) = ctx.lake.store.delete(key).await {
-            tracing::warn!(key = %key, error = %e, "unlisted base of a failed init not deleted; gc will");
-        }
+        delete_or_leave(
+            ctx.lake.store.as_ref(),
+            key,
+            "unlisted base of a failed init",
+        )
+        .await;
     }
 }
 

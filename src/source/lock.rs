@@ -69,28 +69,17 @@ impl SchemaLock {
     /// ends with the session or an unlock on it. Checked before publishing what was prepared
     /// under the lock.
     pub async fn ensure_held(&self) -> Result<()> {
-        // The same backend (not another one behind a pooler), and it still holds the lock.
-        let held = timed(
-            self.connector.statement_timeout(),
-            "check the schema lock",
-            self.client.query_one(
-                "SELECT pg_backend_pid() = $2 AND EXISTS (SELECT 1 FROM pg_locks \
-                 WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() \
-                 AND objsubid = 2 AND classid = $1::int4::oid AND objid = $1::int4::oid)",
-                &[&i32::from(self.schema_id), &self.backend_pid],
-            ),
-        )
-        .await
-        .and_then(|row| {
-            if row.get::<_, bool>(0) {
-                Ok(())
-            } else {
-                Err(Error::Invariant(format!(
+        // Asked on the lock's own session (it fails once that session is gone), and answered
+        // by pg_locks: the backend that took the lock must still be its holder.
+        let held = holder(&self.client, self.schema_id)
+            .await
+            .and_then(|h| match h {
+                Some(h) if h.pid == self.backend_pid => Ok(()),
+                _ => Err(Error::Invariant(format!(
                     "backend {} no longer holds the advisory lock",
                     self.backend_pid
-                )))
-            }
-        });
+                ))),
+            });
         held.map_err(|e| Error::LockLost {
             schema_id: self.schema_id,
             source: Box::new(e),

@@ -176,6 +176,14 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError>;
 }
 
+/// Deletes `key`, logging instead of failing when it cannot: what is left (`what`) is an
+/// unlisted object gc removes.
+pub async fn delete_or_leave(store: &dyn ObjectStore, key: &str, what: &str) {
+    if let Err(e) = store.delete(key).await {
+        tracing::warn!(key, error = %e, "{what} not deleted; gc will");
+    }
+}
+
 /// SHA-256 of a byte slice.
 pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
