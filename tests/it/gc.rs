@@ -246,8 +246,18 @@ async fn a_key_listed_while_gc_lists_the_prefix_is_not_sighted() {
         .arm(Op::List, Some("data/100/"), 1, Action::Pause(gate.clone()));
     let clock = Arc::new(ManualClock::new(SystemClock.now_ms() + 60 * MIN));
     let gc = ctx(&rig, clock.clone());
+    let calls = rig.store.calls().len();
     let run = tokio::spawn(async move { lakecdc::gc::run(&gc, &opts(false)).await });
-    gate.wait_reached().await;
+    tokio::time::timeout(std::time::Duration::from_secs(30), gate.wait_reached())
+        .await
+        .expect("gc never listed the prefix");
+    // The race under test: gc read the manifest before its listing.
+    assert!(
+        rig.store.calls()[calls..]
+            .iter()
+            .any(|c| c.op == Op::GetBytes && c.key == "manifest/100.json"),
+        "gc listed before reading the manifest"
+    );
     let listed = base.clone();
     manifest::commit(
         rig.store.as_ref(),
@@ -286,7 +296,7 @@ async fn a_key_listed_while_gc_lists_the_prefix_is_not_sighted() {
 async fn a_data_prefix_belongs_to_one_manifest() {
     // A second manifest (another --manifest-template) over the same data prefix: gc would take
     // the first manifest's files for orphans. The first writer of bases claims the prefix;
-    // init and compact under the other manifest refuse it, and so does gc.
+    // init under the other manifest refuses it, and so does gc (compact uses the same check).
     use lakecdc::init::{InitOptions, Outcome as InitOutcome};
     use lakecdc::lake::{Lake, Layout};
     let mut rig = rig(LakeKind::S3).await;

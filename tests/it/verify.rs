@@ -166,7 +166,27 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
     assert_eq!((compact.schemas.len(), compact.exit_code()), (2, 3));
     assert!(compact.to_text().contains("stopped"));
     assert_eq!(rig.store.writes().len(), before, "a stopped run wrote");
-    // Without the stop, the same runs work on every schema.
+    // Without the stop, the same runs work on every schema (and compact writes: the stopped
+    // run had something to do).
     let verify = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
     assert_eq!(verify.exit_code(), 0, "{verify:?}");
+    let compact = lakecdc::compact::run(
+        &ctx(&rig),
+        &lakecdc::compact::CompactOptions {
+            target_base_size: 1,
+            work_dir: rig.opts.work_dir.clone(),
+            ..Default::default()
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(
+        compact
+            .schemas
+            .iter()
+            .all(|s| s.outcome != lakecdc::compact::Outcome::Stopped),
+        "{compact:?}"
+    );
+    assert!(rig.store.writes().len() > before, "{compact:?}");
 }
