@@ -71,8 +71,8 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
 /// and already in `row_id` order: the same columns, types and values as [`export_sql`] with
 /// the same `driver`, with no join, aggregate or sort left for DuckDB. The maximum the pivot
 /// takes over an attribute's one row is that row's value, so both give the same file (study
-/// §10 #210).
-pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String {
+/// §10 #210). The rows are read from `source` (a table expression, aliased `m`).
+pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver, source: &str) -> String {
     let cols = select_list(schema, schema_id, &system_columns(driver, "m"), |a| {
         let raw = format!("m.{}", quote_ident(&super::assemble::raw_column(a.id)));
         match a.value_type {
@@ -85,7 +85,7 @@ pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> Stri
             t => eav_cast(t, &raw),
         }
     });
-    format!("SELECT {} FROM m", cols.join(", "))
+    format!("SELECT {} FROM {source} AS m", cols.join(", "))
 }
 
 /// The `row_id`, `changed_at` and `deleted_at` expressions of a file's rows; a delta's slot
@@ -238,11 +238,8 @@ impl Engine {
             return self.export_pivoted(schema, schema_id, driver, inputs, path);
         };
         let registered = Registered::in_order(rows);
-        self.create_view("m", &format!("SELECT * FROM {}", registered.scan_sql()))?;
-        let written = self.copy_to_parquet(&assembled_sql(schema, schema_id, driver), path);
-        self.drop_view("m")?;
-        drop(registered);
-        written
+        let sql = assembled_sql(schema, schema_id, driver, &registered.scan_sql());
+        self.copy_to_parquet(&sql, path)
     }
 
     /// Writes one lake file from `inputs` to `path` with the export query ([`export_sql`]):

@@ -259,9 +259,10 @@ async fn read(
         after,
         move |selected| {
             let _ = cursor.send(next_start(selected, limit));
-            let ids = selected.iter().map(|s| s.row_id).collect();
+            // The ids are gathered only for a test hook.
+            let call = hook.map(|h| (h, selected.iter().map(|s| s.row_id).collect()));
             async move {
-                if let Some(h) = hook {
+                if let Some((h, ids)) = call {
                     h(schema_id, ids).await;
                 }
             }
