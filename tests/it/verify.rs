@@ -145,17 +145,14 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
         "{gc:?}"
     );
     assert_eq!((gc.schemas.len(), gc.exit_code()), (2, 3));
-    let compact = lakecdc::compact::run(
-        &stopped,
-        &lakecdc::compact::CompactOptions {
-            target_base_size: 1,
-            work_dir: rig.opts.work_dir.clone(),
-            ..Default::default()
-        },
-        None,
-    )
-    .await
-    .unwrap();
+    let compact_opts = lakecdc::compact::CompactOptions {
+        target_base_size: 1,
+        work_dir: rig.opts.work_dir.clone(),
+        ..Default::default()
+    };
+    let compact = lakecdc::compact::run(&stopped, &compact_opts, None)
+        .await
+        .unwrap();
     assert!(
         compact
             .schemas
@@ -170,17 +167,9 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
     // run had something to do).
     let verify = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
     assert_eq!(verify.exit_code(), 0, "{verify:?}");
-    let compact = lakecdc::compact::run(
-        &ctx(&rig),
-        &lakecdc::compact::CompactOptions {
-            target_base_size: 1,
-            work_dir: rig.opts.work_dir.clone(),
-            ..Default::default()
-        },
-        None,
-    )
-    .await
-    .unwrap();
+    let compact = lakecdc::compact::run(&ctx(&rig), &compact_opts, None)
+        .await
+        .unwrap();
     assert!(
         compact
             .schemas
