@@ -25,6 +25,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/lakecdc-target}"
 export LAKECDC_SERVICES_DIR="${LAKECDC_BENCH_SERVICES_DIR:-/var/tmp/lakecdc-bench-services}"
+# SeaweedFS pauses writes for ~200 ms whenever it grows a volume: at a bucket's first write and
+# each time a volume fills. The test services use small volumes (many buckets); the bench uses
+# 1 GiB ones and writes one object first, so that the timings measure lakecdc, not the test
+# server's volume allocation (S3 has none).
+export LAKECDC_WEED_VOLUME_MB="${LAKECDC_WEED_VOLUME_MB:-1024}"
 
 what="${1:-flush}"
 N="${2:-1000000}"
@@ -54,9 +59,10 @@ source "$LAKECDC_SERVICES_DIR/env"
 PSQL="$PGBIN/psql -X -q -v ON_ERROR_STOP=1"
 $PSQL "$LAKECDC_TEST_PG_URL" -c "CREATE DATABASE bench"
 PGURL="${LAKECDC_TEST_PG_URL%/*}/bench"
-curl -sf -X PUT --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
-	"$LAKECDC_TEST_S3_ENDPOINT/bench" >/dev/null
-export LAKECDC_PG_URL="$PGURL" LAKECDC_LAKE=s3://bench LAKECDC_S3_ENDPOINT="$LAKECDC_TEST_S3_ENDPOINT"
+S3CURL=(curl -sf --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY")
+"${S3CURL[@]}" -X PUT "$LAKECDC_TEST_S3_ENDPOINT/bench" >/dev/null
+echo warm | "${S3CURL[@]}" -X PUT -T - "$LAKECDC_TEST_S3_ENDPOINT/bench/warm-up" >/dev/null
+export LAKECDC_PG_URL="$PGURL" LAKECDC_LAKE=s3://bench/lake LAKECDC_S3_ENDPOINT="$LAKECDC_TEST_S3_ENDPOINT"
 export LAKECDC_S3_PATH_STYLE=true LAKECDC_SCHEMA_DIR="$ROOT/bench/schemas"
 "$BIN" -q init-db >/dev/null
 

@@ -16,6 +16,12 @@
 # Besides the trusted superuser postgres, two roles test authentication:
 # lakecdc_pw must give its password (SCRAM) and lakecdc_tls is refused without
 # TLS. The env file names all of these (LAKECDC_TEST_PG_*).
+#
+# SeaweedFS volumes are ${LAKECDC_WEED_VOLUME_MB:-64} MiB (sparse files): each
+# bucket is a collection with volumes of its own, so small volumes let the
+# suite create hundreds of buckets. Growing a volume pauses writes for about
+# 200 ms; the benchmarks ask for large volumes so that no growth happens while
+# they are timed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +29,7 @@ DIR="${LAKECDC_SERVICES_DIR:-/var/tmp/lakecdc-services}"
 case "$DIR" in /*) ;; *) DIR="$PWD/$DIR" ;; esac
 DIR="${DIR%/}"
 VENV="${LAKECDC_SEAWEEDFS_VENV:-/var/tmp/lakecdc-seaweedfs-venv}"
+WEED_VOLUME_MB="${LAKECDC_WEED_VOLUME_MB:-64}"
 WEED_VERSION=4.48
 S3_ACCESS_KEY=lakecdc
 S3_SECRET_KEY=lakecdc-secret-key
@@ -387,7 +394,7 @@ EOF
 		-s3.port="$s3_port" -master.port="$master_port" -volume.port="$volume_port" \
 		-filer.port="$filer_port" -admin.port="$admin_port" \
 		-s3.autoCreateBucket=false -s3.localSocket="$S3DIR/data/s3.sock" \
-		-master.volumeSizeLimitMB=64 -volume.max=4000 \
+		-master.volumeSizeLimitMB="$WEED_VOLUME_MB" -volume.max=4000 \
 		-filer.localSocket="$S3DIR/data/filer.sock" \
 		</dev/null >"$S3DIR/weed.out" 2>&1 &
 	local weed_pid=$! code=000 deadline=$((SECONDS + START_TIMEOUT))

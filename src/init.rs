@@ -52,8 +52,8 @@ use crate::store::delete_or_leave;
 pub type PageHook =
     std::sync::Arc<dyn Fn(Uuid) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
-/// Called as rows are staged: (schema id, rows done, live rows counted at the start). The
-/// binary draws a progress bar with it on a terminal.
+/// Called as rows are staged: (schema id, rows done, live rows expected: the planner's estimate,
+/// at least the rows done). The binary draws a progress bar with it on a terminal.
 pub type ProgressFn = std::sync::Arc<dyn Fn(i16, u64, u64) + Send + Sync>;
 
 /// Init options (defaults as in DESIGN §4.2).
@@ -142,7 +142,8 @@ pub struct SchemaInit {
     pub outcome: Outcome,
     /// Why, for refused and failed.
     pub reason: Option<String>,
-    /// Live rows counted at the start.
+    /// Live rows: counted, in a dry run; exported, in a run (which counts none: its progress
+    /// total is the planner's estimate).
     pub live_rows: i64,
     /// Rows exported.
     pub rows: u64,
@@ -402,16 +403,8 @@ async fn export_schema(
         out.bytes = live * per_row;
         return Ok(());
     }
-    // The count feeds the report, the progress bar and the size of the last file; pages are
-    // read while it runs.
-    let count = Guarded(tokio::spawn({
-        let (connector, tables) = (ctx.connector.clone(), ctx.tables.clone());
-        async move {
-            let client = connector.connect().await?;
-            snapshot::count_live(&client, &tables, schema_id).await
-        }
-    }));
-    let entries = export_files(ctx, opts, schema_id, def, count, out).await?;
+    let entries = export_files(ctx, opts, schema_id, def, out).await?;
+    out.live_rows = i64::try_from(out.rows).unwrap_or(i64::MAX);
     // An export can run for hours: had the lock's session died meanwhile, gc could have taken
     // the lock and deleted bases uploaded long ago as orphans. Held now means held throughout
     // (the lock lives as long as its session). An unclaimed prefix is claimed now, at publish
@@ -506,34 +499,14 @@ type Upload = JoinHandle<Result<FileEntry>>;
 /// between the readers' files was measured: files half as large made init 15% slower.)
 const STAGED_BYTES_PER_FILE: usize = 96 * 1024 * 1024;
 
-/// A task that is aborted when its handle is dropped, so a failed init leaves no count or
-/// reader running behind it.
+/// A task that is aborted when its handle is dropped, so a failed init leaves no reader
+/// running behind it.
 struct Guarded<T>(JoinHandle<T>);
-
-impl<T> Guarded<T> {
-    fn is_finished(&self) -> bool {
-        self.0.is_finished()
-    }
-
-    async fn join(mut self) -> std::result::Result<T, tokio::task::JoinError> {
-        (&mut self.0).await
-    }
-}
 
 impl<T> Drop for Guarded<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// The live-row count of a schema, counted on its own connection.
-type Count = Guarded<Result<i64>>;
-
-async fn joined_count(count: Count) -> Result<i64> {
-    count
-        .join()
-        .await
-        .map_err(|e| Error::Invariant(format!("count task failed: {e}")))?
 }
 
 /// Reads pages, stages them, writes files and uploads them, overlapping the three.
@@ -542,12 +515,14 @@ async fn export_files(
     opts: &InitOptions,
     schema_id: i16,
     def: &SchemaDef,
-    count: Count,
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Read>>(2);
     let client = ctx.connector.connect().await?;
     let ranges = snapshot::live_ranges(&client, &ctx.tables, schema_id, opts.readers).await?;
+    // The planner's estimate (no scan: an exact count would read the table a second time,
+    // competing with the export) is enough for the progress total and to size the last files.
+    let estimate = snapshot::estimate_live(&client, &ctx.tables, schema_id).await?;
     drop(client);
     let mut readers = Vec::new();
     for (reader, range) in ranges.iter().copied().enumerate() {
@@ -612,7 +587,8 @@ async fn export_files(
     };
     // On success every reader has reported its range done; on failure dropping them aborts
     // any read still in flight.
-    let result = stage_and_upload(ctx, opts, schema_id, def, &mut reads, count, out).await;
+    let estimate = u64::try_from(estimate).unwrap_or(0);
+    let result = stage_and_upload(ctx, opts, schema_id, def, &mut reads, estimate, out).await;
     drop(readers);
     result
 }
@@ -623,7 +599,7 @@ async fn stage_and_upload(
     schema_id: i16,
     def: &SchemaDef,
     reads: &mut Reads,
-    count: Count,
+    estimate: u64,
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
     let mut files = Files::default();
@@ -641,8 +617,6 @@ async fn stage_and_upload(
     // files never overlap in range.
     let mut staging: Vec<Option<Staging>> = (0..reads.readers).map(|_| None).collect();
     let mut active = reads.readers;
-    let mut count = Some(count);
-    let mut total = 0u64;
     let started = Instant::now();
     let mut staged_total = 0u64;
     let result: Result<()> = async {
@@ -683,10 +657,7 @@ async fn stage_and_upload(
             s.entities.push(page.entities);
             s.eav.push(page.eav);
             staged_total += page.rows as u64;
-            if let Some(c) = count.take_if(|c| c.is_finished()) {
-                out.live_rows = joined_count(c).await?;
-                total = u64::try_from(out.live_rows).unwrap_or(0);
-            }
+            let total = estimate.max(staged_total);
             if let Some(p) = &opts.progress {
                 p(schema_id, staged_total, total);
             }
@@ -725,9 +696,6 @@ async fn stage_and_upload(
                 "{active} init reader(s) stopped before the end of their row-id range"
             )));
         }
-        if let Some(c) = count.take() {
-            out.live_rows = joined_count(c).await?;
-        }
         if staged_total == 0 {
             // With no live rows at all, `None` publishes one zero-row base (study §10 #519).
             files.start(ctx, opts, schema_id, def, None, out).await?;
@@ -742,7 +710,6 @@ async fn stage_and_upload(
     }
     .await;
     if let Err(e) = result {
-        drop(count);
         for w in files.writing.drain(..) {
             abandon(w).await;
         }

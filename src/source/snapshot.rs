@@ -490,6 +490,25 @@ pub async fn count_live(client: &Client, tables: &Tables, schema_id: i16) -> Res
     .get(0))
 }
 
+/// Estimates the live entities of a schema from the planner's statistics, reading no rows:
+/// enough for a progress total and for sizing the last files, where an exact count would scan
+/// the table once more, competing with the export for the server's CPU.
+pub async fn estimate_live(client: &Client, tables: &Tables, schema_id: i16) -> Result<i64> {
+    let sql = format!(
+        "EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL",
+        tables.entity.quoted()
+    );
+    let row = timed(
+        TIMEOUT,
+        "estimate live entities",
+        client.query_one(&sql, &[&schema_id]),
+    )
+    .await?;
+    let plan: serde_json::Value = row.get(0);
+    let rows = plan[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0);
+    Ok(rows.max(0.0).round() as i64)
+}
+
 /// The mark step (`flushed_at = T`) on its own connection, its statement prepared once.
 #[derive(Debug)]
 pub struct Marker {

@@ -42,8 +42,13 @@ async fn init_exports_exactly_the_live_rows_and_flush_continues_from_there() {
         rig.writer.random_op(&mut r).await;
     }
     // Two readers (the default), each staging several files.
+    let progress = Arc::new(std::sync::Mutex::new(Vec::new()));
     let o = InitOptions {
         max_file_rows: 30,
+        progress: Some(Arc::new({
+            let progress = progress.clone();
+            move |_, done, total| progress.lock().unwrap().push((done, total))
+        })),
         ..opts(&rig)
     };
     assert_eq!(o.readers, 2);
@@ -52,6 +57,15 @@ async fn init_exports_exactly_the_live_rows_and_flush_continues_from_there() {
     assert_eq!(s.outcome, Outcome::Exported, "{s:?}");
     let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
     assert_eq!(s.rows as usize, live);
+    assert_eq!(s.live_rows as usize, live);
+    // Progress counts every row once; its total (the planner's estimate) is never below it.
+    let progress = progress.lock().unwrap().clone();
+    assert!(progress.windows(2).all(|w| w[0].0 < w[1].0), "{progress:?}");
+    assert!(
+        progress.iter().all(|(done, total)| total >= done),
+        "{progress:?}"
+    );
+    assert_eq!(progress.last().map(|p| p.0 as usize), Some(live));
     assert!(
         s.files.len() >= 4,
         "small files force several per reader: {s:?}"
