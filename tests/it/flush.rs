@@ -1226,7 +1226,10 @@ async fn a_read_failing_ahead_leaves_the_committed_batch_marked_and_the_rest_dir
             let second = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1;
             async move {
                 if second {
-                    committed.notified().await;
+                    // Bounded: a first batch that is never marked fails the test, not hangs it.
+                    tokio::time::timeout(Duration::from_secs(60), committed.notified())
+                        .await
+                        .expect("the first batch is marked");
                     let c = harness::pg_client(&url).await;
                     c.batch_execute("ALTER TABLE eav_data RENAME TO eav_away")
                         .await

@@ -296,7 +296,7 @@ async fn a_key_listed_while_gc_lists_the_prefix_is_not_sighted() {
 async fn a_data_prefix_belongs_to_one_manifest() {
     // A second manifest (another --manifest-template) over the same data prefix: gc would take
     // the first manifest's files for orphans. The first writer of bases claims the prefix;
-    // init under the other manifest refuses it, and so does gc (compact uses the same check).
+    // init under the other manifest refuses it, and so do gc and compact.
     use lakecdc::init::{InitOptions, Outcome as InitOutcome};
     use lakecdc::lake::{Lake, Layout};
     let mut rig = rig(LakeKind::S3).await;
@@ -376,6 +376,66 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         objects,
         "the other manifest touched the prefix"
     );
+    // compact through the other manifest, with work to do there (a base and a delta to
+    // merge), fails the schema before writing anything.
+    let mut delta = mine.manifest.files[1].clone();
+    delta.tier = lakecdc::lake::manifest::Tier::Delta;
+    lakecdc::lake::manifest::commit(
+        rig.store.as_ref(),
+        "staging/100.json",
+        100,
+        &SystemClock,
+        Default::default(),
+        |m| {
+            m.files.push(delta.clone());
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    let staged_before = rig.store.get_bytes("staging/100.json").await.unwrap().bytes;
+    use lakecdc::compact::CompactOptions;
+    let compact_opts = CompactOptions {
+        dirty_ratio: 0.0,
+        work_dir: rig.opts.work_dir.clone(),
+        ..Default::default()
+    };
+    // A dry run says so too (it claims nothing, so only the check before any work can).
+    let dry = CompactOptions {
+        dry_run: true,
+        ..compact_opts.clone()
+    };
+    let report = lakecdc::compact::run(&gc_ctx, &dry, None).await.unwrap();
+    assert_eq!(
+        report.schemas[0].outcome,
+        lakecdc::compact::Outcome::Failed,
+        "{report:?}"
+    );
+    let report = lakecdc::compact::run(&gc_ctx, &compact_opts, None)
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(
+        (s.outcome, s.plan.as_ref().map(|p| p.decision)),
+        (
+            lakecdc::compact::Outcome::Failed,
+            Some(lakecdc::compact::Decision::Rewrite)
+        ),
+        "{s:?}"
+    );
+    assert!(
+        s.error
+            .as_deref()
+            .unwrap()
+            .contains("belongs to manifest manifest/100.json"),
+        "{s:?}"
+    );
+    assert_eq!(
+        rig.store.get_bytes("staging/100.json").await.unwrap().bytes,
+        staged_before,
+        "the refused compaction changed the other manifest"
+    );
+    assert_eq!(rig.keys("data/100/").await, objects);
     // Under its own manifest, gc runs as usual.
     let gc_ctx = ctx(
         &rig,

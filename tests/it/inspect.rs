@@ -34,7 +34,10 @@ async fn inspect_shows_the_holder_of_a_paused_flush_and_writes_nothing() {
     };
     let (ctx, opts) = (rig.ctx.clone(), rig.opts.clone());
     let flush = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts, &hooks).await });
-    reached.notified().await;
+    // Bounded: a flush that fails before its mark fails the test instead of hanging it.
+    tokio::time::timeout(std::time::Duration::from_secs(60), reached.notified())
+        .await
+        .expect("the flush reaches its mark");
     let manifest_before = rig.store.get_bytes("manifest/100.json").await.unwrap();
     let bucket = rig.store.describe().trim_start_matches("s3://").to_string();
     let out = tokio::task::spawn_blocking({
