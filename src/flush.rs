@@ -8,6 +8,8 @@
 //!    are selected and read meanwhile, on two connections: `read_ahead`);
 //! 3. upload it to `_tmp/{uuid}`, copy to the delta key `{uuidv7}`, delete the tmp;
 //! 4. append the entry to the manifest (conditional write, re-applied on a confirmed conflict);
+//!    the data prefix must be this manifest's (`_owner.json`, checked before the first upload,
+//!    claimed before the first append when unclaimed);
 //! 5. mark `flushed_at = T` where `changed_at` still equals the exported version.
 //!
 //! What a crash or failure between steps leaves behind: before 3, nothing; during 3, no tmp
@@ -33,7 +35,7 @@ use crate::engine::export::{Driver, Inputs};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
-use crate::lake::{Lake, footer};
+use crate::lake::{Lake, footer, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, dir};
@@ -483,6 +485,8 @@ async fn drain(
     };
     let mut reads = read_ahead::ReadAhead::start(plan, client).await?;
     let mut engine: Option<Engine> = None;
+    // Whose data prefix this is, read before the first upload (see `publish`).
+    let mut ownership: Option<owner::Ownership> = None;
     let mut marker: Option<Arc<snapshot::Marker>> = None;
     loop {
         if ctx.shutdown.is_requested() {
@@ -511,8 +515,15 @@ async fn drain(
                 report.rows_exported += slots.len() as u64;
             }
             read_ahead::Fetched::Read(snap) => {
+                let owned = match &mut ownership {
+                    Some(o) => o,
+                    None => ownership.insert(owned_prefix(ctx, schema_id).await?),
+                };
                 engine = Some(
-                    export_batch(ctx, opts, hooks, def, schema_id, &snap, engine, report).await?,
+                    export_batch(
+                        ctx, opts, hooks, def, schema_id, &snap, engine, owned, report,
+                    )
+                    .await?,
                 );
                 settle_mark(pending.take(), report).await?;
                 let mc = match &marker {
@@ -534,6 +545,20 @@ async fn drain(
     Ok(())
 }
 
+/// The ownership of the schema's data prefix, failing when another manifest owns it: that
+/// manifest's readers would never see the deltas written there (and its gc, compact and init
+/// refuse this manifest's files), so nothing is written and the rows stay dirty.
+async fn owned_prefix(ctx: &Context, schema_id: i16) -> Result<owner::Ownership> {
+    let layout = &ctx.lake.layout;
+    match owner::check(ctx.lake.store.as_ref(), layout, schema_id).await? {
+        owner::Ownership::Other(why) => Err(Error::Manifest {
+            key: layout.owner_key(schema_id),
+            message: why,
+        }),
+        o => Ok(o),
+    }
+}
+
 /// Steps 2–5 for one batch. Returns the engine for reuse.
 #[allow(clippy::too_many_arguments)] // one call site; the arguments are the batch's context
 async fn export_batch(
@@ -544,6 +569,7 @@ async fn export_batch(
     schema_id: i16,
     snap: &Snapshot,
     engine: Option<Engine>,
+    ownership: &mut owner::Ownership,
     report: &mut SchemaReport,
 ) -> Result<Engine> {
     let file_id = Uuid::new_v4();
@@ -560,7 +586,7 @@ async fn export_batch(
     .await?;
     step_done("write parquet", t);
     let outcome = publish(
-        ctx, opts, hooks, schema_id, snap, &local, written, file_id, report,
+        ctx, opts, hooks, schema_id, snap, &local, written, file_id, ownership, report,
     )
     .await;
     if let Err(e) = tokio::fs::remove_file(&local).await {
@@ -620,7 +646,8 @@ async fn write_local(
     .map_err(|e| Error::Invariant(format!("export task failed: {e}")))?
 }
 
-/// Upload → promote → manifest → mark.
+/// Upload → promote → manifest → mark. An unclaimed data prefix is claimed for this manifest
+/// right before the first manifest save, so a run that fails earlier leaves no claim.
 #[allow(clippy::too_many_arguments)] // one call site; the arguments are the batch's context
 async fn publish(
     ctx: &Context,
@@ -631,6 +658,7 @@ async fn publish(
     local: &std::path::Path,
     written: Written,
     file_id: Uuid,
+    ownership: &mut owner::Ownership,
     report: &mut SchemaReport,
 ) -> Result<()> {
     let store = ctx.lake.store.as_ref();
@@ -679,6 +707,8 @@ async fn publish(
     };
     let manifest_key = layout.manifest_key(schema_id);
     let t = Instant::now();
+    owner::claim(store, layout, schema_id, ownership).await?;
+    *ownership = owner::Ownership::Ours;
     manifest::commit(
         store,
         &manifest_key,

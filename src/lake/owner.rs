@@ -1,10 +1,11 @@
 //! The owner marker of a schema's data prefix: `{data}/{schema}/_owner.json` names the manifest
 //! whose files live there. gc deletes what that manifest does not list, so a run pointed at the
 //! wrong manifest (another `--manifest-template` or `--lake` root sharing the data prefix)
-//! would take the other manifest's files for orphans. The writers that create bases (init,
-//! compact) claim an unclaimed prefix with a conditional create and refuse one claimed by
-//! another manifest; gc refuses such a prefix before deleting anything. A prefix without a
-//! marker (only ever flushed) holds no base for gc to delete but its own merged ones.
+//! would take the other manifest's files for orphans, and deltas flushed there would reach
+//! only the wrong manifest's readers. Every writer (flush, init, compact) claims an unclaimed
+//! prefix with a conditional create when it first publishes and refuses one claimed by another
+//! manifest before writing; gc refuses such a prefix before deleting anything. A prefix without
+//! a marker (written before markers existed) is claimed by its next writer.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -25,7 +26,7 @@ struct Marker {
 pub enum Ownership {
     /// Claimed by this layout's manifest.
     Ours,
-    /// Not claimed yet: the first writer of bases claims it when it publishes.
+    /// Not claimed yet: the next writer claims it when it publishes.
     Unclaimed,
     /// Claimed by another manifest; the refusal, naming both.
     Other(String),

@@ -296,7 +296,7 @@ async fn a_key_listed_while_gc_lists_the_prefix_is_not_sighted() {
 async fn a_data_prefix_belongs_to_one_manifest() {
     // A second manifest (another --manifest-template) over the same data prefix: gc would take
     // the first manifest's files for orphans. The first writer of bases claims the prefix;
-    // init under the other manifest refuses it, and so do gc and compact.
+    // init under the other manifest refuses it, and so do flush, gc and compact.
     use lakecdc::init::{InitOptions, Outcome as InitOutcome};
     use lakecdc::lake::{Lake, Layout};
     let mut rig = rig(LakeKind::S3).await;
@@ -334,6 +334,29 @@ async fn a_data_prefix_belongs_to_one_manifest() {
             .unwrap()
             .contains("belongs to manifest manifest/100.json")
     );
+    // flush through the other manifest writes nothing and leaves the rows dirty.
+    rig.seed(5, &mut r).await;
+    let dirty = crate::oracle::dirty(&rig.writer).await;
+    assert!(dirty.len() >= 5);
+    let writes = rig.store.writes().len();
+    let flush_opts = lakecdc::flush::FlushOptions {
+        schemas: vec!["customer".into()],
+        ..rig.opts.clone()
+    };
+    let report = lakecdc::flush::run(&other, &flush_opts, &Default::default())
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, lakecdc::flush::Outcome::Failed, "{s:?}");
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("belongs to manifest manifest/100.json"),
+        "{s:?}"
+    );
+    assert_eq!(rig.store.writes().len(), writes, "the refused flush wrote");
+    assert_eq!(crate::oracle::dirty(&rig.writer).await, dirty);
     // The other manifest lists one of the prefix's bases (so the older "lists none of them"
     // guard does not apply): gc through it must still refuse, not delete the rest.
     let mine = lakecdc::lake::manifest::load(rig.store.as_ref(), "manifest/100.json", 100)
