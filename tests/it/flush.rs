@@ -269,11 +269,14 @@ async fn dry_run_writes_nothing_anywhere() {
     assert!(rig.store.writes().is_empty(), "{:?}", rig.store.writes());
     assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
     assert_eq!(rig.change_log().await, before);
-    // The real run executes the same plan.
+    // The real run executes the same plan, and claims the data prefix for its manifest.
     rig.opts.dry_run = false;
     let report = rig.flush().await;
     let done: Vec<u64> = only(&report).files.iter().map(|f| f.rows).collect();
     assert_eq!(done, planned);
+    let marker = rig.store.get_bytes("data/100/_owner.json").await.unwrap();
+    let marker: serde_json::Value = serde_json::from_slice(&marker.bytes).unwrap();
+    assert_eq!(marker["manifest"], "manifest/100.json");
 }
 
 #[tokio::test]
@@ -672,6 +675,7 @@ async fn fault_matrix_converges_after_one_clean_retry() {
         ("tmp delete", Some((Op::Delete, Some("/_tmp/")))),
         ("manifest load", Some((Op::GetBytes, Some("manifest/")))),
         ("manifest save", Some((Op::PutBytes, Some("manifest/")))),
+        ("owner check", Some((Op::GetBytes, Some("/_owner.json")))),
         ("select", None),
         ("snapshot read", None),
         ("mark", None),
@@ -985,6 +989,72 @@ fn sigterm_stops_the_binary_at_a_safe_boundary() {
         assert_eq!(compared + dirty, 400);
         assert_eq!(dirty as u64, 400 - marked);
     });
+}
+
+#[test]
+fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
+    // The flush waits on a lock the test holds on change_log: the first SIGTERM asks it to
+    // stop at its next boundary (it keeps waiting), the second exits at once with 143.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut rig = rt.block_on(rig(LakeKind::Local));
+    let blocker = rt.block_on(async {
+        let mut r = Rng::new(1430);
+        rig.seed(20, &mut r).await;
+        let c = rig.db.client().await;
+        c.batch_execute("BEGIN; LOCK TABLE change_log IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        c
+    });
+    let lake = rig._work.path().join("lake");
+    let mut child = harness::bin()
+        .args([
+            "flush",
+            "--force",
+            "--json",
+            "--pg-url",
+            &rig.db.url,
+            "--lake",
+        ])
+        .arg(&lake)
+        .arg("--schema-dir")
+        .arg(harness::examples_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let term = || {
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    term();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first signal only asks for a stop at the next boundary"
+    );
+    term();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a second SIGTERM did not end the run");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(143));
+    rt.block_on(async {
+        blocker.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(oracle::dirty(&rig.writer).await.len(), 20);
+    });
+    assert!(!lake.join("manifest").exists(), "the killed run published");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
