@@ -938,6 +938,27 @@ fn the_binary_exits_1_naming_a_missing_bucket_and_keeps_rows_dirty() {
     });
 }
 
+/// Starts `lakecdc flush --force --json` on the rig's database and the local lake `lake`.
+fn spawn_flush(rig: &Rig, lake: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    harness::bin()
+        .args([
+            "flush",
+            "--force",
+            "--json",
+            "--pg-url",
+            &rig.db.url,
+            "--lake",
+        ])
+        .arg(lake)
+        .arg("--schema-dir")
+        .arg(harness::examples_dir())
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn sigterm_stops_the_binary_at_a_safe_boundary() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -947,24 +968,7 @@ fn sigterm_stops_the_binary_at_a_safe_boundary() {
         rig.seed(400, &mut r).await;
     });
     let lake = rig._work.path().join("lake");
-    let child = harness::bin()
-        .args([
-            "flush",
-            "--force",
-            "--json",
-            "--batch-size",
-            "5",
-            "--pg-url",
-            &rig.db.url,
-            "--lake",
-        ])
-        .arg(&lake)
-        .arg("--schema-dir")
-        .arg(harness::examples_dir())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_flush(&rig, &lake, &["--batch-size", "5"]);
     std::thread::sleep(Duration::from_millis(1500));
     let pid = child.id().to_string();
     std::process::Command::new("kill")
@@ -1007,22 +1011,7 @@ fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
         c
     });
     let lake = rig._work.path().join("lake");
-    let mut child = harness::bin()
-        .args([
-            "flush",
-            "--force",
-            "--json",
-            "--pg-url",
-            &rig.db.url,
-            "--lake",
-        ])
-        .arg(&lake)
-        .arg("--schema-dir")
-        .arg(harness::examples_dir())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_flush(&rig, &lake, &[]);
     let pid = child.id().to_string();
     let term = || {
         std::process::Command::new("kill")

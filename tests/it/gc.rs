@@ -358,12 +358,15 @@ async fn a_data_prefix_belongs_to_one_manifest() {
     assert_eq!(rig.store.writes().len(), writes, "the refused flush wrote");
     assert_eq!(crate::oracle::dirty(&rig.writer).await, dirty);
     // The other manifest lists one of the prefix's bases (so the older "lists none of them"
-    // guard does not apply): gc through it must still refuse, not delete the rest.
+    // guard does not apply) and, as a delta, another: gc through it must still refuse, not
+    // delete the rest, and compact has work to do there.
     let mine = lakecdc::lake::manifest::load(rig.store.as_ref(), "manifest/100.json", 100)
         .await
         .unwrap()
         .unwrap();
     let one = mine.manifest.files[0].clone();
+    let mut delta = mine.manifest.files[1].clone();
+    delta.tier = lakecdc::lake::manifest::Tier::Delta;
     lakecdc::lake::manifest::commit(
         rig.store.as_ref(),
         "staging/100.json",
@@ -371,7 +374,7 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         &SystemClock,
         Default::default(),
         |m| {
-            m.files.push(one.clone());
+            m.files.extend([one.clone(), delta.clone()]);
             Ok(())
         },
     )
@@ -399,23 +402,8 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         objects,
         "the other manifest touched the prefix"
     );
-    // compact through the other manifest, with work to do there (a base and a delta to
-    // merge), fails the schema before writing anything.
-    let mut delta = mine.manifest.files[1].clone();
-    delta.tier = lakecdc::lake::manifest::Tier::Delta;
-    lakecdc::lake::manifest::commit(
-        rig.store.as_ref(),
-        "staging/100.json",
-        100,
-        &SystemClock,
-        Default::default(),
-        |m| {
-            m.files.push(delta.clone());
-            Ok(())
-        },
-    )
-    .await
-    .unwrap();
+    // compact through the other manifest (a base and a delta to merge) fails the schema
+    // before writing anything.
     let staged_before = rig.store.get_bytes("staging/100.json").await.unwrap().bytes;
     use lakecdc::compact::CompactOptions;
     let compact_opts = CompactOptions {

@@ -124,16 +124,22 @@ async fn change_log_stats_count_dirty_rows() {
     assert_eq!(schemas, [100, 101]);
 }
 
-/// `change_log` keeps every flushed slot, so finding the schemas with dirty rows must not read
-/// the history: a per-minute idle flush would otherwise scan a table that only grows.
-#[tokio::test]
-async fn dirty_schemas_are_found_without_reading_the_flushed_history() {
-    let db = TestDb::new().await;
+/// A client of `db` after creating the source tables (default names) in it.
+async fn with_source_tables(db: &TestDb) -> (tokio_postgres::Client, lakecdc::config::Tables) {
     let mut client = db.client().await;
     let tables = lakecdc::config::Tables::default();
     lakecdc::source::ddl::apply(&mut client, &tables, &[])
         .await
         .unwrap();
+    (client, tables)
+}
+
+/// `change_log` keeps every flushed slot, so finding the schemas with dirty rows must not read
+/// the history: a per-minute idle flush would otherwise scan a table that only grows.
+#[tokio::test]
+async fn dirty_schemas_are_found_without_reading_the_flushed_history() {
+    let db = TestDb::new().await;
+    let (client, tables) = with_source_tables(&db).await;
     client
         .batch_execute(
             "INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at)
@@ -208,11 +214,7 @@ fn a_password_never_reaches_errors_or_logs() {
 #[tokio::test]
 async fn the_live_row_estimate_follows_the_schema_and_its_deletions() {
     let db = TestDb::new().await;
-    let mut client = db.client().await;
-    let tables = lakecdc::config::Tables::default();
-    lakecdc::source::ddl::apply(&mut client, &tables, &[])
-        .await
-        .unwrap();
+    let (client, tables) = with_source_tables(&db).await;
     client
         .batch_execute(
             "INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at,
