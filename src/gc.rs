@@ -156,8 +156,25 @@ impl GcReport {
     }
 }
 
-/// Runs gc over the selected schemas.
+/// Refuses a grace shorter than twice [`compact::COMMIT_LEASE`]: a compaction may take
+/// up to the lease between staging its new base and listing it, and until then gc sees an
+/// orphan; a shorter grace could delete a base about to be published.
+pub fn check_grace(grace: Duration) -> Result<()> {
+    let lease = compact::COMMIT_LEASE;
+    let least = lease * 2;
+    if grace < least {
+        return Err(Error::config(format!(
+            "--grace must be at least {}m: a compaction may take up to {}m between staging its new base and listing it",
+            least.as_secs() / 60,
+            lease.as_secs() / 60
+        )));
+    }
+    Ok(())
+}
+
+/// Runs gc over the selected schemas (the grace is checked first: [`check_grace`]).
 pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
+    check_grace(opts.grace)?;
     let schemas = job::each_schema(
         ctx,
         &opts.schemas,
@@ -440,9 +457,22 @@ async fn save_state(
 
 #[cfg(test)]
 mod tests {
-    use super::grace_start;
+    use std::time::Duration;
+
+    use super::{check_grace, grace_start};
 
     const GRACE: i64 = 15 * 60_000;
+
+    #[test]
+    fn a_grace_shorter_than_two_compaction_leases_is_refused() {
+        let err = check_grace(Duration::from_secs(10 * 60 - 1)).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(
+            err.to_string().contains("--grace must be at least 10m"),
+            "{err}"
+        );
+        assert!(check_grace(Duration::from_secs(10 * 60)).is_ok());
+    }
 
     #[test]
     fn the_grace_starts_at_the_later_of_sighting_and_retirement() {

@@ -685,14 +685,7 @@ fn main() -> ExitCode {
             }
             Command::Gc(a) => {
                 let grace = parse_duration("--grace", &a.grace)?;
-                let least = lakecdc::compact::COMMIT_LEASE * 2;
-                if grace < least {
-                    return Err(Error::config(format!(
-                        "--grace must be at least {}m: a compaction may take up to {}m between staging its new base and listing it",
-                        least.as_secs() / 60,
-                        lakecdc::compact::COMMIT_LEASE.as_secs() / 60
-                    )));
-                }
+                lakecdc::gc::check_grace(grace)?;
                 v.gc = Some(GcOptions {
                     schemas: cli.global.schema.clone(),
                     grace,

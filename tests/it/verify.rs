@@ -132,7 +132,7 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
         &stopped,
         &lakecdc::gc::GcOptions {
             schemas: vec![],
-            grace: std::time::Duration::ZERO,
+            grace: std::time::Duration::from_secs(15 * 60),
             dry_run: false,
         },
     )
