@@ -285,17 +285,19 @@ pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
         let def = dir::load(dir, &reg.name)?;
         work.push((reg, def));
     }
-    let mut schemas = Vec::new();
-    for (reg, def) in work {
-        if ctx.shutdown.is_requested() {
+    let schemas = job::each_until_stopped(
+        &ctx.shutdown,
+        work,
+        |(reg, _)| &reg.name,
+        |(reg, def)| async move { init_schema(ctx, opts, &reg, &def).await },
+        |(reg, _)| {
             let mut s = SchemaInit::new(&reg);
             s.outcome = Outcome::Stopped;
             s.reason = Some("stop requested before this schema started; run init again".into());
-            schemas.push(s);
-            continue;
-        }
-        schemas.push(init_schema(ctx, opts, &reg, &def).await);
-    }
+            s
+        },
+    )
+    .await;
     let report = InitReport {
         dry_run: opts.dry_run,
         schemas,

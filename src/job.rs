@@ -51,22 +51,35 @@ pub async fn with_lock<T>(
     out.map(Some)
 }
 
-/// Runs `work` for each selected schema, in id order. After a stop request the remaining
-/// schemas are not worked on but reported by `stopped`, so a stopped run never looks complete.
+/// Runs `work` for each selected schema, in id order; after a stop request the remaining
+/// schemas are reported by `stopped` ([`each_until_stopped`]).
 pub async fn each_schema<T, F: std::future::Future<Output = T>>(
     ctx: &Context,
     selectors: &[String],
-    mut work: impl FnMut(Registered) -> F,
-    mut stopped: impl FnMut(Registered) -> T,
+    work: impl FnMut(Registered) -> F,
+    stopped: impl FnMut(Registered) -> T,
 ) -> Result<Vec<T>> {
+    let targets = select_schemas(ctx, selectors).await?;
+    Ok(each_until_stopped(&ctx.shutdown, targets, |r| &r.name, work, stopped).await)
+}
+
+/// Runs `work` for each item, in order. After a stop request the remaining items are not
+/// worked on but reported by `stopped`, so a stopped run never looks complete.
+pub async fn each_until_stopped<I, T, F: std::future::Future<Output = T>>(
+    shutdown: &Shutdown,
+    items: impl IntoIterator<Item = I>,
+    name: impl Fn(&I) -> &str,
+    mut work: impl FnMut(I) -> F,
+    mut stopped: impl FnMut(I) -> T,
+) -> Vec<T> {
     let mut out = Vec::new();
-    for reg in select_schemas(ctx, selectors).await? {
-        if ctx.shutdown.is_requested() {
-            tracing::warn!(schema = %reg.name, "stop requested: schema skipped");
-            out.push(stopped(reg));
+    for item in items {
+        if shutdown.is_requested() {
+            tracing::warn!(schema = %name(&item), "stop requested: schema skipped");
+            out.push(stopped(item));
         } else {
-            out.push(work(reg).await);
+            out.push(work(item).await);
         }
     }
-    Ok(out)
+    out
 }
