@@ -614,7 +614,6 @@ async fn stage_and_upload(
             .engines
             .push(blocking(move || Engine::open(&cfg)).await?);
     }
-    let mut target_rows = rows_per_file(opts, estimated_row_bytes(def));
     // One file being staged per reader: a file holds one contiguous run of row ids, so base
     // files never overlap in range.
     let mut staging: Vec<Option<Staging>> = (0..reads.readers).map(|_| None).collect();
@@ -633,10 +632,8 @@ async fn stage_and_upload(
                     active = active.saturating_sub(1);
                     // The reader's last run of rows is a file of its own.
                     let staged = staging.get_mut(reader).and_then(Option::take);
-                    if staged.is_some()
-                        && let Some(b) = files.start(ctx, opts, schema_id, def, staged, out).await?
-                    {
-                        target_rows = rows_per_file(opts, b);
+                    if staged.is_some() {
+                        files.start(ctx, opts, schema_id, def, staged, out).await?;
                     }
                     continue;
                 }
@@ -665,22 +662,23 @@ async fn stage_and_upload(
             }
             // A finished export's upload starts at once.
             while files.writing.front().is_some_and(|w| w.task.is_finished()) {
-                if let Some(b) = files.finish_oldest(ctx, schema_id, out).await? {
-                    target_rows = rows_per_file(opts, b);
-                }
+                files.finish_oldest(ctx, schema_id, out).await?;
             }
             // The last files are written after reading ends, with nothing left to overlap:
             // when what remains to read would fit in a quarter file, this file is cut early so
             // the last ones are that small remainder.
+            let target_rows = rows_per_file(
+                opts,
+                files
+                    .bytes_per_row
+                    .unwrap_or_else(|| estimated_row_bytes(def)),
+            );
             let left = total.saturating_sub(staged_total);
             let before_tail = left > 0 && left <= target_rows / 4 && s.rows >= target_rows / 2;
             if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE || before_tail {
-                if let Some(b) = files
+                files
                     .start(ctx, opts, schema_id, def, slot.take(), out)
-                    .await?
-                {
-                    target_rows = rows_per_file(opts, b);
-                }
+                    .await?;
                 let rate = out.rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
                 tracing::info!(
                     schema_id,
@@ -756,12 +754,14 @@ struct Files {
     entries: Vec<FileEntry>,
     /// Every key an upload was started for.
     keys: Vec<String>,
+    /// Bytes per row of the last file written: the row-width estimate that sizes the next.
+    bytes_per_row: Option<u64>,
 }
 
 impl Files {
     /// Starts writing the staged rows (`None`: zero rows) with a free engine. With every
     /// engine busy, the oldest export (which has had the reading of the files since to
-    /// finish) is finished first; its bytes per row are returned.
+    /// finish) is finished first.
     async fn start(
         &mut self,
         ctx: &Context,
@@ -770,31 +770,29 @@ impl Files {
         def: &SchemaDef,
         staged: Option<Staging>,
         out: &mut SchemaInit,
-    ) -> Result<Option<u64>> {
-        let finished = if self.engines.is_empty() {
-            self.finish_oldest(ctx, schema_id, out).await?
-        } else {
-            None
-        };
+    ) -> Result<()> {
+        if self.engines.is_empty() {
+            self.finish_oldest(ctx, schema_id, out).await?;
+        }
         let engine = self
             .engines
             .pop()
             .ok_or_else(|| Error::Invariant("no engine free for an export".into()))?;
         self.writing
             .push_back(start_export(opts, schema_id, def, engine, staged));
-        Ok(finished)
+        Ok(())
     }
 
     /// Waits for the oldest export (if any), frees its engine and starts its upload, keeping
-    /// at most one earlier upload running. Returns the file's bytes per row.
+    /// at most one earlier upload running; the file's bytes per row size the next.
     async fn finish_oldest(
         &mut self,
         ctx: &Context,
         schema_id: i16,
         out: &mut SchemaInit,
-    ) -> Result<Option<u64>> {
+    ) -> Result<()> {
         let Some(export) = self.writing.pop_front() else {
-            return Ok(None);
+            return Ok(());
         };
         let (engine, key, upload, bytes_per_row) = finish_file(ctx, schema_id, export).await?;
         self.keys.push(key);
@@ -803,7 +801,8 @@ impl Files {
         while self.uploads.len() > 1 {
             collect(&mut self.uploads, &mut self.entries, out).await?;
         }
-        Ok(Some(bytes_per_row))
+        self.bytes_per_row = Some(bytes_per_row);
+        Ok(())
     }
 }
 
