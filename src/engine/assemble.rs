@@ -172,6 +172,23 @@ fn combine(
         .map_err(|e| Error::Invariant(format!("assembled rows: {e}")))
 }
 
+/// `text` as an integer when it is written the one way the integer prints (no sign but a
+/// leading `-`, no leading zero, no `-0`), without allocating; other indices leave the item
+/// order to the pivot.
+fn plain_index(text: &str) -> Option<i64> {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let leading_zero = digits.len() > 1 && digits.starts_with('0');
+    let negative_zero = digits == "0" && text.len() > 1;
+    if digits.is_empty()
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+        || leading_zero
+        || negative_zero
+    {
+        return None;
+    }
+    text.parse().ok()
+}
+
 /// One column per attribute in `attrs` ([`raw_column`]), holding for each row of `keys` (row
 /// ids, strictly increasing) its raw EAV value of that attribute from `eav` (a list of raw
 /// items for a list attribute), or NULL. `None` when only the pivot gives the right value: a
@@ -239,9 +256,9 @@ fn gather_eav(
                 if text.is_empty() {
                     continue; // the empty-list marker
                 }
-                match text.parse::<i64>() {
-                    Ok(i) if i.to_string() == text => items.push((at, i, e32)),
-                    _ => return Ok(None),
+                match plain_index(text) {
+                    Some(i) => items.push((at, i, e32)),
+                    None => return Ok(None),
                 }
             }
         }
@@ -346,6 +363,38 @@ mod tests {
 
     use super::*;
     use crate::schema::Attribute;
+
+    #[test]
+    fn a_plain_index_is_an_integer_written_as_it_prints() {
+        let cases = [
+            "0",
+            "1",
+            "-1",
+            "42",
+            "-42",
+            "10",
+            "007",
+            "00",
+            "-0",
+            "-07",
+            "+1",
+            "1.0",
+            "1e2",
+            " 1",
+            "1 ",
+            "-",
+            "",
+            "--1",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "9223372036854775808",
+            "١",
+        ];
+        for text in cases {
+            let printed = text.parse::<i64>().ok().filter(|i| i.to_string() == text);
+            assert_eq!(plain_index(text), printed, "{text:?}");
+        }
+    }
 
     fn schema() -> SchemaDef {
         let attr = |id: i16, value_type, items_type| Attribute {
