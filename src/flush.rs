@@ -707,7 +707,12 @@ async fn publish(
     };
     let manifest_key = layout.manifest_key(schema_id);
     let t = Instant::now();
-    owner::claim(store, layout, schema_id, ownership).await?;
+    if let Err(e) = owner::claim(store, layout, schema_id, ownership).await {
+        // Nothing lists the promoted delta yet: it goes, rather than sit unlisted in a
+        // prefix that may belong to another manifest (gc never deletes unlisted deltas).
+        delete_or_leave(store, &key, "unlisted delta").await;
+        return Err(e);
+    }
     *ownership = owner::Ownership::Ours;
     manifest::commit(
         store,

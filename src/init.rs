@@ -53,7 +53,8 @@ pub type PageHook =
     std::sync::Arc<dyn Fn(Uuid) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// Called as rows are staged: (schema id, rows done, live rows expected: the planner's estimate,
-/// at least the rows done). The binary draws a progress bar with it on a terminal.
+/// above the rows done while reading), and once more when reading ends with both equal. The
+/// binary draws a progress bar with it on a terminal.
 pub type ProgressFn = std::sync::Arc<dyn Fn(i16, u64, u64) + Send + Sync>;
 
 /// Init options (defaults as in DESIGN §4.2).
@@ -165,6 +166,7 @@ impl SchemaInit {
     /// Drops the files of an init that published nothing (they were deleted).
     fn forget_files(&mut self) {
         self.files.clear();
+        self.live_rows = 0;
         self.rows = 0;
         self.bytes = 0;
     }
@@ -523,8 +525,14 @@ async fn export_files(
     let client = ctx.connector.connect().await?;
     let ranges = snapshot::live_ranges(&client, &ctx.tables, schema_id, opts.readers).await?;
     // The planner's estimate (no scan: an exact count would read the table a second time,
-    // competing with the export) is enough for the progress total and to size the last files.
-    let estimate = snapshot::estimate_live(&client, &ctx.tables, schema_id).await?;
+    // competing with the export) is enough for the progress total and to size the last files;
+    // without one, progress shows rows done only.
+    let estimate = snapshot::estimate_live(&client, &ctx.tables, schema_id)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(schema_id, error = %e.chain(), "no row estimate for init's progress");
+            0
+        });
     drop(client);
     let mut readers = Vec::new();
     for (reader, range) in ranges.iter().copied().enumerate() {
@@ -656,7 +664,8 @@ async fn stage_and_upload(
             s.entities.push(page.entities);
             s.eav.push(page.eav);
             staged_total += page.rows as u64;
-            let total = estimate.max(staged_total);
+            // While reading, the total stays above the rows done: the run is not over.
+            let total = estimate.max(staged_total + 1);
             if let Some(p) = &opts.progress {
                 p(schema_id, staged_total, total);
             }
@@ -673,7 +682,7 @@ async fn stage_and_upload(
                     .bytes_per_row
                     .unwrap_or_else(|| estimated_row_bytes(def)),
             );
-            let left = total.saturating_sub(staged_total);
+            let left = estimate.saturating_sub(staged_total);
             let before_tail = left > 0 && left <= target_rows / 4 && s.rows >= target_rows / 2;
             if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE || before_tail {
                 files
@@ -695,6 +704,9 @@ async fn stage_and_upload(
             return Err(Error::Invariant(format!(
                 "{active} init reader(s) stopped before the end of their row-id range"
             )));
+        }
+        if let Some(p) = &opts.progress {
+            p(schema_id, staged_total, staged_total);
         }
         if staged_total == 0 {
             // With no live rows at all, `None` publishes one zero-row base (study §10 #519).

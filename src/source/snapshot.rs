@@ -504,8 +504,12 @@ pub async fn estimate_live(client: &Client, tables: &Tables, schema_id: i16) -> 
         client.query_one(&sql, &[&schema_id]),
     )
     .await?;
-    let plan: serde_json::Value = row.get(0);
-    let rows = plan[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0);
+    let plan: serde_json::Value = row
+        .try_get(0)
+        .map_err(|e| Error::Invariant(format!("reading the live-row estimate: {e}")))?;
+    let rows = plan[0]["Plan"]["Plan Rows"].as_f64().ok_or_else(|| {
+        Error::Invariant(format!("no \"Plan Rows\" in the estimate's plan: {plan}"))
+    })?;
     Ok(rows.max(0.0).round() as i64)
 }
 

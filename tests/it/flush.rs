@@ -758,6 +758,30 @@ async fn fault_matrix_converges_after_one_clean_retry() {
     }
 }
 
+#[tokio::test]
+async fn a_failed_prefix_claim_leaves_no_delta_behind() {
+    // The first flush of a lake claims its data prefix right before its first manifest save;
+    // the claim fails: the promoted delta is deleted (nothing lists it), the rows stay dirty,
+    // and the retry claims and converges.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(4630);
+    rig.seed(30, &mut r).await;
+    rig.store
+        .arm(Op::PutBytes, Some("/_owner.json"), 1, Action::Fail);
+    let report = rig.flush().await;
+    assert_eq!(only(&report).outcome, Outcome::Failed, "{report:?}");
+    assert_eq!(rig.keys("data/100/").await, Vec::<String>::new());
+    assert!(
+        rig.store.get_bytes(MANIFEST).await.is_err(),
+        "a manifest was saved"
+    );
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 30);
+    let retry = rig.flush().await;
+    assert_eq!(only(&retry).rows_marked, 30, "{retry:?}");
+    assert!(rig.store.head("data/100/_owner.json").await.is_ok());
+    assert_eq!(rig.assert_oracle().await, (30, 0));
+}
+
 #[test]
 fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -1019,7 +1043,31 @@ fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
             .status()
             .unwrap()
     };
-    std::thread::sleep(Duration::from_millis(1500));
+    // The signal handlers are in place once the run waits on the lock (watched from another
+    // session: the blocker's transaction sees one snapshot of pg_stat_activity).
+    rt.block_on(async {
+        let watcher = rig.db.client().await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the flush never waited on the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
     term();
     std::thread::sleep(Duration::from_millis(500));
     assert!(

@@ -295,7 +295,7 @@ async fn a_key_listed_while_gc_lists_the_prefix_is_not_sighted() {
 #[tokio::test]
 async fn a_data_prefix_belongs_to_one_manifest() {
     // A second manifest (another --manifest-template) over the same data prefix: gc would take
-    // the first manifest's files for orphans. The first writer of bases claims the prefix;
+    // the first manifest's files for orphans. The first writer to publish claims the prefix;
     // init under the other manifest refuses it, and so do flush, gc and compact.
     use lakecdc::init::{InitOptions, Outcome as InitOutcome};
     use lakecdc::lake::{Lake, Layout};
