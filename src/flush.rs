@@ -457,6 +457,9 @@ async fn flush_locked(
     result.and(settled)
 }
 
+/// The report's reason when a stop request ended the drain.
+const STOPPED: &str = "stopped by signal after a complete batch";
+
 /// The batch loop. Batches are read ahead on up to two connections ([`read_ahead`]) while the
 /// current one is written, uploaded and committed, and each batch's mark (step 5) runs on a
 /// further connection while the next batch is exported; at most one mark is in flight.
@@ -490,7 +493,7 @@ async fn drain(
     let mut marker: Option<Arc<snapshot::Marker>> = None;
     loop {
         if ctx.shutdown.is_requested() {
-            report.reason = Some("stopped by signal after a complete batch".into());
+            report.reason = Some(STOPPED.into());
             break;
         }
         if opts.max_batches.is_some_and(|m| report.batches >= m)
@@ -500,7 +503,17 @@ async fn drain(
                 Some("batch or time budget reached; the rest is left for the next run".into());
             break;
         }
-        let Some(batch) = reads.next().await? else {
+        // A stop request while the next batch is still being read ends the run now: the read
+        // is read-only, and what it held stays dirty for the next run.
+        let next = tokio::select! {
+            biased;
+            () = ctx.shutdown.requested() => {
+                report.reason = Some(STOPPED.into());
+                break;
+            }
+            next = reads.next() => next?,
+        };
+        let Some(batch) = next else {
             break;
         };
         let full = i64::try_from(batch.slots().len()).unwrap_or(i64::MAX) >= opts.batch_size;

@@ -907,6 +907,51 @@ async fn a_stop_request_ends_the_run_at_a_batch_boundary() {
     rig.assert_oracle().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_request_does_not_wait_for_a_slow_read() {
+    // The second batch's read hangs (a hook holds it for a minute); the stop request comes
+    // while the drain waits for it: the run ends at once with the first batch published and
+    // marked, everything else dirty.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(16);
+    rig.seed(100, &mut r).await;
+    rig.opts.batch_size = 30;
+    rig.opts.max_batches = Some(2);
+    let marked = Arc::new(tokio::sync::Notify::new());
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (on_mark, shutdown) = (marked.clone(), rig.ctx.shutdown.clone());
+    let hooks = FlushHooks {
+        before_export: Some(Rig::hook(move || {
+            let second = reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1;
+            let (marked, shutdown) = (marked.clone(), shutdown.clone());
+            async move {
+                if second {
+                    let _ = tokio::time::timeout(Duration::from_secs(60), marked.notified()).await;
+                    // Well after the drain has gone back to waiting for this read.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    shutdown.request();
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+            }
+            .boxed()
+        })),
+        before_mark: Some(Rig::hook(move || {
+            on_mark.notify_one();
+            async {}.boxed()
+        })),
+        ..Default::default()
+    };
+    let report = tokio::time::timeout(Duration::from_secs(30), rig.flush_with(&hooks))
+        .await
+        .expect("the stop request ended the run without waiting for the read");
+    let s = only(&report);
+    assert_eq!((s.batches, s.rows_marked), (1, 30), "{s:?}");
+    assert!(s.reason.as_deref().unwrap().contains("stopped"), "{s:?}");
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 70);
+    assert_eq!(rig.listed().await.len(), 1);
+    rig.assert_oracle().await;
+}
+
 #[tokio::test]
 async fn a_named_schema_without_dirty_rows_has_nothing_to_do() {
     let mut rig = rig(LakeKind::S3).await;
