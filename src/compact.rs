@@ -644,7 +644,10 @@ async fn rewrite(
     };
     let base = layout.merged_base_key(schema_id, Uuid::now_v7());
     // The lease starts before the copy creates the base (gc ages objects by their creation).
+    // It is measured on both clocks: the monotonic one does not count a suspended host (gc on
+    // another host keeps counting), the wall clock can jump; the longer age counts.
     let staged = Instant::now();
+    let staged_ms = ctx.clock.now_ms();
     if let Err(source) = store.copy(&tmp, &base).await {
         let _ = store.delete(&tmp).await;
         return Err(Error::Storage {
@@ -684,7 +687,8 @@ async fn rewrite(
     let committed = async {
         owner::claim(store, layout, schema_id, ownership).await?;
         manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {
-            let age = staged.elapsed();
+            let wall = u64::try_from(ctx.clock.now_ms().saturating_sub(staged_ms)).unwrap_or(0);
+            let age = staged.elapsed().max(Duration::from_millis(wall));
             if age > opts.commit_lease {
                 return Err(Error::Invariant(format!(
                     "the new base {base} was staged {}s ago, longer than the {}s lease (a slow \

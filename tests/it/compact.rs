@@ -499,6 +499,35 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
         oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
         state
     );
+    // A host suspended between staging and saving: the monotonic clock stands still, the
+    // wall clock (which gc on another host keeps) moves on past the lease.
+    use lakecdc::clock::{Clock, ManualClock, SystemClock};
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let suspended: Hook = Arc::new({
+        let clock = clock.clone();
+        move |_| {
+            clock.advance(5 * 60_000 + 1_000);
+            async {}.boxed()
+        }
+    });
+    let report = lakecdc::compact::run(
+        &Context {
+            clock: clock.clone(),
+            ..ctx(&rig)
+        },
+        &opts(&rig),
+        Some(suspended),
+    )
+    .await
+    .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    assert!(s.error.as_deref().unwrap().contains("lease"), "{s:?}");
+    assert_eq!(
+        oracle::manifest_json(rig.store.as_ref(), MANIFEST).await,
+        before
+    );
+    assert_eq!(rig.keys("data/100/").await, objects);
     // Within the lease the same rewrite publishes.
     let s = compact(&rig, &opts(&rig)).await;
     assert_eq!(s.outcome, Outcome::Done, "{s:?}");
