@@ -479,26 +479,30 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
         commit_lease: std::time::Duration::from_secs(1),
         ..opts(&rig)
     };
+    // Refused for its lease: the schema fails, the manifest and the prefix are unchanged.
+    let refused = async |report: lakecdc::compact::CompactReport| {
+        let s = &report.schemas[0];
+        assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+        assert!(s.error.as_deref().unwrap().contains("lease"), "{s:?}");
+        assert_eq!(
+            oracle::manifest_json(rig.store.as_ref(), MANIFEST).await,
+            before,
+            "published after the lease"
+        );
+        assert_eq!(
+            rig.keys("data/100/").await,
+            objects,
+            "the staged base was left"
+        );
+        assert_eq!(
+            oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
+            state
+        );
+    };
     let report = lakecdc::compact::run(&ctx(&rig), &o, Some(stall))
         .await
         .unwrap();
-    let s = &report.schemas[0];
-    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
-    assert!(s.error.as_deref().unwrap().contains("lease"), "{s:?}");
-    assert_eq!(
-        oracle::manifest_json(rig.store.as_ref(), MANIFEST).await,
-        before,
-        "published after the lease"
-    );
-    assert_eq!(
-        rig.keys("data/100/").await,
-        objects,
-        "the staged base was left"
-    );
-    assert_eq!(
-        oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
-        state
-    );
+    refused(report).await;
     // A host suspended between staging and saving: the monotonic clock stands still, the
     // wall clock (which gc on another host keeps) moves on past the lease.
     use lakecdc::clock::{Clock, ManualClock, SystemClock};
@@ -520,14 +524,7 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
     )
     .await
     .unwrap();
-    let s = &report.schemas[0];
-    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
-    assert!(s.error.as_deref().unwrap().contains("lease"), "{s:?}");
-    assert_eq!(
-        oracle::manifest_json(rig.store.as_ref(), MANIFEST).await,
-        before
-    );
-    assert_eq!(rig.keys("data/100/").await, objects);
+    refused(report).await;
     // Within the lease the same rewrite publishes.
     let s = compact(&rig, &opts(&rig)).await;
     assert_eq!(s.outcome, Outcome::Done, "{s:?}");

@@ -292,6 +292,14 @@ async fn a_key_listed_while_gc_lists_the_prefix_is_not_sighted() {
     assert!(!state.contains(&base), "sighted while listed: {state}");
 }
 
+/// The refusal names the manifest that owns the prefix.
+fn assert_owned_by_the_first_manifest(why: Option<&str>) {
+    assert!(
+        why.is_some_and(|w| w.contains("belongs to manifest manifest/100.json")),
+        "{why:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_data_prefix_belongs_to_one_manifest() {
     // A second manifest (another --manifest-template) over the same data prefix: gc would take
@@ -328,12 +336,7 @@ async fn a_data_prefix_belongs_to_one_manifest() {
     let report = lakecdc::init::run(&other, &init_opts).await.unwrap();
     let s = &report.schemas[0];
     assert_eq!(s.outcome, InitOutcome::Refused, "{s:?}");
-    assert!(
-        s.reason
-            .as_deref()
-            .unwrap()
-            .contains("belongs to manifest manifest/100.json")
-    );
+    assert_owned_by_the_first_manifest(s.reason.as_deref());
     // flush through the other manifest writes nothing and leaves the rows dirty.
     rig.seed(5, &mut r).await;
     let dirty = crate::oracle::dirty(&rig.writer).await;
@@ -348,13 +351,7 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         .unwrap();
     let s = &report.schemas[0];
     assert_eq!(s.outcome, lakecdc::flush::Outcome::Failed, "{s:?}");
-    assert!(
-        s.reason
-            .as_deref()
-            .unwrap()
-            .contains("belongs to manifest manifest/100.json"),
-        "{s:?}"
-    );
+    assert_owned_by_the_first_manifest(s.reason.as_deref());
     assert_eq!(rig.store.writes().len(), writes, "the refused flush wrote");
     assert_eq!(crate::oracle::dirty(&rig.writer).await, dirty);
     // The other manifest lists one of the prefix's bases (so the older "lists none of them"
@@ -390,13 +387,7 @@ async fn a_data_prefix_belongs_to_one_manifest() {
     let report = lakecdc::gc::run(&gc_ctx, &opts(false)).await.unwrap();
     let s = &report.schemas[0];
     assert_eq!(s.outcome, Some(Outcome::Refused), "{report:?}");
-    assert!(
-        s.reason
-            .as_deref()
-            .unwrap()
-            .contains("belongs to manifest manifest/100.json"),
-        "{s:?}"
-    );
+    assert_owned_by_the_first_manifest(s.reason.as_deref());
     assert_eq!(
         rig.keys("data/100/").await,
         objects,
@@ -434,13 +425,7 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         ),
         "{s:?}"
     );
-    assert!(
-        s.error
-            .as_deref()
-            .unwrap()
-            .contains("belongs to manifest manifest/100.json"),
-        "{s:?}"
-    );
+    assert_owned_by_the_first_manifest(s.error.as_deref());
     assert_eq!(
         rig.store.get_bytes("staging/100.json").await.unwrap().bytes,
         staged_before,
