@@ -688,13 +688,14 @@ async fn rewrite(
         owner::claim(store, layout, schema_id, ownership).await?;
         manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {
             let wall = u64::try_from(ctx.clock.now_ms().saturating_sub(staged_ms)).unwrap_or(0);
-            let age = staged.elapsed().max(Duration::from_millis(wall));
-            if age > opts.commit_lease {
+            let (mono, wall) = (staged.elapsed(), Duration::from_millis(wall));
+            if mono.max(wall) > opts.commit_lease {
                 return Err(Error::Invariant(format!(
-                    "the new base {base} was staged {}s ago, longer than the {}s lease (a slow \
-                     store?): gc may already treat it as an orphan, so it is not published; run \
-                     compact again",
-                    age.as_secs(),
+                    "the new base {base} was staged {}s ago ({}s by the wall clock), longer than \
+                     the {}s lease (a slow store, a suspended host, a clock step?): gc may \
+                     already treat it as an orphan, so it is not published; run compact again",
+                    mono.as_secs(),
+                    wall.as_secs(),
                     opts.commit_lease.as_secs()
                 )));
             }

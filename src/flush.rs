@@ -151,6 +151,9 @@ pub enum Outcome {
     Locked,
     /// No dirty rows.
     NothingToDo,
+    /// A stop request came before any batch was exported (or before the schema was started);
+    /// its rows stay dirty.
+    Stopped,
     /// A step failed; rows stay dirty.
     Failed,
 }
@@ -373,7 +376,7 @@ async fn flush_schema(
     let started = Instant::now();
     let mut report = SchemaReport::new(&reg);
     if ctx.shutdown.is_requested() {
-        report.reason = Some("stop requested before start".into());
+        stopped(&mut report, false);
         return report;
     }
     let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
@@ -457,8 +460,21 @@ async fn flush_locked(
     result.and(settled)
 }
 
-/// The report's reason when a stop request ended the drain.
-const STOPPED: &str = "stopped by signal after a complete batch";
+/// Ends the drain for a stop request: `reading` when it came while the next batch was being
+/// read. A drain stopped before its first batch exported nothing.
+fn stopped(report: &mut SchemaReport, reading: bool) {
+    let when = match (report.batches, reading) {
+        (0, _) => "before the first batch",
+        (_, true) => "while the next batch was being read",
+        (_, false) => "after a complete batch",
+    };
+    report.reason = Some(format!(
+        "stopped by signal {when}; the rest is left for the next run"
+    ));
+    if report.batches == 0 {
+        report.outcome = Outcome::Stopped;
+    }
+}
 
 /// The batch loop. Batches are read ahead on up to two connections ([`read_ahead`]) while the
 /// current one is written, uploaded and committed, and each batch's mark (step 5) runs on a
@@ -493,7 +509,7 @@ async fn drain(
     let mut marker: Option<Arc<snapshot::Marker>> = None;
     loop {
         if ctx.shutdown.is_requested() {
-            report.reason = Some(STOPPED.into());
+            stopped(report, false);
             break;
         }
         if opts.max_batches.is_some_and(|m| report.batches >= m)
@@ -508,7 +524,7 @@ async fn drain(
         let next = tokio::select! {
             biased;
             () = ctx.shutdown.requested() => {
-                report.reason = Some(STOPPED.into());
+                stopped(report, true);
                 break;
             }
             next = reads.next() => next?,

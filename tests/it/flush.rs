@@ -945,11 +945,36 @@ async fn a_stop_request_does_not_wait_for_a_slow_read() {
         .await
         .expect("the stop request ended the run without waiting for the read");
     let s = only(&report);
-    assert_eq!((s.batches, s.rows_marked), (1, 30), "{s:?}");
-    assert!(s.reason.as_deref().unwrap().contains("stopped"), "{s:?}");
+    assert_eq!(
+        (s.outcome, s.batches, s.rows_marked),
+        (Outcome::Flushed, 1, 30),
+        "{s:?}"
+    );
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("stopped by signal while the next batch was being read"),
+        "{s:?}"
+    );
     assert_eq!(oracle::dirty(&rig.writer).await.len(), 70);
     assert_eq!(rig.listed().await.len(), 1);
     rig.assert_oracle().await;
+    // A stop before the first batch exports nothing and says so.
+    rig.ctx.shutdown = lakecdc::shutdown::Shutdown::new();
+    rig.ctx.shutdown.request();
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert_eq!((s.outcome, s.batches), (Outcome::Stopped, 0), "{s:?}");
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("before the first batch"),
+        "{s:?}"
+    );
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 70);
+    assert_eq!(rig.listed().await.len(), 1);
 }
 
 #[tokio::test]
