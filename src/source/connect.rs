@@ -102,6 +102,12 @@ impl TlsPolicy {
 /// `keepalives_idle`.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 
+/// Every session asks the server (PostgreSQL 14 and later) to check this often, while a query
+/// runs, that lakecdc is still connected: a killed or stopped run's queries (a read waiting on
+/// a lock, a long COPY) then end within a second instead of running on for nobody.
+const CLIENT_CHECK_SQL: &str = "SELECT set_config('client_connection_check_interval', '1s', false) \
+     WHERE current_setting('server_version_num')::int >= 140000";
+
 /// A validated way to open connections; opening none until asked.
 #[derive(Clone)]
 pub struct Connector {
@@ -258,6 +264,17 @@ impl Connector {
 
     /// Opens one connection; its driver task runs until the client is dropped.
     pub async fn connect(&self) -> Result<Client> {
+        let client = self.open_session().await?;
+        timed(
+            self.statement_timeout,
+            "set client_connection_check_interval",
+            client.batch_execute(CLIENT_CHECK_SQL),
+        )
+        .await?;
+        Ok(client)
+    }
+
+    async fn open_session(&self) -> Result<Client> {
         let op = format!("connect to {}", self.describe());
         let tls = match self.tls {
             TlsPolicy::Allow => None,

@@ -1164,6 +1164,54 @@ fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
     assert!(!lake.join("manifest").exists(), "the killed run published");
 }
 
+#[test]
+fn a_killed_run_leaves_no_query_waiting_on_the_server() {
+    // The flush waits on a lock the test holds; it is killed (SIGKILL: no cleanup of its own).
+    // The server notices the lost client (client_connection_check_interval) and ends the
+    // waiting query, instead of running it for nobody once the lock is released.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut rig = rt.block_on(rig(LakeKind::Local));
+    let (blocker, watcher) = rt.block_on(async {
+        let mut r = Rng::new(1431);
+        rig.seed(5, &mut r).await;
+        let c = rig.db.client().await;
+        c.batch_execute("BEGIN; LOCK TABLE change_log IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        (c, rig.db.client().await)
+    });
+    let waiting = || {
+        rt.block_on(async {
+            watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        })
+    };
+    let wait_until = |want: i64, what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while waiting() != want {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let lake = rig._work.path().join("lake");
+    let mut child = spawn_flush(&rig, &lake, &[]);
+    wait_until(1, "the flush never waited on the lock");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until(0, "the killed run's query still waits on the server");
+    rt.block_on(async {
+        blocker.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(oracle::dirty(&rig.writer).await.len(), 5);
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
     // study §10 #210: a delta written from slots joined by `assemble_slots` (what `export`
