@@ -1089,20 +1089,64 @@ fn sigterm_stops_the_binary_at_a_safe_boundary() {
     });
 }
 
+/// A session holding `change_log` locked (so a flush waits on it), and another watching the
+/// sessions that wait on locks (the holder's transaction sees one snapshot of
+/// pg_stat_activity).
+struct LockedChangeLog {
+    holder: tokio_postgres::Client,
+    watcher: tokio_postgres::Client,
+}
+
+impl LockedChangeLog {
+    async fn take(rig: &Rig) -> Self {
+        let holder = rig.db.client().await;
+        holder
+            .batch_execute("BEGIN; LOCK TABLE change_log IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        Self {
+            holder,
+            watcher: rig.db.client().await,
+        }
+    }
+
+    /// Waits (at most 20 s) until `n` sessions of the database wait on a lock.
+    async fn until_waiting(&self, n: i64, what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: i64 = self
+                .watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting == n {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn release(self) {
+        self.holder.batch_execute("ROLLBACK").await.unwrap();
+    }
+}
+
 #[test]
 fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
     // The flush waits on a lock the test holds on change_log: the first SIGTERM asks it to
     // stop at its next boundary (it keeps waiting), the second exits at once with 143.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut rig = rt.block_on(rig(LakeKind::Local));
-    let blocker = rt.block_on(async {
+    let lock = rt.block_on(async {
         let mut r = Rng::new(1430);
         rig.seed(20, &mut r).await;
-        let c = rig.db.client().await;
-        c.batch_execute("BEGIN; LOCK TABLE change_log IN ACCESS EXCLUSIVE MODE")
-            .await
-            .unwrap();
-        c
+        LockedChangeLog::take(&rig).await
     });
     let lake = rig._work.path().join("lake");
     let mut child = spawn_flush(&rig, &lake, &[]);
@@ -1113,31 +1157,8 @@ fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
             .status()
             .unwrap()
     };
-    // The signal handlers are in place once the run waits on the lock (watched from another
-    // session: the blocker's transaction sees one snapshot of pg_stat_activity).
-    rt.block_on(async {
-        let watcher = rig.db.client().await;
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let waiting: i64 = watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if waiting > 0 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the flush never waited on the lock"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
+    // The signal handlers are in place once the run waits on the lock.
+    rt.block_on(lock.until_waiting(1, "the flush never waited on the lock"));
     term();
     std::thread::sleep(Duration::from_millis(500));
     assert!(
@@ -1158,7 +1179,7 @@ fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
     };
     assert_eq!(status.code(), Some(143));
     rt.block_on(async {
-        blocker.batch_execute("ROLLBACK").await.unwrap();
+        lock.release().await;
         assert_eq!(oracle::dirty(&rig.writer).await.len(), 20);
     });
     assert!(!lake.join("manifest").exists(), "the killed run published");
@@ -1171,43 +1192,19 @@ fn a_killed_run_leaves_no_query_waiting_on_the_server() {
     // waiting query, instead of running it for nobody once the lock is released.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut rig = rt.block_on(rig(LakeKind::Local));
-    let (blocker, watcher) = rt.block_on(async {
+    let lock = rt.block_on(async {
         let mut r = Rng::new(1431);
         rig.seed(5, &mut r).await;
-        let c = rig.db.client().await;
-        c.batch_execute("BEGIN; LOCK TABLE change_log IN ACCESS EXCLUSIVE MODE")
-            .await
-            .unwrap();
-        (c, rig.db.client().await)
+        LockedChangeLog::take(&rig).await
     });
-    let waiting = || {
-        rt.block_on(async {
-            watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-        })
-    };
-    let wait_until = |want: i64, what: &str| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while waiting() != want {
-            assert!(std::time::Instant::now() < deadline, "{what}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
     let lake = rig._work.path().join("lake");
     let mut child = spawn_flush(&rig, &lake, &[]);
-    wait_until(1, "the flush never waited on the lock");
+    rt.block_on(lock.until_waiting(1, "the flush never waited on the lock"));
     child.kill().unwrap();
     child.wait().unwrap();
-    wait_until(0, "the killed run's query still waits on the server");
+    rt.block_on(lock.until_waiting(0, "the killed run's query still waits on the server"));
     rt.block_on(async {
-        blocker.batch_execute("ROLLBACK").await.unwrap();
+        lock.release().await;
         assert_eq!(oracle::dirty(&rig.writer).await.len(), 5);
     });
 }
