@@ -1137,19 +1137,48 @@ impl LockedChangeLog {
     }
 }
 
+/// A local-lake rig seeded with `rows` rows, `change_log` locked by the test, and the flush
+/// binary started and waiting on that lock (so its signal handlers are in place).
+struct BlockedFlush {
+    rt: tokio::runtime::Runtime,
+    rig: Rig,
+    lock: LockedChangeLog,
+    lake: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl BlockedFlush {
+    fn start(seed: u64, rows: usize) -> Self {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut rig = rt.block_on(rig(LakeKind::Local));
+        let lock = rt.block_on(async {
+            rig.seed(rows, &mut Rng::new(seed)).await;
+            LockedChangeLog::take(&rig).await
+        });
+        let lake = rig._work.path().join("lake");
+        let child = spawn_flush(&rig, &lake, &[]);
+        rt.block_on(lock.until_waiting(1, "the flush never waited on the lock"));
+        Self {
+            rt,
+            rig,
+            lock,
+            lake,
+            child,
+        }
+    }
+}
+
 #[test]
 fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
     // The flush waits on a lock the test holds on change_log: the first SIGTERM asks it to
     // stop at its next boundary (it keeps waiting), the second exits at once with 143.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut rig = rt.block_on(rig(LakeKind::Local));
-    let lock = rt.block_on(async {
-        let mut r = Rng::new(1430);
-        rig.seed(20, &mut r).await;
-        LockedChangeLog::take(&rig).await
-    });
-    let lake = rig._work.path().join("lake");
-    let mut child = spawn_flush(&rig, &lake, &[]);
+    let BlockedFlush {
+        rt,
+        rig,
+        lock,
+        lake,
+        mut child,
+    } = BlockedFlush::start(1430, 20);
     let pid = child.id().to_string();
     let term = || {
         std::process::Command::new("kill")
@@ -1157,8 +1186,6 @@ fn a_second_signal_exits_at_once_leaving_the_rows_dirty() {
             .status()
             .unwrap()
     };
-    // The signal handlers are in place once the run waits on the lock.
-    rt.block_on(lock.until_waiting(1, "the flush never waited on the lock"));
     term();
     std::thread::sleep(Duration::from_millis(500));
     assert!(
@@ -1190,16 +1217,13 @@ fn a_killed_run_leaves_no_query_waiting_on_the_server() {
     // The flush waits on a lock the test holds; it is killed (SIGKILL: no cleanup of its own).
     // The server notices the lost client (client_connection_check_interval) and ends the
     // waiting query, instead of running it for nobody once the lock is released.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut rig = rt.block_on(rig(LakeKind::Local));
-    let lock = rt.block_on(async {
-        let mut r = Rng::new(1431);
-        rig.seed(5, &mut r).await;
-        LockedChangeLog::take(&rig).await
-    });
-    let lake = rig._work.path().join("lake");
-    let mut child = spawn_flush(&rig, &lake, &[]);
-    rt.block_on(lock.until_waiting(1, "the flush never waited on the lock"));
+    let BlockedFlush {
+        rt,
+        rig,
+        lock,
+        mut child,
+        ..
+    } = BlockedFlush::start(1431, 5);
     child.kill().unwrap();
     child.wait().unwrap();
     rt.block_on(lock.until_waiting(0, "the killed run's query still waits on the server"));
