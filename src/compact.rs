@@ -439,13 +439,7 @@ async fn pass(
     }
     // Its bases live in the data prefix: the prefix must be this manifest's (a dry run checks;
     // a real pass claims an unclaimed one when it publishes).
-    let ownership = owner::check(store, &ctx.lake.layout, schema_id).await?;
-    if let owner::Ownership::Other(why) = &ownership {
-        return Err(PassError::Fail(Error::Manifest {
-            key: ctx.lake.layout.owner_key(schema_id),
-            message: why.clone(),
-        }));
-    }
+    let ownership = owner::check_writable(store, &ctx.lake.layout, schema_id).await?;
     if opts.dry_run {
         return Ok(());
     }

@@ -544,9 +544,14 @@ async fn drain(
                 report.rows_exported += slots.len() as u64;
             }
             read_ahead::Fetched::Read(snap) => {
+                // Another manifest's prefix fails the schema before anything is written: its
+                // readers would never see deltas written there; the rows stay dirty.
                 let owned = match &mut ownership {
                     Some(o) => o,
-                    None => ownership.insert(owned_prefix(ctx, schema_id).await?),
+                    None => ownership.insert(
+                        owner::check_writable(ctx.lake.store.as_ref(), &ctx.lake.layout, schema_id)
+                            .await?,
+                    ),
                 };
                 engine = Some(
                     export_batch(
@@ -572,20 +577,6 @@ async fn drain(
         }
     }
     Ok(())
-}
-
-/// The ownership of the schema's data prefix, failing when another manifest owns it: that
-/// manifest's readers would never see the deltas written there (and its gc, compact and init
-/// refuse this manifest's files), so nothing is written and the rows stay dirty.
-async fn owned_prefix(ctx: &Context, schema_id: i16) -> Result<owner::Ownership> {
-    let layout = &ctx.lake.layout;
-    match owner::check(ctx.lake.store.as_ref(), layout, schema_id).await? {
-        owner::Ownership::Other(why) => Err(Error::Manifest {
-            key: layout.owner_key(schema_id),
-            message: why,
-        }),
-        o => Ok(o),
-    }
 }
 
 /// Steps 2–5 for one batch. Returns the engine for reuse.

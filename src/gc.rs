@@ -380,7 +380,7 @@ async fn collect(
 /// when the object, its first sighting and its retirement (when a manifest retired it) are
 /// all older than the grace: a file retired after an earlier sighting still gets its whole
 /// grace, for readers of the manifests that listed it.
-#[allow(clippy::too_many_arguments)] // two call sites, one per kind of deletable orphan
+#[allow(clippy::too_many_arguments)] // one call site; the arguments are the orphan and the run's state
 fn sight(
     state: &GcState,
     seen: &mut BTreeMap<String, i64>,

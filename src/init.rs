@@ -716,7 +716,7 @@ async fn stage_and_upload(
             files.finish_oldest(ctx, schema_id, out).await?;
         }
         while !files.uploads.is_empty() {
-            collect(&mut files.uploads, &mut files.entries, out).await?;
+            files.collect_upload(out).await?;
         }
         Ok(())
     }
@@ -811,9 +811,31 @@ impl Files {
         self.engines.push(engine);
         self.uploads.push_back(upload);
         while self.uploads.len() > 1 {
-            collect(&mut self.uploads, &mut self.entries, out).await?;
+            self.collect_upload(out).await?;
         }
         self.bytes_per_row = Some(bytes_per_row);
+        Ok(())
+    }
+
+    /// Waits for the oldest upload (if any) and reports its file.
+    async fn collect_upload(&mut self, out: &mut SchemaInit) -> Result<()> {
+        if let Some(task) = self.uploads.pop_front() {
+            let entry = task
+                .await
+                .map_err(|e| Error::Invariant(format!("upload task failed: {e}")))??;
+            let (rows, bytes) = (
+                u64::try_from(entry.row_count).unwrap_or(0),
+                u64::try_from(entry.size_bytes).unwrap_or(0),
+            );
+            out.rows += rows;
+            out.bytes += bytes;
+            out.files.push(FileReport {
+                path: entry.path.clone(),
+                rows,
+                bytes,
+            });
+            self.entries.push(entry);
+        }
         Ok(())
     }
 }
@@ -822,31 +844,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Invariant(format!("blocking task failed: {e}")))?
-}
-
-async fn collect(
-    uploads: &mut VecDeque<Upload>,
-    entries: &mut Vec<FileEntry>,
-    out: &mut SchemaInit,
-) -> Result<()> {
-    if let Some(task) = uploads.pop_front() {
-        let entry = task
-            .await
-            .map_err(|e| Error::Invariant(format!("upload task failed: {e}")))??;
-        let (rows, bytes) = (
-            u64::try_from(entry.row_count).unwrap_or(0),
-            u64::try_from(entry.size_bytes).unwrap_or(0),
-        );
-        out.rows += rows;
-        out.bytes += bytes;
-        out.files.push(FileReport {
-            path: entry.path.clone(),
-            rows,
-            bytes,
-        });
-        entries.push(entry);
-    }
-    Ok(())
 }
 
 /// A file being written by DuckDB on a blocking thread.

@@ -64,6 +64,22 @@ pub async fn check(store: &dyn ObjectStore, layout: &Layout, schema_id: i16) -> 
     })
 }
 
+/// [`check`] for a writer about to write into the prefix: another manifest's prefix is an
+/// error naming the marker (ours and unclaimed are returned for [`claim`]).
+pub async fn check_writable(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    schema_id: i16,
+) -> Result<Ownership> {
+    match check(store, layout, schema_id).await? {
+        Ownership::Other(why) => Err(Error::Manifest {
+            key: layout.owner_key(schema_id),
+            message: why,
+        }),
+        o => Ok(o),
+    }
+}
+
 /// Fails unless the schema's data prefix is this layout's manifest's, claiming it (a
 /// conditional create) when `ownership` says it is unclaimed. Called right before publishing,
 /// so a run that fails earlier leaves no claim; a claim lost to another manifest fails.
