@@ -793,6 +793,15 @@ struct CopyDecoder {
 impl CopyDecoder {
     /// Decodes the complete tuples `chunk` ends (and whatever `buf` held before it).
     fn feed(&mut self, op: &str, chunk: &[u8], into: &mut BatchBuilder) -> Result<()> {
+        if self.header && self.buf.is_empty() {
+            // The usual case (PostgreSQL sends each tuple in a message of its own): the tuples
+            // are decoded where they lie, and only an incomplete one is kept.
+            let (used, n, end) = decode_tuples(chunk, into)?;
+            self.rows += n;
+            self.ended |= end;
+            self.buf.extend_from_slice(&chunk[used..]);
+            return Ok(());
+        }
         self.buf.extend_from_slice(chunk);
         if !self.header {
             let Some(ext) = self.buf.get(15..19) else {
