@@ -15,8 +15,8 @@
 //! connections (2) read disjoint row-id ranges at once, and a file holds one reader's
 //! consecutive pages, so base files never overlap in row-id range; reading the next file's
 //! pages, writing files and uploading them overlap. Publishing replaces the base tier (and with
-//! `--replace-delta` the delta tier, whose files are then deleted) in ONE save; superseded
-//! bases are left to gc. A schema with no live rows publishes one zero-row base. Writes during
+//! `--replace-delta` the delta tier) in ONE save; the superseded files, bases and replaced
+//! deltas alike, are recorded as retired and left to gc, which deletes them past its grace. A schema with no live rows publishes one zero-row base. Writes during
 //! init reach the lake with the next flush: a base row carries `changed_at =
 //! ltbase_updated_at`, exactly what flush writes for the same version (study §10 #210).
 
@@ -459,10 +459,8 @@ async fn export_schema(
             return Err(e);
         }
     }
-    // Only now, with the new base tier committed, do the replaced deltas go.
-    for d in &deltas {
-        delete_or_leave(store, d, "replaced (retired) delta").await;
-    }
+    // The replaced deltas are not deleted here: readers of the manifests that listed them may
+    // still be reading them. The save retired them, and gc deletes them past its grace.
     out.replaced_deltas = deltas.len();
     Ok(())
 }

@@ -254,7 +254,8 @@ struct InspectArgs {
 
 #[derive(Debug, Args)]
 struct InitArgs {
-    /// Replace a delta tier (deleted once the new base tier is committed) instead of refusing.
+    /// Replace a delta tier (retired by the save that commits the new base tier; gc deletes its
+    /// files past the grace) instead of refusing.
     #[arg(long, env = "LAKECDC_REPLACE_DELTA")]
     replace_delta: bool,
     /// Aimed-for size of each base file.
