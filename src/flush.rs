@@ -734,7 +734,7 @@ async fn publish(
         return Err(e);
     }
     *ownership = owner::Ownership::Ours;
-    manifest::commit(
+    let committed = manifest::commit(
         store,
         &manifest_key,
         schema_id,
@@ -745,7 +745,19 @@ async fn publish(
             Ok(())
         },
     )
-    .await?;
+    .await;
+    match committed {
+        Ok(_) => {}
+        // The save may have landed and list the delta: it stays (a rerun converges).
+        Err(e @ Error::AmbiguousCommit { .. }) => return Err(e),
+        // Certainly not saved (the manifest could not be read or used, or every conditional
+        // write met a newer manifest): nothing lists the delta, and gc never deletes an
+        // unlisted delta, so it goes now.
+        Err(e) => {
+            delete_or_leave(store, &key, "unlisted delta").await;
+            return Err(e);
+        }
+    }
     report.files.push(FileReport {
         path: key,
         rows: written.rows,

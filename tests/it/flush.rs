@@ -395,6 +395,32 @@ async fn a_failed_manifest_write_lists_nothing_and_marks_nothing() {
     assert_eq!(oracle::dirty(&rig.writer).await.len(), 12);
     assert!(rig.listed().await.is_empty());
     assert!(report.failed());
+    // A save that certainly did not happen (the manifest could not be read, so nothing was
+    // written) leaves no delta behind either: nothing would ever list it, and gc never
+    // deletes an unlisted delta.
+    let deltas = |keys: Vec<String>| -> Vec<String> {
+        keys.into_iter()
+            .filter(|k| matches!(rig.ctx.lake.layout.classify(k), KeyKind::Delta { .. }))
+            .collect()
+    };
+    let before = deltas(rig.keys("data/100/").await);
+    let calls_before = rig.store.calls().len();
+    rig.store
+        .arm(Op::GetBytes, Some("manifest/"), 1, Action::Fail);
+    let report = rig.flush().await;
+    assert_eq!(only(&report).outcome, Outcome::Failed);
+    assert_eq!(oracle::dirty(&rig.writer).await.len(), 12);
+    assert_eq!(
+        deltas(rig.keys("data/100/").await),
+        before,
+        "the promoted delta is deleted"
+    );
+    assert!(
+        rig.store.calls()[calls_before..]
+            .iter()
+            .any(|c| c.op == Op::Copy && c.key.starts_with("data/100/")),
+        "the delta was promoted before the save failed"
+    );
     // An ambiguous write (it landed, the answer was lost): still nothing marked, and a retry
     // converges with a duplicate delta of identical versions.
     rig.store
