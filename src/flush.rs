@@ -536,6 +536,13 @@ async fn drain(
         report.batches += 1;
         match batch {
             read_ahead::Fetched::Planned(slots) => {
+                // The plan fails where the run would: on another manifest's prefix.
+                if ownership.is_none() {
+                    ownership = Some(
+                        owner::check_writable(ctx.lake.store.as_ref(), &ctx.lake.layout, schema_id)
+                            .await?,
+                    );
+                }
                 report.files.push(FileReport {
                     path: String::new(),
                     rows: slots.len() as u64,

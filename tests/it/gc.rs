@@ -354,6 +354,17 @@ async fn a_data_prefix_belongs_to_one_manifest() {
     assert_owned_by_the_first_manifest(s.reason.as_deref());
     assert_eq!(rig.store.writes().len(), writes, "the refused flush wrote");
     assert_eq!(crate::oracle::dirty(&rig.writer).await, dirty);
+    // Its dry run plans the same failure.
+    let dry_opts = lakecdc::flush::FlushOptions {
+        dry_run: true,
+        ..flush_opts.clone()
+    };
+    let report = lakecdc::flush::run(&other, &dry_opts, &Default::default())
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, lakecdc::flush::Outcome::Failed, "{s:?}");
+    assert_owned_by_the_first_manifest(s.reason.as_deref());
     // The other manifest lists one of the prefix's bases (so the older "lists none of them"
     // guard does not apply) and, as a delta, another: gc through it must still refuse, not
     // delete the rest, and compact has work to do there.
