@@ -59,6 +59,31 @@ pub struct SchemaInspect {
     pub compaction: Option<Plan>,
     /// Unlisted objects by class: tmp, merged_base, init_base, delta, retired, unknown.
     pub unlisted: BTreeMap<&'static str, usize>,
+    /// Why this schema could not be inspected (its other fields are then empty); the other
+    /// schemas are still reported.
+    pub error: Option<String>,
+}
+
+impl SchemaInspect {
+    /// The report of a schema whose inspection failed.
+    fn failed(reg: &Registered, e: &Error) -> Self {
+        Self {
+            schema_id: reg.id,
+            schema: reg.name.clone(),
+            dirty_rows: 0,
+            oldest_dirty_age_s: 0,
+            flush_would_run: false,
+            flush_reason: String::new(),
+            lock_holder: None,
+            manifest: false,
+            manifest_version: 0,
+            base: TierSummary::default(),
+            delta: TierSummary::default(),
+            compaction: None,
+            unlisted: BTreeMap::new(),
+            error: Some(e.chain()),
+        }
+    }
 }
 
 /// The whole report.
@@ -71,6 +96,11 @@ pub struct InspectReport {
 }
 
 impl InspectReport {
+    /// 0, or 1 when a schema could not be inspected.
+    pub fn exit_code(&self) -> i32 {
+        i32::from(self.schemas.iter().any(|s| s.error.is_some()))
+    }
+
     /// The human-readable report.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
@@ -79,6 +109,10 @@ impl InspectReport {
         }
         for s in &self.schemas {
             out.push_str(&format!("schema {} (id {})\n", s.schema, s.schema_id));
+            if let Some(e) = &s.error {
+                out.push_str(&format!("  error             {e}\n"));
+                continue;
+            }
             out.push_str(&format!(
                 "  dirty rows        {} (oldest {}s)\n",
                 s.dirty_rows, s.oldest_dirty_age_s
@@ -155,7 +189,13 @@ pub async fn run(
     let out = job::each_schema(
         ctx,
         schemas,
-        |reg| async move { inspect_schema(ctx, client, &reg, flush, compact_opts).await },
+        // One schema that cannot be inspected (an unreadable manifest, a failed listing) is
+        // reported as such; the others still are.
+        |reg| async move {
+            Ok(inspect_schema(ctx, client, &reg, flush, compact_opts)
+                .await
+                .unwrap_or_else(|e| SchemaInspect::failed(&reg, &e)))
+        },
         |_| Err(Error::Stopped),
     )
     .await?
@@ -253,5 +293,6 @@ async fn inspect_schema(
             .as_ref()
             .map(|l| compact::plan(&l.manifest, compact_opts)),
         unlisted,
+        error: None,
     })
 }

@@ -627,7 +627,7 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
             let ctx = job_context(&v).await?;
             let report = lakecdc::inspect::run(&ctx, &cli.global.schema, &flush, &compact).await?;
             print_report(cli.global.json, &report, || report.to_text())?;
-            Ok(0)
+            Ok(report.exit_code())
         }
         Command::Compact(_) => {
             let opts = v

@@ -121,3 +121,47 @@ fn a_missing_change_log_index_is_reported() {
     assert!(text.contains("WARNING") && text.contains("index"), "{text}");
     assert!(text.contains("manifest          none"), "{text}");
 }
+
+#[tokio::test]
+async fn a_schema_that_cannot_be_inspected_is_reported_and_the_others_still_are() {
+    use lakecdc::store::PutMode;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(12);
+    rig.seed(20, &mut r).await;
+    rig.flush().await;
+    // Another schema's manifest is unreadable.
+    rig.store
+        .put_bytes(
+            "manifest/101.json",
+            bytes::Bytes::from_static(b"{not json"),
+            PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    let ctx = lakecdc::job::Context {
+        connector: rig.ctx.connector.clone(),
+        tables: rig.ctx.tables.clone(),
+        lake: rig.ctx.lake.clone(),
+        clock: rig.ctx.clock.clone(),
+        shutdown: Default::default(),
+    };
+    let report = lakecdc::inspect::run(&ctx, &[], &rig.opts, &Default::default())
+        .await
+        .unwrap();
+    let by_id: Vec<(i16, bool, Option<&str>)> = report
+        .schemas
+        .iter()
+        .map(|s| (s.schema_id, s.manifest, s.error.as_deref()))
+        .collect();
+    assert_eq!(by_id.len(), 2, "{by_id:?}");
+    assert_eq!((by_id[0].0, by_id[0].1, by_id[0].2), (100, true, None));
+    assert_eq!(report.schemas[0].delta.rows, 20);
+    assert_eq!(by_id[1].0, 101);
+    assert!(
+        by_id[1].2.is_some_and(|e| e.contains("manifest/101.json")),
+        "{by_id:?}"
+    );
+    assert_eq!(report.exit_code(), 1);
+    let text = report.to_text();
+    assert!(text.contains("  error             "), "{text}");
+}
