@@ -103,11 +103,16 @@ pub enum StoreError {
         /// Why the key is refused.
         reason: &'static str,
     },
-    /// The call did not finish within its time limit.
-    #[error("timed out after {seconds}s")]
+    /// The call did not finish within its time limits (one attempt, or the whole request
+    /// with its retries: the SDK does not say which).
+    #[error(
+        "timed out (limits: {attempt_s}s per attempt, {request_s}s per request with its retries)"
+    )]
     Timeout {
-        /// The limit that was exceeded.
-        seconds: u64,
+        /// The limit on one attempt.
+        attempt_s: u64,
+        /// The limit on the whole request.
+        request_s: u64,
     },
     /// A local I/O error.
     #[error("{0}")]

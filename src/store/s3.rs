@@ -88,6 +88,14 @@ pub fn check_env_credentials(
 pub struct S3Store {
     client: Client,
     bucket: String,
+    limits: Limits,
+}
+
+/// The time limits the client was built with, named in a timeout error.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    attempt: Duration,
+    request: Duration,
 }
 
 impl S3Store {
@@ -115,6 +123,10 @@ impl S3Store {
         Self {
             client: Client::from_conf(builder.build()),
             bucket: opts.bucket.clone(),
+            limits: Limits {
+                attempt: opts.attempt_timeout,
+                request: opts.operation_timeout,
+            },
         }
     }
 
@@ -137,7 +149,7 @@ impl S3Store {
             .checksum_algorithm(ChecksumAlgorithm::Crc32)
             .send()
             .await
-            .map_err(|e| classify(e, "create multipart upload", &self.bucket))?;
+            .map_err(|e| classify(e, "create multipart upload", &self.bucket, self.limits))?;
         let upload_id = created.upload_id().unwrap_or_default().to_string();
         match self.upload_parts(key, &upload_id, path).await {
             Ok(done) => Ok(done),
@@ -202,7 +214,7 @@ impl S3Store {
             )
             .send()
             .await
-            .map_err(|e| classify(e, "complete multipart upload", &self.bucket))?;
+            .map_err(|e| classify(e, "complete multipart upload", &self.bucket, self.limits))?;
         Ok(PutResult {
             size,
             sha256: hasher.finalize().into(),
@@ -228,7 +240,7 @@ impl S3Store {
             .body(ByteStream::from(chunk))
             .send()
             .await
-            .map_err(|e| classify(e, "upload part", &self.bucket))?;
+            .map_err(|e| classify(e, "upload part", &self.bucket, self.limits))?;
         let mut part = CompletedPart::builder()
             .part_number(part_number)
             .set_e_tag(out.e_tag().map(str::to_string));
@@ -267,7 +279,12 @@ fn copy_source(bucket: &str, key: &str) -> String {
 }
 
 /// Maps an SDK error to a [`StoreError`], keeping the semantic cases.
-fn classify<E>(err: SdkError<E, HttpResponse>, op: &'static str, bucket: &str) -> StoreError
+fn classify<E>(
+    err: SdkError<E, HttpResponse>,
+    op: &'static str,
+    bucket: &str,
+    limits: Limits,
+) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
@@ -278,7 +295,10 @@ where
             bucket: bucket.to_string(),
         },
         (_, Some("NoSuchKey" | "NotFound"), _) | (_, _, Some(404)) => StoreError::NotFound,
-        (SdkError::TimeoutError(_), _, _) => StoreError::Timeout { seconds: 0 },
+        (SdkError::TimeoutError(_), _, _) => StoreError::Timeout {
+            attempt_s: limits.attempt.as_secs(),
+            request_s: limits.request.as_secs(),
+        },
         _ => {
             let message = match (code.as_deref(), status) {
                 (Some(code), Some(status)) => format!("{op}: {code} (HTTP {status})"),
@@ -300,6 +320,7 @@ fn classify_conditional<E>(
     err: SdkError<E, HttpResponse>,
     mode: &PutMode,
     bucket: &str,
+    limits: Limits,
 ) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
@@ -307,11 +328,11 @@ where
     let code = err.code().map(str::to_string);
     let status = err.raw_response().map(|r| r.status().as_u16());
     match (status, code.as_deref(), mode) {
-        (_, Some("NoSuchBucket"), _) => classify(err, "put object", bucket),
+        (_, Some("NoSuchBucket"), _) => classify(err, "put object", bucket, limits),
         (Some(412), _, _) | (Some(409), _, _) => StoreError::Conflict,
         (_, Some("PreconditionFailed" | "ConditionalRequestConflict"), _) => StoreError::Conflict,
         (Some(404), _, PutMode::Update(_)) => StoreError::Conflict,
-        _ => classify(err, "put object", bucket),
+        _ => classify(err, "put object", bucket, limits),
     }
 }
 
@@ -365,7 +386,7 @@ impl ObjectStore for S3Store {
         } else {
             req.send().await
         };
-        let out = sent.map_err(|e| classify_conditional(e, &mode, &self.bucket))?;
+        let out = sent.map_err(|e| classify_conditional(e, &mode, &self.bucket, self.limits))?;
         Ok(PutResult {
             size,
             sha256,
@@ -381,7 +402,7 @@ impl ObjectStore for S3Store {
             .key(key)
             .send()
             .await
-            .map_err(|e| classify(e, "get object", &self.bucket))?;
+            .map_err(|e| classify(e, "get object", &self.bucket, self.limits))?;
         let etag = out.e_tag().unwrap_or_default().to_string();
         let bytes = out.body.collect().await.map_err(|e| StoreError::Backend {
             message: "get object: reading the body failed".to_string(),
@@ -401,7 +422,7 @@ impl ObjectStore for S3Store {
             .key(key)
             .send()
             .await
-            .map_err(|e| classify(e, "get object", &self.bucket))?;
+            .map_err(|e| classify(e, "get object", &self.bucket, self.limits))?;
         let mut file = tokio::fs::File::create(path).await?;
         let mut hasher = Sha256::new();
         let mut size = 0u64;
@@ -429,7 +450,7 @@ impl ObjectStore for S3Store {
             .key(key)
             .send()
             .await
-            .map_err(|e| classify(e, "head object", &self.bucket))?;
+            .map_err(|e| classify(e, "head object", &self.bucket, self.limits))?;
         Ok(ObjectMeta {
             key: key.to_string(),
             size: u64::try_from(out.content_length().unwrap_or(0)).unwrap_or(0),
@@ -449,7 +470,7 @@ impl ObjectStore for S3Store {
             .copy_source(copy_source(&self.bucket, from))
             .send()
             .await
-            .map_err(|e| classify(e, "copy object", &self.bucket))?;
+            .map_err(|e| classify(e, "copy object", &self.bucket, self.limits))?;
         Ok(())
     }
 
@@ -463,7 +484,7 @@ impl ObjectStore for S3Store {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) => match classify(e, "delete object", &self.bucket) {
+            Err(e) => match classify(e, "delete object", &self.bucket, self.limits) {
                 StoreError::NotFound => Ok(()),
                 other => Err(other),
             },
@@ -480,7 +501,7 @@ impl ObjectStore for S3Store {
             .send();
         let mut out = Vec::new();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| classify(e, "list objects", &self.bucket))?;
+            let page = page.map_err(|e| classify(e, "list objects", &self.bucket, self.limits))?;
             for obj in page.contents() {
                 out.push(ObjectMeta {
                     key: obj.key().unwrap_or_default().to_string(),

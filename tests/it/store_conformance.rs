@@ -311,3 +311,37 @@ async fn s3_missing_bucket_is_not_a_missing_object() {
         .unwrap_err();
     assert!(!err.is_conflict(), "{err:?}");
 }
+
+#[tokio::test]
+async fn an_s3_timeout_names_the_time_limits() {
+    // A server that accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let mut opts = harness::s3_options("silent");
+    opts.endpoint = Some(format!("http://{addr}"));
+    opts.attempt_timeout = std::time::Duration::from_secs(1);
+    opts.operation_timeout = std::time::Duration::from_secs(3);
+    let store = lakecdc::store::s3::S3Store::connect(&opts).await;
+    let err = store.get_bytes("a.bin").await.unwrap_err();
+    server.abort();
+    assert!(
+        matches!(
+            err,
+            StoreError::Timeout {
+                attempt_s: 1,
+                request_s: 3
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "timed out (limits: 1s per attempt, 3s per request with its retries)"
+    );
+}
