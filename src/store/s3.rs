@@ -31,8 +31,14 @@ use super::{
 
 /// Size of each multipart part.
 const PART_SIZE: usize = 16 * 1024 * 1024;
-/// Parts uploaded at once (bounds memory to about `PART_SIZE * PART_CONCURRENCY`).
+/// Parts uploaded (or copied) at once (bounds memory to about `PART_SIZE * PART_CONCURRENCY`).
 const PART_CONCURRENCY: usize = 4;
+/// The largest source one CopyObject may copy (AWS).
+const MAX_COPY_OBJECT_BYTES: u64 = 5 * 1024 * 1024 * 1024;
+/// Size of each part of a multipart copy.
+const COPY_PART_SIZE: u64 = 512 * 1024 * 1024;
+/// Most parts in one multipart upload (S3).
+const MAX_PARTS: u64 = 10_000;
 
 /// How to reach the S3 service.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,30 +147,122 @@ impl S3Store {
     }
 
     async fn put_multipart(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
-        let created = self
+        let upload_id = self.create_multipart(key, true).await?;
+        let done = self.upload_parts(key, &upload_id, path).await;
+        self.abort_failed(key, &upload_id, done).await
+    }
+
+    /// Starts a multipart upload to `key` (parts checksummed with CRC32 when `crc32`).
+    async fn create_multipart(&self, key: &str, crc32: bool) -> Result<String, StoreError> {
+        let mut req = self
             .client
             .create_multipart_upload()
             .bucket(&self.bucket)
-            .key(key)
-            .checksum_algorithm(ChecksumAlgorithm::Crc32)
+            .key(key);
+        if crc32 {
+            req = req.checksum_algorithm(ChecksumAlgorithm::Crc32);
+        }
+        let created = req
             .send()
             .await
             .map_err(|e| classify(e, "create multipart upload", &self.bucket, self.limits))?;
-        let upload_id = created.upload_id().unwrap_or_default().to_string();
-        match self.upload_parts(key, &upload_id, path).await {
-            Ok(done) => Ok(done),
-            Err(err) => {
-                let _ = self
-                    .client
-                    .abort_multipart_upload()
-                    .bucket(&self.bucket)
-                    .key(key)
-                    .upload_id(&upload_id)
-                    .send()
-                    .await;
-                Err(err)
-            }
+        Ok(created.upload_id().unwrap_or_default().to_string())
+    }
+
+    /// Passes `done` on, first aborting the multipart upload when it failed (no parts are
+    /// left behind to be billed).
+    async fn abort_failed<T>(
+        &self,
+        key: &str,
+        upload_id: &str,
+        done: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if done.is_err() {
+            let _ = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .send()
+                .await;
         }
+        done
+    }
+
+    /// Copies `from` (of `size` bytes) to `to` part by part (UploadPartCopy, `part_size` bytes
+    /// each, raised as needed to stay within S3's 10,000 parts): the way to copy an object
+    /// larger than one CopyObject may copy (5 GiB). Public so that tests can copy a small
+    /// object this way.
+    pub async fn copy_in_parts(
+        &self,
+        from: &str,
+        to: &str,
+        size: u64,
+        part_size: u64,
+    ) -> Result<(), StoreError> {
+        let part_size = part_size.max(size.div_ceil(MAX_PARTS)).max(1);
+        let upload_id = self.create_multipart(to, false).await?;
+        let done = self.copy_parts(from, to, &upload_id, size, part_size).await;
+        self.abort_failed(to, &upload_id, done).await
+    }
+
+    async fn copy_parts(
+        &self,
+        from: &str,
+        to: &str,
+        upload_id: &str,
+        size: u64,
+        part_size: u64,
+    ) -> Result<(), StoreError> {
+        let source = copy_source(&self.bucket, from);
+        let ranges = (0..size.div_ceil(part_size)).map(|i| {
+            let first = i * part_size;
+            let last = (first + part_size).min(size) - 1;
+            (i32::try_from(i + 1).unwrap_or(i32::MAX), first, last)
+        });
+        let parts: Vec<CompletedPart> = futures::stream::iter(ranges)
+            .map(|(number, first, last)| {
+                let source = source.clone();
+                async move {
+                    let out = self
+                        .client
+                        .upload_part_copy()
+                        .bucket(&self.bucket)
+                        .key(to)
+                        .upload_id(upload_id)
+                        .part_number(number)
+                        .copy_source(source)
+                        .copy_source_range(format!("bytes={first}-{last}"))
+                        .send()
+                        .await
+                        .map_err(|e| classify(e, "copy part", &self.bucket, self.limits))?;
+                    let etag = out.copy_part_result().and_then(|r| r.e_tag());
+                    Ok::<_, StoreError>(
+                        CompletedPart::builder()
+                            .part_number(number)
+                            .set_e_tag(etag.map(str::to_string))
+                            .build(),
+                    )
+                }
+            })
+            .buffered(PART_CONCURRENCY)
+            .try_collect()
+            .await?;
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(to)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| classify(e, "complete multipart copy", &self.bucket, self.limits))?;
+        Ok(())
     }
 
     /// Reads the file sequentially (hashing as it goes) and uploads parts concurrently.
@@ -463,15 +561,28 @@ impl ObjectStore for S3Store {
     }
 
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
-        self.client
+        let sent = self
+            .client
             .copy_object()
             .bucket(&self.bucket)
             .key(to)
             .copy_source(copy_source(&self.bucket, from))
             .send()
-            .await
-            .map_err(|e| classify(e, "copy object", &self.bucket, self.limits))?;
-        Ok(())
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            // AWS refuses CopyObject for a source over 5 GiB (InvalidRequest): a large merged
+            // base is copied part by part instead.
+            Err(e) if e.code() == Some("InvalidRequest") => {
+                let size = self.head(from).await?.size;
+                if size > MAX_COPY_OBJECT_BYTES {
+                    self.copy_in_parts(from, to, size, COPY_PART_SIZE).await
+                } else {
+                    Err(classify(e, "copy object", &self.bucket, self.limits))
+                }
+            }
+            Err(e) => Err(classify(e, "copy object", &self.bucket, self.limits)),
+        }
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
