@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::sync::Arc;
 
 use lakecdc::clock::SystemClock;
@@ -24,6 +25,7 @@ use lakecdc::lake::manifest::CommitPolicy;
 use lakecdc::lake::{Lake, Layout};
 use lakecdc::shutdown::Shutdown;
 use lakecdc::source::connect::PG_ENV_VARS;
+use lakecdc::source::conninfo;
 use lakecdc::source::{Connector, PgSettings};
 use lakecdc::store::s3::{S3Options, check_env_credentials};
 use lakecdc::verify::VerifyOptions;
@@ -42,8 +44,9 @@ struct Cli {
 #[derive(Debug, Args)]
 struct Global {
     /// PostgreSQL URL or keyword DSN; falls back to DATABASE_URL, then the libpq PG* variables
-    /// (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT). Prefer
-    /// PGPASSWORD for the password.
+    /// (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT). Given as a
+    /// flag it may not carry a password (others can read a command line): use PGPASSWORD, or
+    /// the whole string in LAKECDC_PG_URL.
     #[arg(long, env = "LAKECDC_PG_URL", hide_env_values = true, global = true)]
     pg_url: Option<String>,
 
@@ -320,7 +323,13 @@ fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-fn validate(g: &Global) -> Result<Validated> {
+fn validate(g: &Global, pg_url_flag: bool) -> Result<Validated> {
+    // Secrets never come from flags: any user of the host can read a command line.
+    if pg_url_flag && g.pg_url.as_deref().is_some_and(conninfo::has_password) {
+        return Err(Error::config(
+            "--pg-url carries a password, which other users of this host can read in its process list: put the connection string in LAKECDC_PG_URL (or the password in PGPASSWORD) instead",
+        ));
+    }
     let tables = Tables {
         registry: TableName::parse("--registry-table", &g.registry_table)?,
         entity: TableName::parse("--entity-table", &g.entity_table)?,
@@ -662,8 +671,13 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let validated = match validate(&cli.global).and_then(|mut v| {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let pg_url_flag = matches.value_source("pg_url") == Some(ValueSource::CommandLine);
+    let validated = match validate(&cli.global, pg_url_flag).and_then(|mut v| {
         match &cli.command {
             Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
             Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),

@@ -40,6 +40,15 @@ pub fn parse(s: &str, default_port: Option<u16>) -> Result<Conninfo> {
     }
 }
 
+/// True when the URL or keyword DSN carries a password (false when it does not parse: the
+/// connection reports that).
+pub fn has_password(s: &str) -> bool {
+    parse(s, None)
+        .ok()
+        .and_then(|info| info.driver.parse::<tokio_postgres::Config>().ok())
+        .is_some_and(|c| c.get_password().is_some())
+}
+
 /// Adds `:port` to every host of a URL whose hosts all lack one.
 fn with_default_port(url: &str, port: u16) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
@@ -201,6 +210,21 @@ fn parse_keywords(s: &str) -> Result<Conninfo> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_password_is_found_in_either_form() {
+        for (dsn, has) in [
+            ("postgres://u:secret@h/d", true),
+            ("postgres://u@h/d", false),
+            ("postgresql://h/d?user=u&password=secret", true),
+            ("host=h user=u password='a b'", true),
+            ("host=h user=u", false),
+            ("password=", true),
+            ("not a dsn '", false),
+        ] {
+            assert_eq!(super::has_password(dsn), has, "{dsn}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -65,6 +65,31 @@ fn invalid_configuration_exits_2_with_one_line() {
 }
 
 #[test]
+fn a_password_in_a_flag_is_refused_without_showing_it() {
+    // Any user of the host can read a command line: secrets come from the environment.
+    for dsn in [
+        "postgres://u:s3cr3t-pw@127.0.0.1:1/d",
+        "host=127.0.0.1 port=1 user=u password=s3cr3t-pw dbname=d",
+    ] {
+        let (code, stderr) = run(&["flush", "--pg-url", dsn], &[]);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("LAKECDC_PG_URL"), "{stderr}");
+        assert!(!stderr.contains("s3cr3t"), "{stderr}");
+    }
+    // The same string from the environment is taken (and fails only to connect).
+    let (code, stderr) = run(
+        &["init-db"],
+        &[(
+            "LAKECDC_PG_URL",
+            "postgres://u:s3cr3t-pw@127.0.0.1:1/d?connect_timeout=1",
+        )],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(!stderr.contains("s3cr3t"), "{stderr}");
+}
+
+#[test]
 fn unreachable_postgres_is_a_runtime_failure() {
     let (code, stderr) = run(&["init-db", "--pg-url", UNREACHABLE], &[]);
     assert_eq!(code, Some(1), "{stderr}");

@@ -429,18 +429,22 @@ fn the_binary_never_shows_a_wrong_password() {
         password: None,
         ..t
     };
-    // (--pg-url, environment)
+    // (--pg-url, environment): a password travels in the environment, never in a flag.
+    let (dsn, url) = (t.keyword_dsn(), t.url());
     let cases = [
-        (t.keyword_dsn(), vec![]),
-        (t.url(), vec![]),
+        (None, vec![("LAKECDC_PG_URL", dsn.as_str())]),
+        (None, vec![("LAKECDC_PG_URL", url.as_str())]),
         (
-            no_password.keyword_dsn(),
+            Some(no_password.keyword_dsn()),
             vec![("PGPASSWORD", WRONG_PASSWORD)],
         ),
     ];
-    for (url, env) in &cases {
+    for (flag, env) in &cases {
         for extra in [&["-vv"][..], &["--log-format", "json", "-vv"]] {
-            let mut args = vec!["init-db", "--pg-url", url.as_str()];
+            let mut args = vec!["init-db"];
+            if let Some(flag) = flag {
+                args.extend(["--pg-url", flag.as_str()]);
+            }
             args.extend_from_slice(extra);
             let what = format!(
                 "{} {extra:?} env={:?}",
