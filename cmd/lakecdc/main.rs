@@ -7,6 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod config_file;
+
+use std::ffi::OsString;
+
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::sync::Arc;
@@ -49,6 +53,11 @@ struct Global {
     /// the whole string in LAKECDC_PG_URL.
     #[arg(long, env = "LAKECDC_PG_URL", hide_env_values = true, global = true)]
     pg_url: Option<String>,
+
+    /// A TOML file of settings (keys are the long flag names; a [flush], [compact], … table
+    /// for one command's own flags), below flags and the environment, above the defaults.
+    #[arg(long, env = "LAKECDC_CONFIG", global = true)]
+    config: Option<PathBuf>,
 
     /// The lake: s3://bucket/root, file:///path, or a local path.
     #[arg(long, env = "LAKECDC_LAKE", default_value = "./lake", global = true)]
@@ -671,7 +680,18 @@ async fn run(cli: &Cli, v: Validated) -> Result<i32> {
 }
 
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let mut command = Cli::command();
+    if let Some(file) = config_file::path(&args) {
+        command = match config_file::apply(command, &file) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("lakecdc: error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+    }
+    let matches = command.get_matches_from(args);
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

@@ -90,6 +90,65 @@ fn a_password_in_a_flag_is_refused_without_showing_it() {
 }
 
 #[test]
+fn a_config_file_sits_below_flags_and_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lakecdc.toml");
+    // A password may live in the file (it is not a command line); gc's own table sets its
+    // grace too short, which gc refuses before connecting.
+    std::fs::write(
+        &file,
+        format!(
+            "pg-url = \"{}\"\n[gc]\ngrace = \"1m\"\n",
+            "host=127.0.0.1 port=1 user=u password=s3cr3t-pw dbname=d sslmode=disable connect_timeout=1"
+        ),
+    )
+    .unwrap();
+    let config = file.to_str().unwrap();
+    let (code, stderr) = run(&["gc", "--config", config], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--grace must be at least"), "{stderr}");
+    // The environment wins over the file, and a flag over the environment: with a valid grace
+    // gc goes on to connect (the file's DSN, unreachable: exit 1, the password not shown).
+    for (args, env) in [
+        (
+            vec!["gc"],
+            vec![("LAKECDC_CONFIG", config), ("LAKECDC_GC_GRACE", "2h")],
+        ),
+        (
+            vec!["gc", "--grace", "2h"],
+            vec![("LAKECDC_CONFIG", config), ("LAKECDC_GC_GRACE", "1m")],
+        ),
+    ] {
+        let (code, stderr) = run(&args, &env);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("connect to u@127.0.0.1:1/d"), "{stderr}");
+        assert!(!stderr.contains("s3cr3t"), "{stderr}");
+    }
+    // The example file of manifests/ is a valid one for every command.
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/lakecdc.toml");
+    for command in [
+        "flush", "compact", "gc", "init", "inspect", "verify", "init-db",
+    ] {
+        let (code, stderr) = run(&[command, "--config", example, "--help"], &[]);
+        assert_eq!(code, Some(0), "{command}: {stderr}");
+    }
+    // A misspelt key, a global flag in a command's table and a table that is no command are
+    // errors naming the key, not silently ignored.
+    for (text, needle) in [
+        ("min-recrods = 5\n", "min-recrods is not a setting"),
+        ("[flush]\nlake = \"/tmp/x\"\n", "[flush] lake"),
+        ("[flsh]\nmin-records = 5\n", "[flsh] is not a command"),
+        ("min-records = \n", "not valid TOML"),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let (code, stderr) = run(&["flush", "--config", config], &[]);
+        assert_eq!(code, Some(2), "{text}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(needle), "{text}: {stderr}");
+    }
+}
+
+#[test]
 fn unreachable_postgres_is_a_runtime_failure() {
     let (code, stderr) = run(&["init-db", "--pg-url", UNREACHABLE], &[]);
     assert_eq!(code, Some(1), "{stderr}");
