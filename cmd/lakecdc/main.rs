@@ -310,7 +310,14 @@ enum Command {
     Flush(FlushArgs),
     /// Create the source tables and change_log index if missing, and register the schemas of
     /// --schema-dir (new names get the next id from 100; existing names keep theirs).
-    InitDb,
+    InitDb(InitDbArgs),
+}
+
+#[derive(Debug, Args)]
+struct InitDbArgs {
+    /// Report what would be created and registered (with the ids), changing nothing.
+    #[arg(long, env = "LAKECDC_DRY_RUN")]
+    dry_run: bool,
 }
 
 /// Everything validated from the flags before any connection is opened.
@@ -610,10 +617,14 @@ fn init_logging(g: &Global) {
 
 async fn run(cli: &Cli, v: Validated) -> Result<i32> {
     match &cli.command {
-        Command::InitDb => {
-            let report =
-                lakecdc::init_db::run(&v.connector, &v.tables, cli.global.schema_dir.as_deref())
-                    .await?;
+        Command::InitDb(a) => {
+            let report = lakecdc::init_db::run(
+                &v.connector,
+                &v.tables,
+                cli.global.schema_dir.as_deref(),
+                a.dry_run,
+            )
+            .await?;
             print_report(cli.global.json, &report, || report.to_text())?;
             Ok(0)
         }
@@ -756,7 +767,7 @@ fn main() -> ExitCode {
                     dry_run: a.dry_run,
                 });
             }
-            Command::InitDb => {}
+            Command::InitDb(_) => {}
         }
         Ok(v)
     }) {

@@ -97,11 +97,14 @@ pub async fn change_log_index_exists(client: &impl GenericClient, t: &Tables) ->
 }
 
 /// Creates whatever is missing and registers `schema_names` (sorted by the caller); existing
-/// names keep their id, new names get `max(FIRST_SCHEMA_ID, max id + 1)` onwards.
+/// names keep their id, new names get `max(FIRST_SCHEMA_ID, max id + 1)` onwards. With
+/// `dry_run` the same checks and id assignment run in a transaction that changes nothing and
+/// is rolled back: the report is the plan a real run would follow.
 pub async fn apply(
     client: &mut Client,
     t: &Tables,
     schema_names: &[String],
+    dry_run: bool,
 ) -> Result<(Vec<ObjectStatus>, Vec<Registration>)> {
     let tx = timed(TIMEOUT, "begin init-db", client.transaction()).await?;
     timed(
@@ -119,7 +122,7 @@ pub async fn apply(
         )
         .await?
         .get::<_, bool>(0);
-        if !exists {
+        if !exists && !dry_run {
             timed(TIMEOUT, "create table", tx.batch_execute(&sql)).await?;
         }
         objects.push(ObjectStatus {
@@ -128,7 +131,7 @@ pub async fn apply(
         });
     }
     let index_sql_exists = change_log_index_exists(&tx, t).await?;
-    if !index_sql_exists {
+    if !index_sql_exists && !dry_run {
         let sql = format!(
             "CREATE INDEX IF NOT EXISTS {} ON {} (schema_id, flushed_at, changed_at)",
             change_log_index(t),
@@ -141,16 +144,26 @@ pub async fn apply(
         created: !index_sql_exists,
     });
 
-    let rows = timed(
-        TIMEOUT,
-        "read schema registry",
-        tx.query(
-            &format!("SELECT schema_name, schema_id FROM {}", t.registry.quoted()),
-            &[],
-        ),
-    )
-    .await?;
-    let existing: Vec<(String, i16)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    // A dry run over a registry it would create reads none.
+    let registry_missing = objects
+        .iter()
+        .any(|o| o.created && o.name == t.registry.quoted());
+    let existing: Vec<(String, i16)> = if dry_run && registry_missing {
+        Vec::new()
+    } else {
+        timed(
+            TIMEOUT,
+            "read schema registry",
+            tx.query(
+                &format!("SELECT schema_name, schema_id FROM {}", t.registry.quoted()),
+                &[],
+            ),
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
     let mut next = existing
         .iter()
         .map(|(_, id)| i32::from(*id) + 1)
@@ -177,12 +190,14 @@ pub async fn apply(
                 i16::MAX
             ))
         })?;
-        timed(
-            TIMEOUT,
-            "register schema",
-            tx.execute(&insert, &[name, &id]),
-        )
-        .await?;
+        if !dry_run {
+            timed(
+                TIMEOUT,
+                "register schema",
+                tx.execute(&insert, &[name, &id]),
+            )
+            .await?;
+        }
         registrations.push(Registration {
             name: name.clone(),
             id,
@@ -190,6 +205,10 @@ pub async fn apply(
         });
         next += 1;
     }
-    timed(TIMEOUT, "commit init-db", tx.commit()).await?;
+    if dry_run {
+        timed(TIMEOUT, "end init-db dry run", tx.rollback()).await?;
+    } else {
+        timed(TIMEOUT, "commit init-db", tx.commit()).await?;
+    }
     Ok((objects, registrations))
 }

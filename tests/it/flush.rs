@@ -44,6 +44,7 @@ pub async fn rig(kind: LakeKind) -> Rig {
         &db.connector(),
         &Tables::default(),
         Some(&harness::examples_dir()),
+        false,
     )
     .await
     .unwrap();

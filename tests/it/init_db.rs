@@ -38,7 +38,7 @@ async fn creates_everything_registers_examples_and_is_idempotent() {
     let db = TestDb::new().await;
     let tables = Tables::default();
     let dir = harness::examples_dir();
-    let first = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir))
+    let first = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir), false)
         .await
         .unwrap();
     assert!(first.objects.iter().all(|o| o.created), "{first:?}");
@@ -76,7 +76,7 @@ async fn creates_everything_registers_examples_and_is_idempotent() {
             .unwrap()
     );
 
-    let second = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir))
+    let second = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir), false)
         .await
         .unwrap();
     assert!(second.objects.iter().all(|o| !o.created), "{second:?}");
@@ -88,10 +88,92 @@ async fn creates_everything_registers_examples_and_is_idempotent() {
 }
 
 #[tokio::test]
+async fn a_dry_run_reports_the_plan_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let tables = Tables::default();
+    let dir = harness::examples_dir();
+    let plan = |r: &lakecdc::init_db::InitDbReport| {
+        (
+            r.objects
+                .iter()
+                .map(|o| (o.name.clone(), o.created))
+                .collect::<Vec<_>>(),
+            r.schemas
+                .iter()
+                .map(|s| (s.name.clone(), s.id, s.created))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let dry = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir), true)
+        .await
+        .unwrap();
+    assert!(dry.dry_run);
+    assert!(dry.to_text().contains("would create"), "{}", dry.to_text());
+    // Nothing was created.
+    let client = db.client().await;
+    let tables_now: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables_now, 0);
+    // The real run follows the plan exactly.
+    let real = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir), false)
+        .await
+        .unwrap();
+    assert_eq!(plan(&real), plan(&dry));
+    // A new schema on an existing registry: the dry run names its id, registers nothing.
+    client
+        .batch_execute("INSERT INTO schema_registry VALUES ('legacy', 105)")
+        .await
+        .unwrap();
+    let more = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, more.path().join(f.file_name().unwrap())).unwrap();
+    }
+    for (from, to) in [("customer", "zeta")] {
+        for suffix in [".json", "_attributes.json"] {
+            std::fs::copy(
+                dir.join(format!("{from}{suffix}")),
+                more.path().join(format!("{to}{suffix}")),
+            )
+            .unwrap();
+        }
+    }
+    let dry = lakecdc::init_db::run(&db.connector(), &tables, Some(more.path()), true)
+        .await
+        .unwrap();
+    assert!(dry.objects.iter().all(|o| !o.created));
+    assert_eq!(
+        dry.schemas
+            .iter()
+            .map(|s| (s.name.as_str(), s.id, s.created))
+            .collect::<Vec<_>>(),
+        [
+            ("customer", 100, false),
+            ("order", 101, false),
+            ("zeta", 106, true)
+        ]
+    );
+    assert_eq!(
+        registry(&db).await,
+        [
+            ("customer".into(), 100),
+            ("order".into(), 101),
+            ("legacy".into(), 105)
+        ]
+    );
+}
+
+#[tokio::test]
 async fn new_schemas_get_ids_above_every_existing_one() {
     let db = TestDb::new().await;
     let tables = Tables::default();
-    lakecdc::init_db::run(&db.connector(), &tables, None)
+    lakecdc::init_db::run(&db.connector(), &tables, None, false)
         .await
         .unwrap();
     db.client()
@@ -99,9 +181,14 @@ async fn new_schemas_get_ids_above_every_existing_one() {
         .batch_execute("INSERT INTO schema_registry VALUES ('legacy', 105)")
         .await
         .unwrap();
-    let report = lakecdc::init_db::run(&db.connector(), &tables, Some(&harness::examples_dir()))
-        .await
-        .unwrap();
+    let report = lakecdc::init_db::run(
+        &db.connector(),
+        &tables,
+        Some(&harness::examples_dir()),
+        false,
+    )
+    .await
+    .unwrap();
     let ids: Vec<i16> = report.schemas.iter().map(|s| s.id).collect();
     assert_eq!(ids, [106, 107], "gaps below the maximum are never reused");
 }

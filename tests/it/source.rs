@@ -99,7 +99,7 @@ async fn change_log_stats_count_dirty_rows() {
     let client = db.client().await;
     let tables = lakecdc::config::Tables::default();
     let mut c = db.client().await;
-    lakecdc::source::ddl::apply(&mut c, &tables, &[])
+    lakecdc::source::ddl::apply(&mut c, &tables, &[], false)
         .await
         .unwrap();
     client
@@ -128,7 +128,7 @@ async fn change_log_stats_count_dirty_rows() {
 async fn with_source_tables(db: &TestDb) -> (tokio_postgres::Client, lakecdc::config::Tables) {
     let mut client = db.client().await;
     let tables = lakecdc::config::Tables::default();
-    lakecdc::source::ddl::apply(&mut client, &tables, &[])
+    lakecdc::source::ddl::apply(&mut client, &tables, &[], false)
         .await
         .unwrap();
     (client, tables)
