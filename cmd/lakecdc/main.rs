@@ -59,7 +59,7 @@ struct Global {
     #[arg(long, env = "LAKECDC_CONFIG", global = true)]
     config: Option<PathBuf>,
 
-    /// The lake: s3://bucket/root, file:///path, or a local path.
+    /// The lake: s3://bucket/root, file:///path, or a local path (an existing directory).
     #[arg(long, env = "LAKECDC_LAKE", default_value = "./lake", global = true)]
     lake: String,
 

@@ -93,6 +93,12 @@ pub enum StoreError {
         /// The missing bucket.
         bucket: String,
     },
+    /// A local lake directory does not exist.
+    #[error("lake directory {path} does not exist: create it (mkdir -p) or fix --lake")]
+    NoSuchDirectory {
+        /// The missing directory, as given.
+        path: String,
+    },
     /// A conditional write's precondition failed (412, 409, or 404 for If-Match on a missing
     /// key): the write did not happen.
     #[error("precondition failed: the object was changed by another writer")]
@@ -194,13 +200,21 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
-/// Opens the store a [`crate::config::LakeLocation`] names. Makes no network request.
+/// Opens the store a [`crate::config::LakeLocation`] names. Makes no network request. A local
+/// lake directory must exist, as a bucket must: a mistyped or relative path (resolved against
+/// a cron job's working directory) would otherwise quietly become a new, empty lake that
+/// flush writes to and marks rows flushed for.
 pub async fn open(
     location: &crate::config::LakeLocation,
     s3: &s3::S3Options,
 ) -> Result<std::sync::Arc<dyn ObjectStore>, StoreError> {
     Ok(match location {
         crate::config::LakeLocation::Local(path) => {
+            if !path.is_dir() {
+                return Err(StoreError::NoSuchDirectory {
+                    path: path.display().to_string(),
+                });
+            }
             std::sync::Arc::new(local::LocalStore::open(path)?)
         }
         crate::config::LakeLocation::S3 { bucket, .. } => {

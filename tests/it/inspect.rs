@@ -165,3 +165,36 @@ async fn a_schema_that_cannot_be_inspected_is_reported_and_the_others_still_are(
     let text = report.to_text();
     assert!(text.contains("  error             "), "{text}");
 }
+
+#[test]
+fn a_missing_local_lake_is_an_error_not_a_new_lake() {
+    // A mistyped or relative --lake (a cron job's working directory) must not quietly become
+    // a new lake that flush writes to and marks rows flushed for.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut rig = rt.block_on(rig(LakeKind::Local));
+    let mut r = Rng::new(13);
+    rt.block_on(rig.seed(5, &mut r));
+    let missing = rig.opts.work_dir.join("no-such-lake");
+    for command in [
+        &["flush", "--force"][..],
+        &["inspect"],
+        &["verify"],
+        &["gc"],
+    ] {
+        let out = harness::bin()
+            .args(command)
+            .args(["--pg-url", &rig.db.url, "--lake"])
+            .arg(&missing)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("does not exist: create it (mkdir -p) or fix --lake"),
+            "{command:?}: {stderr}"
+        );
+        assert!(!missing.exists(), "{command:?} created the lake");
+    }
+    let dirty = rt.block_on(crate::oracle::dirty(&rig.writer));
+    assert_eq!(dirty.len(), 5, "nothing was flushed");
+}
