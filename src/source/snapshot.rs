@@ -524,6 +524,19 @@ impl Marker {
     /// Tunes `client` for lookups and prepares the mark statement on it.
     pub async fn new(client: Client, tables: &Tables) -> Result<Self> {
         tune_for_lookups(&client).await?;
+        // The slots must be visited in the order given (row_id order, see `mark`): without
+        // index and bitmap scans the only cheap plan is a nested loop driven by the arrays,
+        // each slot fetched by its TID. (On a small table the planner would otherwise drive
+        // the loop from the dirty index, in changed_at order.)
+        timed(
+            TIMEOUT,
+            "tune mark session",
+            client.batch_execute(
+                "SET enable_indexscan = off; SET enable_indexonlyscan = off; \
+                 SET enable_bitmapscan = off",
+            ),
+        )
+        .await?;
         // The slot is found by its `ctid` (a TID scan, no index descent); the full predicate
         // is still checked, so only a slot still holding the exported version is marked.
         let sql = format!(
@@ -539,13 +552,18 @@ impl Marker {
 
     /// Marks the exported slots flushed at `flushed_at`, only where `changed_at` still equals
     /// the exported version (never `<=`): a row written since stays dirty. Returns the rows
-    /// marked.
+    /// marked. The slots are visited, and so locked, in `row_id` order, the order in which
+    /// the application's batch writers lock rows (study §10 #554): in selection order
+    /// (`changed_at`) the mark could hold one row a writer needs while waiting for another that
+    /// writer holds, and PostgreSQL would end one of them as a deadlock.
     pub async fn mark(
         &self,
         schema_id: i16,
         flushed_at: i64,
         versions: &[Selected],
     ) -> Result<u64> {
+        let mut versions: Vec<&Selected> = versions.iter().collect();
+        versions.sort_by_key(|v| v.row_id);
         let tids: Vec<Tid> = versions.iter().map(|v| v.tid).collect();
         let ids: Vec<Uuid> = versions.iter().map(|v| v.row_id).collect();
         let changed: Vec<i64> = versions.iter().map(|v| v.changed_at).collect();

@@ -1605,3 +1605,58 @@ async fn without_a_second_connection_batches_are_read_one_after_the_other() {
     let (compared, dirty) = rig.assert_oracle().await;
     assert_eq!((compared, dirty), (120, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
+    // study §10 #554: application batch writers lock rows in (schema_id, row_id) order; a mark
+    // taking them in another order can hold one a writer needs while waiting for one it holds.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(554);
+    let ids = rig.seed(2, &mut r).await;
+    let (low, high) = (ids[0].min(ids[1]), ids[0].max(ids[1]));
+    // The lower row is written last, so the selection (changed_at order) lists it second.
+    rig.writer.update(low, Customer::random(&mut r)).await;
+    // An application transaction holds the lower row's dirty slot.
+    let app = rig.db.client().await;
+    app.batch_execute("BEGIN").await.unwrap();
+    let slot = "SELECT 1 FROM change_log WHERE schema_id = 100 AND row_id = $1 \
+                AND flushed_at = 0 FOR UPDATE";
+    assert_eq!(app.execute(slot, &[&low]).await.unwrap(), 1);
+    let (ctx, opts) = (rig.ctx.clone(), rig.opts.clone());
+    let flush =
+        tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts, &Default::default()).await });
+    // Until the mark waits for that slot.
+    let watcher = rig.db.client().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the mark never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The writer goes on to the higher row, as a batch writer does: the mark must not hold it.
+    let nowait = format!("{slot} NOWAIT");
+    let got = app.execute(nowait.as_str(), &[&high]).await;
+    assert!(
+        got.is_ok(),
+        "the mark locked the higher row before the lower one: {got:?}"
+    );
+    app.batch_execute("ROLLBACK").await.unwrap();
+    let report = flush.await.unwrap().unwrap();
+    assert_eq!(only(&report).rows_marked, 2);
+    assert!(oracle::dirty(&rig.writer).await.is_empty());
+    rig.assert_oracle().await;
+}
