@@ -533,3 +533,58 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
         state
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
+    // study §10 #180, for compaction: both decisions, planned without a write.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(180);
+    rig.seed(40, &mut r).await;
+    rig.flush().await;
+    let decisions = |s: &lakecdc::compact::SchemaCompact| {
+        let p = s.plan.as_ref().unwrap();
+        (s.outcome, p.decision, p.reason.clone())
+    };
+    for (target_base_size, expected) in [(1, Decision::Promote), (u64::MAX, Decision::Noop)] {
+        let o = CompactOptions {
+            target_base_size,
+            ..opts(&rig)
+        };
+        let manifest = rig.store.get_bytes(MANIFEST).await.unwrap();
+        let writes = rig.store.writes().len();
+        let keys = rig.keys("").await;
+        let dry = compact(
+            &rig,
+            &CompactOptions {
+                dry_run: true,
+                ..o.clone()
+            },
+        )
+        .await;
+        assert_eq!(dry.plan.as_ref().unwrap().decision, expected, "{dry:?}");
+        assert_eq!((dry.files_out, dry.new_base.as_ref()), (0, None));
+        assert_eq!(rig.store.writes().len(), writes, "the dry run wrote");
+        assert_eq!(rig.keys("").await, keys);
+        let after = rig.store.get_bytes(MANIFEST).await.unwrap();
+        assert_eq!((after.etag, after.bytes), (manifest.etag, manifest.bytes));
+        // The run follows the plan the dry run printed.
+        let real = compact(&rig, &o).await;
+        assert_eq!(decisions(&real), decisions(&dry));
+    }
+    // A rewrite, planned then carried out.
+    let (rig, _) = lake_with_base_and_deltas(181).await;
+    let writes = rig.store.writes().len();
+    let dry = compact(
+        &rig,
+        &CompactOptions {
+            dry_run: true,
+            ..opts(&rig)
+        },
+    )
+    .await;
+    assert_eq!(dry.plan.as_ref().unwrap().decision, Decision::Rewrite);
+    assert_eq!(rig.store.writes().len(), writes, "the dry run wrote");
+    let real = compact(&rig, &opts(&rig)).await;
+    assert_eq!(decisions(&real), decisions(&dry));
+    assert!(real.new_base.is_some());
+}
