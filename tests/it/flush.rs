@@ -329,6 +329,7 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
                 ..Default::default()
             },
         };
+        let (before_a, before_b) = (rig.writer.rows[&a].clone(), rig.writer.rows[&b].clone());
         let report = rig.flush_with(&hooks).await;
         assert_eq!(only(&report).outcome, Outcome::Flushed);
         {
@@ -338,6 +339,25 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
         }
         let dirty = oracle::dirty(&rig.writer).await;
         assert_eq!(dirty, BTreeSet::from([a, b, newcomer]), "{window}");
+        // The batch's payload comes from the snapshot its selection was made in (study §10
+        // hazard 45): `a` with its values before the update, at its old version, and `b` as
+        // the live row it was before the delete, not a row of NULLs.
+        let first = &only(&report).files[0].path;
+        let rows: BTreeMap<Uuid, oracle::LakeRow> =
+            oracle::read_parquet(rig.store.get_bytes(first).await.unwrap().bytes)
+                .into_iter()
+                .collect();
+        for (id, model) in [(a, &before_a), (b, &before_b)] {
+            let row = &rows[&id];
+            assert_eq!(
+                (row.changed_at, row.deleted_at),
+                (model.version, 0),
+                "{window}: {id}"
+            );
+            for (col, want) in model.value.expected() {
+                assert_eq!(row.columns.get(col), Some(&want), "{window}: {id} {col}");
+            }
+        }
         rig.assert_oracle().await;
         let report = rig.flush().await;
         assert_eq!(only(&report).rows_left_dirty, 0);
