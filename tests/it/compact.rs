@@ -588,3 +588,93 @@ async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
     assert_eq!(decisions(&real), decisions(&dry));
     assert!(real.new_base.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn files_with_null_deleted_at_for_live_rows_merge_as_live() {
+    // study §10 #365: the predecessor's early files wrote deleted_at NULL, not 0, for live
+    // rows. A merge must read NULL as live, and a newer tombstone must still remove the row.
+    use lakecdc::clock::SystemClock;
+    use lakecdc::engine::{Engine, EngineConfig};
+    use lakecdc::lake::manifest;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(365);
+    rig.seed(20, &mut r).await;
+    rig.flush().await;
+    // Rewrite every delta as the predecessor wrote it, and list that file instead.
+    let engine = Engine::open(&EngineConfig::default()).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    for path in rig.listed().await {
+        let (src, dst) = (
+            work.path().join("src.parquet"),
+            work.path().join("old.parquet"),
+        );
+        std::fs::write(&src, rig.store.get_bytes(&path).await.unwrap().bytes).unwrap();
+        let select = format!(
+            "SELECT * REPLACE (NULLIF(deleted_at, 0) AS deleted_at) FROM read_parquet('{}')",
+            src.display()
+        );
+        engine.copy_to_parquet(&select, &dst).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            Bytes::from(std::fs::read(&dst).unwrap()),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+        let (mut rows, mut nulls) = (0, 0);
+        for batch in reader {
+            let batch = batch.unwrap();
+            rows += batch.num_rows();
+            nulls += batch.column_by_name("deleted_at").unwrap().null_count();
+        }
+        assert_eq!(nulls, rows, "every row live, deleted_at NULL");
+        let key = rig.ctx.lake.layout.delta_key(100, uuid::Uuid::now_v7());
+        let put = rig.store.put_file(&key, &dst).await.unwrap();
+        manifest::commit(
+            rig.store.as_ref(),
+            MANIFEST,
+            100,
+            &SystemClock,
+            Default::default(),
+            |m| {
+                for f in m.files.iter_mut().filter(|f| f.path == path) {
+                    f.path = key.clone();
+                    f.size_bytes = put.size as i64;
+                    f.checksum = Some(put.checksum());
+                }
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+    // Those files become the base tier; then a delete and an update over them.
+    let promote = CompactOptions {
+        target_base_size: 1,
+        ..opts(&rig)
+    };
+    assert_eq!(
+        compact(&rig, &promote).await.plan.unwrap().decision,
+        Decision::Promote
+    );
+    let ids: Vec<_> = rig.writer.rows.keys().copied().take(2).collect();
+    rig.writer.hard_delete(ids[0]).await;
+    rig.writer.update(ids[1], Customer::random(&mut r)).await;
+    rig.flush().await;
+    let s = compact(&rig, &opts(&rig)).await;
+    assert_eq!(
+        s.plan.as_ref().unwrap().decision,
+        Decision::Rewrite,
+        "{s:?}"
+    );
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    // 19 live rows, exactly PostgreSQL's; the merged base holds them with deleted_at 0.
+    assert_eq!(rig.assert_oracle().await, (19, 0));
+    let merged = s.new_base.unwrap();
+    let rows = oracle::read_parquet(rig.store.get_bytes(&merged).await.unwrap().bytes);
+    assert_eq!(rows.len(), 19);
+    assert!(rows.iter().all(|(_, r)| r.deleted_at == 0));
+    assert!(
+        !rows.iter().any(|(id, _)| *id == ids[0]),
+        "the tombstone won"
+    );
+}
