@@ -10,8 +10,8 @@ use lakecdc::lake::KeyKind;
 use lakecdc::store::ObjectStore;
 
 use crate::flush::{LakeKind, Rig, rig};
-use crate::oracle;
-use crate::writer::{Rng, Writer};
+use crate::oracle::{self, V};
+use crate::writer::{Customer, Rng, Writer};
 
 const MANIFEST: &str = "manifest/100.json";
 
@@ -164,6 +164,10 @@ async fn a_base_and_a_delta_of_the_same_version_are_identical() {
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(210);
     let ids = rig.seed(5, &mut r).await;
+    // Updated rows too, so that a version differs from the creation time.
+    for id in &ids[..3] {
+        rig.writer.update(*id, Customer::random(&mut r)).await;
+    }
     init(&rig, &opts(&rig)).await;
     rig.flush().await; // the same, still-dirty versions as deltas
     let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
@@ -189,6 +193,11 @@ async fn a_base_and_a_delta_of_the_same_version_are_identical() {
     delta.sort_by_key(|(id, _)| *id);
     assert_eq!(base.len(), ids.len());
     assert_eq!(base, delta, "base and delta copies differ");
+    let updated = base
+        .iter()
+        .filter(|(_, row)| row.columns["ltbase_created_at"] != V::Int(row.changed_at))
+        .count();
+    assert_eq!(updated, 3, "versions after creation are compared too");
 }
 
 #[tokio::test]
