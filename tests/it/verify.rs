@@ -175,3 +175,113 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
     );
     assert!(rig.store.writes().len() > before, "{compact:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_writer_stamps_the_columns_its_files_hold() {
+    // study §10 #256: each entry's column stamp is the file's own (names and types), whoever
+    // wrote it; verify compares them.
+    use lakecdc::compact::{CompactOptions, Decision};
+    use lakecdc::init::InitOptions;
+    use lakecdc::lake::manifest;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(256);
+    rig.seed(60, &mut r).await;
+    let init = InitOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        ..InitOptions::default()
+    };
+    lakecdc::init::run(&rig.ctx, &init).await.unwrap();
+    let load = || async {
+        manifest::load(rig.store.as_ref(), "manifest/100.json", 100)
+            .await
+            .unwrap()
+            .unwrap()
+            .manifest
+    };
+    let mut stamps: Vec<_> = load()
+        .await
+        .files
+        .iter()
+        .map(|f| f.columns.clone())
+        .collect();
+    let compact = |target_base_size| CompactOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        target_base_size,
+        ..CompactOptions::default()
+    };
+    // Deltas, merged into a new base (rewrite); more deltas, promoted to bases.
+    for (ops, target, decision) in [
+        (30, 256 << 20, Decision::Rewrite),
+        (10, 1, Decision::Promote),
+    ] {
+        for _ in 0..ops {
+            rig.writer.random_op(&mut r).await;
+        }
+        rig.flush().await;
+        let report = lakecdc::compact::run(&ctx(&rig), &compact(target), None)
+            .await
+            .unwrap();
+        assert_eq!(report.schemas[0].plan.as_ref().unwrap().decision, decision);
+    }
+    for _ in 0..5 {
+        rig.writer.random_op(&mut r).await;
+    }
+    rig.flush().await;
+    let loaded = load().await;
+    let kinds: std::collections::BTreeSet<(String, String)> = loaded
+        .files
+        .iter()
+        .map(|f| {
+            let kind = format!("{:?}", rig.ctx.lake.layout.classify(&f.path));
+            (
+                format!("{:?}", f.tier),
+                kind.split(' ').next().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds.len(),
+        3,
+        "a merged base, a promoted delta and a fresh delta: {kinds:?}"
+    );
+    stamps.extend(loaded.files.iter().map(|f| f.columns.clone()));
+    assert!(
+        stamps.iter().all(Option::is_some),
+        "an entry without a column stamp"
+    );
+    assert!(
+        stamps.windows(2).all(|w| w[0] == w[1]),
+        "writers stamp different columns"
+    );
+    // Verify checks every stamp against its file's footer: all agree, and a wrong one is named.
+    let report = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
+    assert_eq!(report.schemas[0].outcome, Outcome::Intact, "{report:?}");
+    assert_eq!(report.schemas[0].files, loaded.files.len());
+    let victim = loaded.files[0].path.clone();
+    manifest::commit(
+        rig.store.as_ref(),
+        "manifest/100.json",
+        100,
+        &lakecdc::clock::SystemClock,
+        Default::default(),
+        |m| {
+            let f = m.files.iter_mut().find(|f| f.path == victim).unwrap();
+            f.columns
+                .as_mut()
+                .unwrap()
+                .insert("changed_at".into(), "VARCHAR".into());
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    let report = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
+    let named: Vec<(&str, &str)> = report.schemas[0]
+        .problems
+        .iter()
+        .map(|p| (p.kind, p.path.as_str()))
+        .collect();
+    assert_eq!(named, [("columns", victim.as_str())]);
+}
