@@ -249,10 +249,24 @@ impl S3Store {
             .buffered(PART_CONCURRENCY)
             .try_collect()
             .await?;
-        self.client
+        self.complete_multipart(to, upload_id, parts, "complete multipart copy")
+            .await?;
+        Ok(())
+    }
+
+    /// Completes a multipart upload from its parts; returns the object's ETag.
+    async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<CompletedPart>,
+        op: &'static str,
+    ) -> Result<String, StoreError> {
+        let done = self
+            .client
             .complete_multipart_upload()
             .bucket(&self.bucket)
-            .key(to)
+            .key(key)
             .upload_id(upload_id)
             .multipart_upload(
                 CompletedMultipartUpload::builder()
@@ -261,8 +275,8 @@ impl S3Store {
             )
             .send()
             .await
-            .map_err(|e| classify(e, "complete multipart copy", &self.bucket, self.limits))?;
-        Ok(())
+            .map_err(|e| classify(e, op, &self.bucket, self.limits))?;
+        Ok(done.e_tag().unwrap_or_default().to_string())
     }
 
     /// Reads the file sequentially (hashing as it goes) and uploads parts concurrently.
@@ -299,24 +313,13 @@ impl S3Store {
         }
         let rest: Vec<CompletedPart> = pending.try_collect().await?;
         parts.extend(rest);
-        let done = self
-            .client
-            .complete_multipart_upload()
-            .bucket(&self.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(parts))
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| classify(e, "complete multipart upload", &self.bucket, self.limits))?;
+        let etag = self
+            .complete_multipart(key, upload_id, parts, "complete multipart upload")
+            .await?;
         Ok(PutResult {
             size,
             sha256: hasher.finalize().into(),
-            etag: done.e_tag().unwrap_or_default().to_string(),
+            etag,
         })
     }
 

@@ -17,13 +17,7 @@ use crate::writer::{Customer, Rng};
 const MANIFEST: &str = "manifest/100.json";
 
 fn ctx(rig: &Rig) -> Context {
-    Context {
-        connector: rig.ctx.connector.clone(),
-        tables: rig.ctx.tables.clone(),
-        lake: rig.ctx.lake.clone(),
-        clock: rig.ctx.clock.clone(),
-        shutdown: Default::default(),
-    }
+    rig.job_context()
 }
 
 fn opts(rig: &Rig) -> CompactOptions {

@@ -83,6 +83,17 @@ pub async fn rig(kind: LakeKind) -> Rig {
 }
 
 impl Rig {
+    /// The context of the lake jobs (compact, gc, inspect, verify) over this rig.
+    pub fn job_context(&self) -> lakecdc::job::Context {
+        lakecdc::job::Context {
+            connector: self.ctx.connector.clone(),
+            tables: self.ctx.tables.clone(),
+            lake: self.ctx.lake.clone(),
+            clock: self.ctx.clock.clone(),
+            shutdown: Default::default(),
+        }
+    }
+
     pub async fn flush(&self) -> FlushReport {
         lakecdc::flush::run(&self.ctx, &self.opts, &FlushHooks::default())
             .await

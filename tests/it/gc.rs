@@ -17,11 +17,8 @@ const MIN: i64 = 60_000;
 
 fn ctx(rig: &Rig, clock: Arc<ManualClock>) -> Context {
     Context {
-        connector: rig.ctx.connector.clone(),
-        tables: rig.ctx.tables.clone(),
-        lake: rig.ctx.lake.clone(),
         clock,
-        shutdown: Default::default(),
+        ..rig.job_context()
     }
 }
 
@@ -342,29 +339,22 @@ async fn a_data_prefix_belongs_to_one_manifest() {
     let dirty = crate::oracle::dirty(&rig.writer).await;
     assert!(dirty.len() >= 5);
     let writes = rig.store.writes().len();
-    let flush_opts = lakecdc::flush::FlushOptions {
-        schemas: vec!["customer".into()],
-        ..rig.opts.clone()
-    };
-    let report = lakecdc::flush::run(&other, &flush_opts, &Default::default())
-        .await
-        .unwrap();
-    let s = &report.schemas[0];
-    assert_eq!(s.outcome, lakecdc::flush::Outcome::Failed, "{s:?}");
-    assert_owned_by_the_first_manifest(s.reason.as_deref());
-    assert_eq!(rig.store.writes().len(), writes, "the refused flush wrote");
-    assert_eq!(crate::oracle::dirty(&rig.writer).await, dirty);
-    // Its dry run plans the same failure.
-    let dry_opts = lakecdc::flush::FlushOptions {
-        dry_run: true,
-        ..flush_opts.clone()
-    };
-    let report = lakecdc::flush::run(&other, &dry_opts, &Default::default())
-        .await
-        .unwrap();
-    let s = &report.schemas[0];
-    assert_eq!(s.outcome, lakecdc::flush::Outcome::Failed, "{s:?}");
-    assert_owned_by_the_first_manifest(s.reason.as_deref());
+    // The run, and its dry run, fail the same way.
+    for dry_run in [false, true] {
+        let flush_opts = lakecdc::flush::FlushOptions {
+            schemas: vec!["customer".into()],
+            dry_run,
+            ..rig.opts.clone()
+        };
+        let report = lakecdc::flush::run(&other, &flush_opts, &Default::default())
+            .await
+            .unwrap();
+        let s = &report.schemas[0];
+        assert_eq!(s.outcome, lakecdc::flush::Outcome::Failed, "{s:?}");
+        assert_owned_by_the_first_manifest(s.reason.as_deref());
+        assert_eq!(rig.store.writes().len(), writes, "the refused flush wrote");
+        assert_eq!(crate::oracle::dirty(&rig.writer).await, dirty);
+    }
     // The other manifest lists one of the prefix's bases (so the older "lists none of them"
     // guard does not apply) and, as a delta, another: gc through it must still refuse, not
     // delete the rest, and compact has work to do there.

@@ -29,6 +29,21 @@ async fn init(rig: &Rig, o: &InitOptions) -> lakecdc::init::InitReport {
     lakecdc::init::run(&rig.ctx, o).await.unwrap()
 }
 
+/// Asserts every one of `deltas` is still in the store and recorded as retired (and nothing
+/// else is retired).
+async fn assert_kept_and_retired(rig: &Rig, deltas: &[String], fault: &str) {
+    for d in deltas {
+        rig.store
+            .head(d)
+            .await
+            .unwrap_or_else(|e| panic!("{d} {fault}: {e}"));
+    }
+    assert_eq!(
+        oracle::retired_paths(rig.store.as_ref(), MANIFEST).await,
+        deltas.iter().cloned().collect()
+    );
+}
+
 async fn base_paths(rig: &Rig) -> Vec<String> {
     rig.listed().await
 }
@@ -585,25 +600,13 @@ async fn a_delta_tier_is_refused_unless_replaced() {
     );
     // The replaced deltas are retired, not deleted: a reader of the previous manifest may
     // still be reading them. gc deletes them once past its grace.
-    for d in &deltas {
-        rig.store
-            .head(d)
-            .await
-            .unwrap_or_else(|e| panic!("{d} deleted at once: {e}"));
-    }
-    assert_eq!(
-        oracle::retired_paths(rig.store.as_ref(), MANIFEST).await,
-        deltas.iter().cloned().collect()
-    );
+    assert_kept_and_retired(&rig, &deltas, "deleted at once").await;
     assert_eq!(rig.assert_oracle().await, (50, 0));
     use lakecdc::clock::{Clock, ManualClock, SystemClock};
     let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
     let gctx = lakecdc::job::Context {
-        connector: rig.ctx.connector.clone(),
-        tables: rig.ctx.tables.clone(),
-        lake: rig.ctx.lake.clone(),
         clock: clock.clone(),
-        shutdown: Default::default(),
+        ..rig.job_context()
     };
     let gopts = lakecdc::gc::GcOptions {
         schemas: vec!["customer".into()],
@@ -655,16 +658,7 @@ async fn an_ambiguous_publish_deletes_no_delta_and_retires_them_with_the_save() 
         (Outcome::Failed, 0),
         "{s:?}"
     );
-    for d in &deltas {
-        rig.store
-            .head(d)
-            .await
-            .unwrap_or_else(|e| panic!("{d} deleted after an ambiguous save: {e}"));
-    }
-    assert_eq!(
-        oracle::retired_paths(rig.store.as_ref(), MANIFEST).await,
-        deltas.iter().cloned().collect()
-    );
+    assert_kept_and_retired(&rig, &deltas, "deleted after an ambiguous save").await;
     // The save did land: the lake is whole from the new bases alone.
     assert_eq!(rig.assert_oracle().await, (50, 0));
 }

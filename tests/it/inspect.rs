@@ -138,14 +138,7 @@ async fn a_schema_that_cannot_be_inspected_is_reported_and_the_others_still_are(
         )
         .await
         .unwrap();
-    let ctx = lakecdc::job::Context {
-        connector: rig.ctx.connector.clone(),
-        tables: rig.ctx.tables.clone(),
-        lake: rig.ctx.lake.clone(),
-        clock: rig.ctx.clock.clone(),
-        shutdown: Default::default(),
-    };
-    let report = lakecdc::inspect::run(&ctx, &[], &rig.opts, &Default::default())
+    let report = lakecdc::inspect::run(&rig.job_context(), &[], &rig.opts, &Default::default())
         .await
         .unwrap();
     let by_id: Vec<(i16, bool, Option<&str>)> = report

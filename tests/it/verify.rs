@@ -9,13 +9,7 @@ use crate::harness;
 use crate::writer::Rng;
 
 fn ctx(rig: &Rig) -> Context {
-    Context {
-        connector: rig.ctx.connector.clone(),
-        tables: rig.ctx.tables.clone(),
-        lake: rig.ctx.lake.clone(),
-        clock: rig.ctx.clock.clone(),
-        shutdown: Default::default(),
-    }
+    rig.job_context()
 }
 
 fn opts(rig: &Rig) -> VerifyOptions {
