@@ -98,8 +98,9 @@ fn a_config_file_sits_below_flags_and_the_environment() {
     std::fs::write(
         &file,
         format!(
-            "pg-url = \"{}\"\n[gc]\ngrace = \"1m\"\n",
-            "host=127.0.0.1 port=1 user=u password=s3cr3t-pw dbname=d sslmode=disable connect_timeout=1"
+            "pg-url = \"{}\"\nlake = \"{}\"\n[gc]\ngrace = \"1m\"\n",
+            "host=127.0.0.1 port=1 user=u password=s3cr3t-pw dbname=d sslmode=disable connect_timeout=1",
+            dir.path().display()
         ),
     )
     .unwrap();
