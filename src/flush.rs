@@ -536,12 +536,12 @@ async fn drain(
         report.batches += 1;
         match batch {
             read_ahead::Fetched::Planned(slots) => {
-                // The plan fails where the run would: on another manifest's prefix.
+                // The plan fails where the run would: on another manifest's prefix, or on a
+                // manifest it could not commit to (malformed, another schema's stamp).
                 if ownership.is_none() {
-                    ownership = Some(
-                        owner::check_writable(ctx.lake.store.as_ref(), &ctx.lake.layout, schema_id)
-                            .await?,
-                    );
+                    let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
+                    ownership = Some(owner::check_writable(store, layout, schema_id).await?);
+                    manifest::load(store, &layout.manifest_key(schema_id), schema_id).await?;
                 }
                 report.files.push(FileReport {
                     path: String::new(),

@@ -6,7 +6,8 @@
 //! table that is no command, is an error: a misspelt setting must not be silently ignored.
 //! Secrets may live here (a file is not a command line).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use clap::Command;
@@ -22,8 +23,9 @@ pub fn path(args: &[OsString]) -> Option<PathBuf> {
         if arg == "--config" {
             return it.next().map(PathBuf::from);
         }
-        if let Some(value) = arg.to_str().and_then(|a| a.strip_prefix("--config=")) {
-            return Some(PathBuf::from(value));
+        // Byte-wise, so that a path that is not UTF-8 is still found.
+        if let Some(value) = arg.as_bytes().strip_prefix(b"--config=") {
+            return Some(PathBuf::from(OsStr::from_bytes(value)));
         }
     }
     std::env::var_os("LAKECDC_CONFIG")
@@ -61,11 +63,17 @@ pub fn apply(mut cmd: Command, file: &Path) -> Result<Command, String> {
             }
         }
     }
-    // Each command's own table after the top level, so that it overrides it.
+    // Each command's own table after the top level, so that it overrides it. inspect judges
+    // with flush's and compact's thresholds: their tables apply to it too (where it has the
+    // flag), and its own table, taken last, overrides them.
+    sections.sort_by_key(|(command, _)| command == "inspect");
     for (command, settings) in sections {
         for (key, value) in settings {
             let value = text_of(&value).map_err(&at)?;
             cmd = set_in(cmd, &command, &key, &value).map_err(&at)?;
+            if command == "flush" || command == "compact" {
+                cmd = set_if_present(cmd, "inspect", &key, &value);
+            }
         }
     }
     Ok(cmd)
@@ -117,6 +125,16 @@ fn set_in(cmd: Command, command: &str, key: &str, value: &str) -> Result<Command
     }))
 }
 
+/// Sets the default of `key` for `command` when it has that flag.
+fn set_if_present(cmd: Command, command: &str, key: &str, value: &str) -> Command {
+    match cmd.find_subcommand(command).and_then(|c| arg_id(c, key)) {
+        Some(id) => cmd.mut_subcommand(command, |c| {
+            c.mut_arg(id, |a| a.default_value(value.to_string()))
+        }),
+        None => cmd,
+    }
+}
+
 /// A setting's value as its flag would take it (a list as comma-separated values).
 fn text_of(value: &toml::Value) -> Result<String, String> {
     match value {
@@ -147,6 +165,14 @@ mod tests {
         assert_eq!(
             path(&args(&["lakecdc", "--config=b.toml", "gc"])),
             Some(PathBuf::from("b.toml"))
+        );
+        let not_utf8 = vec![
+            OsString::from("lakecdc"),
+            OsString::from(OsStr::from_bytes(b"--config=caf\xe9.toml")),
+        ];
+        assert_eq!(
+            path(&not_utf8),
+            Some(PathBuf::from(OsStr::from_bytes(b"caf\xe9.toml")))
         );
         assert_eq!(
             path(&args(&["lakecdc", "flush", "--", "--config", "c.toml"])),

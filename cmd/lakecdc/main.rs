@@ -51,7 +51,13 @@ struct Global {
     /// (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT). Given as a
     /// flag it may not carry a password (others can read a command line): use PGPASSWORD, or
     /// the whole string in LAKECDC_PG_URL.
-    #[arg(long, env = "LAKECDC_PG_URL", hide_env_values = true, global = true)]
+    #[arg(
+        long,
+        env = "LAKECDC_PG_URL",
+        hide_env_values = true,
+        hide_default_value = true,
+        global = true
+    )]
     pg_url: Option<String>,
 
     /// A TOML file of settings (keys are the long flag names; a [flush], [compact], … table
@@ -339,8 +345,34 @@ fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-fn validate(g: &Global, pg_url_flag: bool) -> Result<Validated> {
+/// Where the settings that other tools' variables also set came from: a value from the config
+/// file (clap's default, since the file fills the defaults) yields to those variables.
+struct Sources {
+    pg_url: Option<ValueSource>,
+    s3_region: Option<ValueSource>,
+    s3_endpoint: Option<ValueSource>,
+}
+
+impl Sources {
+    /// `value` unless it came from the config file while one of `vars` is set (the
+    /// environment beats the file: DESIGN §5).
+    fn unless_env(
+        source: Option<ValueSource>,
+        value: &Option<String>,
+        vars: &[&str],
+    ) -> Option<String> {
+        let from_file = source == Some(ValueSource::DefaultValue);
+        if from_file && vars.iter().any(|v| env_var(v).is_some()) {
+            None
+        } else {
+            value.clone()
+        }
+    }
+}
+
+fn validate(g: &Global, sources: &Sources) -> Result<Validated> {
     // Secrets never come from flags: any user of the host can read a command line.
+    let pg_url_flag = sources.pg_url == Some(ValueSource::CommandLine);
     if pg_url_flag && g.pg_url.as_deref().is_some_and(conninfo::has_password) {
         return Err(Error::config(
             "--pg-url carries a password, which other users of this host can read in its process list: put the connection string in LAKECDC_PG_URL (or the password in PGPASSWORD) instead",
@@ -355,9 +387,17 @@ fn validate(g: &Global, pg_url_flag: bool) -> Result<Validated> {
     let lake = LakeLocation::parse(&g.lake)?;
     let layout = Layout::new(lake.root(), &g.data_prefix, &g.manifest_template)?;
     let mut s3 = S3Options::new("");
-    s3.endpoint = g.s3_endpoint.clone();
+    s3.endpoint = Sources::unless_env(
+        sources.s3_endpoint,
+        &g.s3_endpoint,
+        &["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],
+    );
     s3.path_style = g.s3_path_style;
-    s3.region = g.s3_region.clone();
+    s3.region = Sources::unless_env(
+        sources.s3_region,
+        &g.s3_region,
+        &["AWS_REGION", "AWS_DEFAULT_REGION"],
+    );
     if matches!(lake, LakeLocation::S3 { .. }) {
         check_env_credentials(
             env_var("AWS_ACCESS_KEY_ID").as_deref(),
@@ -378,7 +418,8 @@ fn validate(g: &Global, pg_url_flag: bool) -> Result<Validated> {
         .filter_map(|k| env_var(k).map(|v| (k.to_string(), v)))
         .collect();
     let settings = PgSettings {
-        conninfo: g.pg_url.clone().or_else(|| env_var("DATABASE_URL")),
+        conninfo: Sources::unless_env(sources.pg_url, &g.pg_url, &["DATABASE_URL"])
+            .or_else(|| env_var("DATABASE_URL")),
         env,
         application_name: "lakecdc".to_string(),
         connect_timeout: Duration::from_secs(10),
@@ -707,8 +748,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let pg_url_flag = matches.value_source("pg_url") == Some(ValueSource::CommandLine);
-    let validated = match validate(&cli.global, pg_url_flag).and_then(|mut v| {
+    let sources = Sources {
+        pg_url: matches.value_source("pg_url"),
+        s3_region: matches.value_source("s3_region"),
+        s3_endpoint: matches.value_source("s3_endpoint"),
+    };
+    let validated = match validate(&cli.global, &sources).and_then(|mut v| {
         match &cli.command {
             Command::Flush(a) => v.flush = Some(flush_options(&cli.global, a)?),
             Command::Verify(a) => v.verify = Some(verify_options(&cli.global, a)?),

@@ -99,6 +99,12 @@ pub enum StoreError {
         /// The missing directory, as given.
         path: String,
     },
+    /// A local lake path names something other than a directory.
+    #[error("lake {path} is not a directory: fix --lake")]
+    NotADirectory {
+        /// The path, as given.
+        path: String,
+    },
     /// A conditional write's precondition failed (412, 409, or 404 for If-Match on a missing
     /// key): the write did not happen.
     #[error("precondition failed: the object was changed by another writer")]
@@ -210,10 +216,15 @@ pub async fn open(
 ) -> Result<std::sync::Arc<dyn ObjectStore>, StoreError> {
     Ok(match location {
         crate::config::LakeLocation::Local(path) => {
-            if !path.is_dir() {
-                return Err(StoreError::NoSuchDirectory {
-                    path: path.display().to_string(),
-                });
+            let shown = || path.display().to_string();
+            match std::fs::metadata(path) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(StoreError::NotADirectory { path: shown() }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(StoreError::NoSuchDirectory { path: shown() });
+                }
+                // Unreadable (permissions, a broken mount): the I/O error says what.
+                Err(e) => return Err(StoreError::Io(e)),
             }
             std::sync::Arc::new(local::LocalStore::open(path)?)
         }

@@ -201,6 +201,10 @@ impl S3Store {
         size: u64,
         part_size: u64,
     ) -> Result<(), StoreError> {
+        if size == 0 {
+            // A multipart upload needs at least one part; an empty object copies whole.
+            return self.copy(from, to).await;
+        }
         let part_size = part_size.max(size.div_ceil(MAX_PARTS)).max(1);
         let upload_id = self.create_multipart(to, false).await?;
         let done = self.copy_parts(from, to, &upload_id, size, part_size).await;

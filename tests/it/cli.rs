@@ -125,6 +125,62 @@ fn a_config_file_sits_below_flags_and_the_environment() {
         assert!(stderr.contains("connect to u@127.0.0.1:1/d"), "{stderr}");
         assert!(!stderr.contains("s3cr3t"), "{stderr}");
     }
+    // A password in the file is never shown, not even as a flag's default in --help.
+    let (code, help) = {
+        let out = harness::bin()
+            .args(["gc", "--help"])
+            .env("LAKECDC_CONFIG", config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert_eq!(code, Some(0));
+    assert!(
+        help.contains("--pg-url") && !help.contains("s3cr3t"),
+        "{help}"
+    );
+    // DATABASE_URL (the environment) beats the file's pg-url.
+    let (code, stderr) = run(
+        &["gc", "--grace", "2h"],
+        &[
+            ("LAKECDC_CONFIG", config),
+            (
+                "DATABASE_URL",
+                "host=127.0.0.1 port=2 user=fromenv dbname=d sslmode=disable connect_timeout=1",
+            ),
+        ],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("connect to fromenv@127.0.0.1:2/d"),
+        "{stderr}"
+    );
+    // inspect judges with flush's and compact's settings, unless its own table says otherwise.
+    let thresholds = dir.path().join("thresholds.toml");
+    for (text, want) in [
+        ("[flush]\nmin-records = 5000\n", "[default: 5000]"),
+        (
+            "[inspect]\nmin-records = 7\n[flush]\nmin-records = 5000\n",
+            "[default: 7]",
+        ),
+    ] {
+        std::fs::write(&thresholds, text).unwrap();
+        let out = harness::bin()
+            .args(["inspect", "--help"])
+            .env("LAKECDC_CONFIG", &thresholds)
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        let line = help
+            .lines()
+            .skip_while(|l| !l.contains("--min-records"))
+            .nth(1)
+            .unwrap_or_default();
+        assert!(line.contains(want), "{text}: {line}");
+    }
     // The example file of manifests/ is a valid one for every command.
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/lakecdc.toml");
     for command in [

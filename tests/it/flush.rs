@@ -279,14 +279,20 @@ async fn dry_run_writes_nothing_anywhere() {
     let planned: Vec<u64> = s.files.iter().map(|f| f.rows).collect();
     assert_eq!(planned, [40, 40, 10], "the plan lists every would-be file");
     assert!(rig.store.writes().is_empty(), "{:?}", rig.store.writes());
-    // Its one request reads the data prefix's owner marker, as the real run does first.
+    // Its requests read the data prefix's owner marker and the manifest, as the run does.
     let calls: Vec<(Op, String)> = rig
         .store
         .calls()
         .into_iter()
         .map(|c| (c.op, c.key))
         .collect();
-    assert_eq!(calls, [(Op::GetBytes, "data/100/_owner.json".to_string())]);
+    assert_eq!(
+        calls,
+        [
+            (Op::GetBytes, "data/100/_owner.json".to_string()),
+            (Op::GetBytes, "manifest/100.json".to_string())
+        ]
+    );
     assert_eq!(rig.change_log().await, before);
     // The real run executes the same plan, and claims the data prefix for its manifest.
     rig.opts.dry_run = false;
@@ -296,6 +302,24 @@ async fn dry_run_writes_nothing_anywhere() {
     let marker = rig.store.get_bytes("data/100/_owner.json").await.unwrap();
     let marker: serde_json::Value = serde_json::from_slice(&marker.bytes).unwrap();
     assert_eq!(marker["manifest"], "manifest/100.json");
+    // A manifest the run could not commit to fails the dry run too.
+    rig.seed(5, &mut r).await;
+    rig.store
+        .put_bytes(
+            "manifest/100.json",
+            bytes::Bytes::from_static(b"{not json"),
+            lakecdc::store::PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    rig.opts.dry_run = true;
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    assert!(
+        s.reason.as_deref().unwrap().contains("manifest/100.json"),
+        "{s:?}"
+    );
 }
 
 #[tokio::test]

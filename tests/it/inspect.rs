@@ -190,4 +190,18 @@ fn a_missing_local_lake_is_an_error_not_a_new_lake() {
     }
     let dirty = rt.block_on(crate::oracle::dirty(&rig.writer));
     assert_eq!(dirty.len(), 5, "nothing was flushed");
+    // A path that is a file is named as such.
+    let file = rig.opts.work_dir.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let out = harness::bin()
+        .args(["inspect", "--pg-url", &rig.db.url, "--lake"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not a directory: fix --lake"),
+        "{stderr}"
+    );
 }

@@ -365,6 +365,16 @@ async fn an_object_copied_part_by_part_is_the_same_object() {
     let got = store.get_bytes("big/dst.bin").await.unwrap();
     assert_eq!(got.bytes.len(), body.len());
     assert_eq!(sha256(&got.bytes), sha256(&body));
+    // An empty object (no part to copy) is copied whole.
+    store
+        .put_bytes("big/empty.bin", Bytes::new(), PutMode::Overwrite)
+        .await
+        .unwrap();
+    store
+        .copy_in_parts("big/empty.bin", "big/empty2.bin", 0, 5 << 20)
+        .await
+        .unwrap();
+    assert_eq!(store.head("big/empty2.bin").await.unwrap().size, 0);
     // A failed part copy aborts the upload and writes nothing.
     let err = store
         .copy_in_parts("big/missing.bin", "big/dst2.bin", 12 << 20, 5 << 20)
