@@ -446,16 +446,16 @@ async fn pass(
     match plan.decision {
         Decision::Noop => Ok(()), // returned above
         Decision::Promote => {
-            owner::claim(store, &ctx.lake.layout, schema_id, &ownership).await?;
             let deltas: BTreeSet<String> = loaded
                 .manifest
                 .tier(Tier::Delta)
                 .map(|f| f.path.clone())
                 .collect();
-            manifest::commit(
+            owner::claim_and_commit(
                 store,
-                &key,
+                &ctx.lake.layout,
                 schema_id,
+                &ownership,
                 ctx.clock.as_ref(),
                 CommitPolicy::default(),
                 |m| {
@@ -672,15 +672,19 @@ async fn rewrite(
         extra: Default::default(),
     };
     let mut vanished: Option<String> = None;
-    let key = layout.manifest_key(schema_id);
     let policy = CommitPolicy {
         max_attempts: opts.max_retries.max(1),
         ..CommitPolicy::default()
     };
     // An unclaimed prefix is claimed at publish time, so a failed pass leaves no claim.
-    let committed = async {
-        owner::claim(store, layout, schema_id, ownership).await?;
-        manifest::commit(store, &key, schema_id, ctx.clock.as_ref(), policy, |m| {
+    let committed = owner::claim_and_commit(
+        store,
+        layout,
+        schema_id,
+        ownership,
+        ctx.clock.as_ref(),
+        policy,
+        |m| {
             let wall = u64::try_from(ctx.clock.now_ms().saturating_sub(staged_ms)).unwrap_or(0);
             let (mono, wall) = (staged.elapsed(), Duration::from_millis(wall));
             if mono.max(wall) > opts.commit_lease {
@@ -703,9 +707,8 @@ async fn rewrite(
             // Stamped at this attempt: gc's grace for the sources starts when they are unlisted.
             retire(m, &merged_paths, ctx.clock.now_ms());
             Ok(())
-        })
-        .await
-    }
+        },
+    )
     .await;
     match committed {
         Ok(_) => {

@@ -504,7 +504,7 @@ async fn drain(
     };
     let mut reads = read_ahead::ReadAhead::start(plan, client).await?;
     let mut engine: Option<Engine> = None;
-    // Whose data prefix this is, read before the first upload (see `publish`).
+    // Whose data prefix this is, read before the first batch (see `publish`).
     let mut ownership: Option<owner::Ownership> = None;
     let mut marker: Option<Arc<snapshot::Marker>> = None;
     loop {
@@ -534,13 +534,20 @@ async fn drain(
         };
         let full = i64::try_from(batch.slots().len()).unwrap_or(i64::MAX) >= opts.batch_size;
         report.batches += 1;
+        // Before the first batch is written (or planned: a plan fails where the run would),
+        // another manifest's prefix fails the schema: its readers would never see deltas
+        // written there; the rows stay dirty.
+        let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
+        let first = ownership.is_none();
+        let owned = match &mut ownership {
+            Some(o) => o,
+            None => ownership.insert(owner::check_writable(store, layout, schema_id).await?),
+        };
         match batch {
             read_ahead::Fetched::Planned(slots) => {
-                // The plan fails where the run would: on another manifest's prefix, or on a
-                // manifest it could not commit to (malformed, another schema's stamp).
-                if ownership.is_none() {
-                    let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-                    ownership = Some(owner::check_writable(store, layout, schema_id).await?);
+                // The run loads the manifest when it commits: the plan fails on one it could not
+                // commit to (malformed, another schema's stamp).
+                if first {
                     manifest::load(store, &layout.manifest_key(schema_id), schema_id).await?;
                 }
                 report.files.push(FileReport {
@@ -551,15 +558,6 @@ async fn drain(
                 report.rows_exported += slots.len() as u64;
             }
             read_ahead::Fetched::Read(snap) => {
-                // Another manifest's prefix fails the schema before anything is written: its
-                // readers would never see deltas written there; the rows stay dirty.
-                let owned = match &mut ownership {
-                    Some(o) => o,
-                    None => ownership.insert(
-                        owner::check_writable(ctx.lake.store.as_ref(), &ctx.lake.layout, schema_id)
-                            .await?,
-                    ),
-                };
                 engine = Some(
                     export_batch(
                         ctx, opts, hooks, def, schema_id, &snap, engine, owned, report,
@@ -732,19 +730,12 @@ async fn publish(
         columns: Some(written.columns),
         extra: Default::default(),
     };
-    let manifest_key = layout.manifest_key(schema_id);
     let t = Instant::now();
-    if let Err(e) = owner::claim(store, layout, schema_id, ownership).await {
-        // Nothing lists the promoted delta yet: it goes, rather than sit unlisted in a
-        // prefix that may belong to another manifest (gc never deletes unlisted deltas).
-        delete_or_leave(store, &key, "unlisted delta").await;
-        return Err(e);
-    }
-    *ownership = owner::Ownership::Ours;
-    let committed = manifest::commit(
+    let committed = owner::claim_and_commit(
         store,
-        &manifest_key,
+        layout,
         schema_id,
+        ownership,
         ctx.clock.as_ref(),
         opts.commit,
         |m| {
@@ -754,12 +745,12 @@ async fn publish(
     )
     .await;
     match committed {
-        Ok(_) => {}
+        Ok(_) => *ownership = owner::Ownership::Ours,
         // The save may have landed and list the delta: it stays (a rerun converges).
         Err(e @ Error::AmbiguousCommit { .. }) => return Err(e),
-        // Certainly not saved (the manifest could not be read or used, or every conditional
-        // write met a newer manifest): nothing lists the delta, and gc never deletes an
-        // unlisted delta, so it goes now.
+        // Certainly not saved (the prefix could not be claimed, the manifest could not be read
+        // or used, or every conditional write met a newer manifest): nothing lists the delta,
+        // and gc never deletes an unlisted delta, so it goes now.
         Err(e) => {
             delete_or_leave(store, &key, "unlisted delta").await;
             return Err(e);

@@ -1,24 +1,24 @@
 //! `lakecdc init`: exports every live entity of a schema as base files (DESIGN §4.2) and makes
 //! them the whole base tier in one conditional manifest save.
 //!
-//! Per schema, under its advisory lock (contended → reported for that schema, others go on).
-//! A manifest that lists deltas is refused unless `--replace-delta`. Live rows are read in
-//! keyset pages on `ltbase_row_id` (never OFFSET), each page with its EAV rows in one
-//! repeatable-read snapshot, read with binary COPY decoded straight into Arrow; pages are
-//! staged (held as Arrow) until a file holds about `--target-file-size` (the rows-per-file
-//! estimate corrects itself from each written file; at most `--max-file-rows` and 96 MiB of
-//! staged rows; one file is staged per reader). A file's pages are joined with their EAV values in Rust when that gives the
-//! pivot's rows exactly (nearly always: [`crate::engine::assemble`]), so DuckDB only casts and
-//! encodes them in row order; otherwise DuckDB joins, pivots and sorts them. Two
-//! files are written at once, each by its own engine, and each is checksummed while it
-//! uploads straight to its write-once key `{min}_{max}_{uuid}.parquet`. `--readers`
-//! connections (2) read disjoint row-id ranges at once, and a file holds one reader's
-//! consecutive pages, so base files never overlap in row-id range; reading the next file's
-//! pages, writing files and uploading them overlap. Publishing replaces the base tier (and with
-//! `--replace-delta` the delta tier) in ONE save; the superseded files, bases and replaced
-//! deltas alike, are recorded as retired and left to gc, which deletes them past its grace. A schema with no live rows publishes one zero-row base. Writes during
-//! init reach the lake with the next flush: a base row carries `changed_at =
-//! ltbase_updated_at`, exactly what flush writes for the same version (study §10 #210).
+//! Per schema, under its advisory lock (contended → reported for that schema, others go on). A
+//! manifest that lists deltas is refused unless `--replace-delta`. Live rows are read in keyset
+//! pages on `ltbase_row_id` (never OFFSET), each page with its EAV rows in one repeatable-read
+//! snapshot, read with binary COPY decoded straight into Arrow; pages are staged (held as Arrow)
+//! until a file holds about `--target-file-size` (the rows-per-file estimate corrects itself from
+//! each written file; at most `--max-file-rows` and 96 MiB of staged rows; one file is staged per
+//! reader). A file's pages are joined with their EAV values in Rust when that gives the pivot's
+//! rows exactly (nearly always: [`crate::engine::assemble`]), so DuckDB only casts and encodes them
+//! in row order; otherwise DuckDB joins, pivots and sorts them. Two files are written at once, each
+//! by its own engine, and each is checksummed while it uploads straight to its write-once key
+//! `{min}_{max}_{uuid}.parquet`. `--readers` connections (2) read disjoint row-id ranges at once,
+//! and a file holds one reader's consecutive pages, so base files never overlap in row-id range;
+//! reading the next file's pages, writing files and uploading them overlap. Publishing replaces the
+//! base tier (and with `--replace-delta` the delta tier) in ONE save; the superseded files, bases
+//! and replaced deltas alike, are recorded as retired and left to gc, which deletes them past its
+//! grace. A schema with no live rows publishes one zero-row base. Writes during init reach the lake
+//! with the next flush: a base row carries `changed_at = ltbase_updated_at`, exactly what flush
+//! writes for the same version (study §10 #210).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
@@ -415,11 +415,11 @@ async fn export_schema(
     // time, so an export that fails or stops leaves no claim behind.
     let committed = async {
         lock.ensure_held().await?;
-        owner::claim(store, layout, schema_id, &ownership).await?;
-        manifest::commit(
+        owner::claim_and_commit(
             store,
-            &key,
+            layout,
             schema_id,
+            &ownership,
             ctx.clock.as_ref(),
             CommitPolicy::default(),
             |m| {
@@ -749,8 +749,8 @@ async fn delete_unlisted(ctx: &Context, keys: &[String]) {
 }
 
 /// Exports written at once, each by its own engine: an export scans, casts and encodes on one
-/// thread (the rows arrive joined and sorted, see [`crate::engine::assemble`]), so two keep both cores busy
-/// once reading is done.
+/// thread (the rows arrive joined and sorted, see [`crate::engine::assemble`]), so two keep
+/// both cores busy once reading is done.
 const EXPORTS_IN_FLIGHT: usize = 2;
 
 /// The files of one init past staging: free engines, exports being written (oldest first),

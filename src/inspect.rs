@@ -31,7 +31,7 @@ pub struct TierSummary {
 }
 
 /// What inspect found for one schema.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct SchemaInspect {
     /// Schema id.
     pub schema_id: i16,
@@ -70,18 +70,8 @@ impl SchemaInspect {
         Self {
             schema_id: reg.id,
             schema: reg.name.clone(),
-            dirty_rows: 0,
-            oldest_dirty_age_s: 0,
-            flush_would_run: false,
-            flush_reason: String::new(),
-            lock_holder: None,
-            manifest: false,
-            manifest_version: 0,
-            base: TierSummary::default(),
-            delta: TierSummary::default(),
-            compaction: None,
-            unlisted: BTreeMap::new(),
             error: Some(e.chain()),
+            ..Self::default()
         }
     }
 }

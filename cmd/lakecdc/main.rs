@@ -353,20 +353,18 @@ struct Sources {
     s3_endpoint: Option<ValueSource>,
 }
 
-impl Sources {
-    /// `value` unless it came from the config file while one of `vars` is set (the
-    /// environment beats the file: DESIGN §5).
-    fn unless_env(
-        source: Option<ValueSource>,
-        value: &Option<String>,
-        vars: &[&str],
-    ) -> Option<String> {
-        let from_file = source == Some(ValueSource::DefaultValue);
-        if from_file && vars.iter().any(|v| env_var(v).is_some()) {
-            None
-        } else {
-            value.clone()
-        }
+/// `value` unless it came from the config file (`source`) while one of `vars` is set: the
+/// environment beats the file (DESIGN §5).
+fn unless_env(
+    source: Option<ValueSource>,
+    value: &Option<String>,
+    vars: &[&str],
+) -> Option<String> {
+    let from_file = source == Some(ValueSource::DefaultValue);
+    if from_file && vars.iter().any(|v| env_var(v).is_some()) {
+        None
+    } else {
+        value.clone()
     }
 }
 
@@ -387,13 +385,13 @@ fn validate(g: &Global, sources: &Sources) -> Result<Validated> {
     let lake = LakeLocation::parse(&g.lake)?;
     let layout = Layout::new(lake.root(), &g.data_prefix, &g.manifest_template)?;
     let mut s3 = S3Options::new("");
-    s3.endpoint = Sources::unless_env(
+    s3.endpoint = unless_env(
         sources.s3_endpoint,
         &g.s3_endpoint,
         &["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],
     );
     s3.path_style = g.s3_path_style;
-    s3.region = Sources::unless_env(
+    s3.region = unless_env(
         sources.s3_region,
         &g.s3_region,
         &["AWS_REGION", "AWS_DEFAULT_REGION"],
@@ -418,7 +416,7 @@ fn validate(g: &Global, sources: &Sources) -> Result<Validated> {
         .filter_map(|k| env_var(k).map(|v| (k.to_string(), v)))
         .collect();
     let settings = PgSettings {
-        conninfo: Sources::unless_env(sources.pg_url, &g.pg_url, &["DATABASE_URL"])
+        conninfo: unless_env(sources.pg_url, &g.pg_url, &["DATABASE_URL"])
             .or_else(|| env_var("DATABASE_URL")),
         env,
         application_name: "lakecdc".to_string(),

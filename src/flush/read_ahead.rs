@@ -166,7 +166,8 @@ impl ReadAhead {
         Ok(ahead)
     }
 
-    /// The next batch in selection order, or `None` when no slot is left. Its connection goes back to the pool and a read of a later batch starts.
+    /// The next batch in selection order, or `None` when no slot is left. Its connection goes
+    /// back to the pool and a read of a later batch starts.
     pub async fn next(&mut self) -> Result<Option<Fetched>> {
         // Taken off the queue only once finished, so a read is aborted with the queue even
         // if this future is dropped while waiting for it.

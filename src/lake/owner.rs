@@ -11,6 +11,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::Layout;
+use super::manifest::{self, CommitPolicy, Committed, Manifest};
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::{ObjectStore, PutMode, StoreError};
 
@@ -119,4 +121,25 @@ pub async fn claim(
             source,
         }),
     }
+}
+
+/// How every writer publishes: claims the data prefix when `ownership` says it is unclaimed
+/// ([`claim`]), then commits `modify` to the schema's manifest ([`manifest::commit`]). Every
+/// error but [`Error::AmbiguousCommit`] means nothing was saved (a failed claim included), so
+/// a caller may then delete what it uploaded for this save.
+pub async fn claim_and_commit<F>(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    schema_id: i16,
+    ownership: &Ownership,
+    clock: &dyn Clock,
+    policy: CommitPolicy,
+    modify: F,
+) -> Result<Committed>
+where
+    F: FnMut(&mut Manifest) -> Result<()>,
+{
+    claim(store, layout, schema_id, ownership).await?;
+    let key = layout.manifest_key(schema_id);
+    manifest::commit(store, &key, schema_id, clock, policy, modify).await
 }
