@@ -17,10 +17,6 @@ use crate::writer::{Customer, Rng};
 
 const MANIFEST: &str = "manifest/100.json";
 
-fn ctx(rig: &Rig) -> Context {
-    rig.job_context()
-}
-
 fn opts(rig: &Rig) -> CompactOptions {
     CompactOptions {
         schemas: vec!["customer".into()],
@@ -30,7 +26,9 @@ fn opts(rig: &Rig) -> CompactOptions {
 }
 
 async fn compact(rig: &Rig, o: &CompactOptions) -> lakecdc::compact::SchemaCompact {
-    let report = lakecdc::compact::run(&ctx(rig), o, None).await.unwrap();
+    let report = lakecdc::compact::run(&rig.job_context(), o, None)
+        .await
+        .unwrap();
     report.schemas.into_iter().next().unwrap()
 }
 
@@ -305,7 +303,7 @@ async fn a_schema_never_flushed_is_a_noop() {
     // study §10 #524
     let rig = rig(LakeKind::S3).await;
     let report = lakecdc::compact::run(
-        &ctx(&rig),
+        &rig.job_context(),
         &CompactOptions {
             schemas: vec![],
             ..opts(&rig)
@@ -351,7 +349,7 @@ async fn a_flush_committing_during_a_rewrite_keeps_its_delta() {
         }
         .boxed()
     });
-    let report = lakecdc::compact::run(&ctx(&rig), &opts(&rig), Some(hook))
+    let report = lakecdc::compact::run(&rig.job_context(), &opts(&rig), Some(hook))
         .await
         .unwrap();
     let s = &report.schemas[0];
@@ -381,7 +379,7 @@ async fn gc_deletes_retired_sources_past_the_grace() {
     let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
     let gctx = Context {
         clock: clock.clone(),
-        ..ctx(&rig)
+        ..rig.job_context()
     };
     let gopts = lakecdc::gc::GcOptions {
         schemas: vec!["customer".into()],
@@ -432,7 +430,7 @@ async fn a_conflicting_save_is_retried_and_keeps_the_concurrent_delta() {
         Action::Pause(gate.clone()),
     );
     let calls_before = rig.store.calls().len();
-    let c = ctx(&rig);
+    let c = rig.job_context();
     let o = opts(&rig);
     let task = tokio::spawn(async move { lakecdc::compact::run(&c, &o, None).await });
     gate.wait_reached().await;
@@ -494,7 +492,7 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
             state
         );
     };
-    let report = lakecdc::compact::run(&ctx(&rig), &o, Some(stall))
+    let report = lakecdc::compact::run(&rig.job_context(), &o, Some(stall))
         .await
         .unwrap();
     refused(report).await;
@@ -512,7 +510,7 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
     let report = lakecdc::compact::run(
         &Context {
             clock: clock.clone(),
-            ..ctx(&rig)
+            ..rig.job_context()
         },
         &opts(&rig),
         Some(suspended),

@@ -168,40 +168,33 @@ fn a_missing_local_lake_is_an_error_not_a_new_lake() {
     let mut r = Rng::new(13);
     rt.block_on(rig.seed(5, &mut r));
     let missing = rig.opts.work_dir.join("no-such-lake");
-    for command in [
-        &["flush", "--force"][..],
-        &["inspect"],
-        &["verify"],
-        &["gc"],
-    ] {
-        let out = harness::bin()
-            .args(command)
-            .args(["--pg-url", &rig.db.url, "--lake"])
-            .arg(&missing)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
-        assert!(
-            stderr.contains("does not exist: create it (mkdir -p) or fix --lake"),
-            "{command:?}: {stderr}"
-        );
-        assert!(!missing.exists(), "{command:?} created the lake");
-    }
-    let dirty = rt.block_on(crate::oracle::dirty(&rig.writer));
-    assert_eq!(dirty.len(), 5, "nothing was flushed");
-    // A path that is a file is named as such.
     let file = rig.opts.work_dir.join("a-file");
     std::fs::write(&file, b"x").unwrap();
-    let out = harness::bin()
-        .args(["inspect", "--pg-url", &rig.db.url, "--lake"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("is not a directory: fix --lake"),
-        "{stderr}"
-    );
+    for (lake, says) in [
+        (
+            &missing,
+            "does not exist: create it (mkdir -p) or fix --lake",
+        ),
+        (&file, "is not a directory: fix --lake"),
+    ] {
+        for command in [
+            &["flush", "--force"][..],
+            &["inspect"],
+            &["verify"],
+            &["gc"],
+        ] {
+            let out = harness::bin()
+                .args(command)
+                .args(["--pg-url", &rig.db.url, "--lake"])
+                .arg(lake)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
+            assert!(stderr.contains(says), "{command:?}: {stderr}");
+        }
+    }
+    assert!(!missing.exists(), "a command created the lake");
+    let dirty = rt.block_on(crate::oracle::dirty(&rig.writer));
+    assert_eq!(dirty.len(), 5, "nothing was flushed");
 }

@@ -2,15 +2,11 @@
 
 use bytes::Bytes;
 use lakecdc::store::{ObjectStore, PutMode};
-use lakecdc::verify::{Context, Outcome, VerifyOptions};
+use lakecdc::verify::{Outcome, VerifyOptions};
 
 use crate::flush::{LakeKind, Rig, rig};
 use crate::harness;
 use crate::writer::Rng;
-
-fn ctx(rig: &Rig) -> Context {
-    rig.job_context()
-}
 
 fn opts(rig: &Rig) -> VerifyOptions {
     VerifyOptions {
@@ -34,7 +30,9 @@ async fn a_clean_lake_is_intact_and_nothing_is_written() {
     for kind in [LakeKind::S3, LakeKind::Local] {
         let rig = flushed_rig(kind).await;
         let before = rig.store.writes().len();
-        let report = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
+        let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
+            .await
+            .unwrap();
         assert_eq!(report.exit_code(), 0, "{report:?}");
         let customer = &report.schemas[0];
         assert_eq!(
@@ -63,7 +61,9 @@ async fn a_flipped_byte_and_a_missing_object_are_named() {
         .unwrap();
     // Delete the second.
     rig.store.delete(&listed[1]).await.unwrap();
-    let report = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
+    let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
+        .await
+        .unwrap();
     assert_eq!(report.exit_code(), 3);
     let s = &report.schemas[0];
     assert_eq!(s.outcome, Outcome::Diverged);
@@ -109,7 +109,7 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
     // they skipped as `stopped`, with a non-zero exit code, so a stopped run never passes for
     // a complete one.
     let rig = flushed_rig(LakeKind::S3).await;
-    let stopped = ctx(&rig);
+    let stopped = rig.job_context();
     stopped.shutdown.request();
     let before = rig.store.writes().len();
     let verify = lakecdc::verify::run(&stopped, &opts(&rig)).await.unwrap();
@@ -157,9 +157,11 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
     assert_eq!(rig.store.writes().len(), before, "a stopped run wrote");
     // Without the stop, the same runs work on every schema (and compact writes: the stopped
     // run had something to do).
-    let verify = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
+    let verify = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
+        .await
+        .unwrap();
     assert_eq!(verify.exit_code(), 0, "{verify:?}");
-    let compact = lakecdc::compact::run(&ctx(&rig), &compact_opts, None)
+    let compact = lakecdc::compact::run(&rig.job_context(), &compact_opts, None)
         .await
         .unwrap();
     assert_eq!(
@@ -214,7 +216,7 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
             rig.writer.random_op(&mut r).await;
         }
         rig.flush().await;
-        let report = lakecdc::compact::run(&ctx(&rig), &compact(target), None)
+        let report = lakecdc::compact::run(&rig.job_context(), &compact(target), None)
             .await
             .unwrap();
         assert_eq!(report.schemas[0].plan.as_ref().unwrap().decision, decision);
@@ -250,7 +252,9 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
         "writers stamp different columns"
     );
     // Verify checks every stamp against its file's footer: all agree, and a wrong one is named.
-    let report = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
+    let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
+        .await
+        .unwrap();
     assert_eq!(report.schemas[0].outcome, Outcome::Intact, "{report:?}");
     assert_eq!(report.schemas[0].files, loaded.files.len());
     let victim = loaded.files[0].path.clone();
@@ -271,7 +275,9 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
     )
     .await
     .unwrap();
-    let report = lakecdc::verify::run(&ctx(&rig), &opts(&rig)).await.unwrap();
+    let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
+        .await
+        .unwrap();
     let named: Vec<(&str, &str)> = report.schemas[0]
         .problems
         .iter()
