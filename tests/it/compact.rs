@@ -372,20 +372,10 @@ async fn a_flush_committing_during_a_rewrite_keeps_its_delta() {
 
 #[tokio::test]
 async fn gc_deletes_retired_sources_past_the_grace() {
-    use lakecdc::clock::{Clock, ManualClock, SystemClock};
     let (rig, _) = lake_with_base_and_deltas(461).await;
     let sources = rig.listed().await;
     compact(&rig, &opts(&rig)).await;
-    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
-    let gctx = Context {
-        clock: clock.clone(),
-        ..rig.job_context()
-    };
-    let gopts = lakecdc::gc::GcOptions {
-        schemas: vec!["customer".into()],
-        grace: std::time::Duration::from_secs(900),
-        dry_run: false,
-    };
+    let (clock, gctx, gopts) = rig.gc_on_a_manual_clock();
     let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
     assert_eq!(report.schemas[0].within_grace.len(), sources.len());
     assert!(

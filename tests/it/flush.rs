@@ -94,6 +94,28 @@ impl Rig {
         }
     }
 
+    /// gc over the customer schema with a 15-minute grace, on a manual clock the test moves.
+    pub fn gc_on_a_manual_clock(
+        &self,
+    ) -> (
+        Arc<lakecdc::clock::ManualClock>,
+        lakecdc::job::Context,
+        lakecdc::gc::GcOptions,
+    ) {
+        use lakecdc::clock::Clock;
+        let clock = Arc::new(lakecdc::clock::ManualClock::new(SystemClock.now_ms()));
+        let ctx = lakecdc::job::Context {
+            clock: clock.clone(),
+            ..self.job_context()
+        };
+        let opts = lakecdc::gc::GcOptions {
+            schemas: vec!["customer".into()],
+            grace: Duration::from_secs(900),
+            dry_run: false,
+        };
+        (clock, ctx, opts)
+    }
+
     pub async fn flush(&self) -> FlushReport {
         lakecdc::flush::run(&self.ctx, &self.opts, &FlushHooks::default())
             .await

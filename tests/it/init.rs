@@ -602,17 +602,7 @@ async fn a_delta_tier_is_refused_unless_replaced() {
     // still be reading them. gc deletes them once past its grace.
     assert_kept_and_retired(&rig, &deltas, "deleted at once").await;
     assert_eq!(rig.assert_oracle().await, (50, 0));
-    use lakecdc::clock::{Clock, ManualClock, SystemClock};
-    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
-    let gctx = lakecdc::job::Context {
-        clock: clock.clone(),
-        ..rig.job_context()
-    };
-    let gopts = lakecdc::gc::GcOptions {
-        schemas: vec!["customer".into()],
-        grace: std::time::Duration::from_secs(900),
-        dry_run: false,
-    };
+    let (clock, gctx, gopts) = rig.gc_on_a_manual_clock();
     let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
     let set = |v: &[String]| v.iter().cloned().collect::<BTreeSet<_>>();
     assert_eq!(
