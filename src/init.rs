@@ -8,8 +8,8 @@
 //! until a file holds about `--target-file-size` (the rows-per-file estimate corrects itself from
 //! each written file; at most `--max-file-rows` and 96 MiB of staged rows; one file is staged per
 //! reader). A file's pages are joined with their EAV values in Rust when that gives the pivot's
-//! rows exactly (nearly always: [`crate::engine::assemble`]), so DuckDB only casts and encodes them
-//! in row order; otherwise DuckDB joins, pivots and sorts them. Two files are written at once, each
+//! rows exactly (nearly always: [`crate::engine::assemble`]) and written by
+//! [`crate::engine::writer`] in row order; otherwise DuckDB joins, pivots and sorts them. Two files are written at once, each
 //! by its own engine, and each is checksummed while it uploads straight to its write-once key
 //! `{min}_{max}_{uuid}.parquet`. `--readers` connections (2) read disjoint row-id ranges at once,
 //! and a file holds one reader's consecutive pages, so base files never overlap in row-id range;

@@ -3,7 +3,7 @@
 //! are sorted here and their entity rows looked up by id. Each EAV row then finds its row by
 //! binary search: a scalar attribute becomes one gathered column, a list attribute a list
 //! column of its items in index order (`[]` for the empty-list marker alone, NULL without
-//! rows). DuckDB is left with casting and encoding — no hash join, aggregate or sort (about a
+//! rows). What is left is casting and encoding (`writer`) — no hash join, aggregate or sort (about a
 //! third of an export's CPU). Where the pivot's result is not this one (two rows of one scalar
 //! attribute, list indices that are not plain integers or repeat, unsorted pages) `None` is
 //! returned and the caller uses the export query.

@@ -8,6 +8,7 @@ use std::path::Path;
 use arrow::record_batch::RecordBatch;
 
 use super::scan::Registered;
+use super::writer::{self, Plan};
 use super::{Engine, quote_ident};
 use crate::error::Result;
 use crate::schema::columns::duckdb_type;
@@ -73,7 +74,13 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
 /// takes over an attribute's one row is that row's value, so both give the same file (study
 /// §10 #210). The rows are read from `source` (a table expression, aliased `m`).
 pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver, source: &str) -> String {
-    let cols = select_list(schema, schema_id, &system_columns(driver, "m"), |a| {
+    let cols = assembled_items(schema, schema_id, driver);
+    format!("SELECT {} FROM {source} AS m", cols.join(", "))
+}
+
+/// [`assembled_sql`]'s select items (`expr AS name`), one per lake column, in file order.
+fn assembled_items(schema: &SchemaDef, schema_id: i16, driver: Driver) -> Vec<String> {
+    select_list(schema, schema_id, &system_columns(driver, "m"), |a| {
         let raw = format!("m.{}", quote_ident(&super::assemble::raw_column(a.id)));
         match a.value_type {
             // The raw items, already in index order: each is cast as the pivot casts it.
@@ -84,8 +91,7 @@ pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver, source:
             ),
             t => eav_cast(t, &raw),
         }
-    });
-    format!("SELECT {} FROM {source} AS m", cols.join(", "))
+    })
 }
 
 /// The `row_id`, `changed_at` and `deleted_at` expressions of a file's rows; a delta's slot
@@ -214,9 +220,10 @@ fn eav_agg(a: &Attribute) -> String {
 
 impl Engine {
     /// Writes one lake file from `inputs` to `path`. The rows are joined with their EAV values
-    /// in Rust when that gives the pivot's rows ([`super::assemble`]), and DuckDB only casts
-    /// and encodes them; otherwise DuckDB joins and pivots them ([`Engine::export_pivoted`]).
-    /// Either way the file is the same. Returns the rows written.
+    /// in Rust when that gives the pivot's rows ([`super::assemble`]) and written by
+    /// [`super::writer`], with DuckDB computing only the columns Rust does not cast itself;
+    /// otherwise DuckDB joins and pivots them ([`Engine::export_pivoted`]). Either way the
+    /// file has the same columns, types and values. Returns the rows written.
     pub fn export(
         &self,
         schema: &SchemaDef,
@@ -234,12 +241,29 @@ impl Engine {
             }
             (Driver::ChangeLog, ..) => None,
         };
-        let Some(rows) = assembled else {
+        let Some((rows, first)) =
+            assembled.and_then(|r| r.first().map(|b| b.schema()).map(|s| (r, s)))
+        else {
             return self.export_pivoted(schema, schema_id, driver, inputs, path);
         };
-        let registered = Registered::in_order(rows);
-        let sql = assembled_sql(schema, schema_id, driver, &registered.scan_sql());
-        self.copy_to_parquet(&sql, path)
+        let items = assembled_items(schema, schema_id, driver);
+        let plan = Plan::new(schema, schema_id, driver, &first, &items)?;
+        let total: usize = rows.iter().map(RecordBatch::num_rows).sum();
+        if plan.duck_items().is_empty() {
+            return writer::write(&plan, &rows, Vec::new(), path);
+        }
+        let registered = Registered::in_order(rows.clone());
+        let source = registered.scan_sql();
+        if total == 0 {
+            // DuckDB's result has no batch to take the columns' types from.
+            return self.copy_to_parquet(&assembled_sql(schema, schema_id, driver, &source), path);
+        }
+        let duck = self.query_arrow(&format!(
+            "SELECT {} FROM {source} AS m",
+            plan.duck_items().join(", ")
+        ))?;
+        drop(registered);
+        writer::write(&plan, &rows, duck, path)
     }
 
     /// Writes one lake file from `inputs` to `path` with the export query ([`export_sql`]):

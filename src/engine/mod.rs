@@ -1,11 +1,13 @@
 //! DuckDB, in process: opened with bounded threads, memory and a spill directory; scans Arrow
 //! batches in place (`scan`) and writes lake Parquet files with `COPY`; `assemble` joins an
-//! export's rows with their EAV values in Rust, so DuckDB mostly only casts and encodes. DuckDB types never
+//! export's rows with their EAV values in Rust, and `writer` then writes the file with the
+//! parquet crate, DuckDB computing only the columns that need its casts. DuckDB types never
 //! leave this module. Every call blocks: callers on the async runtime use `spawn_blocking`.
 
 pub mod assemble;
 pub mod export;
 mod scan;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
 
@@ -90,6 +92,19 @@ impl Engine {
             .execute(&sql, [])
             .map_err(Error::duckdb("write parquet"))?;
         Ok(rows as u64)
+    }
+
+    /// The result of `select` as Arrow batches.
+    pub fn query_arrow(&self, select: &str) -> Result<Vec<RecordBatch>> {
+        let mut stmt = self
+            .conn
+            .prepare(select)
+            .map_err(Error::duckdb("prepare a query"))?;
+        let batches = stmt
+            .query_arrow([])
+            .map_err(Error::duckdb("run a query"))?
+            .collect();
+        Ok(batches)
     }
 
     /// Writes `batches` (all of one schema, at least one), sorted by `row_id`, to a Parquet

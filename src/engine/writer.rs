@@ -1,0 +1,506 @@
+//! Lake Parquet files written from Arrow with the `parquet` crate. A file whose rows
+//! [`super::assemble`] joined is made here: each column is its slot's (or raw EAV) value, or a
+//! numeric cast of it done in Rust exactly as DuckDB's `TRY_CAST` does it; only the columns
+//! that need DuckDB's own parsing or list building (text read as a UUID, date or boolean;
+//! lists) are computed by DuckDB, as Arrow, from the same rows. DuckDB's `COPY` took about
+//! twice the CPU for the same file: it copies every value into its own vectors, buffers each
+//! row group and analyses every column before encoding it.
+//!
+//! The file has the columns, types and values of [`super::export::assembled_sql`] (DESIGN
+//! §3.1): zstd level 3, V2 pages, 122,880-row groups, every column nullable, with the
+//! encodings DuckDB picks for the lake's types — delta-packed integers, byte-stream-split
+//! doubles, plain UUIDs, dictionary strings that fall back to delta lengths once the dictionary
+//! outgrows [`DICTIONARY_PAGE_BYTES`].
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, FixedSizeBinaryBuilder, Int16Array};
+use arrow::array::{Int64Array, ListArray, PrimitiveArray};
+use arrow::compute::{CastOptions, cast_with_options, concat_batches};
+use arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Field, Float64Type, Int16Type, Int32Type, Int64Type, Schema,
+};
+use arrow::record_batch::RecordBatch;
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_writer::ArrowWriterOptions;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
+use parquet::schema::types::ColumnPath;
+
+use super::export::Driver;
+use super::{ROW_GROUP_SIZE, ZSTD_LEVEL};
+use crate::error::{Error, Result};
+use crate::schema::{Attribute, Encoding as SlotEncoding, SchemaDef, ValueType};
+use crate::source::snapshot::uuid_field;
+
+/// A string column's dictionary is given up for delta-length pages past this size: a column
+/// of (nearly) unique values stops paying for hashing early, one of a few thousand values
+/// keeps its dictionary.
+pub const DICTIONARY_PAGE_BYTES: usize = 256 * 1024;
+
+/// A lake column's type (DESIGN §3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lake {
+    Varchar,
+    Uuid,
+    Smallint,
+    Integer,
+    Bigint,
+    Double,
+    Boolean,
+}
+
+impl Lake {
+    /// The lake type of a scalar attribute's column (as [`crate::schema::columns::duckdb_type`]).
+    fn of(t: ValueType, bound: bool) -> Option<Self> {
+        Some(match t {
+            ValueType::Text => Lake::Varchar,
+            ValueType::Uuid => Lake::Uuid,
+            ValueType::Smallint if bound => Lake::Smallint,
+            ValueType::Integer if bound => Lake::Integer,
+            ValueType::Smallint | ValueType::Integer | ValueType::Numeric => Lake::Double,
+            ValueType::Bigint | ValueType::Date | ValueType::Datetime => Lake::Bigint,
+            ValueType::Bool => Lake::Boolean,
+            ValueType::List => return None,
+        })
+    }
+
+    fn arrow(self) -> DataType {
+        match self {
+            Lake::Varchar => DataType::Utf8,
+            Lake::Uuid => DataType::FixedSizeBinary(16),
+            Lake::Smallint => DataType::Int16,
+            Lake::Integer => DataType::Int32,
+            Lake::Bigint => DataType::Int64,
+            Lake::Double => DataType::Float64,
+            Lake::Boolean => DataType::Boolean,
+        }
+    }
+}
+
+/// How an input column becomes a lake column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Conv {
+    /// Already the lake type.
+    Same,
+    /// `TRY_CAST` between integer widths (out of range → NULL) or integer → DOUBLE.
+    Cast(Lake),
+    /// `TRY_CAST(double AS BIGINT)`: rounded half to even; not finite or out of range → NULL.
+    DoubleToBigint,
+    /// `(x <> 0)` of a number.
+    NonZero,
+}
+
+/// How one lake column is made from an assembled row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Make {
+    /// The schema id, on every row.
+    SchemaId(i16),
+    /// A base's `deleted_at`: 0.
+    Zero,
+    /// A delta's `deleted_at`: the slot's when positive, else the version of a row without
+    /// an entity row (a hard delete), else 0.
+    DeltaDeleted,
+    /// Input column `name`, converted.
+    Column { name: String, conv: Conv },
+    /// Column `index` of DuckDB's result; `uuid`: UUIDs (or lists of them), which DuckDB
+    /// hands over as text.
+    Duck { index: usize, uuid: bool },
+}
+
+/// How each column of a lake file is made from assembled rows, and which select items of
+/// [`super::export::assembled_sql`] DuckDB computes.
+#[derive(Debug)]
+pub struct Plan {
+    /// (column name, how it is made), in file order.
+    columns: Vec<(String, Make)>,
+    /// The select items DuckDB computes, in the order of its result columns.
+    duck: Vec<String>,
+}
+
+impl Plan {
+    /// The plan for `driver`'s file of `schema` from assembled rows of schema `input`;
+    /// `items` are [`super::export::assembled_sql`]'s select items (one per lake column, in
+    /// file order), from which the columns DuckDB computes are taken.
+    pub fn new(
+        schema: &SchemaDef,
+        schema_id: i16,
+        driver: Driver,
+        input: &Schema,
+        items: &[String],
+    ) -> Result<Self> {
+        let column = |name: &str, to: Lake| -> Option<Make> {
+            let field = input.field_with_name(name).ok()?;
+            Some(Make::Column {
+                name: name.to_string(),
+                conv: cast(field.data_type(), to)?,
+            })
+        };
+        let (row_id, changed_at) = match driver {
+            Driver::Entities => ("ltbase_row_id", "ltbase_updated_at"),
+            Driver::ChangeLog => ("row_id", "changed_at"),
+        };
+        // (column name, how it is made when Rust can, whether it holds UUIDs)
+        let mut made: Vec<(String, Option<Make>, bool)> = vec![
+            ("schema_id".into(), Some(Make::SchemaId(schema_id)), false),
+            ("row_id".into(), column(row_id, Lake::Uuid), true),
+            ("changed_at".into(), column(changed_at, Lake::Bigint), false),
+            (
+                "deleted_at".into(),
+                Some(match driver {
+                    Driver::Entities => Make::Zero,
+                    Driver::ChangeLog => Make::DeltaDeleted,
+                }),
+                false,
+            ),
+        ];
+        for name in [
+            "ltbase_created_at",
+            "ltbase_updated_at",
+            "ltbase_deleted_at",
+        ] {
+            made.push((name.into(), column(name, Lake::Bigint), false));
+        }
+        let (bound, unbound): (Vec<&Attribute>, Vec<&Attribute>) =
+            schema.attributes.iter().partition(|a| a.binding.is_some());
+        for a in bound {
+            let make = a.binding.as_ref().and_then(|b| {
+                let field = input.field_with_name(&b.column).ok()?;
+                let conv = bound_conv(a.value_type, b.encoding, field.data_type())?;
+                Some(Make::Column {
+                    name: b.column.clone(),
+                    conv,
+                })
+            });
+            made.push((a.column.clone(), make, uuids(a)));
+        }
+        for a in unbound {
+            let raw = super::assemble::raw_column(a.id);
+            let make = input.field_with_name(&raw).ok().and_then(|f| {
+                let conv = eav_conv(a.value_type, f.data_type())?;
+                Some(Make::Column { name: raw, conv })
+            });
+            made.push((a.column.clone(), make, uuids(a)));
+        }
+        if made.len() != items.len() {
+            return Err(Error::Invariant(format!(
+                "{} lake columns planned for {} select items",
+                made.len(),
+                items.len()
+            )));
+        }
+        let mut plan = Plan {
+            columns: Vec::with_capacity(made.len()),
+            duck: Vec::new(),
+        };
+        for ((name, make, uuid), item) in made.into_iter().zip(items) {
+            let make = make.unwrap_or_else(|| {
+                plan.duck.push(item.clone());
+                Make::Duck {
+                    index: plan.duck.len() - 1,
+                    uuid,
+                }
+            });
+            plan.columns.push((name, make));
+        }
+        Ok(plan)
+    }
+
+    /// The select items DuckDB computes (none: the file is made without DuckDB).
+    pub fn duck_items(&self) -> &[String] {
+        &self.duck
+    }
+
+    /// The lake columns of `input` (assembled rows) and `duck` (DuckDB's result for the same
+    /// rows, in the same order; empty when [`Plan::duck_items`] is).
+    fn make(&self, input: &RecordBatch, duck: &[ArrayRef]) -> Result<RecordBatch> {
+        let rows = input.num_rows();
+        let mut fields = Vec::with_capacity(self.columns.len());
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len());
+        for (name, make) in &self.columns {
+            let array: ArrayRef = match make {
+                Make::SchemaId(id) => Arc::new(Int16Array::from_value(*id, rows)),
+                Make::Zero => Arc::new(Int64Array::from_value(0, rows)),
+                Make::DeltaDeleted => delta_deleted(input)?,
+                Make::Column { name, conv } => convert(input_column(input, name)?, *conv)?,
+                Make::Duck { index, uuid } => {
+                    let array = duck.get(*index).ok_or_else(|| {
+                        Error::Invariant(format!("DuckDB computed no column {index} for {name}"))
+                    })?;
+                    duck_array(array, *uuid)?
+                }
+            };
+            fields.push(lake_field(name, array.data_type()));
+            arrays.push(array);
+        }
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
+            .map_err(|e| Error::Invariant(format!("lake columns of an assembled batch: {e}")))
+    }
+}
+
+/// Writes the lake file of `input` (assembled rows, in file order) to `path`; `duck` is
+/// DuckDB's result for [`Plan::duck_items`] over the same rows (ignored when there are none).
+/// Returns the rows written.
+pub fn write(
+    plan: &Plan,
+    input: &[RecordBatch],
+    duck: Vec<RecordBatch>,
+    path: &Path,
+) -> Result<u64> {
+    let rows: usize = input.iter().map(RecordBatch::num_rows).sum();
+    let duck = if plan.duck.is_empty() {
+        None
+    } else {
+        let schema = duck
+            .first()
+            .map(|b| b.schema())
+            .ok_or_else(|| Error::Invariant("DuckDB returned no batch".into()))?;
+        let all = concat_batches(&schema, &duck)
+            .map_err(|e| Error::Invariant(format!("DuckDB's columns: {e}")))?;
+        if all.num_rows() != rows {
+            return Err(Error::Invariant(format!(
+                "DuckDB computed {} rows for {rows} assembled rows",
+                all.num_rows()
+            )));
+        }
+        Some(all)
+    };
+    let mut writer: Option<ArrowWriter<File>> = None;
+    let mut offset = 0;
+    let parquet_error = |e: parquet::errors::ParquetError| Error::Parquet {
+        path: path.display().to_string(),
+        message: format!("write: {e}"),
+    };
+    for batch in input {
+        let part: Vec<ArrayRef> = match &duck {
+            Some(d) => d
+                .columns()
+                .iter()
+                .map(|c| c.slice(offset, batch.num_rows()))
+                .collect(),
+            None => Vec::new(),
+        };
+        offset += batch.num_rows();
+        let lake = plan.make(batch, &part)?;
+        let w = match &mut writer {
+            Some(w) => w,
+            None => writer.insert(open(path, &lake)?),
+        };
+        w.write(&lake).map_err(parquet_error)?;
+    }
+    let writer = writer.ok_or_else(|| Error::Invariant("a lake file of no batch".into()))?;
+    writer.close().map_err(parquet_error)?;
+    Ok(rows as u64)
+}
+
+/// A writer with the lake's file options and the encodings DuckDB picks for each type.
+fn open(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
+    let mut props = WriterProperties::builder()
+        .set_writer_version(WriterVersion::PARQUET_2_0)
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(ZSTD_LEVEL).map_err(|e| Error::Invariant(e.to_string()))?,
+        ))
+        .set_max_row_group_row_count(Some(ROW_GROUP_SIZE))
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES);
+    for field in first.schema().fields() {
+        let col = ColumnPath::from(field.name().as_str());
+        let plain = match field.data_type() {
+            DataType::Int16 | DataType::Int32 | DataType::Int64 => Encoding::DELTA_BINARY_PACKED,
+            DataType::Float64 => Encoding::BYTE_STREAM_SPLIT,
+            // DuckDB reads byte-stream-split pages of doubles only.
+            DataType::FixedSizeBinary(_) => Encoding::PLAIN,
+            DataType::Utf8 => {
+                props = props.set_column_encoding(col, Encoding::DELTA_LENGTH_BYTE_ARRAY);
+                continue;
+            }
+            _ => continue,
+        };
+        props = props
+            .set_column_dictionary_enabled(col.clone(), false)
+            .set_column_encoding(col, plain);
+    }
+    let file = File::create(path).map_err(|source| Error::Io {
+        op: "create parquet file",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // No Arrow schema in the footer: the Parquet types say it all, as in DuckDB's files.
+    let options = ArrowWriterOptions::new()
+        .with_properties(props.build())
+        .with_skip_arrow_metadata(true);
+    ArrowWriter::try_new_with_options(file, first.schema(), options).map_err(|e| Error::Parquet {
+        path: path.display().to_string(),
+        message: format!("open writer: {e}"),
+    })
+}
+
+/// How a bound slot of Arrow type `input` becomes the value of an attribute of type `t`
+/// stored with `encoding` (see `export::bound_expr`); `None` leaves it to DuckDB.
+fn bound_conv(t: ValueType, encoding: SlotEncoding, input: &DataType) -> Option<Conv> {
+    match (t, encoding) {
+        (ValueType::Date | ValueType::Datetime, SlotEncoding::Iso8601)
+        | (ValueType::Bool, SlotEncoding::BoolText)
+        | (ValueType::List, _) => None,
+        (ValueType::Bool, _) => numeric(input).then_some(Conv::NonZero),
+        (t, _) => cast(input, Lake::of(t, true)?),
+    }
+}
+
+/// How an attribute's raw EAV value (Arrow type `input`) becomes its value (see
+/// `export::eav_cast`); `None` leaves it to DuckDB.
+fn eav_conv(t: ValueType, input: &DataType) -> Option<Conv> {
+    match t {
+        ValueType::Uuid | ValueType::List => None,
+        ValueType::Bool => numeric(input).then_some(Conv::NonZero),
+        t => cast(input, Lake::of(t, false)?),
+    }
+}
+
+/// `TRY_CAST` of an `input` value to `to`, where Rust does it exactly as DuckDB.
+fn cast(input: &DataType, to: Lake) -> Option<Conv> {
+    let integer = |t: &DataType| matches!(t, DataType::Int16 | DataType::Int32 | DataType::Int64);
+    let want = to.arrow();
+    if *input == want {
+        return Some(Conv::Same);
+    }
+    match (input, to) {
+        (i, Lake::Smallint | Lake::Integer | Lake::Bigint | Lake::Double) if integer(i) => {
+            Some(Conv::Cast(to))
+        }
+        (DataType::Float64, Lake::Bigint) => Some(Conv::DoubleToBigint),
+        _ => None,
+    }
+}
+
+fn numeric(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int16 | DataType::Int32 | DataType::Int64 | DataType::Float64
+    )
+}
+
+fn input_column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| Error::Invariant(format!("assembled rows have no column {name}")))
+}
+
+fn convert(array: &ArrayRef, conv: Conv) -> Result<ArrayRef> {
+    let cast_error = |e: arrow::error::ArrowError| Error::Invariant(format!("cast: {e}"));
+    Ok(match conv {
+        Conv::Same => array.clone(),
+        // Arrow's safe cast: an integer out of the target's range becomes NULL, as DuckDB's
+        // TRY_CAST; integer → double rounds to nearest, as C++'s conversion.
+        Conv::Cast(to) => {
+            cast_with_options(array, &to.arrow(), &CastOptions::default()).map_err(cast_error)?
+        }
+        Conv::DoubleToBigint => Arc::new(
+            array
+                .as_primitive::<Float64Type>()
+                .unary_opt::<_, Int64Type>(double_to_bigint),
+        ),
+        Conv::NonZero => Arc::new(match array.data_type() {
+            DataType::Int16 => non_zero::<Int16Type>(array),
+            DataType::Int32 => non_zero::<Int32Type>(array),
+            DataType::Int64 => non_zero::<Int64Type>(array),
+            _ => non_zero::<Float64Type>(array),
+        }),
+    })
+}
+
+/// DuckDB's `TRY_CAST(double AS BIGINT)`: finite values in `[-2^63, 2^63)` rounded half to
+/// even (`std::nearbyint`), anything else NULL.
+pub fn double_to_bigint(v: f64) -> Option<i64> {
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
+    (v.is_finite() && (-LIMIT..LIMIT).contains(&v)).then(|| v.round_ties_even() as i64)
+}
+
+/// `(x <> 0)`: NULL stays NULL; NaN is not zero, -0.0 is.
+fn non_zero<T: ArrowPrimitiveType>(array: &ArrayRef) -> BooleanArray
+where
+    T::Native: Default + PartialEq,
+{
+    let values: &PrimitiveArray<T> = array.as_primitive::<T>();
+    BooleanArray::from_unary(values, |v| v != T::Native::default())
+}
+
+/// A delta's `deleted_at` (see `export::system_columns`).
+fn delta_deleted(input: &RecordBatch) -> Result<ArrayRef> {
+    let int64 = |name: &str| -> Result<&Int64Array> {
+        input_column(input, name)?
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| Error::Invariant(format!("slot column {name} is not BIGINT")))
+    };
+    let (deleted, changed) = (int64("deleted_at")?, int64("changed_at")?);
+    let entity = input_column(input, "ltbase_row_id")?;
+    Ok(Arc::new(Int64Array::from_iter((0..input.num_rows()).map(
+        |i| {
+            if deleted.is_valid(i) && deleted.value(i) > 0 {
+                Some(deleted.value(i))
+            } else if entity.is_null(i) {
+                changed.is_valid(i).then(|| changed.value(i))
+            } else {
+                Some(0)
+            }
+        },
+    ))))
+}
+
+/// Whether attribute `a`'s column holds UUIDs, or lists of them.
+fn uuids(a: &Attribute) -> bool {
+    a.value_type == ValueType::Uuid
+        || (a.value_type == ValueType::List && a.items_type == Some(ValueType::Uuid))
+}
+
+/// A column DuckDB computed, as the lake holds it: UUIDs (`uuid`; DuckDB hands them over as
+/// text) as 16 bytes, a list's items named `element`.
+fn duck_array(array: &ArrayRef, uuid: bool) -> Result<ArrayRef> {
+    match array.data_type() {
+        DataType::List(_) => {
+            let list = array.as_list::<i32>();
+            let values = if uuid {
+                uuids_from_text(list.values())?
+            } else {
+                list.values().clone()
+            };
+            let item = Arc::new(lake_field("element", values.data_type()));
+            let rebuilt =
+                ListArray::try_new(item, list.offsets().clone(), values, list.nulls().cloned())
+                    .map_err(|e| Error::Invariant(format!("list from DuckDB: {e}")))?;
+            Ok(Arc::new(rebuilt))
+        }
+        DataType::Utf8 if uuid => uuids_from_text(array),
+        _ => Ok(array.clone()),
+    }
+}
+
+/// UUID text (DuckDB's rendering of its UUID type) as 16-byte values.
+fn uuids_from_text(array: &ArrayRef) -> Result<ArrayRef> {
+    let text = array
+        .as_string_opt::<i32>()
+        .ok_or_else(|| Error::Invariant("UUID column from DuckDB is not text".into()))?;
+    let mut out = FixedSizeBinaryBuilder::with_capacity(text.len(), 16);
+    for v in text.iter() {
+        match v {
+            Some(s) => {
+                let id = uuid::Uuid::parse_str(s)
+                    .map_err(|e| Error::Invariant(format!("UUID {s:?} from DuckDB: {e}")))?;
+                out.append_value(id.as_bytes())
+                    .map_err(|e| Error::Invariant(e.to_string()))?;
+            }
+            None => out.append_null(),
+        }
+    }
+    Ok(Arc::new(out.finish()))
+}
+
+/// A lake file's field: nullable, as DuckDB writes every column; 16-byte values are UUIDs.
+fn lake_field(name: &str, t: &DataType) -> Field {
+    match t {
+        DataType::FixedSizeBinary(16) => uuid_field(name, true),
+        t => Field::new(name, t.clone(), true),
+    }
+}
