@@ -19,6 +19,8 @@ use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Client, Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::read_buffer::BufferedTls;
+
 use super::conninfo;
 use crate::error::{Error, Result};
 
@@ -113,7 +115,7 @@ const CLIENT_CHECK_SQL: &str = "SELECT set_config('client_connection_check_inter
 pub struct Connector {
     config: Config,
     tls: TlsPolicy,
-    rustls: Option<MakeRustlsConnect>,
+    rustls: Option<BufferedTls>,
     statement_timeout: Duration,
 }
 
@@ -214,10 +216,10 @@ impl Connector {
         });
         let rustls = match tls {
             TlsPolicy::Disable => None,
-            other => Some(MakeRustlsConnect::new(client_config(
+            other => Some(BufferedTls(MakeRustlsConnect::new(client_config(
                 other,
                 rootcert.map(PathBuf::from),
-            )?)),
+            )?))),
         };
         Ok(Self {
             config,
@@ -301,7 +303,7 @@ impl Connector {
 /// Opens one connection (over `tls` when given) and drives it on the runtime.
 async fn open(
     config: &Config,
-    tls: Option<&MakeRustlsConnect>,
+    tls: Option<&BufferedTls>,
 ) -> std::result::Result<Client, tokio_postgres::Error> {
     let client = match tls {
         None => {

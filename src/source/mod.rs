@@ -6,6 +6,7 @@ pub mod connect;
 pub mod conninfo;
 pub mod ddl;
 pub mod lock;
+mod read_buffer;
 pub mod registry;
 pub mod snapshot;
 pub mod stats;
