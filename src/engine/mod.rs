@@ -100,10 +100,12 @@ impl Engine {
             .conn
             .prepare(select)
             .map_err(Error::duckdb("prepare a query"))?;
-        let batches = stmt
-            .query_arrow([])
-            .map_err(Error::duckdb("run a query"))?
-            .collect();
+        stmt.execute([]).map_err(Error::duckdb("run a query"))?;
+        // `step` rather than duckdb's `Arrow` iterator, which panics on a failed fetch.
+        let mut batches = Vec::new();
+        while let Some(rows) = stmt.step().map_err(Error::duckdb("fetch a result"))? {
+            batches.push(RecordBatch::from(&rows));
+        }
         Ok(batches)
     }
 

@@ -105,9 +105,8 @@ enum Make {
     DeltaDeleted,
     /// Input column `name`, converted.
     Column { name: String, conv: Conv },
-    /// Column `index` of DuckDB's result; `uuid`: UUIDs (or lists of them), which DuckDB
-    /// hands over as text.
-    Duck { index: usize, uuid: bool },
+    /// Column `i` of DuckDB's result.
+    Duck(usize),
 }
 
 /// How each column of a lake file is made from assembled rows, and which select items of
@@ -118,6 +117,11 @@ pub struct Plan {
     columns: Vec<(String, Make)>,
     /// The select items DuckDB computes, in the order of its result columns.
     duck: Vec<String>,
+    /// Which of DuckDB's columns hold UUIDs (or lists of them), which it hands over as text.
+    duck_uuids: Vec<bool>,
+    /// The input column DuckDB also returns, last, to prove its rows are the input's rows in
+    /// the input's order.
+    check: &'static str,
 }
 
 impl Plan {
@@ -194,23 +198,29 @@ impl Plan {
         let mut plan = Plan {
             columns: Vec::with_capacity(made.len()),
             duck: Vec::new(),
+            duck_uuids: Vec::new(),
+            check: changed_at,
         };
         for ((name, make, uuid), item) in made.into_iter().zip(items) {
             let make = make.unwrap_or_else(|| {
                 plan.duck.push(item.clone());
-                Make::Duck {
-                    index: plan.duck.len() - 1,
-                    uuid,
-                }
+                plan.duck_uuids.push(uuid);
+                Make::Duck(plan.duck.len() - 1)
             });
             plan.columns.push((name, make));
         }
         Ok(plan)
     }
 
-    /// The select items DuckDB computes (none: the file is made without DuckDB).
-    pub fn duck_items(&self) -> &[String] {
-        &self.duck
+    /// The select items DuckDB computes, followed by the input column that checks its rows'
+    /// order; empty when the file is made without DuckDB.
+    pub fn duck_items(&self) -> Vec<String> {
+        if self.duck.is_empty() {
+            return Vec::new();
+        }
+        let mut items = self.duck.clone();
+        items.push(format!("m.{}", self.check));
+        items
     }
 
     /// The lake columns of `input` (assembled rows) and `duck` (DuckDB's result for the same
@@ -225,12 +235,12 @@ impl Plan {
                 Make::Zero => Arc::new(Int64Array::from_value(0, rows)),
                 Make::DeltaDeleted => delta_deleted(input)?,
                 Make::Column { name, conv } => convert(input_column(input, name)?, *conv)?,
-                Make::Duck { index, uuid } => {
-                    let array = duck.get(*index).ok_or_else(|| {
-                        Error::Invariant(format!("DuckDB computed no column {index} for {name}"))
-                    })?;
-                    duck_array(array, *uuid)?
-                }
+                Make::Duck(i) => duck
+                    .get(*i)
+                    .ok_or_else(|| {
+                        Error::Invariant(format!("DuckDB computed no column {i} for {name}"))
+                    })?
+                    .clone(),
             };
             fields.push(lake_field(name, array.data_type()));
             arrays.push(array);
@@ -259,13 +269,30 @@ pub fn write(
             .ok_or_else(|| Error::Invariant("DuckDB returned no batch".into()))?;
         let all = concat_batches(&schema, &duck)
             .map_err(|e| Error::Invariant(format!("DuckDB's columns: {e}")))?;
-        if all.num_rows() != rows {
+        if all.num_rows() != rows || all.num_columns() != plan.duck.len() + 1 {
             return Err(Error::Invariant(format!(
-                "DuckDB computed {} rows for {rows} assembled rows",
-                all.num_rows()
+                "DuckDB computed {} rows of {} columns for {rows} assembled rows",
+                all.num_rows(),
+                all.num_columns()
             )));
         }
-        Some(all)
+        let mut columns = Vec::with_capacity(plan.duck.len());
+        for (array, uuid) in all.columns().iter().zip(&plan.duck_uuids) {
+            columns.push(duck_array(array, *uuid)?);
+        }
+        // DuckDB's rows must be the input's, in order: its copy of a version column proves it.
+        let check = &all.columns()[plan.duck.len()];
+        let mut offset = 0;
+        for batch in input {
+            let mine = input_column(batch, plan.check)?;
+            if check.slice(offset, batch.num_rows()).to_data() != mine.to_data() {
+                return Err(Error::Invariant(
+                    "DuckDB's computed columns are not in the assembled rows' order".into(),
+                ));
+            }
+            offset += batch.num_rows();
+        }
+        Some(columns)
     };
     let mut writer: Option<ArrowWriter<File>> = None;
     let mut offset = 0;
@@ -276,7 +303,6 @@ pub fn write(
     for batch in input {
         let part: Vec<ArrayRef> = match &duck {
             Some(d) => d
-                .columns()
                 .iter()
                 .map(|c| c.slice(offset, batch.num_rows()))
                 .collect(),
@@ -306,10 +332,27 @@ fn open(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES);
     for field in first.schema().fields() {
-        let col = ColumnPath::from(field.name().as_str());
-        let plain = match field.data_type() {
+        // A list's items are the leaf `name.list.element`.
+        let (col, t) = match field.data_type() {
+            DataType::List(item) => (
+                ColumnPath::new(vec![
+                    field.name().clone(),
+                    "list".into(),
+                    item.name().clone(),
+                ]),
+                item.data_type(),
+            ),
+            t => (ColumnPath::from(field.name().as_str()), t),
+        };
+        let plain = match t {
             DataType::Int16 | DataType::Int32 | DataType::Int64 => Encoding::DELTA_BINARY_PACKED,
-            DataType::Float64 => Encoding::BYTE_STREAM_SPLIT,
+            DataType::Float64 => {
+                // parquet-rs leaves NaN out of min/max, and DuckDB's reader then skips row
+                // groups holding NaN for filters NaN satisfies (DuckDB's writer leaves min/max
+                // out for such a chunk): no statistics for doubles.
+                props = props.set_column_statistics_enabled(col.clone(), EnabledStatistics::None);
+                Encoding::BYTE_STREAM_SPLIT
+            }
             // DuckDB reads byte-stream-split pages of doubles only.
             DataType::FixedSizeBinary(_) => Encoding::PLAIN,
             DataType::Utf8 => {
@@ -397,17 +440,26 @@ fn convert(array: &ArrayRef, conv: Conv) -> Result<ArrayRef> {
         Conv::Cast(to) => {
             cast_with_options(array, &to.arrow(), &CastOptions::default()).map_err(cast_error)?
         }
-        Conv::DoubleToBigint => Arc::new(
-            array
-                .as_primitive::<Float64Type>()
-                .unary_opt::<_, Int64Type>(double_to_bigint),
-        ),
+        Conv::DoubleToBigint => {
+            Arc::new(primitive::<Float64Type>(array)?.unary_opt::<_, Int64Type>(double_to_bigint))
+        }
         Conv::NonZero => Arc::new(match array.data_type() {
-            DataType::Int16 => non_zero::<Int16Type>(array),
-            DataType::Int32 => non_zero::<Int32Type>(array),
-            DataType::Int64 => non_zero::<Int64Type>(array),
-            _ => non_zero::<Float64Type>(array),
+            DataType::Int16 => non_zero::<Int16Type>(array)?,
+            DataType::Int32 => non_zero::<Int32Type>(array)?,
+            DataType::Int64 => non_zero::<Int64Type>(array)?,
+            _ => non_zero::<Float64Type>(array)?,
         }),
+    })
+}
+
+/// `array` as a `T` array; the plan was made for another type otherwise.
+fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&PrimitiveArray<T>> {
+    array.as_primitive_opt::<T>().ok_or_else(|| {
+        Error::Invariant(format!(
+            "an assembled column is {}, not {}",
+            array.data_type(),
+            T::DATA_TYPE
+        ))
     })
 }
 
@@ -419,12 +471,13 @@ pub fn double_to_bigint(v: f64) -> Option<i64> {
 }
 
 /// `(x <> 0)`: NULL stays NULL; NaN is not zero, -0.0 is.
-fn non_zero<T: ArrowPrimitiveType>(array: &ArrayRef) -> BooleanArray
+fn non_zero<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<BooleanArray>
 where
     T::Native: Default + PartialEq,
 {
-    let values: &PrimitiveArray<T> = array.as_primitive::<T>();
-    BooleanArray::from_unary(values, |v| v != T::Native::default())
+    Ok(BooleanArray::from_unary(primitive::<T>(array)?, |v| {
+        v != T::Native::default()
+    }))
 }
 
 /// A delta's `deleted_at` (see `export::system_columns`).
