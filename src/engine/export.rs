@@ -11,7 +11,7 @@ use super::scan::Registered;
 use super::writer::{self, Plan};
 use super::{Engine, quote_ident};
 use crate::error::Result;
-use crate::schema::columns::duckdb_type;
+use crate::schema::columns::{SYSTEM_COLUMNS, duckdb_type};
 use crate::schema::{Attribute, Encoding, SchemaDef, ValueType};
 
 /// Which table drives the export.
@@ -46,7 +46,7 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
         format!("e.{}", quote_ident(&a.column))
     });
     let row_id = &system[0];
-    let mut sql = format!("SELECT {} FROM {from}", cols.join(", "));
+    let mut sql = format!("SELECT {} FROM {from}", items(&cols));
     let eav: Vec<&Attribute> = schema
         .attributes
         .iter()
@@ -74,12 +74,16 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
 /// takes over an attribute's one row is that row's value, so both give the same file (study
 /// §10 #210). The rows are read from `source` (a table expression, aliased `m`).
 pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver, source: &str) -> String {
-    let cols = assembled_items(schema, schema_id, driver);
-    format!("SELECT {} FROM {source} AS m", cols.join(", "))
+    let cols = assembled_columns(schema, schema_id, driver);
+    format!("SELECT {} FROM {source} AS m", items(&cols))
 }
 
-/// [`assembled_sql`]'s select items (`expr AS name`), one per lake column, in file order.
-fn assembled_items(schema: &SchemaDef, schema_id: i16, driver: Driver) -> Vec<String> {
+/// [`assembled_sql`]'s columns: (name, expression over `m`), in file order.
+pub(super) fn assembled_columns(
+    schema: &SchemaDef,
+    schema_id: i16,
+    driver: Driver,
+) -> Vec<(String, String)> {
     select_list(schema, schema_id, &system_columns(driver, "m"), |a| {
         let raw = format!("m.{}", quote_ident(&super::assemble::raw_column(a.id)));
         match a.value_type {
@@ -115,32 +119,47 @@ fn system_columns(driver: Driver, slots: &str) -> [String; 3] {
     }
 }
 
-/// A lake file's columns, in file order: the system columns from `[row_id, changed_at,
-/// deleted_at]`, the bound attributes from their slots, then the EAV attributes from `eav`.
+/// A lake file's columns, in file order, as (name, expression): the system columns
+/// ([`SYSTEM_COLUMNS`]) from `[row_id, changed_at, deleted_at]`, the bound attributes from
+/// their slots, then the EAV attributes from `eav`.
 fn select_list(
     schema: &SchemaDef,
     schema_id: i16,
     [row_id, changed_at, deleted_at]: &[String; 3],
     eav: impl Fn(&Attribute) -> String,
-) -> Vec<String> {
-    let mut cols = vec![
-        format!("CAST({schema_id} AS SMALLINT) AS schema_id"),
-        format!("{row_id} AS row_id"),
-        format!("CAST({changed_at} AS BIGINT) AS changed_at"),
-        format!("CAST({deleted_at} AS BIGINT) AS deleted_at"),
-        "m.ltbase_created_at AS ltbase_created_at".to_string(),
-        "m.ltbase_updated_at AS ltbase_updated_at".to_string(),
-        "m.ltbase_deleted_at AS ltbase_deleted_at".to_string(),
+) -> Vec<(String, String)> {
+    let system = [
+        format!("CAST({schema_id} AS SMALLINT)"),
+        row_id.clone(),
+        format!("CAST({changed_at} AS BIGINT)"),
+        format!("CAST({deleted_at} AS BIGINT)"),
+        "m.ltbase_created_at".to_string(),
+        "m.ltbase_updated_at".to_string(),
+        "m.ltbase_deleted_at".to_string(),
     ];
+    let mut cols: Vec<(String, String)> = SYSTEM_COLUMNS
+        .iter()
+        .map(|(name, _)| name.to_string())
+        .zip(system)
+        .collect();
     let (bound, unbound): (Vec<&Attribute>, Vec<&Attribute>) =
         schema.attributes.iter().partition(|a| a.binding.is_some());
     for a in &bound {
-        cols.push(format!("{} AS {}", bound_expr(a), quote_ident(&a.column)));
+        cols.push((a.column.clone(), bound_expr(a)));
     }
     for a in &unbound {
-        cols.push(format!("{} AS {}", eav(a), quote_ident(&a.column)));
+        cols.push((a.column.clone(), eav(a)));
     }
     cols
+}
+
+/// A select list of `columns`: `expression AS name`, comma-separated.
+fn items(columns: &[(String, String)]) -> String {
+    let items: Vec<String> = columns
+        .iter()
+        .map(|(name, expr)| format!("{expr} AS {}", quote_ident(name)))
+        .collect();
+    items.join(", ")
 }
 
 /// A bound attribute's value from its slot column.
@@ -241,27 +260,21 @@ impl Engine {
             }
             (Driver::ChangeLog, ..) => None,
         };
-        let Some((rows, first)) =
-            assembled.and_then(|r| r.first().map(|b| b.schema()).map(|s| (r, s)))
-        else {
+        let Some(rows) = assembled.filter(|r| !r.is_empty()) else {
             return self.export_pivoted(schema, schema_id, driver, inputs, path);
         };
-        let items = assembled_items(schema, schema_id, driver);
-        let plan = Plan::new(schema, schema_id, driver, &first, &items)?;
-        let total: usize = rows.iter().map(RecordBatch::num_rows).sum();
-        if plan.duck_items().is_empty() {
+        let columns = assembled_columns(schema, schema_id, driver);
+        let plan = Plan::new(schema, schema_id, driver, &rows[0].schema(), &columns)?;
+        let Some(select) = plan.duck_select() else {
             return writer::write(&plan, &rows, Vec::new(), path);
-        }
+        };
         let registered = Registered::in_order(rows.clone());
         let source = registered.scan_sql();
-        if total == 0 {
+        if rows.iter().all(|b| b.num_rows() == 0) {
             // DuckDB's result has no batch to take the columns' types from.
             return self.copy_to_parquet(&assembled_sql(schema, schema_id, driver, &source), path);
         }
-        let duck = self.query_arrow(&format!(
-            "SELECT {} FROM {source} AS m",
-            plan.duck_items().join(", ")
-        ))?;
+        let duck = self.query_arrow(&format!("SELECT {select} FROM {source} AS m"))?;
         drop(registered);
         writer::write(&plan, &rows, duck, path)
     }

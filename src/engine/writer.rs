@@ -12,6 +12,7 @@
 //! doubles, plain UUIDs, dictionary strings that fall back to delta lengths once the dictionary
 //! outgrows [`DICTIONARY_PAGE_BYTES`].
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use parquet::schema::types::ColumnPath;
 use super::export::Driver;
 use super::{ROW_GROUP_SIZE, ZSTD_LEVEL};
 use crate::error::{Error, Result};
+use crate::schema::columns::{SYSTEM_COLUMNS, duckdb_type};
 use crate::schema::{Attribute, Encoding as SlotEncoding, SchemaDef, ValueType};
 use crate::source::snapshot::uuid_field;
 
@@ -40,53 +42,28 @@ use crate::source::snapshot::uuid_field;
 /// keeps its dictionary.
 pub const DICTIONARY_PAGE_BYTES: usize = 256 * 1024;
 
-/// A lake column's type (DESIGN §3.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lake {
-    Varchar,
-    Uuid,
-    Smallint,
-    Integer,
-    Bigint,
-    Double,
-    Boolean,
-}
-
-impl Lake {
-    /// The lake type of a scalar attribute's column (as [`crate::schema::columns::duckdb_type`]).
-    fn of(t: ValueType, bound: bool) -> Option<Self> {
-        Some(match t {
-            ValueType::Text => Lake::Varchar,
-            ValueType::Uuid => Lake::Uuid,
-            ValueType::Smallint if bound => Lake::Smallint,
-            ValueType::Integer if bound => Lake::Integer,
-            ValueType::Smallint | ValueType::Integer | ValueType::Numeric => Lake::Double,
-            ValueType::Bigint | ValueType::Date | ValueType::Datetime => Lake::Bigint,
-            ValueType::Bool => Lake::Boolean,
-            ValueType::List => return None,
-        })
-    }
-
-    fn arrow(self) -> DataType {
-        match self {
-            Lake::Varchar => DataType::Utf8,
-            Lake::Uuid => DataType::FixedSizeBinary(16),
-            Lake::Smallint => DataType::Int16,
-            Lake::Integer => DataType::Int32,
-            Lake::Bigint => DataType::Int64,
-            Lake::Double => DataType::Float64,
-            Lake::Boolean => DataType::Boolean,
-        }
-    }
+/// The Arrow type of a lake column of DuckDB type `name` ([`SYSTEM_COLUMNS`],
+/// [`duckdb_type`]); `None` for a list.
+fn lake_type(name: &str) -> Option<DataType> {
+    Some(match name {
+        "VARCHAR" => DataType::Utf8,
+        "UUID" => DataType::FixedSizeBinary(16),
+        "SMALLINT" => DataType::Int16,
+        "INTEGER" => DataType::Int32,
+        "BIGINT" => DataType::Int64,
+        "DOUBLE" => DataType::Float64,
+        "BOOLEAN" => DataType::Boolean,
+        _ => return None,
+    })
 }
 
 /// How an input column becomes a lake column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Conv {
     /// Already the lake type.
     Same,
     /// `TRY_CAST` between integer widths (out of range → NULL) or integer → DOUBLE.
-    Cast(Lake),
+    Cast(DataType),
     /// `TRY_CAST(double AS BIGINT)`: rounded half to even; not finite or out of range → NULL.
     DoubleToBigint,
     /// `(x <> 0)` of a number.
@@ -109,13 +86,13 @@ enum Make {
     Duck(usize),
 }
 
-/// How each column of a lake file is made from assembled rows, and which select items of
-/// [`super::export::assembled_sql`] DuckDB computes.
+/// How each column of a lake file is made from assembled rows, and which of
+/// [`super::export::assembled_sql`]'s expressions DuckDB computes.
 #[derive(Debug)]
 pub struct Plan {
     /// (column name, how it is made), in file order.
     columns: Vec<(String, Make)>,
-    /// The select items DuckDB computes, in the order of its result columns.
+    /// The expressions DuckDB computes, in the order of its result columns.
     duck: Vec<String>,
     /// Which of DuckDB's columns hold UUIDs (or lists of them), which it hands over as text.
     duck_uuids: Vec<bool>,
@@ -126,105 +103,93 @@ pub struct Plan {
 
 impl Plan {
     /// The plan for `driver`'s file of `schema` from assembled rows of schema `input`;
-    /// `items` are [`super::export::assembled_sql`]'s select items (one per lake column, in
-    /// file order), from which the columns DuckDB computes are taken.
+    /// `columns` are [`super::export::assembled_sql`]'s (name, expression) pairs in file
+    /// order, of which DuckDB computes the ones Rust cannot make exactly.
     pub fn new(
         schema: &SchemaDef,
         schema_id: i16,
         driver: Driver,
         input: &Schema,
-        items: &[String],
+        columns: &[(String, String)],
     ) -> Result<Self> {
-        let column = |name: &str, to: Lake| -> Option<Make> {
-            let field = input.field_with_name(name).ok()?;
-            Some(Make::Column {
-                name: name.to_string(),
-                conv: cast(field.data_type(), to)?,
-            })
-        };
-        let (row_id, changed_at) = match driver {
+        let (row_id, version) = match driver {
             Driver::Entities => ("ltbase_row_id", "ltbase_updated_at"),
             Driver::ChangeLog => ("row_id", "changed_at"),
         };
-        // (column name, how it is made when Rust can, whether it holds UUIDs)
-        let mut made: Vec<(String, Option<Make>, bool)> = vec![
-            ("schema_id".into(), Some(Make::SchemaId(schema_id)), false),
-            ("row_id".into(), column(row_id, Lake::Uuid), true),
-            ("changed_at".into(), column(changed_at, Lake::Bigint), false),
-            (
-                "deleted_at".into(),
-                Some(match driver {
-                    Driver::Entities => Make::Zero,
-                    Driver::ChangeLog => Make::DeltaDeleted,
-                }),
-                false,
-            ),
-        ];
-        for name in [
-            "ltbase_created_at",
-            "ltbase_updated_at",
-            "ltbase_deleted_at",
-        ] {
-            made.push((name.into(), column(name, Lake::Bigint), false));
-        }
-        let (bound, unbound): (Vec<&Attribute>, Vec<&Attribute>) =
-            schema.attributes.iter().partition(|a| a.binding.is_some());
-        for a in bound {
-            let make = a.binding.as_ref().and_then(|b| {
-                let field = input.field_with_name(&b.column).ok()?;
-                let conv = bound_conv(a.value_type, b.encoding, field.data_type())?;
-                Some(Make::Column {
-                    name: b.column.clone(),
-                    conv,
-                })
-            });
-            made.push((a.column.clone(), make, uuids(a)));
-        }
-        for a in unbound {
-            let raw = super::assemble::raw_column(a.id);
-            let make = input.field_with_name(&raw).ok().and_then(|f| {
-                let conv = eav_conv(a.value_type, f.data_type())?;
-                Some(Make::Column { name: raw, conv })
-            });
-            made.push((a.column.clone(), make, uuids(a)));
-        }
-        if made.len() != items.len() {
-            return Err(Error::Invariant(format!(
-                "{} lake columns planned for {} select items",
-                made.len(),
-                items.len()
-            )));
-        }
+        let field = |name: &str| input.field_with_name(name).ok().map(|f| f.data_type());
+        let attributes: HashMap<&str, &Attribute> = schema
+            .attributes
+            .iter()
+            .map(|a| (a.column.as_str(), a))
+            .collect();
         let mut plan = Plan {
-            columns: Vec::with_capacity(made.len()),
+            columns: Vec::with_capacity(columns.len()),
             duck: Vec::new(),
             duck_uuids: Vec::new(),
-            check: changed_at,
+            check: version,
         };
-        for ((name, make, uuid), item) in made.into_iter().zip(items) {
+        for (name, expr) in columns {
+            let system = SYSTEM_COLUMNS.iter().find(|(n, _)| n == name);
+            let (type_name, make) = match (system, attributes.get(name.as_str())) {
+                (Some((_, t)), _) => {
+                    let make = match (name.as_str(), driver) {
+                        ("schema_id", _) => Some(Make::SchemaId(schema_id)),
+                        ("deleted_at", Driver::Entities) => Some(Make::Zero),
+                        ("deleted_at", Driver::ChangeLog) => Some(Make::DeltaDeleted),
+                        (other, _) => {
+                            let source = match other {
+                                "row_id" => row_id,
+                                "changed_at" => version,
+                                other => other,
+                            };
+                            lake_type(t)
+                                .and_then(|to| cast(field(source)?, &to))
+                                .map(|conv| Make::Column {
+                                    name: source.to_string(),
+                                    conv,
+                                })
+                        }
+                    };
+                    (t.to_string(), make)
+                }
+                (None, Some(a)) => {
+                    let source = match &a.binding {
+                        Some(b) => b.column.clone(),
+                        None => super::assemble::raw_column(a.id),
+                    };
+                    let t = duckdb_type(a);
+                    let make = lake_type(&t)
+                        .and_then(|to| convert_to(a, field(&source)?, &to))
+                        .map(|conv| Make::Column { name: source, conv });
+                    (t, make)
+                }
+                (None, None) => {
+                    return Err(Error::Invariant(format!(
+                        "lake column {name} is neither a system column nor an attribute"
+                    )));
+                }
+            };
             let make = make.unwrap_or_else(|| {
-                plan.duck.push(item.clone());
-                plan.duck_uuids.push(uuid);
+                plan.duck.push(expr.clone());
+                plan.duck_uuids.push(type_name.starts_with("UUID"));
                 Make::Duck(plan.duck.len() - 1)
             });
-            plan.columns.push((name, make));
+            plan.columns.push((name.clone(), make));
         }
         Ok(plan)
     }
 
-    /// The select items DuckDB computes, followed by the input column that checks its rows'
-    /// order; empty when the file is made without DuckDB.
-    pub fn duck_items(&self) -> Vec<String> {
+    /// The select list DuckDB computes — its expressions, then the input column that checks
+    /// its rows' order — or `None` when the file is made without DuckDB.
+    pub fn duck_select(&self) -> Option<String> {
         if self.duck.is_empty() {
-            return Vec::new();
+            return None;
         }
-        let mut items = self.duck.clone();
-        items.push(format!("m.{}", self.check));
-        items
+        Some(format!("{}, m.{}", self.duck.join(", "), self.check))
     }
 
     /// The lake columns of `input` (assembled rows) and `duck` (DuckDB's result for the same
-    /// rows, in the same order; empty when [`Plan::duck_items`] is).
+    /// rows, in the same order; empty without [`Plan::duck_select`]).
     fn make(&self, input: &RecordBatch, duck: &[ArrayRef]) -> Result<RecordBatch> {
         let rows = input.num_rows();
         let mut fields = Vec::with_capacity(self.columns.len());
@@ -234,7 +199,7 @@ impl Plan {
                 Make::SchemaId(id) => Arc::new(Int16Array::from_value(*id, rows)),
                 Make::Zero => Arc::new(Int64Array::from_value(0, rows)),
                 Make::DeltaDeleted => delta_deleted(input)?,
-                Make::Column { name, conv } => convert(input_column(input, name)?, *conv)?,
+                Make::Column { name, conv } => convert(input_column(input, name)?, conv)?,
                 Make::Duck(i) => duck
                     .get(*i)
                     .ok_or_else(|| {
@@ -251,7 +216,7 @@ impl Plan {
 }
 
 /// Writes the lake file of `input` (assembled rows, in file order) to `path`; `duck` is
-/// DuckDB's result for [`Plan::duck_items`] over the same rows (ignored when there are none).
+/// DuckDB's result for [`Plan::duck_select`] over the same rows (ignored when there is none).
 /// Returns the rows written.
 pub fn write(
     plan: &Plan,
@@ -380,41 +345,28 @@ fn open(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
     })
 }
 
-/// How a bound slot of Arrow type `input` becomes the value of an attribute of type `t`
-/// stored with `encoding` (see `export::bound_expr`); `None` leaves it to DuckDB.
-fn bound_conv(t: ValueType, encoding: SlotEncoding, input: &DataType) -> Option<Conv> {
-    match (t, encoding) {
-        (ValueType::Date | ValueType::Datetime, SlotEncoding::Iso8601)
-        | (ValueType::Bool, SlotEncoding::BoolText)
-        | (ValueType::List, _) => None,
+/// How attribute `a`'s slot or raw EAV value, of Arrow type `input`, becomes its lake value of
+/// type `to` (see `export::bound_expr` and `export::eav_cast`); `None` leaves it to DuckDB.
+fn convert_to(a: &Attribute, input: &DataType, to: &DataType) -> Option<Conv> {
+    match (a.value_type, a.binding.as_ref().map(|b| b.encoding)) {
+        // Text parsed as a timestamp or a boolean word.
+        (_, Some(SlotEncoding::Iso8601 | SlotEncoding::BoolText)) => None,
         (ValueType::Bool, _) => numeric(input).then_some(Conv::NonZero),
-        (t, _) => cast(input, Lake::of(t, true)?),
-    }
-}
-
-/// How an attribute's raw EAV value (Arrow type `input`) becomes its value (see
-/// `export::eav_cast`); `None` leaves it to DuckDB.
-fn eav_conv(t: ValueType, input: &DataType) -> Option<Conv> {
-    match t {
-        ValueType::Uuid | ValueType::List => None,
-        ValueType::Bool => numeric(input).then_some(Conv::NonZero),
-        t => cast(input, Lake::of(t, false)?),
+        _ => cast(input, to),
     }
 }
 
 /// `TRY_CAST` of an `input` value to `to`, where Rust does it exactly as DuckDB.
-fn cast(input: &DataType, to: Lake) -> Option<Conv> {
+fn cast(input: &DataType, to: &DataType) -> Option<Conv> {
     let integer = |t: &DataType| matches!(t, DataType::Int16 | DataType::Int32 | DataType::Int64);
-    let want = to.arrow();
-    if *input == want {
-        return Some(Conv::Same);
-    }
-    match (input, to) {
-        (i, Lake::Smallint | Lake::Integer | Lake::Bigint | Lake::Double) if integer(i) => {
-            Some(Conv::Cast(to))
-        }
-        (DataType::Float64, Lake::Bigint) => Some(Conv::DoubleToBigint),
-        _ => None,
+    if input == to {
+        Some(Conv::Same)
+    } else if integer(input) && (integer(to) || *to == DataType::Float64) {
+        Some(Conv::Cast(to.clone()))
+    } else if (input, to) == (&DataType::Float64, &DataType::Int64) {
+        Some(Conv::DoubleToBigint)
+    } else {
+        None
     }
 }
 
@@ -431,14 +383,14 @@ fn input_column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> 
         .ok_or_else(|| Error::Invariant(format!("assembled rows have no column {name}")))
 }
 
-fn convert(array: &ArrayRef, conv: Conv) -> Result<ArrayRef> {
+fn convert(array: &ArrayRef, conv: &Conv) -> Result<ArrayRef> {
     let cast_error = |e: arrow::error::ArrowError| Error::Invariant(format!("cast: {e}"));
     Ok(match conv {
         Conv::Same => array.clone(),
         // Arrow's safe cast: an integer out of the target's range becomes NULL, as DuckDB's
         // TRY_CAST; integer → double rounds to nearest, as C++'s conversion.
         Conv::Cast(to) => {
-            cast_with_options(array, &to.arrow(), &CastOptions::default()).map_err(cast_error)?
+            cast_with_options(array, to, &CastOptions::default()).map_err(cast_error)?
         }
         Conv::DoubleToBigint => {
             Arc::new(primitive::<Float64Type>(array)?.unary_opt::<_, Int64Type>(double_to_bigint))
@@ -502,12 +454,6 @@ fn delta_deleted(input: &RecordBatch) -> Result<ArrayRef> {
     ))))
 }
 
-/// Whether attribute `a`'s column holds UUIDs, or lists of them.
-fn uuids(a: &Attribute) -> bool {
-    a.value_type == ValueType::Uuid
-        || (a.value_type == ValueType::List && a.items_type == Some(ValueType::Uuid))
-}
-
 /// A column DuckDB computed, as the lake holds it: UUIDs (`uuid`; DuckDB hands them over as
 /// text) as 16 bytes, a list's items named `element`.
 fn duck_array(array: &ArrayRef, uuid: bool) -> Result<ArrayRef> {
@@ -555,5 +501,147 @@ fn lake_field(name: &str, t: &DataType) -> Field {
     match t {
         DataType::FixedSizeBinary(16) => uuid_field(name, true),
         t => Field::new(name, t.clone(), true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::{Field, Schema};
+
+    use super::*;
+    use crate::engine::export::assembled_columns;
+    use crate::schema::{ColumnBinding, SlotType};
+
+    fn attr(id: i16, t: ValueType, binding: Option<(&str, SlotType, SlotEncoding)>) -> Attribute {
+        Attribute {
+            name: format!("a{id}"),
+            id,
+            value_type: t,
+            items_type: (t == ValueType::List).then_some(ValueType::Uuid),
+            binding: binding.map(|(column, slot, encoding)| ColumnBinding {
+                column: column.into(),
+                slot,
+                encoding,
+            }),
+            column: format!("a{id}"),
+        }
+    }
+
+    /// The plan of a base of `attributes` over entity columns typed as the snapshot reader
+    /// types them.
+    fn plan(attributes: Vec<Attribute>) -> Plan {
+        let schema = SchemaDef {
+            name: "t".into(),
+            attributes,
+        };
+        let mut fields = vec![
+            uuid_field("ltbase_row_id", false),
+            Field::new("ltbase_created_at", DataType::Int64, false),
+            Field::new("ltbase_updated_at", DataType::Int64, false),
+            Field::new("ltbase_deleted_at", DataType::Int64, true),
+            Field::new("text_01", DataType::Utf8, true),
+            Field::new("smallint_01", DataType::Int16, true),
+            Field::new("bigint_01", DataType::Int64, true),
+        ];
+        for a in schema.attributes.iter().filter(|a| a.binding.is_none()) {
+            let t = match a.value_type {
+                ValueType::Text | ValueType::Uuid => DataType::Utf8,
+                ValueType::List => DataType::new_list(DataType::Utf8, true),
+                _ => DataType::Float64,
+            };
+            fields.push(Field::new(
+                super::super::assemble::raw_column(a.id),
+                t,
+                true,
+            ));
+        }
+        let columns = assembled_columns(&schema, 7, Driver::Entities);
+        Plan::new(&schema, 7, Driver::Entities, &Schema::new(fields), &columns).unwrap()
+    }
+
+    #[test]
+    fn only_parsed_text_and_lists_are_left_to_duckdb() {
+        use SlotEncoding::*;
+        let typed = vec![
+            attr(
+                1,
+                ValueType::Text,
+                Some(("text_01", SlotType::Text, Default)),
+            ),
+            attr(
+                2,
+                ValueType::Integer,
+                Some(("bigint_01", SlotType::Bigint, Default)),
+            ),
+            attr(
+                3,
+                ValueType::Bool,
+                Some(("smallint_01", SlotType::Smallint, BoolSmallint)),
+            ),
+            attr(
+                4,
+                ValueType::Datetime,
+                Some(("bigint_01", SlotType::Bigint, UnixMs)),
+            ),
+            attr(20, ValueType::Numeric, None),
+            attr(21, ValueType::Bigint, None),
+            attr(22, ValueType::Bool, None),
+            attr(23, ValueType::Text, None),
+        ];
+        let rust = plan(typed.clone());
+        assert_eq!(rust.duck_select(), None, "every column made in Rust");
+        let made = |p: &Plan, name: &str| p.columns.iter().find(|(n, _)| n == name).cloned();
+        assert_eq!(
+            made(&rust, "a21").map(|(_, m)| m),
+            Some(Make::Column {
+                name: "__lakecdc_eav_21".into(),
+                conv: Conv::DoubleToBigint
+            })
+        );
+        assert_eq!(made(&rust, "deleted_at").map(|(_, m)| m), Some(Make::Zero));
+        let mut parsed = typed;
+        parsed.push(attr(
+            5,
+            ValueType::Date,
+            Some(("text_01", SlotType::Text, Iso8601)),
+        ));
+        parsed.push(attr(24, ValueType::Uuid, None));
+        parsed.push(attr(25, ValueType::List, None));
+        let mixed = plan(parsed);
+        let left = &mixed.duck;
+        assert_eq!(left.len(), 3, "{left:?}");
+        assert!(
+            left[0].contains("TIMESTAMPTZ") && left[0].contains("text_01"),
+            "{left:?}"
+        );
+        assert!(
+            left[1].contains("AS UUID") && left[1].contains("__lakecdc_eav_24"),
+            "{left:?}"
+        );
+        assert!(left[2].starts_with("CAST(list_transform"), "{left:?}");
+        assert_eq!(mixed.duck_uuids, [false, true, true]);
+        let select = mixed.duck_select().unwrap();
+        assert!(
+            select.ends_with(", m.ltbase_updated_at"),
+            "the order check comes last"
+        );
+    }
+
+    #[test]
+    fn doubles_become_bigints_as_duckdb_rounds_them() {
+        let cases = [
+            (0.5, Some(0)),
+            (1.5, Some(2)),
+            (2.5, Some(2)),
+            (-2.5, Some(-2)),
+            (-0.0, Some(0)),
+            (f64::NAN, None),
+            (f64::INFINITY, None),
+            (-9_223_372_036_854_775_808.0, Some(i64::MIN)),
+            (9_223_372_036_854_775_808.0, None),
+        ];
+        for (v, want) in cases {
+            assert_eq!(double_to_bigint(v), want, "{v}");
+        }
     }
 }
