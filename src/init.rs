@@ -543,7 +543,11 @@ async fn export_files(
             opts.after_page.clone(),
         );
         readers.push(Guarded(tokio::spawn(async move {
-            let mut client = match connector.connect().await {
+            let connected = match connector.connect_tapped().await {
+                Ok(c) => snapshot::tune_for_pages(&c.client).await.map(|()| c),
+                Err(e) => Err(e),
+            };
+            let mut conn = match connected {
                 Ok(c) => c,
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;
@@ -554,13 +558,7 @@ async fn export_files(
             loop {
                 let t = Instant::now();
                 let page = snapshot::read_live_page(
-                    &mut client,
-                    &tables,
-                    &def,
-                    schema_id,
-                    range,
-                    after,
-                    limit,
+                    &mut conn, &tables, &def, schema_id, range, after, limit,
                 )
                 .await;
                 tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step read page");

@@ -19,7 +19,8 @@ use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Client, Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::read_buffer::BufferedTls;
+use super::copy_tap::{CopyTap, lock};
+use super::read_buffer::{BufferedTls, TapSlot};
 
 use super::conninfo;
 use crate::error::{Error, Result};
@@ -109,6 +110,15 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 /// a lock, a long COPY) then end within a second instead of running on for nobody.
 const CLIENT_CHECK_SQL: &str = "SELECT set_config('client_connection_check_interval', '1s', false) \
      WHERE current_setting('server_version_num')::int >= 140000";
+
+/// A connection and the handle of its COPY tap (which taps nothing on a plain connection).
+#[derive(Debug)]
+pub struct TappedClient {
+    /// The connection.
+    pub client: Client,
+    /// Its tap.
+    pub tap: CopyTap,
+}
 
 /// A validated way to open connections; opening none until asked.
 #[derive(Clone)]
@@ -216,7 +226,7 @@ impl Connector {
         });
         let rustls = match tls {
             TlsPolicy::Disable => None,
-            other => Some(BufferedTls(MakeRustlsConnect::new(client_config(
+            other => Some(BufferedTls::new(MakeRustlsConnect::new(client_config(
                 other,
                 rootcert.map(PathBuf::from),
             )?))),
@@ -266,7 +276,22 @@ impl Connector {
 
     /// Opens one connection; its driver task runs until the client is dropped.
     pub async fn connect(&self) -> Result<Client> {
-        let client = self.open_session().await?;
+        self.connect_session(None).await
+    }
+
+    /// Opens one connection whose binary COPY data can bypass tokio-postgres's per-row messages
+    /// (see [`super::copy_tap`]); the handle taps nothing when the connection is plain.
+    pub async fn connect_tapped(&self) -> Result<TappedClient> {
+        let slot = TapSlot::default();
+        let client = self.connect_session(Some(&slot)).await?;
+        // A tap left by an attempt that failed (another host, a refused plain connection)
+        // belongs to a stream that is gone: its handle taps nothing.
+        let tap = lock(&slot).take().unwrap_or_default();
+        Ok(TappedClient { client, tap })
+    }
+
+    async fn connect_session(&self, slot: Option<&TapSlot>) -> Result<Client> {
+        let client = self.open_session(slot).await?;
         timed(
             self.statement_timeout,
             "set client_connection_check_interval",
@@ -276,14 +301,18 @@ impl Connector {
         Ok(client)
     }
 
-    async fn open_session(&self) -> Result<Client> {
+    async fn open_session(&self, slot: Option<&TapSlot>) -> Result<Client> {
         let op = format!("connect to {}", self.describe());
+        let rustls = self.rustls.as_ref().map(|r| match slot {
+            Some(slot) => r.tapping(slot.clone()),
+            None => r.clone(),
+        });
         let tls = match self.tls {
             TlsPolicy::Allow => None,
-            _ => self.rustls.as_ref(),
+            _ => rustls.as_ref(),
         };
         let first = open(&self.config, tls).await;
-        match (first, self.tls, &self.rustls) {
+        match (first, self.tls, &rustls) {
             // As libpq: a plain connection the server refuses is tried again with TLS.
             (Err(plain), TlsPolicy::Allow, Some(rustls)) => {
                 tracing::debug!(error = %plain, "plain connection refused; trying TLS (sslmode=allow)");

@@ -4,6 +4,7 @@
 
 pub mod connect;
 pub mod conninfo;
+pub mod copy_tap;
 pub mod ddl;
 pub mod lock;
 mod read_buffer;

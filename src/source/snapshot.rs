@@ -6,7 +6,7 @@
 //! only where `changed_at` still equals the exported version.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{
     ArrayRef, FixedSizeBinaryArray, FixedSizeBinaryBuilder, Float64Builder, Int16Builder,
@@ -22,7 +22,8 @@ use tokio_postgres::{
 };
 use uuid::Uuid;
 
-use super::connect::{timed, within};
+use super::connect::{TappedClient, timed, within};
+use super::copy_tap::{self, CopySink, CopyTap};
 use crate::config::Tables;
 use crate::error::{Error, Result};
 use crate::schema::{SchemaDef, SlotType};
@@ -140,6 +141,23 @@ pub async fn tune_for_lookups(client: &Client) -> Result<()> {
         client.batch_execute(
             "SET jit = off; SET enable_seqscan = off; SET enable_hashjoin = off; \
              SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan",
+        ),
+    )
+    .await
+}
+
+/// Tunes a connection that reads init's keyset pages. A page reads its rows in row-id order
+/// with a LIMIT; near the end of a range the planner estimates fewer rows than the LIMIT and
+/// switches to a parallel bitmap scan with a sort, which measured eight times slower than the
+/// index scan and starts worker processes that compete with the other readers for the same
+/// cores. Neither page statement needs a sort or parallel workers, and JIT compilation only
+/// adds latency.
+pub async fn tune_for_pages(client: &Client) -> Result<()> {
+    timed(
+        TIMEOUT,
+        "tune session",
+        client.batch_execute(
+            "SET jit = off; SET enable_sort = off; SET max_parallel_workers_per_gather = 0",
         ),
     )
     .await
@@ -388,7 +406,7 @@ pub async fn live_ranges(
 /// `ltbase_row_id > after`, in row-id order — keyset paging, never OFFSET (study §10 #462) —
 /// and their EAV rows, in one repeatable-read snapshot. `None` when no row is left.
 pub async fn read_live_page(
-    client: &mut Client,
+    conn: &mut TappedClient,
     tables: &Tables,
     schema: &SchemaDef,
     schema_id: i16,
@@ -396,10 +414,11 @@ pub async fn read_live_page(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Option<LivePage>> {
+    let tap = &conn.tap;
     let tx = timed(
         TIMEOUT,
         "begin page snapshot",
-        client
+        conn.client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .read_only(true)
@@ -423,8 +442,8 @@ pub async fn read_live_page(
          ORDER BY ltbase_row_id LIMIT {limit}",
         tables.entity.quoted()
     );
-    let mut entities = BatchBuilder::entities(&bound, usize::try_from(limit).unwrap_or(0));
-    let rows = copy_into(&tx, "read entity page", &sql, &mut entities).await?;
+    let entities = BatchBuilder::entities(&bound, usize::try_from(limit).unwrap_or(0));
+    let (entities, rows) = copy_into(&tx, tap, "read entity page", &sql, entities).await?;
     if rows == 0 {
         timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
         return Ok(None);
@@ -438,7 +457,7 @@ pub async fn read_live_page(
             "{} WHERE schema_id = {schema_id} AND row_id >= '{first}'::uuid AND row_id <= '{last}'::uuid",
             eav_select(tables, schema)
         );
-        copy_into(&tx, "read eav page", &sql, &mut eav).await?;
+        eav = copy_into(&tx, tap, "read eav page", &sql, eav).await?.0;
     }
     timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
     Ok(Some(LivePage {
@@ -773,29 +792,67 @@ async fn stream_into<T: ?Sized + ToStatement>(
 const COPY_SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
 
 /// Runs `COPY (query) TO STDOUT (FORMAT binary)` and decodes its tuples into `into` as they
-/// stream in — no row objects: each value is appended straight from the wire bytes. COPY takes
-/// no parameters, so `query` may only embed values lakecdc formats itself (ids and row ids).
-/// Returns the rows read.
+/// stream in — no row objects: each value is appended straight from the wire bytes, taken from
+/// the connection's `tap` when it has one (or from tokio-postgres's messages when it has not).
+/// COPY takes no parameters, so `query` may only embed values lakecdc formats itself (ids and
+/// row ids). Returns the batch and the rows read.
 async fn copy_into(
     tx: &Transaction<'_>,
+    tap: &CopyTap,
     op: &'static str,
     query: &str,
-    into: &mut BatchBuilder,
-) -> Result<usize> {
+    into: BatchBuilder,
+) -> Result<(BatchBuilder, usize)> {
     let sql = format!("COPY ({query}) TO STDOUT (FORMAT binary)");
+    let decoding = Arc::new(Mutex::new(Decoding {
+        op,
+        decoder: CopyDecoder::default(),
+        into,
+        error: None,
+    }));
     let read = async {
+        let armed = tap.arm(decoding.clone());
         let stream = tx
             .copy_out(sql.as_str())
             .await
             .map_err(Error::postgres(op))?;
         futures::pin_mut!(stream);
-        let mut decoder = CopyDecoder::default();
         while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
-            decoder.feed(op, &chunk, into)?;
+            copy_tap::lock(&decoding).copy_data(&chunk);
         }
-        decoder.finish(op)
+        // The stream has ended: the tap passed CopyDone on only after the data before it.
+        drop(armed);
+        Ok(())
     };
-    within(TIMEOUT, op, read).await
+    within(TIMEOUT, op, read).await?;
+    let mut d = copy_tap::lock(&decoding);
+    if let Some(e) = d.error.take() {
+        return Err(e);
+    }
+    let rows = std::mem::take(&mut d.decoder).finish(op)?;
+    Ok((
+        std::mem::replace(&mut d.into, BatchBuilder::new(&[], 0)),
+        rows,
+    ))
+}
+
+/// A COPY being decoded, shared between its reader and the connection's tap.
+struct Decoding {
+    op: &'static str,
+    decoder: CopyDecoder,
+    into: BatchBuilder,
+    /// The first decoding error; later data is dropped.
+    error: Option<Error>,
+}
+
+impl CopySink for Decoding {
+    fn copy_data(&mut self, bytes: &[u8]) {
+        if self.error.is_none()
+            && let Err(e) = self.decoder.feed(self.op, bytes, &mut self.into)
+        {
+            self.error = Some(e);
+        }
+    }
 }
 
 /// A binary COPY stream being decoded into a [`BatchBuilder`], message by message.

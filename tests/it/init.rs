@@ -756,6 +756,8 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     use lakecdc::engine::export::{Driver, Inputs};
     use lakecdc::engine::{Engine, EngineConfig};
     use lakecdc::schema::ValueType;
+    use lakecdc::source::connect::TappedClient;
+    use lakecdc::source::copy_tap::CopyTap;
     use lakecdc::source::snapshot;
 
     let mut rig = rig(LakeKind::Local).await;
@@ -853,24 +855,43 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     );
 
     // Pages of two readers, seven rows each, handed over in an order that is not row order.
-    let mut client = rig.ctx.connector.connect().await.unwrap();
+    // They are read twice: through the connection's COPY tap (TLS), and as tokio-postgres's
+    // messages (no tap); both must give the same batches.
     let tables = rig.ctx.tables.clone();
+    let mut tapped = rig.ctx.connector.connect_tapped().await.unwrap();
+    let tap = tapped.tap.clone();
+    let mut plain = TappedClient {
+        client: rig.ctx.connector.connect().await.unwrap(),
+        tap: CopyTap::default(),
+    };
     let mut pages = Vec::new();
-    for range in snapshot::live_ranges(&client, &tables, 100, 2)
+    let mut untapped = Vec::new();
+    for range in snapshot::live_ranges(&plain.client, &tables, 100, 2)
         .await
         .unwrap()
     {
-        let mut after = None;
-        while let Some(p) =
-            snapshot::read_live_page(&mut client, &tables, &full, 100, range, after, 7)
+        for (conn, pages) in [(&mut tapped, &mut pages), (&mut plain, &mut untapped)] {
+            let mut after = None;
+            while let Some(p) = snapshot::read_live_page(conn, &tables, &full, 100, range, after, 7)
                 .await
                 .unwrap()
-        {
-            after = Some(p.last);
-            pages.push(p);
+            {
+                after = Some(p.last);
+                pages.push(p);
+            }
         }
     }
     assert!(pages.len() >= 6, "{} pages", pages.len());
+    assert!(
+        tap.diverted() as usize > pages.iter().map(|p| p.entities.num_rows()).sum::<usize>(),
+        "the TLS connection's COPY data went through its tap ({} messages)",
+        tap.diverted()
+    );
+    assert_eq!(pages.len(), untapped.len());
+    for (a, b) in pages.iter().zip(&untapped) {
+        assert_eq!((&a.entities, &a.eav), (&b.entities, &b.eav));
+        assert!(a.entities.num_rows() > 0);
+    }
     pages.reverse();
     let entities: Vec<_> = pages.iter().map(|p| p.entities.clone()).collect();
     let eav: Vec<_> = pages.iter().map(|p| p.eav.clone()).collect();

@@ -1,0 +1,429 @@
+//! Binary COPY data taken out of a TLS connection's byte stream before tokio-postgres parses it.
+//!
+//! tokio-postgres hands a `COPY … TO STDOUT` to its caller one protocol message per row: each
+//! row is split off the read buffer as its own `Bytes`, parsed, queued and dropped. For init's
+//! four million messages per million entities (one per entity, three per EAV row set) that was
+//! a tenth of lakecdc's CPU. A [`Tapped`] stream sits between the TLS layer and tokio-postgres
+//! and follows the protocol's message framing (a type byte, then a 32-bit length). While its
+//! [`CopyTap`] is armed it hands every CopyData payload straight to a [`CopySink`] — the binary
+//! COPY decoder — in large slices, and passes everything else on, so tokio-postgres sees a COPY
+//! that carries no data and ends it as usual (CopyDone, CommandComplete).
+//!
+//! Only TLS connections are tapped: tokio-postgres opens a plain connection's socket itself. A
+//! reader whose tap is not armed (plain connection) gets the data from tokio-postgres and feeds
+//! the same sink, so a COPY decodes the same either way; a message is either diverted or passed,
+//! never both.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::tls::{ChannelBinding, TlsStream};
+
+/// Where an armed tap puts CopyData payloads.
+pub trait CopySink: Send {
+    /// Takes the next bytes of the COPY's data, in stream order. A payload may arrive in more
+    /// than one piece, and one piece never spans two messages.
+    fn copy_data(&mut self, bytes: &[u8]);
+}
+
+/// The sink a tap feeds, shared with the reader that armed it.
+pub type SharedSink = Arc<Mutex<dyn CopySink>>;
+
+/// Locks `m`, taking the data of a poisoned lock as it is (a panicking sink has already lost its
+/// COPY; the reader reports it).
+pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a tap and its handle share.
+#[derive(Default)]
+struct Shared {
+    sink: Option<SharedSink>,
+    /// CopyData messages diverted since the connection opened.
+    diverted: u64,
+}
+
+/// A reader's handle on the tap of its connection. The default handle (plain connections) taps
+/// nothing.
+#[derive(Clone, Default)]
+pub struct CopyTap {
+    shared: Weak<Mutex<Shared>>,
+}
+
+impl std::fmt::Debug for CopyTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyTap")
+            .field("live", &(self.shared.strong_count() > 0))
+            .finish()
+    }
+}
+
+impl CopyTap {
+    /// Diverts the connection's CopyData to `sink` until the guard is dropped. `None` when the
+    /// connection is not tapped (plain, or gone). Arm only between statements, before sending
+    /// the COPY.
+    pub fn arm(&self, sink: SharedSink) -> Option<Armed> {
+        let shared = self.shared.upgrade()?;
+        lock(&shared).sink = Some(sink);
+        Some(Armed { shared })
+    }
+
+    /// CopyData messages the tap has diverted so far (0 for an untapped connection).
+    pub fn diverted(&self) -> u64 {
+        self.shared.upgrade().map_or(0, |s| lock(&s).diverted)
+    }
+}
+
+/// An armed tap; dropping it disarms the tap.
+pub struct Armed {
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        lock(&self.shared).sink = None;
+    }
+}
+
+/// Where the framing is in the byte stream.
+#[derive(Clone, Copy)]
+enum Frame {
+    /// Reading a message's type byte and length (`have` of the 5 bytes so far).
+    Header { have: usize, bytes: [u8; 5] },
+    /// Inside a message body with `left` bytes to go; `divert` when it goes to the sink.
+    Body { left: usize, divert: bool },
+    /// A length that is no length: everything passes on untouched from here, and tokio-postgres
+    /// reports the broken stream.
+    Lost,
+}
+
+const NEW_MESSAGE: Frame = Frame::Header {
+    have: 0,
+    bytes: [0; 5],
+};
+
+/// How much one read from the TLS layer takes.
+const READ_SIZE: usize = 128 * 1024;
+
+/// The tapping state of a [`Tapped`] stream.
+struct Tap {
+    shared: Arc<Mutex<Shared>>,
+    raw: Box<[u8]>,
+    /// Bytes waiting to be passed on to tokio-postgres, from `pass_at`.
+    pass: Vec<u8>,
+    pass_at: usize,
+    frame: Frame,
+}
+
+/// A connection's stream, tapped or passed through untouched.
+pub struct Tapped<S> {
+    inner: S,
+    tap: Option<Tap>,
+}
+
+impl<S> Tapped<S> {
+    /// `inner` untouched.
+    pub fn plain(inner: S) -> Self {
+        Self { inner, tap: None }
+    }
+
+    /// `inner` tapped, and the handle that arms the tap. `inner` must be at the start of the
+    /// server's messages (a TLS stream right after its handshake is).
+    pub fn with_tap(inner: S) -> (Self, CopyTap) {
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let tap = CopyTap {
+            shared: Arc::downgrade(&shared),
+        };
+        let stream = Self {
+            inner,
+            tap: Some(Tap {
+                shared,
+                raw: vec![0; READ_SIZE].into_boxed_slice(),
+                pass: Vec::new(),
+                pass_at: 0,
+                frame: NEW_MESSAGE,
+            }),
+        };
+        (stream, tap)
+    }
+}
+
+/// Splits `data` (the next bytes from the server) into what passes on (appended to `pass`) and
+/// the CopyData payloads, which go to the armed sink. `frame` carries the framing between calls.
+fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shared>) {
+    let sink = lock(shared).sink.clone();
+    let mut sink = sink.as_deref().map(lock);
+    let mut diverted = 0;
+    let mut i = 0;
+    while i < data.len() {
+        match frame {
+            Frame::Header { have, bytes } => {
+                let take = (5 - *have).min(data.len() - i);
+                bytes[*have..*have + take].copy_from_slice(&data[i..i + take]);
+                *have += take;
+                i += take;
+                if *have < 5 {
+                    continue;
+                }
+                let header = *bytes;
+                let len = i32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+                let Some(left) = usize::try_from(len).ok().and_then(|l| l.checked_sub(4)) else {
+                    pass.extend_from_slice(&header);
+                    *frame = Frame::Lost;
+                    continue;
+                };
+                let divert = header[0] == b'd' && sink.is_some();
+                if divert {
+                    diverted += 1;
+                } else {
+                    pass.extend_from_slice(&header);
+                }
+                *frame = if left == 0 {
+                    NEW_MESSAGE
+                } else {
+                    Frame::Body { left, divert }
+                };
+            }
+            Frame::Body { left, divert } => {
+                let take = (*left).min(data.len() - i);
+                let part = &data[i..i + take];
+                match (sink.as_deref_mut(), *divert) {
+                    (Some(s), true) => s.copy_data(part),
+                    // Disarmed inside a diverted message: its header was not passed on, so
+                    // neither is the rest of it.
+                    (None, true) => {}
+                    (_, false) => pass.extend_from_slice(part),
+                }
+                *left -= take;
+                i += take;
+                if *left == 0 {
+                    *frame = NEW_MESSAGE;
+                }
+            }
+            Frame::Lost => {
+                pass.extend_from_slice(&data[i..]);
+                i = data.len();
+            }
+        }
+    }
+    drop(sink);
+    if diverted > 0 {
+        lock(shared).diverted += diverted;
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tapped<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let Some(tap) = &mut this.tap else {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        };
+        loop {
+            if tap.pass_at < tap.pass.len() {
+                let n = buf.remaining().min(tap.pass.len() - tap.pass_at);
+                buf.put_slice(&tap.pass[tap.pass_at..tap.pass_at + n]);
+                tap.pass_at += n;
+                if tap.pass_at == tap.pass.len() {
+                    tap.pass.clear();
+                    tap.pass_at = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if buf.remaining() == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let mut raw = ReadBuf::new(&mut tap.raw);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut raw))?;
+            let n = raw.filled().len();
+            if n == 0 {
+                // The end of the stream.
+                return Poll::Ready(Ok(()));
+            }
+            split(&tap.raw[..n], &mut tap.frame, &mut tap.pass, &tap.shared);
+            // A read that was all CopyData passes nothing on: read again rather than report
+            // an empty read, which would mean the end of the stream.
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tapped<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: TlsStream + Unpin> TlsStream for Tapped<S> {
+    fn channel_binding(&self) -> ChannelBinding {
+        self.inner.channel_binding()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A server's byte stream, read back in pieces of the given sizes (cycled).
+    struct Pieces {
+        data: Vec<u8>,
+        at: usize,
+        sizes: Vec<usize>,
+        turn: usize,
+    }
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = self.get_mut();
+            let size = this.sizes[this.turn % this.sizes.len()];
+            this.turn += 1;
+            let n = size.min(buf.remaining()).min(this.data.len() - this.at);
+            buf.put_slice(&this.data[this.at..this.at + n]);
+            this.at += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[derive(Default)]
+    struct Collect(Vec<u8>, usize);
+
+    impl CopySink for Collect {
+        fn copy_data(&mut self, bytes: &[u8]) {
+            self.0.extend_from_slice(bytes);
+            self.1 += 1;
+        }
+    }
+
+    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![kind];
+        m.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// A COPY's response: CopyOutResponse, data rows, CopyDone, CommandComplete, ReadyForQuery.
+    fn copy_response(rows: &[&[u8]]) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        let head = [message(b'Z', b"I"), message(b'H', &[1, 0, 0])].concat();
+        let data: Vec<u8> = rows.iter().flat_map(|r| message(b'd', r)).collect();
+        let tail = [
+            message(b'c', b""),
+            message(b'C', b"COPY 3\0"),
+            message(b'Z', b"I"),
+        ]
+        .concat();
+        (head, data, tail)
+    }
+
+    async fn read_all<S: AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn armed_the_tap_takes_copy_data_out_and_passes_the_rest_whatever_the_pieces() {
+        let rows: [&[u8]; 3] = [b"first row", b"", &[7u8; 300]];
+        let (head, data, tail) = copy_response(&rows);
+        let stream = [head.clone(), data, tail.clone()].concat();
+        for sizes in [vec![1], vec![2, 3], vec![5], vec![7, 1, 64], vec![1 << 20]] {
+            let (mut tapped, tap) = Tapped::with_tap(Pieces {
+                data: stream.clone(),
+                at: 0,
+                sizes: sizes.clone(),
+                turn: 0,
+            });
+            let sink = Arc::new(Mutex::new(Collect::default()));
+            let armed = tap.arm(sink.clone()).unwrap();
+            let passed = read_all(&mut tapped).await;
+            drop(armed);
+            assert_eq!(
+                passed,
+                [head.clone(), tail.clone()].concat(),
+                "pieces {sizes:?}"
+            );
+            assert_eq!(lock(&sink).0, rows.concat(), "pieces {sizes:?}");
+            assert_eq!(tap.diverted(), 3);
+        }
+    }
+
+    #[tokio::test]
+    async fn unarmed_or_plain_every_byte_passes() {
+        let (head, data, tail) = copy_response(&[b"a row"]);
+        let stream = [head, data, tail].concat();
+        let pieces = || Pieces {
+            data: stream.clone(),
+            at: 0,
+            sizes: vec![3],
+            turn: 0,
+        };
+        let (mut tapped, tap) = Tapped::with_tap(pieces());
+        assert_eq!(read_all(&mut tapped).await, stream);
+        assert_eq!(tap.diverted(), 0);
+        assert_eq!(read_all(&mut Tapped::plain(pieces())).await, stream);
+        assert!(
+            CopyTap::default()
+                .arm(Arc::new(Mutex::new(Collect::default())))
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn disarmed_inside_a_message_the_rest_of_it_is_dropped_not_passed() {
+        let (head, data, tail) = copy_response(&[&[9u8; 100]]);
+        let stream = [head.clone(), data, tail.clone()].concat();
+        let (mut tapped, tap) = Tapped::with_tap(Pieces {
+            data: stream,
+            at: 0,
+            sizes: vec![head.len() + 50],
+            turn: 0,
+        });
+        let sink = Arc::new(Mutex::new(Collect::default()));
+        let armed = tap.arm(sink.clone()).unwrap();
+        let mut first = vec![0; head.len() + 50];
+        let n = tapped.read(&mut first).await.unwrap();
+        assert_eq!(&first[..n], &head[..]);
+        drop(armed);
+        let rest = read_all(&mut tapped).await;
+        assert_eq!(
+            rest, tail,
+            "the message's second half must not reach tokio-postgres"
+        );
+        assert_eq!(lock(&sink).0, vec![9u8; 45]);
+    }
+
+    #[tokio::test]
+    async fn a_broken_length_passes_everything_on_from_there() {
+        let mut stream = message(b'Z', b"I");
+        stream.extend_from_slice(&[b'd', 0, 0, 0, 2, 1, 2, 3]);
+        let (mut tapped, tap) = Tapped::with_tap(Pieces {
+            data: stream.clone(),
+            at: 0,
+            sizes: vec![4],
+            turn: 0,
+        });
+        let _armed = tap.arm(Arc::new(Mutex::new(Collect::default()))).unwrap();
+        assert_eq!(read_all(&mut tapped).await, stream);
+    }
+}
