@@ -251,3 +251,93 @@ async fn the_live_row_estimate_follows_the_schema_and_its_deletions() {
         .unwrap();
     assert!(none <= 1, "estimate {none} for a schema without rows");
 }
+
+/// Collects what a COPY tap diverts.
+#[derive(Default)]
+struct Collected(Vec<u8>);
+
+impl lakecdc::source::copy_tap::CopySink for Collected {
+    fn copy_data(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+/// Binary COPY of `SELECT 1/(k - n)::int8 FROM generate_series(1, rows) n`: the data of the
+/// rows up to the failing one, and the error when `k` is among them.
+async fn tapped_copy(
+    client: &tokio_postgres::Client,
+    tap: &lakecdc::source::copy_tap::CopyTap,
+    k: i64,
+    rows: i64,
+) -> (Vec<u8>, Result<usize, tokio_postgres::Error>) {
+    use futures::TryStreamExt;
+    use std::sync::{Arc, Mutex};
+    let sink = Arc::new(Mutex::new(Collected::default()));
+    let armed = tap.arm(sink.clone()).expect("the TLS connection is tapped");
+    let sql = format!(
+        "COPY (SELECT 1/({k} - n)::int8 FROM generate_series(1, {rows}) n) TO STDOUT (FORMAT binary)"
+    );
+    let result = async {
+        let stream = client.copy_out(sql.as_str()).await?;
+        let chunks: Vec<_> = stream.try_collect().await?;
+        Ok(chunks.len())
+    }
+    .await;
+    drop(armed);
+    let data = std::mem::take(&mut sink.lock().unwrap().0);
+    (data, result)
+}
+
+#[tokio::test]
+async fn a_tapped_connection_survives_a_copy_that_fails_midway() {
+    let db = TestDb::new().await;
+    let conn = db.connector().connect_tapped().await.unwrap();
+    let (client, tap) = (&conn.client, &conn.tap);
+    // The signature, flags and extension length, then per row: field count, length, value.
+    let header = [&b"PGCOPY\n\xff\r\n\0"[..], &[0; 8]].concat();
+    let row = |v: i64| {
+        [
+            &1i16.to_be_bytes()[..],
+            &8i32.to_be_bytes(),
+            &v.to_be_bytes(),
+        ]
+        .concat()
+    };
+
+    // Division by zero at row 2000: PostgreSQL has sent rows before it fails.
+    let (data, result) = tapped_copy(client, tap, 2000, 5000).await;
+    let err = result.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
+    );
+    assert!(
+        data.starts_with(&header),
+        "the tap took the data the server sent"
+    );
+    assert_eq!(
+        (data.len() - header.len()) % row(0).len(),
+        0,
+        "whole rows only"
+    );
+    assert!(tap.diverted() > 0);
+
+    // The framing held: ordinary statements and a complete COPY work on the same connection,
+    // and tokio-postgres saw none of the COPY's data.
+    let n: i64 = client
+        .query_one("SELECT 42::int8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 42);
+    let before = tap.diverted();
+    let (data, result) = tapped_copy(client, tap, 0, 3).await;
+    assert_eq!(result.unwrap(), 0, "no CopyData reached tokio-postgres");
+    let rows: Vec<u8> = (1..=3).flat_map(|n| row(1 / (0 - n))).collect();
+    assert_eq!(
+        data,
+        [header, rows, (-1i16).to_be_bytes().to_vec()].concat()
+    );
+    // PostgreSQL sends the header in the first row's message.
+    assert_eq!(tap.diverted() - before, 4, "three rows and the end marker");
+}
