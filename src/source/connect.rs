@@ -287,6 +287,12 @@ impl Connector {
         // A tap left by an attempt that failed (another host, a refused plain connection)
         // belongs to a stream that is gone: its handle taps nothing.
         let tap = lock(&slot).take().unwrap_or_default();
+        if !tap.is_live() {
+            tracing::debug!(
+                target = %self.describe(),
+                "plain connection: COPY data is read through tokio-postgres, untapped"
+            );
+        }
         Ok(TappedClient { client, tap })
     }
 

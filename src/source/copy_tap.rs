@@ -34,7 +34,7 @@ pub type SharedSink = Arc<Mutex<dyn CopySink>>;
 
 /// Locks `m`, taking the data of a poisoned lock as it is (a panicking sink has already lost its
 /// COPY; the reader reports it).
-pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -42,6 +42,13 @@ pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Default)]
 struct Shared {
     sink: Option<SharedSink>,
+    /// Counts arms, so that a read that began under one arm updates only that arm's state.
+    generation: u64,
+    /// The armed COPY has ended: the tap saw its CopyDone or an ErrorResponse.
+    ended: bool,
+    /// An arm was dropped before its COPY ended: the server may still be sending that COPY's
+    /// data, which a new arm would take for its own. The tap is never armed again.
+    spent: bool,
     /// CopyData messages diverted since the connection opened.
     diverted: u64,
 }
@@ -56,19 +63,34 @@ pub struct CopyTap {
 impl std::fmt::Debug for CopyTap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyTap")
-            .field("live", &(self.shared.strong_count() > 0))
+            .field("live", &self.is_live())
             .finish()
     }
 }
 
 impl CopyTap {
-    /// Diverts the connection's CopyData to `sink` until the guard is dropped. `None` when the
-    /// connection is not tapped (plain, or gone). Arm only between statements, before sending
-    /// the COPY.
+    /// Diverts the connection's CopyData to `sink` until the guard is dropped. Arm only between
+    /// statements, before sending the COPY, and drop the guard once the COPY's stream has
+    /// ended. `None` — read the COPY through tokio-postgres — when the connection is not tapped
+    /// (plain, or gone), is armed already, or was disarmed before a COPY ended.
     pub fn arm(&self, sink: SharedSink) -> Option<Armed> {
         let shared = self.shared.upgrade()?;
-        lock(&shared).sink = Some(sink);
-        Some(Armed { shared })
+        let generation = {
+            let mut s = lock(&shared);
+            if s.spent || s.sink.is_some() {
+                return None;
+            }
+            s.generation += 1;
+            s.sink = Some(sink);
+            s.ended = false;
+            s.generation
+        };
+        Some(Armed { shared, generation })
+    }
+
+    /// Whether the handle taps a connection that is still open.
+    pub fn is_live(&self) -> bool {
+        self.shared.strong_count() > 0
     }
 
     /// CopyData messages the tap has diverted so far (0 for an untapped connection).
@@ -80,11 +102,18 @@ impl CopyTap {
 /// An armed tap; dropping it disarms the tap.
 pub struct Armed {
     shared: Arc<Mutex<Shared>>,
+    generation: u64,
 }
 
 impl Drop for Armed {
     fn drop(&mut self) {
-        lock(&self.shared).sink = None;
+        let mut s = lock(&self.shared);
+        if s.generation == self.generation {
+            s.sink = None;
+            if !s.ended {
+                s.spent = true;
+            }
+        }
     }
 }
 
@@ -154,9 +183,13 @@ impl<S> Tapped<S> {
 /// Splits `data` (the next bytes from the server) into what passes on (appended to `pass`) and
 /// the CopyData payloads, which go to the armed sink. `frame` carries the framing between calls.
 fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shared>) {
-    let sink = lock(shared).sink.clone();
+    let (sink, generation) = {
+        let s = lock(shared);
+        (s.sink.clone(), s.generation)
+    };
     let mut sink = sink.as_deref().map(lock);
     let mut diverted = 0;
+    let mut ended = false;
     let mut i = 0;
     while i < data.len() {
         match frame {
@@ -176,6 +209,7 @@ fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shar
                     continue;
                 };
                 let divert = header[0] == b'd' && sink.is_some();
+                ended |= sink.is_some() && matches!(header[0], b'c' | b'E');
                 if divert {
                     diverted += 1;
                 } else {
@@ -210,8 +244,12 @@ fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shar
         }
     }
     drop(sink);
-    if diverted > 0 {
-        lock(shared).diverted += diverted;
+    if diverted > 0 || ended {
+        let mut s = lock(shared);
+        s.diverted += diverted;
+        if ended && s.generation == generation {
+            s.ended = true;
+        }
     }
 }
 
@@ -243,7 +281,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tapped<S> {
             ready!(Pin::new(&mut this.inner).poll_read(cx, &mut raw))?;
             let n = raw.filled().len();
             if n == 0 {
-                // The end of the stream.
+                // The end of the stream. A header cut short passes on as it is, so that
+                // tokio-postgres reports the incomplete message.
+                if let Frame::Header { have, bytes } = tap.frame
+                    && have > 0
+                {
+                    tap.pass.extend_from_slice(&bytes[..have]);
+                    tap.frame = Frame::Lost;
+                    continue;
+                }
                 return Poll::Ready(Ok(()));
             }
             split(&tap.raw[..n], &mut tap.frame, &mut tap.pass, &tap.shared);
@@ -260,6 +306,18 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tapped<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -282,7 +340,8 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
-    /// A server's byte stream, read back in pieces of the given sizes (cycled).
+    /// A server's byte stream, read back in pieces of the given sizes (cycled); a size of 0
+    /// is a read that is not ready yet (it wakes the task at once).
     struct Pieces {
         data: Vec<u8>,
         at: usize,
@@ -293,12 +352,16 @@ mod tests {
     impl AsyncRead for Pieces {
         fn poll_read(
             self: Pin<&mut Self>,
-            _: &mut Context<'_>,
+            cx: &mut Context<'_>,
             buf: &mut ReadBuf<'_>,
         ) -> Poll<io::Result<()>> {
             let this = self.get_mut();
             let size = this.sizes[this.turn % this.sizes.len()];
             this.turn += 1;
+            if size == 0 && this.at < this.data.len() {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             let n = size.min(buf.remaining()).min(this.data.len() - this.at);
             buf.put_slice(&this.data[this.at..this.at + n]);
             this.at += n;
@@ -347,7 +410,14 @@ mod tests {
         let rows: [&[u8]; 3] = [b"first row", b"", &[7u8; 300]];
         let (head, data, tail) = copy_response(&rows);
         let stream = [head.clone(), data, tail.clone()].concat();
-        for sizes in [vec![1], vec![2, 3], vec![5], vec![7, 1, 64], vec![1 << 20]] {
+        for sizes in [
+            vec![1],
+            vec![2, 3],
+            vec![5],
+            vec![7, 0, 1, 64],
+            vec![1 << 20],
+            vec![0, 3, 0, 0, 11],
+        ] {
             let (mut tapped, tap) = Tapped::with_tap(Pieces {
                 data: stream.clone(),
                 at: 0,
@@ -411,6 +481,43 @@ mod tests {
             "the message's second half must not reach tokio-postgres"
         );
         assert_eq!(lock(&sink).0, vec![9u8; 45]);
+    }
+
+    #[tokio::test]
+    async fn a_tap_disarmed_before_its_copy_ended_is_never_armed_again() {
+        let (head, data, tail) = copy_response(&[b"one", b"two"]);
+        let stream = [head.clone(), data.clone(), tail.clone(), head, data, tail].concat();
+        let (mut tapped, tap) = Tapped::with_tap(Pieces {
+            data: stream,
+            at: 0,
+            sizes: vec![1 << 20],
+            turn: 0,
+        });
+        let sink = || -> SharedSink { Arc::new(Mutex::new(Collect::default())) };
+        // A COPY that ran to its CopyDone: the tap can be armed again, but only once at a time.
+        let armed = tap.arm(sink()).unwrap();
+        assert!(tap.arm(sink()).is_none(), "armed already");
+        let mut first = vec![0; 1 << 20];
+        let _ = tapped.read(&mut first).await.unwrap();
+        drop(armed);
+        let again = tap.arm(sink()).unwrap();
+        // Disarmed with no CopyDone or error seen since: spent.
+        drop(again);
+        assert!(tap.arm(sink()).is_none(), "the server may still be sending");
+    }
+
+    #[tokio::test]
+    async fn a_header_cut_short_by_the_end_of_the_stream_is_passed_on() {
+        let mut stream = message(b'Z', b"I");
+        stream.extend_from_slice(&[b'C', 0, 0]);
+        let (mut tapped, tap) = Tapped::with_tap(Pieces {
+            data: stream.clone(),
+            at: 0,
+            sizes: vec![2],
+            turn: 0,
+        });
+        let _armed = tap.arm(Arc::new(Mutex::new(Collect::default()))).unwrap();
+        assert_eq!(read_all(&mut tapped).await, stream);
     }
 
     #[tokio::test]

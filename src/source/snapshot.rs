@@ -679,7 +679,8 @@ impl Column {
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<ArrayRef> {
+    /// The column (`name`, for errors) as an Arrow array.
+    fn finish(&mut self, name: &str) -> Result<ArrayRef> {
         Ok(match self {
             Self::Uuid(b) => Arc::new(b.finish()),
             Self::Smallint(b) => Arc::new(b.finish()),
@@ -688,10 +689,9 @@ impl Column {
             Self::Double(b) => Arc::new(b.finish()),
             Self::Text(b) => {
                 let (offsets, values, nulls) = b.finish().into_parts();
-                Arc::new(
-                    StringArray::try_new(offsets, values, nulls)
-                        .map_err(|e| Error::Invariant(format!("text value is not UTF-8: {e}")))?,
-                )
+                Arc::new(StringArray::try_new(offsets, values, nulls).map_err(|e| {
+                    Error::Invariant(format!("column {name}: text is not UTF-8: {e}"))
+                })?)
             }
         })
     }
@@ -764,7 +764,8 @@ impl BatchBuilder {
         let columns = self
             .builders
             .iter_mut()
-            .map(Column::finish)
+            .zip(&self.fields)
+            .map(|(b, f)| b.finish(f.name()))
             .collect::<Result<_>>()?;
         batch(self.fields, columns)
     }
@@ -1055,7 +1056,8 @@ mod tests {
         let ok = text(&["é".as_bytes(), b"", "∑x".as_bytes()]).unwrap();
         let s = ok.column(2).as_string::<i32>();
         assert_eq!((s.value(0), s.value(1), s.value(2)), ("é", "", "∑x"));
-        assert!(text(&[b"a", &[0xff]]).is_err());
+        let err = text(&[b"a", &[0xff]]).unwrap_err().to_string();
+        assert!(err.contains("column s: text is not UTF-8"), "{err}");
         // Each value alone is invalid, though together they spell "é": still refused.
         assert!(text(&[&[0xc3], &[0xa9]]).is_err());
     }

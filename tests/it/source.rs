@@ -262,30 +262,37 @@ impl lakecdc::source::copy_tap::CopySink for Collected {
     }
 }
 
-/// Binary COPY of `SELECT 1/(k - n)::int8 FROM generate_series(1, rows) n`: the data of the
-/// rows up to the failing one, and the error when `k` is among them.
+/// Binary COPY of `query` through the tap: the data the tap took, and the number of data
+/// messages that reached tokio-postgres (or the error).
 async fn tapped_copy(
     client: &tokio_postgres::Client,
     tap: &lakecdc::source::copy_tap::CopyTap,
-    k: i64,
-    rows: i64,
+    query: &str,
 ) -> (Vec<u8>, Result<usize, tokio_postgres::Error>) {
-    use futures::TryStreamExt;
     use std::sync::{Arc, Mutex};
     let sink = Arc::new(Mutex::new(Collected::default()));
     let armed = tap.arm(sink.clone()).expect("the TLS connection is tapped");
-    let sql = format!(
-        "COPY (SELECT 1/({k} - n)::int8 FROM generate_series(1, {rows}) n) TO STDOUT (FORMAT binary)"
-    );
-    let result = async {
-        let stream = client.copy_out(sql.as_str()).await?;
-        let chunks: Vec<_> = stream.try_collect().await?;
-        Ok(chunks.len())
-    }
-    .await;
+    let result = untapped_copy(client, query)
+        .await
+        .map(|chunks| chunks.len());
     drop(armed);
     let data = std::mem::take(&mut sink.lock().unwrap().0);
     (data, result)
+}
+
+/// Binary COPY of `query` through tokio-postgres: its data messages.
+async fn untapped_copy(
+    client: &tokio_postgres::Client,
+    query: &str,
+) -> Result<Vec<bytes::Bytes>, tokio_postgres::Error> {
+    use futures::TryStreamExt;
+    let sql = format!("COPY ({query}) TO STDOUT (FORMAT binary)");
+    client.copy_out(sql.as_str()).await?.try_collect().await
+}
+
+/// `SELECT 1/(k - n)::int8 FROM generate_series(1, rows) n`: fails at row `k`.
+fn divide(k: i64, rows: i64) -> String {
+    format!("SELECT 1/({k} - n)::int8 FROM generate_series(1, {rows}) n")
 }
 
 #[tokio::test]
@@ -304,23 +311,16 @@ async fn a_tapped_connection_survives_a_copy_that_fails_midway() {
         .concat()
     };
 
-    // Division by zero at row 2000: PostgreSQL has sent rows before it fails.
-    let (data, result) = tapped_copy(client, tap, 2000, 5000).await;
+    // Division by zero at row 2000: PostgreSQL has sent the rows before it when it fails.
+    let (data, result) = tapped_copy(client, tap, &divide(2000, 5000)).await;
     let err = result.unwrap_err();
     assert_eq!(
         err.code(),
         Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
     );
-    assert!(
-        data.starts_with(&header),
-        "the tap took the data the server sent"
-    );
-    assert_eq!(
-        (data.len() - header.len()) % row(0).len(),
-        0,
-        "whole rows only"
-    );
-    assert!(tap.diverted() > 0);
+    let rows: Vec<u8> = (1..2000).flat_map(|n| row(1 / (2000 - n))).collect();
+    assert_eq!(data, [header.clone(), rows].concat());
+    assert_eq!(tap.diverted(), 1999);
 
     // The framing held: ordinary statements and a complete COPY work on the same connection,
     // and tokio-postgres saw none of the COPY's data.
@@ -331,7 +331,7 @@ async fn a_tapped_connection_survives_a_copy_that_fails_midway() {
         .get(0);
     assert_eq!(n, 42);
     let before = tap.diverted();
-    let (data, result) = tapped_copy(client, tap, 0, 3).await;
+    let (data, result) = tapped_copy(client, tap, &divide(0, 3)).await;
     assert_eq!(result.unwrap(), 0, "no CopyData reached tokio-postgres");
     let rows: Vec<u8> = (1..=3).flat_map(|n| row(1 / (0 - n))).collect();
     assert_eq!(
@@ -340,4 +340,14 @@ async fn a_tapped_connection_survives_a_copy_that_fails_midway() {
     );
     // PostgreSQL sends the header in the first row's message.
     assert_eq!(tap.diverted() - before, 4, "three rows and the end marker");
+
+    // Megabytes of multibyte text, in messages that span the tap's reads: the same bytes as
+    // tokio-postgres's messages on a plain connection.
+    let text = "SELECT n, repeat('ä€𝄞', n % 50) FROM generate_series(1, 20000) n";
+    let (data, result) = tapped_copy(client, tap, text).await;
+    assert_eq!(result.unwrap(), 0);
+    let plain = harness::pg_client(&format!("{}?sslmode=disable", db.url)).await;
+    let expected = untapped_copy(&plain, text).await.unwrap().concat();
+    assert!(expected.len() > 4 << 20, "{} bytes", expected.len());
+    assert_eq!(data, expected);
 }
