@@ -40,6 +40,7 @@ pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, dir};
 use crate::shutdown::Shutdown;
+use crate::source::connect::TappedClient;
 use crate::source::registry::{self, Registered};
 use crate::source::snapshot::{self, Selected, Snapshot};
 use crate::source::{Connector, stats};
@@ -424,9 +425,9 @@ async fn flush_locked(
     schema_id: i16,
     report: &mut SchemaReport,
 ) -> Result<()> {
-    let client = ctx.connector.connect().await?;
-    snapshot::tune_for_lookups(&client).await?;
-    let dirty = stats::dirty(&client, &ctx.tables.change_log, schema_id).await?;
+    let conn = ctx.connector.connect_tapped().await?;
+    snapshot::tune_for_lookups(&conn.client).await?;
+    let dirty = stats::dirty(&conn.client, &ctx.tables.change_log, schema_id).await?;
     report.dirty_rows = dirty.count;
     if dirty.count == 0 {
         report.outcome = Outcome::NothingToDo;
@@ -444,17 +445,7 @@ async fn flush_locked(
     }
     report.outcome = Outcome::Flushed;
     let mut pending: Option<PendingMark> = None;
-    let result = drain(
-        ctx,
-        opts,
-        hooks,
-        def,
-        schema_id,
-        client,
-        &mut pending,
-        report,
-    )
-    .await;
+    let result = drain(ctx, opts, hooks, def, schema_id, conn, &mut pending, report).await;
     // A started mark always finishes and is accounted for, whatever happened after it.
     let settled = settle_mark(pending.take(), report).await;
     result.and(settled)
@@ -486,7 +477,7 @@ async fn drain(
     hooks: &FlushHooks,
     def: &SchemaDef,
     schema_id: i16,
-    client: tokio_postgres::Client,
+    conn: TappedClient,
     pending: &mut Option<PendingMark>,
     report: &mut SchemaReport,
 ) -> Result<()> {
@@ -502,7 +493,7 @@ async fn drain(
         before_payload: hooks.before_export.clone(),
         before_second_connection: hooks.before_second_connection.clone(),
     };
-    let mut reads = read_ahead::ReadAhead::start(plan, client).await?;
+    let mut reads = read_ahead::ReadAhead::start(plan, conn).await?;
     let mut engine: Option<Engine> = None;
     // Whose data prefix this is, read before the first batch (see `publish`).
     let mut ownership: Option<owner::Ownership> = None;

@@ -13,13 +13,13 @@ use std::time::Instant;
 
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
-use tokio_postgres::Client;
 
 use super::{Hook, step_done};
 use crate::config::Tables;
 use crate::error::{Error, Result};
 use crate::schema::SchemaDef;
 use crate::source::Connector;
+use crate::source::connect::TappedClient;
 use crate::source::snapshot::{self, BatchStatements, Selected, Snapshot};
 
 /// A batch: a dry run's selection, or a selection with its snapshot.
@@ -59,22 +59,22 @@ pub(super) struct Plan {
 
 /// A read connection with its prepared batch statements.
 struct Conn {
-    client: Client,
+    conn: TappedClient,
     stmts: BatchStatements,
 }
 
 impl Conn {
-    /// Prepares the batch statements on `client`, already tuned for lookups.
-    async fn prepare(client: Client, plan: &Plan) -> Result<Self> {
-        let stmts = BatchStatements::prepare(&client, &plan.tables, &plan.def).await?;
-        Ok(Self { client, stmts })
+    /// Prepares the batch statements on `conn`, already tuned for lookups.
+    async fn prepare(conn: TappedClient, plan: &Plan) -> Result<Self> {
+        let stmts = BatchStatements::prepare(&conn.client, &plan.tables, &plan.def).await?;
+        Ok(Self { conn, stmts })
     }
 
     /// Opens, tunes and prepares a second read connection.
     async fn open(plan: &Plan) -> Result<Self> {
-        let client = plan.connector.connect().await?;
-        snapshot::tune_for_lookups(&client).await?;
-        Self::prepare(client, plan).await
+        let conn = plan.connector.connect_tapped().await?;
+        snapshot::tune_for_lookups(&conn.client).await?;
+        Self::prepare(conn, plan).await
     }
 }
 
@@ -143,11 +143,11 @@ pub(super) struct ReadAhead {
 }
 
 impl ReadAhead {
-    /// Starts reading the first batch on `client` (tuned for lookups) and the second on a
+    /// Starts reading the first batch on `conn` (tuned for lookups) and the second on a
     /// connection opened only once the first selection turns out full.
-    pub async fn start(plan: Plan, client: Client) -> Result<Self> {
+    pub async fn start(plan: Plan, conn: TappedClient) -> Result<Self> {
         let plan = Arc::new(plan);
-        let conn = Conn::prepare(client, &plan).await?;
+        let conn = Conn::prepare(conn, &plan).await?;
         let mut ahead = Self {
             plan,
             pool: Arc::new(Pool {
@@ -246,14 +246,15 @@ async fn read(
     let (schema_id, limit) = (plan.schema_id, plan.batch_size);
     let t = Instant::now();
     if plan.dry_run {
-        let selected = snapshot::select(&conn.client, &conn.stmts, schema_id, limit, after).await?;
+        let selected =
+            snapshot::select(&conn.conn.client, &conn.stmts, schema_id, limit, after).await?;
         let _ = cursor.send(next_start(&selected, limit));
         step_done("select", t);
         return Ok((!selected.is_empty()).then(|| (conn, Fetched::Planned(selected))));
     }
     let hook = plan.before_payload.clone();
     let read = snapshot::read_next(
-        &mut conn.client,
+        &mut conn.conn,
         &conn.stmts,
         schema_id,
         limit,

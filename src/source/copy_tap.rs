@@ -1,19 +1,21 @@
-//! Binary COPY data taken out of a TLS connection's byte stream before tokio-postgres parses it.
+//! Query results taken out of a TLS connection's byte stream before tokio-postgres parses them.
 //!
-//! tokio-postgres hands a `COPY … TO STDOUT` to its caller one protocol message per row: each
-//! row is split off the read buffer as its own `Bytes`, parsed, queued and dropped. For init's
-//! four million messages per million entities (one per entity, three per EAV row set) that was
-//! a tenth of lakecdc's CPU. A [`Tapped`] stream sits between the TLS layer and tokio-postgres
-//! and follows the protocol's message framing (a type byte, then a 32-bit length). While its
-//! [`CopyTap`] is armed it hands every CopyData payload straight to a [`CopySink`] — the binary
-//! COPY decoder — in large slices, and passes everything else on, so tokio-postgres sees a COPY
-//! that carries no data and ends it as usual (CopyDone, CommandComplete).
+//! tokio-postgres hands over a `COPY … TO STDOUT` one protocol message per row, and a query's
+//! rows as one `Row` each: every row is split off the read buffer as its own `Bytes`, parsed,
+//! queued, and dropped. For init's four million COPY messages per million entities (one per
+//! entity, one per EAV row) that was a seventh of lakecdc's CPU, and for flush's by-id reads a
+//! sixth. A [`Tapped`] stream sits between the TLS layer and tokio-postgres and follows the
+//! protocol's framing (a type byte, then a 32-bit length). While its [`CopyTap`] is armed it
+//! hands every CopyData (or DataRow) payload straight to a [`CopySink`] — the binary decoder
+//! that builds Arrow columns — in large slices, and passes everything else on. tokio-postgres
+//! then sees a COPY without data, or a query without rows, and ends it as usual.
 //!
 //! Only TLS connections are tapped: tokio-postgres opens a plain connection's socket itself. A
-//! reader whose tap is not armed (plain connection) gets the data from tokio-postgres and feeds
-//! the same sink, so a COPY decodes the same either way; a message is either diverted or passed,
-//! never both.
+//! reader whose tap is not armed (a plain connection) gets the data from tokio-postgres and
+//! feeds the same decoder, so a read decodes the same either way. A message is either diverted
+//! or passed, never both.
 
+use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -38,19 +40,86 @@ pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Which messages an armed tap takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Divert {
+    /// CopyData: the data of a `COPY … TO STDOUT`.
+    CopyData,
+    /// DataRow: the rows of a query with binary results. Each payload is a field count and the
+    /// fields, laid out as a binary COPY tuple.
+    DataRows,
+}
+
+impl Divert {
+    fn message_type(self) -> u8 {
+        match self {
+            Self::CopyData => b'd',
+            Self::DataRows => b'D',
+        }
+    }
+}
+
+/// Whether a message of this type ends a statement's response (CommandComplete,
+/// ErrorResponse, EmptyQueryResponse): its sink has all it will get.
+fn ends_statement(message_type: u8) -> bool {
+    matches!(message_type, b'C' | b'E' | b'I')
+}
+
 /// What a tap and its handle share.
-#[derive(Default)]
 struct Shared {
-    sink: Option<SharedSink>,
+    /// The message type diverted.
+    kind: u8,
+    /// One sink per statement in flight, in the order the statements were sent; the front one
+    /// takes the messages until its statement ends.
+    sinks: VecDeque<SharedSink>,
     /// Counts arms, so that a read that began under one arm updates only that arm's state.
     generation: u64,
-    /// The armed COPY has ended: the tap saw its CopyDone or an ErrorResponse.
-    ended: bool,
-    /// An arm was dropped before its COPY ended: the server may still be sending that COPY's
+    /// An arm was dropped before its statements ended: the server may still be sending their
     /// data, which a new arm would take for its own. The tap is never armed again.
     spent: bool,
-    /// CopyData messages diverted since the connection opened.
+    /// Messages diverted since the connection opened.
     diverted: u64,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            kind: Divert::CopyData.message_type(),
+            sinks: VecDeque::new(),
+            generation: 0,
+            spent: false,
+            diverted: 0,
+        }
+    }
+}
+
+/// What one read of the stream diverts to: the arm it began under and that arm's current sink.
+struct Target {
+    kind: u8,
+    generation: u64,
+    sink: Option<SharedSink>,
+}
+
+impl Target {
+    fn load(shared: &Mutex<Shared>) -> Self {
+        let s = lock(shared);
+        Self {
+            kind: s.kind,
+            generation: s.generation,
+            sink: s.sinks.front().cloned(),
+        }
+    }
+
+    /// The current statement has ended: on to the next one's sink.
+    fn advance(&mut self, shared: &Mutex<Shared>) {
+        let mut s = lock(shared);
+        self.sink = if s.generation == self.generation {
+            s.sinks.pop_front();
+            s.sinks.front().cloned()
+        } else {
+            None
+        };
+    }
 }
 
 /// A reader's handle on the tap of its connection. The default handle (plain connections) taps
@@ -69,20 +138,27 @@ impl std::fmt::Debug for CopyTap {
 }
 
 impl CopyTap {
-    /// Diverts the connection's CopyData to `sink` until the guard is dropped. Arm only between
-    /// statements, before sending the COPY, and drop the guard once the COPY's stream has
-    /// ended. `None` — read the COPY through tokio-postgres — when the connection is not tapped
-    /// (plain, or gone), is armed already, or was disarmed before a COPY ended.
+    /// Diverts the connection's CopyData to `sink` until the guard is dropped (see
+    /// [`CopyTap::arm_for`]).
     pub fn arm(&self, sink: SharedSink) -> Option<Armed> {
+        self.arm_for(Divert::CopyData, vec![sink])
+    }
+
+    /// Diverts the `kind` messages of the next statements sent, one sink per statement in the
+    /// order they are sent, until the guard is dropped. Arm only between statements, before
+    /// sending them, and drop the guard once their streams have ended. `None` — read them
+    /// through tokio-postgres — when the connection is not tapped (plain, or gone), is armed
+    /// already, or was disarmed before its statements ended.
+    pub fn arm_for(&self, kind: Divert, sinks: Vec<SharedSink>) -> Option<Armed> {
         let shared = self.shared.upgrade()?;
         let generation = {
             let mut s = lock(&shared);
-            if s.spent || s.sink.is_some() {
+            if s.spent || !s.sinks.is_empty() || sinks.is_empty() {
                 return None;
             }
             s.generation += 1;
-            s.sink = Some(sink);
-            s.ended = false;
+            s.kind = kind.message_type();
+            s.sinks = sinks.into();
             s.generation
         };
         Some(Armed { shared, generation })
@@ -93,7 +169,7 @@ impl CopyTap {
         self.shared.strong_count() > 0
     }
 
-    /// CopyData messages the tap has diverted so far (0 for an untapped connection).
+    /// Messages the tap has diverted so far (0 for an untapped connection).
     pub fn diverted(&self) -> u64 {
         self.shared.upgrade().map_or(0, |s| lock(&s).diverted)
     }
@@ -108,11 +184,9 @@ pub struct Armed {
 impl Drop for Armed {
     fn drop(&mut self) {
         let mut s = lock(&self.shared);
-        if s.generation == self.generation {
-            s.sink = None;
-            if !s.ended {
-                s.spent = true;
-            }
+        if s.generation == self.generation && !s.sinks.is_empty() {
+            s.sinks.clear();
+            s.spent = true;
         }
     }
 }
@@ -181,15 +255,12 @@ impl<S> Tapped<S> {
 }
 
 /// Splits `data` (the next bytes from the server) into what passes on (appended to `pass`) and
-/// the CopyData payloads, which go to the armed sink. `frame` carries the framing between calls.
+/// the diverted payloads, which go to the armed sinks. `frame` carries the framing between
+/// calls.
 fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shared>) {
-    let (sink, generation) = {
-        let s = lock(shared);
-        (s.sink.clone(), s.generation)
-    };
-    let mut sink = sink.as_deref().map(lock);
+    let mut target = Target::load(shared);
+    let mut sink = target.sink.as_deref().map(lock);
     let mut diverted = 0;
-    let mut ended = false;
     let mut i = 0;
     while i < data.len() {
         match frame {
@@ -208,12 +279,16 @@ fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shar
                     *frame = Frame::Lost;
                     continue;
                 };
-                let divert = header[0] == b'd' && sink.is_some();
-                ended |= sink.is_some() && matches!(header[0], b'c' | b'E');
+                let divert = header[0] == target.kind && sink.is_some();
                 if divert {
                     diverted += 1;
                 } else {
                     pass.extend_from_slice(&header);
+                }
+                if sink.is_some() && ends_statement(header[0]) {
+                    drop(sink);
+                    target.advance(shared);
+                    sink = target.sink.as_deref().map(lock);
                 }
                 *frame = if left == 0 {
                     NEW_MESSAGE
@@ -244,12 +319,8 @@ fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shar
         }
     }
     drop(sink);
-    if diverted > 0 || ended {
-        let mut s = lock(shared);
-        s.diverted += diverted;
-        if ended && s.generation == generation {
-            s.ended = true;
-        }
+    if diverted > 0 {
+        lock(shared).diverted += diverted;
     }
 }
 
@@ -504,6 +575,63 @@ mod tests {
         // Disarmed with no CopyDone or error seen since: spent.
         drop(again);
         assert!(tap.arm(sink()).is_none(), "the server may still be sending");
+    }
+
+    #[tokio::test]
+    async fn pipelined_statements_rows_go_to_their_own_sinks_in_order() {
+        // Two queries sent at once: the first fails after a row, the second returns two rows;
+        // a third statement's rows (not armed for) pass on.
+        let bind = message(b'2', b"");
+        let first = [
+            bind.clone(),
+            message(b'D', b"a1"),
+            message(b'E', b"SERROR\0"),
+            message(b'Z', b"E"),
+        ]
+        .concat();
+        let second = [
+            bind.clone(),
+            message(b'D', b"b1"),
+            message(b'D', b"b2"),
+            message(b'C', b"SELECT 2\0"),
+            message(b'Z', b"I"),
+        ]
+        .concat();
+        let third = [bind, message(b'D', b"c1"), message(b'C', b"SELECT 1\0")].concat();
+        let stream = [first.clone(), second.clone(), third.clone()].concat();
+        for sizes in [vec![1], vec![3, 0, 8], vec![1 << 20]] {
+            let (mut tapped, tap) = Tapped::with_tap(Pieces {
+                data: stream.clone(),
+                at: 0,
+                sizes,
+                turn: 0,
+            });
+            let (a, b) = (
+                Arc::new(Mutex::new(Collect::default())),
+                Arc::new(Mutex::new(Collect::default())),
+            );
+            let armed = tap.arm_for(Divert::DataRows, vec![a.clone(), b.clone()]);
+            let passed = read_all(&mut tapped).await;
+            drop(armed);
+            assert_eq!(lock(&a).0, b"a1");
+            assert_eq!(lock(&b).0, b"b1b2");
+            assert_eq!(tap.diverted(), 3);
+            let without_rows = |m: &[u8], rows: usize| -> Vec<u8> {
+                // Each row message is 7 bytes, right after the 5-byte BindComplete.
+                [&m[..5], &m[5 + 7 * rows..]].concat()
+            };
+            assert_eq!(
+                passed,
+                [
+                    without_rows(&first, 1),
+                    without_rows(&second, 2),
+                    third.clone()
+                ]
+                .concat()
+            );
+            // Both statements ended: the tap can be armed again.
+            assert!(tap.arm(Arc::new(Mutex::new(Collect::default()))).is_some());
+        }
     }
 
     #[tokio::test]

@@ -23,7 +23,7 @@ use tokio_postgres::{
 use uuid::Uuid;
 
 use super::connect::{TappedClient, timed, within};
-use super::copy_tap::{self, CopySink, CopyTap};
+use super::copy_tap::{self, CopySink, CopyTap, Divert, SharedSink};
 use crate::config::Tables;
 use crate::error::{Error, Result};
 use crate::schema::{SchemaDef, SlotType};
@@ -273,17 +273,18 @@ fn selected(slots: &[Row]) -> Vec<Selected> {
 /// selection and the payload reads, with the selection (so the next batch's selection can
 /// start; also a test seam). `None` when nothing is dirty after `after`.
 pub async fn read_next<F: std::future::Future<Output = ()>>(
-    client: &mut Client,
+    conn: &mut TappedClient,
     stmts: &BatchStatements,
     schema_id: i16,
     limit: i64,
     after: Option<Selected>,
     before_payload: impl FnOnce(&[Selected]) -> F,
 ) -> Result<Option<Snapshot>> {
+    let tap = &conn.tap;
     let tx = timed(
         TIMEOUT,
         "begin snapshot",
-        client
+        conn.client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .read_only(true)
@@ -298,26 +299,38 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     let selected = selected(&slots);
     before_payload(&selected).await;
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
-    let mut entities = BatchBuilder::entities(&stmts.bound, ids.len());
-    let mut eav = BatchBuilder::eav(ids.len() * 4);
-    // Both reads are sent at once: tokio-postgres pipelines them on the connection, so the
-    // server works on the second while the first's rows are decoded here.
-    let params: [&(dyn ToSql + Sync); 2] = [&schema_id, &ids];
-    let entity_read = stream_into(
-        &tx,
+    let entities = Decoding::shared(
         "read entity_main",
-        &stmts.entities,
-        &params,
-        &mut entities,
+        CopyDecoder::data_rows(),
+        BatchBuilder::entities(&stmts.bound, ids.len()),
     );
+    let eav = Decoding::shared(
+        "read eav_data",
+        CopyDecoder::data_rows(),
+        BatchBuilder::eav(ids.len() * 4),
+    );
+    // Both reads are sent at once: tokio-postgres pipelines them on the connection, so the
+    // server works on the second while the first's rows are decoded here. `try_join!` polls
+    // the entity read first, so it is sent first, as the tap's sinks are listed; a swap would
+    // fail loudly (the two reads' first columns differ in width).
+    let mut sinks: Vec<SharedSink> = vec![entities.clone()];
+    if stmts.eav.is_some() {
+        sinks.push(eav.clone());
+    }
+    let armed = tap.arm_for(Divert::DataRows, sinks);
+    let params: [&(dyn ToSql + Sync); 2] = [&schema_id, &ids];
+    let entity_read = stream_into(&tx, "read entity_main", &stmts.entities, &params, &entities);
     let eav_read = async {
         match &stmts.eav {
-            None => Ok(0),
-            Some(stmt) => stream_into(&tx, "read eav_data", stmt, &params, &mut eav).await,
+            None => Ok(()),
+            Some(stmt) => stream_into(&tx, "read eav_data", stmt, &params, &eav).await,
         }
     };
     futures::try_join!(entity_read, eav_read)?;
+    drop(armed);
     timed(TIMEOUT, "end snapshot", tx.commit()).await?;
+    let (entities, _) = copy_tap::lock(&entities).finish()?;
+    let (eav, _) = copy_tap::lock(&eav).finish()?;
     let snapshot = Snapshot {
         versions: selected,
         change_log: change_log_batch(&slots)?,
@@ -771,27 +784,26 @@ impl BatchBuilder {
     }
 }
 
-/// Runs `statement` and decodes its rows into `into` as they stream in (no intermediate row
-/// list), under the statement time limit. Returns the rows read.
+/// Runs `statement` and decodes its rows into `decoding` as they stream in (no intermediate
+/// row list), under the statement time limit. On a tapped connection armed for them, the rows
+/// never reach tokio-postgres (the tap decodes them) and the stream only ends.
 async fn stream_into<T: ?Sized + ToStatement>(
     tx: &Transaction<'_>,
     op: &'static str,
     statement: &T,
     params: &[&(dyn ToSql + Sync)],
-    into: &mut BatchBuilder,
-) -> Result<usize> {
+    decoding: &Mutex<Decoding>,
+) -> Result<()> {
     let read = async {
         let stream = tx
             .query_raw(statement, params.iter().map(|p| *p as &dyn ToSql))
             .await
             .map_err(Error::postgres(op))?;
         futures::pin_mut!(stream);
-        let mut rows = 0;
         while let Some(row) = stream.try_next().await.map_err(Error::postgres(op))? {
-            into.push(&row)?;
-            rows += 1;
+            copy_tap::lock(decoding).push_row(&row)?;
         }
-        Ok(rows)
+        Ok(())
     };
     within(TIMEOUT, op, read).await
 }
@@ -813,12 +825,7 @@ async fn copy_into(
     into: BatchBuilder,
 ) -> Result<(BatchBuilder, usize)> {
     let sql = format!("COPY ({query}) TO STDOUT (FORMAT binary)");
-    let decoding = Arc::new(Mutex::new(Decoding {
-        op,
-        decoder: CopyDecoder::default(),
-        into,
-        error: None,
-    }));
+    let decoding = Decoding::shared(op, CopyDecoder::default(), into);
     let read = async {
         let armed = tap.arm(decoding.clone());
         let stream = tx
@@ -834,24 +841,50 @@ async fn copy_into(
         Ok(())
     };
     within(TIMEOUT, op, read).await?;
-    let mut d = copy_tap::lock(&decoding);
-    if let Some(e) = d.error.take() {
-        return Err(e);
-    }
-    let rows = std::mem::take(&mut d.decoder).finish(op)?;
-    Ok((
-        std::mem::replace(&mut d.into, BatchBuilder::new(&[], 0)),
-        rows,
-    ))
+    copy_tap::lock(&decoding).finish()
 }
 
-/// A COPY being decoded, shared between its reader and the connection's tap.
+/// A statement's rows being decoded into a batch: binary COPY data or binary DataRow payloads
+/// from a connection's tap, or rows from tokio-postgres. Shared between the reader and the tap.
 struct Decoding {
     op: &'static str,
     decoder: CopyDecoder,
     into: BatchBuilder,
+    /// Rows that came as tokio-postgres rows.
+    pushed: usize,
     /// The first decoding error; later data is dropped.
     error: Option<Error>,
+}
+
+impl Decoding {
+    fn shared(op: &'static str, decoder: CopyDecoder, into: BatchBuilder) -> Arc<Mutex<Self>> {
+        Arc::new(Mutex::new(Self {
+            op,
+            decoder,
+            into,
+            pushed: 0,
+            error: None,
+        }))
+    }
+
+    /// Appends a row tokio-postgres parsed (an untapped connection).
+    fn push_row(&mut self, row: &Row) -> Result<()> {
+        self.into.push(row)?;
+        self.pushed += 1;
+        Ok(())
+    }
+
+    /// The batch and the rows decoded, or the first error. Leaves an empty batch behind.
+    fn finish(&mut self) -> Result<(BatchBuilder, usize)> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let rows = std::mem::take(&mut self.decoder).finish(self.op)? + self.pushed;
+        Ok((
+            std::mem::replace(&mut self.into, BatchBuilder::new(&[], 0)),
+            rows,
+        ))
+    }
 }
 
 impl CopySink for Decoding {
@@ -871,10 +904,21 @@ struct CopyDecoder {
     buf: bytes::BytesMut,
     header: bool,
     ended: bool,
+    /// DataRow payloads: tuples with no header and no end marker.
+    rows_only: bool,
     rows: usize,
 }
 
 impl CopyDecoder {
+    /// A decoder of DataRow payloads (a binary-format query's rows, laid out as COPY tuples).
+    fn data_rows() -> Self {
+        Self {
+            header: true,
+            rows_only: true,
+            ..Self::default()
+        }
+    }
+
     /// Decodes the complete tuples `chunk` ends (and whatever `buf` held before it).
     fn feed(&mut self, op: &str, chunk: &[u8], into: &mut BatchBuilder) -> Result<()> {
         if self.header && self.buf.is_empty() {
@@ -884,7 +928,7 @@ impl CopyDecoder {
             self.rows += n;
             self.ended |= end;
             self.buf.extend_from_slice(&chunk[used..]);
-            return Ok(());
+            return self.check_end(op);
         }
         self.buf.extend_from_slice(chunk);
         if !self.header {
@@ -905,12 +949,23 @@ impl CopyDecoder {
         self.buf.advance(used);
         self.rows += n;
         self.ended |= end;
+        self.check_end(op)
+    }
+
+    /// Rows carry no end marker: a field count of -1 in one is a broken stream.
+    fn check_end(&self, op: &str) -> Result<()> {
+        if self.rows_only && self.ended {
+            return Err(Error::Invariant(format!(
+                "{op}: a data row has a field count of -1"
+            )));
+        }
         Ok(())
     }
 
-    /// The tuples decoded, once the stream has ended exactly at its end-of-data marker.
+    /// The tuples decoded, once the stream has ended exactly at its end-of-data marker (rows:
+    /// at the end of a row).
     fn finish(self, op: &str) -> Result<usize> {
-        if !self.ended || !self.buf.is_empty() {
+        if !(self.ended || self.rows_only) || !self.buf.is_empty() {
             return Err(Error::Invariant(format!(
                 "{op}: binary COPY stream ended early ({} bytes left)",
                 self.buf.len()

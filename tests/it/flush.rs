@@ -1353,6 +1353,8 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
     use lakecdc::engine::export::{Driver, Inputs};
     use lakecdc::engine::{Engine, EngineConfig};
     use lakecdc::schema::ValueType;
+    use lakecdc::source::connect::TappedClient;
+    use lakecdc::source::copy_tap::CopyTap;
     use lakecdc::source::snapshot;
 
     let mut rig = rig(LakeKind::Local).await;
@@ -1368,14 +1370,43 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
         .attributes
         .retain(|a| a.value_type != ValueType::List);
 
-    let mut client = rig.ctx.connector.connect().await.unwrap();
-    let stmts = snapshot::BatchStatements::prepare(&client, &rig.ctx.tables, &full)
+    // The batch is read twice: through the connection's tap (TLS), and as tokio-postgres's
+    // rows; both must give the same batches.
+    let mut conn = rig.ctx.connector.connect_tapped().await.unwrap();
+    let stmts = snapshot::BatchStatements::prepare(&conn.client, &rig.ctx.tables, &full)
         .await
         .unwrap();
-    let snap = snapshot::read_next(&mut client, &stmts, CUSTOMER, 10_000, None, |_| async {})
+    let snap = snapshot::read_next(&mut conn, &stmts, CUSTOMER, 10_000, None, |_| async {})
         .await
         .unwrap()
         .expect("dirty slots");
+    let diverted = conn.tap.diverted() as usize;
+    assert!(
+        diverted >= snap.entities.num_rows() + snap.eav.num_rows() && snap.eav.num_rows() > 0,
+        "the rows went through the tap ({diverted} messages)"
+    );
+    let mut plain = TappedClient {
+        client: rig.ctx.connector.connect().await.unwrap(),
+        tap: CopyTap::default(),
+    };
+    let stmts_plain = snapshot::BatchStatements::prepare(&plain.client, &rig.ctx.tables, &full)
+        .await
+        .unwrap();
+    let untapped = snapshot::read_next(
+        &mut plain,
+        &stmts_plain,
+        CUSTOMER,
+        10_000,
+        None,
+        |_| async {},
+    )
+    .await
+    .unwrap()
+    .expect("dirty slots");
+    assert_eq!(
+        (&snap.entities, &snap.eav, &snap.change_log),
+        (&untapped.entities, &untapped.eav, &untapped.change_log)
+    );
     let selected = &snap.versions;
     // The batch holds every kind of slot, in change order rather than row order.
     let hard_deleted = selected
