@@ -24,10 +24,10 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, TlsStream};
 
-/// Where an armed tap puts CopyData payloads.
+/// Where an armed tap puts the payloads it diverts (CopyData or DataRow).
 pub trait CopySink: Send {
-    /// Takes the next bytes of the COPY's data, in stream order. A payload may arrive in more
-    /// than one piece, and one piece never spans two messages.
+    /// Takes the next bytes of the diverted payloads, in stream order. A payload may arrive in
+    /// more than one piece, and one piece never spans two messages.
     fn copy_data(&mut self, bytes: &[u8]);
 }
 
@@ -59,10 +59,16 @@ impl Divert {
     }
 }
 
-/// Whether a message of this type ends a statement's response (CommandComplete,
-/// ErrorResponse, EmptyQueryResponse): its sink has all it will get.
-fn ends_statement(message_type: u8) -> bool {
-    matches!(message_type, b'C' | b'E' | b'I')
+/// Whether a message of type `message_type` ends what a sink for `kind` messages gets: a COPY's
+/// data ends at CopyDone (where tokio-postgres ends its stream, so the reader may disarm right
+/// after it) or an ErrorResponse; a query's rows end at CommandComplete, ErrorResponse or
+/// EmptyQueryResponse.
+fn ends_statement(kind: u8, message_type: u8) -> bool {
+    if kind == b'd' {
+        matches!(message_type, b'c' | b'E')
+    } else {
+        matches!(message_type, b'C' | b'E' | b'I')
+    }
 }
 
 /// What a tap and its handle share.
@@ -285,7 +291,7 @@ fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shar
                 } else {
                     pass.extend_from_slice(&header);
                 }
-                if sink.is_some() && ends_statement(header[0]) {
+                if sink.is_some() && ends_statement(target.kind, header[0]) {
                     drop(sink);
                     target.advance(shared);
                     sink = target.sink.as_deref().map(lock);
@@ -565,7 +571,7 @@ mod tests {
             turn: 0,
         });
         let sink = || -> SharedSink { Arc::new(Mutex::new(Collect::default())) };
-        // A COPY that ran to its CopyDone: the tap can be armed again, but only once at a time.
+        // A COPY whose CopyDone was read: the tap can be armed again, but only once at a time.
         let armed = tap.arm(sink()).unwrap();
         assert!(tap.arm(sink()).is_none(), "armed already");
         let mut first = vec![0; 1 << 20];
@@ -632,6 +638,27 @@ mod tests {
             // Both statements ended: the tap can be armed again.
             assert!(tap.arm(Arc::new(Mutex::new(Collect::default()))).is_some());
         }
+    }
+
+    #[tokio::test]
+    async fn a_copy_is_over_at_its_copy_done_even_when_the_rest_comes_later() {
+        // tokio-postgres ends a COPY's stream at CopyDone; the reader disarms then, perhaps
+        // before the tap has read CommandComplete. That must not spend the tap.
+        let (head, data, tail) = copy_response(&[b"row"]);
+        let upto_done = head.len() + data.len() + 5;
+        let (mut tapped, tap) = Tapped::with_tap(Pieces {
+            data: [head, data, tail].concat(),
+            at: 0,
+            sizes: vec![upto_done, 1 << 20],
+            turn: 0,
+        });
+        let sink: SharedSink = Arc::new(Mutex::new(Collect::default()));
+        let armed = tap.arm(sink).unwrap();
+        let mut first = vec![0; 1 << 20];
+        let n = tapped.read(&mut first).await.unwrap();
+        assert_eq!(first[n - 5], b'c', "the read ends with CopyDone");
+        drop(armed);
+        assert!(tap.arm(Arc::new(Mutex::new(Collect::default()))).is_some());
     }
 
     #[tokio::test]

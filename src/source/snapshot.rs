@@ -17,9 +17,7 @@ use arrow::record_batch::RecordBatch;
 use bytes::{Buf, BufMut};
 use futures::TryStreamExt;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{
-    Client, GenericClient, IsolationLevel, Row, Statement, ToStatement, Transaction,
-};
+use tokio_postgres::{Client, GenericClient, IsolationLevel, Row, Statement, Transaction};
 use uuid::Uuid;
 
 use super::connect::{TappedClient, timed, within};
@@ -311,8 +309,9 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     );
     // Both reads are sent at once: tokio-postgres pipelines them on the connection, so the
     // server works on the second while the first's rows are decoded here. `try_join!` polls
-    // the entity read first, so it is sent first, as the tap's sinks are listed; a swap would
-    // fail loudly (the two reads' first columns differ in width).
+    // the entity read first, and a prepared statement's `query_raw` sends before its first
+    // await, so the entity read is sent first, as the tap's sinks are listed. Each read checks
+    // its row count against the server's CommandComplete, so a misrouted row fails the read.
     let mut sinks: Vec<SharedSink> = vec![entities.clone()];
     if stmts.eav.is_some() {
         sinks.push(eav.clone());
@@ -787,10 +786,13 @@ impl BatchBuilder {
 /// Runs `statement` and decodes its rows into `decoding` as they stream in (no intermediate
 /// row list), under the statement time limit. On a tapped connection armed for them, the rows
 /// never reach tokio-postgres (the tap decodes them) and the stream only ends.
-async fn stream_into<T: ?Sized + ToStatement>(
+///
+/// `statement` is prepared: a statement prepared here would send (and answer) more than one
+/// request while the tap is armed for this one.
+async fn stream_into(
     tx: &Transaction<'_>,
     op: &'static str,
-    statement: &T,
+    statement: &Statement,
     params: &[&(dyn ToSql + Sync)],
     decoding: &Mutex<Decoding>,
 ) -> Result<()> {
@@ -802,6 +804,15 @@ async fn stream_into<T: ?Sized + ToStatement>(
         futures::pin_mut!(stream);
         while let Some(row) = stream.try_next().await.map_err(Error::postgres(op))? {
             copy_tap::lock(decoding).push_row(&row)?;
+        }
+        // The tap has passed CommandComplete on only after the rows before it: the rows
+        // decoded either way must be the rows the server says it sent.
+        let sent = stream.rows_affected();
+        let decoded = copy_tap::lock(decoding).rows();
+        if sent != Some(decoded as u64) {
+            return Err(Error::Invariant(format!(
+                "{op}: the server sent {sent:?} rows, {decoded} were decoded"
+            )));
         }
         Ok(())
     };
@@ -865,6 +876,11 @@ impl Decoding {
             pushed: 0,
             error: None,
         }))
+    }
+
+    /// Rows decoded so far, either way.
+    fn rows(&self) -> usize {
+        self.decoder.rows + self.pushed
     }
 
     /// Appends a row tokio-postgres parsed (an untapped connection).
@@ -966,8 +982,13 @@ impl CopyDecoder {
     /// at the end of a row).
     fn finish(self, op: &str) -> Result<usize> {
         if !(self.ended || self.rows_only) || !self.buf.is_empty() {
+            let what = if self.rows_only {
+                "binary data rows ended inside a row"
+            } else {
+                "binary COPY stream ended early"
+            };
             return Err(Error::Invariant(format!(
-                "{op}: binary COPY stream ended early ({} bytes left)",
+                "{op}: {what} ({} bytes left)",
                 self.buf.len()
             )));
         }
@@ -1115,6 +1136,33 @@ mod tests {
         assert!(err.contains("column s: text is not UTF-8"), "{err}");
         // Each value alone is invalid, though together they spell "é": still refused.
         assert!(text(&[&[0xc3], &[0xa9]]).is_err());
+    }
+
+    #[test]
+    fn data_rows_decode_whatever_the_chunking_and_refuse_an_end_marker_or_a_cut_row() {
+        let rows = [tuple(1, Some(7), Some("x")), tuple(2, None, None)].concat();
+        for n in [1, 5, rows.len()] {
+            let mut into = builder();
+            let mut decoder = CopyDecoder::data_rows();
+            for piece in rows.chunks(n) {
+                decoder.feed("rows", piece, &mut into).unwrap();
+            }
+            assert_eq!(decoder.finish("rows").unwrap(), 2, "pieces of {n}");
+            assert_eq!(
+                row_id_at(&into.finish().unwrap(), 1).unwrap(),
+                Uuid::from_u128(2)
+            );
+        }
+        let mut into = builder();
+        let mut decoder = CopyDecoder::data_rows();
+        let err = decoder.feed("rows", &(-1i16).to_be_bytes(), &mut into);
+        assert!(err.unwrap_err().to_string().contains("field count of -1"));
+        let mut decoder = CopyDecoder::data_rows();
+        decoder
+            .feed("rows", &rows[..rows.len() - 1], &mut into)
+            .unwrap();
+        let err = decoder.finish("rows").unwrap_err().to_string();
+        assert!(err.contains("ended inside a row"), "{err}");
     }
 
     #[test]
