@@ -426,6 +426,22 @@ mod tests {
         turn: usize,
     }
 
+    impl Pieces {
+        fn new(data: Vec<u8>, sizes: Vec<usize>) -> Self {
+            Self {
+                data,
+                at: 0,
+                sizes,
+                turn: 0,
+            }
+        }
+    }
+
+    /// A sink that collects what it is given.
+    fn collect() -> SharedSink {
+        Arc::new(Mutex::new(Collect::default()))
+    }
+
     impl AsyncRead for Pieces {
         fn poll_read(
             self: Pin<&mut Self>,
@@ -495,12 +511,7 @@ mod tests {
             vec![1 << 20],
             vec![0, 3, 0, 0, 11],
         ] {
-            let (mut tapped, tap) = Tapped::with_tap(Pieces {
-                data: stream.clone(),
-                at: 0,
-                sizes: sizes.clone(),
-                turn: 0,
-            });
+            let (mut tapped, tap) = Tapped::with_tap(Pieces::new(stream.clone(), sizes.clone()));
             let sink = Arc::new(Mutex::new(Collect::default()));
             let armed = tap.arm(sink.clone()).unwrap();
             let passed = read_all(&mut tapped).await;
@@ -519,33 +530,19 @@ mod tests {
     async fn unarmed_or_plain_every_byte_passes() {
         let (head, data, tail) = copy_response(&[b"a row"]);
         let stream = [head, data, tail].concat();
-        let pieces = || Pieces {
-            data: stream.clone(),
-            at: 0,
-            sizes: vec![3],
-            turn: 0,
-        };
+        let pieces = || Pieces::new(stream.clone(), vec![3]);
         let (mut tapped, tap) = Tapped::with_tap(pieces());
         assert_eq!(read_all(&mut tapped).await, stream);
         assert_eq!(tap.diverted(), 0);
         assert_eq!(read_all(&mut Tapped::plain(pieces())).await, stream);
-        assert!(
-            CopyTap::default()
-                .arm(Arc::new(Mutex::new(Collect::default())))
-                .is_none()
-        );
+        assert!(CopyTap::default().arm(collect()).is_none());
     }
 
     #[tokio::test]
     async fn disarmed_inside_a_message_the_rest_of_it_is_dropped_not_passed() {
         let (head, data, tail) = copy_response(&[&[9u8; 100]]);
         let stream = [head.clone(), data, tail.clone()].concat();
-        let (mut tapped, tap) = Tapped::with_tap(Pieces {
-            data: stream,
-            at: 0,
-            sizes: vec![head.len() + 50],
-            turn: 0,
-        });
+        let (mut tapped, tap) = Tapped::with_tap(Pieces::new(stream, vec![head.len() + 50]));
         let sink = Arc::new(Mutex::new(Collect::default()));
         let armed = tap.arm(sink.clone()).unwrap();
         let mut first = vec![0; head.len() + 50];
@@ -564,23 +561,20 @@ mod tests {
     async fn a_tap_disarmed_before_its_copy_ended_is_never_armed_again() {
         let (head, data, tail) = copy_response(&[b"one", b"two"]);
         let stream = [head.clone(), data.clone(), tail.clone(), head, data, tail].concat();
-        let (mut tapped, tap) = Tapped::with_tap(Pieces {
-            data: stream,
-            at: 0,
-            sizes: vec![1 << 20],
-            turn: 0,
-        });
-        let sink = || -> SharedSink { Arc::new(Mutex::new(Collect::default())) };
+        let (mut tapped, tap) = Tapped::with_tap(Pieces::new(stream, vec![1 << 20]));
         // A COPY whose CopyDone was read: the tap can be armed again, but only once at a time.
-        let armed = tap.arm(sink()).unwrap();
-        assert!(tap.arm(sink()).is_none(), "armed already");
+        let armed = tap.arm(collect()).unwrap();
+        assert!(tap.arm(collect()).is_none(), "armed already");
         let mut first = vec![0; 1 << 20];
         let _ = tapped.read(&mut first).await.unwrap();
         drop(armed);
-        let again = tap.arm(sink()).unwrap();
+        let again = tap.arm(collect()).unwrap();
         // Disarmed with no CopyDone or error seen since: spent.
         drop(again);
-        assert!(tap.arm(sink()).is_none(), "the server may still be sending");
+        assert!(
+            tap.arm(collect()).is_none(),
+            "the server may still be sending"
+        );
     }
 
     #[tokio::test]
@@ -606,12 +600,7 @@ mod tests {
         let third = [bind, message(b'D', b"c1"), message(b'C', b"SELECT 1\0")].concat();
         let stream = [first.clone(), second.clone(), third.clone()].concat();
         for sizes in [vec![1], vec![3, 0, 8], vec![1 << 20]] {
-            let (mut tapped, tap) = Tapped::with_tap(Pieces {
-                data: stream.clone(),
-                at: 0,
-                sizes,
-                turn: 0,
-            });
+            let (mut tapped, tap) = Tapped::with_tap(Pieces::new(stream.clone(), sizes));
             let (a, b) = (
                 Arc::new(Mutex::new(Collect::default())),
                 Arc::new(Mutex::new(Collect::default())),
@@ -636,7 +625,7 @@ mod tests {
                 .concat()
             );
             // Both statements ended: the tap can be armed again.
-            assert!(tap.arm(Arc::new(Mutex::new(Collect::default()))).is_some());
+            assert!(tap.arm(collect()).is_some());
         }
     }
 
@@ -646,32 +635,24 @@ mod tests {
         // before the tap has read CommandComplete. That must not spend the tap.
         let (head, data, tail) = copy_response(&[b"row"]);
         let upto_done = head.len() + data.len() + 5;
-        let (mut tapped, tap) = Tapped::with_tap(Pieces {
-            data: [head, data, tail].concat(),
-            at: 0,
-            sizes: vec![upto_done, 1 << 20],
-            turn: 0,
-        });
-        let sink: SharedSink = Arc::new(Mutex::new(Collect::default()));
-        let armed = tap.arm(sink).unwrap();
+        let (mut tapped, tap) = Tapped::with_tap(Pieces::new(
+            [head, data, tail].concat(),
+            vec![upto_done, 1 << 20],
+        ));
+        let armed = tap.arm(collect()).unwrap();
         let mut first = vec![0; 1 << 20];
         let n = tapped.read(&mut first).await.unwrap();
         assert_eq!(first[n - 5], b'c', "the read ends with CopyDone");
         drop(armed);
-        assert!(tap.arm(Arc::new(Mutex::new(Collect::default()))).is_some());
+        assert!(tap.arm(collect()).is_some());
     }
 
     #[tokio::test]
     async fn a_header_cut_short_by_the_end_of_the_stream_is_passed_on() {
         let mut stream = message(b'Z', b"I");
         stream.extend_from_slice(&[b'C', 0, 0]);
-        let (mut tapped, tap) = Tapped::with_tap(Pieces {
-            data: stream.clone(),
-            at: 0,
-            sizes: vec![2],
-            turn: 0,
-        });
-        let _armed = tap.arm(Arc::new(Mutex::new(Collect::default()))).unwrap();
+        let (mut tapped, tap) = Tapped::with_tap(Pieces::new(stream.clone(), vec![2]));
+        let _armed = tap.arm(collect()).unwrap();
         assert_eq!(read_all(&mut tapped).await, stream);
     }
 
@@ -679,13 +660,8 @@ mod tests {
     async fn a_broken_length_passes_everything_on_from_there() {
         let mut stream = message(b'Z', b"I");
         stream.extend_from_slice(&[b'd', 0, 0, 0, 2, 1, 2, 3]);
-        let (mut tapped, tap) = Tapped::with_tap(Pieces {
-            data: stream.clone(),
-            at: 0,
-            sizes: vec![4],
-            turn: 0,
-        });
-        let _armed = tap.arm(Arc::new(Mutex::new(Collect::default()))).unwrap();
+        let (mut tapped, tap) = Tapped::with_tap(Pieces::new(stream.clone(), vec![4]));
+        let _armed = tap.arm(collect()).unwrap();
         assert_eq!(read_all(&mut tapped).await, stream);
     }
 }
