@@ -279,8 +279,9 @@ impl Connector {
         self.connect_session(None).await
     }
 
-    /// Opens one connection whose binary COPY data can bypass tokio-postgres's per-row messages
-    /// (see [`super::copy_tap`]); the handle taps nothing when the connection is plain.
+    /// Opens one connection whose binary COPY data and prepared queries' rows can bypass
+    /// tokio-postgres's per-row messages (see [`super::copy_tap`]); the handle taps nothing when
+    /// the connection is plain.
     pub async fn connect_tapped(&self) -> Result<TappedClient> {
         let slot = TapSlot::default();
         let client = self.connect_session(Some(&slot)).await?;
