@@ -351,3 +351,51 @@ async fn a_tapped_connection_survives_a_copy_that_fails_midway() {
     assert!(expected.len() > 4 << 20, "{} bytes", expected.len());
     assert_eq!(data, expected);
 }
+
+#[tokio::test]
+async fn a_copy_abandoned_midway_leaves_the_connection_correct_through_tokio_postgres() {
+    use std::sync::{Arc, Mutex};
+    let db = TestDb::new().await;
+    let conn = db.connector().connect_tapped().await.unwrap();
+    let (client, tap) = (&conn.client, &conn.tap);
+    // Two seconds of rows, 2 ms each: the COPY is still running when the reader gives up.
+    let big = "SELECT n, repeat('x', 100) FROM generate_series(1, 1000) n, \
+               LATERAL (SELECT pg_sleep(0.002) WHERE n > 0) s";
+
+    // A reader gives up on a COPY after its first data (a timeout, an abort): the server is
+    // still sending it.
+    let sink = Arc::new(Mutex::new(Collected::default()));
+    let armed = tap.arm(sink.clone()).unwrap();
+    {
+        let sql = format!("COPY ({big}) TO STDOUT (FORMAT binary)");
+        let stream = client.copy_out(sql.as_str()).await.unwrap();
+        futures::pin_mut!(stream);
+        // With the tap armed nothing reaches tokio-postgres until the COPY ends; wait for some
+        // data to have been diverted, then abandon the stream.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while sink.lock().unwrap().0.is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!sink.lock().unwrap().0.is_empty());
+    }
+    drop(armed);
+    assert!(
+        tap.arm(sink.clone()).is_none(),
+        "a tap disarmed before its COPY ended is spent"
+    );
+
+    // Later statements on the connection are right, through tokio-postgres.
+    let n: i64 = client
+        .query_one("SELECT 42::int8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 42);
+    let small = "SELECT n, repeat('y', n) FROM generate_series(1, 500) n";
+    let through_spent = untapped_copy(client, small).await.unwrap().concat();
+    let plain = harness::pg_client(&format!("{}?sslmode=disable", db.url)).await;
+    assert_eq!(
+        through_spent,
+        untapped_copy(&plain, small).await.unwrap().concat()
+    );
+}
