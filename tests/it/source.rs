@@ -290,6 +290,16 @@ async fn untapped_copy(
     client.copy_out(sql.as_str()).await?.try_collect().await
 }
 
+/// Asserts that `client` still runs ordinary statements and gets their results.
+async fn assert_answers_queries(client: &tokio_postgres::Client) {
+    let n: i64 = client
+        .query_one("SELECT 42::int8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 42);
+}
+
 /// `SELECT 1/(k - n)::int8 FROM generate_series(1, rows) n`: fails at row `k`.
 fn divide(k: i64, rows: i64) -> String {
     format!("SELECT 1/({k} - n)::int8 FROM generate_series(1, {rows}) n")
@@ -324,12 +334,7 @@ async fn a_tapped_connection_survives_a_copy_that_fails_midway() {
 
     // The framing held: ordinary statements and a complete COPY work on the same connection,
     // and tokio-postgres saw none of the COPY's data.
-    let n: i64 = client
-        .query_one("SELECT 42::int8", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 42);
+    assert_answers_queries(client).await;
     let before = tap.diverted();
     let (data, result) = tapped_copy(client, tap, &divide(0, 3)).await;
     assert_eq!(result.unwrap(), 0, "no CopyData reached tokio-postgres");
@@ -385,12 +390,7 @@ async fn a_copy_abandoned_midway_leaves_the_connection_correct_through_tokio_pos
     );
 
     // Later statements on the connection are right, through tokio-postgres.
-    let n: i64 = client
-        .query_one("SELECT 42::int8", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 42);
+    assert_answers_queries(client).await;
     let small = "SELECT n, repeat('y', n) FROM generate_series(1, 500) n";
     let through_spent = untapped_copy(client, small).await.unwrap().concat();
     let plain = harness::pg_client(&format!("{}?sslmode=disable", db.url)).await;
