@@ -20,7 +20,7 @@ use tokio_postgres::{Client, Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::copy_tap::{CopyTap, lock};
-use super::read_buffer::{BufferedTls, TapSlot};
+use super::tls_connector::{BufferedTls, TapSlot};
 
 use super::conninfo;
 use crate::error::{Error, Result};

@@ -41,9 +41,10 @@ pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Which messages an armed tap takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Divert {
     /// CopyData: the data of a `COPY … TO STDOUT`.
+    #[default]
     CopyData,
     /// DataRow: the rows of a query with binary results. Each payload is a field count and the
     /// fields, laid out as a binary COPY tuple.
@@ -51,30 +52,31 @@ pub enum Divert {
 }
 
 impl Divert {
+    /// The type byte of the messages diverted.
     fn message_type(self) -> u8 {
         match self {
             Self::CopyData => b'd',
             Self::DataRows => b'D',
         }
     }
-}
 
-/// Whether a message of type `message_type` ends what a sink for `kind` messages gets: a COPY's
-/// data ends at CopyDone (where tokio-postgres ends its stream, so the reader may disarm right
-/// after it) or an ErrorResponse; a query's rows end at CommandComplete, ErrorResponse or
-/// EmptyQueryResponse.
-fn ends_statement(kind: u8, message_type: u8) -> bool {
-    if kind == b'd' {
-        matches!(message_type, b'c' | b'E')
-    } else {
-        matches!(message_type, b'C' | b'E' | b'I')
+    /// Whether a message of type `message_type` ends what a statement's sink gets: a COPY's
+    /// data ends at CopyDone (where tokio-postgres ends its stream, so the reader may disarm
+    /// right after it) or an ErrorResponse; a query's rows end at CommandComplete,
+    /// ErrorResponse or EmptyQueryResponse.
+    fn ends_statement(self, message_type: u8) -> bool {
+        match self {
+            Self::CopyData => matches!(message_type, b'c' | b'E'),
+            Self::DataRows => matches!(message_type, b'C' | b'E' | b'I'),
+        }
     }
 }
 
 /// What a tap and its handle share.
+#[derive(Default)]
 struct Shared {
-    /// The message type diverted.
-    kind: u8,
+    /// The messages diverted.
+    kind: Divert,
     /// One sink per statement in flight, in the order the statements were sent; the front one
     /// takes the messages until its statement ends.
     sinks: VecDeque<SharedSink>,
@@ -87,21 +89,9 @@ struct Shared {
     diverted: u64,
 }
 
-impl Default for Shared {
-    fn default() -> Self {
-        Self {
-            kind: Divert::CopyData.message_type(),
-            sinks: VecDeque::new(),
-            generation: 0,
-            spent: false,
-            diverted: 0,
-        }
-    }
-}
-
 /// What one read of the stream diverts to: the arm it began under and that arm's current sink.
 struct Target {
-    kind: u8,
+    kind: Divert,
     generation: u64,
     sink: Option<SharedSink>,
 }
@@ -163,7 +153,7 @@ impl CopyTap {
                 return None;
             }
             s.generation += 1;
-            s.kind = kind.message_type();
+            s.kind = kind;
             s.sinks = sinks.into();
             s.generation
         };
@@ -285,13 +275,13 @@ fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shar
                     *frame = Frame::Lost;
                     continue;
                 };
-                let divert = header[0] == target.kind && sink.is_some();
+                let divert = header[0] == target.kind.message_type() && sink.is_some();
                 if divert {
                     diverted += 1;
                 } else {
                     pass.extend_from_slice(&header);
                 }
-                if sink.is_some() && ends_statement(target.kind, header[0]) {
+                if sink.is_some() && target.kind.ends_statement(header[0]) {
                     drop(sink);
                     target.advance(shared);
                     sink = target.sink.as_deref().map(lock);

@@ -7,10 +7,10 @@ pub mod conninfo;
 pub mod copy_tap;
 pub mod ddl;
 pub mod lock;
-mod read_buffer;
 pub mod registry;
 pub mod snapshot;
 pub mod stats;
+mod tls_connector;
 
 pub use connect::{Connector, PgSettings, TlsPolicy};
 pub use lock::SchemaLock;
