@@ -1,5 +1,6 @@
 //! PostgreSQL: connecting (DSN, TLS), the per-schema advisory lock, the schema registry,
-//! `change_log` statistics, and the `init-db` DDL. PostgreSQL types never leave this module
+//! `change_log` statistics, the `init-db` DDL, and query results read straight off the wire
+//! (`copy_tap`). PostgreSQL types never leave this module
 //! except the `Client` handle the jobs pass back into it.
 
 pub mod connect;

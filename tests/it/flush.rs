@@ -1354,7 +1354,6 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
     use lakecdc::engine::{Engine, EngineConfig};
     use lakecdc::schema::ValueType;
     use lakecdc::source::connect::TappedClient;
-    use lakecdc::source::copy_tap::CopyTap;
     use lakecdc::source::snapshot;
 
     let mut rig = rig(LakeKind::Local).await;
@@ -1372,15 +1371,22 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
 
     // The batch is read twice: through the connection's tap (TLS), and as tokio-postgres's
     // rows; both must give the same batches.
+    async fn first_batch(
+        rig: &Rig,
+        conn: &mut TappedClient,
+        def: &lakecdc::schema::SchemaDef,
+    ) -> snapshot::Snapshot {
+        snapshot::tune_for_lookups(&conn.client).await.unwrap();
+        let stmts = snapshot::BatchStatements::prepare(&conn.client, &rig.ctx.tables, def)
+            .await
+            .unwrap();
+        snapshot::read_next(conn, &stmts, CUSTOMER, 10_000, None, |_| async {})
+            .await
+            .unwrap()
+            .expect("dirty slots")
+    }
     let mut conn = rig.ctx.connector.connect_tapped().await.unwrap();
-    snapshot::tune_for_lookups(&conn.client).await.unwrap();
-    let stmts = snapshot::BatchStatements::prepare(&conn.client, &rig.ctx.tables, &full)
-        .await
-        .unwrap();
-    let snap = snapshot::read_next(&mut conn, &stmts, CUSTOMER, 10_000, None, |_| async {})
-        .await
-        .unwrap()
-        .expect("dirty slots");
+    let snap = first_batch(&rig, &mut conn, &full).await;
     let diverted = conn.tap.diverted() as usize;
     assert_eq!(
         diverted,
@@ -1388,25 +1394,12 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
         "every row went through the tap"
     );
     assert!(snap.eav.num_rows() > 0);
-    let mut plain = TappedClient {
-        client: rig.ctx.connector.connect().await.unwrap(),
-        tap: CopyTap::default(),
-    };
-    snapshot::tune_for_lookups(&plain.client).await.unwrap();
-    let stmts_plain = snapshot::BatchStatements::prepare(&plain.client, &rig.ctx.tables, &full)
-        .await
-        .unwrap();
-    let untapped = snapshot::read_next(
-        &mut plain,
-        &stmts_plain,
-        CUSTOMER,
-        10_000,
-        None,
-        |_| async {},
+    let untapped = first_batch(
+        &rig,
+        &mut harness::untapped(&rig.ctx.connector).await,
+        &full,
     )
-    .await
-    .unwrap()
-    .expect("dirty slots");
+    .await;
     assert_eq!(
         (&snap.entities, &snap.eav, &snap.change_log),
         (&untapped.entities, &untapped.eav, &untapped.change_log)

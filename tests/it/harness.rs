@@ -105,6 +105,15 @@ pub fn examples_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/schemas")
 }
 
+/// A connection of `connector` that reads everything through tokio-postgres (no COPY tap),
+/// to compare with a tapped one.
+pub async fn untapped(connector: &Connector) -> lakecdc::source::connect::TappedClient {
+    lakecdc::source::connect::TappedClient {
+        client: connector.connect().await.unwrap(),
+        tap: lakecdc::source::copy_tap::CopyTap::default(),
+    }
+}
+
 /// A connection to `url`.
 pub async fn pg_client(url: &str) -> tokio_postgres::Client {
     Connector::new(&pg_settings(url))

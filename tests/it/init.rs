@@ -756,8 +756,6 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     use lakecdc::engine::export::{Driver, Inputs};
     use lakecdc::engine::{Engine, EngineConfig};
     use lakecdc::schema::ValueType;
-    use lakecdc::source::connect::TappedClient;
-    use lakecdc::source::copy_tap::CopyTap;
     use lakecdc::source::snapshot;
 
     let mut rig = rig(LakeKind::Local).await;
@@ -860,10 +858,7 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     let tables = rig.ctx.tables.clone();
     let mut tapped = rig.ctx.connector.connect_tapped().await.unwrap();
     let tap = tapped.tap.clone();
-    let mut plain = TappedClient {
-        client: rig.ctx.connector.connect().await.unwrap(),
-        tap: CopyTap::default(),
-    };
+    let mut plain = crate::harness::untapped(&rig.ctx.connector).await;
     let mut pages = Vec::new();
     let mut untapped = Vec::new();
     for range in snapshot::live_ranges(&plain.client, &tables, 100, 2)
