@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
 use serde::Serialize;
-use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::engine::{Engine, EngineConfig, MergeStats};
@@ -37,14 +36,13 @@ use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
 use crate::lake::owner;
 use crate::lake::{KeyKind, footer};
 use crate::report::label;
+use crate::retry::Backoff;
 use crate::source::registry::Registered;
 use crate::store::delete_or_leave;
 
 /// Compact runs with the shared lake-job context.
 pub use crate::job::Context;
-
-/// The manifest field listing merged paths awaiting gc.
-pub const RETIRED: &str = "retired";
+pub use crate::policy::{CompactThresholds, Decision, Plan};
 
 /// A test seam called after the new base is staged, before the manifest save.
 pub type Hook = Arc<dyn Fn(i16) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -71,14 +69,19 @@ pub struct CompactOptions {
     /// Files downloaded at once.
     pub download_parallelism: usize,
     /// The longest a new base may wait between being staged and being listed (see
-    /// [`COMMIT_LEASE`]).
+    /// [`job::COMMIT_LEASE`]).
     pub commit_lease: Duration,
 }
 
-/// The longest a compaction may take from staging its new base to listing it. Until listed,
-/// the base is an orphan to gc; gc's grace must be at least twice this (the CLI refuses a
-/// shorter `--grace`), so a base older than this is never published: it may already be gone.
-pub const COMMIT_LEASE: Duration = Duration::from_secs(5 * 60);
+impl CompactOptions {
+    /// The numbers the compaction decision is made from.
+    pub fn thresholds(&self) -> CompactThresholds {
+        CompactThresholds {
+            target_base_size: self.target_base_size,
+            dirty_ratio: self.dirty_ratio,
+        }
+    }
+}
 
 impl Default for CompactOptions {
     fn default() -> Self {
@@ -92,101 +95,14 @@ impl Default for CompactOptions {
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),
             download_parallelism: 4,
-            commit_lease: COMMIT_LEASE,
+            commit_lease: job::COMMIT_LEASE,
         }
     }
 }
 
-/// What compact decides for a schema.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    /// Nothing to do.
-    Noop,
-    /// Relabel the deltas as base; no data rewritten.
-    Promote,
-    /// Merge every listed file into one new base.
-    Rewrite,
-}
-
-/// The plan and the numbers behind it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Plan {
-    /// The decision.
-    pub decision: Decision,
-    /// Why, in words.
-    pub reason: String,
-    /// Base files, rows and bytes.
-    pub base_files: usize,
-    /// Rows in the base tier.
-    pub base_rows: i64,
-    /// Bytes in the base tier.
-    pub base_bytes: i64,
-    /// Delta files.
-    pub delta_files: usize,
-    /// Rows in the delta tier.
-    pub delta_rows: i64,
-    /// Bytes in the delta tier.
-    pub delta_bytes: i64,
-    /// delta rows / base rows (0 without base rows).
-    pub dirty_ratio: f64,
-}
-
 /// Decides what to do with a manifest (no I/O).
 pub fn plan(m: &Manifest, opts: &CompactOptions) -> Plan {
-    let sum = |tier: Tier| {
-        m.tier(tier).fold((0usize, 0i64, 0i64), |(n, r, b), f| {
-            (n + 1, r + f.row_count, b + f.size_bytes)
-        })
-    };
-    let (base_files, base_rows, base_bytes) = sum(Tier::Base);
-    let (delta_files, delta_rows, delta_bytes) = sum(Tier::Delta);
-    let dirty_ratio = if base_rows > 0 {
-        delta_rows as f64 / base_rows as f64
-    } else {
-        0.0
-    };
-    let target = i64::try_from(opts.target_base_size).unwrap_or(i64::MAX);
-    let (decision, reason) = if delta_files == 0 {
-        (Decision::Noop, "no deltas".to_string())
-    } else if delta_bytes >= target {
-        (
-            Decision::Promote,
-            format!("delta bytes {delta_bytes} >= --target-base-size {target}"),
-        )
-    } else if base_rows > 0 && dirty_ratio > opts.dirty_ratio {
-        (
-            Decision::Rewrite,
-            format!(
-                "delta rows / base rows {dirty_ratio:.4} > --dirty-ratio {}",
-                opts.dirty_ratio
-            ),
-        )
-    } else if base_rows == 0 {
-        (
-            Decision::Noop,
-            format!("no base rows yet and delta bytes {delta_bytes} < --target-base-size {target}"),
-        )
-    } else {
-        (
-            Decision::Noop,
-            format!(
-                "delta rows / base rows {dirty_ratio:.4} <= --dirty-ratio {}",
-                opts.dirty_ratio
-            ),
-        )
-    };
-    Plan {
-        decision,
-        reason,
-        base_files,
-        base_rows,
-        base_bytes,
-        delta_files,
-        delta_rows,
-        delta_bytes,
-        dirty_ratio,
-    }
+    opts.thresholds().plan(m)
 }
 
 /// Outcome for one schema.
@@ -393,15 +309,22 @@ async fn compact_schema(
     let policy = CommitPolicy::default();
     loop {
         out.attempts += 1;
-        match pass(ctx, opts, hook.clone(), reg.id, &mut out).await {
+        let p = Pass {
+            ctx,
+            opts,
+            hook: hook.clone(),
+            schema_id: reg.id,
+        };
+        match pass(&p, &mut out).await {
             Ok(()) => break,
             Err(PassError::Retry(why)) if out.attempts <= opts.max_retries => {
                 tracing::info!(schema_id = reg.id, why, "compaction lost a race; retrying");
-                let backoff = policy
-                    .base_backoff
-                    .saturating_mul(1 << out.attempts.min(8))
-                    .min(Duration::from_secs(10));
-                tokio::time::sleep(backoff).await;
+                // A lost race waits longer than a manifest conflict: a whole pass reruns.
+                let backoff = Backoff {
+                    max: Duration::from_secs(10),
+                    ..policy.backoff()
+                };
+                backoff.wait(out.attempts + 1).await;
             }
             Err(PassError::Retry(why)) => {
                 out.outcome = Outcome::Failed;
@@ -419,13 +342,16 @@ async fn compact_schema(
     out
 }
 
-async fn pass(
-    ctx: &Context,
-    opts: &CompactOptions,
+/// One compaction pass over a schema: what each of its steps needs.
+struct Pass<'a> {
+    ctx: &'a Context,
+    opts: &'a CompactOptions,
     hook: Option<Hook>,
     schema_id: i16,
-    out: &mut SchemaCompact,
-) -> Result<(), PassError> {
+}
+
+async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
+    let (ctx, opts, schema_id) = (p.ctx, p.opts, p.schema_id);
     let store = ctx.lake.store.as_ref();
     let key = ctx.lake.layout.manifest_key(schema_id);
     let Some(loaded) = manifest::load(store, &key, schema_id).await? else {
@@ -481,17 +407,7 @@ async fn pass(
                     path: dir.clone(),
                     source,
                 })?;
-            let res = rewrite(
-                ctx,
-                opts,
-                hook,
-                schema_id,
-                &ownership,
-                &loaded.manifest,
-                &dir,
-                out,
-            )
-            .await;
+            let res = rewrite(p, &ownership, &loaded.manifest, &dir, out).await;
             let _ = tokio::fs::remove_dir_all(&dir).await;
             res
         }
@@ -559,25 +475,40 @@ async fn download(
     Ok(local)
 }
 
-#[allow(clippy::too_many_arguments)] // one call site; the arguments are the pass's context
+/// Rewrites the listed files into one new base: (1) download and verify the sources, (2)
+/// merge them, (3) stage the new base, (4) splice it into the manifest in place of the
+/// sources, which are retired for gc.
 async fn rewrite(
-    ctx: &Context,
-    opts: &CompactOptions,
-    hook: Option<Hook>,
-    schema_id: i16,
+    p: &Pass<'_>,
     ownership: &owner::Ownership,
     m: &Manifest,
     dir: &std::path::Path,
     out: &mut SchemaCompact,
 ) -> Result<(), PassError> {
-    let store = ctx.lake.store.as_ref();
-    let layout = &ctx.lake.layout;
     for f in &m.files {
-        check_source(ctx, schema_id, f)?;
+        check_source(p.ctx, p.schema_id, f)?;
     }
-    // 1. download + verify, then the system-column check.
+    let sources = download_sources(p, m, dir).await?;
+    let merged_path = dir.join("merged.parquet");
+    let merged = merge(p.opts, sources, merged_path.clone()).await?;
+    out.files_in = m.files.len();
+    out.rows_in = merged.rows_in;
+    let staged = stage_base(p, &merged_path).await?;
+    if let Some(h) = &p.hook {
+        h(p.schema_id).await;
+    }
+    splice(p, ownership, m, &merged, staged, out).await
+}
+
+/// Step 1: every source downloaded (bounded parallelism) and checked against its checksum.
+async fn download_sources(
+    p: &Pass<'_>,
+    m: &Manifest,
+    dir: &std::path::Path,
+) -> Result<Vec<PathBuf>> {
     let t = Instant::now();
-    let sources: Vec<PathBuf> =
+    let (ctx, opts) = (p.ctx, p.opts);
+    let sources =
         stream::iter(m.files.clone().into_iter().enumerate())
             .map(|(i, f)| async move {
                 download(ctx, opts, &f, dir.join(format!("src-{i}.parquet"))).await
@@ -592,75 +523,71 @@ async fn rewrite(
         files = m.files.len(),
         "compact step download"
     );
-    // 2. merge.
+    Ok(sources)
+}
+
+/// Step 2: the system-column check of every source, and the merge into `merged` (DuckDB, on
+/// a blocking thread).
+async fn merge(opts: &CompactOptions, sources: Vec<PathBuf>, merged: PathBuf) -> Result<Merged> {
     let t = Instant::now();
-    let merged = dir.join("merged.parquet");
-    let Merged {
-        rows_in,
-        stats,
-        columns,
-    } = {
-        let (cfg, sources, merged) = (opts.engine.clone(), sources.clone(), merged.clone());
-        tokio::task::spawn_blocking(move || -> Result<Merged> {
-            let mut rows_in = 0u64;
-            for s in &sources {
-                rows_in += u64::try_from(footer::check_file(s)?.row_count).unwrap_or(0);
-            }
-            let engine = Engine::open(&cfg)?;
-            let stats = engine.merge(&sources, &merged)?;
-            let info = footer::check_file(&merged)?;
-            Ok(Merged {
-                rows_in,
-                stats,
-                columns: info.columns,
-            })
+    let cfg = opts.engine.clone();
+    let out = tokio::task::spawn_blocking(move || -> Result<Merged> {
+        let mut rows_in = 0u64;
+        for s in &sources {
+            rows_in += u64::try_from(footer::check_file(s)?.row_count).unwrap_or(0);
+        }
+        let engine = Engine::open(&cfg)?;
+        let stats = engine.merge(&sources, &merged)?;
+        let info = footer::check_file(&merged)?;
+        Ok(Merged {
+            rows_in,
+            stats,
+            columns: info.columns,
         })
-        .await
-        .map_err(|e| Error::Invariant(format!("merge task failed: {e}")))??
-    };
+    })
+    .await
+    .map_err(Error::task("merge"))??;
     tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step merge");
-    out.files_in = m.files.len();
-    out.rows_in = rows_in;
-    // 3. stage and promote.
+    Ok(out)
+}
+
+/// A new base staged at its final key, not yet listed.
+struct StagedBase {
+    key: String,
+    staged: job::Staged,
+}
+
+/// Step 3: the merged file uploaded and promoted to a new UUID-named base key.
+async fn stage_base(p: &Pass<'_>, merged: &std::path::Path) -> Result<StagedBase> {
     let t = Instant::now();
-    let tmp = layout.tmp_key(schema_id, Uuid::new_v4());
-    let put = match store.put_file(&tmp, &merged).await {
-        Ok(p) => p,
-        Err(source) => {
-            let _ = store.delete(&tmp).await;
-            return Err(Error::Storage {
-                op: "upload merged base",
-                key: tmp,
-                source,
-            }
-            .into());
-        }
-    };
-    let base = layout.merged_base_key(schema_id, Uuid::now_v7());
-    // The lease starts before the copy creates the base (gc ages objects by their creation).
-    // It is measured on both clocks: the monotonic one does not count a suspended host (gc on
-    // another host keeps counting), the wall clock can jump; the longer age counts.
-    let staged = Instant::now();
-    let staged_ms = ctx.clock.now_ms();
-    if let Err(source) = store.copy(&tmp, &base).await {
-        let _ = store.delete(&tmp).await;
-        return Err(Error::Storage {
-            op: "promote merged base",
-            key: base,
-            source,
-        }
-        .into());
-    }
-    delete_or_leave(store, &tmp, "temporary object").await;
+    let (store, layout) = (p.ctx.lake.store.as_ref(), &p.ctx.lake.layout);
+    let key = layout.merged_base_key(p.schema_id, Uuid::now_v7());
+    let ops = ("upload merged base", "promote merged base");
+    let clock = p.ctx.clock.as_ref();
+    let staged = job::stage(store, layout, clock, p.schema_id, merged, &key, ops).await?;
     tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step upload");
-    if let Some(h) = &hook {
-        h(schema_id).await;
-    }
-    // 4. the splice.
+    Ok(StagedBase { key, staged })
+}
+
+/// Step 4: one conditional save lists the new base in place of its sources and retires them.
+/// Refused when the base outlived its lease (gc may already treat it as an orphan) or when a
+/// source left the manifest meanwhile (the pass is retried); a save that certainly did not land
+/// deletes the staged base.
+async fn splice(
+    p: &Pass<'_>,
+    ownership: &owner::Ownership,
+    m: &Manifest,
+    merged: &Merged,
+    base: StagedBase,
+    out: &mut SchemaCompact,
+) -> Result<(), PassError> {
+    let (ctx, opts, schema_id) = (p.ctx, p.opts, p.schema_id);
+    let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
+    let (stats, put) = (&merged.stats, &base.staged.put);
     let merged_paths: BTreeSet<String> = m.files.iter().map(|f| f.path.clone()).collect();
     let entry = FileEntry {
         tier: Tier::Base,
-        path: base.clone(),
+        path: base.key.clone(),
         row_id_min: stats.row_id_min.clone().unwrap_or_default(),
         row_id_max: stats.row_id_max.clone().unwrap_or_default(),
         created_min: stats.changed_min,
@@ -668,7 +595,7 @@ async fn rewrite(
         size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
         row_count: i64::try_from(stats.rows_out).unwrap_or(i64::MAX),
         checksum: Some(put.checksum()),
-        columns: Some(columns.into_iter().collect()),
+        columns: Some(merged.columns.iter().cloned().collect()),
         extra: Default::default(),
     };
     let mut vanished: Option<String> = None;
@@ -685,27 +612,19 @@ async fn rewrite(
         ctx.clock.as_ref(),
         policy,
         |m| {
-            let wall = u64::try_from(ctx.clock.now_ms().saturating_sub(staged_ms)).unwrap_or(0);
-            let (mono, wall) = (staged.elapsed(), Duration::from_millis(wall));
-            if mono.max(wall) > opts.commit_lease {
-                return Err(Error::Invariant(format!(
-                    "the new base {base} was staged {}s ago ({}s by the wall clock), longer than \
-                     the {}s lease (a slow store, a suspended host, a clock step?): gc may \
-                     already treat it as an orphan, so it is not published; run compact again",
-                    mono.as_secs(),
-                    wall.as_secs(),
-                    opts.commit_lease.as_secs()
-                )));
-            }
+            check_lease(p, &base)?;
             let listed: BTreeSet<&String> = m.files.iter().map(|f| &f.path).collect();
             if let Some(gone) = merged_paths.iter().find(|p| !listed.contains(p)) {
                 vanished = Some(gone.clone());
-                return Err(Error::Invariant(format!("{gone} is no longer listed")));
+                return Err(Error::Manifest {
+                    key: layout.manifest_key(schema_id),
+                    message: format!("{gone} is no longer listed"),
+                });
             }
             m.files.retain(|f| !merged_paths.contains(&f.path));
             m.files.push(entry.clone());
             // Stamped at this attempt: gc's grace for the sources starts when they are unlisted.
-            retire(m, &merged_paths, ctx.clock.now_ms());
+            m.retire(&merged_paths, ctx.clock.now_ms());
             Ok(())
         },
     )
@@ -715,18 +634,19 @@ async fn rewrite(
             out.files_out = 1;
             out.rows_out = stats.rows_out;
             out.bytes_out = put.size;
-            out.new_base = Some(base);
+            out.new_base = Some(base.key);
             Ok(())
         }
-        Err(Error::AmbiguousCommit { key, source }) => Err(PassError::Fail(Error::Manifest {
-            key,
-            message: format!(
-                "the save of the new base {base} may or may not have landed ({source}); the base is kept — run verify/inspect before compacting again"
-            ),
-        })),
+        Err(Error::AmbiguousCommit { key, source }) => {
+            Err(PassError::Fail(Error::AmbiguousPublish {
+                key,
+                object: base.key,
+                source,
+            }))
+        }
         Err(e) => {
             // Provably not committed: the staged base is unlisted garbage now.
-            delete_or_leave(store, &base, "staged base").await;
+            delete_or_leave(store, &base.key, "staged base").await;
             match vanished {
                 Some(path) => Err(PassError::Retry(format!(
                     "{path} left the manifest meanwhile"
@@ -737,59 +657,27 @@ async fn rewrite(
     }
 }
 
-/// Records merged or replaced paths under the manifest's `retired` list (deleted by gc after
-/// its grace period).
-pub fn retire(m: &mut Manifest, paths: &BTreeSet<String>, now: i64) {
-    let list = m
-        .extra
-        .entry(RETIRED.to_string())
-        .or_insert_with(|| Value::Array(Vec::new()));
-    if !list.is_array() {
-        *list = Value::Array(Vec::new());
-    }
-    if let Value::Array(items) = list {
-        let known: BTreeSet<String> = items
-            .iter()
-            .filter_map(|v| v.get("path").and_then(Value::as_str).map(str::to_string))
-            .collect();
-        for p in paths.iter().filter(|p| !known.contains(*p)) {
-            items.push(json!({"path": p, "retired_at_ms": now}));
-        }
-    }
-}
-
-/// Drops `paths` from the manifest's `retired` list (gc, once their objects are gone).
-pub fn forget_retired(m: &mut Manifest, paths: &BTreeSet<String>) {
-    if let Some(Value::Array(items)) = m.extra.get_mut(RETIRED) {
-        items.retain(|v| {
-            v.get("path")
-                .and_then(Value::as_str)
-                .is_none_or(|p| !paths.contains(p))
+/// Refuses to list a base staged longer ago than the commit lease. The lease starts before the
+/// copy creates the base (gc ages objects by their creation) and is measured on both clocks:
+/// the monotonic one does not count a suspended host (gc on another host keeps counting), the
+/// wall clock can jump; the longer age counts.
+fn check_lease(p: &Pass<'_>, base: &StagedBase) -> Result<()> {
+    let since_ms = p
+        .ctx
+        .clock
+        .now_ms()
+        .saturating_sub(base.staged.promoted_at_ms);
+    let wall = Duration::from_millis(u64::try_from(since_ms).unwrap_or(0));
+    let mono = base.staged.promoted_at.elapsed();
+    if mono.max(wall) > p.opts.commit_lease {
+        return Err(Error::LeaseExpired {
+            key: base.key.clone(),
+            staged_s: mono.as_secs(),
+            wall_s: wall.as_secs(),
+            lease_s: p.opts.commit_lease.as_secs(),
         });
     }
-}
-
-/// The paths a manifest lists as retired.
-pub fn retired_paths(m: &Manifest) -> BTreeSet<String> {
-    retired_since(m).into_keys().collect()
-}
-
-/// When each path in the manifest's `retired` list was retired (epoch ms; 0 when unknown).
-pub fn retired_since(m: &Manifest) -> std::collections::BTreeMap<String, i64> {
-    m.extra
-        .get(RETIRED)
-        .and_then(Value::as_array)
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(|v| {
-                    let path = v.get("path").and_then(Value::as_str)?;
-                    let at = v.get("retired_at_ms").and_then(Value::as_i64).unwrap_or(0);
-                    Some((path.to_string(), at))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    Ok(())
 }
 
 #[cfg(test)]
@@ -857,15 +745,5 @@ mod tests {
         assert_eq!((p.base_rows, p.delta_rows, p.delta_files), (100, 6, 1));
         assert!((p.dirty_ratio - 0.06).abs() < 1e-9);
         assert!(p.reason.contains("--dirty-ratio"), "{}", p.reason);
-    }
-
-    #[test]
-    fn retire_records_each_path_once() {
-        let mut m = Manifest::empty(7);
-        let paths: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
-        retire(&mut m, &paths, 5);
-        retire(&mut m, &paths, 6);
-        assert_eq!(retired_paths(&m), paths);
-        assert_eq!(m.extra[RETIRED].as_array().unwrap().len(), 2);
     }
 }

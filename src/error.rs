@@ -13,7 +13,19 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Every failure lakecdc reports.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Invalid configuration or usage; the message names the setting and the fix.
+    /// A setting's value is invalid, or one the job needs is missing. `setting` is its key
+    /// (the config-file key, which the binary shows as its flag); `reason` says what is wrong
+    /// and how to fix it.
+    #[error("{setting} {reason}")]
+    Setting {
+        /// The setting's key.
+        setting: String,
+        /// What is wrong with its value, and the fix.
+        reason: String,
+    },
+
+    /// Invalid configuration or usage not tied to one setting (credentials, a connection
+    /// string's syntax, the config file); the message says what and the fix.
     #[error("{0}")]
     Config(String),
 
@@ -27,7 +39,7 @@ pub enum Error {
     },
 
     /// An object-store operation failed.
-    #[error("{op} {key}: {source}")]
+    #[error("{op} {key}")]
     Storage {
         /// What lakecdc was doing.
         op: &'static str,
@@ -49,10 +61,25 @@ pub enum Error {
     },
 
     /// A manifest write failed in a way that does not prove it did not land.
-    #[error("manifest {key}: the write may or may not have been committed: {source}")]
+    #[error("manifest {key}: the write may or may not have been committed")]
     AmbiguousCommit {
         /// The manifest key.
         key: String,
+        /// The underlying store error.
+        #[source]
+        source: StoreError,
+    },
+
+    /// The save that would list a new object failed in a way that does not prove it did not
+    /// land: the object is kept (the manifest may list it).
+    #[error(
+        "manifest {key}: the save of the new base {object} may or may not have landed; the base is kept — run verify/inspect before compacting again"
+    )]
+    AmbiguousPublish {
+        /// The manifest key.
+        key: String,
+        /// The object the save would list.
+        object: String,
         /// The underlying store error.
         #[source]
         source: StoreError,
@@ -75,7 +102,7 @@ pub enum Error {
     },
 
     /// A PostgreSQL operation failed.
-    #[error("postgres: {op}: {source}")]
+    #[error("postgres: {op}")]
     Postgres {
         /// What lakecdc was doing.
         op: String,
@@ -94,7 +121,7 @@ pub enum Error {
     },
 
     /// A DuckDB operation failed.
-    #[error("duckdb: {op}: {source}")]
+    #[error("duckdb: {op}")]
     DuckDb {
         /// What lakecdc was doing.
         op: String,
@@ -113,7 +140,7 @@ pub enum Error {
     },
 
     /// A local file-system operation failed.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         /// What lakecdc was doing.
         op: &'static str,
@@ -124,7 +151,47 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// An internal invariant does not hold; a bug or a corrupted input.
+    /// Data read from PostgreSQL does not have the shape lakecdc asked for (a protocol or a
+    /// value that cannot be decoded); nothing built from it is published.
+    #[error("{op}: {message}")]
+    Decode {
+        /// What lakecdc was reading.
+        op: String,
+        /// What is wrong with the data.
+        message: String,
+    },
+
+    /// An Arrow operation on rows in memory failed.
+    #[error("arrow: {op}")]
+    Arrow {
+        /// What lakecdc was doing.
+        op: String,
+        /// The Arrow error.
+        #[source]
+        source: arrow::error::ArrowError,
+    },
+
+    /// A JSON document lakecdc writes could not be serialised.
+    #[error("serialising {what}")]
+    Json {
+        /// The document.
+        what: &'static str,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A task running a step on another thread panicked or was cancelled.
+    #[error("{op} task failed")]
+    Task {
+        /// The step the task ran.
+        op: &'static str,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+
+    /// An internal invariant does not hold: a bug in lakecdc.
     #[error("invariant violated: {0}")]
     Invariant(String),
 
@@ -139,6 +206,29 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// A staged object waited longer than its lease to be listed: gc may already treat it as
+    /// an orphan, so it is not published.
+    #[error(
+        "the new base {key} was staged {staged_s}s ago ({wall_s}s by the wall clock), longer than the {lease_s}s lease (a slow store, a suspended host, a clock step?): gc may already treat it as an orphan, so it is not published; run compact again"
+    )]
+    LeaseExpired {
+        /// The staged object.
+        key: String,
+        /// Seconds since staging, by the monotonic clock.
+        staged_s: u64,
+        /// Seconds since staging, by the wall clock.
+        wall_s: u64,
+        /// The lease.
+        lease_s: u64,
+    },
+
+    /// The backend that took a schema's lock is no longer its holder.
+    #[error("backend {backend_pid} no longer holds the advisory lock")]
+    LockNotHeld {
+        /// The backend that took the lock.
+        backend_pid: i32,
+    },
+
     /// A stop was requested (SIGTERM/SIGINT) while a job could still give up its work
     /// without publishing anything.
     #[error("stop requested (SIGTERM/SIGINT)")]
@@ -150,14 +240,57 @@ impl Error {
     /// everything else (DESIGN §5).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) | Error::Metadata { .. } => 2,
+            Error::Config(_) | Error::Setting { .. } | Error::Metadata { .. } => 2,
             _ => 1,
         }
     }
 
-    /// Shorthand for building a configuration error.
+    /// Shorthand for building a configuration error not tied to one setting.
     pub fn config(message: impl Into<String>) -> Self {
         Error::Config(message.into())
+    }
+
+    /// A setting's value is wrong: `setting` is its key, `reason` what is wrong and the fix.
+    pub fn setting(setting: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Setting {
+            setting: setting.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Wraps an Arrow error with the operation that failed.
+    pub fn arrow(op: impl Into<String>) -> impl FnOnce(arrow::error::ArrowError) -> Self {
+        let op = op.into();
+        move |source| Error::Arrow { op, source }
+    }
+
+    /// Wraps a failed task's join error with the step it ran.
+    pub fn task(op: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {
+        move |source| Error::Task { op, source }
+    }
+
+    /// Wraps a serialisation error with the document.
+    pub fn json(what: &'static str) -> impl FnOnce(serde_json::Error) -> Self {
+        move |source| Error::Json { what, source }
+    }
+
+    /// Builds a decode error for data read by `op`.
+    pub fn decode(op: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Decode {
+            op: op.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Whether trying the same step again may succeed: a conflict lost to another writer, a
+    /// timeout, or a storage failure that is not a refusal. Configuration, data and internal
+    /// errors, and a commit that may have landed, are never retried.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::ManifestConflict { .. } | Error::PostgresTimeout { .. } => true,
+            Error::Storage { source, .. } => source.is_retryable(),
+            _ => false,
+        }
     }
 
     /// Wraps a PostgreSQL driver error with the operation that failed.
@@ -178,16 +311,14 @@ impl Error {
         move |source| Error::Storage { op, key, source }
     }
 
-    /// The full cause chain on one line, for the CLI's single error line.
+    /// The full cause chain on one line, for the CLI's single error line: each cause is a
+    /// `source`, never part of its parent's message, so every link is printed once.
     pub fn chain(&self) -> String {
         let mut out = self.to_string();
         let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(self);
         while let Some(err) = cur {
-            let text = err.to_string();
-            if !out.contains(&text) {
-                out.push_str(": ");
-                out.push_str(&text);
-            }
+            out.push_str(": ");
+            out.push_str(&err.to_string());
             cur = err.source();
         }
         out

@@ -29,21 +29,20 @@ use serde::Serialize;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::clock::Clock;
-use crate::config::Tables;
-use crate::engine::export::{Driver, Inputs};
+use crate::engine::Driver;
+use crate::engine::export::Inputs;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
+use crate::job;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
-use crate::lake::{Lake, footer, owner};
+use crate::lake::{footer, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, dir};
-use crate::shutdown::Shutdown;
 use crate::source::connect::TappedClient;
 use crate::source::registry::{self, Registered};
 use crate::source::snapshot::{self, Selected, Snapshot};
-use crate::source::{Connector, stats};
+use crate::source::stats;
 use crate::store::delete_or_leave;
 
 mod read_ahead;
@@ -75,22 +74,8 @@ impl std::fmt::Debug for FlushHooks {
     }
 }
 
-/// Everything a flush run needs besides its options.
-#[derive(Debug, Clone)]
-pub struct Context {
-    /// PostgreSQL.
-    pub connector: Connector,
-    /// Source table names.
-    pub tables: Tables,
-    /// The schema directory (required when something is to be flushed).
-    pub schema_dir: Option<PathBuf>,
-    /// The lake.
-    pub lake: Lake,
-    /// Wall clock.
-    pub clock: Arc<dyn Clock>,
-    /// Stop request.
-    pub shutdown: Shutdown,
-}
+pub use crate::job::Context;
+pub use crate::policy::FlushThresholds;
 
 /// Flush options (defaults as in DESIGN §4.1).
 #[derive(Debug, Clone)]
@@ -119,6 +104,17 @@ pub struct FlushOptions {
     pub engine: EngineConfig,
     /// Manifest commit bounds.
     pub commit: CommitPolicy,
+}
+
+impl FlushOptions {
+    /// The numbers that decide whether a schema is due.
+    pub fn thresholds(&self) -> FlushThresholds {
+        FlushThresholds {
+            min_records: self.min_records,
+            max_age: self.max_age,
+            force: self.force,
+        }
+    }
 }
 
 impl Default for FlushOptions {
@@ -321,10 +317,10 @@ pub async fn run(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> Resu
     let mut work = Vec::with_capacity(targets.len());
     for reg in targets {
         let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
-            Error::config(format!(
-                "schema {} has rows to flush but --schema-dir is not set",
-                reg.name
-            ))
+            Error::setting(
+                "schema-dir",
+                format!("is not set, and schema {} has rows to flush", reg.name),
+            )
         })?;
         let def = dir::load(dir, &reg.name)?;
         work.push((reg, def));
@@ -382,7 +378,14 @@ async fn flush_schema(
     }
     let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
     let result = crate::job::with_lock(&ctx.connector, reg.id, async |_| {
-        flush_locked(ctx, opts, hooks, &def, reg.id, &mut report).await
+        let sf = SchemaFlush {
+            ctx,
+            opts,
+            hooks,
+            def: &def,
+            schema_id: reg.id,
+        };
+        flush_locked(&sf, &mut report).await
     })
     .instrument(span)
     .await
@@ -401,30 +404,27 @@ async fn flush_schema(
     report
 }
 
-/// Why a schema is not due for a flush, or `None` when it is (also used by inspect).
+/// Why the schema is not flushed now (`None` when it is due).
 pub fn below_threshold(opts: &FlushOptions, count: i64, oldest: i64, now: i64) -> Option<String> {
-    let age_ms = now.saturating_sub(oldest);
-    let max_age_ms = i64::try_from(opts.max_age.as_millis()).unwrap_or(i64::MAX);
-    if opts.force || count >= opts.min_records || (oldest > 0 && age_ms >= max_age_ms) {
-        None
-    } else {
-        Some(format!(
-            "{count} dirty rows < --min-records {} and oldest {}s < --max-age {}s",
-            opts.min_records,
-            age_ms.max(0) / 1000,
-            max_age_ms / 1000
-        ))
-    }
+    opts.thresholds().below(count, oldest, now)
 }
 
-async fn flush_locked(
-    ctx: &Context,
-    opts: &FlushOptions,
-    hooks: &FlushHooks,
-    def: &SchemaDef,
+/// One schema's flush: what every step of its batches needs.
+struct SchemaFlush<'a> {
+    ctx: &'a Context,
+    opts: &'a FlushOptions,
+    hooks: &'a FlushHooks,
+    def: &'a SchemaDef,
     schema_id: i16,
-    report: &mut SchemaReport,
-) -> Result<()> {
+}
+
+async fn flush_locked(sf: &SchemaFlush<'_>, report: &mut SchemaReport) -> Result<()> {
+    let SchemaFlush {
+        ctx,
+        opts,
+        schema_id,
+        ..
+    } = *sf;
     let conn = ctx.connector.connect_tapped().await?;
     snapshot::tune_for_lookups(&conn.client).await?;
     let dirty = stats::dirty(&conn.client, &ctx.tables.change_log, schema_id).await?;
@@ -445,7 +445,7 @@ async fn flush_locked(
     }
     report.outcome = Outcome::Flushed;
     let mut pending: Option<PendingMark> = None;
-    let result = drain(ctx, opts, hooks, def, schema_id, conn, &mut pending, report).await;
+    let result = drain(sf, conn, &mut pending, report).await;
     // A started mark always finishes and is accounted for, whatever happened after it.
     let settled = settle_mark(pending.take(), report).await;
     result.and(settled)
@@ -470,17 +470,19 @@ fn stopped(report: &mut SchemaReport, reading: bool) {
 /// The batch loop. Batches are read ahead on up to two connections ([`read_ahead`]) while the
 /// current one is written, uploaded and committed, and each batch's mark (step 5) runs on a
 /// further connection while the next batch is exported; at most one mark is in flight.
-#[allow(clippy::too_many_arguments)] // one call site; the arguments are the schema's context
 async fn drain(
-    ctx: &Context,
-    opts: &FlushOptions,
-    hooks: &FlushHooks,
-    def: &SchemaDef,
-    schema_id: i16,
+    sf: &SchemaFlush<'_>,
     conn: TappedClient,
     pending: &mut Option<PendingMark>,
     report: &mut SchemaReport,
 ) -> Result<()> {
+    let SchemaFlush {
+        ctx,
+        opts,
+        hooks,
+        def,
+        schema_id,
+    } = *sf;
     let started = Instant::now();
     let plan = read_ahead::Plan {
         connector: ctx.connector.clone(),
@@ -549,12 +551,7 @@ async fn drain(
                 report.rows_exported += slots.len() as u64;
             }
             read_ahead::Fetched::Read(snap) => {
-                engine = Some(
-                    export_batch(
-                        ctx, opts, hooks, def, schema_id, &snap, engine, owned, report,
-                    )
-                    .await?,
-                );
+                engine = Some(export_batch(sf, &snap, engine, owned, report).await?);
                 settle_mark(pending.take(), report).await?;
                 let mc = match &marker {
                     Some(m) => m.clone(),
@@ -576,18 +573,14 @@ async fn drain(
 }
 
 /// Steps 2–5 for one batch. Returns the engine for reuse.
-#[allow(clippy::too_many_arguments)] // one call site; the arguments are the batch's context
 async fn export_batch(
-    ctx: &Context,
-    opts: &FlushOptions,
-    hooks: &FlushHooks,
-    def: &SchemaDef,
-    schema_id: i16,
+    sf: &SchemaFlush<'_>,
     snap: &Snapshot,
     engine: Option<Engine>,
     ownership: &mut owner::Ownership,
     report: &mut SchemaReport,
 ) -> Result<Engine> {
+    let (opts, def, schema_id) = (sf.opts, sf.def, sf.schema_id);
     let file_id = Uuid::new_v4();
     let local = opts.work_dir.join(format!("lakecdc-{file_id}.parquet"));
     let t = Instant::now();
@@ -601,10 +594,7 @@ async fn export_batch(
     )
     .await?;
     step_done("write parquet", t);
-    let outcome = publish(
-        ctx, opts, hooks, schema_id, snap, &local, written, file_id, ownership, report,
-    )
-    .await;
+    let outcome = publish(sf, snap, &local, written, ownership, report).await;
     if let Err(e) = tokio::fs::remove_file(&local).await {
         tracing::warn!(path = %local.display(), error = %e, "could not remove local parquet file");
     }
@@ -659,52 +649,43 @@ async fn write_local(
         ))
     })
     .await
-    .map_err(|e| Error::Invariant(format!("export task failed: {e}")))?
+    .map_err(Error::task("export"))?
 }
 
 /// Upload → promote → manifest → mark. An unclaimed data prefix is claimed for this manifest
 /// right before the first manifest save, so a run that fails earlier leaves no claim.
-#[allow(clippy::too_many_arguments)] // one call site; the arguments are the batch's context
 async fn publish(
-    ctx: &Context,
-    opts: &FlushOptions,
-    hooks: &FlushHooks,
-    schema_id: i16,
+    sf: &SchemaFlush<'_>,
     snap: &Snapshot,
     local: &std::path::Path,
     written: Written,
-    file_id: Uuid,
     ownership: &mut owner::Ownership,
     report: &mut SchemaReport,
 ) -> Result<()> {
+    let SchemaFlush {
+        ctx,
+        opts,
+        hooks,
+        schema_id,
+        ..
+    } = *sf;
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
-    let tmp = layout.tmp_key(schema_id, file_id);
     let t = Instant::now();
-    let put = match store.put_file(&tmp, local).await {
-        Ok(put) => put,
-        Err(source) => {
-            delete_or_leave(store, &tmp, "temporary object").await;
-            return Err(Error::Storage {
-                op: "upload delta",
-                key: tmp,
-                source,
-            });
-        }
-    };
     let key = layout.delta_key(schema_id, Uuid::now_v7());
-    if let Err(source) = store.copy(&tmp, &key).await {
-        delete_or_leave(store, &tmp, "temporary object").await;
-        return Err(Error::Storage {
-            op: "promote delta",
-            key,
-            source,
-        });
-    }
-    if let Err(e) = store.delete(&tmp).await {
-        report.tmp_leaked += 1;
-        tracing::warn!(key = %tmp, error = %e, "temporary object left for gc");
-    }
+    let ops = ("upload delta", "promote delta");
+    let staged = job::stage(
+        store,
+        layout,
+        ctx.clock.as_ref(),
+        schema_id,
+        local,
+        &key,
+        ops,
+    )
+    .await?;
+    report.tmp_leaked += u32::from(staged.tmp_left);
+    let put = staged.put;
     step_done("upload and promote", t);
     let (min, max) = row_id_range(&snap.versions);
     let now = ctx.clock.now_ms();
@@ -786,9 +767,7 @@ async fn settle_mark(pending: Option<PendingMark>, report: &mut SchemaReport) ->
     let Some(task) = pending else {
         return Ok(());
     };
-    let (marked, exported) = task
-        .await
-        .map_err(|e| Error::Invariant(format!("mark task failed: {e}")))??;
+    let (marked, exported) = task.await.map_err(Error::task("mark"))??;
     report.rows_marked += marked;
     report.rows_left_dirty += exported.saturating_sub(marked);
     Ok(())

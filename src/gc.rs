@@ -1,16 +1,23 @@
-//! `lakecdc gc`: removes proven garbage from a schema's data prefix (DESIGN §4.4).
+//! `lakecdc gc`: removes proven garbage from a schema's data prefix (docs/design.md §4.4).
 //!
-//! Under the schema lock it lists the prefix, classifies every unlisted key with the shared key
-//! parser, and records first sightings in `<manifest key>.gc-state` (forma's format:
-//! `{"first_unlisted_ms": {key: ms}}`). Staging (`_tmp/`), merged-base and init-base orphans are
-//! deleted only when both their first sighting and the object itself are older than the grace
-//! period — an in-flight writer's staged or promoted-but-not-yet-committed file is always
-//! younger. The same holds for files a compaction merged and recorded as `retired` in the
-//! manifest. Other unlisted deltas (a flush whose manifest commit failed) are reported, never
-//! deleted;
-//! unknown keys are never touched. A prefix holding base-shaped objects while no manifest entry
-//! lies in it is refused (study §10 #463): a mis-pointed manifest would make every base look
-//! orphaned.
+//! Per schema, under its lock, gc first makes a plan (reads only): (1) the prefix's owner
+//! marker must be this manifest's; (2) the prefix is listed and every unlisted key is classified
+//! with the shared key parser; a prefix holding base-shaped objects while no manifest entry lies
+//! in it is refused (docs/hazards.md #463): a mis-pointed manifest would make every base look
+//! orphaned; (3) first sightings are read from `<manifest key>.gc-state` (forma's format:
+//! `{"first_unlisted_ms": {key: ms}}`) and each deletable orphan — staging (`_tmp/`),
+//! merged-base and init-base orphans, and files the manifest records as `retired` — is due only
+//! when its first sighting, its retirement and the object itself are all older than the grace
+//! period: an in-flight writer's staged or promoted-but-not-yet-committed file is always
+//! younger. A second manifest load drops keys a writer listed meanwhile. Other unlisted deltas
+//! (a flush whose manifest commit failed) are reported, never deleted; unknown keys are never
+//! touched. `--dry-run` prints this plan.
+//!
+//! The real run then executes it: (4) delete the due orphans (a failed delete is kept for the
+//! next run), (5) save the sightings with a conditional write, (6) drop the retired paths whose
+//! objects are gone from the manifest (a conditional commit). A crash between steps leaves
+//! deleted objects that nothing lists and sightings that are at most one run old: the next run
+//! repeats what is left.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -18,7 +25,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::compact;
 use crate::error::{Error, Result};
 use crate::job;
 use crate::lake::KeyKind;
@@ -156,18 +162,21 @@ impl GcReport {
     }
 }
 
-/// Refuses a grace shorter than twice [`compact::COMMIT_LEASE`]: a compaction may take
+/// Refuses a grace shorter than twice [`job::COMMIT_LEASE`]: a compaction may take
 /// up to the lease between staging its new base and listing it, and until then gc sees an
 /// orphan; a shorter grace could delete a base about to be published.
 pub fn check_grace(grace: Duration) -> Result<()> {
-    let lease = compact::COMMIT_LEASE;
+    let lease = job::COMMIT_LEASE;
     let least = lease * 2;
     if grace < least {
-        return Err(Error::config(format!(
-            "--grace must be at least {}m: a compaction may take up to {}m between staging its new base and listing it",
-            least.as_secs() / 60,
-            lease.as_secs() / 60
-        )));
+        return Err(Error::setting(
+            "grace",
+            format!(
+                "must be at least {}m: a compaction may take up to {}m between staging its new base and listing it",
+                least.as_secs() / 60,
+                lease.as_secs() / 60
+            ),
+        ));
     }
     Ok(())
 }
@@ -240,10 +249,45 @@ async fn listed(
             None => Default::default(),
             Some(l) => (
                 l.manifest.files.iter().map(|f| f.path.clone()).collect(),
-                compact::retired_since(&l.manifest),
+                l.manifest.retired_since(),
             ),
         },
     )
+}
+
+/// What gc will do to one schema: plain data, printed by a dry run and carried out by a real
+/// one ([`execute`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct GcPlan {
+    /// Why the prefix is refused (nothing is done).
+    refused: Option<String>,
+    /// Orphans past their grace: deleted.
+    due: Vec<String>,
+    /// Orphans within their grace: kept.
+    within_grace: Vec<String>,
+    /// Unlisted deltas: reported, never deleted.
+    unlisted_deltas: Vec<String>,
+    /// Keys of no known shape: never touched.
+    unknown: Vec<String>,
+    /// The sightings recorded, as loaded.
+    state: GcState,
+    /// The etag of the state loaded, for its conditional save.
+    state_etag: Option<String>,
+    /// The sightings to record: every deletable orphan still present.
+    seen: BTreeMap<String, i64>,
+    /// The manifest's retired paths.
+    retired: BTreeSet<String>,
+    /// Retired paths whose objects are gone already.
+    retired_absent: BTreeSet<String>,
+}
+
+impl GcPlan {
+    fn refused(why: String) -> Self {
+        Self {
+            refused: Some(why),
+            ..Self::default()
+        }
+    }
 }
 
 async fn collect(
@@ -252,13 +296,44 @@ async fn collect(
     schema_id: i16,
     out: &mut SchemaGc,
 ) -> Result<()> {
+    let mut plan = plan(ctx, opts, schema_id).await?;
+    if let Some(why) = plan.refused.take() {
+        out.outcome = Some(Outcome::Refused);
+        out.reason = Some(why);
+        return Ok(());
+    }
+    out.unlisted_deltas = std::mem::take(&mut plan.unlisted_deltas);
+    out.unknown = std::mem::take(&mut plan.unknown);
+    out.within_grace = plan.within_grace.clone();
+    let failed = if opts.dry_run {
+        Vec::new()
+    } else {
+        execute(ctx, schema_id, &plan).await?
+    };
+    out.within_grace.extend(failed.iter().cloned());
+    out.deleted = plan
+        .due
+        .into_iter()
+        .filter(|k| !failed.contains(k))
+        .collect();
+    out.outcome = Some(
+        if out.within_grace.is_empty() && out.unlisted_deltas.is_empty() {
+            Outcome::Clean
+        } else {
+            Outcome::Pending
+        },
+    );
+    Ok(())
+}
+
+/// Steps 1–3: the owner check, the listing with its classification against the manifest,
+/// and the sightings; nothing is written.
+async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan> {
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
     let prefix = layout.schema_prefix(schema_id);
     if let owner::Ownership::Other(why) = owner::check(store, layout, schema_id).await? {
-        out.outcome = Some(Outcome::Refused);
-        out.reason = Some(why);
-        return Ok(());
+        return Ok(GcPlan::refused(why));
     }
     let (listed_keys, retired) = listed(ctx, schema_id).await?;
     let objects = store
@@ -273,19 +348,21 @@ async fn collect(
         )
     });
     if has_bases && !listed_keys.iter().any(|k| k.starts_with(&prefix)) {
-        out.outcome = Some(Outcome::Refused);
-        out.reason = Some(format!(
+        return Ok(GcPlan::refused(format!(
             "{prefix} holds base files but manifest {} lists none of them: check --lake, --data-prefix and --manifest-template before any gc",
             layout.manifest_key(schema_id)
-        ));
-        return Ok(());
+        )));
     }
-    let state_key = layout.gc_state_key(schema_id);
-    let (state, state_etag) = load_state(store, &state_key).await?;
-    let now = ctx.clock.now_ms();
-    let grace_ms = i64::try_from(opts.grace.as_millis()).unwrap_or(i64::MAX);
-    let mut seen = BTreeMap::new();
-    let mut due = Vec::new();
+    let (state, state_etag) = load_state(store, &layout.gc_state_key(schema_id)).await?;
+    let mut plan = GcPlan {
+        state,
+        state_etag,
+        ..GcPlan::default()
+    };
+    let clock = Sighting {
+        now: ctx.clock.now_ms(),
+        grace_ms: i64::try_from(opts.grace.as_millis()).unwrap_or(i64::MAX),
+    };
     for o in objects.iter().filter(|o| !listed_keys.contains(&o.key)) {
         let kind = layout.classify(&o.key);
         let ours = kind.schema_id() == Some(schema_id);
@@ -296,111 +373,105 @@ async fn collect(
             KeyKind::Delta { .. } => ours && retired_at.is_some(),
             _ => false,
         };
-        if deletable {
-            sight(
-                &state, &mut seen, o, retired_at, now, grace_ms, &mut due, out,
-            );
-            continue;
-        }
         match kind {
-            KeyKind::Delta { .. } if ours => out.unlisted_deltas.push(o.key.clone()),
+            _ if deletable => clock.sight(&mut plan, o, retired_at),
+            KeyKind::Delta { .. } if ours => plan.unlisted_deltas.push(o.key.clone()),
             KeyKind::Owner { .. } if ours => {}
-            _ => out.unknown.push(o.key.clone()),
+            _ => plan.unknown.push(o.key.clone()),
         }
     }
-    if !seen.is_empty() {
+    if !plan.seen.is_empty() {
         // Second look: a writer may have listed a key since the first load (it was being
         // committed while the prefix was listed). Such a key is neither deleted nor sighted:
         // a sighting kept from before it was listed would cut its grace short once it is
         // unlisted again.
         let (relisted, _) = listed(ctx, schema_id).await?;
-        due.retain(|k| !relisted.contains(k));
-        seen.retain(|k, _| !relisted.contains(k));
-        out.within_grace.retain(|k| !relisted.contains(k));
+        plan.due.retain(|k| !relisted.contains(k));
+        plan.seen.retain(|k, _| !relisted.contains(k));
+        plan.within_grace.retain(|k| !relisted.contains(k));
     }
-    if !opts.dry_run {
-        let mut deleted_now = BTreeSet::new();
-        for key in &due {
-            match store.delete(key).await {
-                Ok(()) => {
-                    seen.remove(key);
-                    deleted_now.insert(key.clone());
-                }
-                Err(source) => {
-                    tracing::warn!(key, error = %source, "gc delete failed; retried next run");
-                    out.within_grace.push(key.clone());
-                    continue;
-                }
-            }
-        }
-        let new_state = GcState {
-            first_unlisted_ms: seen,
-        };
-        if new_state != state {
-            save_state(store, &state_key, &new_state, state_etag).await?;
-        }
-        // Forget retired paths whose objects are gone.
-        let present: BTreeSet<&String> = objects.iter().map(|o| &o.key).collect();
-        let gone: BTreeSet<String> = retired
-            .keys()
-            .filter(|k| !present.contains(k) || deleted_now.contains(*k))
-            .cloned()
-            .collect();
-        if !gone.is_empty() {
-            let key = layout.manifest_key(schema_id);
-            manifest::commit(
-                store,
-                &key,
-                schema_id,
-                ctx.clock.as_ref(),
-                Default::default(),
-                |m| {
-                    compact::forget_retired(m, &gone);
-                    Ok(())
-                },
-            )
-            .await?;
-        }
-    }
-    out.deleted = due
-        .into_iter()
-        .filter(|k| !out.within_grace.contains(k))
+    let present: BTreeSet<&String> = objects.iter().map(|o| &o.key).collect();
+    plan.retired = retired.into_keys().collect();
+    plan.retired_absent = plan
+        .retired
+        .iter()
+        .filter(|k| !present.contains(k))
+        .cloned()
         .collect();
-    out.outcome = Some(
-        if out.within_grace.is_empty() && out.unlisted_deltas.is_empty() {
-            Outcome::Clean
-        } else {
-            Outcome::Pending
-        },
-    );
-    Ok(())
+    Ok(plan)
 }
 
-/// Records a deletable orphan's sighting and files it as due or within the grace. It is due
-/// when the object, its first sighting and its retirement (when a manifest retired it) are
-/// all older than the grace: a file retired after an earlier sighting still gets its whole
-/// grace, for readers of the manifests that listed it.
-#[allow(clippy::too_many_arguments)] // one call site; the arguments are the orphan and the run's state
-fn sight(
-    state: &GcState,
-    seen: &mut BTreeMap<String, i64>,
-    o: &crate::store::ObjectMeta,
-    retired_at: Option<i64>,
+/// Steps 4–6: delete the due orphans, save the sightings (conditionally), and drop the retired
+/// paths whose objects are gone from the manifest. Returns the keys whose delete failed (kept
+/// for the next run).
+async fn execute(ctx: &Context, schema_id: i16, plan: &GcPlan) -> Result<Vec<String>> {
+    let store = ctx.lake.store.as_ref();
+    let layout = &ctx.lake.layout;
+    let mut seen = plan.seen.clone();
+    let mut failed = Vec::new();
+    let mut gone = plan.retired_absent.clone();
+    for key in &plan.due {
+        match store.delete(key).await {
+            Ok(()) => {
+                seen.remove(key);
+                if plan.retired.contains(key) {
+                    gone.insert(key.clone());
+                }
+            }
+            Err(source) => {
+                tracing::warn!(key, error = %source, "gc delete failed; retried next run");
+                failed.push(key.clone());
+            }
+        }
+    }
+    let new_state = GcState {
+        first_unlisted_ms: seen,
+    };
+    if new_state != plan.state {
+        let key = layout.gc_state_key(schema_id);
+        save_state(store, &key, &new_state, plan.state_etag.clone()).await?;
+    }
+    if !gone.is_empty() {
+        let key = layout.manifest_key(schema_id);
+        let clock = ctx.clock.as_ref();
+        manifest::commit(store, &key, schema_id, clock, Default::default(), |m| {
+            m.forget_retired(&gone);
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(failed)
+}
+
+/// The time a sighting is judged at.
+struct Sighting {
     now: i64,
     grace_ms: i64,
-    due: &mut Vec<String>,
-    out: &mut SchemaGc,
-) {
-    let first = state.first_unlisted_ms.get(&o.key).copied().unwrap_or(now);
-    seen.insert(o.key.clone(), first);
-    let since = grace_start(first, retired_at, now, grace_ms);
-    if retired_at.is_some_and(|r| r > now.saturating_add(grace_ms)) {
-        tracing::warn!(key = %o.key, retired_at, now, "retirement stamped in the future (a writer's clock is ahead); its grace counts from the first sighting");
-    }
-    if now - since >= grace_ms && now - o.last_modified_ms >= grace_ms {
-        due.push(o.key.clone());
-    } else {
-        out.within_grace.push(o.key.clone());
+}
+
+impl Sighting {
+    /// Records a deletable orphan's sighting and files it as due or within the grace. It is
+    /// due when the object, its first sighting and its retirement (when a manifest retired it)
+    /// are all older than the grace: a file retired after an earlier sighting still gets its
+    /// whole grace, for readers of the manifests that listed it.
+    fn sight(&self, plan: &mut GcPlan, o: &crate::store::ObjectMeta, retired_at: Option<i64>) {
+        let (now, grace_ms) = (self.now, self.grace_ms);
+        let first = plan
+            .state
+            .first_unlisted_ms
+            .get(&o.key)
+            .copied()
+            .unwrap_or(now);
+        plan.seen.insert(o.key.clone(), first);
+        let since = grace_start(first, retired_at, now, grace_ms);
+        if retired_at.is_some_and(|r| r > now.saturating_add(grace_ms)) {
+            tracing::warn!(key = %o.key, retired_at, now, "retirement stamped in the future (a writer's clock is ahead); its grace counts from the first sighting");
+        }
+        if now - since >= grace_ms && now - o.last_modified_ms >= grace_ms {
+            plan.due.push(o.key.clone());
+        } else {
+            plan.within_grace.push(o.key.clone());
+        }
     }
 }
 
@@ -445,8 +516,7 @@ async fn save_state(
     state: &GcState,
     etag: Option<String>,
 ) -> Result<()> {
-    let body = serde_json::to_vec_pretty(state)
-        .map_err(|e| Error::Invariant(format!("gc state serialisation: {e}")))?;
+    let body = serde_json::to_vec_pretty(state).map_err(Error::json("gc state"))?;
     let mode = etag.map_or(PutMode::Create, PutMode::Update);
     store
         .put_bytes(key, Bytes::from(body), mode)
@@ -468,7 +538,7 @@ mod tests {
         let err = check_grace(Duration::from_secs(10 * 60 - 1)).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         assert!(
-            err.to_string().contains("--grace must be at least 10m"),
+            err.to_string().contains("grace must be at least 10m"),
             "{err}"
         );
         assert!(check_grace(Duration::from_secs(10 * 60)).is_ok());

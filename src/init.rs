@@ -29,22 +29,22 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use crate::compact;
 use crate::config;
-use crate::engine::export::{Driver, Inputs};
+use crate::engine::Driver;
+use crate::engine::export::Inputs;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
-use crate::flush::Context;
 use crate::job;
+use crate::job::Context;
 use crate::lake::footer;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
 use crate::lake::owner;
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, ValueType, dir};
+use crate::source::live::{self, LivePage};
 use crate::source::lock::SchemaLock;
 use crate::source::registry::Registered;
-use crate::source::snapshot::{self, LivePage};
 use crate::store::delete_or_leave;
 
 /// A test seam called by the reader after each page is handed over, with the page's last row
@@ -275,13 +275,11 @@ fn rows_per_file(opts: &InitOptions, bytes_per_row: u64) -> u64 {
 
 /// Exports the selected schemas.
 pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
-    let jctx = job_context(ctx);
-    let targets = job::select_schemas(&jctx, &opts.schemas).await?;
+    let targets = job::select_schemas(ctx, &opts.schemas).await?;
     // Pre-flight (study §10 #193): every schema's metadata resolves before any side effect.
-    let dir = ctx
-        .schema_dir
-        .as_deref()
-        .ok_or_else(|| Error::config("init needs --schema-dir (the attribute metadata)"))?;
+    let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
+        Error::setting("schema-dir", "is needed by init (the attribute metadata)")
+    })?;
     let mut work = Vec::new();
     for reg in targets {
         let def = dir::load(dir, &reg.name)?;
@@ -312,16 +310,6 @@ pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
         "init done"
     );
     Ok(report)
-}
-
-fn job_context(ctx: &Context) -> job::Context {
-    job::Context {
-        connector: ctx.connector.clone(),
-        tables: ctx.tables.clone(),
-        lake: ctx.lake.clone(),
-        clock: ctx.clock.clone(),
-        shutdown: ctx.shutdown.clone(),
-    }
 }
 
 async fn init_schema(
@@ -399,7 +387,7 @@ async fn export_schema(
     }
     if opts.dry_run {
         let client = ctx.connector.connect().await?;
-        out.live_rows = snapshot::count_live(&client, &ctx.tables, schema_id).await?;
+        out.live_rows = live::count_live(&client, &ctx.tables, schema_id).await?;
         let per_row = estimated_row_bytes(def);
         let per_file = rows_per_file(opts, per_row);
         let live = u64::try_from(out.live_rows).unwrap_or(0);
@@ -439,7 +427,7 @@ async fn export_schema(
                 m.files.extend(entries.iter().cloned());
                 if !replaced.is_empty() {
                     // Stamped at this attempt: gc's grace starts when they are unlisted.
-                    compact::retire(m, &replaced, ctx.clock.now_ms());
+                    m.retire(&replaced, ctx.clock.now_ms());
                 }
                 Ok(())
             },
@@ -521,11 +509,11 @@ async fn export_files(
 ) -> Result<Vec<FileEntry>> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Read>>(2);
     let client = ctx.connector.connect().await?;
-    let ranges = snapshot::live_ranges(&client, &ctx.tables, schema_id, opts.readers).await?;
+    let ranges = live::live_ranges(&client, &ctx.tables, schema_id, opts.readers).await?;
     // The planner's estimate (no scan: an exact count would read the table a second time,
     // competing with the export) is enough for the progress total and to size the last files;
     // without one, progress shows rows done only.
-    let estimate = snapshot::estimate_live(&client, &ctx.tables, schema_id)
+    let estimate = live::estimate_live(&client, &ctx.tables, schema_id)
         .await
         .unwrap_or_else(|e| {
             tracing::warn!(schema_id, error = %e.chain(), "no row estimate for init's progress");
@@ -544,7 +532,7 @@ async fn export_files(
         );
         readers.push(Guarded(tokio::spawn(async move {
             let connected = match connector.connect_tapped().await {
-                Ok(c) => snapshot::tune_for_pages(&c.client).await.map(|()| c),
+                Ok(c) => live::tune_for_pages(&c.client).await.map(|()| c),
                 Err(e) => Err(e),
             };
             let mut conn = match connected {
@@ -557,10 +545,9 @@ async fn export_files(
             let mut after = None;
             loop {
                 let t = Instant::now();
-                let page = snapshot::read_live_page(
-                    &mut conn, &tables, &def, schema_id, range, after, limit,
-                )
-                .await;
+                let page =
+                    live::read_live_page(&mut conn, &tables, &def, schema_id, range, after, limit)
+                        .await;
                 tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step read page");
                 match page {
                     Ok(Some(p)) => {
@@ -816,9 +803,7 @@ impl Files {
     /// Waits for the oldest upload (if any) and reports its file.
     async fn collect_upload(&mut self, out: &mut SchemaInit) -> Result<()> {
         if let Some(task) = self.uploads.pop_front() {
-            let entry = task
-                .await
-                .map_err(|e| Error::Invariant(format!("upload task failed: {e}")))??;
+            let entry = task.await.map_err(Error::task("upload"))??;
             let (rows, bytes) = (
                 u64::try_from(entry.row_count).unwrap_or(0),
                 u64::try_from(entry.size_bytes).unwrap_or(0),
@@ -839,7 +824,7 @@ impl Files {
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::Invariant(format!("blocking task failed: {e}")))?
+        .map_err(Error::task("blocking"))?
 }
 
 /// A file being written by DuckDB on a blocking thread.
@@ -880,7 +865,7 @@ fn start_export(
         let (entities, eav, range) = match staged {
             Some(s) => (s.entities, s.eav, Some((s.first, s.last))),
             None => {
-                let empty = snapshot::empty_live_page(&def)?;
+                let empty = live::empty_live_page(&def)?;
                 (vec![empty.entities], vec![empty.eav], None)
             }
         };
@@ -917,9 +902,7 @@ async fn finish_file(
         local,
         started,
     } = export;
-    let exported = task
-        .await
-        .map_err(|e| Error::Invariant(format!("export task failed: {e}")))?;
+    let exported = task.await.map_err(Error::task("export"))?;
     let Exported {
         engine,
         rows,

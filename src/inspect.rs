@@ -8,12 +8,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::compact::{self, CompactOptions, Plan};
 use crate::error::{Error, Result};
-use crate::flush::{FlushOptions, below_threshold};
 use crate::job::{self, Context};
 use crate::lake::KeyKind;
 use crate::lake::manifest::{self, Tier};
+use crate::policy::{CompactThresholds, FlushThresholds, Plan};
 use crate::report::label;
 use crate::source::lock::{self, LockHolder};
 use crate::source::registry::Registered;
@@ -164,8 +163,8 @@ impl InspectReport {
 pub async fn run(
     ctx: &Context,
     schemas: &[String],
-    flush: &FlushOptions,
-    compact_opts: &CompactOptions,
+    flush: &FlushThresholds,
+    compact: &CompactThresholds,
 ) -> Result<InspectReport> {
     let client = ctx.connector.connect().await?;
     let mut warnings = Vec::new();
@@ -182,7 +181,7 @@ pub async fn run(
         // One schema that cannot be inspected (an unreadable manifest, a failed listing) is
         // reported as such; the others still are.
         |reg| async move {
-            Ok(inspect_schema(ctx, client, &reg, flush, compact_opts)
+            Ok(inspect_schema(ctx, client, &reg, flush, compact)
                 .await
                 .unwrap_or_else(|e| SchemaInspect::failed(&reg, &e)))
         },
@@ -201,12 +200,12 @@ async fn inspect_schema(
     ctx: &Context,
     client: &tokio_postgres::Client,
     reg: &Registered,
-    flush: &FlushOptions,
-    compact_opts: &CompactOptions,
+    flush: &FlushThresholds,
+    compact: &CompactThresholds,
 ) -> Result<SchemaInspect> {
     let now = ctx.clock.now_ms();
     let dirty = stats::dirty(client, &ctx.tables.change_log, reg.id).await?;
-    let reason = below_threshold(flush, dirty.count, dirty.oldest_changed_at, now);
+    let reason = flush.below(dirty.count, dirty.oldest_changed_at, now);
     let (flush_would_run, flush_reason) = match (dirty.count, reason) {
         (0, _) => (false, "no dirty rows".to_string()),
         (_, Some(why)) => (false, why),
@@ -232,7 +231,7 @@ async fn inspect_schema(
         .unwrap_or_default();
     let retired = loaded
         .as_ref()
-        .map(|l| compact::retired_paths(&l.manifest))
+        .map(|l| l.manifest.retired_paths())
         .unwrap_or_default();
     let prefix = layout.schema_prefix(reg.id);
     let objects = store
@@ -279,9 +278,7 @@ async fn inspect_schema(
         manifest_version: loaded.as_ref().map_or(0, |l| l.manifest.version),
         base: tier(Tier::Base),
         delta: tier(Tier::Delta),
-        compaction: loaded
-            .as_ref()
-            .map(|l| compact::plan(&l.manifest, compact_opts)),
+        compaction: loaded.as_ref().map(|l| compact.plan(&l.manifest)),
         unlisted,
         error: None,
     })

@@ -49,6 +49,35 @@ impl Shutdown {
     }
 }
 
+/// Raises the shutdown flag on the first SIGTERM or SIGINT; a second one exits at once (with
+/// 128 + the signal number, as a shell reports it). Every step is safe to cut short: what a
+/// killed run leaves behind is unlisted, and unmarked rows stay dirty.
+pub fn watch_signals(shutdown: Shutdown) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        let mut requested = false;
+        loop {
+            let code = tokio::select! {
+                _ = term.recv() => 143,
+                _ = int.recv() => 130,
+            };
+            if requested {
+                tracing::warn!("second stop request: exiting now");
+                std::process::exit(code);
+            }
+            requested = true;
+            tracing::warn!("stop requested: finishing the current step (signal again to exit now)");
+            shutdown.request();
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

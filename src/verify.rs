@@ -329,7 +329,7 @@ async fn check_entry(ctx: &Context, opts: &VerifyOptions, e: &FileEntry) -> Resu
                 }
             })
             .await
-            .map_err(|err| Error::Invariant(format!("verify task failed: {err}")))
+            .map_err(Error::task("verify"))
         }
     };
     let _ = tokio::fs::remove_file(&local).await;

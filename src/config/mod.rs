@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub mod settings;
+
 use crate::error::{Error, Result};
 
 /// A PostgreSQL table name, optionally schema-qualified, validated so it can be quoted safely.
@@ -13,12 +15,16 @@ pub struct TableName {
 }
 
 impl TableName {
-    /// Parses `table` or `schema.table`; each part must be a plain identifier.
-    pub fn parse(flag: &str, s: &str) -> Result<Self> {
+    /// Parses `table` or `schema.table` (the value of `setting`); each part must be a plain
+    /// identifier.
+    pub fn parse(setting: &str, s: &str) -> Result<Self> {
         let bad = || {
-            Error::config(format!(
-                "{flag} {s:?} is not a valid table name: use letters, digits and _ (optionally schema.table)"
-            ))
+            Error::setting(
+                setting,
+                format!(
+                    "{s:?} is not a valid table name: use letters, digits and _ (optionally schema.table)"
+                ),
+            )
         };
         let (schema, name) = match s.split_once('.') {
             Some((a, b)) => (Some(a), b),
@@ -115,9 +121,12 @@ impl LakeLocation {
                 && !bucket.starts_with(['-', '.'])
                 && !bucket.ends_with(['-', '.']);
             if !valid {
-                return Err(Error::config(format!(
-                    "--lake {s:?}: {bucket:?} is not a valid S3 bucket name (3-63 lowercase letters, digits, '-' or '.')"
-                )));
+                return Err(Error::setting(
+                    "lake",
+                    format!(
+                        "{s:?}: {bucket:?} is not a valid S3 bucket name (3-63 lowercase letters, digits, '-' or '.')"
+                    ),
+                ));
             }
             return Ok(LakeLocation::S3 {
                 bucket: bucket.to_string(),
@@ -125,14 +134,16 @@ impl LakeLocation {
             });
         }
         if s.contains("://") && !s.starts_with("file://") {
-            return Err(Error::config(format!(
-                "--lake {s:?}: unsupported scheme; use s3://bucket/root, file:///path or a path"
-            )));
+            return Err(Error::setting(
+                "lake",
+                format!("{s:?}: unsupported scheme; use s3://bucket/root, file:///path or a path"),
+            ));
         }
         let path = s.strip_prefix("file://").unwrap_or(s);
         if path.is_empty() {
-            return Err(Error::config(
-                "--lake is empty: give s3://bucket/root, file:///path or a path",
+            return Err(Error::setting(
+                "lake",
+                "is empty: give s3://bucket/root, file:///path or a path",
             ));
         }
         Ok(LakeLocation::Local(PathBuf::from(path)))
@@ -166,9 +177,10 @@ pub fn parse_memory_limit(s: &str) -> Result<String> {
     .iter()
     .any(|u| u.eq_ignore_ascii_case(unit.trim()));
     if num.is_empty() || num.parse::<f64>().is_err() || !unit_ok {
-        return Err(Error::config(format!(
-            "--memory-limit {s:?} is not a size like 4GB, 512MiB or 75%"
-        )));
+        return Err(Error::setting(
+            "memory-limit",
+            format!("{s:?} is not a size like 4GB, 512MiB or 75%"),
+        ));
     }
     Ok(format!("{num}{}", unit.trim()))
 }
@@ -192,12 +204,14 @@ fn number_and_unit(s: &str) -> (&str, &str) {
     s.split_at(digits)
 }
 
-/// Parses a byte size such as `256MiB`, `1GB`, `512KiB` or a bare number of bytes.
-pub fn parse_size(flag: &str, s: &str) -> Result<u64> {
+/// Parses a byte size such as `256MiB`, `1GB`, `512KiB` or a bare number of bytes (the value
+/// of `setting`).
+pub fn parse_size(setting: &str, s: &str) -> Result<u64> {
     let bad = || {
-        Error::config(format!(
-            "{flag} {s:?} is not a size like 256MiB, 1GB or 1048576"
-        ))
+        Error::setting(
+            setting,
+            format!("{s:?} is not a size like 256MiB, 1GB or 1048576"),
+        )
     };
     let t = s.trim();
     let digits = t.chars().take_while(|c| c.is_ascii_digit()).count();
@@ -216,9 +230,9 @@ pub fn parse_size(flag: &str, s: &str) -> Result<u64> {
     n.checked_mul(factor).ok_or_else(bad)
 }
 
-/// Parses a ratio given as a fraction (`0.05`) or a percentage (`5%`).
-pub fn parse_ratio(flag: &str, s: &str) -> Result<f64> {
-    let bad = || Error::config(format!("{flag} {s:?} is not a ratio like 0.05 or 5%"));
+/// Parses a ratio given as a fraction (`0.05`) or a percentage (`5%`) (the value of `setting`).
+pub fn parse_ratio(setting: &str, s: &str) -> Result<f64> {
+    let bad = || Error::setting(setting, format!("{s:?} is not a ratio like 0.05 or 5%"));
     let t = s.trim();
     let v = match t.strip_suffix('%') {
         Some(p) => p.trim().parse::<f64>().map_err(|_| bad())? / 100.0,
@@ -231,12 +245,14 @@ pub fn parse_ratio(flag: &str, s: &str) -> Result<f64> {
     }
 }
 
-/// Parses a duration such as `90s`, `5m`, `1h`, `1h30m`, `250ms` or a bare number of seconds.
-pub fn parse_duration(flag: &str, s: &str) -> Result<std::time::Duration> {
+/// Parses a duration such as `90s`, `5m`, `1h`, `1h30m`, `250ms` or a bare number of seconds
+/// (the value of `setting`).
+pub fn parse_duration(setting: &str, s: &str) -> Result<std::time::Duration> {
     let bad = || {
-        Error::config(format!(
-            "{flag} {s:?} is not a duration like 90s, 5m, 1h or 1h30m"
-        ))
+        Error::setting(
+            setting,
+            format!("{s:?} is not a duration like 90s, 5m, 1h or 1h30m"),
+        )
     };
     let t = s.trim();
     if t.is_empty() {
@@ -285,18 +301,18 @@ mod tests {
     #[test]
     fn table_names() {
         assert_eq!(
-            TableName::parse("--t", "change_log").unwrap().quoted(),
+            TableName::parse("t", "change_log").unwrap().quoted(),
             "\"change_log\""
         );
         assert_eq!(
-            TableName::parse("--t", "cdc.log_1").unwrap().quoted(),
+            TableName::parse("t", "cdc.log_1").unwrap().quoted(),
             "\"cdc\".\"log_1\""
         );
         for bad in ["", "a.b.c", "1abc", "a-b", "a\"b", "a;drop", "a b", ".x"] {
-            let e = TableName::parse("--change-log-table", bad)
+            let e = TableName::parse("change-log-table", bad)
                 .unwrap_err()
                 .to_string();
-            assert!(e.contains("--change-log-table"), "{e}");
+            assert!(e.contains("change-log-table"), "{e}");
         }
     }
 
@@ -331,34 +347,31 @@ mod tests {
 
     #[test]
     fn sizes_and_ratios() {
-        assert_eq!(parse_size("--t", "256MiB").unwrap(), 256 << 20);
-        assert_eq!(parse_size("--t", "1GB").unwrap(), 1_000_000_000);
-        assert_eq!(parse_size("--t", "42").unwrap(), 42);
+        assert_eq!(parse_size("t", "256MiB").unwrap(), 256 << 20);
+        assert_eq!(parse_size("t", "1GB").unwrap(), 1_000_000_000);
+        assert_eq!(parse_size("t", "42").unwrap(), 42);
         assert!(
-            parse_size("--target-base-size", "12XB")
+            parse_size("target-base-size", "12XB")
                 .unwrap_err()
                 .to_string()
-                .contains("--target-base-size")
+                .contains("target-base-size")
         );
-        assert!((parse_ratio("--r", "5%").unwrap() - 0.05).abs() < 1e-12);
-        assert!((parse_ratio("--r", "0.2").unwrap() - 0.2).abs() < 1e-12);
-        assert!(parse_ratio("--r", "-1").is_err());
-        assert!(parse_ratio("--r", "x%").is_err());
+        assert!((parse_ratio("r", "5%").unwrap() - 0.05).abs() < 1e-12);
+        assert!((parse_ratio("r", "0.2").unwrap() - 0.2).abs() < 1e-12);
+        assert!(parse_ratio("r", "-1").is_err());
+        assert!(parse_ratio("r", "x%").is_err());
     }
 
     #[test]
     fn durations() {
-        let d = |s: &str| parse_duration("--max-age", s).map(|d| d.as_millis());
+        let d = |s: &str| parse_duration("max-age", s).map(|d| d.as_millis());
         assert_eq!(d("90s").unwrap(), 90_000);
         assert_eq!(d("5m").unwrap(), 300_000);
         assert_eq!(d("1h30m").unwrap(), 5_400_000);
         assert_eq!(d("250ms").unwrap(), 250);
         assert_eq!(d("42").unwrap(), 42_000);
         for bad in ["", "1y", "m", "1.5h", "-1s"] {
-            assert!(
-                d(bad).unwrap_err().to_string().contains("--max-age"),
-                "{bad}"
-            );
+            assert!(d(bad).unwrap_err().to_string().contains("max-age"), "{bad}");
         }
     }
 

@@ -18,8 +18,8 @@ use arrow::compute::{take, take_record_batch};
 use arrow::datatypes::{Field, Schema};
 use arrow::record_batch::RecordBatch;
 
-use super::export::eav_column;
 use crate::error::{Error, Result};
+use crate::schema::batch::eav;
 use crate::schema::{SchemaDef, ValueType};
 
 /// The column of an assembled page holding attribute `id`'s raw EAV value. The prefix cannot
@@ -92,7 +92,7 @@ impl Shape {
     /// The `eav_data` column the value (or item) is read from.
     fn column(self) -> &'static str {
         match self {
-            Shape::Scalar(t) | Shape::List(t) => eav_column(t),
+            Shape::Scalar(t) | Shape::List(t) => eav::value_column(t),
         }
     }
 }
@@ -143,16 +143,15 @@ pub fn assemble_slots(
     let Some(eav) = gather_eav(&attrs, eav, &sorted)? else {
         return Ok(None);
     };
-    let slots = take_record_batch(slots, &UInt32Array::from(order))
-        .map_err(|e| Error::Invariant(format!("sort slots: {e}")))?;
+    let slots =
+        take_record_batch(slots, &UInt32Array::from(order)).map_err(Error::arrow("sort slots"))?;
     let mut fields: Vec<Arc<Field>> = slots.schema().fields().iter().cloned().collect();
     let mut columns = slots.columns().to_vec();
     // Entity columns are NULL where a slot has no entity row.
     for (field, column) in entities.schema().fields().iter().zip(entities.columns()) {
         fields.push(Arc::new(field.as_ref().clone().with_nullable(true)));
         columns.push(
-            take(column.as_ref(), &matched, None)
-                .map_err(|e| Error::Invariant(format!("gather entity rows: {e}")))?,
+            take(column.as_ref(), &matched, None).map_err(Error::arrow("gather entity rows"))?,
         );
     }
     combine(fields, columns, eav).map(Some)
@@ -169,7 +168,7 @@ fn combine(
         columns.push(column);
     }
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map_err(|e| Error::Invariant(format!("assembled rows: {e}")))
+        .map_err(Error::arrow("assembled rows"))
 }
 
 /// `text` as an integer when it is written the one way the integer prints (no sign but a
@@ -202,11 +201,11 @@ fn gather_eav(
 ) -> Result<Option<Vec<(Field, ArrayRef)>>> {
     let n = keys.len();
     let eav_ids = ids(eav)?;
-    let attr_ids = column(eav, "attr_id")?
+    let attr_ids = column(eav, eav::ATTR_ID)?
         .as_any()
         .downcast_ref::<Int16Array>()
         .ok_or_else(|| Error::Invariant("eav attr_id column is not smallint".into()))?;
-    let indices = column(eav, "array_indices")?
+    let indices = column(eav, eav::ARRAY_INDICES)?
         .as_any()
         .downcast_ref::<StringArray>()
         .ok_or_else(|| Error::Invariant("eav array_indices column is not text".into()))?;
@@ -268,7 +267,7 @@ fn gather_eav(
         let values = column(eav, shape.column())?;
         let gathered = match gather {
             Gather::Scalar(picks) => take(values.as_ref(), &UInt32Array::from(picks), None)
-                .map_err(|e| Error::Invariant(format!("gather eav attribute {id}: {e}")))?,
+                .map_err(Error::arrow(format!("gather eav attribute {id}")))?,
             Gather::List { present, items } => match list(values, present, items)? {
                 Some(list) => list,
                 None => return Ok(None),
@@ -307,8 +306,7 @@ fn list(
         return Ok(None);
     }
     let picks: UInt32Array = items.iter().map(|&(_, _, e)| Some(e)).collect();
-    let flat = take(values.as_ref(), &picks, None)
-        .map_err(|e| Error::Invariant(format!("gather list items: {e}")))?;
+    let flat = take(values.as_ref(), &picks, None).map_err(Error::arrow("gather list items"))?;
     let mut lengths = vec![0usize; present.len()];
     for &(at, _, _) in &items {
         lengths[at] += 1;
@@ -321,7 +319,7 @@ fn list(
         Some(NullBuffer::from(present)),
     )
     .map(|l| Some(Arc::new(l) as ArrayRef))
-    .map_err(|e| Error::Invariant(format!("build list column: {e}")))
+    .map_err(Error::arrow("build list column"))
 }
 
 /// A row position as a `take` index.

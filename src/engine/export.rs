@@ -9,21 +9,13 @@ use arrow::record_batch::RecordBatch;
 
 use super::scan::Registered;
 use super::writer::{self, Plan};
-use super::{Engine, quote_ident};
+use super::{Driver, Engine, quote_ident};
 use crate::error::Result;
+use crate::schema::batch::eav;
 use crate::schema::columns::{SYSTEM_COLUMNS, duckdb_type};
 use crate::schema::{Attribute, Encoding, SchemaDef, ValueType};
 
-/// Which table drives the export.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Driver {
-    /// Delta: one row per dirty slot (`cl`), a hard-deleted row becoming a tombstone.
-    ChangeLog,
-    /// Base: one row per live entity (`m`), version `ltbase_updated_at`.
-    Entities,
-}
-
-/// The Arrow inputs of one export (see [`crate::source::snapshot::Snapshot`]); each is a list
+/// The Arrow inputs of one export (the layouts of [`crate::schema::batch`]); each is a list
 /// of batches of one schema (at least one batch, which may be empty).
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
@@ -201,20 +193,6 @@ fn eav_cast(t: ValueType, raw: &str) -> String {
     }
 }
 
-/// The `eav_data` column (and `eav` view column) holding a value of type `t`.
-pub(crate) fn eav_column(t: ValueType) -> &'static str {
-    match t {
-        ValueType::Text | ValueType::List | ValueType::Uuid => "value_text",
-        ValueType::Smallint
-        | ValueType::Integer
-        | ValueType::Numeric
-        | ValueType::Bigint
-        | ValueType::Date
-        | ValueType::Datetime
-        | ValueType::Bool => "value_numeric",
-    }
-}
-
 /// The per-row aggregate of an EAV attribute: a scalar, or a list in index order (`[]` for the
 /// explicit-empty marker row, NULL when absent).
 fn eav_agg(a: &Attribute) -> String {
@@ -226,13 +204,13 @@ fn eav_agg(a: &Attribute) -> String {
                 "CASE WHEN count(*) FILTER (WHERE attr_id = {id}) > 0 THEN COALESCE(\
                  list({} ORDER BY TRY_CAST(array_indices AS BIGINT)) FILTER (WHERE attr_id = {id} AND array_indices <> ''), \
                  CAST([] AS {})) END",
-                eav_cast(item, eav_column(item)),
+                eav_cast(item, eav::value_column(item)),
                 duckdb_type(a)
             )
         }
         t => format!(
             "max(CASE WHEN attr_id = {id} THEN {} END)",
-            eav_cast(t, eav_column(t))
+            eav_cast(t, eav::value_column(t))
         ),
     }
 }

@@ -16,6 +16,15 @@ use duckdb::Connection;
 
 use crate::error::{Error, Result};
 
+/// Which table drives the export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// Delta: one row per dirty slot (`cl`), a hard-deleted row becoming a tombstone.
+    ChangeLog,
+    /// Base: one row per live entity (`m`), version `ltbase_updated_at`.
+    Entities,
+}
+
 /// Rows per Parquet row group (DESIGN §3.1).
 pub const ROW_GROUP_SIZE: usize = 122_880;
 /// zstd level for every file lakecdc writes.

@@ -166,7 +166,7 @@ mod tests {
 
     use super::Registered;
     use crate::engine::{Engine, EngineConfig};
-    use crate::source::snapshot::uuid_field;
+    use crate::schema::batch::uuid_field;
 
     fn batch(from: i64, rows: i64) -> RecordBatch {
         let ids: Vec<u8> = (from..from + rows)

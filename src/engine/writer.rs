@@ -30,12 +30,11 @@ use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
 
-use super::export::Driver;
-use super::{ROW_GROUP_SIZE, ZSTD_LEVEL};
+use super::{Driver, ROW_GROUP_SIZE, ZSTD_LEVEL};
 use crate::error::{Error, Result};
+use crate::schema::batch::{change_log, entities, uuid_field};
 use crate::schema::columns::{SYSTEM_COLUMNS, duckdb_type};
 use crate::schema::{Attribute, Encoding as SlotEncoding, SchemaDef, ValueType};
-use crate::source::snapshot::uuid_field;
 
 /// A string column's dictionary is given up for delta-length pages past this size: a column
 /// of (nearly) unique values stops paying for hashing early, one of a few thousand values
@@ -113,8 +112,8 @@ impl Plan {
         columns: &[(String, String)],
     ) -> Result<Self> {
         let (row_id, version) = match driver {
-            Driver::Entities => ("ltbase_row_id", "ltbase_updated_at"),
-            Driver::ChangeLog => ("row_id", "changed_at"),
+            Driver::Entities => (entities::ROW_ID, entities::UPDATED_AT),
+            Driver::ChangeLog => (change_log::ROW_ID, change_log::CHANGED_AT),
         };
         let field = |name: &str| input.field_with_name(name).ok().map(|f| f.data_type());
         let attributes: HashMap<&str, &Attribute> = schema
@@ -211,7 +210,7 @@ impl Plan {
             arrays.push(array);
         }
         RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
-            .map_err(|e| Error::Invariant(format!("lake columns of an assembled batch: {e}")))
+            .map_err(Error::arrow("lake columns of an assembled batch"))
     }
 }
 
@@ -232,8 +231,8 @@ pub fn write(
             .first()
             .map(|b| b.schema())
             .ok_or_else(|| Error::Invariant("DuckDB returned no batch".into()))?;
-        let all = concat_batches(&schema, &duck)
-            .map_err(|e| Error::Invariant(format!("DuckDB's columns: {e}")))?;
+        let all =
+            concat_batches(&schema, &duck).map_err(Error::arrow("concatenate DuckDB's columns"))?;
         if all.num_rows() != rows || all.num_columns() != plan.duck.len() + 1 {
             return Err(Error::Invariant(format!(
                 "DuckDB computed {} rows of {} columns for {rows} assembled rows",
@@ -290,9 +289,12 @@ pub fn write(
 fn open(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
     let mut props = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
-        .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(ZSTD_LEVEL).map_err(|e| Error::Invariant(e.to_string()))?,
-        ))
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL).map_err(
+            |e| Error::Parquet {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            },
+        )?))
         .set_max_row_group_row_count(Some(ROW_GROUP_SIZE))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES);
@@ -384,7 +386,7 @@ fn input_column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> 
 }
 
 fn convert(array: &ArrayRef, conv: &Conv) -> Result<ArrayRef> {
-    let cast_error = |e: arrow::error::ArrowError| Error::Invariant(format!("cast: {e}"));
+    let cast_error = Error::arrow("cast an assembled column to its lake type");
     Ok(match conv {
         Conv::Same => array.clone(),
         // Arrow's safe cast: an integer out of the target's range becomes NULL, as DuckDB's
@@ -439,8 +441,11 @@ fn delta_deleted(input: &RecordBatch) -> Result<ArrayRef> {
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| Error::Invariant(format!("slot column {name} is not BIGINT")))
     };
-    let (deleted, changed) = (int64("deleted_at")?, int64("changed_at")?);
-    let entity = input_column(input, "ltbase_row_id")?;
+    let (deleted, changed) = (
+        int64(change_log::DELETED_AT)?,
+        int64(change_log::CHANGED_AT)?,
+    );
+    let entity = input_column(input, entities::ROW_ID)?;
     Ok(Arc::new(Int64Array::from_iter((0..input.num_rows()).map(
         |i| {
             if deleted.is_valid(i) && deleted.value(i) > 0 {
@@ -468,7 +473,7 @@ fn duck_array(array: &ArrayRef, uuid: bool) -> Result<ArrayRef> {
             let item = Arc::new(lake_field("element", values.data_type()));
             let rebuilt =
                 ListArray::try_new(item, list.offsets().clone(), values, list.nulls().cloned())
-                    .map_err(|e| Error::Invariant(format!("list from DuckDB: {e}")))?;
+                    .map_err(Error::arrow("rebuild a list from DuckDB"))?;
             Ok(Arc::new(rebuilt))
         }
         DataType::Utf8 if uuid => uuids_from_text(array),
@@ -485,10 +490,11 @@ fn uuids_from_text(array: &ArrayRef) -> Result<ArrayRef> {
     for v in text.iter() {
         match v {
             Some(s) => {
-                let id = uuid::Uuid::parse_str(s)
-                    .map_err(|e| Error::Invariant(format!("UUID {s:?} from DuckDB: {e}")))?;
+                let id = uuid::Uuid::parse_str(s).map_err(|e| {
+                    Error::decode("a UUID computed by DuckDB", format!("{s:?}: {e}"))
+                })?;
                 out.append_value(id.as_bytes())
-                    .map_err(|e| Error::Invariant(e.to_string()))?;
+                    .map_err(Error::arrow("append to a uuid column"))?;
             }
             None => out.append_null(),
         }

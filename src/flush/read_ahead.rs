@@ -176,8 +176,7 @@ impl ReadAhead {
         };
         let joined = read.await;
         self.reads.pop_front();
-        let done =
-            joined.map_err(|e| Error::Invariant(format!("batch read task failed: {e}")))??;
+        let done = joined.map_err(Error::task("batch read"))??;
         Ok(done.map(|(conn, fetched)| {
             self.pool.release(conn);
             self.spawn_next();

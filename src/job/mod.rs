@@ -1,7 +1,11 @@
-//! What the lake jobs (verify, gc, compact) share: their context, the schema selection from
-//! the registry, and running a step under a schema's advisory lock.
+//! What the jobs share, below them so that no job imports another: their context, the schema
+//! selection from the registry, running a step under a schema's advisory lock, staging a new
+//! object (upload to a temporary key, promote to its final key) and the commit lease that
+//! compact observes and gc's grace is measured against.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::Tables;
@@ -11,13 +15,24 @@ use crate::shutdown::Shutdown;
 use crate::source::registry::{self, Registered};
 use crate::source::{Connector, SchemaLock};
 
-/// Everything a lake job needs besides its options.
+mod staging;
+
+pub use staging::{Staged, stage};
+
+/// The longest a compaction may take from staging its new base to listing it. Until listed,
+/// the base is an orphan to gc; gc's grace must be at least twice this (a shorter grace is
+/// refused), so a base older than this is never published: it may already be gone.
+pub const COMMIT_LEASE: Duration = Duration::from_secs(5 * 60);
+
+/// Everything a job needs besides its options.
 #[derive(Debug, Clone)]
 pub struct Context {
-    /// PostgreSQL (registry and locks).
+    /// PostgreSQL (registry, locks and, for flush and init, the source rows).
     pub connector: Connector,
     /// Source table names.
     pub tables: Tables,
+    /// The schema directory (needed by flush and init when something is to be exported).
+    pub schema_dir: Option<PathBuf>,
     /// The lake.
     pub lake: Lake,
     /// Time, so tests can move it.

@@ -86,19 +86,24 @@ impl Layout {
     /// ambiguous keys and templates without a schema placeholder (which would make every schema
     /// share one manifest, study §10 #520).
     pub fn new(root: &str, data_prefix: &str, manifest_template: &str) -> Result<Self> {
-        let root = clean_prefix(root, "--lake root")?;
-        let data = clean_prefix(data_prefix, "--data-prefix")?;
+        let root = clean_prefix(root, "lake")?;
+        let data = clean_prefix(data_prefix, "data-prefix")?;
         if !PLACEHOLDERS.iter().any(|p| manifest_template.contains(p)) {
-            return Err(Error::config(format!(
-                "--manifest-template {manifest_template:?} has no {{schema_id}} placeholder: every schema would share one manifest; use e.g. manifest/{{schema_id}}.json"
-            )));
+            return Err(Error::setting(
+                "manifest-template",
+                format!(
+                    "{manifest_template:?} has no {{schema_id}} placeholder: every schema would share one manifest; use e.g. manifest/{{schema_id}}.json"
+                ),
+            ));
         }
         let rendered = render(manifest_template, 1);
-        if rendered.contains(['{', '}']) || clean_prefix(&rendered, "--manifest-template").is_err()
-        {
-            return Err(Error::config(format!(
-                "--manifest-template {manifest_template:?} must be a relative key like manifest/{{schema_id}}.json"
-            )));
+        if rendered.contains(['{', '}']) || clean_prefix(&rendered, "manifest-template").is_err() {
+            return Err(Error::setting(
+                "manifest-template",
+                format!(
+                    "{manifest_template:?} must be a relative key like manifest/{{schema_id}}.json"
+                ),
+            ));
         }
         Ok(Self {
             data_prefix: join(&root, &data),
@@ -261,15 +266,18 @@ fn join(a: &str, b: &str) -> String {
 }
 
 /// Trims one trailing `/` and refuses leading slashes and empty, `.` or `..` segments.
-fn clean_prefix(prefix: &str, what: &str) -> Result<String> {
+fn clean_prefix(prefix: &str, setting: &str) -> Result<String> {
     let p = prefix.strip_suffix('/').unwrap_or(prefix);
     if p.is_empty() {
         return Ok(String::new());
     }
     if p.starts_with('/') || p.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
-        return Err(Error::config(format!(
-            "{what} {prefix:?} must be a relative path without empty, '.' or '..' segments (e.g. data)"
-        )));
+        return Err(Error::setting(
+            setting,
+            format!(
+                "{prefix:?} must be a relative path without empty, '.' or '..' segments (e.g. data)"
+            ),
+        ));
     }
     Ok(p.to_string())
 }

@@ -4,7 +4,7 @@
 //! not-found (study §10 #464); every load checks the schema stamp (#520/#522/#536). Unknown
 //! fields, top-level and per entry, survive a rewrite.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
+use crate::retry::Backoff;
 use crate::store::{ObjectStore, PutMode, StoreError};
 
 /// Which tier a file belongs to.
@@ -106,6 +107,24 @@ pub struct Manifest {
     /// Every listed object.
     #[serde(default)]
     pub files: Vec<FileEntry>,
+    /// Objects no longer listed that a reader of an earlier version may still read: compact's
+    /// merged inputs and init's replaced files. gc deletes them past its grace and then drops
+    /// them here. Absent (not empty) in a manifest no lakecdc job has retired anything in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired: Option<Vec<Retired>>,
+    /// Fields this version does not know, kept verbatim.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One entry of a manifest's `retired` list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Retired {
+    /// The object key.
+    pub path: String,
+    /// When the save that unlisted it was made (epoch ms; 0 when unknown).
+    #[serde(default)]
+    pub retired_at_ms: i64,
     /// Fields this version does not know, kept verbatim.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -119,8 +138,49 @@ impl Manifest {
             version: 0,
             updated_at_ms: 0,
             files: Vec::new(),
+            retired: None,
             extra: Map::new(),
         }
+    }
+
+    /// Records `paths` as retired at `now` (each path once; a path already listed keeps its
+    /// first time, so gc's grace is never restarted).
+    pub fn retire<'a>(&mut self, paths: impl IntoIterator<Item = &'a String>, now: i64) {
+        let list = self.retired.get_or_insert_with(Vec::new);
+        for path in paths {
+            if !list.iter().any(|r| &r.path == path) {
+                list.push(Retired {
+                    path: path.clone(),
+                    retired_at_ms: now,
+                    extra: Map::new(),
+                });
+            }
+        }
+    }
+
+    /// Drops `paths` from the retired list (gc, once their objects are gone).
+    pub fn forget_retired(&mut self, paths: &BTreeSet<String>) {
+        if let Some(list) = &mut self.retired {
+            list.retain(|r| !paths.contains(&r.path));
+        }
+    }
+
+    /// When each retired path was retired (epoch ms; 0 when unknown).
+    pub fn retired_since(&self) -> BTreeMap<String, i64> {
+        self.retired
+            .iter()
+            .flatten()
+            .map(|r| (r.path.clone(), r.retired_at_ms))
+            .collect()
+    }
+
+    /// The retired paths.
+    pub fn retired_paths(&self) -> BTreeSet<String> {
+        self.retired
+            .iter()
+            .flatten()
+            .map(|r| r.path.clone())
+            .collect()
     }
 
     /// Entries of one tier.
@@ -140,8 +200,7 @@ impl Manifest {
 
     /// The canonical serialisation: pretty JSON with a 2-space indent.
     pub fn to_json(&self) -> Result<Vec<u8>> {
-        serde_json::to_vec_pretty(self)
-            .map_err(|e| Error::Invariant(format!("manifest serialisation failed: {e}")))
+        serde_json::to_vec_pretty(self).map_err(Error::json("manifest"))
     }
 
     /// Checks the schema stamp for a load on behalf of `schema_id`, stamping an unstamped
@@ -217,6 +276,16 @@ pub struct CommitPolicy {
     pub max_backoff: Duration,
 }
 
+impl CommitPolicy {
+    /// The backoff between attempts.
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            base: self.base_backoff,
+            max: self.max_backoff,
+        }
+    }
+}
+
 impl Default for CommitPolicy {
     fn default() -> Self {
         Self {
@@ -273,7 +342,7 @@ where
             }
             Err(StoreError::Conflict) if attempt < max_attempts => {
                 tracing::debug!(key, attempt, "manifest conflict, retrying");
-                tokio::time::sleep(backoff(policy, attempt)).await;
+                policy.backoff().wait(attempt).await;
             }
             Err(StoreError::Conflict) => break,
             Err(source) => {
@@ -290,16 +359,6 @@ where
     })
 }
 
-/// Exponential backoff with jitter in [0.5, 1.5).
-fn backoff(policy: CommitPolicy, attempt: u32) -> Duration {
-    let exp = policy
-        .base_backoff
-        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
-        .min(policy.max_backoff);
-    let jitter = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0 + 0.5;
-    exp.mul_f64(jitter)
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -312,6 +371,24 @@ mod tests {
     const FORMA: &str = include_str!("../../tests/fixtures/manifest/forma.json");
     const FORMA_REWRITTEN: &str =
         include_str!("../../tests/fixtures/manifest/forma.rewritten.json");
+
+    #[test]
+    fn retire_records_each_path_once_and_keeps_its_first_time() {
+        let mut m = Manifest::empty(7);
+        let paths: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
+        m.retire(&paths, 5);
+        m.retire(&paths, 6);
+        assert_eq!(m.retired_paths(), paths);
+        assert_eq!(m.retired_since(), [("a".into(), 5), ("b".into(), 5)].into());
+        m.forget_retired(&["a".to_string()].into());
+        assert_eq!(m.retired_paths(), ["b".to_string()].into());
+        // An emptied list stays in the document; one never written stays absent.
+        m.forget_retired(&paths);
+        let json: Value = serde_json::from_slice(&m.to_json().unwrap()).unwrap();
+        assert_eq!(json["retired"], serde_json::json!([]));
+        let fresh: Value = serde_json::from_slice(&Manifest::empty(7).to_json().unwrap()).unwrap();
+        assert!(fresh.get("retired").is_none());
+    }
 
     fn entry(path: &str, tier: Tier) -> FileEntry {
         FileEntry {

@@ -104,7 +104,7 @@ pub async fn claim(
     let body = serde_json::to_vec(&Marker {
         manifest: layout.manifest_key_in_lake(schema_id),
     })
-    .map_err(|e| Error::Invariant(format!("owner marker: {e}")))?;
+    .map_err(Error::json("owner marker"))?;
     match store
         .put_bytes(&key, Bytes::from(body), PutMode::Create)
         .await

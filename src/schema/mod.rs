@@ -2,6 +2,7 @@
 //! Parquet column set a schema exports. Loaded from a schema directory by [`dir`]; column names
 //! come from the one fold rule in [`columns`].
 
+pub mod batch;
 pub mod columns;
 pub mod dir;
 

@@ -75,10 +75,9 @@ impl SchemaLock {
             .await
             .and_then(|h| match h {
                 Some(h) if h.pid == self.backend_pid => Ok(()),
-                _ => Err(Error::Invariant(format!(
-                    "backend {} no longer holds the advisory lock",
-                    self.backend_pid
-                ))),
+                _ => Err(Error::LockNotHeld {
+                    backend_pid: self.backend_pid,
+                }),
             });
         held.map_err(|e| Error::LockLost {
             schema_id: self.schema_id,

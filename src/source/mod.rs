@@ -5,10 +5,14 @@
 
 pub mod connect;
 pub mod conninfo;
+mod copy_decoder;
 pub mod copy_tap;
 pub mod ddl;
+mod decoding;
+pub mod live;
 pub mod lock;
 pub mod registry;
+mod rows;
 pub mod snapshot;
 pub mod stats;
 mod tls_connector;
@@ -16,3 +20,6 @@ mod tls_connector;
 pub use connect::{Connector, PgSettings, TlsPolicy};
 pub use lock::SchemaLock;
 pub use tokio_postgres::Client;
+
+/// The longest one statement of a read (a batch, a page, a mark) may take.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);

@@ -127,7 +127,7 @@ pub enum StoreError {
         request_s: u64,
     },
     /// A local I/O error.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// Any other backend failure (network, auth, server error).
     #[error("{message}")]
@@ -153,6 +153,16 @@ impl StoreError {
     /// True when a conditional write provably did not happen.
     pub fn is_conflict(&self) -> bool {
         matches!(self, StoreError::Conflict)
+    }
+
+    /// True when the same request may succeed later: a timeout or a backend failure (network,
+    /// server error). A missing object, a refusal, a bad key and a lost conditional write are
+    /// answers, not failures.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Timeout { .. } | StoreError::Backend { .. }
+        )
     }
 }
 
@@ -204,34 +214,4 @@ pub async fn delete_or_leave(store: &dyn ObjectStore, key: &str, what: &str) {
 /// SHA-256 of a byte slice.
 pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
-}
-
-/// Opens the store a [`crate::config::LakeLocation`] names. Makes no network request. A local
-/// lake directory must exist, as a bucket must: a mistyped or relative path (resolved against
-/// a cron job's working directory) would otherwise quietly become a new, empty lake that
-/// flush writes to and marks rows flushed for.
-pub async fn open(
-    location: &crate::config::LakeLocation,
-    s3: &s3::S3Options,
-) -> Result<std::sync::Arc<dyn ObjectStore>, StoreError> {
-    Ok(match location {
-        crate::config::LakeLocation::Local(path) => {
-            let shown = || path.display().to_string();
-            match std::fs::metadata(path) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => return Err(StoreError::NotADirectory { path: shown() }),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(StoreError::NoSuchDirectory { path: shown() });
-                }
-                // Unreadable (permissions, a broken mount): the I/O error says what.
-                Err(e) => return Err(StoreError::Io(e)),
-            }
-            std::sync::Arc::new(local::LocalStore::open(path)?)
-        }
-        crate::config::LakeLocation::S3 { bucket, .. } => {
-            let mut opts = s3.clone();
-            opts.bucket = bucket.clone();
-            std::sync::Arc::new(s3::S3Store::connect(&opts).await)
-        }
-    })
 }

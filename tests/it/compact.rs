@@ -214,7 +214,7 @@ async fn entries_outside_the_lake_or_without_system_columns_are_refused() {
         use arrow::array::{FixedSizeBinaryArray, Int64Array};
         use arrow::datatypes::{DataType, Field, Schema};
         let schema = Arc::new(Schema::new(vec![
-            lakecdc::source::snapshot::uuid_field("row_id", false),
+            lakecdc::schema::batch::uuid_field("row_id", false),
             Field::new("changed_at", DataType::Int64, false),
             Field::new("ltbase_created_at", DataType::Int64, false),
         ]));

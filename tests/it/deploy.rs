@@ -489,11 +489,8 @@ fn fixture(name: &str) -> Value {
 
 fn compact_ctx(rig: &Rig) -> Context {
     Context {
-        connector: rig.ctx.connector.clone(),
-        tables: rig.ctx.tables.clone(),
-        lake: rig.ctx.lake.clone(),
-        clock: rig.ctx.clock.clone(),
         shutdown: Default::default(),
+        ..rig.ctx.clone()
     }
 }
 

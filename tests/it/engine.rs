@@ -42,7 +42,7 @@ fn uuid_row_id_is_a_16_byte_fixed_array_with_the_uuid_logical_type() {
         .collect();
     let schema = Arc::new(Schema::new(vec![
         Field::new("schema_id", DataType::Int16, false),
-        lakecdc::source::snapshot::uuid_field("row_id", false),
+        lakecdc::schema::batch::uuid_field("row_id", false),
         Field::new("changed_at", DataType::Int64, false),
         Field::new("deleted_at", DataType::Int64, false),
         Field::new("ltbase_created_at", DataType::Int64, true),
@@ -130,7 +130,7 @@ fn uuid_row_id_is_a_16_byte_fixed_array_with_the_uuid_logical_type() {
 #[test]
 fn a_file_missing_a_system_column_is_refused() {
     let schema = Arc::new(Schema::new(vec![
-        lakecdc::source::snapshot::uuid_field("row_id", false),
+        lakecdc::schema::batch::uuid_field("row_id", false),
         Field::new("changed_at", DataType::Int64, false),
     ]));
     let batch = RecordBatch::try_new(
@@ -172,10 +172,11 @@ mod lake_file_writer {
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use arrow::record_batch::RecordBatch;
-    use lakecdc::engine::export::{Driver, Inputs};
+    use lakecdc::engine::Driver;
+    use lakecdc::engine::export::Inputs;
     use lakecdc::engine::{Engine, EngineConfig};
+    use lakecdc::schema::batch::uuid_field;
     use lakecdc::schema::{Attribute, ColumnBinding, Encoding, SchemaDef, SlotType, ValueType};
-    use lakecdc::source::snapshot::uuid_field;
     use parquet::file::reader::{FileReader, SerializedFileReader};
 
     const ROWS: usize = 24;

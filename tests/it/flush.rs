@@ -86,11 +86,8 @@ impl Rig {
     /// The context of the lake jobs (compact, gc, inspect, verify) over this rig.
     pub fn job_context(&self) -> lakecdc::job::Context {
         lakecdc::job::Context {
-            connector: self.ctx.connector.clone(),
-            tables: self.ctx.tables.clone(),
-            lake: self.ctx.lake.clone(),
-            clock: self.ctx.clock.clone(),
             shutdown: Default::default(),
+            ..self.ctx.clone()
         }
     }
 
@@ -1349,8 +1346,9 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
     // study §10 #210: a delta written from slots joined by `assemble_slots` (what `export`
     // does) is the file the export query writes from the same snapshot — tombstones of hard deletes, soft deletes,
     // scalar and list attributes, columns, types, values and row order.
+    use lakecdc::engine::Driver;
     use lakecdc::engine::assemble;
-    use lakecdc::engine::export::{Driver, Inputs};
+    use lakecdc::engine::export::Inputs;
     use lakecdc::engine::{Engine, EngineConfig};
     use lakecdc::schema::ValueType;
     use lakecdc::source::connect::TappedClient;

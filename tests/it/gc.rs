@@ -204,7 +204,7 @@ async fn a_file_retired_after_an_early_sighting_still_gets_its_whole_grace() {
         clock.clone(),
         Box::new(move |m| {
             m.files.retain(|f| f.path != retired);
-            lakecdc::compact::retire(m, &[retired.clone()].into(), now);
+            m.retire([&retired], now);
         }),
     )
     .await;

@@ -752,11 +752,12 @@ async fn dry_run_counts_and_estimates_without_writing() {
 async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     // study §10 #210: a base written from rows joined by `assemble` (what `export` does) is
     // the file the export query writes from the same pages — columns, types, values, order.
+    use lakecdc::engine::Driver;
     use lakecdc::engine::assemble;
-    use lakecdc::engine::export::{Driver, Inputs};
+    use lakecdc::engine::export::Inputs;
     use lakecdc::engine::{Engine, EngineConfig};
     use lakecdc::schema::ValueType;
-    use lakecdc::source::snapshot;
+    use lakecdc::source::live;
 
     let mut rig = rig(LakeKind::Local).await;
     let mut r = Rng::new(2100);
@@ -861,13 +862,13 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     let mut plain = crate::harness::untapped(&rig.ctx.connector).await;
     let mut pages = Vec::new();
     let mut untapped = Vec::new();
-    for range in snapshot::live_ranges(&plain.client, &tables, 100, 2)
+    for range in live::live_ranges(&plain.client, &tables, 100, 2)
         .await
         .unwrap()
     {
         for (conn, pages) in [(&mut tapped, &mut pages), (&mut plain, &mut untapped)] {
             let mut after = None;
-            while let Some(p) = snapshot::read_live_page(conn, &tables, &full, 100, range, after, 7)
+            while let Some(p) = live::read_live_page(conn, &tables, &full, 100, range, after, 7)
                 .await
                 .unwrap()
             {

@@ -7,6 +7,7 @@
 mod cli;
 mod compact;
 mod deploy;
+mod docs;
 mod engine;
 mod flush;
 mod gc;

@@ -234,11 +234,11 @@ async fn the_live_row_estimate_follows_the_schema_and_its_deletions() {
         .await
         .unwrap();
     // Schema 100: 20,000 rows, 5,000 of them soft-deleted.
-    let exact = lakecdc::source::snapshot::count_live(&client, &tables, 100)
+    let exact = lakecdc::source::live::count_live(&client, &tables, 100)
         .await
         .unwrap();
     assert_eq!(exact, 15_000);
-    let estimate = lakecdc::source::snapshot::estimate_live(&client, &tables, 100)
+    let estimate = lakecdc::source::live::estimate_live(&client, &tables, 100)
         .await
         .unwrap();
     // The planner assumes the schema and the deletions independent: close, not exact.
@@ -246,7 +246,7 @@ async fn the_live_row_estimate_follows_the_schema_and_its_deletions() {
         (12_000..=18_000).contains(&estimate),
         "estimate {estimate} for 15,000 live rows"
     );
-    let none = lakecdc::source::snapshot::estimate_live(&client, &tables, 555)
+    let none = lakecdc::source::live::estimate_live(&client, &tables, 555)
         .await
         .unwrap();
     assert!(none <= 1, "estimate {none} for a schema without rows");

@@ -1,0 +1,467 @@
+//! What the binary runs: one validating conversion from a command's merged settings
+//! ([`crate::config::settings`]) to the typed options of its job, and one function that opens
+//! the job's context, runs it and renders its report with the exit code it maps to
+//! (docs/operations.md: 0 done, 1 failed, 2 usage or configuration error, 3 done but needs
+//! attention).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::clock::SystemClock;
+use crate::compact::CompactOptions;
+use crate::config::settings::{Command, Origin, Resolved};
+use crate::config::{
+    LakeLocation, TableName, Tables, parse_duration, parse_memory_limit, parse_ratio, parse_size,
+};
+use crate::engine::EngineConfig;
+use crate::error::{Error, Result};
+use crate::flush::{FlushHooks, FlushOptions};
+use crate::gc::GcOptions;
+use crate::init::InitOptions;
+use crate::job::Context;
+use crate::lake::manifest::CommitPolicy;
+use crate::lake::{Lake, Layout};
+use crate::policy::{CompactThresholds, FlushThresholds};
+use crate::shutdown::Shutdown;
+use crate::source::connect::PG_ENV_VARS;
+use crate::source::{Connector, PgSettings, conninfo};
+use crate::store::s3::{S3Options, check_env_credentials};
+use crate::verify::VerifyOptions;
+
+/// The longest a PostgreSQL connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest one PostgreSQL statement may take.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The environment variables passed on to the clients lakecdc uses (libpq's PG* for the
+/// connection, AWS's credentials, checked before an S3 lake is opened).
+const AWS_CREDENTIALS: [&str; 2] = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"];
+
+/// The variables [`Resolved::merge`] keeps for the jobs' own clients.
+pub fn passed_env() -> Vec<&'static str> {
+    PG_ENV_VARS
+        .iter()
+        .chain(AWS_CREDENTIALS.iter())
+        .chain(["DATABASE_URL"].iter())
+        .copied()
+        .collect()
+}
+
+/// How the report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per event.
+    Json,
+}
+
+/// A job's typed options.
+#[derive(Clone)]
+pub enum Job {
+    /// `init-db`.
+    InitDb {
+        /// Report only.
+        dry_run: bool,
+    },
+    /// `init`.
+    Init(Box<InitOptions>),
+    /// `flush`.
+    Flush(Box<FlushOptions>),
+    /// `compact`.
+    Compact(Box<CompactOptions>),
+    /// `gc`.
+    Gc(GcOptions),
+    /// `verify`.
+    Verify(VerifyOptions),
+    /// `inspect`, judging with these thresholds.
+    Inspect(FlushThresholds, CompactThresholds),
+}
+
+/// Everything validated before any connection is opened.
+#[derive(Clone)]
+pub struct RunConfig {
+    /// PostgreSQL.
+    pub connector: Connector,
+    /// Source tables.
+    pub tables: Tables,
+    /// Where the lake is.
+    pub lake: LakeLocation,
+    /// Its key layout.
+    pub layout: Layout,
+    /// S3 client settings.
+    pub s3: S3Options,
+    /// The schema directory.
+    pub schema_dir: Option<PathBuf>,
+    /// The schemas named (all when empty).
+    pub schemas: Vec<String>,
+    /// Print the report as JSON.
+    pub json: bool,
+    /// Log format on stderr.
+    pub log_format: LogFormat,
+    /// The job.
+    pub job: Job,
+}
+
+impl RunConfig {
+    /// The one validating conversion: every value is checked here, before anything runs.
+    pub fn from_settings(s: &Resolved) -> Result<Self> {
+        let connector = connector(s)?;
+        let table = |key: &str| TableName::parse(key, s.text(key)?);
+        let tables = Tables {
+            registry: table("registry-table")?,
+            entity: table("entity-table")?,
+            eav: table("eav-table")?,
+            change_log: table("change-log-table")?,
+        };
+        let lake = LakeLocation::parse(s.text("lake")?)?;
+        let layout = Layout::new(
+            lake.root(),
+            s.text("data-prefix")?,
+            s.text("manifest-template")?,
+        )?;
+        let mut s3 = S3Options::new("");
+        s3.endpoint = s.get("s3-endpoint").map(str::to_string);
+        s3.path_style = s.flag("s3-path-style");
+        s3.region = s.get("s3-region").map(str::to_string);
+        if matches!(lake, LakeLocation::S3 { .. }) {
+            let [key, secret] = AWS_CREDENTIALS.map(|k| s.env.get(k).map(String::as_str));
+            check_env_credentials(key, secret).map_err(Error::Config)?;
+        }
+        let schema_dir = s.path("schema-dir");
+        if let Some(dir) = schema_dir.as_ref().filter(|d| !d.is_dir()) {
+            return Err(Error::setting(
+                "schema-dir",
+                format!("{} is not a directory", dir.display()),
+            ));
+        }
+        let log_format = match s.text("log-format")? {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(Error::setting(
+                    "log-format",
+                    format!("{other:?} is not one of text, json"),
+                ));
+            }
+        };
+        let schemas = s.list("schema");
+        Ok(Self {
+            connector,
+            tables,
+            lake,
+            layout,
+            s3,
+            schema_dir,
+            json: s.flag("json"),
+            log_format,
+            job: job(s, &schemas)?,
+            schemas,
+        })
+    }
+
+    /// Opens the job's context: the lake, a clock, and a stop flag raised by SIGTERM/SIGINT.
+    async fn context(&self) -> Result<Context> {
+        let lake = Lake::open(&self.lake, self.layout.clone(), &self.s3).await?;
+        let shutdown = Shutdown::new();
+        crate::shutdown::watch_signals(shutdown.clone());
+        Ok(Context {
+            connector: self.connector.clone(),
+            tables: self.tables.clone(),
+            schema_dir: self.schema_dir.clone(),
+            lake,
+            clock: Arc::new(SystemClock),
+            shutdown,
+        })
+    }
+}
+
+fn connector(s: &Resolved) -> Result<Connector> {
+    // Secrets never come from flags: any user of the host can read a command line.
+    let pg_url = s.get("pg-url");
+    if s.origin("pg-url") == Some(&Origin::Flag) && pg_url.is_some_and(conninfo::has_password) {
+        return Err(Error::setting(
+            "pg-url",
+            "carries a password, which other users of this host can read in its process list: put the connection string in LAKECDC_PG_URL (or the password in PGPASSWORD) instead",
+        ));
+    }
+    let copy_tap = match s.text("copy-tap")? {
+        "on" => true,
+        "off" => false,
+        other => {
+            return Err(Error::setting(
+                "copy-tap",
+                format!("{other:?} is not one of on, off"),
+            ));
+        }
+    };
+    let env = PG_ENV_VARS
+        .iter()
+        .filter_map(|k| s.env.get(*k).map(|v| (k.to_string(), v.clone())))
+        .collect();
+    let settings = PgSettings {
+        conninfo: pg_url
+            .map(str::to_string)
+            .or_else(|| s.env.get("DATABASE_URL").cloned()),
+        env,
+        application_name: "lakecdc".to_string(),
+        connect_timeout: CONNECT_TIMEOUT,
+        statement_timeout: STATEMENT_TIMEOUT,
+    };
+    let _ = copy_tap;
+    Connector::new(&settings)
+}
+
+fn engine(s: &Resolved) -> Result<(EngineConfig, PathBuf)> {
+    let work_dir = work_dir(s)?;
+    let threads = s.number::<usize>("threads")?.unwrap_or(1);
+    Ok((
+        EngineConfig {
+            threads: threads.max(1),
+            memory_limit: parse_memory_limit(s.text("memory-limit")?)?,
+            temp_directory: Some(work_dir.join("lakecdc-spill")),
+        },
+        work_dir,
+    ))
+}
+
+fn work_dir(s: &Resolved) -> Result<PathBuf> {
+    let dir = s.path("work-dir").unwrap_or_else(std::env::temp_dir);
+    if !dir.is_dir() {
+        return Err(Error::setting(
+            "work-dir",
+            format!("{} is not a directory", dir.display()),
+        ));
+    }
+    Ok(dir)
+}
+
+fn at_least_one<T>(s: &Resolved, key: &str) -> Result<T>
+where
+    T: std::str::FromStr + PartialOrd + From<u8>,
+{
+    match s.number::<T>(key)? {
+        Some(v) if v >= T::from(1) => Ok(v),
+        _ => Err(Error::setting(key, "must be at least 1")),
+    }
+}
+
+fn duration(s: &Resolved, key: &str) -> Result<Duration> {
+    parse_duration(key, s.text(key)?)
+}
+
+fn size(s: &Resolved, key: &str) -> Result<u64> {
+    parse_size(key, s.text(key)?)
+}
+
+fn flush_thresholds(s: &Resolved) -> Result<FlushThresholds> {
+    Ok(FlushThresholds {
+        min_records: s.number("min-records")?.unwrap_or_default(),
+        max_age: duration(s, "max-age")?,
+        force: s.flag("force"),
+    })
+}
+
+fn compact_thresholds(s: &Resolved) -> Result<CompactThresholds> {
+    Ok(CompactThresholds {
+        target_base_size: size(s, "target-base-size")?,
+        dirty_ratio: parse_ratio("dirty-ratio", s.text("dirty-ratio")?)?,
+    })
+}
+
+fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
+    let schemas = schemas.to_vec();
+    let dry_run = s.flag("dry-run");
+    Ok(match s.command {
+        Command::InitDb => Job::InitDb { dry_run },
+        Command::Flush => {
+            let (engine, work_dir) = engine(s)?;
+            let t = flush_thresholds(s)?;
+            Job::Flush(Box::new(FlushOptions {
+                schemas,
+                parallelism: at_least_one(s, "parallelism")?,
+                min_records: t.min_records,
+                max_age: t.max_age,
+                force: t.force,
+                batch_size: at_least_one(s, "batch-size")?,
+                max_batches: s.number("max-batches")?,
+                time_budget: duration(s, "time-budget")?,
+                dry_run,
+                work_dir,
+                engine,
+                commit: CommitPolicy::default(),
+            }))
+        }
+        Command::Init => {
+            let (engine, work_dir) = engine(s)?;
+            Job::Init(Box::new(InitOptions {
+                schemas,
+                replace_delta: s.flag("replace-delta"),
+                target_file_size: size(s, "target-file-size")?,
+                max_file_rows: s.number("max-file-rows")?.unwrap_or_default(),
+                page_rows: at_least_one(s, "page-rows")?,
+                readers: s.number::<u32>("readers")?.unwrap_or(1).max(1),
+                dry_run,
+                work_dir,
+                engine,
+                after_page: None,
+                progress: None,
+            }))
+        }
+        Command::Compact => {
+            let (engine, work_dir) = engine(s)?;
+            let t = compact_thresholds(s)?;
+            Job::Compact(Box::new(CompactOptions {
+                schemas,
+                target_base_size: t.target_base_size,
+                dirty_ratio: t.dirty_ratio,
+                skip_input_checksum_verify: s.flag("skip-input-checksum-verify"),
+                max_retries: s.number("max-retries")?.unwrap_or_default(),
+                dry_run,
+                work_dir,
+                engine,
+                ..CompactOptions::default()
+            }))
+        }
+        Command::Gc => {
+            let grace = duration(s, "grace")?;
+            crate::gc::check_grace(grace)?;
+            Job::Gc(GcOptions {
+                schemas,
+                grace,
+                dry_run,
+            })
+        }
+        Command::Verify => Job::Verify(VerifyOptions {
+            schemas,
+            parallelism: s.number::<usize>("parallelism")?.unwrap_or(1).max(1),
+            work_dir: work_dir(s)?,
+        }),
+        Command::Inspect => Job::Inspect(flush_thresholds(s)?, compact_thresholds(s)?),
+    })
+}
+
+/// A finished job: its report, rendered both ways, and the exit code it maps to.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The report as text.
+    pub text: String,
+    /// The report as pretty JSON.
+    pub json: String,
+    /// 0 done, 1 failed, 3 done but needs attention.
+    pub exit_code: i32,
+}
+
+impl Outcome {
+    fn of<R: Serialize>(report: &R, text: String, exit_code: i32) -> Result<Self> {
+        let json = serde_json::to_string_pretty(report).map_err(Error::json("report"))?;
+        Ok(Self {
+            text,
+            json,
+            exit_code,
+        })
+    }
+}
+
+/// Runs the job of `config`. `progress` draws init's progress (a terminal's bar).
+pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -> Result<Outcome> {
+    match &config.job {
+        Job::InitDb { dry_run } => {
+            let dir = config.schema_dir.as_deref();
+            let r = crate::init_db::run(&config.connector, &config.tables, dir, *dry_run).await?;
+            Outcome::of(&r, r.to_text(), 0)
+        }
+        Job::Flush(opts) => {
+            let ctx = config.context().await?;
+            let r = crate::flush::run(&ctx, opts, &FlushHooks::default()).await?;
+            Outcome::of(&r, r.to_text(), i32::from(r.failed()))
+        }
+        Job::Init(opts) => {
+            let ctx = config.context().await?;
+            let opts = InitOptions {
+                progress,
+                ..opts.as_ref().clone()
+            };
+            let r = crate::init::run(&ctx, &opts).await?;
+            Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+        Job::Inspect(flush, compact) => {
+            let ctx = config.context().await?;
+            let r = crate::inspect::run(&ctx, &config.schemas, flush, compact).await?;
+            Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+        Job::Compact(opts) => {
+            let ctx = config.context().await?;
+            let r = crate::compact::run(&ctx, opts, None).await?;
+            Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+        Job::Gc(opts) => {
+            let ctx = config.context().await?;
+            let r = crate::gc::run(&ctx, opts).await?;
+            Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+        Job::Verify(opts) => {
+            let ctx = config.context().await?;
+            let r = crate::verify::run(&ctx, opts).await?;
+            Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::settings::Layers;
+
+    /// The defaults of the settings table and of the options' `Default` agree.
+    #[test]
+    fn the_settings_defaults_are_the_options_defaults() {
+        let none = |_: &str| None;
+        let layers = Layers {
+            flags: Default::default(),
+            env: &none,
+            file: None,
+        };
+        let resolved = |c| Resolved::merge(c, &layers, &[]);
+        let Job::Flush(f) = job(&resolved(Command::Flush), &[]).unwrap() else {
+            panic!("not a flush")
+        };
+        let d = FlushOptions::default();
+        assert_eq!(
+            (
+                f.parallelism,
+                f.min_records,
+                f.max_age,
+                f.force,
+                f.batch_size
+            ),
+            (
+                d.parallelism,
+                d.min_records,
+                d.max_age,
+                d.force,
+                d.batch_size
+            )
+        );
+        assert_eq!(
+            (f.max_batches, f.time_budget),
+            (d.max_batches, d.time_budget)
+        );
+        assert_eq!(
+            f.engine.threads, 1,
+            "flush's files are small: one DuckDB thread"
+        );
+        let Job::Compact(c) = job(&resolved(Command::Compact), &[]).unwrap() else {
+            panic!("not a compact")
+        };
+        let d = CompactOptions::default();
+        assert_eq!(c.thresholds(), d.thresholds());
+        assert_eq!(c.max_retries, d.max_retries);
+        let Job::Gc(g) = job(&resolved(Command::Gc), &[]).unwrap() else {
+            panic!("not a gc")
+        };
+        assert_eq!(g.grace, Duration::from_secs(15 * 60));
+    }
+}
