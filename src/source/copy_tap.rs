@@ -87,6 +87,8 @@ struct Shared {
     spent: bool,
     /// Messages diverted since the connection opened.
     diverted: u64,
+    /// Where the messages diverted are also counted, across connections.
+    total: Option<Arc<AtomicU64>>,
 }
 
 /// What one read of the stream diverts to: the arm it began under and that arm's current sink.
@@ -168,6 +170,14 @@ impl CopyTap {
     /// Messages the tap has diverted so far (0 for an untapped connection).
     pub fn diverted(&self) -> u64 {
         self.shared.upgrade().map_or(0, |s| lock(&s).diverted)
+    }
+
+    /// Adds the messages the tap diverts from now on to `total` as well (nothing when the
+    /// connection is not tapped).
+    pub fn count_into(&self, total: Arc<AtomicU64>) {
+        if let Some(shared) = self.shared.upgrade() {
+            lock(&shared).total = Some(total);
+        }
     }
 }
 
@@ -316,7 +326,11 @@ fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shar
     }
     drop(sink);
     if diverted > 0 {
-        lock(shared).diverted += diverted;
+        let mut s = lock(shared);
+        s.diverted += diverted;
+        if let Some(total) = &s.total {
+            total.fetch_add(diverted, Ordering::Relaxed);
+        }
     }
 }
 
@@ -514,6 +528,25 @@ mod tests {
             assert_eq!(lock(&sink).0, rows.concat(), "pieces {sizes:?}");
             assert_eq!(tap.diverted(), 3);
         }
+    }
+
+    #[tokio::test]
+    async fn diverted_messages_are_also_counted_where_the_handle_says() {
+        let total = Arc::new(AtomicU64::new(0));
+        for rows in [vec![&b"a"[..], b"b"], vec![b"c"]] {
+            let (head, data, tail) = copy_response(&rows);
+            let stream = Pieces::new([head, data, tail].concat(), vec![4]);
+            let (mut tapped, tap) = Tapped::with_tap(stream);
+            tap.count_into(total.clone());
+            let armed = tap.arm(collect()).unwrap();
+            read_all(&mut tapped).await;
+            drop(armed);
+            assert_eq!(tap.diverted(), rows.len() as u64);
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 3);
+        // An untapped handle counts nothing.
+        CopyTap::default().count_into(total.clone());
+        assert_eq!(total.load(Ordering::Relaxed), 3);
     }
 
     #[tokio::test]
