@@ -1,19 +1,30 @@
 //! The COPY tap against the real cluster over TLS: one canary per driver behaviour the tap
 //! relies on (numbered as in the module doc of `src/source/copy_tap.rs`), each failing with
-//! the number of the behaviour that changed.
+//! the number of the behaviour that changed; and its off switch, with which init and flush
+//! write the same lake as with the tap on.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::TryStreamExt;
+use lakecdc::clock::SystemClock;
+use lakecdc::flush::{Context, FlushHooks, FlushOptions};
+use lakecdc::init::{InitOptions, Outcome};
+use lakecdc::lake::Lake;
+use lakecdc::source::Connector;
 use lakecdc::source::connect::TappedClient;
 use lakecdc::source::copy_tap::{Divert, SharedSink};
+use lakecdc::store::ObjectStore;
+use lakecdc::store::local::LocalStore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, IsolationLevel, Statement};
 
-use crate::harness::TestDb;
+use crate::flush::{LakeKind, rig};
+use crate::harness::{self, TestDb};
+use crate::oracle::{self, LakeRow};
 use crate::source::{Collected, assert_answers_queries, divide, tapped_copy, untapped_copy};
+use crate::writer::Rng;
 
 /// What a canary says when the behaviour it watches has changed.
 fn changed(n: u8, what: &str) -> String {
@@ -394,4 +405,175 @@ async fn canary_7_an_abandoned_statement_is_drained_by_the_driver() {
         assert_answers_queries(client).await;
     })
     .await;
+}
+
+/// A copy of `db` (`CREATE DATABASE … TEMPLATE`), after closing every session on it.
+async fn copy_of(db: &TestDb) -> TestDb {
+    let (base, name) = db.url.rsplit_once('/').unwrap();
+    let admin = harness::pg_client(&harness::pg_admin_url()).await;
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    // The server waits a few seconds for the terminated sessions to go.
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}_copy TEMPLATE {name}"))
+        .await
+        .unwrap();
+    TestDb {
+        url: format!("{base}/{name}_copy"),
+    }
+}
+
+/// A lake written by init then flush through `connector`, and the messages its taps diverted
+/// after each.
+struct Exported {
+    store: Arc<LocalStore>,
+    diverted_by_init: u64,
+    diverted_by_flush: u64,
+    _dir: tempfile::TempDir,
+}
+
+async fn export(template: &Context, connector: Connector) -> Exported {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(LocalStore::open(dir.path().join("lake")).unwrap());
+    let ctx = Context {
+        connector: connector.clone(),
+        lake: Lake {
+            store: store.clone(),
+            layout: template.lake.layout.clone(),
+        },
+        clock: Arc::new(SystemClock),
+        ..template.clone()
+    };
+    let init = InitOptions {
+        schemas: vec!["customer".into()],
+        work_dir: dir.path().to_path_buf(),
+        page_rows: 25,
+        max_file_rows: 60,
+        ..InitOptions::default()
+    };
+    let report = lakecdc::init::run(&ctx, &init).await.unwrap();
+    assert_eq!(report.schemas[0].outcome, Outcome::Exported);
+    let diverted_by_init = connector.copy_tap_diverted();
+    // The versions still dirty go out again as deltas, read by id.
+    let flush = FlushOptions {
+        force: true,
+        batch_size: 40,
+        work_dir: dir.path().to_path_buf(),
+        ..FlushOptions::default()
+    };
+    lakecdc::flush::run(&ctx, &flush, &FlushHooks::default())
+        .await
+        .unwrap();
+    Exported {
+        store,
+        diverted_by_init,
+        diverted_by_flush: connector.copy_tap_diverted() - diverted_by_init,
+        _dir: dir,
+    }
+}
+
+/// A listed file as two lakes can share it: everything but its key and time bounds.
+#[derive(Debug, PartialEq)]
+struct File {
+    tier: String,
+    row_id_min: String,
+    row_id_max: String,
+    row_count: u64,
+    size_bytes: u64,
+    checksum: String,
+}
+
+/// The rows of one file.
+type Rows = Vec<(uuid::Uuid, LakeRow)>;
+
+/// The files of a lake's manifest, bases then deltas, each by row-id range (ties in manifest
+/// order), with their rows.
+async fn files(store: &dyn ObjectStore) -> Vec<(File, Rows)> {
+    let m = oracle::manifest_json(store, "manifest/100.json")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for f in m["files"].as_array().unwrap() {
+        let text = |k: &str| f[k].as_str().unwrap().to_string();
+        let bytes = store.get_bytes(&text("path")).await.unwrap().bytes;
+        let file = File {
+            tier: text("tier"),
+            row_id_min: text("row_id_min"),
+            row_id_max: text("row_id_max"),
+            row_count: f["row_count"].as_u64().unwrap(),
+            size_bytes: f["size_bytes"].as_u64().unwrap(),
+            checksum: text("checksum"),
+        };
+        out.push((file, oracle::read_parquet(bytes)));
+    }
+    out.sort_by(|(a, _), (b, _)| {
+        (a.tier == "delta", &a.row_id_min).cmp(&(b.tier == "delta", &b.row_id_min))
+    });
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_and_flush_write_the_same_lake_with_the_tap_on_and_off() {
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(517);
+    rig.seed(90, &mut r).await;
+    for _ in 0..200 {
+        rig.writer.random_op(&mut r).await;
+    }
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    // The same rows twice: the tap reads one database, tokio-postgres alone the other.
+    let copy = copy_of(&rig.db).await;
+    let on = rig.db.connector();
+    let off = copy.connector().with_copy_tap(false);
+    assert!(on.copy_tap() && !off.copy_tap(), "the tap is on by default");
+    for connector in [&on, &off] {
+        let conn = connector.connect_tapped().await.unwrap();
+        assert_tls(&conn.client).await;
+        assert_eq!(conn.tap.is_live(), connector.copy_tap());
+    }
+    let tapped = export(&rig.ctx, on).await;
+    let untapped = export(&rig.ctx, off).await;
+    // Both reads went through the tap with it on, and none with it off.
+    assert!(
+        tapped.diverted_by_init > live as u64,
+        "init's COPY data went through the tap: {} messages for {live} rows",
+        tapped.diverted_by_init
+    );
+    assert!(
+        tapped.diverted_by_flush > 0,
+        "flush's rows went through the tap"
+    );
+    assert_eq!(
+        (untapped.diverted_by_init, untapped.diverted_by_flush),
+        (0, 0)
+    );
+
+    let (a, b) = (
+        files(tapped.store.as_ref()).await,
+        files(untapped.store.as_ref()).await,
+    );
+    let rows = |tier: &str, files: &[(File, Rows)]| -> usize {
+        files
+            .iter()
+            .filter(|(f, _)| f.tier == tier)
+            .map(|(_, rows)| rows.len())
+            .sum()
+    };
+    assert_eq!(rows("base", &a), live);
+    assert!(
+        a.iter().filter(|(f, _)| f.tier == "base").count() > 1,
+        "several base files"
+    );
+    assert!(rows("delta", &a) > 0, "flush wrote deltas");
+    assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+    for ((fa, ra), (fb, rb)) in a.iter().zip(&b) {
+        assert_eq!(ra, rb, "the rows of {fa:?} and {fb:?}");
+        // The writer is deterministic: the same rows make the same bytes.
+        assert_eq!(fa, fb);
+    }
 }
