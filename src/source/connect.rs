@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustls::client::WebPkiServerVerifier;
@@ -127,6 +128,10 @@ pub struct Connector {
     tls: TlsPolicy,
     rustls: Option<BufferedTls>,
     statement_timeout: Duration,
+    /// Whether [`Connector::connect_tapped`] taps its TLS connections.
+    copy_tap: bool,
+    /// Messages the taps of the connections opened by this connector and its clones diverted.
+    diverted: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -134,6 +139,7 @@ impl std::fmt::Debug for Connector {
         f.debug_struct("Connector")
             .field("target", &self.describe())
             .field("tls", &self.tls)
+            .field("copy_tap", &self.copy_tap)
             .finish_non_exhaustive()
     }
 }
@@ -236,7 +242,29 @@ impl Connector {
             tls,
             rustls,
             statement_timeout: settings.statement_timeout,
+            copy_tap: true,
+            diverted: Arc::default(),
         })
+    }
+
+    /// The same connector with the COPY tap on (the default) or off. Off, every connection
+    /// [`Connector::connect_tapped`] opens is read through tokio-postgres alone, exactly as a
+    /// plain connection is: slower, but independent of the driver behaviour the tap relies on
+    /// (see [`super::copy_tap`]), and so the way around a tap that fails after an upgrade.
+    pub fn with_copy_tap(mut self, on: bool) -> Self {
+        self.copy_tap = on;
+        self
+    }
+
+    /// Whether [`Connector::connect_tapped`] taps the TLS connections it opens.
+    pub fn copy_tap(&self) -> bool {
+        self.copy_tap
+    }
+
+    /// Messages diverted so far by the COPY taps of the connections this connector and its
+    /// clones opened: 0 while the tap is off or every connection was plain.
+    pub fn copy_tap_diverted(&self) -> u64 {
+        self.diverted.load(Ordering::Relaxed)
     }
 
     /// `user@host:port/dbname`, never the password.
@@ -281,13 +309,25 @@ impl Connector {
 
     /// Opens one connection whose binary COPY data and prepared queries' rows can bypass
     /// tokio-postgres's per-row messages (see [`super::copy_tap`]); the handle taps nothing when
-    /// the connection is plain.
+    /// the connection is plain or the tap is off ([`Connector::with_copy_tap`]).
     pub async fn connect_tapped(&self) -> Result<TappedClient> {
+        if !self.copy_tap {
+            let client = self.connect_session(None).await?;
+            tracing::debug!(
+                target = %self.describe(),
+                "COPY tap off: COPY data is read through tokio-postgres, untapped"
+            );
+            return Ok(TappedClient {
+                client,
+                tap: CopyTap::default(),
+            });
+        }
         let slot = TapSlot::default();
         let client = self.connect_session(Some(&slot)).await?;
         // A tap left by an attempt that failed (another host, a refused plain connection)
         // belongs to a stream that is gone: its handle taps nothing.
         let tap = lock(&slot).take().unwrap_or_default();
+        tap.count_into(self.diverted.clone());
         if !tap.is_live() {
             tracing::debug!(
                 target = %self.describe(),
@@ -579,6 +619,16 @@ mod tests {
         assert_eq!(c.describe(), "we ird@127.0.0.1:5432/db");
         assert_eq!(c.tls_policy(), TlsPolicy::Disable);
         assert!(!format!("{c:?}").contains("ss"));
+    }
+
+    #[test]
+    fn the_copy_tap_is_on_unless_switched_off() {
+        let c = Connector::new(&settings(Some("host=h"), &[])).unwrap();
+        assert!(c.copy_tap());
+        let off = c.clone().with_copy_tap(false);
+        assert!(!off.copy_tap());
+        assert!(format!("{off:?}").contains("copy_tap: false"), "{off:?}");
+        assert_eq!(off.copy_tap_diverted(), 0);
     }
 
     #[test]

@@ -14,10 +14,54 @@
 //! reader whose tap is not armed (a plain connection) gets the data from tokio-postgres and
 //! feeds the same decoder, so a read decodes the same either way. A message is either diverted
 //! or passed, never both.
+//!
+//! # What the tap relies on
+//!
+//! The tap works underneath tokio-postgres, so it depends on how the driver behaves, not only on
+//! what its API promises. `tokio-postgres`, `tokio-postgres-rustls` and `postgres-protocol` are
+//! therefore pinned exactly in `Cargo.toml`, and each behaviour below has a canary test in
+//! `tests/it/copy_tap.rs` that fails, naming the behaviour's number, when an upgrade changes it.
+//! An upgrade must re-run them; until a failing one is dealt with,
+//! [`Connector::with_copy_tap`](super::Connector::with_copy_tap)`(false)` reads everything
+//! through tokio-postgres alone.
+//!
+//! 1. **Every server message is read through the TLS stream, from the first.** tokio-postgres
+//!    hands the socket to the TLS connector after its SSL request and reads the whole session
+//!    (the startup exchange included) from the stream the handshake returns, with `poll_read`
+//!    only, so the tap's framing starts at a message boundary and stays in step.
+//!    Canary: `canary_1_every_server_message_is_read_through_the_tls_stream`.
+//! 2. **`copy_out` ends its stream at CopyDone, with or without CopyData.** It takes a COPY
+//!    whose data the tap took (CopyOutResponse, then CopyDone) as an empty, successful one, and
+//!    the stream ends no earlier than CopyDone, where the tap ends the statement, so the reader
+//!    may disarm as soon as the stream ends.
+//!    Canary: `canary_2_copy_out_ends_at_copy_done_without_data`.
+//! 3. **`query_raw` asks for every column in binary.** Its Bind (written by postgres-protocol)
+//!    carries the single result-format code 1, so the DataRow payloads the tap takes are binary
+//!    COPY tuples for the decoder. Canary: `canary_3_query_raw_asks_for_binary_results`.
+//! 4. **A row stream is not checked against CommandComplete's count.** A query whose rows the
+//!    tap took ends successfully with none, and `rows_affected` reports the server's count
+//!    (which the by-id read compares with the rows it decoded).
+//!    Canary: `canary_4_a_row_stream_is_not_checked_against_its_count`.
+//! 5. **Requests go out in the order their futures are first polled.** `query_raw` on a
+//!    prepared statement sends its request before its first await, and `try_join!` polls its
+//!    futures in the order listed, so the by-id read's statements are sent (and answered) in
+//!    the order of the sinks it arms the tap with.
+//!    Canary: `canary_5_pipelined_reads_are_sent_in_join_order`.
+//! 6. **Each statement ends at exactly one CommandComplete, EmptyQueryResponse, ErrorResponse
+//!    or CopyDone.** A read on a prepared statement is one request (Bind, Execute without a row
+//!    limit, Sync: no Parse, Describe or type lookup in between), a `copy_out`'s preparation
+//!    sends none of these messages, and an error ends only its own statement; the tap moves to
+//!    the next sink exactly there (`Divert::ends_statement`).
+//!    Canary: `canary_6_each_statement_ends_at_one_terminator`.
+//! 7. **An abandoned statement's responses are read and dropped.** When a reader drops a
+//!    stream before its end, tokio-postgres keeps reading that statement's responses and drops
+//!    them, so once the tap is spent (see [`Armed`]) and passes them on, the connection stays
+//!    correct. Canary: `canary_7_an_abandoned_statement_is_drained_by_the_driver`.
 
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll, ready};
 
@@ -87,6 +131,8 @@ struct Shared {
     spent: bool,
     /// Messages diverted since the connection opened.
     diverted: u64,
+    /// Where the messages diverted are also counted, across connections.
+    total: Option<Arc<AtomicU64>>,
 }
 
 /// What one read of the stream diverts to: the arm it began under and that arm's current sink.
@@ -168,6 +214,14 @@ impl CopyTap {
     /// Messages the tap has diverted so far (0 for an untapped connection).
     pub fn diverted(&self) -> u64 {
         self.shared.upgrade().map_or(0, |s| lock(&s).diverted)
+    }
+
+    /// Adds the messages the tap diverts from now on to `total` as well (nothing when the
+    /// connection is not tapped).
+    pub fn count_into(&self, total: Arc<AtomicU64>) {
+        if let Some(shared) = self.shared.upgrade() {
+            lock(&shared).total = Some(total);
+        }
     }
 }
 
@@ -316,7 +370,11 @@ fn split(data: &[u8], frame: &mut Frame, pass: &mut Vec<u8>, shared: &Mutex<Shar
     }
     drop(sink);
     if diverted > 0 {
-        lock(shared).diverted += diverted;
+        let mut s = lock(shared);
+        s.diverted += diverted;
+        if let Some(total) = &s.total {
+            total.fetch_add(diverted, Ordering::Relaxed);
+        }
     }
 }
 
@@ -514,6 +572,25 @@ mod tests {
             assert_eq!(lock(&sink).0, rows.concat(), "pieces {sizes:?}");
             assert_eq!(tap.diverted(), 3);
         }
+    }
+
+    #[tokio::test]
+    async fn diverted_messages_are_also_counted_where_the_handle_says() {
+        let total = Arc::new(AtomicU64::new(0));
+        for rows in [vec![&b"a"[..], b"b"], vec![b"c"]] {
+            let (head, data, tail) = copy_response(&rows);
+            let stream = Pieces::new([head, data, tail].concat(), vec![4]);
+            let (mut tapped, tap) = Tapped::with_tap(stream);
+            tap.count_into(total.clone());
+            let armed = tap.arm(collect()).unwrap();
+            read_all(&mut tapped).await;
+            drop(armed);
+            assert_eq!(tap.diverted(), rows.len() as u64);
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 3);
+        // An untapped handle counts nothing.
+        CopyTap::default().count_into(total.clone());
+        assert_eq!(total.load(Ordering::Relaxed), 3);
     }
 
     #[tokio::test]

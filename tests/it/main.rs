@@ -6,6 +6,7 @@
 
 mod cli;
 mod compact;
+mod copy_tap;
 mod deploy;
 mod docs;
 mod engine;

@@ -254,7 +254,7 @@ async fn the_live_row_estimate_follows_the_schema_and_its_deletions() {
 
 /// Collects what a COPY tap diverts.
 #[derive(Default)]
-struct Collected(Vec<u8>);
+pub struct Collected(pub Vec<u8>);
 
 impl lakecdc::source::copy_tap::CopySink for Collected {
     fn copy_data(&mut self, bytes: &[u8]) {
@@ -264,7 +264,7 @@ impl lakecdc::source::copy_tap::CopySink for Collected {
 
 /// Binary COPY of `query` through the tap: the data the tap took, and the number of data
 /// messages that reached tokio-postgres (or the error).
-async fn tapped_copy(
+pub async fn tapped_copy(
     client: &tokio_postgres::Client,
     tap: &lakecdc::source::copy_tap::CopyTap,
     query: &str,
@@ -281,7 +281,7 @@ async fn tapped_copy(
 }
 
 /// Binary COPY of `query` through tokio-postgres: its data messages.
-async fn untapped_copy(
+pub async fn untapped_copy(
     client: &tokio_postgres::Client,
     query: &str,
 ) -> Result<Vec<bytes::Bytes>, tokio_postgres::Error> {
@@ -291,7 +291,7 @@ async fn untapped_copy(
 }
 
 /// Asserts that `client` still runs ordinary statements and gets their results.
-async fn assert_answers_queries(client: &tokio_postgres::Client) {
+pub async fn assert_answers_queries(client: &tokio_postgres::Client) {
     let n: i64 = client
         .query_one("SELECT 42::int8", &[])
         .await
@@ -301,7 +301,7 @@ async fn assert_answers_queries(client: &tokio_postgres::Client) {
 }
 
 /// `SELECT 1/(k - n)::int8 FROM generate_series(1, rows) n`: fails at row `k`.
-fn divide(k: i64, rows: i64) -> String {
+pub fn divide(k: i64, rows: i64) -> String {
     format!("SELECT 1/({k} - n)::int8 FROM generate_series(1, {rows}) n")
 }
 
