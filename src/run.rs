@@ -210,8 +210,7 @@ fn connector(s: &Resolved) -> Result<Connector> {
         connect_timeout: CONNECT_TIMEOUT,
         statement_timeout: STATEMENT_TIMEOUT,
     };
-    let _ = copy_tap;
-    Connector::new(&settings)
+    Ok(Connector::new(&settings)?.with_copy_tap(copy_tap))
 }
 
 fn engine(s: &Resolved) -> Result<(EngineConfig, PathBuf)> {

@@ -237,3 +237,28 @@ fn help_shows_every_env_fallback() {
         assert!(help.contains(var), "--help lacks {var}");
     }
 }
+
+#[test]
+fn the_copy_tap_switch_takes_on_or_off() {
+    let (code, stderr) = run(
+        &["init-db", "--copy-tap", "maybe", "--pg-url", UNREACHABLE],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--copy-tap \"maybe\" is not one of on, off"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    // Off (from the flag or the environment) is a valid setting: the run goes on to connect.
+    for (args, env) in [
+        (vec!["init-db", "--copy-tap", "off"], vec![]),
+        (vec!["init-db"], vec![("LAKECDC_COPY_TAP", "off")]),
+    ] {
+        let mut args = args;
+        args.extend(["--pg-url", UNREACHABLE]);
+        let (code, stderr) = run(&args, &env);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("connect to u@127.0.0.1:1/d"), "{stderr}");
+    }
+}
