@@ -5,11 +5,11 @@
 #   scripts/bench.sh compact [N]   # N base rows + N/10 delta rows → one `lakecdc compact` rewrite
 #   scripts/bench.sh init [N]      # N live entities → `lakecdc init` vs the DuckDB postgres peer
 #
-# flush: seeds N entities of the DESIGN §7 shape (18 bound columns, 3 EAV attributes each) with
+# flush: seeds N entities of the docs/benchmarks.md shape (18 bound columns, 3 EAV attributes each) with
 # one dirty change_log slot each, measures the read floor (`COPY … (FORMAT binary)` of the
 # entity and EAV rows), then times one forced flush to SeaweedFS and an idle run. Prints
 # changes/s, the ratio flush / read floor, peak RSS, and the idle-run time.
-# Target (DESIGN §7): ≥ 100,000 changes/s; an idle run well under a second.
+# Target (docs/benchmarks.md): ≥ 100,000 changes/s; an idle run well under a second.
 #
 # compact: flushes and promotes N entities into the base tier, updates N/10 of them (writer
 # contract) and flushes those, then times one `lakecdc compact` rewrite of base + deltas.

@@ -1,4 +1,4 @@
-//! `lakecdc compact`: promotes or merges deltas into UUID-named bases (DESIGN §4.3).
+//! `lakecdc compact`: promotes or merges deltas into UUID-named bases (docs/design.md §4.3).
 //!
 //! No advisory lock: the manifest's conditional write is the only fence, so a flush may run at
 //! the same time. A plain-data [`Plan`] decides first (`noop`, `promote`, `rewrite`, with the
@@ -17,7 +17,7 @@
 //!    unlisted — is deleted and the whole pass retried with backoff.
 //!
 //! Sources are never deleted here; gc removes retired files after its grace period, when no
-//! in-flight reader can still be opening them (study §10 #461).
+//! in-flight reader can still be opening them (docs/hazards.md #461).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -47,7 +47,7 @@ pub use crate::policy::{CompactThresholds, Decision, Plan};
 /// A test seam called after the new base is staged, before the manifest save.
 pub type Hook = Arc<dyn Fn(i16) -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// Compact options (defaults as in DESIGN §4.3).
+/// Compact options (defaults as in docs/design.md §4.3).
 #[derive(Debug, Clone)]
 pub struct CompactOptions {
     /// Schema names or ids; empty = every registered schema.
@@ -423,7 +423,7 @@ struct Merged {
     columns: Vec<(String, String)>,
 }
 
-/// Refuses entries that do not name a lake file of this schema (study §10 #417).
+/// Refuses entries that do not name a lake file of this schema (docs/hazards.md #417).
 fn check_source(ctx: &Context, schema_id: i16, f: &FileEntry) -> Result<()> {
     match ctx.lake.layout.classify(&f.path) {
         KeyKind::Delta { schema_id: s, .. }

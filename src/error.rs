@@ -237,7 +237,7 @@ pub enum Error {
 
 impl Error {
     /// The process exit code for this error: 2 for usage and configuration problems, 1 for
-    /// everything else (DESIGN §5).
+    /// everything else (docs/design.md §5).
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) | Error::Setting { .. } | Error::Metadata { .. } => 2,

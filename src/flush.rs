@@ -1,4 +1,4 @@
-//! `lakecdc flush`: exports dirty `change_log` rows as delta Parquet files (DESIGN §4.1).
+//! `lakecdc flush`: exports dirty `change_log` rows as delta Parquet files (docs/design.md §4.1).
 //!
 //! Per schema, under its advisory lock, each batch runs these side effects in this order:
 //!
@@ -77,7 +77,7 @@ impl std::fmt::Debug for FlushHooks {
 pub use crate::job::Context;
 pub use crate::policy::FlushThresholds;
 
-/// Flush options (defaults as in DESIGN §4.1).
+/// Flush options (defaults as in docs/design.md §4.1).
 #[derive(Debug, Clone)]
 pub struct FlushOptions {
     /// Schema names or ids; empty = every schema with dirty rows.
@@ -313,7 +313,7 @@ pub async fn run(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> Resu
         registry::select(&registered, &opts.schemas)?
     };
     drop(client);
-    // Pre-flight (study §10 #193): every schema's metadata resolves before any side effect.
+    // Pre-flight (docs/hazards.md #193): every schema's metadata resolves before any side effect.
     let mut work = Vec::with_capacity(targets.len());
     for reg in targets {
         let dir = ctx.schema_dir.as_deref().ok_or_else(|| {

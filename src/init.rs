@@ -1,4 +1,4 @@
-//! `lakecdc init`: exports every live entity of a schema as base files (DESIGN §4.2) and makes
+//! `lakecdc init`: exports every live entity of a schema as base files (docs/design.md §4.2) and makes
 //! them the whole base tier in one conditional manifest save.
 //!
 //! Per schema, under its advisory lock (contended → reported for that schema, others go on). A
@@ -18,7 +18,7 @@
 //! and replaced deltas alike, are recorded as retired and left to gc, which deletes them past its
 //! grace. A schema with no live rows publishes one zero-row base. Writes during init reach the lake
 //! with the next flush: a base row carries `changed_at = ltbase_updated_at`, exactly what flush
-//! writes for the same version (study §10 #210).
+//! writes for the same version (docs/hazards.md #210).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
@@ -57,7 +57,7 @@ pub type PageHook =
 /// binary draws a progress bar with it on a terminal.
 pub type ProgressFn = std::sync::Arc<dyn Fn(i16, u64, u64) + Send + Sync>;
 
-/// Init options (defaults as in DESIGN §4.2).
+/// Init options (defaults as in docs/design.md §4.2).
 #[derive(Clone)]
 pub struct InitOptions {
     /// Schema names or ids; empty = every registered schema.
@@ -249,7 +249,7 @@ impl InitReport {
     }
 }
 
-/// The row-width estimate used before any file has been written (study §4.2).
+/// The row-width estimate used before any file has been written (docs/design.md §4.2).
 pub fn estimated_row_bytes(def: &SchemaDef) -> u64 {
     50 + def
         .attributes
@@ -276,7 +276,7 @@ fn rows_per_file(opts: &InitOptions, bytes_per_row: u64) -> u64 {
 /// Exports the selected schemas.
 pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
     let targets = job::select_schemas(ctx, &opts.schemas).await?;
-    // Pre-flight (study §10 #193): every schema's metadata resolves before any side effect.
+    // Pre-flight (docs/hazards.md #193): every schema's metadata resolves before any side effect.
     let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
         Error::setting("schema-dir", "is needed by init (the attribute metadata)")
     })?;
@@ -692,7 +692,7 @@ async fn stage_and_upload(
             p(schema_id, staged_total, staged_total);
         }
         if staged_total == 0 {
-            // With no live rows at all, `None` publishes one zero-row base (study §10 #519).
+            // With no live rows at all, `None` publishes one zero-row base (docs/hazards.md #519).
             files.start(ctx, opts, schema_id, def, None, out).await?;
         }
         while !files.writing.is_empty() {

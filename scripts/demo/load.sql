@@ -1,4 +1,4 @@
--- Demo data for the example schemas, written the way the application writes (DESIGN §2): each
+-- Demo data for the example schemas, written the way the application writes (docs/design.md §2): each
 -- entity row, its EAV rows and one dirty change_log slot whose changed_at equals the row's
 -- ltbase_updated_at. :customer / :order are the registered schema ids; :customers / :orders
 -- the row counts.

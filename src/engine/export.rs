@@ -1,7 +1,7 @@
 //! The export query: joins the change-log slots (or, for a base, the entity rows) with their
 //! `entity_main` row and pivoted EAV rows, and casts every attribute to its lake type
-//! (DESIGN §3.1, study §3.6). Deltas and bases share this one query builder, so a base and a
-//! delta of the same version are identical (study §10 #210).
+//! (docs/design.md §3.1). Deltas and bases share this one query builder, so a base and a
+//! delta of the same version are identical (docs/hazards.md #210).
 
 use std::path::Path;
 
@@ -63,8 +63,8 @@ pub fn export_sql(schema: &SchemaDef, schema_id: i16, driver: Driver) -> String 
 /// [`super::assemble::raw_column`]; for a delta, the slot columns next to the entity columns)
 /// and already in `row_id` order: the same columns, types and values as [`export_sql`] with
 /// the same `driver`, with no join, aggregate or sort left for DuckDB. The maximum the pivot
-/// takes over an attribute's one row is that row's value, so both give the same file (study
-/// §10 #210). The rows are read from `source` (a table expression, aliased `m`).
+/// takes over an attribute's one row is that row's value, so both give the same file
+/// (docs/hazards.md #210). The rows are read from `source` (a table expression, aliased `m`).
 pub fn assembled_sql(schema: &SchemaDef, schema_id: i16, driver: Driver, source: &str) -> String {
     let cols = assembled_columns(schema, schema_id, driver);
     format!("SELECT {} FROM {source} AS m", items(&cols))

@@ -25,7 +25,7 @@ pub enum Driver {
     Entities,
 }
 
-/// Rows per Parquet row group (DESIGN §3.1).
+/// Rows per Parquet row group (docs/design.md §3.1).
 pub const ROW_GROUP_SIZE: usize = 122_880;
 /// zstd level for every file lakecdc writes.
 pub const ZSTD_LEVEL: i32 = 3;

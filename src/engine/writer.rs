@@ -6,8 +6,8 @@
 //! twice the CPU for the same file: it copies every value into its own vectors, buffers each
 //! row group and analyses every column before encoding it.
 //!
-//! The file has the columns, types and values of [`super::export::assembled_sql`] (DESIGN
-//! §3.1): zstd level 3, V2 pages, 122,880-row groups, every column nullable, with the
+//! The file has the columns, types and values of [`super::export::assembled_sql`]
+//! (docs/design.md §3.1): zstd level 3, V2 pages, 122,880-row groups, every column nullable, with the
 //! encodings DuckDB picks for the lake's types — delta-packed integers, byte-stream-split
 //! doubles, plain UUIDs, dictionary strings that fall back to delta lengths once the dictionary
 //! outgrows [`DICTIONARY_PAGE_BYTES`].

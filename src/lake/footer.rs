@@ -1,6 +1,6 @@
 //! Parquet footer checks. Every file lakecdc writes or reads must carry the system columns with
 //! exactly the physical and logical types DuckDB reports as `row_id UUID`, `changed_at`,
-//! `deleted_at` and `ltbase_created_at BIGINT` (study §10 #187/#189): a file missing one would be
+//! `deleted_at` and `ltbase_created_at BIGINT` (docs/hazards.md #187/#189): a file missing one would be
 //! NULL-padded by `union_by_name` and silently misfold rows.
 
 use std::fs::File;

@@ -1,5 +1,5 @@
-//! Every key shape of the lake (DESIGN §3), built AND parsed here so that writers and the gc
-//! classifier can never drift apart (study §10 #48). Parsing is strict — every UUID part must be
+//! Every key shape of the lake (docs/design.md §3), built AND parsed here so that writers and the gc
+//! classifier can never drift apart (docs/hazards.md #48). Parsing is strict — every UUID part must be
 //! a canonical lowercase hyphenated UUID and the schema id canonical decimal — and anything else
 //! is [`KeyKind::Unknown`]; parsing never panics. Keys are used verbatim everywhere (#516).
 
@@ -84,7 +84,7 @@ impl Layout {
     /// Builds a layout from the lake root (the part of `s3://bucket/root` after the bucket, or
     /// empty), the data prefix and the manifest template. Refuses prefixes that would produce
     /// ambiguous keys and templates without a schema placeholder (which would make every schema
-    /// share one manifest, study §10 #520).
+    /// share one manifest, docs/hazards.md #520/#522/#536).
     pub fn new(root: &str, data_prefix: &str, manifest_template: &str) -> Result<Self> {
         let root = clean_prefix(root, "lake")?;
         let data = clean_prefix(data_prefix, "data-prefix")?;

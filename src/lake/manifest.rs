@@ -1,7 +1,7 @@
-//! The per-schema manifest (forma's JSON format, DESIGN §3.2) and its only write path:
+//! The per-schema manifest (forma's JSON format, docs/design.md §3.2) and its only write path:
 //! [`commit`] = load → modify → conditional PUT (`If-Match` on the loaded etag, `If-None-Match: *`
 //! when absent), retried only on a confirmed conflict. "No manifest" is only the store's typed
-//! not-found (study §10 #464); every load checks the schema stamp (#520/#522/#536). Unknown
+//! not-found (docs/hazards.md #464); every load checks the schema stamp (#520/#522/#536). Unknown
 //! fields, top-level and per entry, survive a rewrite.
 
 use std::collections::{BTreeMap, BTreeSet};

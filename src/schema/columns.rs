@@ -1,4 +1,4 @@
-//! Parquet column naming and typing (DESIGN §3.1, study §2.4 and §3.6).
+//! Parquet column naming and typing (docs/design.md §3.1 and §3.1.2).
 //!
 //! The fold rule is byte-stable forever: files already written use it. Collisions and reserved
 //! names are compared ASCII case-insensitively, as DuckDB compares identifiers.

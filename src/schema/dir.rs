@@ -1,6 +1,6 @@
 //! The schema directory: `<name>.json` (a JSON schema, used for registration) and
 //! `<name>_attributes.json` (attribute metadata) per schema. Loading validates the metadata
-//! completely — types, the binding matrix (study §2.2), duplicate ids and columns, fold
+//! completely — types, the binding matrix (docs/design.md §2.3), duplicate ids and columns, fold
 //! collisions and reserved names — and every error names the file and the attribute.
 
 use std::collections::{BTreeMap, HashMap};
@@ -63,7 +63,7 @@ pub fn scan(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// Loads and validates one schema's attribute metadata. A missing or empty file is an error
-/// (study §10 #193): an export without metadata would be unreadable.
+/// (docs/hazards.md #193): an export without metadata would be unreadable.
 pub fn load(dir: &Path, schema: &str) -> Result<SchemaDef> {
     let path = attributes_path(dir, schema);
     if !path.exists() {
@@ -185,7 +185,7 @@ fn type_list() -> String {
         .join(", ")
 }
 
-/// Applies the binding matrix (study §2.2).
+/// Applies the binding matrix (docs/design.md §2.3).
 fn parse_binding(vt: ValueType, b: RawBinding) -> Result<ColumnBinding, String> {
     let column = b
         .col_name

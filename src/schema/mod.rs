@@ -224,7 +224,7 @@ impl SchemaDef {
     }
 
     /// The Parquet columns every file of this schema carries, in file order: the system
-    /// columns, then bound attributes by name, then EAV attributes by name (DESIGN §3.1).
+    /// columns, then bound attributes by name, then EAV attributes by name (docs/design.md §3.1).
     pub fn export_columns(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = columns::SYSTEM_COLUMNS
             .iter()

@@ -1,5 +1,5 @@
 //! Connection-string handling without the driver: libpq keyword DSNs (quoted values, backslash
-//! escapes, study §10 #301) and URLs, with the TLS parameters tokio-postgres does not know
+//! escapes, docs/hazards.md #301) and URLs, with the TLS parameters tokio-postgres does not know
 //! (`sslmode=verify-ca|verify-full`, `sslrootcert`) taken out and handled by lakecdc. Errors
 //! name the offending key, never a value, so a password cannot leak through them (#290/#306).
 

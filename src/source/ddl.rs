@@ -1,4 +1,4 @@
-//! The source tables' DDL (study §1.1, DESIGN §2) and schema registration, for `init-db`.
+//! The source tables' DDL (docs/design.md §2 and §2.1) and schema registration, for `init-db`.
 //! Everything runs in one transaction under a transaction-scoped advisory lock, so concurrent
 //! `init-db` runs serialise instead of racing on `CREATE TABLE IF NOT EXISTS`.
 

@@ -108,7 +108,7 @@ pub async fn live_ranges(
 }
 
 /// Reads up to `limit` live entities (`ltbase_deleted_at IS NULL`) of `range` with
-/// `ltbase_row_id > after`, in row-id order — keyset paging, never OFFSET (study §10 #462) —
+/// `ltbase_row_id > after`, in row-id order — keyset paging, never OFFSET (docs/hazards.md #462) —
 /// and their EAV rows, in one repeatable-read snapshot. `None` when no row is left.
 pub async fn read_live_page(
     conn: &mut TappedClient,

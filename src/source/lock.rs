@@ -1,5 +1,5 @@
 //! The per-schema advisory lock: `pg_try_advisory_lock(id, id)` (the two-int4 keyspace) held by
-//! one dedicated connection for the whole job, released on that same connection (study §10
+//! one dedicated connection for the whole job, released on that same connection (docs/hazards.md
 //! #290) — or, if the process dies, by PostgreSQL when the connection closes.
 
 use tokio_postgres::Client;

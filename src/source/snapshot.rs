@@ -1,7 +1,7 @@
 //! Reading one flush batch: the selection of dirty slots, and their payload — the slots
 //! themselves, their `entity_main` rows and their EAV rows — read in ONE `REPEATABLE READ READ
-//! ONLY` transaction so that every table is seen at the same instant (no payload skew, study
-//! §10 #45). Values travel as parameters (`= ANY($n)`), never as SQL text; results come back in
+//! ONLY` transaction so that every table is seen at the same instant (no payload skew,
+//! docs/hazards.md #45). Values travel as parameters (`= ANY($n)`), never as SQL text; results come back in
 //! binary form and leave this module as Arrow batches. Also the mark step: `flushed_at = T`
 //! only where `changed_at` still equals the exported version.
 
@@ -220,7 +220,7 @@ fn selected(slots: &[Row]) -> Vec<Selected> {
 
 /// Selects the next batch — up to `limit` dirty slots by `(changed_at, row_id)` after `after` —
 /// and reads their entity and EAV rows, all in ONE repeatable-read snapshot: the payload is
-/// exactly the versions selected (no skew, study §10 #45). `before_payload` runs between the
+/// exactly the versions selected (no skew, docs/hazards.md #45). `before_payload` runs between the
 /// selection and the payload reads, with the selection (so the next batch's selection can
 /// start; also a test seam). `None` when nothing is dirty after `after`.
 pub async fn read_next<F: std::future::Future<Output = ()>>(
@@ -332,7 +332,7 @@ impl Marker {
     /// Marks the exported slots flushed at `flushed_at`, only where `changed_at` still equals
     /// the exported version (never `<=`): a row written since stays dirty. Returns the rows
     /// marked. The slots are visited, and so locked, in `row_id` order, the order in which
-    /// the application's batch writers lock rows (study §10 #554): in selection order
+    /// the application's batch writers lock rows (docs/hazards.md #554): in selection order
     /// (`changed_at`) the mark could hold one row a writer needs while waiting for another that
     /// writer holds, and PostgreSQL would end one of them as a deadlock.
     pub async fn mark(

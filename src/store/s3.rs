@@ -1,7 +1,7 @@
 //! The S3 backend (aws-sdk-s3).
 //!
 //! Credentials, region and profiles come from aws-config's default chain only (env, profile,
-//! IMDS/IRSA): one resolution path for everything (study §10 #302/#326/#329). An endpoint
+//! IMDS/IRSA): one resolution path for everything (docs/hazards.md #302, #326, #329). An endpoint
 //! override and path-style addressing support S3-compatible servers. Every call has a time
 //! limit. Conditional writes run with SDK retries disabled: a retried conditional PUT whose
 //! first attempt landed would come back 412 and make a committed write look lost.
@@ -72,7 +72,7 @@ impl S3Options {
 }
 
 /// Refuses a half-set static credential pair in the environment: the SDK would otherwise fall
-/// through to another provider or fail signing with an opaque error (study §10 #302).
+/// through to another provider or fail signing with an opaque error (docs/hazards.md #302).
 pub fn check_env_credentials(
     access_key_id: Option<&str>,
     secret_access_key: Option<&str>,
@@ -370,7 +370,7 @@ async fn read_chunk(file: &mut tokio::fs::File, max: usize) -> std::io::Result<B
     Ok(Bytes::from(buf))
 }
 
-/// Percent-encodes a `CopySource` (`bucket/key`), keeping `/` (study §10 #516).
+/// Percent-encodes a `CopySource` (`bucket/key`), keeping `/` (docs/hazards.md #516).
 fn copy_source(bucket: &str, key: &str) -> String {
     let mut out = String::with_capacity(bucket.len() + key.len() + 1);
     for b in format!("{bucket}/{key}").bytes() {

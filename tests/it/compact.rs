@@ -1,5 +1,5 @@
 //! `lakecdc compact` on SeaweedFS: the lake's state is identical before and after and equals
-//! PostgreSQL; every compaction hazard of study §10; a concurrent flush during a rewrite.
+//! PostgreSQL; every compaction hazard of docs/hazards.md; a concurrent flush during a rewrite.
 
 use std::sync::Arc;
 
@@ -107,7 +107,7 @@ async fn a_rewrite_keeps_the_lake_state_and_retires_its_sources() {
 
 #[tokio::test]
 async fn a_corrupt_source_is_refused_unless_told_otherwise() {
-    // study §10 #347
+    // docs/hazards.md #347
     let (rig, _) = lake_with_base_and_deltas(347).await;
     let state_before = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
     let listed = rig.listed().await;
@@ -172,7 +172,7 @@ async fn a_corrupt_source_is_refused_unless_told_otherwise() {
 
 #[tokio::test]
 async fn entries_outside_the_lake_or_without_system_columns_are_refused() {
-    // study §10 #417 and #187/#189
+    // docs/hazards.md #417 and #187/#189
     let (rig, _) = lake_with_base_and_deltas(417).await;
     let store = rig.store.clone();
     let add = |path: &'static str| {
@@ -263,7 +263,7 @@ async fn entries_outside_the_lake_or_without_system_columns_are_refused() {
 
 #[tokio::test]
 async fn an_all_tombstone_merge_publishes_a_zero_row_base() {
-    // study §10 #519
+    // docs/hazards.md #519
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(519);
     let ids = rig.seed(20, &mut r).await;
@@ -300,7 +300,7 @@ async fn an_all_tombstone_merge_publishes_a_zero_row_base() {
 
 #[tokio::test]
 async fn a_schema_never_flushed_is_a_noop() {
-    // study §10 #524
+    // docs/hazards.md #524
     let rig = rig(LakeKind::S3).await;
     let report = lakecdc::compact::run(
         &rig.job_context(),
@@ -519,7 +519,7 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
-    // study §10 #180, for compaction: both decisions, planned without a write.
+    // docs/hazards.md #180, for compaction: both decisions, planned without a write.
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(180);
     rig.seed(40, &mut r).await;
@@ -574,7 +574,7 @@ async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn files_with_null_deleted_at_for_live_rows_merge_as_live() {
-    // study §10 #365: the predecessor's early files wrote deleted_at NULL, not 0, for live
+    // docs/hazards.md #365: the predecessor's early files wrote deleted_at NULL, not 0, for live
     // rows. A merge must read NULL as live, and a newer tombstone must still remove the row.
     use lakecdc::clock::SystemClock;
     use lakecdc::engine::{Engine, EngineConfig};
@@ -664,7 +664,7 @@ async fn files_with_null_deleted_at_for_live_rows_merge_as_live() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_column_added_between_generations_merges_with_nulls_for_older_rows() {
-    // study §10 #255/#371: a merge reads files of different generations of a schema; an
+    // docs/hazards.md #255/#371: a merge reads files of different generations of a schema; an
     // attribute added later is NULL for the rows written before it, its value after.
     let (mut rig, mut r) = lake_with_base_and_deltas(371).await;
     let before = rig.listed().await;

@@ -1,5 +1,5 @@
 //! `lakecdc flush` against real PostgreSQL and SeaweedFS (and the local lake): the oracle under
-//! a random workload, every hazard of study §10 that applies to flush, the fault matrix, and
+//! a random workload, every hazard of docs/hazards.md that applies to flush, the fault matrix, and
 //! concurrency.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -262,7 +262,7 @@ async fn an_idle_run_makes_no_store_request() {
 
 #[tokio::test]
 async fn hard_delete_exports_a_tombstone() {
-    // study §10 #173
+    // docs/hazards.md #173
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(173);
     let ids = rig.seed(3, &mut r).await;
@@ -285,7 +285,7 @@ async fn hard_delete_exports_a_tombstone() {
 
 #[tokio::test]
 async fn dry_run_writes_nothing_anywhere() {
-    // study §10 #180
+    // docs/hazards.md #180
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(180);
     rig.seed(90, &mut r).await;
@@ -343,7 +343,7 @@ async fn dry_run_writes_nothing_anywhere() {
 
 #[tokio::test]
 async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
-    // study §10 #182: before export, and after export before mark.
+    // docs/hazards.md #182: before export, and after export before mark.
     for window in ["before_export", "before_mark"] {
         let mut rig = rig(LakeKind::S3).await;
         let mut r = Rng::new(182);
@@ -393,8 +393,8 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
         }
         let dirty = oracle::dirty(&rig.writer).await;
         assert_eq!(dirty, BTreeSet::from([a, b, newcomer]), "{window}");
-        // The batch's payload comes from the snapshot its selection was made in (study §10
-        // hazard 45): `a` with its values before the update, at its old version, and `b` as
+        // The batch's payload comes from the snapshot its selection was made in (docs/hazards.md #45):
+        // `a` with its values before the update, at its old version, and `b` as
         // the live row it was before the delete, not a row of NULLs.
         let first = &only(&report).files[0].path;
         let rows: BTreeMap<Uuid, oracle::LakeRow> =
@@ -425,7 +425,7 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
 
 #[tokio::test]
 async fn missing_metadata_stops_the_run_before_any_side_effect() {
-    // study §10 #193
+    // docs/hazards.md #193
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(193);
     rig.seed(5, &mut r).await;
@@ -463,7 +463,7 @@ async fn missing_metadata_stops_the_run_before_any_side_effect() {
 
 #[tokio::test]
 async fn a_failed_manifest_write_lists_nothing_and_marks_nothing() {
-    // study §10 #197/#252
+    // docs/hazards.md #197/#252
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(252);
     rig.seed(12, &mut r).await;
@@ -521,7 +521,7 @@ async fn a_failed_manifest_write_lists_nothing_and_marks_nothing() {
 
 #[tokio::test]
 async fn tmp_objects_never_outlive_a_failed_upload_or_copy() {
-    // study §10 #226
+    // docs/hazards.md #226
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(226);
     rig.seed(8, &mut r).await;
@@ -562,7 +562,7 @@ async fn tmp_objects_never_outlive_a_failed_upload_or_copy() {
 
 #[tokio::test]
 async fn clock_ahead_versions_flush_in_one_pass_and_a_recreate_in_the_window_stays_dirty() {
-    // study §10 #274
+    // docs/hazards.md #274
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(274);
     let ids = rig.seed(4, &mut r).await;
@@ -707,7 +707,7 @@ async fn a_slot_moved_before_the_mark_is_never_marked_in_another_rows_place() {
 
 #[tokio::test]
 async fn back_to_back_flushes_never_collide_on_flushed_at() {
-    // study §10 hazard 46
+    // docs/hazards.md #46
     let mut rig = rig(LakeKind::Local).await;
     let mut r = Rng::new(46);
     let ids = rig.seed(1, &mut r).await;
@@ -1343,7 +1343,7 @@ fn a_killed_run_leaves_no_query_waiting_on_the_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
-    // study §10 #210: a delta written from slots joined by `assemble_slots` (what `export`
+    // docs/hazards.md #210: a delta written from slots joined by `assemble_slots` (what `export`
     // does) is the file the export query writes from the same snapshot — tombstones of hard deletes, soft deletes,
     // scalar and list attributes, columns, types, values and row order.
     use lakecdc::engine::Driver;
@@ -1711,7 +1711,7 @@ async fn without_a_second_connection_batches_are_read_one_after_the_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
-    // study §10 #554: application batch writers lock rows in (schema_id, row_id) order; a mark
+    // docs/hazards.md #554: application batch writers lock rows in (schema_id, row_id) order; a mark
     // taking them in another order can hold one a writer needs while waiting for one it holds.
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(554);
@@ -1766,7 +1766,7 @@ async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
 
 #[tokio::test]
 async fn equal_versions_across_batch_boundaries_are_exported_once_each() {
-    // study §10 #183: the selection pages on (changed_at, row_id); a page boundary inside a run
+    // docs/hazards.md #183: the selection pages on (changed_at, row_id); a page boundary inside a run
     // of equal changed_at values must neither skip nor repeat a row.
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(183);

@@ -126,7 +126,7 @@ async fn orphans_are_deleted_only_past_the_grace_and_deltas_never() {
 
 #[tokio::test]
 async fn a_prefix_of_bases_that_the_manifest_does_not_list_is_refused() {
-    // study §10 #463
+    // docs/hazards.md #463/#481
     let rig = rig(LakeKind::S3).await;
     let layout = rig.ctx.lake.layout.clone();
     let base = layout.init_base_key(100, Uuid::new_v4(), Uuid::new_v4(), Uuid::now_v7());

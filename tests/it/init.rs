@@ -1,5 +1,5 @@
-//! `lakecdc init` against real PostgreSQL and SeaweedFS: the oracle, the init hazards of study
-//! §10, a concurrent writer, lock contention and the delta-tier refusal.
+//! `lakecdc init` against real PostgreSQL and SeaweedFS: the oracle, the init hazards of
+//! docs/hazards.md, a concurrent writer, lock contention and the delta-tier refusal.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -143,7 +143,7 @@ async fn init_exports_exactly_the_live_rows_and_flush_continues_from_there() {
 
 #[tokio::test]
 async fn a_rerun_replaces_the_base_tier_with_new_keys() {
-    // study §10 #176 and #416
+    // docs/hazards.md #176 and #416
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(176);
     rig.seed(70, &mut r).await;
@@ -175,7 +175,7 @@ async fn a_rerun_replaces_the_base_tier_with_new_keys() {
 
 #[tokio::test]
 async fn a_base_and_a_delta_of_the_same_version_are_identical() {
-    // study §10 #210
+    // docs/hazards.md #210
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(210);
     let ids = rig.seed(5, &mut r).await;
@@ -217,7 +217,7 @@ async fn a_base_and_a_delta_of_the_same_version_are_identical() {
 
 #[tokio::test]
 async fn rows_deleted_below_the_cursor_never_drop_live_rows_above_it() {
-    // study §10 #462
+    // docs/hazards.md #462
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(462);
     let mut ids = rig.seed(120, &mut r).await;
@@ -455,7 +455,7 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
 
 #[tokio::test]
 async fn a_schema_without_live_rows_publishes_a_zero_row_base() {
-    // study §10 #519
+    // docs/hazards.md #519
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(519);
     let ids = rig.seed(3, &mut r).await;
@@ -750,7 +750,7 @@ async fn dry_run_counts_and_estimates_without_writing() {
 
 #[tokio::test]
 async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
-    // study §10 #210: a base written from rows joined by `assemble` (what `export` does) is
+    // docs/hazards.md #210: a base written from rows joined by `assemble` (what `export` does) is
     // the file the export query writes from the same pages — columns, types, values, order.
     use lakecdc::engine::Driver;
     use lakecdc::engine::assemble;

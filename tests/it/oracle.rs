@@ -1,4 +1,4 @@
-//! The oracle: the lake's current state (DESIGN §3.1) computed from the manifest JSON and the
+//! The oracle: the lake's current state (docs/design.md §3.1) computed from the manifest JSON and the
 //! Parquet files with the parquet crate — not through lakecdc's own reader — and compared with
 //! the writer's model of PostgreSQL for every row that is not dirty.
 
@@ -251,7 +251,7 @@ async fn assert_matches_except(
 }
 
 /// Asserts two local lake files are the same file for a reader: column names and types, and
-/// the same rows in the same (`row_id`) order (study §10 #210).
+/// the same rows in the same (`row_id`) order (docs/hazards.md #210).
 pub fn assert_same_file(a: &std::path::Path, b: &std::path::Path) {
     let footer = |p| lakecdc::lake::footer::check_file(p).unwrap().columns;
     assert_eq!(footer(a), footer(b), "column names and types");

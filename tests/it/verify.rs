@@ -174,7 +174,7 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_writer_stamps_the_columns_its_files_hold() {
-    // study §10 #256: each entry's column stamp is the file's own (names and types), whoever
+    // docs/hazards.md #256: each entry's column stamp is the file's own (names and types), whoever
     // wrote it; verify compares them.
     use lakecdc::compact::{CompactOptions, Decision};
     use lakecdc::init::InitOptions;

@@ -1,4 +1,4 @@
-//! A test writer that follows the writer contract exactly (DESIGN §2, study §1.3): every write
+//! A test writer that follows the writer contract exactly (docs/design.md §2, docs/design.md §2.2): every write
 //! upserts the row's single dirty slot with the row's new version, versions are strictly
 //! increasing per row (`GREATEST(now, prev + 1)`), a hard delete stamps `max(now, prev + 1)`,
 //! a recreate stamps above every version ever recorded for the row. It keeps a model of what
@@ -109,7 +109,7 @@ impl Customer {
         }
     }
 
-    /// The lake column values this entity must have (DESIGN §3.1 typing).
+    /// The lake column values this entity must have (docs/design.md §3.1 typing).
     pub fn expected(&self) -> BTreeMap<&'static str, V> {
         let s = |v: &Option<String>| v.clone().map_or(V::Null, V::Str);
         let i = |v: Option<i64>| v.map_or(V::Null, V::Int);
