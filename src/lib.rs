@@ -23,7 +23,7 @@ pub mod lake;
 pub mod logging;
 pub mod policy;
 pub mod progress;
-pub mod report;
+pub(crate) mod report;
 pub mod retry;
 pub mod run;
 pub mod schema;

@@ -14,7 +14,7 @@ pub struct FileReport {
 }
 
 /// The JSON spelling of a unit enum (outcome, decision), for the human-readable tables.
-pub fn label<T: Serialize>(value: &T) -> String {
+pub(crate) fn label<T: Serialize>(value: &T) -> String {
     serde_json::to_value(value)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))

@@ -7,7 +7,7 @@
 pub mod assemble;
 pub mod export;
 mod scan;
-pub mod writer;
+pub(crate) mod writer;
 
 use std::path::{Path, PathBuf};
 

@@ -16,9 +16,9 @@ use duckdb::vtab::{
 };
 
 /// The name the parallel scan is registered under.
-pub const FUNCTION: &str = "lakecdc_arrow";
+pub(super) const FUNCTION: &str = "lakecdc_arrow";
 /// The name the in-order (single-threaded) scan is registered under.
-pub const ORDERED_FUNCTION: &str = "lakecdc_arrow_ordered";
+pub(super) const ORDERED_FUNCTION: &str = "lakecdc_arrow_ordered";
 /// Rows per emitted chunk: DuckDB's standard vector size.
 const CHUNK_ROWS: usize = 2048;
 /// Threads that may scan at once; DuckDB caps it at its own `threads` setting.
@@ -38,7 +38,7 @@ fn registry() -> MutexGuard<'static, HashMap<u64, Batches>> {
 
 /// Batches visible to `lakecdc_arrow(id)` while this guard lives.
 #[derive(Debug)]
-pub struct Registered {
+pub(super) struct Registered {
     id: u64,
     ordered: bool,
 }
@@ -46,14 +46,14 @@ pub struct Registered {
 impl Registered {
     /// Registers `batches` (all of one schema, at least one batch, possibly empty ones).
     /// Scanned by every DuckDB thread at once, in no particular order.
-    pub fn new(batches: Vec<RecordBatch>) -> Self {
+    pub(super) fn new(batches: Vec<RecordBatch>) -> Self {
         Self::register(batches, false)
     }
 
     /// Registers `batches` for a scan that emits their rows in order, on one thread: a query
     /// with no join, aggregate or sort over it keeps that order (DuckDB preserves insertion
     /// order by default).
-    pub fn in_order(batches: Vec<RecordBatch>) -> Self {
+    pub(super) fn in_order(batches: Vec<RecordBatch>) -> Self {
         Self::register(batches, true)
     }
 
@@ -65,7 +65,7 @@ impl Registered {
     }
 
     /// The SQL that scans the batches.
-    pub fn scan_sql(&self) -> String {
+    pub(super) fn scan_sql(&self) -> String {
         format!("{}({}::UBIGINT)", function_name(self.ordered), self.id)
     }
 }
@@ -82,15 +82,15 @@ impl Drop for Registered {
 }
 
 /// The table function; `PARALLEL` scans on every DuckDB thread, otherwise on one, in order.
-pub struct ArrowScan<const PARALLEL: bool>;
+pub(super) struct ArrowScan<const PARALLEL: bool>;
 
 /// The batches being scanned.
-pub struct Bind {
+pub(super) struct Bind {
     batches: Batches,
 }
 
 /// The scan position: (batch index, row offset in that batch).
-pub struct Position(Mutex<(usize, usize)>);
+pub(super) struct Position(Mutex<(usize, usize)>);
 
 impl<const PARALLEL: bool> VTab for ArrowScan<PARALLEL> {
     type BindData = Bind;

@@ -39,7 +39,7 @@ use crate::schema::{Attribute, Encoding as SlotEncoding, SchemaDef, ValueType};
 /// A string column's dictionary is given up for delta-length pages past this size: a column
 /// of (nearly) unique values stops paying for hashing early, one of a few thousand values
 /// keeps its dictionary.
-pub const DICTIONARY_PAGE_BYTES: usize = 256 * 1024;
+pub(crate) const DICTIONARY_PAGE_BYTES: usize = 256 * 1024;
 
 /// The Arrow type of a lake column of DuckDB type `name` ([`SYSTEM_COLUMNS`],
 /// [`duckdb_type`]); `None` for a list.
@@ -88,7 +88,7 @@ enum Make {
 /// How each column of a lake file is made from assembled rows, and which of
 /// [`super::export::assembled_sql`]'s expressions DuckDB computes.
 #[derive(Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// (column name, how it is made), in file order.
     columns: Vec<(String, Make)>,
     /// The expressions DuckDB computes, in the order of its result columns.
@@ -104,7 +104,7 @@ impl Plan {
     /// The plan for `driver`'s file of `schema` from assembled rows of schema `input`;
     /// `columns` are [`super::export::assembled_sql`]'s (name, expression) pairs in file
     /// order, of which DuckDB computes the ones Rust cannot make exactly.
-    pub fn new(
+    pub(crate) fn new(
         schema: &SchemaDef,
         schema_id: i16,
         driver: Driver,
@@ -180,7 +180,7 @@ impl Plan {
 
     /// The select list DuckDB computes — its expressions, then the input column that checks
     /// its rows' order — or `None` when the file is made without DuckDB.
-    pub fn duck_select(&self) -> Option<String> {
+    pub(crate) fn duck_select(&self) -> Option<String> {
         if self.duck.is_empty() {
             return None;
         }
@@ -217,7 +217,7 @@ impl Plan {
 /// Writes the lake file of `input` (assembled rows, in file order) to `path`; `duck` is
 /// DuckDB's result for [`Plan::duck_select`] over the same rows (ignored when there is none).
 /// Returns the rows written.
-pub fn write(
+pub(crate) fn write(
     plan: &Plan,
     input: &[RecordBatch],
     duck: Vec<RecordBatch>,
@@ -419,7 +419,7 @@ fn primitive<T: ArrowPrimitiveType>(array: &ArrayRef) -> Result<&PrimitiveArray<
 
 /// DuckDB's `TRY_CAST(double AS BIGINT)`: finite values in `[-2^63, 2^63)` rounded half to
 /// even (`std::nearbyint`), anything else NULL.
-pub fn double_to_bigint(v: f64) -> Option<i64> {
+pub(crate) fn double_to_bigint(v: f64) -> Option<i64> {
     const LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
     (v.is_finite() && (-LIMIT..LIMIT).contains(&v)).then(|| v.round_ties_even() as i64)
 }

@@ -32,7 +32,7 @@ pub(super) enum Fetched {
 
 impl Fetched {
     /// The slots of the batch.
-    pub fn slots(&self) -> &[Selected] {
+    pub(super) fn slots(&self) -> &[Selected] {
         match self {
             Fetched::Planned(slots) => slots,
             Fetched::Read(snap) => &snap.versions,
@@ -145,7 +145,7 @@ pub(super) struct ReadAhead {
 impl ReadAhead {
     /// Starts reading the first batch on `conn` (tuned for lookups) and the second on a
     /// connection opened only once the first selection turns out full.
-    pub async fn start(plan: Plan, conn: TappedClient) -> Result<Self> {
+    pub(super) async fn start(plan: Plan, conn: TappedClient) -> Result<Self> {
         let plan = Arc::new(plan);
         let conn = Conn::prepare(conn, &plan).await?;
         let mut ahead = Self {
@@ -168,7 +168,7 @@ impl ReadAhead {
 
     /// The next batch in selection order, or `None` when no slot is left. Its connection goes
     /// back to the pool and a read of a later batch starts.
-    pub async fn next(&mut self) -> Result<Option<Fetched>> {
+    pub(super) async fn next(&mut self) -> Result<Option<Fetched>> {
         // Taken off the queue only once finished, so a read is aborted with the queue even
         // if this future is dropped while waiting for it.
         let Some(read) = self.reads.front_mut() else {

@@ -27,7 +27,7 @@ pub struct Staged {
 }
 
 /// What is staged, for the error of a failed step: `("upload delta", "promote delta")`.
-pub type StageOps = (&'static str, &'static str);
+pub(super) type StageOps = (&'static str, &'static str);
 
 /// Uploads `local` to a temporary key of `schema_id` and copies it to `key`.
 pub async fn stage(

@@ -3,9 +3,9 @@
 //! footer checks.
 
 pub mod footer;
-pub mod keys;
+pub(crate) mod keys;
 pub mod manifest;
-pub mod owner;
+pub(crate) mod owner;
 
 pub use keys::{KeyKind, Layout};
 pub use manifest::{FileEntry, Manifest, Tier};

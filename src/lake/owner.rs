@@ -25,7 +25,7 @@ struct Marker {
 
 /// Whose the schema's data prefix is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ownership {
+pub(crate) enum Ownership {
     /// Claimed by this layout's manifest.
     Ours,
     /// Not claimed yet: the next writer claims it when it publishes.
@@ -36,7 +36,7 @@ pub enum Ownership {
 
 /// Reads the marker of the schema's data prefix (manifest keys compared relative to the lake
 /// root).
-pub async fn check(store: &dyn ObjectStore, layout: &Layout, schema_id: i16) -> Result<Ownership> {
+pub(crate) async fn check(store: &dyn ObjectStore, layout: &Layout, schema_id: i16) -> Result<Ownership> {
     let key = layout.owner_key(schema_id);
     let owner = match store.get_bytes(&key).await {
         Ok(got) => {
@@ -68,7 +68,7 @@ pub async fn check(store: &dyn ObjectStore, layout: &Layout, schema_id: i16) -> 
 
 /// [`check`] for a writer about to write into the prefix: another manifest's prefix is an
 /// error naming the marker (ours and unclaimed are returned for [`claim`]).
-pub async fn check_writable(
+pub(crate) async fn check_writable(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,
@@ -85,7 +85,7 @@ pub async fn check_writable(
 /// Fails unless the schema's data prefix is this layout's manifest's, claiming it (a
 /// conditional create) when `ownership` says it is unclaimed. Called right before publishing,
 /// so a run that fails earlier leaves no claim; a claim lost to another manifest fails.
-pub async fn claim(
+pub(crate) async fn claim(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,
@@ -127,7 +127,7 @@ pub async fn claim(
 /// ([`claim`]), then commits `modify` to the schema's manifest ([`manifest::commit`]). Every
 /// error but [`Error::AmbiguousCommit`] means nothing was saved (a failed claim included), so
 /// a caller may then delete what it uploaded for this save.
-pub async fn claim_and_commit<F>(
+pub(crate) async fn claim_and_commit<F>(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,

@@ -6,7 +6,7 @@
 use super::{Attribute, ValueType};
 
 /// The system columns every lake file starts with, with their DuckDB types.
-pub const SYSTEM_COLUMNS: [(&str, &str); 7] = [
+pub(crate) const SYSTEM_COLUMNS: [(&str, &str); 7] = [
     ("schema_id", "SMALLINT"),
     ("row_id", "UUID"),
     ("changed_at", "BIGINT"),
@@ -17,7 +17,7 @@ pub const SYSTEM_COLUMNS: [(&str, &str); 7] = [
 ];
 
 /// Names no attribute may fold onto.
-pub const RESERVED: [&str; 18] = [
+pub(crate) const RESERVED: [&str; 18] = [
     "row_id",
     "schema_id",
     "changed_at",
@@ -40,7 +40,7 @@ pub const RESERVED: [&str; 18] = [
 
 /// Folds an attribute name into its Parquet column name: backtick, `[` and `]` are dropped,
 /// `.` and space become `_`; an empty result becomes `attr`.
-pub fn fold(name: &str) -> String {
+pub(crate) fn fold(name: &str) -> String {
     let out: String = name
         .chars()
         .filter(|c| !matches!(c, '`' | '[' | ']'))
@@ -54,7 +54,7 @@ pub fn fold(name: &str) -> String {
 }
 
 /// True when `column` equals a reserved or system name, ASCII case-insensitively.
-pub fn is_reserved(column: &str) -> bool {
+pub(crate) fn is_reserved(column: &str) -> bool {
     RESERVED
         .iter()
         .chain(SYSTEM_COLUMNS.iter().map(|(n, _)| n))
@@ -62,7 +62,7 @@ pub fn is_reserved(column: &str) -> bool {
 }
 
 /// The DuckDB type of an attribute's column.
-pub fn duckdb_type(attr: &Attribute) -> String {
+pub(crate) fn duckdb_type(attr: &Attribute) -> String {
     let bound = attr.binding.is_some();
     match attr.value_type {
         ValueType::List => format!(

@@ -3,7 +3,7 @@
 //! come from the one fold rule in [`columns`].
 
 pub mod batch;
-pub mod columns;
+pub(crate) mod columns;
 pub mod dir;
 
 use std::fmt;

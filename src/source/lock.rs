@@ -120,7 +120,7 @@ pub struct LockHolder {
 }
 
 /// Who holds `schema_id`'s lock, from `pg_locks` and `pg_stat_activity`; never takes it.
-pub async fn holder(client: &Client, schema_id: i16) -> Result<Option<LockHolder>> {
+pub(crate) async fn holder(client: &Client, schema_id: i16) -> Result<Option<LockHolder>> {
     let row = timed(
         std::time::Duration::from_secs(30),
         "read lock holder",

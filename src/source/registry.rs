@@ -16,7 +16,7 @@ pub struct Registered {
 }
 
 /// Every registered schema, by id.
-pub async fn list(client: &Client, table: &TableName) -> Result<Vec<Registered>> {
+pub(crate) async fn list(client: &Client, table: &TableName) -> Result<Vec<Registered>> {
     let sql = format!(
         "SELECT schema_name, schema_id FROM {} ORDER BY schema_id",
         table.quoted()
@@ -38,7 +38,7 @@ pub async fn list(client: &Client, table: &TableName) -> Result<Vec<Registered>>
 
 /// Resolves `--schema` selectors (names or ids) against the registry; empty means all.
 /// An unknown selector is a configuration error naming it.
-pub fn select(all: &[Registered], selectors: &[String]) -> Result<Vec<Registered>> {
+pub(crate) fn select(all: &[Registered], selectors: &[String]) -> Result<Vec<Registered>> {
     if selectors.is_empty() {
         return Ok(all.to_vec());
     }

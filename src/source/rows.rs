@@ -34,7 +34,7 @@ impl<'a> FromSql<'a> for Raw<'a> {
 }
 
 /// The distinct slot columns the schema binds, sorted by name.
-pub fn bound_columns(schema: &SchemaDef) -> Vec<(String, SlotType)> {
+pub(super) fn bound_columns(schema: &SchemaDef) -> Vec<(String, SlotType)> {
     let mut cols: Vec<(String, SlotType)> = schema
         .attributes
         .iter()

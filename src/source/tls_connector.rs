@@ -18,26 +18,26 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::copy_tap::{CopyTap, Tapped, lock};
 
 /// The most one socket read takes.
-pub const CAPACITY: usize = 256 * 1024;
+pub(super) const CAPACITY: usize = 256 * 1024;
 
 /// Where a tapped connection leaves the handle of its tap.
-pub type TapSlot = Arc<Mutex<Option<CopyTap>>>;
+pub(super) type TapSlot = Arc<Mutex<Option<CopyTap>>>;
 
 /// rustls over a buffered socket; tapped when it has a slot for the tap's handle.
 #[derive(Clone)]
-pub struct BufferedTls {
+pub(super) struct BufferedTls {
     rustls: MakeRustlsConnect,
     slot: Option<TapSlot>,
 }
 
 impl BufferedTls {
     /// Untapped connections.
-    pub fn new(rustls: MakeRustlsConnect) -> Self {
+    pub(super) fn new(rustls: MakeRustlsConnect) -> Self {
         Self { rustls, slot: None }
     }
 
     /// The same connector, tapping its connections and leaving each tap's handle in `slot`.
-    pub fn tapping(&self, slot: TapSlot) -> Self {
+    pub(super) fn tapping(&self, slot: TapSlot) -> Self {
         Self {
             rustls: self.rustls.clone(),
             slot: Some(slot),
@@ -46,7 +46,7 @@ impl BufferedTls {
 }
 
 /// One connection's TLS handshake, over a buffered socket.
-pub struct BufferedConnect<T> {
+pub(super) struct BufferedConnect<T> {
     inner: T,
     slot: Option<TapSlot>,
 }
@@ -91,7 +91,7 @@ where
 
 /// A TLS handshake whose stream is tapped once it is done (its plaintext then starts at the
 /// server's first message).
-pub struct Handshake<F> {
+pub(super) struct Handshake<F> {
     inner: Pin<Box<F>>,
     slot: Option<TapSlot>,
 }

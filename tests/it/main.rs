@@ -3,6 +3,7 @@
 //! the cluster's TLS and password fixtures (`LAKECDC_TEST_PG_*`, see `harness::pg_fixtures`);
 //! tests that need a service fail with a clear message when they are missing, never skip.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+#![allow(unreachable_pub)] // modules of one test binary share helpers with `pub`
 
 mod cli;
 mod compact;
