@@ -42,7 +42,7 @@ use crate::lake::owner;
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, ValueType, dir};
-use crate::source::live::{self, LivePage};
+use crate::source::live::{self, IdRange, LivePage};
 use crate::source::lock::SchemaLock;
 use crate::source::registry::Registered;
 use crate::store::delete_or_leave;
@@ -520,58 +520,9 @@ async fn export_files(
             0
         });
     drop(client);
-    let mut readers = Vec::new();
-    for (reader, range) in ranges.iter().copied().enumerate() {
-        let (tx, connector, tables, def, limit, hook) = (
-            tx.clone(),
-            ctx.connector.clone(),
-            ctx.tables.clone(),
-            def.clone(),
-            opts.page_rows.max(1),
-            opts.after_page.clone(),
-        );
-        readers.push(Guarded(tokio::spawn(async move {
-            let connected = match connector.connect_tapped().await {
-                Ok(c) => live::tune_for_pages(&c.client).await.map(|()| c),
-                Err(e) => Err(e),
-            };
-            let mut conn = match connected {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            };
-            let mut after = None;
-            loop {
-                let t = Instant::now();
-                let page =
-                    live::read_live_page(&mut conn, &tables, &def, schema_id, range, after, limit)
-                        .await;
-                tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step read page");
-                match page {
-                    Ok(Some(p)) => {
-                        after = Some(p.last);
-                        let last = p.last;
-                        if tx.send(Ok(Read::Page(reader, p))).await.is_err() {
-                            return;
-                        }
-                        if let Some(h) = &hook {
-                            h(last).await;
-                        }
-                    }
-                    Ok(None) => {
-                        let _ = tx.send(Ok(Read::Done(reader))).await;
-                        return;
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                }
-            }
-        })));
-    }
+    let readers: Vec<Guarded<()>> = (ranges.iter().copied().enumerate())
+        .map(|(reader, range)| spawn_reader(ctx, opts, def, schema_id, reader, range, tx.clone()))
+        .collect();
     // The channel ends when every reader has dropped its sender.
     drop(tx);
     let mut reads = Reads {
@@ -586,6 +537,67 @@ async fn export_files(
     result
 }
 
+/// Reader `reader`: reads its row-id range in keyset pages on a tapped connection of its own
+/// and sends each page (then `Done`, or the first error) down `tx`.
+fn spawn_reader(
+    ctx: &Context,
+    opts: &InitOptions,
+    def: &SchemaDef,
+    schema_id: i16,
+    reader: usize,
+    range: IdRange,
+    tx: tokio::sync::mpsc::Sender<Result<Read>>,
+) -> Guarded<()> {
+    let (connector, tables, def, limit, hook) = (
+        ctx.connector.clone(),
+        ctx.tables.clone(),
+        def.clone(),
+        opts.page_rows.max(1),
+        opts.after_page.clone(),
+    );
+    Guarded(tokio::spawn(async move {
+        let connected = match connector.connect_tapped().await {
+            Ok(c) => live::tune_for_pages(&c.client).await.map(|()| c),
+            Err(e) => Err(e),
+        };
+        let mut conn = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        };
+        let mut after = None;
+        loop {
+            let t = Instant::now();
+            let page =
+                live::read_live_page(&mut conn, &tables, &def, schema_id, range, after, limit)
+                    .await;
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step read page");
+            match page {
+                Ok(Some(p)) => {
+                    after = Some(p.last);
+                    let last = p.last;
+                    if tx.send(Ok(Read::Page(reader, p))).await.is_err() {
+                        return;
+                    }
+                    if let Some(h) = &hook {
+                        h(last).await;
+                    }
+                }
+                Ok(None) => {
+                    let _ = tx.send(Ok(Read::Done(reader))).await;
+                    return;
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+    }))
+}
+
 async fn stage_and_upload(
     ctx: &Context,
     opts: &InitOptions,
@@ -595,129 +607,210 @@ async fn stage_and_upload(
     estimate: u64,
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
-    let mut files = Files::default();
-    // The engines share `--memory-limit`.
-    let mut cfg = opts.engine.clone();
-    cfg.memory_limit = config::share_memory_limit(&cfg.memory_limit, EXPORTS_IN_FLIGHT);
-    for _ in 0..EXPORTS_IN_FLIGHT {
-        let cfg = cfg.clone();
-        files
-            .engines
-            .push(blocking(move || Engine::open(&cfg)).await?);
+    let mut stager = Stager::new(ctx, opts, schema_id, def, estimate, reads.readers).await?;
+    match stager.run(reads, out).await {
+        Ok(()) => Ok(stager.files.entries),
+        Err(e) => {
+            stager.abandon(out).await;
+            Err(e)
+        }
     }
-    // One file being staged per reader: a file holds one contiguous run of row ids, so base
-    // files never overlap in range.
-    let mut staging: Vec<Option<Staging>> = (0..reads.readers).map(|_| None).collect();
-    let mut active = reads.readers;
-    let started = Instant::now();
-    let mut staged_total = 0u64;
-    let result: Result<()> = async {
+}
+
+/// Turns the readers' pages into files: stages each reader's pages, cuts a file when it is
+/// large enough, and keeps its export and upload going while the next pages arrive.
+struct Stager<'a> {
+    ctx: &'a Context,
+    opts: &'a InitOptions,
+    schema_id: i16,
+    def: &'a SchemaDef,
+    /// The planner's estimate of the live rows (0 when unknown).
+    estimate: u64,
+    files: Files,
+    /// One file being staged per reader: a file holds one contiguous run of row ids, so base
+    /// files never overlap in range.
+    staging: Vec<Option<Staging>>,
+    /// Readers that have not reported their range done.
+    active: usize,
+    started: Instant,
+    staged_total: u64,
+}
+
+impl<'a> Stager<'a> {
+    /// Opens the export engines, which share `--memory-limit`.
+    async fn new(
+        ctx: &'a Context,
+        opts: &'a InitOptions,
+        schema_id: i16,
+        def: &'a SchemaDef,
+        estimate: u64,
+        readers: usize,
+    ) -> Result<Self> {
+        let mut files = Files::default();
+        let mut cfg = opts.engine.clone();
+        cfg.memory_limit = config::share_memory_limit(&cfg.memory_limit, EXPORTS_IN_FLIGHT);
+        for _ in 0..EXPORTS_IN_FLIGHT {
+            let cfg = cfg.clone();
+            files
+                .engines
+                .push(blocking(move || Engine::open(&cfg)).await?);
+        }
+        Ok(Self {
+            ctx,
+            opts,
+            schema_id,
+            def,
+            estimate,
+            files,
+            staging: (0..readers).map(|_| None).collect(),
+            active: readers,
+            started: Instant::now(),
+            staged_total: 0,
+        })
+    }
+
+    async fn run(&mut self, reads: &mut Reads, out: &mut SchemaInit) -> Result<()> {
         while let Some(read) = reads.rx.recv().await {
             // init publishes all or nothing: on a stop, what was staged and uploaded goes.
-            if ctx.shutdown.is_requested() {
+            if self.ctx.shutdown.is_requested() {
                 return Err(Error::Stopped);
             }
-            let (reader, page) = match read? {
-                Read::Page(reader, page) => (reader, page),
-                Read::Done(reader) => {
-                    active = active.saturating_sub(1);
-                    // The reader's last run of rows is a file of its own.
-                    let staged = staging.get_mut(reader).and_then(Option::take);
-                    if staged.is_some() {
-                        files.start(ctx, opts, schema_id, def, staged, out).await?;
-                    }
-                    continue;
-                }
-            };
-            let slot = staging
-                .get_mut(reader)
-                .ok_or_else(|| Error::Invariant(format!("a page from unknown reader {reader}")))?;
-            let s = slot.get_or_insert(Staging {
-                entities: Vec::new(),
-                eav: Vec::new(),
-                bytes: 0,
-                rows: 0,
-                first: page.first,
-                last: page.last,
-            });
-            s.rows += page.rows as u64;
-            // A reader's pages come in keyset order.
-            s.last = page.last;
-            s.bytes += page.entities.get_array_memory_size() + page.eav.get_array_memory_size();
-            s.entities.push(page.entities);
-            s.eav.push(page.eav);
-            staged_total += page.rows as u64;
-            // While reading, the total stays above the rows done: the run is not over.
-            let total = estimate.max(staged_total + 1);
-            if let Some(p) = &opts.progress {
-                p(schema_id, staged_total, total);
-            }
-            // A finished export's upload starts at once.
-            while files.writing.front().is_some_and(|w| w.task.is_finished()) {
-                files.finish_oldest(ctx, schema_id, out).await?;
-            }
-            // The last files are written after reading ends, with nothing left to overlap:
-            // when what remains to read would fit in a quarter file, this file is cut early so
-            // the last ones are that small remainder.
-            let target_rows = rows_per_file(
-                opts,
-                files
-                    .bytes_per_row
-                    .unwrap_or_else(|| estimated_row_bytes(def)),
-            );
-            let left = estimate.saturating_sub(staged_total);
-            let before_tail = left > 0 && left <= target_rows / 4 && s.rows >= target_rows / 2;
-            if s.rows >= target_rows || s.bytes >= STAGED_BYTES_PER_FILE || before_tail {
-                files
-                    .start(ctx, opts, schema_id, def, slot.take(), out)
-                    .await?;
-                let rate = out.rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
-                tracing::info!(
-                    schema_id,
-                    rows_done = out.rows,
-                    total,
-                    rows_per_s = rate as u64,
-                    "init progress"
-                );
+            match read? {
+                Read::Page(reader, page) => self.stage(reader, page, out).await?,
+                Read::Done(reader) => self.reader_done(reader, out).await?,
             }
         }
-        if active > 0 {
-            // A reader ended without reading its range to the end (it panicked): publishing
-            // now would drop the rest of its rows from the base tier.
-            return Err(Error::Invariant(format!(
-                "{active} init reader(s) stopped before the end of their row-id range"
-            )));
-        }
-        if let Some(p) = &opts.progress {
-            p(schema_id, staged_total, staged_total);
-        }
-        if staged_total == 0 {
-            // With no live rows at all, `None` publishes one zero-row base (docs/hazards.md #519).
-            files.start(ctx, opts, schema_id, def, None, out).await?;
-        }
-        while !files.writing.is_empty() {
-            files.finish_oldest(ctx, schema_id, out).await?;
-        }
-        while !files.uploads.is_empty() {
-            files.collect_upload(out).await?;
+        self.finish(out).await
+    }
+
+    /// Starts the file that `staged` holds (`None`: the one zero-row base of an empty schema).
+    async fn start(&mut self, staged: Option<Staging>, out: &mut SchemaInit) -> Result<()> {
+        let (ctx, opts, def) = (self.ctx, self.opts, self.def);
+        self.files
+            .start(ctx, opts, self.schema_id, def, staged, out)
+            .await
+    }
+
+    /// A reader's last run of rows is a file of its own.
+    async fn reader_done(&mut self, reader: usize, out: &mut SchemaInit) -> Result<()> {
+        self.active = self.active.saturating_sub(1);
+        let staged = self.staging.get_mut(reader).and_then(Option::take);
+        if staged.is_some() {
+            self.start(staged, out).await?;
         }
         Ok(())
     }
-    .await;
-    if let Err(e) = result {
+
+    async fn stage(&mut self, reader: usize, page: LivePage, out: &mut SchemaInit) -> Result<()> {
+        let page_rows = page.rows as u64;
+        let slot = self
+            .staging
+            .get_mut(reader)
+            .ok_or_else(|| Error::Invariant(format!("a page from unknown reader {reader}")))?;
+        let s = slot.get_or_insert(Staging {
+            entities: Vec::new(),
+            eav: Vec::new(),
+            bytes: 0,
+            rows: 0,
+            first: page.first,
+            last: page.last,
+        });
+        s.rows += page_rows;
+        // A reader's pages come in keyset order.
+        s.last = page.last;
+        s.bytes += page.entities.get_array_memory_size() + page.eav.get_array_memory_size();
+        s.entities.push(page.entities);
+        s.eav.push(page.eav);
+        let (rows, bytes) = (s.rows, s.bytes);
+        self.staged_total += page_rows;
+        // While reading, the total stays above the rows done: the run is not over.
+        let total = self.estimate.max(self.staged_total + 1);
+        if let Some(p) = &self.opts.progress {
+            p(self.schema_id, self.staged_total, total);
+        }
+        // A finished export's upload starts at once.
+        while self
+            .files
+            .writing
+            .front()
+            .is_some_and(|w| w.task.is_finished())
+        {
+            self.files
+                .finish_oldest(self.ctx, self.schema_id, out)
+                .await?;
+        }
+        if self.cut_now(rows, bytes) {
+            let staged = self.staging.get_mut(reader).and_then(Option::take);
+            self.start(staged, out).await?;
+            let rate = out.rows as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+            tracing::info!(
+                schema_id = self.schema_id,
+                rows_done = out.rows,
+                total,
+                rows_per_s = rate as u64,
+                "init progress"
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether a file staging `rows` rows in `bytes` of Arrow memory is cut now. The last files
+    /// are written after reading ends, with nothing left to overlap: when what remains to read
+    /// would fit in a quarter file, this file is cut early so the last ones are that small
+    /// remainder.
+    fn cut_now(&self, rows: u64, bytes: usize) -> bool {
+        let row_bytes = self
+            .files
+            .bytes_per_row
+            .unwrap_or_else(|| estimated_row_bytes(self.def));
+        let target_rows = rows_per_file(self.opts, row_bytes);
+        let left = self.estimate.saturating_sub(self.staged_total);
+        let before_tail = left > 0 && left <= target_rows / 4 && rows >= target_rows / 2;
+        rows >= target_rows || bytes >= STAGED_BYTES_PER_FILE || before_tail
+    }
+
+    /// Every reader has ended: the last exports and uploads are waited for.
+    async fn finish(&mut self, out: &mut SchemaInit) -> Result<()> {
+        if self.active > 0 {
+            // A reader ended without reading its range to the end (it panicked): publishing
+            // now would drop the rest of its rows from the base tier.
+            return Err(Error::Invariant(format!(
+                "{} init reader(s) stopped before the end of their row-id range",
+                self.active
+            )));
+        }
+        if let Some(p) = &self.opts.progress {
+            p(self.schema_id, self.staged_total, self.staged_total);
+        }
+        if self.staged_total == 0 {
+            // With no live rows at all, `None` publishes one zero-row base (docs/hazards.md #519).
+            self.start(None, out).await?;
+        }
+        while !self.files.writing.is_empty() {
+            self.files
+                .finish_oldest(self.ctx, self.schema_id, out)
+                .await?;
+        }
+        while !self.files.uploads.is_empty() {
+            self.files.collect_upload(out).await?;
+        }
+        Ok(())
+    }
+
+    /// After a failure or a stop: every export and upload is waited for (an aborted upload
+    /// could leave a stray object or multipart upload), then what they wrote is deleted — the
+    /// manifest is committed only after all of them.
+    async fn abandon(self, out: &mut SchemaInit) {
+        let mut files = self.files;
         for w in files.writing.drain(..) {
             abandon(w).await;
         }
-        // Every upload is waited for (an aborted one could leave a stray object or multipart
-        // upload); then what they wrote goes: the manifest is committed only after all of them.
         for upload in files.uploads {
             let _ = upload.await;
         }
-        delete_unlisted(ctx, &files.keys).await;
+        delete_unlisted(self.ctx, &files.keys).await;
         out.forget_files();
-        return Err(e);
     }
-    Ok(files.entries)
 }
 
 /// Deletes the bases a failing init uploaded (or tried to: a failed upload may still have

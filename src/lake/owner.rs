@@ -36,7 +36,11 @@ pub(crate) enum Ownership {
 
 /// Reads the marker of the schema's data prefix (manifest keys compared relative to the lake
 /// root).
-pub(crate) async fn check(store: &dyn ObjectStore, layout: &Layout, schema_id: i16) -> Result<Ownership> {
+pub(crate) async fn check(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    schema_id: i16,
+) -> Result<Ownership> {
     let key = layout.owner_key(schema_id);
     let owner = match store.get_bytes(&key).await {
         Ok(got) => {
