@@ -17,7 +17,7 @@ use crate::writer::{Customer, Rng};
 
 const MANIFEST: &str = "manifest/100.json";
 
-fn opts(rig: &Rig) -> CompactOptions {
+pub fn opts(rig: &Rig) -> CompactOptions {
     CompactOptions {
         schemas: vec!["customer".into()],
         work_dir: rig.opts.work_dir.clone(),
@@ -33,7 +33,7 @@ async fn compact(rig: &Rig, o: &CompactOptions) -> lakecdc::compact::SchemaCompa
 }
 
 /// A lake with a base tier (promoted) and a delta tier over it.
-async fn lake_with_base_and_deltas(seed: u64) -> (Rig, Rng) {
+pub async fn lake_with_base_and_deltas(seed: u64) -> (Rig, Rng) {
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(seed);
     rig.seed(120, &mut r).await;

@@ -6,6 +6,7 @@
 
 mod cli;
 mod compact;
+mod compact_faults;
 mod deploy;
 mod engine;
 mod flush;
