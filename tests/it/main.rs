@@ -11,6 +11,7 @@ mod deploy;
 mod engine;
 mod flush;
 mod gc;
+mod gc_faults;
 mod harness;
 mod init;
 mod init_db;
