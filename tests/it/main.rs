@@ -10,6 +10,7 @@ mod compact_faults;
 mod deploy;
 mod engine;
 mod flush;
+mod flush_select;
 mod gc;
 mod gc_faults;
 mod harness;
