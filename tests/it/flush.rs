@@ -894,15 +894,25 @@ async fn a_failed_prefix_claim_leaves_no_delta_behind() {
 }
 
 #[test]
-fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
+fn a_second_flush_process_is_locked_out_while_the_first_holds_the_schema() {
+    // Two `lakecdc flush` processes on one schema: the schema lock lets one of them work and
+    // makes the other skip the schema. The test makes the two overlap for certain: it holds
+    // entity_main locked, so the first process, once it holds the schema lock, waits in its
+    // batch read. The second one starts then, reports the schema `locked` and exits while the
+    // first still runs and still holds the lock. Released, the first flushes every row once.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let (mut rig, bucket) = rt.block_on(async {
+    let (mut rig, bucket, holder, watcher) = rt.block_on(async {
         let mut rig = rig(LakeKind::S3).await;
         let mut r = Rng::new(2);
-        // Both example schemas get dirty rows.
         rig.seed(300, &mut r).await;
         let bucket = harness::s3_bucket().await;
-        (rig, bucket)
+        let holder = rig.db.client().await;
+        holder
+            .batch_execute("BEGIN; LOCK TABLE entity_main IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let watcher = rig.db.client().await;
+        (rig, bucket, holder, watcher)
     });
     let _ = &mut rig;
     let lake = format!("s3://{}", bucket.bucket());
@@ -927,22 +937,63 @@ fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
             .spawn()
             .unwrap()
     };
-    let (a, b) = (spawn(), spawn());
-    let mut outcomes = Vec::new();
-    for child in [a, b] {
-        let out = child.wait_with_output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+    // (sessions waiting on a lock, advisory locks granted) in the test database.
+    let sessions = || {
+        rt.block_on(async {
+            let row = watcher
+                .query_one(
+                    "SELECT (SELECT count(*) FROM pg_stat_activity
+                             WHERE datname = current_database() AND wait_event_type = 'Lock'),
+                            (SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                             WHERE d.datname = current_database() AND l.locktype = 'advisory'
+                               AND l.granted)",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0), row.get::<_, i64>(1))
+        })
+    };
+    let mut first = spawn();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while sessions() != (1, 1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first process never waited holding the schema lock: {:?}",
+            sessions()
         );
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        for s in report["schemas"].as_array().unwrap() {
-            outcomes.push(s["outcome"].as_str().unwrap().to_string());
-        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(outcomes.iter().any(|o| o == "flushed"), "{outcomes:?}");
+    let second = spawn();
+    let out = wait_within(second, Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &report["schemas"][0];
+    assert_eq!(report["schemas"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!((s["schema_id"].as_i64(), s["outcome"].as_str()), (Some(100), Some("locked")), "{s}");
+    assert_eq!(s["rows_marked"], 0, "{s}");
+    // The overlap: the second process came and went while the first held the lock.
+    assert!(first.try_wait().unwrap().is_none(), "the first process ended early");
+    assert_eq!(sessions(), (1, 1), "the first process no longer waits holding the lock");
+    rt.block_on(async {
+        assert_eq!(oracle::dirty(&rig.writer).await.len(), 300);
+        holder.batch_execute("ROLLBACK").await.unwrap();
+    });
+    let out = wait_within(first, Duration::from_secs(120));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &report["schemas"][0];
+    assert_eq!((s["outcome"].as_str(), s["rows_marked"].as_u64()), (Some("flushed"), Some(300)), "{s}");
     rt.block_on(async {
         let store: Arc<dyn ObjectStore> = bucket.clone();
         let m = oracle::manifest_json(store.as_ref(), MANIFEST)
@@ -967,6 +1018,19 @@ fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
         let (compared, dirty) = oracle::assert_matches(&rig.writer, store.as_ref(), MANIFEST).await;
         assert_eq!((compared, dirty), (300, 0));
     });
+}
+
+/// The output of `child` once it exits, failing the test (and killing it) after `limit`.
+fn wait_within(mut child: std::process::Child, limit: Duration) -> std::process::Output {
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the process did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
 
 #[tokio::test]
