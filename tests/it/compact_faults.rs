@@ -168,7 +168,11 @@ async fn a_failed_upload_or_promote_publishes_nothing_and_leaves_only_gc_garbage
         assert_no_row_lost(&rig, &b.state, &what).await;
         // No temporary object; a base promoted before the failure is the only thing left.
         assert!(rig.keys("data/100/_tmp/").await.is_empty(), "{what}");
-        let new: BTreeSet<String> = objects(&rig).await.difference(&b.objects).cloned().collect();
+        let new: BTreeSet<String> = objects(&rig)
+            .await
+            .difference(&b.objects)
+            .cloned()
+            .collect();
         let expected: BTreeSet<String> = match (op, &action) {
             (Op::Copy, Action::FailAfter) => [faulted[0].key.clone()].into(),
             _ => BTreeSet::new(),

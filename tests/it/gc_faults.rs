@@ -72,7 +72,11 @@ async fn lake_with_garbage(seed: u64) -> (Rig, BTreeSet<String>) {
     let report = lakecdc::compact::run(&rig.job_context(), &compact_opts(&rig), None)
         .await
         .unwrap();
-    assert_eq!(report.schemas[0].outcome, CompactOutcome::Done, "{report:?}");
+    assert_eq!(
+        report.schemas[0].outcome,
+        CompactOutcome::Done,
+        "{report:?}"
+    );
     assert_eq!(
         oracle::retired_paths(rig.store.as_ref(), MANIFEST).await,
         sources
@@ -194,8 +198,12 @@ async fn a_gc_state_written_meanwhile_fails_the_save_and_is_kept() {
     // A new orphan, sighted by the next run: its state changes, so it saves.
     let late = put_orphans(&rig).await;
     let gate = Gate::new();
-    rig.store
-        .arm(Op::PutBytes, Some(".gc-state"), 1, Action::Pause(gate.clone()));
+    rig.store.arm(
+        Op::PutBytes,
+        Some(".gc-state"),
+        1,
+        Action::Pause(gate.clone()),
+    );
     let run = {
         let (gctx, gopts) = (gctx.clone(), gopts.clone());
         tokio::spawn(async move { lakecdc::gc::run(&gctx, &gopts).await })
@@ -218,7 +226,10 @@ async fn a_gc_state_written_meanwhile_fails_the_save_and_is_kept() {
     assert_eq!(s.outcome, Some(Outcome::Failed), "{report:?}");
     assert_eq!(report.exit_code(), 1);
     let why = s.reason.as_deref().unwrap();
-    assert!(why.contains("save gc state") && why.contains(STATE), "{why}");
+    assert!(
+        why.contains("save gc state") && why.contains(STATE),
+        "{why}"
+    );
     assert!(why.contains("precondition failed"), "{why}");
     // The other writer's state is not overwritten; the manifest was not touched (the retired
     // list is forgotten only after a successful save); the listed files are all there.
@@ -240,7 +251,11 @@ async fn a_gc_state_written_meanwhile_fails_the_save_and_is_kept() {
     assert_eq!(set(&s.within_grace), late);
     assert!(s.deleted.is_empty());
     assert_eq!(
-        sightings(&rig).await.keys().cloned().collect::<BTreeSet<_>>(),
+        sightings(&rig)
+            .await
+            .keys()
+            .cloned()
+            .collect::<BTreeSet<_>>(),
         late
     );
     assert!(
@@ -314,7 +329,10 @@ async fn two_gc_runs_racing_a_compaction_never_delete_a_listed_file() {
         let sighting = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
         let due = set(&only(&sighting).within_grace);
         assert!(due.len() >= 3, "round {round}: {sighting:?}");
-        assert!(due.is_disjoint(&listed_before), "round {round}: {sighting:?}");
+        assert!(
+            due.is_disjoint(&listed_before),
+            "round {round}: {sighting:?}"
+        );
         clock.advance(16 * MIN);
         let calls = rig.store.calls().len();
         let start = Arc::new(tokio::sync::Barrier::new(3));
