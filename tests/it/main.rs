@@ -19,6 +19,7 @@ mod init_db;
 mod inspect;
 mod manifest;
 mod oracle;
+mod oracle_at_scale;
 mod source;
 mod store_conformance;
 mod tls;
