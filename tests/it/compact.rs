@@ -17,7 +17,7 @@ use crate::writer::{Customer, Rng};
 
 const MANIFEST: &str = "manifest/100.json";
 
-fn opts(rig: &Rig) -> CompactOptions {
+pub fn opts(rig: &Rig) -> CompactOptions {
     CompactOptions {
         schemas: vec!["customer".into()],
         work_dir: rig.opts.work_dir.clone(),
@@ -33,7 +33,7 @@ async fn compact(rig: &Rig, o: &CompactOptions) -> lakecdc::compact::SchemaCompa
 }
 
 /// A lake with a base tier (promoted) and a delta tier over it.
-async fn lake_with_base_and_deltas(seed: u64) -> (Rig, Rng) {
+pub async fn lake_with_base_and_deltas(seed: u64) -> (Rig, Rng) {
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(seed);
     rig.seed(120, &mut r).await;
@@ -295,7 +295,7 @@ async fn an_all_tombstone_merge_publishes_a_zero_row_base() {
             .await
             .is_empty()
     );
-    rig.assert_oracle().await;
+    assert_eq!(rig.assert_oracle().await, (0, 0), "every row was deleted");
 }
 
 #[tokio::test]
@@ -393,7 +393,9 @@ async fn gc_deletes_retired_sources_past_the_grace() {
         .await
         .unwrap();
     assert!(m["retired"].as_array().unwrap().is_empty());
-    rig.assert_oracle().await;
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert!(live > 100);
+    assert_eq!(rig.assert_oracle().await, (live, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -712,7 +714,9 @@ async fn a_column_added_between_generations_merges_with_nulls_for_older_rows() {
     assert_eq!(s.outcome, Outcome::Done, "{s:?}");
     assert_eq!(s.plan.as_ref().unwrap().decision, Decision::Rewrite);
     assert!(s.files_in > before.len(), "old and new generations merged");
-    rig.assert_oracle().await;
+    let live_rows = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert!(live_rows > 100);
+    assert_eq!(rig.assert_oracle().await, (live_rows, 0));
     let rows = oracle::read_parquet(
         rig.store
             .get_bytes(&s.new_base.unwrap())

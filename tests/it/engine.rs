@@ -149,9 +149,12 @@ fn a_file_missing_a_system_column_is_refused() {
         .unwrap()
         .write_parquet(&[batch], &path)
         .unwrap();
-    let err = lakecdc::lake::footer::check_file(&path)
-        .unwrap_err()
-        .to_string();
+    let err = lakecdc::lake::footer::check_file(&path).unwrap_err();
+    assert!(
+        matches!(&err, lakecdc::error::Error::Parquet { path: p, .. } if p.ends_with("bad.parquet")),
+        "{err:?}"
+    );
+    let err = err.to_string();
     assert!(
         err.contains("deleted_at is missing") && err.contains("bad.parquet"),
         "{err}"

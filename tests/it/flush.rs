@@ -280,7 +280,7 @@ async fn hard_delete_exports_a_tombstone() {
     assert_eq!(row.columns["name"], oracle::V::Null);
     let lake = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
     assert!(!lake.contains_key(&ids[1]) && lake.contains_key(&ids[0]));
-    rig.assert_oracle().await;
+    assert_eq!(rig.assert_oracle().await, (2, 0));
 }
 
 #[tokio::test]
@@ -412,7 +412,7 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
                 assert_eq!(row.columns.get(col), Some(&want), "{window}: {id} {col}");
             }
         }
-        rig.assert_oracle().await;
+        assert_eq!(rig.assert_oracle().await, (8, 3), "{window}");
         let report = rig.flush().await;
         assert_eq!(only(&report).rows_left_dirty, 0);
         let (compared, dirty) = rig.assert_oracle().await;
@@ -444,6 +444,10 @@ async fn missing_metadata_stops_the_run_before_any_side_effect() {
     let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
         .await
         .unwrap_err();
+    assert!(
+        matches!(&err, lakecdc::error::Error::Metadata { path, .. } if path.ends_with("order_attributes.json")),
+        "{err:?}"
+    );
     let msg = err.to_string();
     assert!(
         msg.contains("order_attributes.json") && msg.contains("order"),
@@ -457,6 +461,10 @@ async fn missing_metadata_stops_the_run_before_any_side_effect() {
     let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
         .await
         .unwrap_err();
+    assert!(
+        matches!(&err, lakecdc::error::Error::Metadata { path, .. } if path.ends_with("order_attributes.json")),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("no attributes"), "{err}");
     assert!(rig.store.calls().is_empty());
 }
@@ -511,7 +519,11 @@ async fn a_failed_manifest_write_lists_nothing_and_marks_nothing() {
     assert_eq!(only(&report).outcome, Outcome::Failed);
     assert_eq!(oracle::dirty(&rig.writer).await.len(), 12);
     assert_eq!(rig.listed().await.len(), 1);
-    rig.assert_oracle().await;
+    // Every row is dirty, but the landed file holds each one's current version.
+    assert_eq!(
+        oracle::assert_live_rows(&rig.writer, rig.store.as_ref(), MANIFEST).await,
+        12
+    );
     let report = rig.flush().await;
     assert_eq!(only(&report).outcome, Outcome::Flushed);
     let (compared, dirty) = rig.assert_oracle().await;
@@ -699,7 +711,7 @@ async fn a_slot_moved_before_the_mark_is_never_marked_in_another_rows_place() {
         "the rewrite moved no exported slot: the test proves nothing"
     );
     // Every row marked flushed is in the lake at its current version.
-    rig.assert_oracle().await;
+    assert_eq!(rig.assert_oracle().await, (marked, 30 - marked));
     rig.flush().await;
     let (compared, dirty) = rig.assert_oracle().await;
     assert_eq!((compared, dirty), (30, 0));
@@ -727,7 +739,7 @@ async fn back_to_back_flushes_never_collide_on_flushed_at() {
     let distinct: BTreeSet<i64> = slots.iter().copied().collect();
     assert_eq!(distinct.len(), 15);
     assert!(!distinct.contains(&0));
-    rig.assert_oracle().await;
+    assert_eq!(rig.assert_oracle().await, (1, 0));
 }
 
 #[tokio::test]
@@ -775,20 +787,33 @@ async fn a_manifest_changed_between_load_and_save_is_reread() {
 
 #[tokio::test]
 async fn fault_matrix_converges_after_one_clean_retry() {
-    // (step, store fault: operation and key pattern; None = a PostgreSQL fault)
+    // (step, store fault: operation and key pattern, None = a PostgreSQL fault; what the
+    // failure must name). A failed batch selection itself is in flush_select.rs.
     type StoreFault<'a> = Option<(Op, Option<&'a str>)>;
-    let cases: Vec<(&str, StoreFault)> = vec![
-        ("upload", Some((Op::PutFile, None))),
-        ("promote", Some((Op::Copy, None))),
-        ("tmp delete", Some((Op::Delete, Some("/_tmp/")))),
-        ("manifest load", Some((Op::GetBytes, Some("manifest/")))),
-        ("manifest save", Some((Op::PutBytes, Some("manifest/")))),
-        ("owner check", Some((Op::GetBytes, Some("/_owner.json")))),
-        ("select", None),
-        ("snapshot read", None),
-        ("mark", None),
+    let cases: Vec<(&str, StoreFault, &str)> = vec![
+        ("upload", Some((Op::PutFile, None)), "upload delta"),
+        ("promote", Some((Op::Copy, None)), "promote delta"),
+        ("tmp delete", Some((Op::Delete, Some("/_tmp/"))), ""),
+        (
+            "manifest load",
+            Some((Op::GetBytes, Some("manifest/"))),
+            "load manifest",
+        ),
+        (
+            "manifest save",
+            Some((Op::PutBytes, Some("manifest/"))),
+            "may or may not have been committed",
+        ),
+        (
+            "owner check",
+            Some((Op::GetBytes, Some("/_owner.json"))),
+            "read owner marker",
+        ),
+        ("dirty schema discovery", None, "list dirty schemas"),
+        ("snapshot read", None, "postgres: read eav_data"),
+        ("mark", None, "postgres: prepare mark"),
     ];
-    for (step, fault) in cases {
+    for (step, fault, names) in cases {
         let mut rig = rig(LakeKind::S3).await;
         let mut r = Rng::new(1000);
         rig.seed(50, &mut r).await;
@@ -796,58 +821,95 @@ async fn fault_matrix_converges_after_one_clean_retry() {
         for _ in 0..60 {
             rig.writer.random_op(&mut r).await;
         }
+        let dirty_before = oracle::dirty(&rig.writer).await;
+        let listed_before = rig.listed().await;
         let admin = rig.db.client().await;
         let mut hooks = FlushHooks::default();
+        // Renames done by a hook: each hook asserts its first rename worked.
+        let renamed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let rename_in_hook = |sql: &'static str| {
+            let (db_url, renamed) = (rig.db.url.clone(), renamed.clone());
+            Rig::hook(move || {
+                let (url, renamed) = (db_url.clone(), renamed.clone());
+                async move {
+                    let c = harness::pg_client(&url).await;
+                    // Later batches find the table gone already.
+                    if c.batch_execute(sql).await.is_ok() {
+                        renamed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+                .boxed()
+            })
+        };
         match (step, fault) {
             (_, Some((op, pat))) => rig.store.arm(op, pat, 1, Action::Fail),
-            ("select", None) => {
+            ("dirty schema discovery", None) => {
                 admin
                     .batch_execute("ALTER TABLE change_log RENAME TO change_log_away")
                     .await
                     .unwrap();
             }
             ("snapshot read", None) => {
-                let db_url = rig.db.url.clone();
-                hooks.before_export = Some(Rig::hook(move || {
-                    let url = db_url.clone();
-                    async move {
-                        let c = harness::pg_client(&url).await;
-                        let _ = c
-                            .batch_execute("ALTER TABLE eav_data RENAME TO eav_away")
-                            .await;
-                    }
-                    .boxed()
-                }));
+                hooks.before_export =
+                    Some(rename_in_hook("ALTER TABLE eav_data RENAME TO eav_away"));
             }
             _ => {
-                let db_url = rig.db.url.clone();
-                hooks.before_mark = Some(Rig::hook(move || {
-                    let url = db_url.clone();
-                    async move {
-                        let c = harness::pg_client(&url).await;
-                        let _ = c
-                            .batch_execute("ALTER TABLE change_log RENAME TO change_log_away")
-                            .await;
-                    }
-                    .boxed()
-                }));
+                hooks.before_mark = Some(rename_in_hook(
+                    "ALTER TABLE change_log RENAME TO change_log_away",
+                ));
             }
         }
+        let calls = rig.store.calls().len();
         let first = lakecdc::flush::run(&rig.ctx, &rig.opts, &hooks).await;
-        let failed = match &first {
-            Err(_) => true,
-            Ok(rep) => rep.failed() || rep.schemas.iter().any(|s| s.tmp_leaked > 0),
-        };
-        assert!(
-            failed,
-            "{step}: the injected fault did not surface: {first:?}"
-        );
+        match (step, &first) {
+            ("dirty schema discovery", Err(lakecdc::error::Error::Postgres { op, .. })) => {
+                assert_eq!(op, names, "{step}");
+                assert_eq!(rig.store.calls().len(), calls, "{step}: touched the store");
+            }
+            ("tmp delete", Ok(rep)) => {
+                let s = only(rep);
+                assert_eq!((s.outcome, s.tmp_leaked), (Outcome::Flushed, 1), "{s:?}");
+            }
+            (_, Ok(rep)) => {
+                let s = only(rep);
+                assert_eq!(s.outcome, Outcome::Failed, "{step}: {s:?}");
+                let reason = s.reason.as_deref().unwrap();
+                assert!(reason.contains(names), "{step}: {reason}");
+            }
+            (_, Err(e)) => panic!("{step}: the run failed as a whole: {e}"),
+        }
+        if matches!(step, "snapshot read" | "mark") {
+            assert_eq!(
+                renamed.load(std::sync::atomic::Ordering::SeqCst),
+                1,
+                "{step}: the hook's fault"
+            );
+        }
+        if let Some((op, _)) = fault {
+            // The armed fault fired on the operation it names.
+            assert!(
+                rig.store.calls()[calls..].iter().any(|c| c.op == op),
+                "{step}"
+            );
+        }
         let _ = admin
             .batch_execute("ALTER TABLE IF EXISTS change_log_away RENAME TO change_log")
             .await;
         let _ = admin
             .batch_execute("ALTER TABLE IF EXISTS eav_away RENAME TO eav_data")
             .await;
+        // Right after the failure: nothing is marked unless its file is listed, and every
+        // listed file is there with its checksum.
+        let dirty_after = oracle::dirty(&rig.writer).await;
+        assert!(dirty_after.is_subset(&dirty_before), "{step}");
+        let listed_after = rig.listed().await;
+        assert!(listed_after.starts_with(&listed_before), "{step}");
+        if dirty_after.len() < dirty_before.len() {
+            assert!(listed_after.len() > listed_before.len(), "{step}");
+        }
+        let (compared, dirty) = rig.assert_oracle().await;
+        assert_eq!(dirty, dirty_after.len(), "{step}");
+        assert!(compared > 0, "{step}");
         let retry = rig.flush().await;
         assert!(!retry.failed(), "{step}: {retry:?}");
         let (compared, dirty) = rig.assert_oracle().await;
@@ -880,7 +942,11 @@ async fn a_failed_prefix_claim_leaves_no_delta_behind() {
     assert_eq!(only(&report).outcome, Outcome::Failed, "{report:?}");
     assert_eq!(rig.keys("data/100/").await, Vec::<String>::new());
     assert!(
-        rig.store.get_bytes(MANIFEST).await.is_err(),
+        rig.store
+            .get_bytes(MANIFEST)
+            .await
+            .unwrap_err()
+            .is_not_found(),
         "a manifest was saved"
     );
     assert_eq!(oracle::dirty(&rig.writer).await.len(), 30);
@@ -891,15 +957,25 @@ async fn a_failed_prefix_claim_leaves_no_delta_behind() {
 }
 
 #[test]
-fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
+fn a_second_flush_process_is_locked_out_while_the_first_holds_the_schema() {
+    // Two `lakecdc flush` processes on one schema: the schema lock lets one of them work and
+    // makes the other skip the schema. The test makes the two overlap for certain: it holds
+    // entity_main locked, so the first process, once it holds the schema lock, waits in its
+    // batch read. The second one starts then, reports the schema `locked` and exits while the
+    // first still runs and still holds the lock. Released, the first flushes every row once.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let (mut rig, bucket) = rt.block_on(async {
+    let (mut rig, bucket, holder, watcher) = rt.block_on(async {
         let mut rig = rig(LakeKind::S3).await;
         let mut r = Rng::new(2);
-        // Both example schemas get dirty rows.
         rig.seed(300, &mut r).await;
         let bucket = harness::s3_bucket().await;
-        (rig, bucket)
+        let holder = rig.db.client().await;
+        holder
+            .batch_execute("BEGIN; LOCK TABLE entity_main IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let watcher = rig.db.client().await;
+        (rig, bucket, holder, watcher)
     });
     let _ = &mut rig;
     let lake = format!("s3://{}", bucket.bucket());
@@ -924,22 +1000,78 @@ fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
             .spawn()
             .unwrap()
     };
-    let (a, b) = (spawn(), spawn());
-    let mut outcomes = Vec::new();
-    for child in [a, b] {
-        let out = child.wait_with_output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+    // (sessions waiting on a lock, advisory locks granted) in the test database.
+    let sessions = || {
+        rt.block_on(async {
+            let row = watcher
+                .query_one(
+                    "SELECT (SELECT count(*) FROM pg_stat_activity
+                             WHERE datname = current_database() AND wait_event_type = 'Lock'),
+                            (SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                             WHERE d.datname = current_database() AND l.locktype = 'advisory'
+                               AND l.granted)",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0), row.get::<_, i64>(1))
+        })
+    };
+    let mut first = spawn();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while sessions() != (1, 1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first process never waited holding the schema lock: {:?}",
+            sessions()
         );
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        for s in report["schemas"].as_array().unwrap() {
-            outcomes.push(s["outcome"].as_str().unwrap().to_string());
-        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(outcomes.iter().any(|o| o == "flushed"), "{outcomes:?}");
+    let second = spawn();
+    let out = wait_within(second, Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &report["schemas"][0];
+    assert_eq!(report["schemas"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(
+        (s["schema_id"].as_i64(), s["outcome"].as_str()),
+        (Some(100), Some("locked")),
+        "{s}"
+    );
+    assert_eq!(s["rows_marked"], 0, "{s}");
+    // The overlap: the second process came and went while the first held the lock.
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first process ended early"
+    );
+    assert_eq!(
+        sessions(),
+        (1, 1),
+        "the first process no longer waits holding the lock"
+    );
+    rt.block_on(async {
+        assert_eq!(oracle::dirty(&rig.writer).await.len(), 300);
+        holder.batch_execute("ROLLBACK").await.unwrap();
+    });
+    let out = wait_within(first, Duration::from_secs(120));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &report["schemas"][0];
+    assert_eq!(
+        (s["outcome"].as_str(), s["rows_marked"].as_u64()),
+        (Some("flushed"), Some(300)),
+        "{s}"
+    );
     rt.block_on(async {
         let store: Arc<dyn ObjectStore> = bucket.clone();
         let m = oracle::manifest_json(store.as_ref(), MANIFEST)
@@ -964,6 +1096,19 @@ fn two_flush_processes_never_publish_a_row_twice_or_lose_one() {
         let (compared, dirty) = oracle::assert_matches(&rig.writer, store.as_ref(), MANIFEST).await;
         assert_eq!((compared, dirty), (300, 0));
     });
+}
+
+/// The output of `child` once it exits, failing the test (and killing it) after `limit`.
+fn wait_within(mut child: std::process::Child, limit: Duration) -> std::process::Output {
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the process did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
 
 #[tokio::test]
@@ -1012,7 +1157,7 @@ async fn a_stop_request_ends_the_run_at_a_batch_boundary() {
     assert!(s.reason.as_deref().unwrap().contains("stopped"), "{s:?}");
     assert_eq!(oracle::dirty(&rig.writer).await.len(), 70);
     assert_eq!(rig.listed().await.len(), 1);
-    rig.assert_oracle().await;
+    assert_eq!(rig.assert_oracle().await, (30, 70));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1067,7 +1212,7 @@ async fn a_stop_request_does_not_wait_for_a_slow_read() {
     );
     assert_eq!(oracle::dirty(&rig.writer).await.len(), 70);
     assert_eq!(rig.listed().await.len(), 1);
-    rig.assert_oracle().await;
+    assert_eq!(rig.assert_oracle().await, (30, 70));
     // A stop before the first batch exports nothing and says so.
     rig.ctx.shutdown = lakecdc::shutdown::Shutdown::new();
     rig.ctx.shutdown.request();
@@ -1099,6 +1244,7 @@ async fn a_named_schema_without_dirty_rows_has_nothing_to_do() {
     let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
         .await
         .unwrap_err();
+    assert!(matches!(&err, lakecdc::error::Error::Config(_)), "{err:?}");
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("\"nosuch\""), "{err}");
 }
@@ -1170,8 +1316,18 @@ fn sigterm_stops_the_binary_at_a_safe_boundary() {
         rig.seed(400, &mut r).await;
     });
     let lake = rig._work.path().join("lake");
-    let child = spawn_flush(&rig, &lake, &["--batch-size", "5"]);
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut child = spawn_flush(&rig, &lake, &["--batch-size", "5"]);
+    // The signal comes once the flush has committed its first batch (80 are to come).
+    let manifest = lake.join(MANIFEST);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !manifest.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the flush ended before its first batch"
+        );
+        assert!(std::time::Instant::now() < deadline, "no batch committed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let pid = child.id().to_string();
     std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -1188,7 +1344,17 @@ fn sigterm_stops_the_binary_at_a_safe_boundary() {
     let s = &report["schemas"][0];
     let marked = s["rows_marked"].as_u64().unwrap();
     assert!(marked < 400, "the run was not interrupted: {s}");
-    assert!(s["reason"].as_str().unwrap().contains("stopped"), "{s}");
+    // It had started: at least the batch seen committed is exported and marked, and it
+    // stopped at a batch boundary, not before the first batch.
+    assert_eq!(s["outcome"], "flushed", "{s}");
+    assert!(s["batches"].as_u64().unwrap() >= 1, "{s}");
+    assert!(marked >= 5 && marked.is_multiple_of(5), "{s}");
+    assert_eq!(s["rows_exported"].as_u64(), Some(marked), "{s}");
+    let reason = s["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("stopped by signal") && !reason.contains("before the first batch"),
+        "{s}"
+    );
     rt.block_on(async {
         let store = LocalStore::open(&lake).unwrap();
         let (compared, dirty) = oracle::assert_matches(&rig.writer, &store, MANIFEST).await;
@@ -1761,7 +1927,7 @@ async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
     let report = flush.await.unwrap().unwrap();
     assert_eq!(only(&report).rows_marked, 2);
     assert!(oracle::dirty(&rig.writer).await.is_empty());
-    rig.assert_oracle().await;
+    assert_eq!(rig.assert_oracle().await, (2, 0));
 }
 
 #[tokio::test]

@@ -7,18 +7,22 @@
 
 mod cli;
 mod compact;
+mod compact_faults;
 mod copy_tap;
 mod deploy;
 mod docs;
 mod engine;
 mod flush;
+mod flush_select;
 mod gc;
+mod gc_faults;
 mod harness;
 mod init;
 mod init_db;
 mod inspect;
 mod manifest;
 mod oracle;
+mod oracle_at_scale;
 mod source;
 mod store_conformance;
 mod tls;

@@ -204,5 +204,16 @@ async fn only_typed_not_found_means_no_manifest() {
     let err = manifest::load(&missing, "manifest/9.json", 9)
         .await
         .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Storage {
+                op: "load manifest",
+                source: lakecdc::store::StoreError::NoSuchBucket { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.chain().contains("does not exist"), "{}", err.chain());
 }
