@@ -1,6 +1,6 @@
 //! Configuration errors: exit 2, one line naming the setting, before any connection.
 
-use crate::harness;
+use crate::support::harness;
 
 /// An address where a connection attempt would fail with exit 1, not 2.
 const UNREACHABLE: &str = "host=127.0.0.1 port=1 user=u dbname=d sslmode=disable connect_timeout=1";

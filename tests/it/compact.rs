@@ -10,10 +10,10 @@ use lakecdc::job::Context;
 use lakecdc::lake::KeyKind;
 use lakecdc::store::{ObjectStore, PutMode};
 
-use crate::flush::{LakeKind, Rig, rig};
-use crate::harness;
-use crate::oracle;
-use crate::writer::{Customer, Rng};
+use crate::support::harness;
+use crate::support::oracle;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::{Customer, Rng};
 
 const MANIFEST: &str = "manifest/100.json";
 

@@ -15,9 +15,9 @@ use lakecdc::store::fault::{Action, Gate, Op};
 use uuid::Uuid;
 
 use crate::compact::{lake_with_base_and_deltas, opts};
-use crate::flush::Rig;
-use crate::oracle::{self, LakeRow};
-use crate::writer::Rng;
+use crate::support::oracle::{self, LakeRow};
+use crate::support::rig::Rig;
+use crate::support::writer::Rng;
 
 const MANIFEST: &str = "manifest/100.json";
 const OWNER: &str = "data/100/_owner.json";

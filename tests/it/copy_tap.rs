@@ -20,11 +20,11 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, IsolationLevel, Statement};
 
-use crate::flush::{LakeKind, rig};
-use crate::harness::{self, TestDb};
-use crate::oracle::{self, LakeRow};
 use crate::source::{Collected, assert_answers_queries, divide, tapped_copy, untapped_copy};
-use crate::writer::Rng;
+use crate::support::harness::{self, TestDb};
+use crate::support::oracle::{self, LakeRow};
+use crate::support::rig::{LakeKind, rig};
+use crate::support::writer::Rng;
 
 /// What a canary says when the behaviour it watches has changed.
 fn changed(n: u8, what: &str) -> String {

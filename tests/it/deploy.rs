@@ -12,10 +12,10 @@ use lakecdc::job::Context;
 use serde_json::{Value, json};
 use yaml_rust2::{Yaml, YamlLoader};
 
-use crate::flush::{LakeKind, Rig, rig};
-use crate::harness;
-use crate::oracle;
-use crate::writer::Rng;
+use crate::support::harness;
+use crate::support::oracle;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::Rng;
 
 /// A PostgreSQL address where the connection fails at once: a command line that gets this far
 /// has been accepted (flags, environment and paths) and fails at run time with exit 1.

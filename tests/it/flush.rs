@@ -8,179 +8,20 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use lakecdc::clock::SystemClock;
-use lakecdc::config::Tables;
-use lakecdc::flush::{Context, FlushHooks, FlushOptions, FlushReport, Outcome};
-use lakecdc::lake::{KeyKind, Lake, Layout};
-use lakecdc::shutdown::Shutdown;
+use lakecdc::flush::{FlushHooks, FlushOptions, FlushReport, Outcome};
+use lakecdc::lake::KeyKind;
 use lakecdc::store::ObjectStore;
-use lakecdc::store::fault::{Action, FaultStore, Op};
+use lakecdc::store::fault::{Action, Op};
 use lakecdc::store::local::LocalStore;
 use uuid::Uuid;
 
-use crate::harness::{self, TestDb};
-use crate::oracle;
-use crate::writer::{Customer, Rng, Writer};
+use crate::support::harness;
+use crate::support::oracle;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::{Customer, Rng, Writer};
 
 const CUSTOMER: i16 = 100;
 const MANIFEST: &str = "manifest/100.json";
-
-pub struct Rig {
-    pub db: TestDb,
-    pub writer: Writer,
-    pub store: Arc<FaultStore>,
-    pub ctx: Context,
-    pub opts: FlushOptions,
-    _work: tempfile::TempDir,
-}
-
-pub enum LakeKind {
-    S3,
-    Local,
-}
-
-pub async fn rig(kind: LakeKind) -> Rig {
-    let db = TestDb::new().await;
-    lakecdc::init_db::run(
-        &db.connector(),
-        &Tables::default(),
-        Some(&harness::examples_dir()),
-        false,
-    )
-    .await
-    .unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let inner: Arc<dyn ObjectStore> = match kind {
-        LakeKind::S3 => harness::s3_bucket().await,
-        LakeKind::Local => Arc::new(LocalStore::open(work.path().join("lake")).unwrap()),
-    };
-    let store = Arc::new(FaultStore::new(inner));
-    let ctx = Context {
-        connector: db.connector(),
-        tables: Tables::default(),
-        schema_dir: Some(harness::examples_dir()),
-        lake: Lake {
-            store: store.clone(),
-            layout: Layout::new("", "data", "manifest/{schema_id}.json").unwrap(),
-        },
-        clock: Arc::new(SystemClock),
-        shutdown: Shutdown::new(),
-    };
-    let opts = FlushOptions {
-        force: true,
-        batch_size: 40,
-        work_dir: work.path().to_path_buf(),
-        ..FlushOptions::default()
-    };
-    let writer = Writer::new(db.client().await, CUSTOMER).await;
-    Rig {
-        db,
-        writer,
-        store,
-        ctx,
-        opts,
-        _work: work,
-    }
-}
-
-impl Rig {
-    /// The context of the lake jobs (compact, gc, inspect, verify) over this rig.
-    pub fn job_context(&self) -> lakecdc::job::Context {
-        lakecdc::job::Context {
-            shutdown: Default::default(),
-            ..self.ctx.clone()
-        }
-    }
-
-    /// gc over the customer schema with a 15-minute grace, on a manual clock the test moves.
-    pub fn gc_on_a_manual_clock(
-        &self,
-    ) -> (
-        Arc<lakecdc::clock::ManualClock>,
-        lakecdc::job::Context,
-        lakecdc::gc::GcOptions,
-    ) {
-        use lakecdc::clock::Clock;
-        let clock = Arc::new(lakecdc::clock::ManualClock::new(SystemClock.now_ms()));
-        let ctx = lakecdc::job::Context {
-            clock: clock.clone(),
-            ..self.job_context()
-        };
-        let opts = lakecdc::gc::GcOptions {
-            schemas: vec!["customer".into()],
-            grace: Duration::from_secs(900),
-            dry_run: false,
-        };
-        (clock, ctx, opts)
-    }
-
-    pub async fn flush(&self) -> FlushReport {
-        lakecdc::flush::run(&self.ctx, &self.opts, &FlushHooks::default())
-            .await
-            .unwrap()
-    }
-
-    pub async fn flush_with(&self, hooks: &FlushHooks) -> FlushReport {
-        lakecdc::flush::run(&self.ctx, &self.opts, hooks)
-            .await
-            .unwrap()
-    }
-
-    pub async fn seed(&mut self, n: usize, r: &mut Rng) -> Vec<Uuid> {
-        let mut ids = Vec::new();
-        for _ in 0..n {
-            let id = r.uuid();
-            self.writer.create(id, Customer::random(r)).await;
-            ids.push(id);
-        }
-        ids
-    }
-
-    pub async fn assert_oracle(&self) -> (usize, usize) {
-        oracle::assert_matches(&self.writer, self.store.as_ref(), MANIFEST).await
-    }
-
-    pub async fn change_log(&self) -> Vec<(Uuid, i64, i64, Option<i64>)> {
-        self.writer
-            .client
-            .query(
-                "SELECT row_id, flushed_at, changed_at, deleted_at FROM change_log ORDER BY 1, 2",
-                &[],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-            .collect()
-    }
-
-    pub async fn keys(&self, prefix: &str) -> Vec<String> {
-        self.store
-            .list(prefix)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| m.key)
-            .collect()
-    }
-
-    pub async fn listed(&self) -> Vec<String> {
-        match oracle::manifest_json(self.store.as_ref(), MANIFEST).await {
-            None => Vec::new(),
-            Some(m) => m["files"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f["path"].as_str().unwrap().to_string())
-                .collect(),
-        }
-    }
-
-    pub fn hook(
-        f: impl Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
-    ) -> lakecdc::flush::Hook {
-        Arc::new(move |_, _| f())
-    }
-}
 
 fn only(report: &FlushReport) -> &lakecdc::flush::SchemaReport {
     assert_eq!(report.schemas.len(), 1, "{report:?}");
@@ -992,7 +833,7 @@ fn a_second_flush_process_is_locked_out_while_the_first_holds_the_schema() {
             ])
             .args(["--pg-url", &rig.db.url, "--lake", &lake, "--s3-path-style"])
             .args(["--s3-endpoint", &harness::s3_endpoint(), "--work-dir"])
-            .arg(rig._work.path())
+            .arg(rig.work.path())
             .arg("--schema-dir")
             .arg(harness::examples_dir())
             .stdout(std::process::Stdio::piped())
@@ -1315,7 +1156,7 @@ fn sigterm_stops_the_binary_at_a_safe_boundary() {
         let mut r = Rng::new(143);
         rig.seed(400, &mut r).await;
     });
-    let lake = rig._work.path().join("lake");
+    let lake = rig.work.path().join("lake");
     let mut child = spawn_flush(&rig, &lake, &["--batch-size", "5"]);
     // The signal comes once the flush has committed its first batch (80 are to come).
     let manifest = lake.join(MANIFEST);
@@ -1429,7 +1270,7 @@ impl BlockedFlush {
             rig.seed(rows, &mut Rng::new(seed)).await;
             LockedChangeLog::take(&rig).await
         });
-        let lake = rig._work.path().join("lake");
+        let lake = rig.work.path().join("lake");
         let child = spawn_flush(&rig, &lake, &[]);
         rt.block_on(lock.until_waiting(1, "the flush never waited on the lock"));
         Self {

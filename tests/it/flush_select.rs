@@ -15,9 +15,9 @@ use futures::FutureExt;
 use lakecdc::flush::{FlushHooks, Outcome};
 use uuid::Uuid;
 
-use crate::flush::{LakeKind, Rig, rig};
-use crate::oracle;
-use crate::writer::Rng;
+use crate::support::oracle;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::Rng;
 
 const MANIFEST: &str = "manifest/100.json";
 const ROWS: usize = 200;

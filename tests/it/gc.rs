@@ -10,8 +10,8 @@ use lakecdc::store::fault::{Action, Op};
 use lakecdc::store::{ObjectStore, PutMode};
 use uuid::Uuid;
 
-use crate::flush::{LakeKind, Rig, rig};
-use crate::writer::Rng;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::Rng;
 
 const MIN: i64 = 60_000;
 
@@ -336,7 +336,7 @@ async fn a_data_prefix_belongs_to_one_manifest() {
     assert_owned_by_the_first_manifest(s.reason.as_deref());
     // flush through the other manifest writes nothing and leaves the rows dirty.
     rig.seed(5, &mut r).await;
-    let dirty = crate::oracle::dirty(&rig.writer).await;
+    let dirty = crate::support::oracle::dirty(&rig.writer).await;
     assert!(dirty.len() >= 5);
     let writes = rig.store.writes().len();
     // The run, and its dry run, fail the same way.
@@ -353,7 +353,7 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         assert_eq!(s.outcome, lakecdc::flush::Outcome::Failed, "{s:?}");
         assert_owned_by_the_first_manifest(s.reason.as_deref());
         assert_eq!(rig.store.writes().len(), writes, "the refused flush wrote");
-        assert_eq!(crate::oracle::dirty(&rig.writer).await, dirty);
+        assert_eq!(crate::support::oracle::dirty(&rig.writer).await, dirty);
     }
     // The other manifest lists one of the prefix's bases (so the older "lists none of them"
     // guard does not apply) and, as a delta, another: gc through it must still refuse, not

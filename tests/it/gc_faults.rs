@@ -15,8 +15,8 @@ use lakecdc::store::{ObjectStore, PutMode};
 use uuid::Uuid;
 
 use crate::compact::{lake_with_base_and_deltas, opts as compact_opts};
-use crate::flush::Rig;
-use crate::oracle;
+use crate::support::oracle;
+use crate::support::rig::Rig;
 
 const MANIFEST: &str = "manifest/100.json";
 const STATE: &str = "manifest/100.json.gc-state";
@@ -314,7 +314,7 @@ async fn two_gc_runs_racing_a_compaction_never_delete_a_listed_file() {
     // finds nothing due); no store delete names a file listed during the round (the sources
     // the compaction retires meanwhile get their grace first).
     let (mut rig, _) = lake_with_base_and_deltas(1804).await;
-    let mut r = crate::writer::Rng::new(18040);
+    let mut r = crate::support::writer::Rng::new(18040);
     let (clock, gctx, gopts) = rig.gc_on_a_manual_clock();
     let mut outcomes = Vec::new();
     for round in 0..4 {

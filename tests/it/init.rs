@@ -9,9 +9,9 @@ use lakecdc::init::{InitOptions, Outcome};
 use lakecdc::lake::KeyKind;
 use lakecdc::store::ObjectStore;
 
-use crate::flush::{LakeKind, Rig, rig};
-use crate::oracle::{self, V};
-use crate::writer::{Customer, Rng, Writer};
+use crate::support::oracle::{self, V};
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::{Customer, Rng, Writer};
 
 const MANIFEST: &str = "manifest/100.json";
 
@@ -328,7 +328,7 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
                 );
                 async move {
                     if first {
-                        let c = crate::harness::pg_client(&url).await;
+                        let c = crate::support::harness::pg_client(&url).await;
                         let ended = c
                             .query_one(
                                 "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
@@ -377,7 +377,7 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
                 let (url, fired) = (url.clone(), fired.clone());
                 async move {
                     if !fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                        let c = crate::harness::pg_client(&url).await;
+                        let c = crate::support::harness::pg_client(&url).await;
                         c.batch_execute("ALTER TABLE eav_data RENAME TO eav_away")
                             .await
                             .unwrap();
@@ -765,7 +765,8 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     for _ in 0..200 {
         rig.writer.random_op(&mut r).await;
     }
-    let mut full = lakecdc::schema::dir::load(&crate::harness::examples_dir(), "customer").unwrap();
+    let mut full =
+        lakecdc::schema::dir::load(&crate::support::harness::examples_dir(), "customer").unwrap();
     // Lists of every item type, with values: items at indices 10, 2 and -1 (numeric, not text,
     // order) next to an empty-list marker, an explicit empty list, an absent one, and a uuid
     // item that does not parse.
@@ -859,7 +860,7 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     let tables = rig.ctx.tables.clone();
     let mut tapped = rig.ctx.connector.connect_tapped().await.unwrap();
     let tap = tapped.tap.clone();
-    let mut plain = crate::harness::untapped(&rig.ctx.connector).await;
+    let mut plain = crate::support::harness::untapped(&rig.ctx.connector).await;
     let mut pages = Vec::new();
     let mut untapped = Vec::new();
     for range in live::live_ranges(&plain.client, &tables, 100, 2)

@@ -3,7 +3,7 @@
 
 use lakecdc::config::Tables;
 
-use crate::harness::{self, TestDb};
+use crate::support::harness::{self, TestDb};
 
 async fn table_columns(db: &TestDb, table: &str) -> Vec<(String, String)> {
     db.client()

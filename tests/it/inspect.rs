@@ -8,9 +8,9 @@ use lakecdc::flush::FlushHooks;
 use lakecdc::store::ObjectStore;
 use tokio::sync::Notify;
 
-use crate::flush::{LakeKind, rig};
-use crate::harness;
-use crate::writer::Rng;
+use crate::support::harness;
+use crate::support::rig::{LakeKind, rig};
+use crate::support::writer::Rng;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn inspect_shows_the_holder_of_a_paused_flush_and_writes_nothing() {
@@ -200,6 +200,6 @@ fn a_missing_local_lake_is_an_error_not_a_new_lake() {
         }
     }
     assert!(!missing.exists(), "a command created the lake");
-    let dirty = rt.block_on(crate::oracle::dirty(&rig.writer));
+    let dirty = rt.block_on(crate::support::oracle::dirty(&rig.writer));
     assert_eq!(dirty.len(), 5, "nothing was flushed");
 }

@@ -1,6 +1,6 @@
 //! Integration tests against the real services started by `scripts/services.sh` (PostgreSQL and
 //! SeaweedFS). `scripts/test.sh` exports `LAKECDC_TEST_PG_URL`, `LAKECDC_TEST_S3_ENDPOINT` and
-//! the cluster's TLS and password fixtures (`LAKECDC_TEST_PG_*`, see `harness::pg_fixtures`);
+//! the cluster's TLS and password fixtures (`LAKECDC_TEST_PG_*`, see `support::harness::pg_fixtures`);
 //! tests that need a service fail with a clear message when they are missing, never skip.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 #![allow(unreachable_pub)] // modules of one test binary share helpers with `pub`
@@ -16,15 +16,13 @@ mod flush;
 mod flush_select;
 mod gc;
 mod gc_faults;
-mod harness;
 mod init;
 mod init_db;
 mod inspect;
 mod manifest;
-mod oracle;
 mod oracle_at_scale;
 mod source;
 mod store_conformance;
+mod support;
 mod tls;
 mod verify;
-mod writer;

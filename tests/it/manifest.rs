@@ -10,7 +10,7 @@ use lakecdc::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
 use lakecdc::store::fault::{Action, FaultStore, Op};
 use lakecdc::store::{ObjectStore, PutMode};
 
-use crate::harness;
+use crate::support::harness;
 
 fn entry(path: String) -> FileEntry {
     FileEntry {

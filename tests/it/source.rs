@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use lakecdc::source::{Connector, SchemaLock};
 
-use crate::harness::{self, TestDb, pg_settings};
+use crate::support::harness::{self, TestDb, pg_settings};
 
 async fn advisory_holders(db: &TestDb, schema_id: i16) -> Vec<i32> {
     let client = db.client().await;

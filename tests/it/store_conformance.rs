@@ -8,7 +8,7 @@ use lakecdc::store::memory::MemoryStore;
 use lakecdc::store::{ObjectStore, PutMode, StoreError, sha256};
 use sha2::{Digest, Sha256};
 
-use crate::harness;
+use crate::support::harness;
 
 async fn basic_operations(store: &dyn ObjectStore) {
     // put / get / head

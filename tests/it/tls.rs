@@ -7,7 +7,9 @@
 use lakecdc::source::conninfo::quote;
 use lakecdc::source::{Connector, PgSettings};
 
-use crate::harness::{self, PgFixtures, TestDb, pg_env_settings, pg_fixtures, pg_settings};
+use crate::support::harness::{
+    self, PgFixtures, TestDb, pg_env_settings, pg_fixtures, pg_settings,
+};
 
 /// A wrong password with the same awkward characters as the right one.
 const WRONG_PASSWORD: &str = r"Wr0ngHorse 'Battery\Staple";

@@ -4,9 +4,9 @@ use bytes::Bytes;
 use lakecdc::store::{ObjectStore, PutMode};
 use lakecdc::verify::{Outcome, VerifyOptions};
 
-use crate::flush::{LakeKind, Rig, rig};
-use crate::harness;
-use crate::writer::Rng;
+use crate::support::harness;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::Rng;
 
 fn opts(rig: &Rig) -> VerifyOptions {
     VerifyOptions {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::oracle::V;
+use crate::support::oracle::V;
 
 /// The example `customer` schema's attributes as the test models them.
 #[derive(Debug, Clone, PartialEq, Default)]

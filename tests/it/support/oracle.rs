@@ -15,7 +15,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::writer::Writer;
+use crate::support::writer::Writer;
 
 /// A value as the test sees it.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,8 @@
+//! What the integration tests share: the services' harness (fresh databases and buckets), the
+//! rig most tests stand on, the application-side writer, and the independent oracle that reads
+//! the lake back.
+
+pub mod harness;
+pub mod oracle;
+pub mod rig;
+pub mod writer;

@@ -1,0 +1,182 @@
+//! The rig most integration tests stand on: one fresh database with the example schemas and a
+//! writer, a lake (S3 bucket or local directory) behind a fault-injecting store, and the job
+//! context and flush options over them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lakecdc::clock::SystemClock;
+use lakecdc::config::Tables;
+use lakecdc::flush::{Context, FlushHooks, FlushOptions, FlushReport};
+use lakecdc::lake::{Lake, Layout};
+use lakecdc::shutdown::Shutdown;
+use lakecdc::store::ObjectStore;
+use lakecdc::store::fault::FaultStore;
+use lakecdc::store::local::LocalStore;
+
+use super::harness::{self, TestDb};
+use super::oracle;
+use super::writer::{Customer, Rng, Writer};
+use uuid::Uuid;
+
+const CUSTOMER: i16 = 100;
+const MANIFEST: &str = "manifest/100.json";
+
+pub struct Rig {
+    pub db: TestDb,
+    pub writer: Writer,
+    pub store: Arc<FaultStore>,
+    pub ctx: Context,
+    pub opts: FlushOptions,
+    /// The work directory (local lakes and Parquet files live in it).
+    pub work: tempfile::TempDir,
+}
+
+pub enum LakeKind {
+    S3,
+    Local,
+}
+
+pub async fn rig(kind: LakeKind) -> Rig {
+    let db = TestDb::new().await;
+    lakecdc::init_db::run(
+        &db.connector(),
+        &Tables::default(),
+        Some(&harness::examples_dir()),
+        false,
+    )
+    .await
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn ObjectStore> = match kind {
+        LakeKind::S3 => harness::s3_bucket().await,
+        LakeKind::Local => Arc::new(LocalStore::open(work.path().join("lake")).unwrap()),
+    };
+    let store = Arc::new(FaultStore::new(inner));
+    let ctx = Context {
+        connector: db.connector(),
+        tables: Tables::default(),
+        schema_dir: Some(harness::examples_dir()),
+        lake: Lake {
+            store: store.clone(),
+            layout: Layout::new("", "data", "manifest/{schema_id}.json").unwrap(),
+        },
+        clock: Arc::new(SystemClock),
+        shutdown: Shutdown::new(),
+    };
+    let opts = FlushOptions {
+        force: true,
+        batch_size: 40,
+        work_dir: work.path().to_path_buf(),
+        ..FlushOptions::default()
+    };
+    let writer = Writer::new(db.client().await, CUSTOMER).await;
+    Rig {
+        db,
+        writer,
+        store,
+        ctx,
+        opts,
+        work,
+    }
+}
+
+impl Rig {
+    /// The context of the lake jobs (compact, gc, inspect, verify) over this rig.
+    pub fn job_context(&self) -> lakecdc::job::Context {
+        lakecdc::job::Context {
+            shutdown: Default::default(),
+            ..self.ctx.clone()
+        }
+    }
+
+    /// gc over the customer schema with a 15-minute grace, on a manual clock the test moves.
+    pub fn gc_on_a_manual_clock(
+        &self,
+    ) -> (
+        Arc<lakecdc::clock::ManualClock>,
+        lakecdc::job::Context,
+        lakecdc::gc::GcOptions,
+    ) {
+        use lakecdc::clock::Clock;
+        let clock = Arc::new(lakecdc::clock::ManualClock::new(SystemClock.now_ms()));
+        let ctx = lakecdc::job::Context {
+            clock: clock.clone(),
+            ..self.job_context()
+        };
+        let opts = lakecdc::gc::GcOptions {
+            schemas: vec!["customer".into()],
+            grace: Duration::from_secs(900),
+            dry_run: false,
+        };
+        (clock, ctx, opts)
+    }
+
+    pub async fn flush(&self) -> FlushReport {
+        lakecdc::flush::run(&self.ctx, &self.opts, &FlushHooks::default())
+            .await
+            .unwrap()
+    }
+
+    pub async fn flush_with(&self, hooks: &FlushHooks) -> FlushReport {
+        lakecdc::flush::run(&self.ctx, &self.opts, hooks)
+            .await
+            .unwrap()
+    }
+
+    pub async fn seed(&mut self, n: usize, r: &mut Rng) -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            let id = r.uuid();
+            self.writer.create(id, Customer::random(r)).await;
+            ids.push(id);
+        }
+        ids
+    }
+
+    pub async fn assert_oracle(&self) -> (usize, usize) {
+        oracle::assert_matches(&self.writer, self.store.as_ref(), MANIFEST).await
+    }
+
+    pub async fn change_log(&self) -> Vec<(Uuid, i64, i64, Option<i64>)> {
+        self.writer
+            .client
+            .query(
+                "SELECT row_id, flushed_at, changed_at, deleted_at FROM change_log ORDER BY 1, 2",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect()
+    }
+
+    pub async fn keys(&self, prefix: &str) -> Vec<String> {
+        self.store
+            .list(prefix)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key)
+            .collect()
+    }
+
+    pub async fn listed(&self) -> Vec<String> {
+        match oracle::manifest_json(self.store.as_ref(), MANIFEST).await {
+            None => Vec::new(),
+            Some(m) => m["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["path"].as_str().unwrap().to_string())
+                .collect(),
+        }
+    }
+
+    pub fn hook(
+        f: impl Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> lakecdc::flush::Hook {
+        Arc::new(move |_, _| f())
+    }
+}
