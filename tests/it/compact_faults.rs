@@ -327,7 +327,7 @@ async fn a_pass_that_lost_a_race_deletes_its_base_and_starts_over() {
     assert!(new != lost && new != won);
     // The second pass merged the fresh manifest's files: the winner's base and the delta.
     assert_eq!(s.files_in, 2, "{s:?}");
-    assert_eq!(rig.listed().await, [new.clone()]);
+    assert_eq!(rig.listed().await, std::slice::from_ref(&new));
     // The lost pass's base is gone, deleted by the compactor itself (nothing lists it).
     assert!(rig.store.head(&lost).await.unwrap_err().is_not_found());
     assert!(

@@ -170,7 +170,7 @@ async fn a_failed_delete_keeps_the_object_its_sighting_and_its_retirement() {
     let third = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
     let s = only(&third);
     assert_eq!(s.outcome, Some(Outcome::Clean), "{third:?}");
-    assert_eq!(s.deleted, [refused.clone()]);
+    assert_eq!(s.deleted, std::slice::from_ref(&refused));
     assert!(!exists(&rig, &refused).await);
     assert!(sightings(&rig).await.is_empty());
     assert!(
@@ -393,7 +393,11 @@ async fn two_gc_runs_racing_a_compaction_never_delete_a_listed_file() {
                 );
             }
         }
-        assert_eq!(rig.listed().await, [new_base.clone()], "round {round}");
+        assert_eq!(
+            rig.listed().await,
+            std::slice::from_ref(&new_base),
+            "round {round}"
+        );
         assert_eq!(
             oracle::retired_paths(rig.store.as_ref(), MANIFEST).await,
             listed_before,
