@@ -286,20 +286,19 @@ struct Tally {
     rows_compared: usize,
 }
 
+/// Even seeds run on S3, odd ones on a local lake.
+fn lake_kind(seed: u64) -> LakeKind {
+    if seed.is_multiple_of(2) {
+        LakeKind::S3
+    } else {
+        LakeKind::Local
+    }
+}
+
 async fn one_seed(seed: u64) -> Tally {
-    let kind = if seed.is_multiple_of(2) {
-        LakeKind::S3
-    } else {
-        LakeKind::Local
-    };
-    let mut rig = rig(kind).await;
+    let mut rig = rig(lake_kind(seed)).await;
     rig.opts.batch_size = 500;
-    let kind = if seed.is_multiple_of(2) {
-        LakeKind::S3
-    } else {
-        LakeKind::Local
-    };
-    let reader = Reader::for_rig(&rig, &kind).await;
+    let reader = Reader::for_rig(&rig, &lake_kind(seed)).await;
     let attrs = attribute_columns(&harness::examples_dir(), "customer");
     // The model covers exactly the schema's attribute columns.
     let modelled: BTreeSet<String> = crate::support::writer::Customer::default()

@@ -310,6 +310,7 @@ async fn s3_missing_bucket_is_not_a_missing_object() {
         .await
         .unwrap_err();
     assert!(!err.is_conflict(), "{err:?}");
+    assert!(matches!(err, StoreError::NoSuchBucket { .. }), "{err:?}");
 }
 
 #[tokio::test]
@@ -380,6 +381,7 @@ async fn an_object_copied_part_by_part_is_the_same_object() {
         .copy_in_parts("big/missing.bin", "big/dst2.bin", 12 << 20, 5 << 20)
         .await
         .unwrap_err();
+    assert!(err.is_not_found(), "the missing source: {err:?}");
     assert!(
         store.head("big/dst2.bin").await.unwrap_err().is_not_found(),
         "{err}"
