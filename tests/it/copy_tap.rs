@@ -423,9 +423,7 @@ async fn copy_of(db: &TestDb) -> TestDb {
         .batch_execute(&format!("CREATE DATABASE {name}_copy TEMPLATE {name}"))
         .await
         .unwrap();
-    TestDb {
-        url: format!("{base}/{name}_copy"),
-    }
+    TestDb::adopt(format!("{base}/{name}_copy"))
 }
 
 /// A lake written by init then flush through `connector`, and the messages its taps diverted

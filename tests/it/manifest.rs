@@ -37,7 +37,8 @@ fn policy() -> CommitPolicy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_appends_all_land_exactly_once() {
-    let store: Arc<dyn ObjectStore> = harness::s3_bucket().await;
+    let bucket = harness::s3_bucket().await;
+    let store: Arc<dyn ObjectStore> = bucket.clone();
     let key = "manifest/100.json";
     // The manifest does not exist yet: the first saves race on If-None-Match (#203).
     let tasks: Vec<_> = (0..8)

@@ -6,10 +6,21 @@ use lakecdc::source::{Connector, PgSettings};
 use lakecdc::store::ObjectStore;
 use lakecdc::store::s3::{S3Options, S3Store};
 
+/// The value of a variable the services' env file sets. Without it the whole run stops at once
+/// with one line saying how to start the services (written past libtest's capture), instead
+/// of every test failing on its own.
 fn required_env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run scripts/test.sh, or `scripts/services.sh start` and source its env file")
-    })
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v,
+        _ => {
+            use std::io::Write;
+            let line = format!(
+                "{name} is not set: the integration tests need PostgreSQL and S3; run scripts/test.sh, or `scripts/services.sh start` and source the env file it prints\n"
+            );
+            let _ = std::io::stderr().write_all(line.as_bytes());
+            std::process::exit(2);
+        }
+    }
 }
 
 /// The admin URL of the test cluster.
@@ -33,10 +44,45 @@ pub fn pg_settings(url: &str) -> PgSettings {
     }
 }
 
-/// A fresh database on the test cluster.
+/// A fresh database on the test cluster, dropped when the test ends.
 pub struct TestDb {
     /// URL of the new database.
     pub url: String,
+    name: String,
+}
+
+/// Runs `work` to completion on a runtime of its own, on a thread of its own: cleanup runs in
+/// `Drop`, where the test's runtime may be busy or shutting down.
+fn on_own_runtime<F: std::future::Future<Output = ()> + Send + 'static>(
+    work: impl FnOnce() -> F + Send + 'static,
+) {
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(work());
+        }
+    })
+    .join();
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let (admin, name) = (pg_admin_url(), self.name.clone());
+        on_own_runtime(move || async move {
+            let Ok(connector) = Connector::new(&pg_settings(&admin)) else {
+                return;
+            };
+            if let Ok(client) = connector.connect().await {
+                // FORCE ends the sessions a test left open (a child process, a held lock).
+                let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                if let Err(e) = client.batch_execute(&sql).await {
+                    eprintln!("test cleanup: could not drop database {name}: {e}");
+                }
+            }
+        });
+    }
 }
 
 impl TestDb {
@@ -55,6 +101,16 @@ impl TestDb {
         let base = admin.rsplit_once('/').unwrap().0;
         Self {
             url: format!("{base}/{name}"),
+            name,
+        }
+    }
+
+    /// A database the test created itself at `url`, dropped like a fresh one.
+    pub fn adopt(url: String) -> Self {
+        let name = url.rsplit_once('/').map(|(_, n)| n.to_string());
+        Self {
+            name: name.unwrap_or_default(),
+            url,
         }
     }
 
@@ -76,8 +132,36 @@ pub fn s3_options(bucket: &str) -> S3Options {
     opts
 }
 
+/// A fresh bucket on the test server, emptied and deleted when the test ends.
+pub struct TestBucket(Arc<S3Store>);
+
+impl std::ops::Deref for TestBucket {
+    type Target = Arc<S3Store>;
+
+    fn deref(&self) -> &Arc<S3Store> {
+        &self.0
+    }
+}
+
+impl Drop for TestBucket {
+    fn drop(&mut self) {
+        let bucket = self.0.bucket().to_string();
+        on_own_runtime(move || async move {
+            let store = S3Store::connect(&s3_options(&bucket)).await;
+            if let Ok(objects) = store.list("").await {
+                for o in objects {
+                    let _ = store.delete(&o.key).await;
+                }
+            }
+            if let Err(e) = store.client().delete_bucket().bucket(&bucket).send().await {
+                eprintln!("test cleanup: could not delete bucket {bucket}: {e}");
+            }
+        });
+    }
+}
+
 /// A fresh bucket on the test server.
-pub async fn s3_bucket() -> Arc<S3Store> {
+pub async fn s3_bucket() -> TestBucket {
     let bucket = format!("t-{}", &uuid::Uuid::new_v4().simple().to_string()[..20]);
     let store = S3Store::connect(&s3_options(&bucket)).await;
     store
@@ -87,7 +171,7 @@ pub async fn s3_bucket() -> Arc<S3Store> {
         .send()
         .await
         .unwrap();
-    Arc::new(store)
+    TestBucket(Arc::new(store))
 }
 
 /// The same bucket behind a second client (an independent reader).

@@ -30,6 +30,8 @@ pub struct Rig {
     pub opts: FlushOptions,
     /// The work directory (local lakes and Parquet files live in it).
     pub work: tempfile::TempDir,
+    /// The S3 bucket of an S3 lake, deleted when the rig is.
+    _bucket: Option<harness::TestBucket>,
 }
 
 pub enum LakeKind {
@@ -48,9 +50,15 @@ pub async fn rig(kind: LakeKind) -> Rig {
     .await
     .unwrap();
     let work = tempfile::tempdir().unwrap();
-    let inner: Arc<dyn ObjectStore> = match kind {
-        LakeKind::S3 => harness::s3_bucket().await,
-        LakeKind::Local => Arc::new(LocalStore::open(work.path().join("lake")).unwrap()),
+    let (inner, bucket): (Arc<dyn ObjectStore>, _) = match kind {
+        LakeKind::S3 => {
+            let bucket = harness::s3_bucket().await;
+            (bucket.clone(), Some(bucket))
+        }
+        LakeKind::Local => {
+            let local = LocalStore::open(work.path().join("lake")).unwrap();
+            (Arc::new(local), None)
+        }
     };
     let store = Arc::new(FaultStore::new(inner));
     let ctx = Context {
@@ -78,6 +86,7 @@ pub async fn rig(kind: LakeKind) -> Rig {
         ctx,
         opts,
         work,
+        _bucket: bucket,
     }
 }
 
