@@ -19,6 +19,7 @@ mod gc_faults;
 mod init;
 mod init_db;
 mod inspect;
+mod layering;
 mod manifest;
 mod oracle_at_scale;
 mod source;
