@@ -217,3 +217,66 @@ impl Engine {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes one lake-shaped file of `(row_id, changed_at, deleted_at, name)` rows.
+    fn file(engine: &Engine, dir: &Path, name: &str, rows: &str) -> PathBuf {
+        let path = dir.join(name);
+        engine
+            .conn
+            .execute_batch(&format!(
+                "COPY (SELECT row_id::UUID AS row_id, changed_at::BIGINT AS changed_at, \
+                 deleted_at::BIGINT AS deleted_at, name FROM (VALUES {rows}) \
+                 t(row_id, changed_at, deleted_at, name)) TO '{}' (FORMAT parquet)",
+                path.display()
+            ))
+            .unwrap();
+        path
+    }
+
+    /// docs/hazards.md L28: a live copy and a tombstone with the same version — whichever file
+    /// lists it first — merge to no row; the newer of two versions wins whatever its file.
+    #[test]
+    fn a_tombstone_beats_a_live_copy_of_the_same_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(&EngineConfig::default()).unwrap();
+        let a = "'00000000-0000-0000-0000-00000000000a'";
+        let b = "'00000000-0000-0000-0000-00000000000b'";
+        let live = file(
+            &engine,
+            dir.path(),
+            "live.parquet",
+            &format!("({a}, 5, 0, 'live a'), ({b}, 7, 0, 'new b')"),
+        );
+        let dead = file(
+            &engine,
+            dir.path(),
+            "dead.parquet",
+            &format!("({a}, 5, 5, 'dead a'), ({b}, 6, 6, 'old dead b')"),
+        );
+        for (order, sources) in [
+            ("live first", [&live, &dead]),
+            ("tombstone first", [&dead, &live]),
+        ] {
+            let out = dir.path().join(format!("{order}.parquet"));
+            let sources: Vec<PathBuf> = sources.iter().map(|p| p.to_path_buf()).collect();
+            let stats = engine.merge(&sources, &out).unwrap();
+            assert_eq!(stats.rows_out, 1, "{order}");
+            let names: String = engine
+                .conn
+                .query_row(
+                    &format!(
+                        "SELECT string_agg(name, ',') FROM read_parquet('{}')",
+                        out.display()
+                    ),
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(names, "new b", "{order}");
+        }
+    }
+}
