@@ -6,14 +6,28 @@ use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Row, Statement, Transaction};
+use tokio_postgres::{Client, IsolationLevel, Row, Statement, Transaction};
 
 use super::READ_TIMEOUT as TIMEOUT;
-use super::connect::within;
+use super::connect::{timed, within};
 use super::copy_decoder::CopyDecoder;
 use super::copy_tap::{self, CopySink, CopyTap};
 use super::rows::BatchBuilder;
 use crate::error::{Error, Result};
+
+/// Begins the read-only repeatable-read transaction a read runs in, so that every statement of
+/// it sees one snapshot (a batch's selection and payload, a page's entities and EAV rows).
+pub(super) async fn begin_snapshot<'a>(
+    client: &'a mut Client,
+    op: &'static str,
+) -> Result<Transaction<'a>> {
+    let start = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start();
+    timed(TIMEOUT, op, start).await
+}
 
 /// Runs `statement` and decodes its rows into `decoding` as they stream in (no intermediate
 /// row list), under the statement time limit. On a tapped connection armed for them, the rows

@@ -2,13 +2,14 @@
 //! entity rows with their EAV rows, each page in one repeatable-read snapshot, read with binary
 //! COPY (docs/design.md §4.2).
 
-use tokio_postgres::{Client, IsolationLevel};
+use tokio_postgres::Client;
 use uuid::Uuid;
 
 use super::READ_TIMEOUT as TIMEOUT;
 use arrow::record_batch::RecordBatch;
 
 use super::connect::{TappedClient, timed};
+use super::decoding::begin_snapshot;
 use super::decoding::copy_into;
 use super::rows::{BatchBuilder, bound_columns, row_id_at};
 use crate::config::Tables;
@@ -120,16 +121,7 @@ pub async fn read_live_page(
     limit: i64,
 ) -> Result<Option<LivePage>> {
     let tap = &conn.tap;
-    let tx = timed(
-        TIMEOUT,
-        "begin page snapshot",
-        conn.client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start(),
-    )
-    .await?;
+    let tx = begin_snapshot(&mut conn.client, "begin page snapshot").await?;
     let bound = bound_columns(schema);
     let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
     // Read with binary COPY (decoded without row objects). COPY takes no parameters: the only

@@ -8,14 +8,14 @@
 use arrow::record_batch::RecordBatch;
 use bytes::BufMut;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{Client, GenericClient, IsolationLevel, Row, Statement};
+use tokio_postgres::{Client, GenericClient, Row, Statement};
 use uuid::Uuid;
 
 use super::READ_TIMEOUT as TIMEOUT;
 use super::connect::{TappedClient, timed};
 use super::copy_decoder::CopyDecoder;
 use super::copy_tap::{self, Divert, SharedSink};
-use super::decoding::{Decoding, stream_into};
+use super::decoding::{Decoding, begin_snapshot, stream_into};
 use super::live::eav_select;
 use super::rows::{BatchBuilder, bound_columns};
 use crate::config::Tables;
@@ -232,16 +232,7 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
     before_payload: impl FnOnce(&[Selected]) -> F,
 ) -> Result<Option<Snapshot>> {
     let tap = &conn.tap;
-    let tx = timed(
-        TIMEOUT,
-        "begin snapshot",
-        conn.client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start(),
-    )
-    .await?;
+    let tx = begin_snapshot(&mut conn.client, "begin snapshot").await?;
     let slots = select_slots(&tx, stmts, schema_id, limit, after).await?;
     if slots.is_empty() {
         timed(TIMEOUT, "end snapshot", tx.commit()).await?;
