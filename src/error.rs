@@ -321,6 +321,6 @@ impl Error {
             out.push_str(&err.to_string());
             cur = err.source();
         }
-        out
+        crate::report::printable(&out, false).into_owned()
     }
 }

@@ -27,6 +27,7 @@ pub(crate) mod report;
 pub mod retry;
 pub mod run;
 pub mod schema;
+pub mod scratch;
 pub mod shutdown;
 pub mod source;
 pub mod store;

@@ -103,6 +103,9 @@ pub struct RunConfig {
     pub log_format: LogFormat,
     /// The job.
     pub job: Job,
+    /// Warnings about the configuration (an exposed password, a plain-text endpoint), logged
+    /// once when the job starts.
+    pub warnings: Vec<String>,
 }
 
 impl RunConfig {
@@ -159,6 +162,7 @@ impl RunConfig {
             log_format,
             job: job(s, &schemas)?,
             schemas,
+            warnings: s.warnings.clone(),
         })
     }
 
@@ -357,7 +361,7 @@ impl Outcome {
     fn of<R: Serialize>(report: &R, text: String, exit_code: i32) -> Result<Self> {
         let json = serde_json::to_string_pretty(report).map_err(Error::json("report"))?;
         Ok(Self {
-            text,
+            text: crate::report::printable(&text, true).into_owned(),
             json,
             exit_code,
         })
@@ -366,6 +370,9 @@ impl Outcome {
 
 /// Runs the job of `config`. `progress` draws init's progress (a terminal's bar).
 pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -> Result<Outcome> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     match &config.job {
         Job::InitDb { dry_run } => {
             let dir = config.schema_dir.as_deref();

@@ -268,6 +268,8 @@ pub struct ConfigFile {
     path: PathBuf,
     top: BTreeMap<String, String>,
     sections: BTreeMap<Command, BTreeMap<String, String>>,
+    /// The file's mode when it holds a password and group or others may read or write it.
+    exposed_mode: Option<u32>,
 }
 
 impl ConfigFile {
@@ -315,7 +317,34 @@ impl ConfigFile {
                 }
             }
         }
+        file.exposed_mode = file.exposed_mode(&text);
         Ok(file)
+    }
+
+    /// The file's mode when a secret setting in it holds a password and the file is open to
+    /// group or others: libpq refuses such a `.pgpass`; lakecdc warns (docs/security.md).
+    fn exposed_mode(&self, text: &str) -> Option<u32> {
+        use std::os::unix::fs::PermissionsExt;
+        let secrets = SETTINGS.iter().filter(|s| s.secret);
+        let values = self.sections.values().chain([&self.top]);
+        let holds_password = values
+            .flat_map(|section| secrets.clone().filter_map(|s| section.get(s.key)))
+            .any(|v| may_hold_password(v));
+        let mode = std::fs::metadata(&self.path).ok()?.permissions().mode() & 0o777;
+        (holds_password && !text.is_empty() && mode & 0o077 != 0).then_some(mode)
+    }
+
+    /// A warning for each thing in the file that puts a secret at risk.
+    pub fn warnings(&self) -> Vec<String> {
+        self.exposed_mode
+            .map(|mode| {
+                format!(
+                    "config file {} holds a password and other users may read it (mode {mode:03o}): chmod 600 it",
+                    self.path.display()
+                )
+            })
+            .into_iter()
+            .collect()
     }
 
     /// The default `setting` shows in the help of `command` (`None`: the program's own help):
@@ -381,6 +410,18 @@ fn text_of(value: &toml::Value) -> std::result::Result<String, String> {
     }
 }
 
+/// True when a connection string may carry a password: a `password` keyword or parameter, or
+/// a URL whose user part has a `user:password` form.
+fn may_hold_password(value: &str) -> bool {
+    let url_password = value.split_once("://").is_some_and(|(_, rest)| {
+        let authority = rest.split(['/', '?']).next().unwrap_or_default();
+        authority
+            .rsplit_once('@')
+            .is_some_and(|(user, _)| user.contains(':'))
+    });
+    url_password || value.to_ascii_lowercase().contains("password")
+}
+
 /// The config file named by `--config FILE` or `--config=FILE` in `args` (the first is the
 /// program), else by `from_env` (`LAKECDC_CONFIG`). Read before the command line is parsed,
 /// so that `--help` shows the file's values.
@@ -417,6 +458,9 @@ pub struct Resolved {
     values: BTreeMap<&'static str, (String, Origin)>,
     /// The environment variables the jobs pass on to their own clients (libpq's PG*, AWS's).
     pub env: BTreeMap<String, String>,
+    /// Warnings about the configuration itself (a config file exposing a password), logged
+    /// when the job starts.
+    pub warnings: Vec<String>,
 }
 
 impl Resolved {
@@ -453,6 +497,11 @@ impl Resolved {
             command,
             values,
             env,
+            warnings: layers
+                .file
+                .as_ref()
+                .map(ConfigFile::warnings)
+                .unwrap_or_default(),
         }
     }
 
@@ -625,5 +674,43 @@ mod tests {
             keys.dedup();
             assert_eq!(keys.len(), n, "{c:?}");
         }
+    }
+
+    #[test]
+    fn a_config_file_holding_a_password_and_open_to_others_is_warned_about() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lakecdc.toml");
+        let warnings = |text: &str, mode: u32| {
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            ConfigFile::load(&path).unwrap().warnings()
+        };
+        let url = "pg-url = \"postgres://app:hunter2@db/x\"\n";
+        let kv = "pg-url = \"host=db password=hunter2\"\n";
+        for (text, mode) in [(url, 0o644), (url, 0o640), (kv, 0o604)] {
+            let w = warnings(text, mode);
+            assert_eq!(w.len(), 1, "{text} {mode:o}");
+            assert!(w[0].contains(&format!("mode {mode:03o}")), "{}", w[0]);
+            assert!(w[0].contains("chmod 600"), "{}", w[0]);
+            assert!(!w[0].contains("hunter2"), "{}", w[0]);
+        }
+        // Private, or no password in it: nothing to say.
+        assert!(warnings(url, 0o600).is_empty());
+        assert!(warnings("pg-url = \"postgres://app@db/x\"\n", 0o644).is_empty());
+        assert!(warnings("lake = \"./lake\"\n", 0o644).is_empty());
+        // The warning reaches the merged settings that the job logs.
+        warnings(url, 0o644);
+        let file = Some(ConfigFile::load(&path).unwrap());
+        let none = |_: &str| None;
+        let layers = Layers {
+            flags: Default::default(),
+            env: &none,
+            file,
+        };
+        assert_eq!(
+            Resolved::merge(Command::Flush, &layers, &[]).warnings.len(),
+            1
+        );
     }
 }

@@ -100,6 +100,11 @@ impl Engine {
             .conn
             .execute(&sql, [])
             .map_err(Error::duckdb("write parquet"))?;
+        crate::scratch::restrict(path).map_err(|source| Error::Io {
+            op: "restrict the mode of",
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(rows as u64)
     }
 

@@ -332,7 +332,7 @@ fn open(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
             .set_column_dictionary_enabled(col.clone(), false)
             .set_column_encoding(col, plain);
     }
-    let file = File::create(path).map_err(|source| Error::Io {
+    let file = crate::scratch::create_file(path).map_err(|source| Error::Io {
         op: "create parquet file",
         path: path.to_path_buf(),
         source,

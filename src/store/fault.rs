@@ -228,6 +228,21 @@ impl ObjectStore for FaultStore {
             .await
     }
 
+    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
+        self.run(Op::GetBytes, key, self.inner.get_bytes_within(key, limit))
+            .await
+    }
+
+    async fn get_to_file_within(
+        &self,
+        key: &str,
+        path: &Path,
+        limit: u64,
+    ) -> Result<Download, StoreError> {
+        let call = self.inner.get_to_file_within(key, path, limit);
+        self.run(Op::GetToFile, key, call).await
+    }
+
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         self.run(Op::Head, key, self.inner.head(key)).await
     }

@@ -111,9 +111,17 @@ impl ObjectStore for MemoryStore {
         })
     }
 
+    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
+        let got = self.get_bytes(key).await?;
+        if got.bytes.len() as u64 > limit {
+            return Err(StoreError::TooLarge { limit });
+        }
+        Ok(got)
+    }
+
     async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
         let e = self.entry(key)?;
-        tokio::fs::write(path, &e.bytes).await?;
+        std::io::Write::write_all(&mut crate::scratch::create_file(path)?, &e.bytes)?;
         Ok(Download {
             size: e.bytes.len() as u64,
             sha256: sha256(&e.bytes),

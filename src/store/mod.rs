@@ -138,6 +138,13 @@ pub enum StoreError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The object is larger than the reader allows (docs/security.md, size caps): it was not
+    /// read, or reading stopped at the limit.
+    #[error("object is larger than the {limit}-byte limit")]
+    TooLarge {
+        /// The cap, in bytes.
+        limit: u64,
+    },
     /// Injected by the fault decorator (tests).
     #[error("injected fault")]
     Injected,
@@ -189,6 +196,36 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
 
     /// Downloads an object to a local file, hashing while writing.
     async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError>;
+
+    /// Reads a whole object into memory, refusing one larger than `limit` bytes before reading
+    /// it (lake-controlled objects are capped: docs/security.md). The default asks `head`
+    /// first; backends that learn the size from the read itself override it.
+    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
+        if self.head(key).await?.size > limit {
+            return Err(StoreError::TooLarge { limit });
+        }
+        let got = self.get_bytes(key).await?;
+        if got.bytes.len() as u64 > limit {
+            return Err(StoreError::TooLarge { limit });
+        }
+        Ok(got)
+    }
+
+    /// Downloads an object to a local file like [`ObjectStore::get_to_file`], failing once more
+    /// than `limit` bytes arrive (a listed file larger than its manifest size). The default
+    /// checks after the download; backends that stream override it to stop early.
+    async fn get_to_file_within(
+        &self,
+        key: &str,
+        path: &Path,
+        limit: u64,
+    ) -> Result<Download, StoreError> {
+        let got = self.get_to_file(key, path).await?;
+        if got.size > limit {
+            return Err(StoreError::TooLarge { limit });
+        }
+        Ok(got)
+    }
 
     /// The object's metadata.
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;

@@ -146,6 +146,30 @@ impl S3Store {
         &self.client
     }
 
+    /// Starts a GET of `key` and refuses it at once when its announced length passes `limit`
+    /// (the body is then never read).
+    async fn get_object(
+        &self,
+        key: &str,
+        limit: u64,
+    ) -> Result<aws_sdk_s3::operation::get_object::GetObjectOutput, StoreError> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| classify(e, "get object", &self.bucket, self.limits))?;
+        if out
+            .content_length()
+            .is_some_and(|n| n > 0 && n as u64 > limit)
+        {
+            return Err(StoreError::TooLarge { limit });
+        }
+        Ok(out)
+    }
+
     async fn put_multipart(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
         let upload_id = self.create_multipart(key, true).await?;
         let done = self.upload_parts(key, &upload_id, path).await;
@@ -419,6 +443,22 @@ where
     }
 }
 
+/// A body read that failed mid-stream.
+fn body_failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::Backend {
+        message: "get object: reading the body failed".to_string(),
+        source: Some(Box::new(e)),
+    }
+}
+
+/// Refuses a chunk that would take a capped read past `limit` bytes.
+fn within(read: u64, chunk: usize, limit: u64) -> Result<(), StoreError> {
+    if read.saturating_add(chunk as u64) > limit {
+        return Err(StoreError::TooLarge { limit });
+    }
+    Ok(())
+}
+
 /// Classifies a conditional write's failure: 412, 409 and (for If-Match) 404 prove the write
 /// did not happen.
 fn classify_conditional<E>(
@@ -500,42 +540,43 @@ impl ObjectStore for S3Store {
     }
 
     async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
-        let out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| classify(e, "get object", &self.bucket, self.limits))?;
+        self.get_bytes_within(key, u64::MAX).await
+    }
+
+    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
+        let mut out = self.get_object(key, limit).await?;
         let etag = out.e_tag().unwrap_or_default().to_string();
-        let bytes = out.body.collect().await.map_err(|e| StoreError::Backend {
-            message: "get object: reading the body failed".to_string(),
-            source: Some(Box::new(e)),
-        })?;
+        let mut bytes = Vec::with_capacity(
+            usize::try_from(out.content_length().unwrap_or(0).max(0)).unwrap_or(0),
+        );
+        while let Some(chunk) = out.body.next().await {
+            let chunk = chunk.map_err(body_failed)?;
+            within(bytes.len() as u64, chunk.len(), limit)?;
+            bytes.extend_from_slice(&chunk);
+        }
         Ok(GetResult {
-            bytes: bytes.into_bytes(),
+            bytes: Bytes::from(bytes),
             etag,
         })
     }
 
     async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
-        let mut out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| classify(e, "get object", &self.bucket, self.limits))?;
-        let mut file = tokio::fs::File::create(path).await?;
+        self.get_to_file_within(key, path, u64::MAX).await
+    }
+
+    async fn get_to_file_within(
+        &self,
+        key: &str,
+        path: &Path,
+        limit: u64,
+    ) -> Result<Download, StoreError> {
+        let mut out = self.get_object(key, limit).await?;
+        let mut file = tokio::fs::File::from_std(crate::scratch::create_file(path)?);
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         while let Some(chunk) = out.body.next().await {
-            let chunk = chunk.map_err(|e| StoreError::Backend {
-                message: "get object: reading the body failed".to_string(),
-                source: Some(Box::new(e)),
-            })?;
+            let chunk = chunk.map_err(body_failed)?;
+            within(size, chunk.len(), limit)?;
             hasher.update(&chunk);
             size += chunk.len() as u64;
             file.write_all(&chunk).await?;
