@@ -3,11 +3,14 @@
 //! Keys are store-relative (`data/7/….parquet`, `manifest/7.json`) and used verbatim: no backend
 //! trims, joins or normalises them. Data keys are write-once by construction (UUID names); the
 //! only overwritten objects are manifests and gc state, always through a conditional
-//! [`PutMode`]. Backends: [`s3`] (aws-sdk-s3), [`local`] (a directory), [`memory`] (unit tests),
-//! and the [`fault`] decorator that injects failures and pauses into any of them.
+//! [`PutMode`]. Backends: [`s3`] (aws-sdk-s3), [`local`] (a directory), `memory` (tests), and the
+//! `fault` decorator that injects failures and pauses into any of them (both only with the
+//! `testing` feature, which only the test targets enable).
 
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod local;
+#[cfg(any(test, feature = "testing"))]
 pub mod memory;
 pub mod s3;
 
