@@ -562,3 +562,40 @@ async fn compaction_checks_the_work_dirs_room_before_downloading() {
     );
     assert_eq!(rig.keys("data/100/base-").await.len(), 1);
 }
+
+#[tokio::test]
+async fn verify_reports_an_object_larger_than_listed_without_downloading_it() {
+    // docs/hazards.md L40
+    let rig = flushed_rig(LakeKind::S3, 120).await;
+    let listed = rig.listed().await;
+    let victim = listed[0].clone();
+    let mut bytes = rig.store.get_bytes(&victim).await.unwrap().bytes.to_vec();
+    let size = bytes.len();
+    bytes.extend(std::iter::repeat_n(0u8, 1 << 20));
+    rig.store
+        .put_bytes(&victim, Bytes::from(bytes), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let calls = rig.store.calls().len();
+    let report = lakecdc::verify::run(&rig.job_context(), &verify_opts(&rig))
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, lakecdc::verify::Outcome::Diverged);
+    let problems: Vec<(&str, &str, &str)> = s
+        .problems
+        .iter()
+        .map(|p| (p.kind, p.path.as_str(), p.detail.as_str()))
+        .collect();
+    let detail = format!(
+        "manifest {size} bytes, object {}: larger than listed, not downloaded",
+        size + (1 << 20)
+    );
+    assert_eq!(problems, [("size", victim.as_str(), detail.as_str())]);
+    let downloads: BTreeSet<String> = since(&rig, calls)
+        .into_iter()
+        .filter(|c| c.op == Op::GetToFile)
+        .map(|c| c.key)
+        .collect();
+    assert_eq!(downloads, listed[1..].iter().cloned().collect());
+}
