@@ -4,9 +4,11 @@
 //! the same time. A plain-data [`Plan`] decides first (`noop`, `promote`, `rewrite`, with the
 //! numbers behind it); `--dry-run` prints it. Side effects of a rewrite, in order:
 //!
-//! 1. download every listed file to the work dir, hashing while downloading; a checksum
-//!    mismatch refuses the schema and names the object (unless `--skip-input-checksum-verify`);
-//!    every file must carry the system columns;
+//! 1. size every listed file (HEAD): one larger than its entry lists is refused, and the work
+//!    dir must have room for all of them and the merged file (docs/hazards.md L40); then
+//!    download them, hashing while downloading, none past its size; a checksum mismatch refuses
+//!    the schema and names the object (unless `--skip-input-checksum-verify`); every file must
+//!    carry the system columns;
 //! 2. DuckDB merges them (latest `changed_at` per `row_id`, a tombstone wins a tie, tombstones
 //!    dropped) into one file sorted by `row_id` — zero survivors still make a zero-row base;
 //! 3. upload to `_tmp/`, promote to `base-{uuidv7}.parquet`, delete the tmp;
@@ -16,11 +18,13 @@
 //!    path is no longer listed (another compaction or init won), the staged base — provably
 //!    unlisted — is deleted and the whole pass retried with backoff.
 //!
-//! Sources are never deleted here; gc removes retired files after its grace period, when no
-//! in-flight reader can still be opening them (docs/hazards.md #461).
+//! Every listed path must be a data file of the schema before any of this (a dry run included):
+//! a foreign one is refused and never requested (docs/hazards.md #417, L39). Sources are never
+//! deleted here; gc removes retired files after its grace period, when no in-flight reader can
+//! still be opening them (docs/hazards.md #461).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,9 +36,9 @@ use uuid::Uuid;
 use crate::engine::{Engine, EngineConfig, MergeStats};
 use crate::error::{Error, Result};
 use crate::job;
+use crate::lake::footer;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
 use crate::lake::owner;
-use crate::lake::{KeyKind, footer};
 use crate::report::label;
 use crate::retry::Backoff;
 use crate::source::registry::Registered;
@@ -46,6 +50,9 @@ pub use crate::policy::{CompactThresholds, Decision, Plan};
 
 /// A test seam called after the new base is staged, before the manifest save.
 pub type Hook = Arc<dyn Fn(i16) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Measures the free bytes of the file system holding a directory (for an unprivileged user).
+pub type FreeSpace = fn(&Path) -> std::io::Result<u64>;
 
 /// Compact options (defaults as in docs/design.md §4.3).
 #[derive(Debug, Clone)]
@@ -71,6 +78,9 @@ pub struct CompactOptions {
     /// The longest a new base may wait between being staged and being listed (see
     /// [`job::COMMIT_LEASE`]).
     pub commit_lease: Duration,
+    /// Measures the work dir's free space before a rewrite downloads anything
+    /// ([`check_work_dir_space`]); `None` leaves it unmeasured.
+    pub free_space: Option<FreeSpace>,
 }
 
 impl CompactOptions {
@@ -96,6 +106,7 @@ impl Default for CompactOptions {
             engine: EngineConfig::default(),
             download_parallelism: 4,
             commit_lease: job::COMMIT_LEASE,
+            free_space: None,
         }
     }
 }
@@ -353,8 +364,9 @@ struct Pass<'a> {
 async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
     let (ctx, opts, schema_id) = (p.ctx, p.opts, p.schema_id);
     let store = ctx.lake.store.as_ref();
-    let key = ctx.lake.layout.manifest_key(schema_id);
-    let Some(loaded) = manifest::load(store, &key, schema_id).await? else {
+    let layout = &ctx.lake.layout;
+    let key = layout.manifest_key(schema_id);
+    let Some(loaded) = manifest::load_within(store, &key, schema_id, layout.limits()).await? else {
         out.outcome = Outcome::NoManifest;
         return Ok(());
     };
@@ -362,6 +374,13 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
     out.plan = Some(plan.clone());
     if plan.decision == Decision::Noop {
         return Ok(());
+    }
+    // Promote relabels the listed deltas, rewrite reads and retires every listed file: each
+    // must be a data file of this schema (docs/hazards.md #417, L39).
+    for f in &loaded.manifest.files {
+        if let Err(foreign) = layout.check_listed(schema_id, &f.path) {
+            return Err(foreign.refusal(&key, "compact it").into());
+        }
     }
     // Its bases live in the data prefix: the prefix must be this manifest's (a dry run checks;
     // a real pass claims an unclaimed one when it publishes).
@@ -423,31 +442,56 @@ struct Merged {
     columns: Vec<(String, String)>,
 }
 
-/// Refuses entries that do not name a lake file of this schema (docs/hazards.md #417).
-fn check_source(ctx: &Context, schema_id: i16, f: &FileEntry) -> Result<()> {
-    match ctx.lake.layout.classify(&f.path) {
-        KeyKind::Delta { schema_id: s, .. }
-        | KeyKind::InitBase { schema_id: s, .. }
-        | KeyKind::MergedBase { schema_id: s, .. }
-            if s == schema_id =>
-        {
-            Ok(())
-        }
-        _ => Err(Error::Manifest {
-            key: ctx.lake.layout.manifest_key(schema_id),
-            message: format!(
-                "entry {:?} is not a lake file of schema {schema_id} under {}: refusing to compact it",
-                f.path,
-                ctx.lake.layout.schema_prefix(schema_id)
-            ),
-        }),
+/// The most bytes a source's download may take: the size its entry lists, or for an entry
+/// without one (older writers) the size the HEAD found. An object larger than its entry lists
+/// is refused before it is downloaded (docs/hazards.md L40).
+async fn size_source(ctx: &Context, f: &FileEntry) -> Result<u64> {
+    let meta = ctx
+        .lake
+        .store
+        .head(&f.path)
+        .await
+        .map_err(Error::storage("download compaction source", f.path.clone()))?;
+    let listed = u64::try_from(f.size_bytes).unwrap_or(0);
+    if listed == 0 {
+        return Ok(meta.size);
     }
+    if meta.size > listed {
+        return Err(larger_than_listed(f, meta.size, listed));
+    }
+    Ok(listed)
+}
+
+fn larger_than_listed(f: &FileEntry, size: u64, limit: u64) -> Error {
+    Error::TooLarge {
+        what: "compaction source",
+        key: f.path.clone(),
+        size,
+        limit,
+        why: "larger than its manifest entry lists: corrupt or replaced; not merged".into(),
+    }
+}
+
+/// Refuses a step that needs `needed` bytes in `dir` when the file system has only `free`
+/// left: running out halfway would fail the step anyway, and take the host's disk with it
+/// (docs/hazards.md L40).
+pub fn check_work_dir_space(dir: &Path, step: &'static str, needed: u64, free: u64) -> Result<()> {
+    if needed > free {
+        return Err(Error::NoSpace {
+            path: dir.to_path_buf(),
+            step,
+            needed,
+            free,
+        });
+    }
+    Ok(())
 }
 
 async fn download(
     ctx: &Context,
     opts: &CompactOptions,
     f: &FileEntry,
+    bound: u64,
     local: PathBuf,
 ) -> Result<PathBuf> {
     let dl = ctx
@@ -456,6 +500,11 @@ async fn download(
         .get_to_file(&f.path, &local)
         .await
         .map_err(Error::storage("download compaction source", f.path.clone()))?;
+    if dl.size > bound {
+        // It grew since it was sized: the disk is spent, the merge is not.
+        let _ = tokio::fs::remove_file(&local).await;
+        return Err(larger_than_listed(f, dl.size, bound));
+    }
     let actual = format!("sha256:{}", hex::encode(dl.sha256));
     match &f.checksum {
         Some(want) if *want != actual && !opts.skip_input_checksum_verify => {
@@ -485,9 +534,6 @@ async fn rewrite(
     dir: &std::path::Path,
     out: &mut SchemaCompact,
 ) -> Result<(), PassError> {
-    for f in &m.files {
-        check_source(p.ctx, p.schema_id, f)?;
-    }
     let sources = download_sources(p, m, dir).await?;
     let merged_path = dir.join("merged.parquet");
     let merged = merge(p.opts, sources, merged_path.clone()).await?;
@@ -500,7 +546,9 @@ async fn rewrite(
     splice(p, ownership, m, &merged, staged, out).await
 }
 
-/// Step 1: every source downloaded (bounded parallelism) and checked against its checksum.
+/// Step 1: every source sized (none larger than listed), the work dir's room checked for all
+/// of them and the merged file, then every source downloaded (bounded parallelism, none past
+/// its size) and checked against its checksum.
 async fn download_sources(
     p: &Pass<'_>,
     m: &Manifest,
@@ -508,16 +556,43 @@ async fn download_sources(
 ) -> Result<Vec<PathBuf>> {
     let t = Instant::now();
     let (ctx, opts) = (p.ctx, p.opts);
-    let sources =
-        stream::iter(m.files.clone().into_iter().enumerate())
-            .map(|(i, f)| async move {
-                download(ctx, opts, &f, dir.join(format!("src-{i}.parquet"))).await
-            })
-            .buffered(opts.download_parallelism.max(1))
-            .collect::<Vec<Result<PathBuf>>>()
-            .await
-            .into_iter()
-            .collect::<Result<_>>()?;
+    let parallelism = opts.download_parallelism.max(1);
+    // Owned entries: a future borrowing them would not be `Send` for every lifetime.
+    let bounds: Vec<u64> = stream::iter(m.files.clone())
+        .map(|f| async move { size_source(ctx, &f).await })
+        .buffered(parallelism)
+        .collect::<Vec<Result<u64>>>()
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+    // The sources, and a merged file at most as large as they are.
+    let inputs = bounds.iter().fold(0u64, |sum, b| sum.saturating_add(*b));
+    let needed = inputs.saturating_mul(2);
+    match opts.free_space {
+        Some(measure) => {
+            let free = measure(dir).map_err(|source| Error::Io {
+                op: "measure free space of work dir",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+            check_work_dir_space(
+                dir,
+                "compaction (its sources and the merged file)",
+                needed,
+                free,
+            )?;
+        }
+        None => tracing::debug!(needed, "work dir free space not measured"),
+    }
+    let sources = stream::iter(m.files.clone().into_iter().zip(bounds).enumerate())
+        .map(|(i, (f, bound))| async move {
+            download(ctx, opts, &f, bound, dir.join(format!("src-{i}.parquet"))).await
+        })
+        .buffered(parallelism)
+        .collect::<Vec<Result<PathBuf>>>()
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
     tracing::debug!(
         ms = t.elapsed().as_millis() as u64,
         files = m.files.len(),
@@ -534,7 +609,8 @@ async fn merge(opts: &CompactOptions, sources: Vec<PathBuf>, merged: PathBuf) ->
     let out = tokio::task::spawn_blocking(move || -> Result<Merged> {
         let mut rows_in = 0u64;
         for s in &sources {
-            rows_in += u64::try_from(footer::check_file(s)?.row_count).unwrap_or(0);
+            let rows = u64::try_from(footer::check_file(s)?.row_count).unwrap_or(0);
+            rows_in = rows_in.saturating_add(rows);
         }
         let engine = Engine::open(&cfg)?;
         let stats = engine.merge(&sources, &merged)?;
@@ -705,6 +781,27 @@ mod tests {
             files,
             ..Manifest::empty(7)
         }
+    }
+
+    #[test]
+    fn a_work_dir_without_room_for_the_sources_and_the_merge_is_refused() {
+        let dir = Path::new("/srv/work");
+        assert!(check_work_dir_space(dir, "compaction", 100, 100).is_ok());
+        let err = check_work_dir_space(dir, "compaction", 101, 100).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::NoSpace {
+                    needed: 101,
+                    free: 100,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("/srv/work has 100 bytes free"), "{msg}");
+        assert!(msg.contains("compaction needs 101"), "{msg}");
     }
 
     #[test]

@@ -94,6 +94,39 @@ pub enum Error {
         message: String,
     },
 
+    /// A lake object is larger than lakecdc reads: refused before it was read (or, when it grew
+    /// while being read, before it was used).
+    #[error(
+        "{what} {key} is {size} bytes, over the limit of {limit} bytes: refusing to read it ({why})"
+    )]
+    TooLarge {
+        /// What the object is (`manifest`, `gc state`, `compaction source`).
+        what: &'static str,
+        /// The object key.
+        key: String,
+        /// Its size.
+        size: u64,
+        /// The most lakecdc reads of it.
+        limit: u64,
+        /// Where the limit comes from, and what to do.
+        why: String,
+    },
+
+    /// A local directory has less free space than a step needs; nothing was written to it.
+    #[error(
+        "{path} has {free} bytes free, but {step} needs {needed}: free space there or point --work-dir elsewhere"
+    )]
+    NoSpace {
+        /// The directory.
+        path: PathBuf,
+        /// The step that needs the space.
+        step: &'static str,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes free.
+        free: u64,
+    },
+
     /// The schema's advisory lock is held by another session.
     #[error("schema {schema_id} is locked by another lakecdc process")]
     LockBusy {

@@ -539,9 +539,10 @@ async fn drain(
         match batch {
             read_ahead::Fetched::Planned(slots) => {
                 // The run loads the manifest when it commits: the plan fails on one it could not
-                // commit to (malformed, another schema's stamp).
+                // commit to (malformed, another schema's stamp, too large).
                 if first {
-                    manifest::load(store, &layout.manifest_key(schema_id), schema_id).await?;
+                    let key = layout.manifest_key(schema_id);
+                    manifest::load_within(store, &key, schema_id, layout.limits()).await?;
                 }
                 report.files.push(FileReport {
                     path: String::new(),

@@ -11,7 +11,11 @@
 //! period: an in-flight writer's staged or promoted-but-not-yet-committed file is always
 //! younger. A second manifest load drops keys a writer listed meanwhile. Other unlisted deltas
 //! (a flush whose manifest commit failed) are reported, never deleted; unknown keys are never
-//! touched. `--dry-run` prints this plan.
+//! touched. `--dry-run` prints this plan. A manifest that lists or retires a path that is not a
+//! data file of the schema is refused before anything is listed or deleted, and sightings of
+//! keys outside the schema's shapes are dropped as they are read: gc only ever deletes keys it
+//! listed under the schema's prefix and classified as its own (docs/hazards.md L39). The
+//! sightings are read within [`crate::lake::ReadLimits::gc_state_bytes`] (L40).
 //!
 //! The real run then executes it: (4) delete the due orphans (a failed delete is kept for the
 //! next run), (5) save the sightings with a conditional write, (6) drop the retired paths whose
@@ -27,11 +31,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::KeyKind;
+use crate::lake::{Capped, KeyKind, Layout, read_capped};
 use crate::lake::{manifest, owner};
 use crate::report::label;
 use crate::source::registry::Registered;
-use crate::store::{PutMode, StoreError};
+use crate::store::PutMode;
 
 /// gc runs with the shared lake-job context.
 pub use crate::job::Context;
@@ -237,20 +241,27 @@ async fn gc_schema(ctx: &Context, opts: &GcOptions, reg: &Registered) -> SchemaG
     out
 }
 
-/// The keys the manifest lists, and the keys it records as retired by compaction (merged into
-/// a listed base, so deletable after the grace period).
-async fn listed(
-    ctx: &Context,
-    schema_id: i16,
-) -> Result<(BTreeSet<String>, BTreeMap<String, i64>)> {
-    let key = ctx.lake.layout.manifest_key(schema_id);
+/// What the manifest says about the schema's prefix: the keys it lists and the keys it records
+/// as retired (merged into a listed base or replaced by init, so deletable after the grace
+/// period), or the refusal of a manifest naming a path that is not a data file of the schema.
+type Listed = std::result::Result<(BTreeSet<String>, BTreeMap<String, i64>), String>;
+
+async fn listed(ctx: &Context, schema_id: i16) -> Result<Listed> {
+    let layout = &ctx.lake.layout;
+    let key = layout.manifest_key(schema_id);
+    let store = ctx.lake.store.as_ref();
     Ok(
-        match manifest::load(ctx.lake.store.as_ref(), &key, schema_id).await? {
-            None => Default::default(),
-            Some(l) => (
-                l.manifest.files.iter().map(|f| f.path.clone()).collect(),
-                l.manifest.retired_since(),
-            ),
+        match manifest::load_within(store, &key, schema_id, layout.limits()).await? {
+            None => Ok(Default::default()),
+            Some(l) => match l.manifest.foreign_path(layout) {
+                Some(foreign) => Err(format!(
+                    "manifest {key} lists or retires {foreign}: refusing to collect this prefix until the entry is removed"
+                )),
+                None => Ok((
+                    l.manifest.files.iter().map(|f| f.path.clone()).collect(),
+                    l.manifest.retired_since(),
+                )),
+            },
         },
     )
 }
@@ -273,6 +284,8 @@ struct GcPlan {
     state: GcState,
     /// The etag of the state loaded, for its conditional save.
     state_etag: Option<String>,
+    /// The state loaded named keys outside the schema (dropped from `state`): save it anew.
+    state_foreign: bool,
     /// The sightings to record: every deletable orphan still present.
     seen: BTreeMap<String, i64>,
     /// The manifest's retired paths.
@@ -335,7 +348,10 @@ async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan>
     if let owner::Ownership::Other(why) = owner::check(store, layout, schema_id).await? {
         return Ok(GcPlan::refused(why));
     }
-    let (listed_keys, retired) = listed(ctx, schema_id).await?;
+    let (listed_keys, retired) = match listed(ctx, schema_id).await? {
+        Ok(listed) => listed,
+        Err(why) => return Ok(GcPlan::refused(why)),
+    };
     let objects = store
         .list(&prefix)
         .await
@@ -353,10 +369,11 @@ async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan>
             layout.manifest_key(schema_id)
         )));
     }
-    let (state, state_etag) = load_state(store, &layout.gc_state_key(schema_id)).await?;
+    let (state, state_etag, state_foreign) = load_state(store, layout, schema_id).await?;
     let mut plan = GcPlan {
         state,
         state_etag,
+        state_foreign,
         ..GcPlan::default()
     };
     let clock = Sighting {
@@ -385,7 +402,10 @@ async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan>
         // committed while the prefix was listed). Such a key is neither deleted nor sighted:
         // a sighting kept from before it was listed would cut its grace short once it is
         // unlisted again.
-        let (relisted, _) = listed(ctx, schema_id).await?;
+        let (relisted, _) = match listed(ctx, schema_id).await? {
+            Ok(listed) => listed,
+            Err(why) => return Ok(GcPlan::refused(why)),
+        };
         plan.due.retain(|k| !relisted.contains(k));
         plan.seen.retain(|k, _| !relisted.contains(k));
         plan.within_grace.retain(|k| !relisted.contains(k));
@@ -427,17 +447,25 @@ async fn execute(ctx: &Context, schema_id: i16, plan: &GcPlan) -> Result<Vec<Str
     let new_state = GcState {
         first_unlisted_ms: seen,
     };
-    if new_state != plan.state {
+    if new_state != plan.state || plan.state_foreign {
         let key = layout.gc_state_key(schema_id);
         save_state(store, &key, &new_state, plan.state_etag.clone()).await?;
     }
     if !gone.is_empty() {
         let key = layout.manifest_key(schema_id);
-        let clock = ctx.clock.as_ref();
-        manifest::commit(store, &key, schema_id, clock, Default::default(), |m| {
-            m.forget_retired(&gone);
-            Ok(())
-        })
+        let (clock, limits) = (ctx.clock.as_ref(), layout.limits());
+        manifest::commit_within(
+            store,
+            &key,
+            schema_id,
+            clock,
+            Default::default(),
+            limits,
+            |m| {
+                m.forget_retired(&gone);
+                Ok(())
+            },
+        )
         .await?;
     }
     Ok(failed)
@@ -467,7 +495,10 @@ impl Sighting {
         if retired_at.is_some_and(|r| r > now.saturating_add(grace_ms)) {
             tracing::warn!(key = %o.key, retired_at, now, "retirement stamped in the future (a writer's clock is ahead); its grace counts from the first sighting");
         }
-        if now - since >= grace_ms && now - o.last_modified_ms >= grace_ms {
+        // Times read from the lake (sightings, retirements): saturating, never overflowing.
+        if now.saturating_sub(since) >= grace_ms
+            && now.saturating_sub(o.last_modified_ms) >= grace_ms
+        {
             plan.due.push(o.key.clone());
         } else {
             plan.within_grace.push(o.key.clone());
@@ -487,27 +518,38 @@ fn grace_start(first: i64, retired_at: Option<i64>, now: i64, grace_ms: i64) -> 
     }
 }
 
+/// Reads the sightings of the schema (within [`crate::lake::ReadLimits::gc_state_bytes`]),
+/// dropping those of keys that are not of the schema's shapes under its prefix: gc only ever
+/// consults a sighting for a key it listed there, and the next save leaves them out.
 async fn load_state(
     store: &dyn crate::store::ObjectStore,
-    key: &str,
-) -> Result<(GcState, Option<String>)> {
-    match store.get_bytes(key).await {
-        Ok(got) => {
-            let state = serde_json::from_slice(&got.bytes).map_err(|e| Error::Manifest {
-                key: key.to_string(),
-                message: format!(
-                    "gc state is not valid ({e}); remove it to start sightings afresh"
-                ),
-            })?;
-            Ok((state, Some(got.etag)))
+    layout: &Layout,
+    schema_id: i16,
+) -> Result<(GcState, Option<String>, bool)> {
+    let key = layout.gc_state_key(schema_id);
+    let cap = Capped {
+        op: "load gc state",
+        what: "gc state",
+        limit: layout.limits().gc_state_bytes,
+        why: "the sightings are corrupt or hostile: remove the object to start sightings afresh",
+    };
+    let Some(got) = read_capped(store, &key, cap).await? else {
+        return Ok((GcState::default(), None, false));
+    };
+    let mut state: GcState = serde_json::from_slice(&got.bytes).map_err(|e| Error::Manifest {
+        key: key.clone(),
+        message: format!("gc state is not valid ({e}); remove it to start sightings afresh"),
+    })?;
+    let sightings = state.first_unlisted_ms.len();
+    state.first_unlisted_ms.retain(|k, _| {
+        let ours = layout.classify(k).schema_id() == Some(schema_id);
+        if !ours {
+            tracing::warn!(key = %k, "gc state names a key outside the schema's prefix; ignored");
         }
-        Err(StoreError::NotFound) => Ok((GcState::default(), None)),
-        Err(source) => Err(Error::Storage {
-            op: "load gc state",
-            key: key.to_string(),
-            source,
-        }),
-    }
+        ours
+    });
+    let foreign = state.first_unlisted_ms.len() != sightings;
+    Ok((state, Some(got.etag), foreign))
 }
 
 async fn save_state(
@@ -527,9 +569,60 @@ async fn save_state(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{check_grace, grace_start};
+    use bytes::Bytes;
+
+    use super::{GcState, check_grace, grace_start, load_state};
+    use crate::error::Error;
+    use crate::lake::{Layout, ReadLimits};
+    use crate::store::fault::{FaultStore, Op};
+    use crate::store::memory::MemoryStore;
+    use crate::store::{ObjectStore, PutMode};
+
+    #[tokio::test]
+    async fn sightings_are_read_within_the_limit_and_only_for_the_schemas_keys() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let layout = Layout::new("", "data", "manifest/{schema_id}.json").unwrap();
+        let ours = layout.tmp_key(7, uuid::Uuid::new_v4());
+        let foreign = [
+            layout.tmp_key(8, uuid::Uuid::new_v4()),
+            format!("other/7/_tmp/{}.parquet", uuid::Uuid::new_v4()),
+            format!("data/7/../8/base-{}.parquet", uuid::Uuid::now_v7()),
+        ];
+        let mut state = GcState::default();
+        state.first_unlisted_ms.insert(ours.clone(), 5);
+        for k in &foreign {
+            state.first_unlisted_ms.insert(k.clone(), i64::MIN);
+        }
+        let body = serde_json::to_vec_pretty(&state).unwrap();
+        let size = body.len() as u64;
+        store
+            .put_bytes(
+                &layout.gc_state_key(7),
+                Bytes::from(body),
+                PutMode::Overwrite,
+            )
+            .await
+            .unwrap();
+        let (loaded, etag, foreign_seen) = load_state(&store, &layout, 7).await.unwrap();
+        assert_eq!(loaded.first_unlisted_ms, [(ours, 5)].into());
+        assert!(etag.is_some() && foreign_seen);
+        // Over the limit: refused after the HEAD alone.
+        let small = layout.clone().with_limits(ReadLimits {
+            gc_state_bytes: size - 1,
+            ..ReadLimits::default()
+        });
+        let before = store.calls().len();
+        let err = load_state(&store, &small, 7).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::TooLarge { what: "gc state", size: s, .. } if *s == size),
+            "{err:?}"
+        );
+        let ops: Vec<Op> = store.calls()[before..].iter().map(|c| c.op).collect();
+        assert_eq!(ops, [Op::Head]);
+    }
 
     const GRACE: i64 = 15 * 60_000;
 

@@ -360,7 +360,20 @@ async fn export_schema(
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
     let key = layout.manifest_key(schema_id);
-    let loaded = manifest::load(store, &key, schema_id).await?;
+    let loaded = manifest::load_within(store, &key, schema_id, layout.limits()).await?;
+    // The commit retires every listed base and the inventoried deltas: each must be a data file
+    // of this schema (docs/hazards.md L39).
+    let foreign = loaded.as_ref().and_then(|l| {
+        l.manifest
+            .files
+            .iter()
+            .find_map(|f| layout.check_listed(schema_id, &f.path).err())
+    });
+    if let Some(foreign) = foreign {
+        out.outcome = Outcome::Refused;
+        out.reason = Some(foreign.refusal(&key, "replace it").to_string());
+        return Ok(());
+    }
     let deltas: BTreeSet<String> = loaded
         .as_ref()
         .map(|l| {
@@ -423,6 +436,13 @@ async fn export_schema(
                     })
                     .map(|f| f.path.clone())
                     .collect();
+                // Listed since the inventory: checked again.
+                if let Some(foreign) = replaced
+                    .iter()
+                    .find_map(|p| layout.check_listed(schema_id, p).err())
+                {
+                    return Err(foreign.refusal(&key, "replace it"));
+                }
                 m.files.retain(|f| !replaced.contains(&f.path));
                 m.files.extend(entries.iter().cloned());
                 if !replaced.is_empty() {

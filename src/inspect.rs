@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::job::{self, Context};
 use crate::lake::KeyKind;
-use crate::lake::manifest::{self, Tier};
+use crate::lake::manifest::{self, Manifest, Tier};
 use crate::policy::{CompactThresholds, FlushThresholds, Plan};
 use crate::report::label;
 use crate::source::lock::{self, LockHolder};
@@ -213,17 +213,18 @@ async fn inspect_schema(
     };
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
-    let loaded = manifest::load(store, &layout.manifest_key(reg.id), reg.id).await?;
+    let key = layout.manifest_key(reg.id);
+    let loaded = manifest::load_within(store, &key, reg.id, layout.limits()).await?;
+    // Sums of numbers read from the lake saturate: a total past i64::MAX is shown as i64::MAX,
+    // never wrapped (docs/hazards.md L42).
     let tier = |t: Tier| {
-        loaded.as_ref().map_or(TierSummary::default(), |l| {
-            l.manifest
-                .tier(t)
-                .fold(TierSummary::default(), |a, f| TierSummary {
-                    files: a.files + 1,
-                    rows: a.rows + f.row_count,
-                    bytes: a.bytes + f.size_bytes,
-                })
-        })
+        loaded
+            .as_ref()
+            .map_or(TierSummary::default(), |l| TierSummary {
+                files: l.manifest.tier(t).count(),
+                rows: Manifest::total_rows(l.manifest.tier(t)),
+                bytes: Manifest::total_bytes(l.manifest.tier(t)),
+            })
     };
     let listed: std::collections::BTreeSet<String> = loaded
         .as_ref()
@@ -267,7 +268,7 @@ async fn inspect_schema(
         schema: reg.name.clone(),
         dirty_rows: dirty.count,
         oldest_dirty_age_s: if dirty.count > 0 {
-            (now - dirty.oldest_changed_at) / 1000
+            now.saturating_sub(dirty.oldest_changed_at) / 1000
         } else {
             0
         },

@@ -84,14 +84,13 @@ pub struct Plan {
 impl CompactThresholds {
     /// Decides what to do with a manifest (no I/O).
     pub fn plan(&self, m: &Manifest) -> Plan {
+        // Sums of numbers read from the lake saturate (docs/hazards.md L42).
         let sum = |tier: Tier| {
-            m.tier(tier).fold((0usize, 0i64, 0i64), |(n, r, b), f| {
-                (
-                    n + 1,
-                    r.saturating_add(f.row_count),
-                    b.saturating_add(f.size_bytes),
-                )
-            })
+            (
+                m.tier(tier).count(),
+                Manifest::total_rows(m.tier(tier)),
+                Manifest::total_bytes(m.tier(tier)),
+            )
         };
         let (base_files, base_rows, base_bytes) = sum(Tier::Base);
         let (delta_files, delta_rows, delta_bytes) = sum(Tier::Delta);

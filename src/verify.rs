@@ -3,7 +3,9 @@
 //! SHA-256, the Parquet footer's system columns and row count, and the column stamp against the
 //! manifest. An entry whose object is missing is reported dangling only after a second look (the
 //! manifest is re-read and the object probed again), so a concurrent compaction never produces
-//! a false alarm. Nothing is written.
+//! a false alarm. A listed path that is not a data file of the schema is reported `foreign` and
+//! never requested (docs/hazards.md L39); an object larger than its entry says is reported
+//! `size` and not downloaded (L40). Nothing is written.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,7 +40,8 @@ pub struct VerifyOptions {
 pub struct Problem {
     /// The object key.
     pub path: String,
-    /// `dangling`, `size`, `checksum`, `footer`, `row_count`, `columns` or `unstamped`.
+    /// `foreign`, `dangling`, `size`, `checksum`, `footer`, `row_count`, `columns` or
+    /// `unstamped`.
     pub kind: &'static str,
     /// What was expected and found.
     pub detail: String,
@@ -206,14 +209,29 @@ async fn check_schema(
     out: &mut SchemaVerify,
 ) -> Result<()> {
     let store = ctx.lake.store.as_ref();
-    let key = ctx.lake.layout.manifest_key(schema_id);
-    let Some(loaded) = manifest::load(store, &key, schema_id).await? else {
+    let (layout, limits) = (&ctx.lake.layout, ctx.lake.limits());
+    let key = layout.manifest_key(schema_id);
+    let Some(loaded) = manifest::load_within(store, &key, schema_id, limits).await? else {
         out.outcome = Outcome::NoManifest;
         return Ok(());
     };
     let entries = loaded.manifest.files;
     out.files = entries.len();
-    let checks: Vec<Result<Check>> = stream::iter(entries.clone())
+    // A path that is not a data file of this schema is named, never requested.
+    let (ours, foreign): (Vec<FileEntry>, Vec<FileEntry>) = entries
+        .into_iter()
+        .partition(|e| layout.check_listed(schema_id, &e.path).is_ok());
+    for e in foreign {
+        out.problems.push(Problem {
+            detail: format!(
+                "not a data file of schema {schema_id} under {}: not read",
+                layout.schema_prefix(schema_id)
+            ),
+            path: e.path,
+            kind: "foreign",
+        });
+    }
+    let checks: Vec<Result<Check>> = stream::iter(ours)
         .map(|e| async move { check_entry(ctx, opts, &e).await })
         .buffer_unordered(opts.parallelism.max(1))
         .collect()
@@ -222,7 +240,7 @@ async fn check_schema(
     for c in checks {
         match c? {
             Check::Present { bytes, problems } => {
-                out.bytes += bytes;
+                out.bytes = out.bytes.saturating_add(bytes);
                 out.problems.extend(problems);
             }
             Check::Missing(path) => missing.push(path),
@@ -230,7 +248,7 @@ async fn check_schema(
     }
     if !missing.is_empty() {
         // Second look: is it still listed, and still absent?
-        let relisted: Vec<String> = manifest::load(store, &key, schema_id)
+        let relisted: Vec<String> = manifest::load_within(store, &key, schema_id, limits)
             .await?
             .map(|l| l.manifest.files.into_iter().map(|f| f.path).collect())
             .unwrap_or_default();
@@ -268,18 +286,40 @@ enum Check {
     Missing(String),
 }
 
+/// Checks one listed object (a data file of the schema: [`crate::lake::Layout::check_listed`]).
+/// It is HEADed first: an object larger than its entry says is a `size` problem and is not
+/// downloaded, so a listed object never costs more disk than the manifest declares.
 async fn check_entry(ctx: &Context, opts: &VerifyOptions, e: &FileEntry) -> Result<Check> {
+    let storage = |source| Error::Storage {
+        op: "download listed object",
+        key: e.path.clone(),
+        source,
+    };
+    match ctx.lake.store.head(&e.path).await {
+        Err(StoreError::NotFound) => return Ok(Check::Missing(e.path.clone())),
+        Err(source) => return Err(storage(source)),
+        Ok(meta) if meta.size > u64::try_from(e.size_bytes).unwrap_or(0) => {
+            return Ok(Check::Present {
+                bytes: 0,
+                problems: vec![Problem {
+                    path: e.path.clone(),
+                    kind: "size",
+                    detail: format!(
+                        "manifest {} bytes, object {}: larger than listed, not downloaded",
+                        e.size_bytes, meta.size
+                    ),
+                }],
+            });
+        }
+        Ok(_) => {}
+    }
     let local = opts
         .work_dir
         .join(format!("lakecdc-verify-{}.parquet", uuid::Uuid::new_v4()));
     let got = ctx.lake.store.get_to_file(&e.path, &local).await;
     let result = match got {
         Err(StoreError::NotFound) => Ok(Check::Missing(e.path.clone())),
-        Err(source) => Err(Error::Storage {
-            op: "download listed object",
-            key: e.path.clone(),
-            source,
-        }),
+        Err(source) => Err(storage(source)),
         Ok(dl) => {
             let e = e.clone();
             let path = local.clone();

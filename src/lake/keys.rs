@@ -5,12 +5,14 @@
 
 use uuid::Uuid;
 
+use super::ReadLimits;
 use crate::error::{Error, Result};
 
 /// The template placeholders accepted in `--manifest-template`.
 const PLACEHOLDERS: [&str; 2] = ["{schema_id}", "{{.SchemaID}}"];
 
-/// Where a lake's objects live under its root.
+/// Where a lake's objects live under its root, and how large its metadata objects may be read
+/// ([`ReadLimits`]; the lake's readers all take the layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     /// `{root}/{data}` with no leading or trailing `/`; empty means the root itself.
@@ -19,6 +21,34 @@ pub struct Layout {
     manifest_template: String,
     /// The manifest template alone (relative to the lake root).
     manifest_in_lake: String,
+    /// Size limits of the metadata objects read.
+    limits: ReadLimits,
+}
+
+/// A path a manifest lists or retires that is not a data file of the manifest's own schema: a
+/// key of another schema, outside the lake's data prefix, or of no shape lakecdc writes (`..`
+/// segments, a leading `/`). No job reads, HEADs, retires or deletes it (docs/hazards.md L39).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path:?} is not a data file of schema {schema_id} under {schema_prefix}")]
+pub struct ForeignPath {
+    /// The path, as the manifest spells it.
+    pub path: String,
+    /// The manifest's schema.
+    pub schema_id: i16,
+    /// That schema's data prefix.
+    pub schema_prefix: String,
+}
+
+impl ForeignPath {
+    /// The refusal of a job that will not `doing` (e.g. "compact it") the manifest `key`.
+    pub fn refusal(&self, key: &str, doing: &str) -> Error {
+        Error::Manifest {
+            key: key.to_string(),
+            message: format!(
+                "entry {self}: refusing to {doing} (remove the entry from the manifest if it does not belong there)"
+            ),
+        }
+    }
 }
 
 /// What a key in a schema's data prefix is.
@@ -109,7 +139,19 @@ impl Layout {
             data_prefix: join(&root, &data),
             manifest_template: join(&root, manifest_template),
             manifest_in_lake: manifest_template.to_string(),
+            limits: ReadLimits::default(),
         })
+    }
+
+    /// The same layout, its metadata objects read within `limits`.
+    pub fn with_limits(mut self, limits: ReadLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// How large its metadata objects may be read.
+    pub fn limits(&self) -> &ReadLimits {
+        &self.limits
     }
 
     /// The data prefix (`{root}/{data}`), possibly empty.
@@ -179,6 +221,28 @@ impl Layout {
     /// The schema's gc sighting-state key.
     pub fn gc_state_key(&self, schema_id: i16) -> String {
         format!("{}.gc-state", self.manifest_key(schema_id))
+    }
+
+    /// The one check of every path read from the manifest of `schema_id`, listed or retired,
+    /// before any job uses it: it must be a data file of that schema (a delta, an init base or
+    /// a merged base under its data prefix, parsed strictly). Anything else is a
+    /// [`ForeignPath`], which no job reads, HEADs, retires or deletes (docs/hazards.md #417,
+    /// L39): a writer limited to one prefix must not make lakecdc touch another's objects.
+    pub fn check_listed(&self, schema_id: i16, path: &str) -> Result<KeyKind, ForeignPath> {
+        match self.classify(path) {
+            kind @ (KeyKind::Delta { .. }
+            | KeyKind::InitBase { .. }
+            | KeyKind::MergedBase { .. })
+                if kind.schema_id() == Some(schema_id) =>
+            {
+                Ok(kind)
+            }
+            _ => Err(ForeignPath {
+                path: path.to_string(),
+                schema_id,
+                schema_prefix: self.schema_prefix(schema_id),
+            }),
+        }
     }
 
     /// Classifies a key; the inverse of every builder above.
@@ -377,6 +441,44 @@ mod tests {
         ];
         for key in bad {
             assert_eq!(l.classify(&key), KeyKind::Unknown, "{key:?}");
+        }
+    }
+
+    #[test]
+    fn only_data_files_of_the_schema_pass_the_listed_path_check() {
+        let l = Layout::new("lakes/prod", "data", "manifest/{schema_id}.json").unwrap();
+        let (a, b, c) = ids();
+        for ok in [
+            l.delta_key(7, a),
+            l.init_base_key(7, a, b, c),
+            l.merged_base_key(7, c),
+            format!("lakes/prod/data/7/{a}_{b}.parquet"),
+        ] {
+            assert_eq!(l.check_listed(7, &ok).unwrap(), l.classify(&ok), "{ok}");
+        }
+        for foreign in [
+            l.delta_key(8, a),
+            l.merged_base_key(70, a),
+            l.tmp_key(7, a),
+            l.owner_key(7),
+            l.manifest_key(7),
+            l.gc_state_key(7),
+            format!("data/7/{a}.parquet"),
+            format!("lakes/prod/other/7/{a}.parquet"),
+            format!("/lakes/prod/data/7/{a}.parquet"),
+            format!("lakes/prod/data/7/../8/{a}.parquet"),
+            format!("lakes/prod/data/8/../7/{a}.parquet"),
+            format!("lakes/prod/data/7/./{a}.parquet"),
+            format!("lakes/prod/data//7/{a}.parquet"),
+            format!("../{a}.parquet"),
+            "../x".into(),
+            String::new(),
+        ] {
+            let err = l.check_listed(7, &foreign).unwrap_err();
+            assert_eq!(err.path, foreign);
+            let msg = err.refusal("m", "read it").to_string();
+            assert!(msg.contains(&format!("{foreign:?}")), "{msg}");
+            assert!(msg.contains("lakes/prod/data/7/"), "{msg}");
         }
     }
 

@@ -1,8 +1,9 @@
 //! The per-schema manifest (forma's JSON format, docs/design.md §3.2) and its only write path:
 //! [`commit`] = load → modify → conditional PUT (`If-Match` on the loaded etag, `If-None-Match: *`
 //! when absent), retried only on a confirmed conflict. "No manifest" is only the store's typed
-//! not-found (docs/hazards.md #464); every load checks the schema stamp (#520/#522/#536). Unknown
-//! fields, top-level and per entry, survive a rewrite.
+//! not-found (docs/hazards.md #464); every load checks the schema stamp (#520/#522/#536), reads
+//! at most [`ReadLimits::manifest_bytes`] (L40), and refuses a path listed twice and a negative
+//! size or row count (L41, L42). Unknown fields, top-level and per entry, survive a rewrite.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -11,6 +12,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use super::keys::{ForeignPath, Layout};
+use super::{Capped, ReadLimits, read_capped};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::retry::Backoff;
@@ -188,6 +191,60 @@ impl Manifest {
         self.files.iter().filter(move |f| f.tier == tier)
     }
 
+    /// The first listed or retired path that is not a data file of this manifest's schema
+    /// under `layout` ([`Layout::check_listed`]).
+    pub fn foreign_path(&self, layout: &Layout) -> Option<ForeignPath> {
+        let retired = self.retired.iter().flatten().map(|r| &r.path);
+        self.files
+            .iter()
+            .map(|f| &f.path)
+            .chain(retired)
+            .find_map(|p| layout.check_listed(self.schema_id, p).err())
+    }
+
+    /// The sum of the listed row counts, saturating (each is checked to be non-negative at
+    /// load; their sum may still overflow, docs/hazards.md L42).
+    pub fn total_rows<'a>(entries: impl IntoIterator<Item = &'a FileEntry>) -> i64 {
+        entries
+            .into_iter()
+            .fold(0i64, |sum, f| sum.saturating_add(f.row_count))
+    }
+
+    /// The sum of the listed sizes, saturating (as [`Manifest::total_rows`]).
+    pub fn total_bytes<'a>(entries: impl IntoIterator<Item = &'a FileEntry>) -> i64 {
+        entries
+            .into_iter()
+            .fold(0i64, |sum, f| sum.saturating_add(f.size_bytes))
+    }
+
+    /// Refuses what no job can use safely: a path listed twice (it would be downloaded, merged
+    /// and counted twice) and a negative size or row count (sums of them would be nonsense).
+    /// Each error names the manifest key and the entry's path.
+    fn check_entries(&self, key: &str) -> Result<()> {
+        let refuse = |message: String| Error::Manifest {
+            key: key.to_string(),
+            message,
+        };
+        let mut seen = BTreeSet::new();
+        for f in &self.files {
+            if !seen.insert(f.path.as_str()) {
+                return Err(refuse(format!(
+                    "lists {:?} more than once; remove the duplicate entry",
+                    f.path
+                )));
+            }
+            for (field, n) in [("size_bytes", f.size_bytes), ("row_count", f.row_count)] {
+                if n < 0 {
+                    return Err(refuse(format!(
+                        "entry {:?} has a negative {field} ({n}); the manifest is corrupt",
+                        f.path
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Parses a manifest's bytes (no stamp check).
     pub fn from_json(key: &str, bytes: &[u8]) -> Result<Self> {
         serde_json::from_slice(bytes).map_err(|e| Error::Manifest {
@@ -238,27 +295,38 @@ pub struct Loaded {
     pub etag: String,
 }
 
-/// Loads the manifest of `schema_id`. `Ok(None)` only when the store says the object does not
-/// exist; any other failure is an error.
+/// [`load_within`] the default [`ReadLimits`].
 pub async fn load(store: &dyn ObjectStore, key: &str, schema_id: i16) -> Result<Option<Loaded>> {
+    load_within(store, key, schema_id, &ReadLimits::default()).await
+}
+
+/// Loads the manifest of `schema_id`. `Ok(None)` only when the store says the object does not
+/// exist; any other failure is an error. A manifest larger than `limits.manifest_bytes` is
+/// refused before it is read; one that lists a path twice or a negative size or row count is
+/// refused naming the entry.
+pub async fn load_within(
+    store: &dyn ObjectStore,
+    key: &str,
+    schema_id: i16,
+    limits: &ReadLimits,
+) -> Result<Option<Loaded>> {
     if schema_id <= 0 {
         return Err(Error::Invariant(format!(
             "schema id {schema_id} is not positive"
         )));
     }
-    let got = match store.get_bytes(key).await {
-        Ok(got) => got,
-        Err(StoreError::NotFound) => return Ok(None),
-        Err(source) => {
-            return Err(Error::Storage {
-                op: "load manifest",
-                key: key.to_string(),
-                source,
-            });
-        }
+    let cap = Capped {
+        op: "load manifest",
+        what: "manifest",
+        limit: limits.manifest_bytes,
+        why: "a manifest this large is corrupt or hostile; if it is genuine, raise --max-manifest-size",
+    };
+    let Some(got) = read_capped(store, key, cap).await? else {
+        return Ok(None);
     };
     let mut manifest = Manifest::from_json(key, &got.bytes)?;
     manifest.check_stamp(key, schema_id)?;
+    manifest.check_entries(key)?;
     Ok(Some(Loaded {
         manifest,
         etag: got.etag,
@@ -307,16 +375,35 @@ pub struct Committed {
     pub attempts: u32,
 }
 
-/// Loads, applies `modify`, and writes the manifest conditionally, re-running the whole cycle
-/// from a fresh load on a confirmed conflict. `modify` must be a pure function of the manifest
-/// it is given (it may run several times). Any non-conflict write failure is
-/// [`Error::AmbiguousCommit`]: the write may have landed.
+/// [`commit_within`] the default [`ReadLimits`].
 pub async fn commit<F>(
     store: &dyn ObjectStore,
     key: &str,
     schema_id: i16,
     clock: &dyn Clock,
     policy: CommitPolicy,
+    modify: F,
+) -> Result<Committed>
+where
+    F: FnMut(&mut Manifest) -> Result<()>,
+{
+    let limits = ReadLimits::default();
+    commit_within(store, key, schema_id, clock, policy, &limits, modify).await
+}
+
+/// Loads (within `limits`, [`load_within`]), applies `modify`, and writes the manifest
+/// conditionally, re-running the whole cycle from a fresh load on a confirmed conflict.
+/// `modify` must be a pure function of the manifest it is given (it may run several times). A
+/// manifest that a load would refuse (a path listed twice, a negative number, over the size
+/// limit) is not written.
+/// Any non-conflict write failure is [`Error::AmbiguousCommit`]: the write may have landed.
+pub async fn commit_within<F>(
+    store: &dyn ObjectStore,
+    key: &str,
+    schema_id: i16,
+    clock: &dyn Clock,
+    policy: CommitPolicy,
+    limits: &ReadLimits,
     mut modify: F,
 ) -> Result<Committed>
 where
@@ -324,14 +411,27 @@ where
 {
     let max_attempts = policy.max_attempts.max(1);
     for attempt in 1..=max_attempts {
-        let (mut manifest, mode) = match load(store, key, schema_id).await? {
+        let (mut manifest, mode) = match load_within(store, key, schema_id, limits).await? {
             Some(l) => (l.manifest, PutMode::Update(l.etag)),
             None => (Manifest::empty(schema_id), PutMode::Create),
         };
         modify(&mut manifest)?;
-        manifest.version += 1;
-        manifest.updated_at_ms = clock.now_ms().max(manifest.updated_at_ms + 1);
+        manifest.check_entries(key)?;
+        // Numbers read from the lake: saturating, never overflowing (docs/hazards.md L42).
+        manifest.version = manifest.version.saturating_add(1);
+        manifest.updated_at_ms = clock.now_ms().max(manifest.updated_at_ms.saturating_add(1));
         let body = Bytes::from(manifest.to_json()?);
+        let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
+        if size > limits.manifest_bytes {
+            // Written, it would be refused by every later load.
+            return Err(Error::TooLarge {
+                what: "manifest",
+                key: key.to_string(),
+                size,
+                limit: limits.manifest_bytes,
+                why: "the save would make it larger than jobs read; nothing was written: compact the schema, or raise --max-manifest-size".into(),
+            });
+        }
         match store.put_bytes(key, body, mode).await {
             Ok(put) => {
                 return Ok(Committed {
@@ -365,7 +465,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::store::fault::{Action, FaultStore, Op};
+    use crate::store::fault::{Action, FaultStore, Gate, Op};
     use crate::store::memory::MemoryStore;
 
     const FORMA: &str = include_str!("../../tests/fixtures/manifest/forma.json");
@@ -479,6 +579,269 @@ mod tests {
         let back = load(&store, "m", 7).await.unwrap().unwrap();
         assert_eq!(back.manifest, c2.manifest);
         assert_eq!(back.etag, c2.etag);
+    }
+
+    fn limits(manifest_bytes: u64) -> ReadLimits {
+        ReadLimits {
+            manifest_bytes,
+            ..ReadLimits::default()
+        }
+    }
+
+    async fn put_json(store: &dyn ObjectStore, key: &str, json: &Value) -> u64 {
+        let body = serde_json::to_vec_pretty(json).unwrap();
+        let size = body.len() as u64;
+        store
+            .put_bytes(key, Bytes::from(body), PutMode::Overwrite)
+            .await
+            .unwrap();
+        size
+    }
+
+    fn ops(store: &FaultStore) -> Vec<(Op, String)> {
+        store.calls().into_iter().map(|c| (c.op, c.key)).collect()
+    }
+
+    #[test]
+    fn the_default_limits_are_documented() {
+        let d = ReadLimits::default();
+        assert_eq!(d.manifest_bytes, 64 << 20);
+        assert_eq!(d.gc_state_bytes, 16 << 20);
+        assert_eq!(d.owner_marker_bytes, 64 << 10);
+    }
+
+    #[tokio::test]
+    async fn a_manifest_over_the_limit_is_refused_without_being_read() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let mut m = Manifest::empty(7);
+        m.files = (0..20)
+            .map(|i| entry(&format!("data/7/{i}.parquet"), Tier::Delta))
+            .collect();
+        let size = put_json(&store, "m", &serde_json::to_value(&m).unwrap()).await;
+        let before = store.calls().len();
+        let err = load_within(&store, "m", 7, &limits(size - 1))
+            .await
+            .unwrap_err();
+        match &err {
+            Error::TooLarge {
+                what, key, limit, ..
+            } => assert_eq!((*what, key.as_str(), *limit), ("manifest", "m", size - 1)),
+            other => panic!("{other:?}"),
+        }
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("{size} bytes")), "{msg}");
+        assert!(msg.contains("--max-manifest-size"), "{msg}");
+        // Sized, never read.
+        assert_eq!(ops(&store)[before..], [(Op::Head, "m".to_string())]);
+        // At the limit it loads (HEAD, then the GET).
+        let loaded = load_within(&store, "m", 7, &limits(size)).await.unwrap();
+        assert_eq!(loaded.unwrap().manifest, m);
+        // A commit reads within the same limit and writes nothing.
+        let calls = store.calls().len();
+        let clock = ManualClock::new(1);
+        let err = commit_within(
+            &store,
+            "m",
+            7,
+            &clock,
+            CommitPolicy::default(),
+            &limits(size - 1),
+            |_| Ok(()),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+        assert_eq!(ops(&store)[calls..], [(Op::Head, "m".to_string())]);
+    }
+
+    #[tokio::test]
+    async fn a_manifest_that_grew_after_its_head_is_refused() {
+        let store = Arc::new(FaultStore::new(Arc::new(MemoryStore::new())));
+        let small = put_json(store.as_ref(), "m", &serde_json::json!({"schema_id": 7})).await;
+        let gate = Gate::new();
+        store.arm(Op::GetBytes, None, 1, Action::Pause(gate.clone()));
+        let s = store.clone();
+        let task =
+            tokio::spawn(async move { load_within(s.as_ref(), "m", 7, &limits(small + 10)).await });
+        gate.wait_reached().await;
+        let padded = format!("{{\"schema_id\": 7{}}}", " ".repeat(100));
+        store
+            .put_bytes("m", Bytes::from(padded), PutMode::Overwrite)
+            .await
+            .unwrap();
+        gate.release();
+        let err = task.await.unwrap().unwrap_err();
+        assert!(
+            matches!(&err, Error::TooLarge { size, .. } if *size > small + 10),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_head_not_found_is_decided_by_the_get() {
+        // HEAD cannot tell a missing bucket from a missing key: the GET's answer decides.
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        assert!(load(&store, "absent", 7).await.unwrap().is_none());
+        assert_eq!(
+            ops(&store),
+            [
+                (Op::Head, "absent".to_string()),
+                (Op::GetBytes, "absent".to_string())
+            ]
+        );
+        store.arm(Op::GetBytes, None, 1, Action::Fail);
+        let err = load(&store, "absent", 7).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Storage {
+                    op: "load manifest",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn duplicate_paths_and_negative_numbers_are_refused_at_load() {
+        let store = MemoryStore::new();
+        let file = |path: &str, size: i64, rows: i64| serde_json::json!({"tier": "delta", "path": path, "size_bytes": size, "row_count": rows});
+        let cases = [
+            (
+                vec![
+                    file("data/7/a.parquet", 1, 1),
+                    file("data/7/b.parquet", 1, 1),
+                    file("data/7/a.parquet", 2, 2),
+                ],
+                "lists \"data/7/a.parquet\" more than once",
+            ),
+            (
+                vec![
+                    file("data/7/a.parquet", 1, 1),
+                    file("data/7/n.parquet", 1, -1),
+                ],
+                "entry \"data/7/n.parquet\" has a negative row_count (-1)",
+            ),
+            (
+                vec![file("data/7/s.parquet", i64::MIN, 1)],
+                "entry \"data/7/s.parquet\" has a negative size_bytes",
+            ),
+        ];
+        for (files, want) in cases {
+            put_json(
+                &store,
+                "manifest/7.json",
+                &serde_json::json!({"schema_id": 7, "files": files}),
+            )
+            .await;
+            let err = load(&store, "manifest/7.json", 7).await.unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.starts_with("manifest manifest/7.json: "), "{msg}");
+            assert!(msg.contains(want), "{msg}");
+        }
+        // Large but valid numbers load; their sums saturate instead of wrapping.
+        let big = vec![
+            file("data/7/a.parquet", i64::MAX, i64::MAX),
+            file("data/7/b.parquet", i64::MAX, i64::MAX),
+        ];
+        put_json(
+            &store,
+            "manifest/7.json",
+            &serde_json::json!({"schema_id": 7, "files": big}),
+        )
+        .await;
+        let m = load(&store, "manifest/7.json", 7)
+            .await
+            .unwrap()
+            .unwrap()
+            .manifest;
+        assert_eq!(Manifest::total_rows(&m.files), i64::MAX);
+        assert_eq!(Manifest::total_bytes(&m.files), i64::MAX);
+    }
+
+    #[tokio::test]
+    async fn a_commit_never_writes_what_a_load_would_refuse() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let clock = ManualClock::new(1);
+        commit(&store, "m", 7, &clock, CommitPolicy::default(), |m| {
+            m.files.push(entry("data/7/a.parquet", Tier::Delta));
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let writes = store.writes().len();
+        let err = commit(&store, "m", 7, &clock, CommitPolicy::default(), |m| {
+            m.files.push(entry("data/7/a.parquet", Tier::Base));
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("more than once"), "{err}");
+        // One that would grow past the limit is not written either.
+        let size = store.get_bytes("m").await.unwrap().bytes.len() as u64;
+        let err = commit_within(
+            &store,
+            "m",
+            7,
+            &clock,
+            CommitPolicy::default(),
+            &limits(size),
+            |m| {
+                m.files.push(entry("data/7/b.parquet", Tier::Delta));
+                Ok(())
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+        assert!(err.to_string().contains("nothing was written"), "{err}");
+        assert_eq!(store.writes().len(), writes);
+    }
+
+    #[tokio::test]
+    async fn a_commit_on_the_largest_version_and_time_saturates() {
+        let store = MemoryStore::new();
+        put_json(
+            &store,
+            "m",
+            &serde_json::json!({"schema_id": 7, "version": i64::MAX, "updated_at_ms": i64::MAX}),
+        )
+        .await;
+        let c = commit(
+            &store,
+            "m",
+            7,
+            &ManualClock::new(1),
+            CommitPolicy::default(),
+            |_| Ok(()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (c.manifest.version, c.manifest.updated_at_ms),
+            (i64::MAX, i64::MAX)
+        );
+    }
+
+    #[test]
+    fn the_first_foreign_path_listed_or_retired_is_named() {
+        let layout = Layout::new("", "data", "manifest/{schema_id}.json").unwrap();
+        let mut m = Manifest::empty(7);
+        m.files.push(entry(
+            &layout.delta_key(7, uuid::Uuid::now_v7()),
+            Tier::Delta,
+        ));
+        assert_eq!(m.foreign_path(&layout), None);
+        let other = layout.delta_key(8, uuid::Uuid::now_v7());
+        m.retire([&other], 1);
+        assert_eq!(m.foreign_path(&layout).unwrap().path, other);
+        m.retired = None;
+        m.files.push(entry("data/7/../8/x.parquet", Tier::Base));
+        assert_eq!(
+            m.foreign_path(&layout).unwrap().path,
+            "data/7/../8/x.parquet"
+        );
     }
 
     #[tokio::test]

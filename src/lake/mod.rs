@@ -7,7 +7,7 @@ pub(crate) mod keys;
 pub mod manifest;
 pub(crate) mod owner;
 
-pub use keys::{KeyKind, Layout};
+pub use keys::{ForeignPath, KeyKind, Layout};
 pub use manifest::{FileEntry, Manifest, Tier};
 
 use std::sync::Arc;
@@ -16,9 +16,104 @@ use crate::config::LakeLocation;
 use crate::error::{Error, Result};
 use crate::store::local::LocalStore;
 use crate::store::s3::{S3Options, S3Store};
-use crate::store::{ObjectStore, StoreError};
+use crate::store::{GetResult, ObjectStore, StoreError};
 
-/// A lake: where its objects are stored and how their keys are laid out.
+/// How large each metadata object of the lake may be when lakecdc reads it. Manifests, the gc
+/// state and owner markers are read whole into memory, and whoever can write the lake can make
+/// them as large as they like: a larger object is refused before it is read
+/// (docs/hazards.md L40). The defaults hold the documents of large lakes and keep what parsing
+/// them costs (several times their size) within the memory the deployment manifests give each
+/// job; a lake that outgrows one needs the limit raised, and the job's memory with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// A manifest, in bytes ([`ReadLimits::DEFAULT_MANIFEST_BYTES`]).
+    pub manifest_bytes: u64,
+    /// gc's sighting state (`<manifest key>.gc-state`), in bytes
+    /// ([`ReadLimits::DEFAULT_GC_STATE_BYTES`]).
+    pub gc_state_bytes: u64,
+    /// A data prefix's owner marker, in bytes ([`ReadLimits::DEFAULT_OWNER_MARKER_BYTES`]).
+    pub owner_marker_bytes: u64,
+}
+
+impl ReadLimits {
+    /// 64 MiB. An entry takes about 490 bytes plus 43 per column of its stamp in the
+    /// pretty-printed document: 100,000 entries of a schema of 10 columns, or about 38,000 of
+    /// the 29-column example schema, fit. The parsed document takes about 3.3 times its size
+    /// besides the bytes read (measured: 58 MiB parsed into 191 MiB), so one manifest at the
+    /// limit costs under 300 MiB, within the 512 MiB the deployment manifests give the gc job
+    /// and leave the flush job beside DuckDB's memory limit.
+    pub const DEFAULT_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
+    /// 16 MiB: about 100,000 sightings of about 150 bytes each (one per unlisted deletable
+    /// object; a healthy lake has a few).
+    pub const DEFAULT_GC_STATE_BYTES: u64 = 16 * 1024 * 1024;
+    /// 64 KiB: the marker holds one manifest key, and an object key is at most 1 KiB.
+    pub const DEFAULT_OWNER_MARKER_BYTES: u64 = 64 * 1024;
+}
+
+impl Default for ReadLimits {
+    fn default() -> Self {
+        Self {
+            manifest_bytes: Self::DEFAULT_MANIFEST_BYTES,
+            gc_state_bytes: Self::DEFAULT_GC_STATE_BYTES,
+            owner_marker_bytes: Self::DEFAULT_OWNER_MARKER_BYTES,
+        }
+    }
+}
+
+/// One bounded read of a lake metadata object ([`read_capped`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Capped {
+    /// What lakecdc is doing, for a storage error (`load manifest`).
+    pub op: &'static str,
+    /// What the object is, for a refusal (`manifest`).
+    pub what: &'static str,
+    /// The most bytes read.
+    pub limit: u64,
+    /// Why the limit holds and how to raise it, for a refusal.
+    pub why: &'static str,
+}
+
+/// Reads a whole metadata object of at most `cap.limit` bytes; `Ok(None)` when the store says
+/// it does not exist. The object is HEADed first and a larger one refused without being read;
+/// the bytes read are measured again, so an object that grew between the two requests is
+/// refused too (its bytes were then already read). A HEAD's "not found" is not believed: it
+/// cannot tell a missing bucket from a missing key, so the GET decides (docs/hazards.md #464).
+pub(crate) async fn read_capped(
+    store: &dyn ObjectStore,
+    key: &str,
+    cap: Capped,
+) -> Result<Option<GetResult>> {
+    let refuse = |size: u64| Error::TooLarge {
+        what: cap.what,
+        key: key.to_string(),
+        size,
+        limit: cap.limit,
+        why: cap.why.to_string(),
+    };
+    let storage = |source| Error::Storage {
+        op: cap.op,
+        key: key.to_string(),
+        source,
+    };
+    match store.head(key).await {
+        Ok(meta) if meta.size > cap.limit => return Err(refuse(meta.size)),
+        Ok(_) | Err(StoreError::NotFound) => {}
+        Err(source) => return Err(storage(source)),
+    }
+    let got = match store.get_bytes(key).await {
+        Ok(got) => got,
+        Err(StoreError::NotFound) => return Ok(None),
+        Err(source) => return Err(storage(source)),
+    };
+    let size = u64::try_from(got.bytes.len()).unwrap_or(u64::MAX);
+    if size > cap.limit {
+        return Err(refuse(size));
+    }
+    Ok(Some(got))
+}
+
+/// A lake: where its objects are stored, how their keys are laid out, and how large its
+/// metadata objects may be read ([`Lake::limits`]).
 #[derive(Debug, Clone)]
 pub struct Lake {
     /// The object store holding the lake.
@@ -35,6 +130,17 @@ impl Lake {
             .await
             .map_err(Error::storage("open lake", location.describe()))?;
         Ok(Self { store, layout })
+    }
+
+    /// The same lake, read within `limits`.
+    pub fn with_limits(mut self, limits: ReadLimits) -> Self {
+        self.layout = self.layout.with_limits(limits);
+        self
+    }
+
+    /// How large its metadata objects may be read.
+    pub fn limits(&self) -> &ReadLimits {
+        self.layout.limits()
     }
 }
 

@@ -10,8 +10,8 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::Layout;
 use super::manifest::{self, CommitPolicy, Committed, Manifest};
+use super::{Capped, Layout, read_capped};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::{ObjectStore, PutMode, StoreError};
@@ -42,22 +42,21 @@ pub(crate) async fn check(
     schema_id: i16,
 ) -> Result<Ownership> {
     let key = layout.owner_key(schema_id);
-    let owner = match store.get_bytes(&key).await {
-        Ok(got) => {
+    let cap = Capped {
+        op: "read owner marker",
+        what: "owner marker",
+        limit: layout.limits().owner_marker_bytes,
+        why: "a marker holds one manifest key: it is corrupt or hostile",
+    };
+    let owner = match read_capped(store, &key, cap).await? {
+        Some(got) => {
             let marker: Marker = serde_json::from_slice(&got.bytes).map_err(|e| Error::Manifest {
                 key: key.clone(),
                 message: format!("the owner marker is not valid ({e}); it should hold {{\"manifest\": \"<manifest key>\"}}"),
             })?;
             marker.manifest
         }
-        Err(StoreError::NotFound) => return Ok(Ownership::Unclaimed),
-        Err(source) => {
-            return Err(Error::Storage {
-                op: "read owner marker",
-                key,
-                source,
-            });
-        }
+        None => return Ok(Ownership::Unclaimed),
     };
     let ours = layout.manifest_key_in_lake(schema_id);
     Ok(if owner == ours {
@@ -145,5 +144,42 @@ where
 {
     claim(store, layout, schema_id, ownership).await?;
     let key = layout.manifest_key(schema_id);
-    manifest::commit(store, &key, schema_id, clock, policy, modify).await
+    let limits = layout.limits();
+    manifest::commit_within(store, &key, schema_id, clock, policy, limits, modify).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::lake::ReadLimits;
+    use crate::store::fault::{FaultStore, Op};
+    use crate::store::memory::MemoryStore;
+
+    #[tokio::test]
+    async fn an_owner_marker_over_the_limit_is_refused_without_being_read() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let layout = Layout::new("", "data", "manifest/{schema_id}.json").unwrap();
+        let key = layout.owner_key(7);
+        let padded = format!(r#"{{"manifest": "manifest/7.json"{}}}"#, " ".repeat(200));
+        store
+            .put_bytes(&key, Bytes::from(padded), PutMode::Overwrite)
+            .await
+            .unwrap();
+        let small = layout.clone().with_limits(ReadLimits {
+            owner_marker_bytes: 100,
+            ..ReadLimits::default()
+        });
+        let before = store.calls().len();
+        let err = check(&store, &small, 7).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::TooLarge { what: "owner marker", key: k, limit: 100, .. } if *k == key),
+            "{err:?}"
+        );
+        let ops: Vec<Op> = store.calls()[before..].iter().map(|c| c.op).collect();
+        assert_eq!(ops, [Op::Head], "sized, never read");
+        // Within the default limit the same marker is ours.
+        assert_eq!(check(&store, &layout, 7).await.unwrap(), Ownership::Ours);
+    }
 }
