@@ -42,7 +42,7 @@ use crate::lake::owner;
 use crate::report::label;
 use crate::retry::Backoff;
 use crate::source::registry::Registered;
-use crate::store::delete_or_leave;
+use crate::store::{StoreError, delete_or_leave};
 
 /// Compact runs with the shared lake-job context.
 pub use crate::job::Context;
@@ -497,14 +497,17 @@ async fn download(
     let dl = ctx
         .lake
         .store
-        .get_to_file(&f.path, &local)
-        .await
-        .map_err(Error::storage("download compaction source", f.path.clone()))?;
-    if dl.size > bound {
-        // It grew since it was sized: the disk is spent, the merge is not.
-        let _ = tokio::fs::remove_file(&local).await;
-        return Err(larger_than_listed(f, dl.size, bound));
-    }
+        .get_to_file_within(&f.path, &local, bound)
+        .await;
+    let dl = match dl {
+        Ok(dl) => dl,
+        Err(StoreError::TooLarge { size, .. }) => {
+            // It grew since it was sized: the download stopped at the bound.
+            let _ = tokio::fs::remove_file(&local).await;
+            return Err(larger_than_listed(f, size, bound));
+        }
+        Err(e) => return Err(Error::storage("download compaction source", f.path.clone())(e)),
+    };
     let actual = format!("sha256:{}", hex::encode(dl.sha256));
     match &f.checksum {
         Some(want) if *want != actual && !opts.skip_input_checksum_verify => {

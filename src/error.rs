@@ -97,14 +97,14 @@ pub enum Error {
     /// A lake object is larger than lakecdc reads: refused before it was read (or, when it grew
     /// while being read, before it was used).
     #[error(
-        "{what} {key} is {size} bytes, over the limit of {limit} bytes: refusing to read it ({why})"
+        "{what} {key} is at least {size} bytes, over the limit of {limit} bytes: refusing to read it ({why})"
     )]
     TooLarge {
         /// What the object is (`manifest`, `gc state`, `compaction source`).
         what: &'static str,
         /// The object key.
         key: String,
-        /// Its size.
+        /// Its size (or, when reading stopped at the limit, the bytes seen so far).
         size: u64,
         /// The most lakecdc reads of it.
         limit: u64,

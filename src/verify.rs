@@ -287,36 +287,46 @@ enum Check {
 }
 
 /// Checks one listed object (a data file of the schema: [`crate::lake::Layout::check_listed`]).
-/// It is HEADed first: an object larger than its entry says is a `size` problem and is not
-/// downloaded, so a listed object never costs more disk than the manifest declares.
+/// Its download stops at the size its entry lists: an object larger than that is a `size`
+/// problem, so a listed object never costs more disk than the manifest declares.
 async fn check_entry(ctx: &Context, opts: &VerifyOptions, e: &FileEntry) -> Result<Check> {
     let storage = |source| Error::Storage {
         op: "download listed object",
         key: e.path.clone(),
         source,
     };
-    match ctx.lake.store.head(&e.path).await {
-        Err(StoreError::NotFound) => return Ok(Check::Missing(e.path.clone())),
-        Err(source) => return Err(storage(source)),
-        Ok(meta) if meta.size > u64::try_from(e.size_bytes).unwrap_or(0) => {
-            return Ok(Check::Present {
-                bytes: 0,
-                problems: vec![Problem {
-                    path: e.path.clone(),
-                    kind: "size",
-                    detail: format!(
-                        "manifest {} bytes, object {}: larger than listed, not downloaded",
-                        e.size_bytes, meta.size
-                    ),
-                }],
-            });
-        }
-        Ok(_) => {}
-    }
+    let listed = u64::try_from(e.size_bytes).unwrap_or(0);
+    // An entry without a size (older writers) is bounded by what the store says it holds.
+    let limit = match listed {
+        0 => match ctx.lake.store.head(&e.path).await {
+            Ok(meta) => meta.size,
+            Err(StoreError::NotFound) => return Ok(Check::Missing(e.path.clone())),
+            Err(source) => return Err(storage(source)),
+        },
+        n => n,
+    };
     let local = opts
         .work_dir
         .join(format!("lakecdc-verify-{}.parquet", uuid::Uuid::new_v4()));
-    let got = ctx.lake.store.get_to_file(&e.path, &local).await;
+    let got = ctx
+        .lake
+        .store
+        .get_to_file_within(&e.path, &local, limit)
+        .await;
+    if let Err(StoreError::TooLarge { size, .. }) = &got {
+        let _ = tokio::fs::remove_file(&local).await;
+        return Ok(Check::Present {
+            bytes: 0,
+            problems: vec![Problem {
+                path: e.path.clone(),
+                kind: "size",
+                detail: format!(
+                    "manifest {} bytes, object at least {size}: larger than listed, not read further",
+                    e.size_bytes
+                ),
+            }],
+        });
+    }
     let result = match got {
         Err(StoreError::NotFound) => Ok(Check::Missing(e.path.clone())),
         Err(source) => Err(storage(source)),

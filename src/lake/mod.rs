@@ -74,10 +74,9 @@ pub(crate) struct Capped {
 }
 
 /// Reads a whole metadata object of at most `cap.limit` bytes; `Ok(None)` when the store says
-/// it does not exist. The object is HEADed first and a larger one refused without being read;
-/// the bytes read are measured again, so an object that grew between the two requests is
-/// refused too (its bytes were then already read). A HEAD's "not found" is not believed: it
-/// cannot tell a missing bucket from a missing key, so the GET decides (docs/hazards.md #464).
+/// it does not exist. One capped read ([`ObjectStore::get_bytes_within`]): a larger object is
+/// refused by its announced size before its body is read, or as soon as the body passes the
+/// limit, so no more than the limit is ever held.
 pub(crate) async fn read_capped(
     store: &dyn ObjectStore,
     key: &str,
@@ -95,21 +94,12 @@ pub(crate) async fn read_capped(
         key: key.to_string(),
         source,
     };
-    match store.head(key).await {
-        Ok(meta) if meta.size > cap.limit => return Err(refuse(meta.size)),
-        Ok(_) | Err(StoreError::NotFound) => {}
-        Err(source) => return Err(storage(source)),
+    match store.get_bytes_within(key, cap.limit).await {
+        Ok(got) => Ok(Some(got)),
+        Err(StoreError::NotFound) => Ok(None),
+        Err(StoreError::TooLarge { size, .. }) => Err(refuse(size)),
+        Err(source) => Err(storage(source)),
     }
-    let got = match store.get_bytes(key).await {
-        Ok(got) => got,
-        Err(StoreError::NotFound) => return Ok(None),
-        Err(source) => return Err(storage(source)),
-    };
-    let size = u64::try_from(got.bytes.len()).unwrap_or(u64::MAX);
-    if size > cap.limit {
-        return Err(refuse(size));
-    }
-    Ok(Some(got))
 }
 
 /// A lake: where its objects are stored, how their keys are laid out, and how large its

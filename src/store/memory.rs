@@ -113,8 +113,9 @@ impl ObjectStore for MemoryStore {
 
     async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
         let got = self.get_bytes(key).await?;
-        if got.bytes.len() as u64 > limit {
-            return Err(StoreError::TooLarge { limit });
+        let size = got.bytes.len() as u64;
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
         }
         Ok(got)
     }

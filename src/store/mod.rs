@@ -143,8 +143,10 @@ pub enum StoreError {
     },
     /// The object is larger than the reader allows (docs/security.md, size caps): it was not
     /// read, or reading stopped at the limit.
-    #[error("object is larger than the {limit}-byte limit")]
+    #[error("object is at least {size} bytes, over the {limit}-byte limit")]
     TooLarge {
+        /// Its size, or (when reading stopped part-way) the bytes seen so far.
+        size: u64,
         /// The cap, in bytes.
         limit: u64,
     },
@@ -204,12 +206,14 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     /// it (lake-controlled objects are capped: docs/security.md). The default asks `head`
     /// first; backends that learn the size from the read itself override it.
     async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
-        if self.head(key).await?.size > limit {
-            return Err(StoreError::TooLarge { limit });
+        let size = self.head(key).await?.size;
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
         }
         let got = self.get_bytes(key).await?;
-        if got.bytes.len() as u64 > limit {
-            return Err(StoreError::TooLarge { limit });
+        let size = got.bytes.len() as u64;
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
         }
         Ok(got)
     }
@@ -225,7 +229,10 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Download, StoreError> {
         let got = self.get_to_file(key, path).await?;
         if got.size > limit {
-            return Err(StoreError::TooLarge { limit });
+            return Err(StoreError::TooLarge {
+                size: got.size,
+                limit,
+            });
         }
         Ok(got)
     }

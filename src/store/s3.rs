@@ -161,11 +161,11 @@ impl S3Store {
             .send()
             .await
             .map_err(|e| classify(e, "get object", &self.bucket, self.limits))?;
-        if out
+        let size = out
             .content_length()
-            .is_some_and(|n| n > 0 && n as u64 > limit)
-        {
-            return Err(StoreError::TooLarge { limit });
+            .map_or(0, |n| u64::try_from(n).unwrap_or(0));
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
         }
         Ok(out)
     }
@@ -453,8 +453,9 @@ fn body_failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError 
 
 /// Refuses a chunk that would take a capped read past `limit` bytes.
 fn within(read: u64, chunk: usize, limit: u64) -> Result<(), StoreError> {
-    if read.saturating_add(chunk as u64) > limit {
-        return Err(StoreError::TooLarge { limit });
+    let size = read.saturating_add(chunk as u64);
+    if size > limit {
+        return Err(StoreError::TooLarge { size, limit });
     }
     Ok(())
 }
