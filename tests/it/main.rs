@@ -22,6 +22,7 @@ mod inspect;
 mod layering;
 mod manifest;
 mod oracle_at_scale;
+mod registry_names;
 mod source;
 mod store_conformance;
 mod support;
