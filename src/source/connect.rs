@@ -85,6 +85,8 @@ pub enum TlsPolicy {
 }
 
 impl TlsPolicy {
+    /// The policy of an `sslmode` value; an error does not show the value (it came from the
+    /// connection string).
     fn parse(mode: &str) -> Result<Self> {
         Ok(match mode {
             "disable" => TlsPolicy::Disable,
@@ -93,10 +95,10 @@ impl TlsPolicy {
             "require" => TlsPolicy::Require,
             "verify-ca" => TlsPolicy::VerifyCa,
             "verify-full" => TlsPolicy::VerifyFull,
-            other => {
-                return Err(Error::config(format!(
-                    "sslmode {other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
-                )));
+            _ => {
+                return Err(Error::config(
+                    "sslmode (or PGSSLMODE) is not one of disable, allow, prefer, require, verify-ca, verify-full",
+                ));
             }
         })
     }
@@ -165,20 +167,21 @@ impl Connector {
                 driver: String::new(),
                 sslmode: None,
                 sslrootcert: None,
+                keys: Default::default(),
             },
         };
         let mut config: Config = if info.driver.is_empty() {
             Config::new()
         } else {
-            info.driver.parse().map_err(|e: tokio_postgres::Error| {
-                // The driver's parse errors name the option, never its value.
-                Error::config(format!("invalid PostgreSQL connection string: {e}"))
-            })?
+            // `conninfo::parse` checked it: no error text of the driver is shown.
+            info.driver
+                .parse()
+                .map_err(|_| Error::config("connection string: refused by the PostgreSQL driver"))?
         };
         // Long-idle connections (the schema lock's, held through an init that can take hours)
         // must outlive NAT and load-balancer idle timeouts (AWS NLB: 350 s): probe after a
         // minute of silence unless the connection string chose (the driver's default is 2 h).
-        if !info.driver.contains("keepalives_idle") {
+        if !info.keys.contains("keepalives_idle") {
             config.keepalives_idle(KEEPALIVE_IDLE);
         }
         if config.get_hosts().is_empty() {
@@ -593,6 +596,7 @@ impl ServerCertVerifier for IgnoreHostName {
 
 #[cfg(test)]
 mod tests {
+    use super::super::conninfo::tests::{PW, assert_hides};
     use super::*;
 
     fn settings(conninfo: Option<&str>, env: &[(&str, &str)]) -> PgSettings {
@@ -679,6 +683,54 @@ mod tests {
             assert!(!e.contains("hunter2"), "{e}");
         }
     }
+
+    #[test]
+    fn no_setting_error_shows_a_fragment_of_the_password() {
+        // Values that are, or hold, the password: a misplaced one ends up in another setting.
+        let cases: Vec<(String, Env)> = vec![
+            (format!("host=h password={PW} sslmode={PW}"), vec![]),
+            (format!("postgres://u:{PW}@h/db?sslmode={PW}"), vec![]),
+            (format!("host=h password={PW}"), vec![("PGSSLMODE", PW)]),
+            (format!("host=h password={PW}"), vec![("PGPORT", PW)]),
+            (format!("host=h password={PW} port={PW}"), vec![]),
+            (format!("host=h password={PW} hostaddr={PW}"), vec![]),
+            (format!("host=h password={} {}", &PW[..5], &PW[5..]), vec![]),
+            (format!("postgres://u:{PW}@h:{PW}/db"), vec![]),
+            (format!("postgres://u:{PW}@h/db?{PW}=1"), vec![]),
+            (format!("postgres://u:{PW}@h/db?password={PW}&{PW}"), vec![]),
+        ];
+        for (s, env) in &cases {
+            let e = Connector::new(&settings(Some(s), env)).unwrap_err();
+            for text in [e.chain(), format!("{e:?}")] {
+                assert_hides(&text, PW, s);
+            }
+        }
+    }
+
+    #[test]
+    fn a_password_is_never_taken_for_a_name_connection_errors_show() {
+        // The driver's own URL parser splits at the first '@' anywhere, taking
+        // `h/db?password=Qz7K` for the user name, which `describe` (and so every connection
+        // error) shows.
+        for (url, password) in [
+            (
+                format!("postgres://h/db?password={}@{}", &PW[..4], &PW[4..]),
+                format!("{}@{}", &PW[..4], &PW[4..]),
+            ),
+            (
+                format!("postgres://u:{}@{}@h/db", &PW[..4], &PW[4..]),
+                format!("{}@{}", &PW[..4], &PW[4..]),
+            ),
+        ] {
+            let c = Connector::new(&settings(Some(&url), &[])).unwrap();
+            assert_eq!(c.password_for_tests(), Some(password.as_bytes()), "{url}");
+            assert_hides(&c.describe(), PW, &url);
+            assert_hides(&format!("{c:?}"), PW, &url);
+        }
+    }
+
+    /// `PG*` variables of a case.
+    type Env = Vec<(&'static str, &'static str)>;
 
     #[test]
     fn require_with_a_root_certificate_verifies_the_chain() {
