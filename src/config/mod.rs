@@ -129,6 +129,46 @@ pub fn escape_name(name: &str) -> String {
     out
 }
 
+/// The warning an S3 endpoint deserves, if any: plain `http://` to a host that is not loopback
+/// (`localhost`, 127.0.0.0/8, `::1`) carries every lake object and request unencrypted and
+/// unauthenticated, so anyone on the path can read or alter the lake (docs/hazards.md L41).
+/// `None` for `https://`, for loopback, and for anything that is not an `http://` URL.
+pub fn s3_endpoint_warning(endpoint: &str) -> Option<String> {
+    let scheme_end = endpoint.find("://")?;
+    let (scheme, rest) = (&endpoint[..scheme_end], &endpoint[scheme_end + 3..]);
+    if !scheme.eq_ignore_ascii_case("http") {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or(v6, |(h, _)| h),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    if is_loopback(host) {
+        return None;
+    }
+    Some(format!(
+        "the S3 endpoint {} is plain http to a host that is not loopback: lake objects and requests travel unencrypted and unauthenticated, so anyone on the network path can read or alter the lake; use https",
+        escape_name(host)
+    ))
+}
+
+/// `localhost`, an address in 127.0.0.0/8, or `::1` (also as an IPv4-mapped address).
+fn is_loopback(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(v4)) => v4.is_loopback(),
+        Ok(std::net::IpAddr::V6(v6)) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        Err(_) => false,
+    }
+}
+
 /// The four source tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tables {
@@ -430,6 +470,34 @@ mod tests {
             long.ends_with("… (1000 bytes)") && long.len() < 120,
             "{long}"
         );
+    }
+
+    #[test]
+    fn plain_http_s3_endpoints_off_loopback_are_warned_about() {
+        for warned in [
+            "http://s3.example.com",
+            "http://s3.example.com:9000/",
+            "HTTP://10.0.0.5:9000",
+            "http://[2001:db8::1]:9000",
+            "http://user@s3.example.com",
+            "http://127.0.0.1.example.com",
+            "http://localhost.example.com",
+        ] {
+            let w = s3_endpoint_warning(warned).unwrap_or_else(|| panic!("{warned}"));
+            assert!(w.contains("plain http") && w.contains("https"), "{w}");
+        }
+        for quiet in [
+            "https://s3.example.com",
+            "https://s3.amazonaws.com:443",
+            "http://127.0.0.1:9000",
+            "http://127.8.9.10",
+            "http://localhost:9000",
+            "http://LOCALHOST./x",
+            "http://[::1]:9000",
+            "http://[::ffff:127.0.0.1]:9000",
+        ] {
+            assert_eq!(s3_endpoint_warning(quiet), None, "{quiet}");
+        }
     }
 
     #[test]

@@ -27,4 +27,5 @@ mod source;
 mod store_conformance;
 mod support;
 mod tls;
+mod transport;
 mod verify;
