@@ -5,7 +5,7 @@
 //! numbers behind it); `--dry-run` prints it. Side effects of a rewrite, in order:
 //!
 //! 1. size every listed file (HEAD): one larger than its entry lists is refused, and the work
-//!    dir must have room for all of them and the merged file (docs/hazards.md L40); then
+//!    dir must have room for all of them and the merged file (docs/hazards.md S2); then
 //!    download them, hashing while downloading, none past its size; a checksum mismatch refuses
 //!    the schema and names the object (unless `--skip-input-checksum-verify`); every file must
 //!    carry the system columns;
@@ -19,7 +19,7 @@
 //!    unlisted — is deleted and the whole pass retried with backoff.
 //!
 //! Every listed path must be a data file of the schema before any of this (a dry run included):
-//! a foreign one is refused and never requested (docs/hazards.md #417, L39). Sources are never
+//! a foreign one is refused and never requested (docs/hazards.md #417, S1). Sources are never
 //! deleted here; gc removes retired files after its grace period, when no in-flight reader can
 //! still be opening them (docs/hazards.md #461).
 
@@ -376,7 +376,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
         return Ok(());
     }
     // Promote relabels the listed deltas, rewrite reads and retires every listed file: each
-    // must be a data file of this schema (docs/hazards.md #417, L39).
+    // must be a data file of this schema (docs/hazards.md #417, S1).
     for f in &loaded.manifest.files {
         if let Err(foreign) = layout.check_listed(schema_id, &f.path) {
             return Err(foreign.refusal(&key, "compact it").into());
@@ -444,7 +444,7 @@ struct Merged {
 
 /// The most bytes a source's download may take: the size its entry lists, or for an entry
 /// without one (older writers) the size the HEAD found. An object larger than its entry lists
-/// is refused before it is downloaded (docs/hazards.md L40).
+/// is refused before it is downloaded (docs/hazards.md S2).
 async fn size_source(ctx: &Context, f: &FileEntry) -> Result<u64> {
     let meta = ctx
         .lake
@@ -474,7 +474,7 @@ fn larger_than_listed(f: &FileEntry, size: u64, limit: u64) -> Error {
 
 /// Refuses a step that needs `needed` bytes in `dir` when the file system has only `free`
 /// left: running out halfway would fail the step anyway, and take the host's disk with it
-/// (docs/hazards.md L40).
+/// (docs/hazards.md S2).
 pub fn check_work_dir_space(dir: &Path, step: &'static str, needed: u64, free: u64) -> Result<()> {
     if needed > free {
         return Err(Error::NoSpace {

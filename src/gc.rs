@@ -14,8 +14,8 @@
 //! touched. `--dry-run` prints this plan. A manifest that lists or retires a path that is not a
 //! data file of the schema is refused before anything is listed or deleted, and sightings of
 //! keys outside the schema's shapes are dropped as they are read: gc only ever deletes keys it
-//! listed under the schema's prefix and classified as its own (docs/hazards.md L39). The
-//! sightings are read within [`crate::lake::ReadLimits::gc_state_bytes`] (L40).
+//! listed under the schema's prefix and classified as its own (docs/hazards.md S1). The
+//! sightings are read within [`crate::lake::ReadLimits::gc_state_bytes`] (S2).
 //!
 //! The real run then executes it: (4) delete the due orphans (a failed delete is kept for the
 //! next run), (5) save the sightings with a conditional write, (6) drop the retired paths whose

@@ -362,7 +362,7 @@ async fn export_schema(
     let key = layout.manifest_key(schema_id);
     let loaded = manifest::load_within(store, &key, schema_id, layout.limits()).await?;
     // The commit retires every listed base and the inventoried deltas: each must be a data file
-    // of this schema (docs/hazards.md L39).
+    // of this schema (docs/hazards.md S1).
     let foreign = loaded.as_ref().and_then(|l| {
         l.manifest
             .files

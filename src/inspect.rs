@@ -216,7 +216,7 @@ async fn inspect_schema(
     let key = layout.manifest_key(reg.id);
     let loaded = manifest::load_within(store, &key, reg.id, layout.limits()).await?;
     // Sums of numbers read from the lake saturate: a total past i64::MAX is shown as i64::MAX,
-    // never wrapped (docs/hazards.md L42).
+    // never wrapped (docs/hazards.md S4).
     let tier = |t: Tier| {
         loaded
             .as_ref()

@@ -84,7 +84,7 @@ pub struct Plan {
 impl CompactThresholds {
     /// Decides what to do with a manifest (no I/O).
     pub fn plan(&self, m: &Manifest) -> Plan {
-        // Sums of numbers read from the lake saturate (docs/hazards.md L42).
+        // Sums of numbers read from the lake saturate (docs/hazards.md S4).
         let sum = |tier: Tier| {
             (
                 m.tier(tier).count(),

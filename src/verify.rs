@@ -4,8 +4,8 @@
 //! manifest. An entry whose object is missing is reported dangling only after a second look (the
 //! manifest is re-read and the object probed again), so a concurrent compaction never produces
 //! a false alarm. A listed path that is not a data file of the schema is reported `foreign` and
-//! never requested (docs/hazards.md L39); an object larger than its entry says is reported
-//! `size` and not downloaded (L40). Nothing is written.
+//! never requested (docs/hazards.md S1); an object larger than its entry says is reported
+//! `size` and not downloaded (S2). Nothing is written.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -67,6 +67,108 @@ impl TableName {
     }
 }
 
+/// The longest schema name, in bytes: a PostgreSQL identifier's limit (`NAMEDATALEN` - 1).
+pub const SCHEMA_NAME_MAX: usize = 63;
+
+/// The rule [`check_schema_name`] enforces, as the operator reads it in errors.
+pub const SCHEMA_NAME_RULE: &str = "schema names are 1 to 63 letters, digits, '_', '.' or '-', starting with a letter, digit or '_' (so never '.', '..' or a path)";
+
+/// The most characters of a refused name an error shows.
+const SHOWN_NAME_MAX: usize = 80;
+
+/// A schema name that may not be used: it would not stay a plain file name inside the schema
+/// directory (docs/hazards.md S6), or could not be a PostgreSQL identifier.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{shown} is not a valid schema name: {SCHEMA_NAME_RULE}")]
+pub struct SchemaNameError {
+    /// The name as errors show it: quoted, escaped by [`escape_name`], shortened.
+    pub shown: String,
+}
+
+/// Checks a schema name — a registry row's, a `--schema` selector's, a metadata file's stem —
+/// against [`SCHEMA_NAME_RULE`]: `[A-Za-z0-9_][A-Za-z0-9_.-]*`, at most [`SCHEMA_NAME_MAX`]
+/// bytes. Such a name joined to the schema directory names a file directly inside it.
+pub fn check_schema_name(name: &str) -> std::result::Result<(), SchemaNameError> {
+    let first_ok = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_');
+    let rest_ok = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if first_ok && rest_ok && name.len() <= SCHEMA_NAME_MAX {
+        Ok(())
+    } else {
+        Err(SchemaNameError {
+            shown: escape_name(name),
+        })
+    }
+}
+
+/// A name from outside lakecdc (a registry row, a file name) made safe for one line of a
+/// terminal or a log: quoted, printable ASCII kept, `"` and `\` escaped, control characters as
+/// `\xNN`, everything else as `\u{…}`; past [`SHOWN_NAME_MAX`] characters it is cut and its
+/// length given.
+pub fn escape_name(name: &str) -> String {
+    let mut out = String::from("\"");
+    for c in name.chars().take(SHOWN_NAME_MAX) {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            c if c.is_ascii() => out.push_str(&format!("\\x{:02x}", u32::from(c))),
+            c => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+        }
+    }
+    out.push('"');
+    if name.chars().nth(SHOWN_NAME_MAX).is_some() {
+        out.push_str(&format!("… ({} bytes)", name.len()));
+    }
+    out
+}
+
+/// The warning an S3 endpoint deserves, if any: plain `http://` to a host that is not loopback
+/// (`localhost`, 127.0.0.0/8, `::1`) carries every lake object and request unencrypted and
+/// unauthenticated, so anyone on the path can read or alter the lake (docs/hazards.md S7).
+/// `None` for `https://`, for loopback, and for anything that is not an `http://` URL.
+pub fn s3_endpoint_warning(endpoint: &str) -> Option<String> {
+    let scheme_end = endpoint.find("://")?;
+    let (scheme, rest) = (&endpoint[..scheme_end], &endpoint[scheme_end + 3..]);
+    if !scheme.eq_ignore_ascii_case("http") {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or(v6, |(h, _)| h),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    if is_loopback(host) {
+        return None;
+    }
+    Some(format!(
+        "the S3 endpoint {} is plain http to a host that is not loopback: lake objects and requests travel unencrypted and unauthenticated, so anyone on the network path can read or alter the lake; use https",
+        escape_name(host)
+    ))
+}
+
+/// `localhost`, an address in 127.0.0.0/8, or `::1` (also as an IPv4-mapped address).
+fn is_loopback(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(v4)) => v4.is_loopback(),
+        Ok(std::net::IpAddr::V6(v6)) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+        Err(_) => false,
+    }
+}
+
 /// The four source tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tables {
@@ -313,6 +415,88 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("change-log-table"), "{e}");
+        }
+    }
+
+    #[test]
+    fn schema_names_stay_plain_file_names() {
+        for ok in [
+            "customer",
+            "order_v2",
+            "a",
+            "9lives",
+            "_x",
+            "a.b-c",
+            "a..b",
+            &"x".repeat(63),
+        ] {
+            assert_eq!(check_schema_name(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../evil/pwn",
+            "/etc/passwd",
+            "evil/pwn",
+            "a\\b",
+            ".hidden",
+            "-x",
+            "a b",
+            "é",
+            "cust\u{1b}[31mred",
+            "nul\0",
+            &"x".repeat(64),
+        ] {
+            let e = check_schema_name(bad).unwrap_err().to_string();
+            assert!(e.contains("is not a valid schema name"), "{e}");
+            assert!(
+                !e.chars()
+                    .any(|c| c.is_control() || (!c.is_ascii() && c != '…')),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_escaped_for_one_terminal_line() {
+        assert_eq!(escape_name("plain"), "\"plain\"");
+        assert_eq!(
+            escape_name("a\u{1b}[2J\n\"q\"\\é\u{202e}"),
+            r#""a\x1b[2J\x0a\"q\"\\\u{e9}\u{202e}""#
+        );
+        let long = escape_name(&"y".repeat(1000));
+        assert!(
+            long.ends_with("… (1000 bytes)") && long.len() < 120,
+            "{long}"
+        );
+    }
+
+    #[test]
+    fn plain_http_s3_endpoints_off_loopback_are_warned_about() {
+        for warned in [
+            "http://s3.example.com",
+            "http://s3.example.com:9000/",
+            "HTTP://10.0.0.5:9000",
+            "http://[2001:db8::1]:9000",
+            "http://user@s3.example.com",
+            "http://127.0.0.1.example.com",
+            "http://localhost.example.com",
+        ] {
+            let w = s3_endpoint_warning(warned).unwrap_or_else(|| panic!("{warned}"));
+            assert!(w.contains("plain http") && w.contains("https"), "{w}");
+        }
+        for quiet in [
+            "https://s3.example.com",
+            "https://s3.amazonaws.com:443",
+            "http://127.0.0.1:9000",
+            "http://127.8.9.10",
+            "http://localhost:9000",
+            "http://LOCALHOST./x",
+            "http://[::1]:9000",
+            "http://[::ffff:127.0.0.1]:9000",
+        ] {
+            assert_eq!(s3_endpoint_warning(quiet), None, "{quiet}");
         }
     }
 

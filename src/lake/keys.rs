@@ -27,7 +27,7 @@ pub struct Layout {
 
 /// A path a manifest lists or retires that is not a data file of the manifest's own schema: a
 /// key of another schema, outside the lake's data prefix, or of no shape lakecdc writes (`..`
-/// segments, a leading `/`). No job reads, HEADs, retires or deletes it (docs/hazards.md L39).
+/// segments, a leading `/`). No job reads, HEADs, retires or deletes it (docs/hazards.md S1).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path:?} is not a data file of schema {schema_id} under {schema_prefix}")]
 pub struct ForeignPath {
@@ -227,7 +227,7 @@ impl Layout {
     /// before any job uses it: it must be a data file of that schema (a delta, an init base or
     /// a merged base under its data prefix, parsed strictly). Anything else is a
     /// [`ForeignPath`], which no job reads, HEADs, retires or deletes (docs/hazards.md #417,
-    /// L39): a writer limited to one prefix must not make lakecdc touch another's objects.
+    /// S1): a writer limited to one prefix must not make lakecdc touch another's objects.
     pub fn check_listed(&self, schema_id: i16, path: &str) -> Result<KeyKind, ForeignPath> {
         match self.classify(path) {
             kind @ (KeyKind::Delta { .. }

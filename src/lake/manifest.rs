@@ -2,8 +2,8 @@
 //! [`commit`] = load → modify → conditional PUT (`If-Match` on the loaded etag, `If-None-Match: *`
 //! when absent), retried only on a confirmed conflict. "No manifest" is only the store's typed
 //! not-found (docs/hazards.md #464); every load checks the schema stamp (#520/#522/#536), reads
-//! at most [`ReadLimits::manifest_bytes`] (L40), and refuses a path listed twice and a negative
-//! size or row count (L41, L42). Unknown fields, top-level and per entry, survive a rewrite.
+//! at most [`ReadLimits::manifest_bytes`] (S2), and refuses a path listed twice and a negative
+//! size or row count (S3, S4). Unknown fields, top-level and per entry, survive a rewrite.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -203,7 +203,7 @@ impl Manifest {
     }
 
     /// The sum of the listed row counts, saturating (each is checked to be non-negative at
-    /// load; their sum may still overflow, docs/hazards.md L42).
+    /// load; their sum may still overflow, docs/hazards.md S4).
     pub fn total_rows<'a>(entries: impl IntoIterator<Item = &'a FileEntry>) -> i64 {
         entries
             .into_iter()
@@ -417,7 +417,7 @@ where
         };
         modify(&mut manifest)?;
         manifest.check_entries(key)?;
-        // Numbers read from the lake: saturating, never overflowing (docs/hazards.md L42).
+        // Numbers read from the lake: saturating, never overflowing (docs/hazards.md S4).
         manifest.version = manifest.version.saturating_add(1);
         manifest.updated_at_ms = clock.now_ms().max(manifest.updated_at_ms.saturating_add(1));
         let body = Bytes::from(manifest.to_json()?);

@@ -21,7 +21,7 @@ use crate::store::{GetResult, ObjectStore, StoreError};
 /// How large each metadata object of the lake may be when lakecdc reads it. Manifests, the gc
 /// state and owner markers are read whole into memory, and whoever can write the lake can make
 /// them as large as they like: a larger object is refused before it is read
-/// (docs/hazards.md L40). The defaults hold the documents of large lakes and keep what parsing
+/// (docs/hazards.md S2). The defaults hold the documents of large lakes and keep what parsing
 /// them costs (several times their size) within the memory the deployment manifests give each
 /// job; a lake that outgrows one needs the limit raised, and the job's memory with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

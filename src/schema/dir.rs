@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::columns::{fold, is_reserved};
 use super::{Attribute, ColumnBinding, Encoding, SchemaDef, SlotType, ValueType, slot_type};
+use crate::config::check_schema_name;
 use crate::error::{Error, Result};
 
 const ATTRIBUTES_SUFFIX: &str = "_attributes.json";
@@ -39,6 +40,13 @@ pub fn scan(dir: &Path) -> Result<Vec<String>> {
             continue;
         }
         if let Some(name) = file.strip_suffix(".json") {
+            // The stem is registered as the schema's name, which jobs join back to `dir`.
+            check_schema_name(name).map_err(|e| Error::Metadata {
+                path: entry.path(),
+                message: format!(
+                    "{e} (a file's name less .json is its schema's name); rename the file"
+                ),
+            })?;
             names.push(name.to_string());
         }
     }
@@ -65,6 +73,11 @@ pub fn scan(dir: &Path) -> Result<Vec<String>> {
 /// Loads and validates one schema's attribute metadata. A missing or empty file is an error
 /// (docs/hazards.md #193): an export without metadata would be unreadable.
 pub fn load(dir: &Path, schema: &str) -> Result<SchemaDef> {
+    // A name that is not a plain file name would reach outside `dir` (docs/hazards.md S6).
+    check_schema_name(schema).map_err(|e| Error::Metadata {
+        path: dir.to_path_buf(),
+        message: format!("{e}; no metadata is read for it"),
+    })?;
     let path = attributes_path(dir, schema);
     if !path.exists() {
         return Err(Error::Metadata {
@@ -286,6 +299,56 @@ mod tests {
 
     fn err_of(json: &str) -> String {
         load_str(json).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn names_that_are_not_plain_file_names_read_nothing_outside_the_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("schemas");
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        // Metadata files planted where each name would lead: reading one would be a JSON
+        // error (or a load), not the name error.
+        for planted in [
+            "evil_attributes.json",
+            "sub/x_attributes.json",
+            "abs_attributes.json",
+        ] {
+            let p = if planted.starts_with("sub/") {
+                dir.join(planted)
+            } else {
+                root.path().join(planted)
+            };
+            std::fs::write(p, "planted").unwrap();
+        }
+        let abs = root.path().join("abs").display().to_string();
+        for name in ["../evil", "sub/x", abs.as_str(), "..", "x\u{1b}[2J"] {
+            let e = load(&dir, name).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                matches!(&e, Error::Metadata { path, .. } if path == &dir),
+                "{e:?}"
+            );
+            assert!(text.contains("is not a valid schema name"), "{text}");
+            assert!(
+                !text.contains("JSON") && !text.contains("planted"),
+                "{text}"
+            );
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_metadata_file_whose_name_is_not_a_schema_name_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["bad name.json", "bad name_attributes.json"] {
+            std::fs::write(dir.path().join(f), "{}").unwrap();
+        }
+        let e = scan(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, Error::Metadata { path, .. } if path.ends_with("bad name.json")),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("rename the file"), "{e}");
     }
 
     #[test]

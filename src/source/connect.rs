@@ -3,11 +3,21 @@
 //! require / verify-ca / verify-full over rustls. The [`Connector`] never exposes the password:
 //! its `Debug` and [`Connector::describe`] omit it, and driver errors are wrapped with the
 //! operation only.
+//!
+//! The password and an unverified server (docs/hazards.md S7): the `sslmode`s keep libpq's
+//! meanings, so disable / allow / prefer / require reach a server whose certificate nobody
+//! checked, and the driver answers a clear-text or MD5 password request from whoever that is.
+//! With a password and no verification, lakecdc warns once, on its first connection; under
+//! `require` (TLS certain) it also requires SCRAM channel binding unless `channel_binding` (or
+//! `PGCHANNELBINDING`) says otherwise, so the password is never sent in clear text nor as MD5,
+//! and a man in the middle cannot relay the SCRAM exchange. Over plain TCP (disable, and
+//! allow / prefer when the server has no TLS) nothing can be required: channel binding needs
+//! TLS, and the driver has no switch that refuses clear-text password requests alone.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use rustls::client::WebPkiServerVerifier;
@@ -16,7 +26,7 @@ use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signat
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::{ChannelBinding, Host, SslMode};
 use tokio_postgres::{Client, Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -33,7 +43,7 @@ pub struct PgSettings {
     /// A URL or keyword DSN (`--pg-url`, `LAKECDC_PG_URL`, `DATABASE_URL`).
     pub conninfo: Option<String>,
     /// `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`,
-    /// `PGAPPNAME`, `PGCONNECT_TIMEOUT` as set in the environment.
+    /// `PGCHANNELBINDING`, `PGAPPNAME`, `PGCONNECT_TIMEOUT` as set in the environment.
     pub env: BTreeMap<String, String>,
     /// Reported as `application_name` unless the string sets one.
     pub application_name: String,
@@ -53,7 +63,7 @@ impl std::fmt::Debug for PgSettings {
 }
 
 /// The `PG*` variables [`PgSettings::env`] may carry.
-pub const PG_ENV_VARS: [&str; 9] = [
+pub const PG_ENV_VARS: [&str; 10] = [
     "PGHOST",
     "PGPORT",
     "PGUSER",
@@ -61,6 +71,7 @@ pub const PG_ENV_VARS: [&str; 9] = [
     "PGDATABASE",
     "PGSSLMODE",
     "PGSSLROOTCERT",
+    "PGCHANNELBINDING",
     "PGAPPNAME",
     "PGCONNECT_TIMEOUT",
 ];
@@ -85,6 +96,8 @@ pub enum TlsPolicy {
 }
 
 impl TlsPolicy {
+    /// The policy of an `sslmode` value; an error does not show the value (it came from the
+    /// connection string).
     fn parse(mode: &str) -> Result<Self> {
         Ok(match mode {
             "disable" => TlsPolicy::Disable,
@@ -93,13 +106,74 @@ impl TlsPolicy {
             "require" => TlsPolicy::Require,
             "verify-ca" => TlsPolicy::VerifyCa,
             "verify-full" => TlsPolicy::VerifyFull,
-            other => {
-                return Err(Error::config(format!(
-                    "sslmode {other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
-                )));
+            _ => {
+                return Err(Error::config(
+                    "sslmode (or PGSSLMODE) is not one of disable, allow, prefer, require, verify-ca, verify-full",
+                ));
             }
         })
     }
+
+    /// Whether the server's certificate is verified, so that it is the server the operator
+    /// named.
+    fn verifies_server(self) -> bool {
+        matches!(self, TlsPolicy::VerifyCa | TlsPolicy::VerifyFull)
+    }
+}
+
+/// The value of `PGCHANNELBINDING`.
+fn parse_channel_binding(value: &str) -> Result<ChannelBinding> {
+    match value {
+        "disable" => Ok(ChannelBinding::Disable),
+        "prefer" => Ok(ChannelBinding::Prefer),
+        "require" => Ok(ChannelBinding::Require),
+        _ => Err(Error::config(
+            "PGCHANNELBINDING is not one of disable, prefer, require",
+        )),
+    }
+}
+
+/// The warning a connection with a password deserves under `tls` when channel binding is
+/// `binding`: `None` when the server's certificate is verified. One line; it never shows the
+/// password.
+fn transport_warning(tls: TlsPolicy, binding: ChannelBinding) -> Option<&'static str> {
+    if tls.verifies_server() {
+        return None;
+    }
+    if binding == ChannelBinding::Require {
+        return Some(match tls {
+            TlsPolicy::Require => {
+                "a password is configured and sslmode=require does not verify the server's certificate: lakecdc sends it only through SCRAM with channel binding (servers that ask for it otherwise are refused); set sslrootcert and sslmode=verify-full to verify the server"
+            }
+            _ => {
+                "a password is configured and the sslmode does not verify the server's certificate: with channel_binding=require it goes only through SCRAM with channel binding over TLS; set sslrootcert and sslmode=verify-full to verify the server"
+            }
+        });
+    }
+    Some(match tls {
+        TlsPolicy::Disable => {
+            "a password is configured and sslmode=disable: it is used over plain TCP with whatever answers at the server's address, which can ask for it in clear text; set sslrootcert and sslmode=verify-full"
+        }
+        TlsPolicy::Allow => {
+            "a password is configured and sslmode=allow neither requires TLS nor verifies the server: whatever answers at its address can ask for the password in clear text; set sslrootcert and sslmode=verify-full"
+        }
+        TlsPolicy::Prefer => {
+            "a password is configured and sslmode=prefer (the default) neither requires TLS nor verifies the server: whatever answers at its address can ask for the password in clear text; set sslrootcert and sslmode=verify-full"
+        }
+        _ => {
+            "a password is configured and sslmode=require does not verify the server's certificate, and channel binding is not required: whatever answers at its address can ask for the password in clear text; set sslrootcert and sslmode=verify-full"
+        }
+    })
+}
+
+/// The hint added to a connection error when the server did not use the channel binding
+/// lakecdc required.
+const BINDING_HINT: &str = "sslmode=require does not verify the server, so lakecdc sends the password only through SCRAM with channel binding, which this server did not offer; set sslrootcert and sslmode=verify-full, or channel_binding=prefer to accept the risk";
+
+/// Whether `e` is the driver refusing to authenticate without channel binding.
+fn is_binding_refusal(e: &tokio_postgres::Error) -> bool {
+    e.to_string() == "authentication error"
+        && std::error::Error::source(e).is_some_and(|s| s.to_string().contains("channel binding"))
 }
 
 /// Silence after which TCP keepalive probes start, unless the connection string sets
@@ -132,6 +206,12 @@ pub struct Connector {
     copy_tap: bool,
     /// Messages the taps of the connections opened by this connector and its clones diverted.
     diverted: Arc<AtomicU64>,
+    /// Whether lakecdc (not the operator) required channel binding, for the error's hint.
+    binding_required: bool,
+    /// What to warn about the password's transport, once per connector and its clones.
+    warning: Option<&'static str>,
+    /// Set once the warning is given.
+    warned: Arc<Once>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -165,20 +245,21 @@ impl Connector {
                 driver: String::new(),
                 sslmode: None,
                 sslrootcert: None,
+                keys: Default::default(),
             },
         };
         let mut config: Config = if info.driver.is_empty() {
             Config::new()
         } else {
-            info.driver.parse().map_err(|e: tokio_postgres::Error| {
-                // The driver's parse errors name the option, never its value.
-                Error::config(format!("invalid PostgreSQL connection string: {e}"))
-            })?
+            // `conninfo::parse` checked it: no error text of the driver is shown.
+            info.driver
+                .parse()
+                .map_err(|_| Error::config("connection string: refused by the PostgreSQL driver"))?
         };
         // Long-idle connections (the schema lock's, held through an init that can take hours)
         // must outlive NAT and load-balancer idle timeouts (AWS NLB: 350 s): probe after a
         // minute of silence unless the connection string chose (the driver's default is 2 h).
-        if !info.driver.contains("keepalives_idle") {
+        if !info.keys.contains("keepalives_idle") {
             config.keepalives_idle(KEEPALIVE_IDLE);
         }
         if config.get_hosts().is_empty() {
@@ -237,6 +318,26 @@ impl Connector {
                 rootcert.map(PathBuf::from),
             )?))),
         };
+        // docs/hazards.md S7: the operator's channel_binding wins; else, with a password over
+        // TLS that does not verify the server, the password goes only through SCRAM with
+        // channel binding.
+        let has_password = config.get_password().is_some();
+        let mut binding_required = false;
+        if !info.keys.contains("channel_binding") {
+            match env("PGCHANNELBINDING") {
+                Some(v) => {
+                    config.channel_binding(parse_channel_binding(&v)?);
+                }
+                None if has_password && tls == TlsPolicy::Require => {
+                    config.channel_binding(ChannelBinding::Require);
+                    binding_required = true;
+                }
+                None => {}
+            }
+        }
+        let warning = has_password
+            .then(|| transport_warning(tls, config.get_channel_binding()))
+            .flatten();
         Ok(Self {
             config,
             tls,
@@ -244,7 +345,18 @@ impl Connector {
             statement_timeout: settings.statement_timeout,
             copy_tap: true,
             diverted: Arc::default(),
+            binding_required,
+            warning,
+            warned: Arc::new(Once::new()),
         })
+    }
+
+    /// Gives the transport warning, if there is one and it was not given yet by this
+    /// connector or a clone. Called on the first connection, once logging is set up.
+    fn warn_once(&self) {
+        if let Some(warning) = self.warning {
+            self.warned.call_once(|| tracing::warn!("{warning}"));
+        }
     }
 
     /// The same connector with the COPY tap on (the default) or off. Off, every connection
@@ -349,6 +461,7 @@ impl Connector {
     }
 
     async fn open_session(&self, slot: Option<&TapSlot>) -> Result<Client> {
+        self.warn_once();
         let op = format!("connect to {}", self.describe());
         let rustls = self.rustls.as_ref().map(|r| match slot {
             Some(slot) => r.tapping(slot.clone()),
@@ -370,6 +483,9 @@ impl Connector {
                     .map_err(Error::postgres(format!(
                         "{op} (with TLS, after a refused plain connection)"
                     )))
+            }
+            (Err(e), _, _) if self.binding_required && is_binding_refusal(&e) => {
+                Err(Error::postgres(format!("{op} ({BINDING_HINT})"))(e))
             }
             (result, _, _) => result.map_err(Error::postgres(op)),
         }
@@ -593,6 +709,7 @@ impl ServerCertVerifier for IgnoreHostName {
 
 #[cfg(test)]
 mod tests {
+    use super::super::conninfo::tests::{PW, assert_hides};
     use super::*;
 
     fn settings(conninfo: Option<&str>, env: &[(&str, &str)]) -> PgSettings {
@@ -677,6 +794,290 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(!e.contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn no_setting_error_shows_a_fragment_of_the_password() {
+        // Values that are, or hold, the password: a misplaced one ends up in another setting.
+        let cases: Vec<(String, Env)> = vec![
+            (format!("host=h password={PW} sslmode={PW}"), vec![]),
+            (format!("postgres://u:{PW}@h/db?sslmode={PW}"), vec![]),
+            (format!("host=h password={PW}"), vec![("PGSSLMODE", PW)]),
+            (format!("host=h password={PW}"), vec![("PGPORT", PW)]),
+            (
+                format!("host=h password={PW}"),
+                vec![("PGCHANNELBINDING", PW)],
+            ),
+            (format!("host=h password={PW} port={PW}"), vec![]),
+            (format!("host=h password={PW} hostaddr={PW}"), vec![]),
+            (format!("host=h password={} {}", &PW[..5], &PW[5..]), vec![]),
+            (format!("postgres://u:{PW}@h:{PW}/db"), vec![]),
+            (format!("postgres://u:{PW}@h/db?{PW}=1"), vec![]),
+            (format!("postgres://u:{PW}@h/db?password={PW}&{PW}"), vec![]),
+        ];
+        for (s, env) in &cases {
+            let e = Connector::new(&settings(Some(s), env)).unwrap_err();
+            for text in [e.chain(), format!("{e:?}")] {
+                assert_hides(&text, PW, s);
+            }
+        }
+    }
+
+    #[test]
+    fn a_password_is_never_taken_for_a_name_connection_errors_show() {
+        // The driver's own URL parser splits at the first '@' anywhere, taking
+        // `h/db?password=Qz7K` for the user name, which `describe` (and so every connection
+        // error) shows.
+        for (url, password) in [
+            (
+                format!("postgres://h/db?password={}@{}", &PW[..4], &PW[4..]),
+                format!("{}@{}", &PW[..4], &PW[4..]),
+            ),
+            (
+                format!("postgres://u:{}@{}@h/db", &PW[..4], &PW[4..]),
+                format!("{}@{}", &PW[..4], &PW[4..]),
+            ),
+        ] {
+            let c = Connector::new(&settings(Some(&url), &[])).unwrap();
+            assert_eq!(c.password_for_tests(), Some(password.as_bytes()), "{url}");
+            assert_hides(&c.describe(), PW, &url);
+            assert_hides(&format!("{c:?}"), PW, &url);
+        }
+    }
+
+    /// `PG*` variables of a case.
+    type Env = Vec<(&'static str, &'static str)>;
+
+    /// A CA certificate for the verify modes (nothing is verified against it here).
+    const TEST_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBlTCCATugAwIBAgIURVsDUtf2MJanPYH0oMAI3tcT4SwwCgYIKoZIzj0EAwIw
+HzEdMBsGA1UEAwwUbGFrZWNkYyB1bml0LXRlc3QgQ0EwIBcNMjYxMjAxMTc1ODI1
+WhgPMjEyNjExMDcxNzU4MjVaMB8xHTAbBgNVBAMMFGxha2VjZGMgdW5pdC10ZXN0
+IENBMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEAWlCvuC3tXAwK+R6CK088N3/
+/ghZ6Za9BN6lfaeSKRRVitCMUxgn/VLFWbgK8SLbfBHQqy/sQpuqgMDNaIiHuqNT
+MFEwHQYDVR0OBBYEFBbFy7/bgnzySM/3fvWiDticPWA6MB8GA1UdIwQYMBaAFBbF
+y7/bgnzySM/3fvWiDticPWA6MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwID
+SAAwRQIgS2JRIH0kr8Iusu/IFkWxsZ25mtW6fWccIwtOkvaASDYCIQDFDhA8BWH0
+ogCU1J2tGDyd/G8kR4C4AzM/et9xN/UgHA==
+-----END CERTIFICATE-----
+";
+
+    /// What a subscriber writes, for tests of the warnings.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    /// The lines logged while `c` and two clones of it open their first connections (which
+    /// fail: nothing listens on port 1).
+    fn logged_by_first_connections(c: &Connector) -> Vec<String> {
+        let out = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(out.clone())
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tracing::subscriber::with_default(subscriber, || {
+            for c in [c.clone(), c.clone(), c.clone()] {
+                assert!(rt.block_on(c.connect()).is_err());
+            }
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .filter(|l| l.contains("WARN"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_password_to_an_unverified_server_is_warned_about_once() {
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(ca.path(), TEST_CA).unwrap();
+        let ca = ca.path().display().to_string();
+        let base = "host=127.0.0.1 port=1 connect_timeout=1 user=u";
+        // (connection string, environment, the warning names this, or None for no warning)
+        let cases: Vec<(String, Env, Option<&str>)> = vec![
+            (
+                format!("{base} password={PW} sslmode=require"),
+                vec![],
+                Some("sslmode=require"),
+            ),
+            (
+                format!("{base} password={PW} sslmode=disable"),
+                vec![],
+                Some("sslmode=disable"),
+            ),
+            (
+                format!("{base} password={PW} sslmode=allow"),
+                vec![],
+                Some("sslmode=allow"),
+            ),
+            (
+                format!("{base} password={PW}"),
+                vec![],
+                Some("sslmode=prefer"),
+            ),
+            (
+                base.to_string(),
+                vec![("PGPASSWORD", PW)],
+                Some("sslmode=prefer"),
+            ),
+            (
+                format!("{base} password={PW} sslmode=require channel_binding=prefer"),
+                vec![],
+                Some("channel binding is not required"),
+            ),
+            (
+                format!("{base} password={PW} sslmode=verify-full sslrootcert={ca}"),
+                vec![],
+                None,
+            ),
+            (
+                format!("{base} password={PW} sslmode=verify-ca sslrootcert={ca}"),
+                vec![],
+                None,
+            ),
+            // require with a root certificate verifies the chain (libpq).
+            (
+                format!("{base} password={PW} sslmode=require sslrootcert={ca}"),
+                vec![],
+                None,
+            ),
+            (format!("{base} sslmode=prefer"), vec![], None),
+            (format!("{base} sslmode=require"), vec![], None),
+            (format!("{base} sslmode=disable"), vec![], None),
+        ];
+        for (s, env, want) in &cases {
+            let c = Connector::new(&settings(Some(s), env)).unwrap();
+            let warnings = logged_by_first_connections(&c);
+            match want {
+                Some(needle) => {
+                    assert_eq!(warnings.len(), 1, "{s}: {warnings:?}");
+                    assert!(warnings[0].contains(needle), "{s}: {warnings:?}");
+                    assert!(warnings[0].contains("password"), "{s}: {warnings:?}");
+                    assert_hides(&warnings[0], PW, s);
+                }
+                None => assert!(warnings.is_empty(), "{s}: {warnings:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_password_over_unverified_tls_needs_channel_binding() {
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(ca.path(), TEST_CA).unwrap();
+        let ca = ca.path().display().to_string();
+        use ChannelBinding::{Disable, Prefer, Require};
+        // (connection string, environment, channel binding, required by lakecdc)
+        let cases: Vec<(String, Env, ChannelBinding, bool)> = vec![
+            (
+                "host=h password=p sslmode=require".into(),
+                vec![],
+                Require,
+                true,
+            ),
+            (
+                "postgres://u:p@h/db?sslmode=require".into(),
+                vec![],
+                Require,
+                true,
+            ),
+            (
+                "host=h sslmode=require".into(),
+                vec![("PGPASSWORD", "p")],
+                Require,
+                true,
+            ),
+            (
+                "host=h".into(),
+                vec![("PGPASSWORD", "p"), ("PGSSLMODE", "require")],
+                Require,
+                true,
+            ),
+            // The operator's choice wins.
+            (
+                "host=h password=p sslmode=require channel_binding=prefer".into(),
+                vec![],
+                Prefer,
+                false,
+            ),
+            (
+                "host=h password=p sslmode=require channel_binding=disable".into(),
+                vec![],
+                Disable,
+                false,
+            ),
+            (
+                "host=h password=p sslmode=require".into(),
+                vec![("PGCHANNELBINDING", "prefer")],
+                Prefer,
+                false,
+            ),
+            (
+                "host=h password=p channel_binding=require".into(),
+                vec![("PGCHANNELBINDING", "disable")],
+                Require,
+                false,
+            ),
+            // Without a password, or where TLS may not happen, or where the server is verified.
+            ("host=h sslmode=require".into(), vec![], Prefer, false),
+            (
+                "host=h password=p sslmode=prefer".into(),
+                vec![],
+                Prefer,
+                false,
+            ),
+            (
+                "host=h password=p sslmode=allow".into(),
+                vec![],
+                Prefer,
+                false,
+            ),
+            (
+                "host=h password=p sslmode=disable".into(),
+                vec![],
+                Prefer,
+                false,
+            ),
+            (
+                format!("host=h password=p sslmode=verify-full sslrootcert={ca}"),
+                vec![],
+                Prefer,
+                false,
+            ),
+            (
+                format!("host=h password=p sslmode=require sslrootcert={ca}"),
+                vec![],
+                Prefer,
+                false,
+            ),
+        ];
+        for (s, env, want, required) in &cases {
+            let c = Connector::new(&settings(Some(s), env)).unwrap();
+            assert_eq!(c.config.get_channel_binding(), *want, "{s} {env:?}");
+            assert_eq!(c.binding_required, *required, "{s} {env:?}");
         }
     }
 

@@ -1,9 +1,11 @@
-//! The schema registry table: `schema_name ↔ schema_id`.
+//! The schema registry table: `schema_name ↔ schema_id`. A registered name becomes a file
+//! name in the schema directory and a word in logs, so every name read is checked
+//! ([`check_schema_name`]) before any job uses it (docs/hazards.md S6).
 
 use tokio_postgres::Client;
 
 use super::connect::timed;
-use crate::config::TableName;
+use crate::config::{TableName, check_schema_name};
 use crate::error::{Error, Result};
 
 /// A registered schema.
@@ -15,7 +17,11 @@ pub struct Registered {
     pub id: i16,
 }
 
-/// Every registered schema, by id.
+/// What reading the registry is called in errors.
+const READ_OP: &str = "read schema registry";
+
+/// Every registered schema, by id. A name that breaks the schema-name rule refuses the whole
+/// registry: one error naming the row's id, the name escaped.
 pub(crate) async fn list(client: &Client, table: &TableName) -> Result<Vec<Registered>> {
     let sql = format!(
         "SELECT schema_name, schema_id FROM {} ORDER BY schema_id",
@@ -23,17 +29,32 @@ pub(crate) async fn list(client: &Client, table: &TableName) -> Result<Vec<Regis
     );
     let rows = timed(
         std::time::Duration::from_secs(60),
-        "read schema registry",
+        READ_OP,
         client.query(&sql, &[]),
     )
     .await?;
-    Ok(rows
-        .iter()
-        .map(|r| Registered {
-            name: r.get(0),
-            id: r.get(1),
-        })
-        .collect())
+    let mut out = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let name: String = r
+            .try_get(0)
+            .map_err(Error::postgres(format!("{READ_OP}: schema_name")))?;
+        let id: i16 = r
+            .try_get(1)
+            .map_err(Error::postgres(format!("{READ_OP}: schema_id")))?;
+        out.push(checked(table, name, id)?);
+    }
+    Ok(out)
+}
+
+/// A registry row, once its name passed [`check_schema_name`].
+fn checked(table: &TableName, name: String, id: i16) -> Result<Registered> {
+    match check_schema_name(&name) {
+        Ok(()) => Ok(Registered { name, id }),
+        Err(e) => Err(Error::decode(
+            READ_OP,
+            format!("schema_id {id} in {}: {e}; rename it there", table.quoted()),
+        )),
+    }
 }
 
 /// Resolves `--schema` selectors (names or ids) against the registry; empty means all.
@@ -44,6 +65,9 @@ pub(crate) fn select(all: &[Registered], selectors: &[String]) -> Result<Vec<Reg
     }
     let mut out: Vec<Registered> = Vec::new();
     for sel in selectors {
+        if sel.parse::<i16>().is_err() {
+            check_schema_name(sel).map_err(|e| Error::setting("schema", e.to_string()))?;
+        }
         let found = all
             .iter()
             .find(|r| r.name == *sel || sel.parse::<i16>().is_ok_and(|id| id == r.id))
@@ -87,5 +111,40 @@ mod tests {
         );
         let e = select(&all, &["zzz".into()]).unwrap_err().to_string();
         assert!(e.contains("\"zzz\"") && e.contains("a=100"), "{e}");
+        // A selector that could not be a schema name is refused by the same rule.
+        let e = select(&all, &["../a".into()]).unwrap_err().to_string();
+        assert!(e.contains("is not a valid schema name"), "{e}");
+    }
+
+    #[test]
+    fn a_registry_name_that_is_not_a_plain_file_name_is_refused() {
+        let table = TableName::parse("registry-table", "schema_registry").unwrap();
+        assert_eq!(
+            checked(&table, "customer".into(), 100).unwrap(),
+            Registered {
+                name: "customer".into(),
+                id: 100
+            }
+        );
+        for (name, shown) in [
+            ("../evil/pwn", r#""../evil/pwn""#),
+            ("/etc/passwd", r#""/etc/passwd""#),
+            ("..", r#""..""#),
+            ("a\u{1b}]0;owned\u{7}", r#""a\x1b]0;owned\x07""#),
+        ] {
+            let e = checked(&table, name.into(), 7).unwrap_err();
+            let text = e.to_string();
+            assert!(matches!(e, Error::Decode { .. }), "{e:?}");
+            assert!(
+                text.starts_with(&format!(
+                    "read schema registry: schema_id 7 in \"schema_registry\": {shown} is not a valid schema name"
+                )),
+                "{text}"
+            );
+            assert!(
+                !text.contains('\n') && !text.chars().any(char::is_control),
+                "{text:?}"
+            );
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! A lake written by someone who can write its objects but not run anything on the host: they
 //! may make a job fail with a clear error, never make it touch an object outside the schema's
-//! own prefix, nor read more than its limits (docs/hazards.md L39–L42).
+//! own prefix, nor read more than its limits (docs/hazards.md S1–S4).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -115,7 +115,7 @@ async fn inspect(ctx: &lakecdc::job::Context, rig: &Rig) -> lakecdc::inspect::Sc
 
 #[tokio::test]
 async fn verify_names_foreign_manifest_paths_and_never_requests_them() {
-    // docs/hazards.md L39
+    // docs/hazards.md S1
     let rig = flushed_rig(LakeKind::S3, 120).await;
     let ours = rig.listed().await;
     assert_eq!(ours.len(), 3);
@@ -175,7 +175,7 @@ async fn verify_names_foreign_manifest_paths_and_never_requests_them() {
 
 #[tokio::test]
 async fn gc_never_deletes_a_foreign_key_named_by_the_manifest_or_its_sightings() {
-    // docs/hazards.md L39
+    // docs/hazards.md S1
     let rig = flushed_rig(LakeKind::S3, 20).await;
     let layout = rig.ctx.lake.layout.clone();
     // Garbage-shaped objects of another schema and of another top-level prefix.
@@ -285,7 +285,7 @@ async fn gc_never_deletes_a_foreign_key_named_by_the_manifest_or_its_sightings()
 
 #[tokio::test]
 async fn init_refuses_to_replace_a_foreign_path() {
-    // docs/hazards.md L39: init retires every listed base; a foreign one is never retired.
+    // docs/hazards.md S1: init retires every listed base; a foreign one is never retired.
     let rig = flushed_rig(LakeKind::S3, 20).await;
     let foreign = rig.ctx.lake.layout.merged_base_key(101, Uuid::now_v7());
     list_also(&rig, std::slice::from_ref(&foreign), Tier::Base).await;
@@ -312,7 +312,7 @@ async fn init_refuses_to_replace_a_foreign_path() {
 
 #[tokio::test]
 async fn an_oversized_manifest_is_refused_by_every_job_without_being_read() {
-    // docs/hazards.md L40
+    // docs/hazards.md S2
     let mut rig = flushed_rig(LakeKind::Local, 30).await;
     let mut r = Rng::new(40);
     rig.seed(5, &mut r).await;
@@ -390,7 +390,7 @@ async fn an_oversized_manifest_is_refused_by_every_job_without_being_read() {
 
 #[tokio::test]
 async fn a_manifest_listing_a_path_twice_is_refused_at_load() {
-    // docs/hazards.md L41
+    // docs/hazards.md S3
     let rig = flushed_rig(LakeKind::S3, 120).await;
     let mut m = manifest_json(&rig).await;
     let files = m["files"].as_array_mut().unwrap();
@@ -426,7 +426,7 @@ async fn a_manifest_listing_a_path_twice_is_refused_at_load() {
 
 #[tokio::test]
 async fn manifest_counts_sum_without_wrapping_and_negative_ones_are_refused() {
-    // docs/hazards.md L42
+    // docs/hazards.md S4
     let rig = flushed_rig(LakeKind::S3, 20).await;
     let layout = rig.ctx.lake.layout.clone();
     let entry = |rows: i64, bytes: i64| {
@@ -477,7 +477,7 @@ async fn manifest_counts_sum_without_wrapping_and_negative_ones_are_refused() {
 
 #[tokio::test]
 async fn compaction_refuses_a_source_larger_than_listed_before_downloading_it() {
-    // docs/hazards.md L40
+    // docs/hazards.md S2
     let (rig, _) = lake_with_base_and_deltas(40).await;
     let m = manifest_json(&rig).await;
     let victim = m["files"][1]["path"].as_str().unwrap().to_string();
@@ -518,7 +518,7 @@ async fn compaction_refuses_a_source_larger_than_listed_before_downloading_it() 
 
 #[tokio::test]
 async fn compaction_checks_the_work_dirs_room_before_downloading() {
-    // docs/hazards.md L40
+    // docs/hazards.md S2
     let (rig, _) = lake_with_base_and_deltas(41).await;
     let m = manifest_json(&rig).await;
     let inputs: u64 = m["files"]
@@ -565,7 +565,7 @@ async fn compaction_checks_the_work_dirs_room_before_downloading() {
 
 #[tokio::test]
 async fn verify_reports_an_object_larger_than_listed_without_downloading_it() {
-    // docs/hazards.md L40
+    // docs/hazards.md S2
     let rig = flushed_rig(LakeKind::S3, 120).await;
     let listed = rig.listed().await;
     let victim = listed[0].clone();

@@ -1,0 +1,288 @@
+//! The password on its way to a server nobody verified (docs/hazards.md S7). Under
+//! `sslmode=require` without `sslrootcert`, a server that asks for the password in clear text
+//! or as MD5 — which is what a man in the middle with any certificate does — gets nothing: the
+//! password goes only through SCRAM with channel binding. A password with an `sslmode` that does
+//! not verify the server is warned about once, on one line, never showing it.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lakecdc::source::conninfo::quote;
+use lakecdc::source::{Connector, PgSettings};
+
+use crate::support::harness::{self, TestDb, pg_fixtures, pg_settings};
+
+/// A password whose every three-character run is its own (no message has one).
+const SECRET: &str = "Hq3Zv8Wk5Rx";
+
+/// Fails if `text` shows any run of three characters of `secret`.
+fn assert_hides(text: &str, secret: &str, what: &str) {
+    let chars: Vec<char> = secret.chars().collect();
+    for start in 0..chars.len() {
+        for end in start + 3..=chars.len() {
+            let fragment: String = chars[start..end].iter().collect();
+            assert!(
+                !text.contains(&fragment),
+                "{what}: shows {fragment:?} of a password: {text}"
+            );
+        }
+    }
+}
+
+/// The password request a fake server sends.
+#[derive(Debug, Clone, Copy)]
+enum Ask {
+    Cleartext,
+    Md5,
+}
+
+/// A self-signed certificate and its key for `localhost`, made by the `openssl` tool (which
+/// `scripts/services.sh` needs too).
+fn self_signed(dir: &std::path::Path) -> rustls::ServerConfig {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (cert, key) = (dir.join("fake.crt"), dir.join("fake.key"));
+    let out = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the openssl tool makes the fake server's certificate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let certs = CertificateDer::pem_file_iter(&cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+    rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap()
+}
+
+/// Reads one length-prefixed message body (the length counts itself).
+fn read_body(s: &mut impl Read) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let len = u32::from_be_bytes(len) as usize;
+    let mut body = vec![0u8; len.saturating_sub(4)];
+    s.read_exact(&mut body)?;
+    Ok(body)
+}
+
+/// A server that accepts one connection, agrees to TLS with any certificate, asks for the
+/// password as `ask` says, and returns what the client answered: the body of its password
+/// message, or `None` when it sent none.
+fn fake_server(ask: Ask) -> (u16, std::thread::JoinHandle<Option<Vec<u8>>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Arc::new(self_signed(dir.path()));
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let _dir = dir;
+        let (mut tcp, _) = listener.accept().unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // SSLRequest: length 8, code 80877103.
+        let request = read_body(&mut tcp).unwrap();
+        assert_eq!(request, 80877103u32.to_be_bytes());
+        tcp.write_all(b"S").unwrap();
+        let conn = rustls::ServerConnection::new(config).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        read_body(&mut tls).unwrap(); // the startup message
+        let request: &[u8] = match ask {
+            Ask::Cleartext => b"R\0\0\0\x08\0\0\0\x03",
+            Ask::Md5 => b"R\0\0\0\x0c\0\0\0\x05salt",
+        };
+        tls.write_all(request).unwrap();
+        tls.flush().unwrap();
+        let mut kind = [0u8; 1];
+        match tls.read_exact(&mut kind) {
+            Ok(()) if kind[0] == b'p' => read_body(&mut tls).ok(),
+            _ => None,
+        }
+    });
+    (port, server)
+}
+
+fn settings_for(port: u16, extra: &str) -> PgSettings {
+    let mut s = pg_settings(&format!(
+        "host=127.0.0.1 port={port} user=u dbname=d connect_timeout=5 sslmode=require {extra}"
+    ));
+    s.env.insert("PGPASSWORD".into(), SECRET.into());
+    s
+}
+
+#[tokio::test]
+async fn an_unverified_server_asking_for_the_password_in_clear_text_or_md5_gets_nothing() {
+    for ask in [Ask::Cleartext, Ask::Md5] {
+        let (port, server) = fake_server(ask);
+        let connector = Connector::new(&settings_for(port, "")).unwrap();
+        let err = connector.connect().await.unwrap_err();
+        let answer = server.join().unwrap();
+        assert_eq!(
+            answer, None,
+            "{ask:?}: the client answered the password request"
+        );
+        let chain = err.chain();
+        assert!(
+            chain.contains("server did not use channel binding")
+                && chain.contains("sslmode=verify-full")
+                && chain.contains("channel_binding=prefer"),
+            "{ask:?}: {chain}"
+        );
+        for text in [chain, format!("{err:?}"), format!("{connector:?}")] {
+            assert_hides(&text, SECRET, &format!("{ask:?}"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn channel_binding_prefer_is_the_operators_way_to_accept_such_a_server() {
+    // What the guard prevents: with channel binding merely preferred, the driver answers.
+    let (port, server) = fake_server(Ask::Cleartext);
+    let connector = Connector::new(&settings_for(port, "channel_binding=prefer")).unwrap();
+    let _ = connector.connect().await;
+    let answer = server.join().unwrap().expect("a password message");
+    assert_eq!(answer, [SECRET.as_bytes(), b"\0"].concat());
+}
+
+#[tokio::test]
+async fn a_scram_server_takes_the_password_over_require_with_channel_binding() {
+    let f = pg_fixtures();
+    for extra in ["", "channel_binding=require"] {
+        let dsn = format!(
+            "host={} port={} user={} password={} dbname=postgres sslmode=require {extra}",
+            f.host,
+            f.port,
+            f.password_user,
+            quote(&f.password)
+        );
+        let client = Connector::new(&pg_settings(&dsn))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{extra}: {}", e.chain()));
+        let row = client
+            .query_one(
+                "SELECT current_user::text, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), f.password_user);
+        assert!(row.get::<_, bool>(1));
+    }
+}
+
+/// Runs `init-db` with only `env` for PostgreSQL; returns (exit code, stderr).
+fn init_db(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = harness::bin();
+    for var in lakecdc::source::connect::PG_ENV_VARS {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .env_remove("LAKECDC_PG_URL")
+        .env_remove("DATABASE_URL")
+        .env_remove("LAKECDC_LOG")
+        .env_remove("RUST_LOG")
+        .arg("init-db")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_binary_warns_once_about_a_password_to_an_unverified_server() {
+    let f = pg_fixtures();
+    let db = TestDb::new().await;
+    let dbname = db.url.rsplit_once('/').unwrap().1.to_string();
+    let dsn = |host: &str, user: &str, extra: &str| {
+        format!(
+            "host={host} port={} user={user} dbname={dbname} {extra}",
+            f.port
+        )
+    };
+    let pw = f.password.as_str();
+    // (what, environment, the warning names this, or None for no warning)
+    let cases = [
+        (
+            "password, sslmode=require",
+            vec![
+                (
+                    "LAKECDC_PG_URL",
+                    dsn(&f.host, &f.password_user, "sslmode=require"),
+                ),
+                ("PGPASSWORD", pw.to_string()),
+            ],
+            Some("sslmode=require"),
+        ),
+        (
+            "password, no sslmode (prefer)",
+            vec![
+                ("LAKECDC_PG_URL", dsn(&f.host, &f.password_user, "")),
+                ("PGPASSWORD", pw.to_string()),
+            ],
+            Some("sslmode=prefer"),
+        ),
+        (
+            "password, verify-full",
+            vec![
+                (
+                    "LAKECDC_PG_URL",
+                    dsn(
+                        "localhost",
+                        &f.password_user,
+                        &format!("sslmode=verify-full sslrootcert={}", quote(&f.ca)),
+                    ),
+                ),
+                ("PGPASSWORD", pw.to_string()),
+            ],
+            None,
+        ),
+        (
+            "no password, prefer",
+            vec![("LAKECDC_PG_URL", dsn(&f.host, "postgres", "sslmode=prefer"))],
+            None,
+        ),
+    ];
+    for (what, env, want) in &cases {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (code, stderr) = init_db(&env);
+        assert_eq!(code, Some(0), "{what}: {stderr}");
+        let warnings: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("a password is configured"))
+            .collect();
+        match want {
+            Some(needle) => {
+                assert_eq!(warnings.len(), 1, "{what}: {stderr}");
+                assert!(warnings[0].contains("WARN"), "{what}: {stderr}");
+                assert!(warnings[0].contains(needle), "{what}: {stderr}");
+            }
+            None => assert!(warnings.is_empty(), "{what}: {stderr}"),
+        }
+        assert!(!stderr.contains(pw), "{what}: {stderr}");
+        for word in pw.split(|c: char| !c.is_ascii_alphanumeric()) {
+            if word.len() >= 3 {
+                assert!(!stderr.contains(word), "{what} shows {word:?}: {stderr}");
+            }
+        }
+    }
+}
