@@ -48,7 +48,8 @@ use crate::store::{StoreError, delete_or_leave};
 pub use crate::job::Context;
 pub use crate::policy::{CompactThresholds, Decision, Plan};
 
-/// A test seam called after the new base is staged, before the manifest save.
+/// A test seam called after the new base is staged, before the manifest save; only
+/// [`run_with_hook`] (the `testing` feature) takes one.
 pub type Hook = Arc<dyn Fn(i16) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Measures the free bytes of the file system holding a directory (for an unprivileged user).
@@ -259,7 +260,22 @@ impl CompactReport {
 }
 
 /// Runs compaction over the selected schemas.
-pub async fn run(
+pub async fn run(ctx: &Context, opts: &CompactOptions) -> Result<CompactReport> {
+    run_hooked(ctx, opts, None).await
+}
+
+/// [`run`] with a test seam before each manifest save (the `testing` feature only:
+/// docs/security.md).
+#[cfg(any(test, feature = "testing"))]
+pub async fn run_with_hook(
+    ctx: &Context,
+    opts: &CompactOptions,
+    hook: Option<Hook>,
+) -> Result<CompactReport> {
+    run_hooked(ctx, opts, hook).await
+}
+
+async fn run_hooked(
     ctx: &Context,
     opts: &CompactOptions,
     hook: Option<Hook>,

@@ -50,7 +50,8 @@ mod read_ahead;
 /// A test seam called with the schema id and the batch's row ids.
 pub type Hook = Arc<dyn Fn(i16, Vec<Uuid>) -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// Test seams inside a batch; `None` in production.
+/// Test seams inside a batch. Only [`run_with_hooks`] (the `testing` feature) takes them: the
+/// shipped binary runs none.
 #[derive(Clone, Default)]
 pub struct FlushHooks {
     /// After selection, before the snapshot is read.
@@ -292,7 +293,21 @@ fn next_flushed_at(now: i64) -> i64 {
 }
 
 /// Runs one flush pass over the selected schemas.
-pub async fn run(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> Result<FlushReport> {
+pub async fn run(ctx: &Context, opts: &FlushOptions) -> Result<FlushReport> {
+    run_hooked(ctx, opts, &FlushHooks::default()).await
+}
+
+/// [`run`] with test seams (the `testing` feature only: docs/security.md).
+#[cfg(any(test, feature = "testing"))]
+pub async fn run_with_hooks(
+    ctx: &Context,
+    opts: &FlushOptions,
+    hooks: &FlushHooks,
+) -> Result<FlushReport> {
+    run_hooked(ctx, opts, hooks).await
+}
+
+async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> Result<FlushReport> {
     let started = Instant::now();
     let client = ctx.connector.connect().await?;
     let registered = registry::list(&client, &ctx.tables.registry).await?;

@@ -78,7 +78,8 @@ pub struct InitOptions {
     pub work_dir: PathBuf,
     /// DuckDB settings.
     pub engine: EngineConfig,
-    /// Test seam between pages; `None` in production.
+    /// Test seam between pages (the `testing` feature only: docs/security.md).
+    #[cfg(any(test, feature = "testing"))]
     pub after_page: Option<PageHook>,
     /// Progress reporting; `None` logs a line per file only.
     pub progress: Option<ProgressFn>,
@@ -97,6 +98,16 @@ impl std::fmt::Debug for InitOptions {
     }
 }
 
+impl InitOptions {
+    /// The page hook: only builds with the `testing` feature have one.
+    fn page_hook(&self) -> Option<PageHook> {
+        #[cfg(any(test, feature = "testing"))]
+        return self.after_page.clone();
+        #[cfg(not(any(test, feature = "testing")))]
+        None
+    }
+}
+
 impl Default for InitOptions {
     fn default() -> Self {
         Self {
@@ -109,6 +120,7 @@ impl Default for InitOptions {
             dry_run: false,
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),
+            #[cfg(any(test, feature = "testing"))]
             after_page: None,
             progress: None,
         }
@@ -573,7 +585,7 @@ fn spawn_reader(
         ctx.tables.clone(),
         def.clone(),
         opts.page_rows.max(1),
-        opts.after_page.clone(),
+        opts.page_hook(),
     );
     Guarded(tokio::spawn(async move {
         let connected = match connector.connect_tapped().await {

@@ -15,15 +15,16 @@ use crate::compact::CompactOptions;
 use crate::config::settings::{Command, Origin, Resolved};
 use crate::config::{
     LakeLocation, TableName, Tables, parse_duration, parse_memory_limit, parse_ratio, parse_size,
+    s3_endpoint_warning,
 };
 use crate::engine::EngineConfig;
 use crate::error::{Error, Result};
-use crate::flush::{FlushHooks, FlushOptions};
+use crate::flush::FlushOptions;
 use crate::gc::GcOptions;
 use crate::init::InitOptions;
 use crate::job::Context;
 use crate::lake::manifest::CommitPolicy;
-use crate::lake::{Lake, Layout};
+use crate::lake::{Lake, Layout, ReadLimits};
 use crate::policy::{CompactThresholds, FlushThresholds};
 use crate::shutdown::Shutdown;
 use crate::source::connect::PG_ENV_VARS;
@@ -103,6 +104,8 @@ pub struct RunConfig {
     pub log_format: LogFormat,
     /// The job.
     pub job: Job,
+    /// How large the lake's metadata objects may be read.
+    pub limits: ReadLimits,
     /// Warnings about the configuration (an exposed password, a plain-text endpoint), logged
     /// once when the job starts.
     pub warnings: Vec<String>,
@@ -162,13 +165,21 @@ impl RunConfig {
             log_format,
             job: job(s, &schemas)?,
             schemas,
+            limits: read_limits(s)?,
             warnings: s.warnings.clone(),
         })
     }
 
     /// Opens the job's context: the lake, a clock, and a stop flag raised by SIGTERM/SIGINT.
     async fn context(&self) -> Result<Context> {
-        let lake = Lake::open(&self.lake, self.layout.clone(), &self.s3).await?;
+        if matches!(self.lake, LakeLocation::S3 { .. })
+            && let Some(w) = (self.s3.endpoint.as_deref()).and_then(s3_endpoint_warning)
+        {
+            tracing::warn!("{w}");
+        }
+        let lake = Lake::open(&self.lake, self.layout.clone(), &self.s3)
+            .await?
+            .with_limits(self.limits);
         let shutdown = Shutdown::new();
         crate::shutdown::watch_signals(shutdown.clone());
         Ok(Context {
@@ -228,6 +239,20 @@ fn engine(s: &Resolved) -> Result<(EngineConfig, PathBuf)> {
         },
         work_dir,
     ))
+}
+
+/// `--max-manifest-size` caps the manifest and, as large as it, the gc state (which lists at
+/// most the prefix's unlisted objects).
+fn read_limits(s: &Resolved) -> Result<ReadLimits> {
+    let manifest_bytes = size(s, "max-manifest-size")?;
+    if manifest_bytes == 0 {
+        return Err(Error::setting("max-manifest-size", "must be more than 0"));
+    }
+    Ok(ReadLimits {
+        manifest_bytes,
+        gc_state_bytes: manifest_bytes.max(ReadLimits::DEFAULT_GC_STATE_BYTES),
+        ..ReadLimits::default()
+    })
 }
 
 fn work_dir(s: &Resolved) -> Result<PathBuf> {
@@ -309,8 +334,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 dry_run,
                 work_dir,
                 engine,
-                after_page: None,
-                progress: None,
+                ..InitOptions::default()
             }))
         }
         Command::Compact => {
@@ -381,7 +405,7 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
         }
         Job::Flush(opts) => {
             let ctx = config.context().await?;
-            let r = crate::flush::run(&ctx, opts, &FlushHooks::default()).await?;
+            let r = crate::flush::run(&ctx, opts).await?;
             Outcome::of(&r, r.to_text(), i32::from(r.failed()))
         }
         Job::Init(opts) => {
@@ -400,7 +424,7 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
         }
         Job::Compact(opts) => {
             let ctx = config.context().await?;
-            let r = crate::compact::run(&ctx, opts, None).await?;
+            let r = crate::compact::run(&ctx, opts).await?;
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
         Job::Gc(opts) => {

@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Debug, Args)]
 struct Global {
     /// PostgreSQL URL or keyword DSN; else DATABASE_URL, then libpq's PG* variables (PGHOST,
-    /// PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT). Never a password here.
+    /// PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT, PGCHANNELBINDING).
     #[arg(long, global = true)]
     pg_url: Option<String>,
     /// A TOML file of settings (keys are the long flag names; [flush], [compact], … tables for
@@ -71,6 +71,9 @@ struct Global {
     /// Manifest key under the lake root; {schema_id} (or {{.SchemaID}}) is replaced.
     #[arg(long, global = true)]
     manifest_template: Option<String>,
+    /// The largest manifest (or gc state) read, e.g. 64MiB; a larger one is refused unread.
+    #[arg(long, global = true)]
+    max_manifest_size: Option<String>,
     /// Print the report as JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -97,7 +100,8 @@ struct EngineArgs {
     /// DuckDB memory limit (e.g. 1GB, 512MiB, 50%); beyond it DuckDB spills to --work-dir.
     #[arg(long)]
     memory_limit: Option<String>,
-    /// Directory for local Parquet files and DuckDB spill files (default: the system temp dir).
+    /// Where each run makes its private (0700) scratch directory for local Parquet files and
+    /// DuckDB's spill files (default: the system temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
 }

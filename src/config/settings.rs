@@ -167,6 +167,11 @@ pub const SETTINGS: &[Setting] = &[
         "LAKECDC_MANIFEST_TEMPLATE",
         Some("manifest/{schema_id}.json"),
     ),
+    global(
+        "max-manifest-size",
+        "LAKECDC_MAX_MANIFEST_SIZE",
+        Some("64MiB"),
+    ),
     global("json", "LAKECDC_JSON", Some("false")),
     global("log-format", "LAKECDC_LOG_FORMAT", Some("text")),
     global("copy-tap", "LAKECDC_COPY_TAP", Some("on")),

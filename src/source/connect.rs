@@ -410,7 +410,8 @@ impl Connector {
     }
 
     /// The password the connection will use, for tests of the parsing rules.
-    pub fn password_for_tests(&self) -> Option<&[u8]> {
+    #[cfg(test)]
+    fn password_for_tests(&self) -> Option<&[u8]> {
         self.config.get_password()
     }
 

@@ -161,8 +161,15 @@ pub async fn apply(
         )
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
+        .map(|r| {
+            // A registry table of another shape is an error, not a panic.
+            let column = |c: &'static str| Error::postgres(format!("read schema registry: {c}"));
+            Ok((
+                r.try_get(0).map_err(column("schema_name"))?,
+                r.try_get(1).map_err(column("schema_id"))?,
+            ))
+        })
+        .collect::<Result<_>>()?
     };
     let mut next = existing
         .iter()

@@ -26,9 +26,7 @@ pub fn opts(rig: &Rig) -> CompactOptions {
 }
 
 async fn compact(rig: &Rig, o: &CompactOptions) -> lakecdc::compact::SchemaCompact {
-    let report = lakecdc::compact::run(&rig.job_context(), o, None)
-        .await
-        .unwrap();
+    let report = lakecdc::compact::run(&rig.job_context(), o).await.unwrap();
     report.schemas.into_iter().next().unwrap()
 }
 
@@ -308,7 +306,6 @@ async fn a_schema_never_flushed_is_a_noop() {
             schemas: vec![],
             ..opts(&rig)
         },
-        None,
     )
     .await
     .unwrap();
@@ -342,14 +339,12 @@ async fn a_flush_committing_during_a_rewrite_keeps_its_delta() {
     let hook: Hook = Arc::new(move |_| {
         let (c, o) = (fctx.clone(), fopts.clone());
         async move {
-            let report = lakecdc::flush::run(&c, &o, &Default::default())
-                .await
-                .unwrap();
+            let report = lakecdc::flush::run(&c, &o).await.unwrap();
             assert_eq!(report.schemas[0].rows_marked, 5);
         }
         .boxed()
     });
-    let report = lakecdc::compact::run(&rig.job_context(), &opts(&rig), Some(hook))
+    let report = lakecdc::compact::run_with_hook(&rig.job_context(), &opts(&rig), Some(hook))
         .await
         .unwrap();
     let s = &report.schemas[0];
@@ -424,7 +419,7 @@ async fn a_conflicting_save_is_retried_and_keeps_the_concurrent_delta() {
     let calls_before = rig.store.calls().len();
     let c = rig.job_context();
     let o = opts(&rig);
-    let task = tokio::spawn(async move { lakecdc::compact::run(&c, &o, None).await });
+    let task = tokio::spawn(async move { lakecdc::compact::run(&c, &o).await });
     gate.wait_reached().await;
     let report = rig.flush().await;
     assert_eq!(report.schemas[0].rows_marked, 4);
@@ -484,7 +479,7 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
             state
         );
     };
-    let report = lakecdc::compact::run(&rig.job_context(), &o, Some(stall))
+    let report = lakecdc::compact::run_with_hook(&rig.job_context(), &o, Some(stall))
         .await
         .unwrap();
     refused(report).await;
@@ -499,7 +494,7 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
             async {}.boxed()
         }
     });
-    let report = lakecdc::compact::run(
+    let report = lakecdc::compact::run_with_hook(
         &Context {
             clock: clock.clone(),
             ..rig.job_context()

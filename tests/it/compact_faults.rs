@@ -23,9 +23,7 @@ const MANIFEST: &str = "manifest/100.json";
 const OWNER: &str = "data/100/_owner.json";
 
 async fn compact(rig: &Rig, o: &CompactOptions) -> SchemaCompact {
-    let report = lakecdc::compact::run(&rig.job_context(), o, None)
-        .await
-        .unwrap();
+    let report = lakecdc::compact::run(&rig.job_context(), o).await.unwrap();
     assert_eq!(report.schemas.len(), 1, "{report:?}");
     report.schemas.into_iter().next().unwrap()
 }
@@ -293,7 +291,7 @@ async fn a_pass_that_lost_a_race_deletes_its_base_and_starts_over() {
         ..opts(&rig)
     };
     let (c, o) = (rig.job_context(), loser_opts.clone());
-    let loser = tokio::spawn(async move { lakecdc::compact::run(&c, &o, None).await });
+    let loser = tokio::spawn(async move { lakecdc::compact::run(&c, &o).await });
     tokio::time::timeout(std::time::Duration::from_secs(60), gate.wait_reached())
         .await
         .expect("the compaction never saved");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use lakecdc::clock::SystemClock;
-use lakecdc::flush::{Context, FlushHooks, FlushOptions};
+use lakecdc::flush::{Context, FlushOptions};
 use lakecdc::init::{InitOptions, Outcome};
 use lakecdc::lake::Lake;
 use lakecdc::source::Connector;
@@ -464,9 +464,7 @@ async fn export(template: &Context, connector: Connector) -> Exported {
         work_dir: dir.path().to_path_buf(),
         ..FlushOptions::default()
     };
-    lakecdc::flush::run(&ctx, &flush, &FlushHooks::default())
-        .await
-        .unwrap();
+    lakecdc::flush::run(&ctx, &flush).await.unwrap();
     Exported {
         store,
         diverted_by_init,

@@ -503,7 +503,7 @@ async fn manifests_written_by_lakecdc_validate_against_the_schema() {
     let compact = |rig: &Rig, o: CompactOptions| {
         let ctx = compact_ctx(rig);
         async move {
-            let report = lakecdc::compact::run(&ctx, &o, None).await.unwrap();
+            let report = lakecdc::compact::run(&ctx, &o).await.unwrap();
             report.schemas.into_iter().next().unwrap()
         }
     };

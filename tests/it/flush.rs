@@ -282,9 +282,7 @@ async fn missing_metadata_stops_the_run_before_any_side_effect() {
     }
     rig.ctx.schema_dir = Some(dir.path().to_path_buf());
     let before = rig.change_log().await;
-    let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
-        .await
-        .unwrap_err();
+    let err = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap_err();
     assert!(
         matches!(&err, lakecdc::error::Error::Metadata { path, .. } if path.ends_with("order_attributes.json")),
         "{err:?}"
@@ -299,9 +297,7 @@ async fn missing_metadata_stops_the_run_before_any_side_effect() {
     assert_eq!(rig.change_log().await, before);
     // An empty metadata file is refused the same way.
     std::fs::write(dir.path().join("order_attributes.json"), "{}").unwrap();
-    let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
-        .await
-        .unwrap_err();
+    let err = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap_err();
     assert!(
         matches!(&err, lakecdc::error::Error::Metadata { path, .. } if path.ends_with("order_attributes.json")),
         "{err:?}"
@@ -521,7 +517,9 @@ async fn a_slot_moved_before_the_mark_is_never_marked_in_another_rows_place() {
         max_batches: Some(1),
         ..rig.opts.clone()
     };
-    let report = lakecdc::flush::run(&rig.ctx, &opts, &hooks).await.unwrap();
+    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
+        .await
+        .unwrap();
     let s = only(&report);
     assert_eq!(s.rows_exported, 10);
     let mut exported = BTreeSet::new();
@@ -597,8 +595,7 @@ async fn a_manifest_changed_between_load_and_save_is_reread() {
     );
     let ctx = rig.ctx.clone();
     let opts = rig.opts.clone();
-    let task =
-        tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts, &FlushHooks::default()).await });
+    let task = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts).await });
     gate.wait_reached().await;
     // Another writer (say, compact) commits in between.
     lakecdc::lake::manifest::commit(
@@ -701,7 +698,7 @@ async fn fault_matrix_converges_after_one_clean_retry() {
             }
         }
         let calls = rig.store.calls().len();
-        let first = lakecdc::flush::run(&rig.ctx, &rig.opts, &hooks).await;
+        let first = lakecdc::flush::run_with_hooks(&rig.ctx, &rig.opts, &hooks).await;
         match (step, &first) {
             ("dirty schema discovery", Err(lakecdc::error::Error::Postgres { op, .. })) => {
                 assert_eq!(op, names, "{step}");
@@ -1082,9 +1079,7 @@ async fn a_named_schema_without_dirty_rows_has_nothing_to_do() {
     assert_eq!((s.schema_id, s.outcome), (101, Outcome::NothingToDo));
     assert!(rig.store.calls().is_empty());
     rig.opts.schemas = vec!["nosuch".into()];
-    let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
-        .await
-        .unwrap_err();
+    let err = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap_err();
     assert!(matches!(&err, lakecdc::error::Error::Config(_)), "{err:?}");
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("\"nosuch\""), "{err}");
@@ -1533,13 +1528,13 @@ async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
     };
     let mut opts = rig.opts.clone();
     opts.max_batches = Some(0);
-    let report = lakecdc::flush::run(&rig.ctx, &opts, &counting)
+    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &counting)
         .await
         .unwrap();
     assert_eq!(only(&report).batches, 0);
     assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0);
     opts.max_batches = Some(2);
-    let report = lakecdc::flush::run(&rig.ctx, &opts, &counting)
+    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &counting)
         .await
         .unwrap();
     assert_eq!((only(&report).batches, only(&report).rows_marked), (2, 80));
@@ -1733,8 +1728,7 @@ async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
                 AND flushed_at = 0 FOR UPDATE";
     assert_eq!(app.execute(slot, &[&low]).await.unwrap(), 1);
     let (ctx, opts) = (rig.ctx.clone(), rig.opts.clone());
-    let flush =
-        tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts, &Default::default()).await });
+    let flush = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts).await });
     // Until the mark waits for that slot.
     let watcher = rig.db.client().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

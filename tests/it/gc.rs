@@ -346,9 +346,7 @@ async fn a_data_prefix_belongs_to_one_manifest() {
             dry_run,
             ..rig.opts.clone()
         };
-        let report = lakecdc::flush::run(&other, &flush_opts, &Default::default())
-            .await
-            .unwrap();
+        let report = lakecdc::flush::run(&other, &flush_opts).await.unwrap();
         let s = &report.schemas[0];
         assert_eq!(s.outcome, lakecdc::flush::Outcome::Failed, "{s:?}");
         assert_owned_by_the_first_manifest(s.reason.as_deref());
@@ -408,15 +406,13 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         dry_run: true,
         ..compact_opts.clone()
     };
-    let report = lakecdc::compact::run(&gc_ctx, &dry, None).await.unwrap();
+    let report = lakecdc::compact::run(&gc_ctx, &dry).await.unwrap();
     assert_eq!(
         report.schemas[0].outcome,
         lakecdc::compact::Outcome::Failed,
         "{report:?}"
     );
-    let report = lakecdc::compact::run(&gc_ctx, &compact_opts, None)
-        .await
-        .unwrap();
+    let report = lakecdc::compact::run(&gc_ctx, &compact_opts).await.unwrap();
     let s = &report.schemas[0];
     assert_eq!(
         (s.outcome, s.plan.as_ref().map(|p| p.decision)),

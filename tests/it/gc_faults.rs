@@ -69,7 +69,7 @@ async fn assert_lake_intact(rig: &Rig) {
 async fn lake_with_garbage(seed: u64) -> (Rig, BTreeSet<String>) {
     let (rig, _) = lake_with_base_and_deltas(seed).await;
     let sources = set(&rig.listed().await);
-    let report = lakecdc::compact::run(&rig.job_context(), &compact_opts(&rig), None)
+    let report = lakecdc::compact::run(&rig.job_context(), &compact_opts(&rig))
         .await
         .unwrap();
     assert_eq!(
@@ -355,7 +355,7 @@ async fn two_gc_runs_racing_a_compaction_never_delete_a_listed_file() {
             );
             tokio::spawn(async move {
                 start.wait().await;
-                lakecdc::compact::run(&c, &o, None).await.unwrap()
+                lakecdc::compact::run(&c, &o).await.unwrap()
             })
         };
         let (a, b) = (a.await.unwrap(), b.await.unwrap());

@@ -335,7 +335,7 @@ async fn an_oversized_manifest_is_refused_by_every_job_without_being_read() {
         .await
         .unwrap();
     assert_eq!(verify.schemas[0].outcome, lakecdc::verify::Outcome::Failed);
-    let compact = lakecdc::compact::run(&ctx, &crate::compact::opts(&rig), None)
+    let compact = lakecdc::compact::run(&ctx, &crate::compact::opts(&rig))
         .await
         .unwrap();
     assert_eq!(
@@ -410,7 +410,7 @@ async fn a_manifest_listing_a_path_twice_is_refused_at_load() {
         target_base_size: 1,
         ..crate::compact::opts(&rig)
     };
-    let compact = lakecdc::compact::run(&rig.job_context(), &compact_opts, None)
+    let compact = lakecdc::compact::run(&rig.job_context(), &compact_opts)
         .await
         .unwrap();
     assert!(compact.schemas[0].error.as_deref().unwrap().contains(&want));
@@ -489,7 +489,7 @@ async fn compaction_refuses_a_source_larger_than_listed_before_downloading_it() 
         .await
         .unwrap();
     let calls = rig.store.calls().len();
-    let report = lakecdc::compact::run(&rig.job_context(), &crate::compact::opts(&rig), None)
+    let report = lakecdc::compact::run(&rig.job_context(), &crate::compact::opts(&rig))
         .await
         .unwrap();
     let s = &report.schemas[0];
@@ -532,7 +532,7 @@ async fn compaction_checks_the_work_dirs_room_before_downloading() {
         ..crate::compact::opts(&rig)
     };
     let calls = rig.store.calls().len();
-    let report = lakecdc::compact::run(&rig.job_context(), &cramped, None)
+    let report = lakecdc::compact::run(&rig.job_context(), &cramped)
         .await
         .unwrap();
     let s = &report.schemas[0];
@@ -552,7 +552,7 @@ async fn compaction_checks_the_work_dirs_room_before_downloading() {
         free_space: Some(|_| Ok(u64::MAX)),
         ..crate::compact::opts(&rig)
     };
-    let report = lakecdc::compact::run(&rig.job_context(), &roomy, None)
+    let report = lakecdc::compact::run(&rig.job_context(), &roomy)
         .await
         .unwrap();
     assert_eq!(

@@ -33,7 +33,8 @@ async fn inspect_shows_the_holder_of_a_paused_flush_and_writes_nothing() {
         ..Default::default()
     };
     let (ctx, opts) = (rig.ctx.clone(), rig.opts.clone());
-    let flush = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts, &hooks).await });
+    let flush =
+        tokio::spawn(async move { lakecdc::flush::run_with_hooks(&ctx, &opts, &hooks).await });
     // Bounded: a flush that fails before its mark fails the test instead of hanging it.
     tokio::time::timeout(std::time::Duration::from_secs(60), reached.notified())
         .await

@@ -370,7 +370,7 @@ async fn one_seed(seed: u64) -> Tally {
                     dirty_ratio: 0.0,
                     ..CompactOptions::default()
                 };
-                let report = lakecdc::compact::run(&ctx, &o, None).await.unwrap();
+                let report = lakecdc::compact::run(&ctx, &o).await.unwrap();
                 assert_ne!(
                     report.schemas[0].outcome,
                     lakecdc::compact::Outcome::Failed,

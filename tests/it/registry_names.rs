@@ -4,7 +4,6 @@
 //! is never read (its content would be a JSON error), and nothing is written anywhere
 //! (docs/hazards.md S6).
 
-use lakecdc::flush::FlushHooks;
 
 use crate::support::harness;
 use crate::support::rig::{LakeKind, rig};
@@ -79,9 +78,7 @@ async fn a_registry_name_that_leaves_the_schema_dir_fails_the_job_and_reads_noth
             )
             .await
             .unwrap();
-        let err = lakecdc::flush::run(&rig.ctx, &rig.opts, &FlushHooks::default())
-            .await
-            .unwrap_err();
+        let err = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap_err();
         let line = err.chain();
         assert!(
             matches!(err, lakecdc::Error::Decode { .. }),

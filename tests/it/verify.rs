@@ -148,7 +148,7 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
         r.schemas.iter().map(|s| (s.schema_id, s.outcome)).collect()
     };
     use lakecdc::compact::Outcome::{Done, NoManifest, Stopped};
-    let compact = lakecdc::compact::run(&stopped, &compact_opts, None)
+    let compact = lakecdc::compact::run(&stopped, &compact_opts)
         .await
         .unwrap();
     assert_eq!(outcomes(&compact), [(100, Stopped), (101, Stopped)]);
@@ -161,7 +161,7 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
         .await
         .unwrap();
     assert_eq!(verify.exit_code(), 0, "{verify:?}");
-    let compact = lakecdc::compact::run(&rig.job_context(), &compact_opts, None)
+    let compact = lakecdc::compact::run(&rig.job_context(), &compact_opts)
         .await
         .unwrap();
     assert_eq!(
@@ -216,7 +216,7 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
             rig.writer.random_op(&mut r).await;
         }
         rig.flush().await;
-        let report = lakecdc::compact::run(&rig.job_context(), &compact(target), None)
+        let report = lakecdc::compact::run(&rig.job_context(), &compact(target))
             .await
             .unwrap();
         assert_eq!(report.schemas[0].plan.as_ref().unwrap().decision, decision);

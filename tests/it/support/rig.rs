@@ -122,13 +122,11 @@ impl Rig {
     }
 
     pub async fn flush(&self) -> FlushReport {
-        lakecdc::flush::run(&self.ctx, &self.opts, &FlushHooks::default())
-            .await
-            .unwrap()
+        lakecdc::flush::run(&self.ctx, &self.opts).await.unwrap()
     }
 
     pub async fn flush_with(&self, hooks: &FlushHooks) -> FlushReport {
-        lakecdc::flush::run(&self.ctx, &self.opts, hooks)
+        lakecdc::flush::run_with_hooks(&self.ctx, &self.opts, hooks)
             .await
             .unwrap()
     }
