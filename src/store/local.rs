@@ -4,16 +4,31 @@
 //! renamed over the key, and the directory is fsynced: a reader never sees a half-written
 //! object. Conditional writes hold an exclusive `flock` on `<root>/.lakecdc-lock` across the
 //! etag check and the rename, so they are atomic between processes. Names starting with
-//! `.lakecdc-` are this backend's own and never listed.
+//! `.lakecdc-` are this backend's own and never listed. Objects (and the lock file) are created
+//! with mode 0640 minus the umask, directories with 0777 minus the umask.
+//!
+//! Whoever can write the lake directory must not be able to make lakecdc read, write or delete
+//! anything outside it (docs/hazards.md L27). The root is the operator's choice and may itself
+//! be a symbolic link (`/srv/lake -> /mnt/disk/lake`); everything beneath it is untrusted. So
+//! every operation opens the root, reaches a key's directory one component at a time with
+//! `openat(O_NOFOLLOW)` (creating missing ones for writes), and opens, stats, renames and
+//! unlinks relative to that directory's descriptor. A key whose path crosses a symbolic link —
+//! a directory on the way or the key itself — is refused with an error naming the key, for
+//! reads, writes and deletes alike. `list` neither reports a symbolic link nor descends into
+//! one: it logs a warning naming it and goes on (a listing prefix that itself crosses a link is
+//! refused). A key naming a FIFO or another special file is an error, never a wait.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use rustix::fs::{AtFlags, Dir, Mode, OFlags};
+use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 
 use super::{Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError};
@@ -21,11 +36,32 @@ use super::{Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, St
 const OWN_PREFIX: &str = ".lakecdc-";
 const LOCK_FILE: &str = ".lakecdc-lock";
 const COPY_BUF: usize = 1 << 20;
+/// Lake objects and the lock file: 0640 (minus the umask).
+const OBJECT_MODE: Mode = Mode::RUSR.union(Mode::WUSR).union(Mode::RGRP);
+/// Lake directories: 0777 (minus the umask).
+const DIR_MODE: Mode = Mode::RWXU.union(Mode::RWXG).union(Mode::RWXO);
+/// Opens a directory beneath the root: never through a symbolic link.
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+/// A directory another writer removes between our `mkdirat` and `openat` is made again, this
+/// many times at most.
+const MKDIR_ATTEMPTS: usize = 3;
+/// Downloads (`get_to_file`) are private to the user running lakecdc.
+const DOWNLOAD_MODE: u32 = 0o600;
 
 /// A store rooted at a local directory.
 #[derive(Debug, Clone)]
 pub struct LocalStore {
     root: PathBuf,
+}
+
+/// A key's parent directory, opened beneath the root without following symbolic links, and
+/// the key's last component.
+struct Parent<'k> {
+    dir: OwnedFd,
+    name: &'k str,
 }
 
 impl LocalStore {
@@ -41,11 +77,6 @@ impl LocalStore {
         &self.root
     }
 
-    fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
-        validate_key(key)?;
-        Ok(self.root.join(key))
-    }
-
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(LocalStore) -> Result<T, StoreError> + Send + 'static,
@@ -59,38 +90,98 @@ impl LocalStore {
             })?
     }
 
-    /// Writes `fill`'s output to a temp file next to `dest`, fsyncs, renames over `dest`.
-    fn write_atomic(
-        dest: &Path,
-        fill: impl FnOnce(&mut File) -> Result<(u64, [u8; 32]), StoreError>,
-    ) -> Result<(u64, [u8; 32]), StoreError> {
-        let dir = dest.parent().ok_or(StoreError::InvalidKey {
-            reason: "key has no parent directory",
-        })?;
-        fs::create_dir_all(dir)?;
-        let tmp = dir.join(format!("{OWN_PREFIX}tmp-{}", uuid::Uuid::new_v4()));
-        let result = (|| {
-            let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            let out = fill(&mut file)?;
-            file.sync_all()?;
-            fs::rename(&tmp, dest)?;
-            File::open(dir)?.sync_all()?;
-            Ok(out)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result
+    /// Opens the root directory. The root may be a symbolic link (the operator chose the
+    /// path); nothing beneath it is followed.
+    fn open_root(&self) -> Result<OwnedFd, StoreError> {
+        let shown = || self.root.display().to_string();
+        rustix::fs::open(
+            &self.root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::NOENT => StoreError::NoSuchDirectory { path: shown() },
+            Errno::NOTDIR => StoreError::NotADirectory { path: shown() },
+            e => sys(e),
+        })
     }
 
-    fn lock(&self) -> Result<File, StoreError> {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(self.root.join(LOCK_FILE))?;
+    /// Takes the exclusive lock conditional writes hold. The lock file is opened without
+    /// following a symbolic link and without blocking on a FIFO.
+    fn lock(root: BorrowedFd<'_>) -> Result<File, StoreError> {
+        let flags =
+            OFlags::RDONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(root, LOCK_FILE, flags, OBJECT_MODE).map_err(|e| match e {
+            Errno::LOOP => crosses_symlink(&format!("lake lock file {LOCK_FILE}"), LOCK_FILE),
+            e => sys(e),
+        })?;
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(StoreError::Io(io::Error::other(format!(
+                "lake lock file {LOCK_FILE} is not a regular file: remove it"
+            ))));
+        }
         file.lock()?;
         Ok(file)
+    }
+
+    /// Opens a key's object for reading, with its metadata. A directory is no object (not
+    /// found); a symbolic link anywhere on the key's path is refused; a FIFO or other special
+    /// file is an error (it is opened without blocking and never read).
+    fn open_object(&self, key: &str) -> Result<(File, fs::Metadata), StoreError> {
+        let root = self.open_root()?;
+        let Some(p) = find_parent(root.as_fd(), key)? else {
+            return Err(StoreError::NotFound);
+        };
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(&p.dir, p.name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Err(StoreError::NotFound),
+            // With O_NOFOLLOW, ELOOP means the last component is a symbolic link.
+            Err(Errno::LOOP) => return Err(crosses_symlink(&key_label(key), key)),
+            Err(e) => return Err(sys(e)),
+        };
+        let file = File::from(fd);
+        let meta = file.metadata()?;
+        if meta.is_dir() {
+            return Err(StoreError::NotFound);
+        }
+        if !meta.is_file() {
+            return Err(StoreError::Io(io::Error::other(format!(
+                "lake key {key} is not a regular file: remove it"
+            ))));
+        }
+        // Reads of the regular file block as usual.
+        let flags = rustix::fs::fcntl_getfl(&file).map_err(sys)?;
+        rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK).map_err(sys)?;
+        Ok((file, meta))
+    }
+
+    /// Writes `fill`'s output to a temp file (mode 0640) in `p`'s directory, fsyncs it,
+    /// renames it over the key and fsyncs the directory. Returns `fill`'s result and the new
+    /// object's etag.
+    fn write_atomic(
+        p: &Parent<'_>,
+        fill: impl FnOnce(&mut File) -> Result<(u64, [u8; 32]), StoreError>,
+    ) -> Result<(u64, [u8; 32], String), StoreError> {
+        let tmp = format!("{OWN_PREFIX}tmp-{}", uuid::Uuid::new_v4());
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mut file =
+            File::from(rustix::fs::openat(&p.dir, &tmp, flags, OBJECT_MODE).map_err(sys)?);
+        let result = (|| {
+            let (size, sha256) = fill(&mut file)?;
+            file.sync_all()?;
+            // The rename keeps the inode and its mtime: this is the stored object's etag.
+            let etag = etag_of(&file.metadata()?);
+            rustix::fs::renameat(&p.dir, &tmp, &p.dir, p.name).map_err(sys)?;
+            rustix::fs::fsync(&p.dir).map_err(sys)?;
+            Ok((size, sha256, etag))
+        })();
+        if result.is_err() {
+            let _ = rustix::fs::unlinkat(&p.dir, &tmp, AtFlags::empty());
+        }
+        result
     }
 
     fn put_bytes_blocking(
@@ -99,15 +190,17 @@ impl LocalStore {
         body: &[u8],
         mode: &PutMode,
     ) -> Result<PutResult, StoreError> {
-        let dest = self.path(key)?;
+        validate_key(key)?;
+        let root = self.open_root()?;
         let _guard = match mode {
             PutMode::Overwrite => None,
-            PutMode::Create | PutMode::Update(_) => Some(self.lock()?),
+            PutMode::Create | PutMode::Update(_) => Some(Self::lock(root.as_fd())?),
         };
-        let current = match fs::metadata(&dest) {
-            Ok(m) => Some(etag_of(&m)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e.into()),
+        // Directories are made only once the write is decided.
+        let found = find_parent(root.as_fd(), key)?;
+        let current = match &found {
+            Some(p) => existing(p, key)?.map(|m| etag_of(&m)),
+            None => None,
         };
         match (mode, &current) {
             (PutMode::Create, Some(_)) | (PutMode::Update(_), None) => {
@@ -118,11 +211,14 @@ impl LocalStore {
             }
             _ => {}
         }
-        let (size, sha256) = Self::write_atomic(&dest, |f| {
+        let p = match found {
+            Some(p) => p,
+            None => make_parent(root.as_fd(), key)?,
+        };
+        let (size, sha256, etag) = Self::write_atomic(&p, |f| {
             f.write_all(body)?;
             Ok((body.len() as u64, super::sha256(body)))
         })?;
-        let etag = etag_of(&fs::metadata(&dest)?);
         Ok(PutResult { size, sha256, etag })
     }
 }
@@ -147,6 +243,123 @@ fn validate_key(key: &str) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+fn sys(e: Errno) -> StoreError {
+    StoreError::Io(e.into())
+}
+
+fn key_label(key: &str) -> String {
+    format!("lake key {key}")
+}
+
+/// The refusal of a path beneath the root (`what`: "lake key …") that crosses a symbolic link
+/// at `at`.
+fn crosses_symlink(what: &str, at: &str) -> StoreError {
+    StoreError::Io(io::Error::other(format!(
+        "{what} crosses a symbolic link at {at}: the local lake must not contain symbolic links; remove it"
+    )))
+}
+
+/// The metadata of `name` in `dir` itself (a symbolic link is not followed), or `None` when
+/// nothing has that name. Opened with `O_PATH`, so a FIFO or device is never opened.
+fn lstat_at(dir: BorrowedFd<'_>, name: impl rustix::path::Arg) -> io::Result<Option<fs::Metadata>> {
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => File::from(fd).metadata().map(Some),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Opens the directory `name` in `parent` without following a symbolic link; with `create`,
+/// makes it when missing (another writer making it at the same time is fine). `None` when it
+/// is missing and `create` is false.
+fn open_dir_at(parent: BorrowedFd<'_>, name: &str, create: bool) -> Result<Option<OwnedFd>, Errno> {
+    for _ in 0..MKDIR_ATTEMPTS {
+        match rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty()) {
+            Ok(fd) => return Ok(Some(fd)),
+            Err(Errno::NOENT) if create => match rustix::fs::mkdirat(parent, name, DIR_MODE) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(e),
+            },
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Errno::NOENT)
+}
+
+/// Opens the directories `dirs` (validated, `/`-separated) beneath `root` one component at a
+/// time, refusing symbolic links; with `create`, makes missing ones. `None` when one is
+/// missing and `create` is false. `what` names the key or prefix in errors.
+fn open_dirs(
+    root: BorrowedFd<'_>,
+    dirs: &str,
+    what: &str,
+    create: bool,
+) -> Result<Option<OwnedFd>, StoreError> {
+    let mut dir = root.try_clone_to_owned()?;
+    if dirs.is_empty() {
+        return Ok(Some(dir));
+    }
+    let mut end = 0;
+    for comp in dirs.split('/') {
+        end += comp.len();
+        let at = dirs.get(..end).unwrap_or(dirs);
+        end += 1;
+        dir = match open_dir_at(dir.as_fd(), comp, create) {
+            Ok(Some(next)) => next,
+            Ok(None) => return Ok(None),
+            Err(e @ (Errno::NOTDIR | Errno::LOOP)) => {
+                // O_DIRECTORY | O_NOFOLLOW on a symbolic link fails with ENOTDIR (or ELOOP):
+                // tell a link from a plain file.
+                return Err(match lstat_at(dir.as_fd(), comp) {
+                    Ok(Some(m)) if m.file_type().is_symlink() => crosses_symlink(what, at),
+                    Ok(Some(m)) if !m.is_dir() => StoreError::Io(io::Error::new(
+                        io::ErrorKind::NotADirectory,
+                        format!("{what}: {at} is not a directory"),
+                    )),
+                    _ => sys(e),
+                });
+            }
+            Err(e) => return Err(sys(e)),
+        };
+    }
+    Ok(Some(dir))
+}
+
+/// Splits a validated key into its directories (`""` at the root) and its last component.
+fn split_key(key: &str) -> (&str, &str) {
+    key.rsplit_once('/').unwrap_or(("", key))
+}
+
+/// A key's parent directory, or `None` when a directory on the way is missing.
+fn find_parent<'k>(root: BorrowedFd<'_>, key: &'k str) -> Result<Option<Parent<'k>>, StoreError> {
+    validate_key(key)?;
+    let (dirs, name) = split_key(key);
+    Ok(open_dirs(root, dirs, &key_label(key), false)?.map(|dir| Parent { dir, name }))
+}
+
+/// A key's parent directory, made when missing.
+fn make_parent<'k>(root: BorrowedFd<'_>, key: &'k str) -> Result<Parent<'k>, StoreError> {
+    validate_key(key)?;
+    let (dirs, name) = split_key(key);
+    match open_dirs(root, dirs, &key_label(key), true)? {
+        Some(dir) => Ok(Parent { dir, name }),
+        None => Err(StoreError::Io(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("lake key {key}: its directory vanished while being made"),
+        ))),
+    }
+}
+
+/// What the key names now (a symbolic link is refused), or `None`.
+fn existing(p: &Parent<'_>, key: &str) -> Result<Option<fs::Metadata>, StoreError> {
+    match lstat_at(p.dir.as_fd(), p.name)? {
+        Some(m) if m.file_type().is_symlink() => Err(crosses_symlink(&key_label(key), key)),
+        m => Ok(m),
+    }
 }
 
 /// A version token that changes on every rename-replace (new inode, new mtime).
@@ -175,14 +388,6 @@ fn meta_of(key: String, m: &fs::Metadata) -> ObjectMeta {
     }
 }
 
-fn not_found(e: io::Error) -> StoreError {
-    if e.kind() == io::ErrorKind::NotFound {
-        StoreError::NotFound
-    } else {
-        StoreError::Io(e)
-    }
-}
-
 /// Copies `src` to `dst` while hashing.
 fn copy_hashing(src: &mut impl Read, dst: &mut impl Write) -> io::Result<(u64, [u8; 32])> {
     let mut hasher = Sha256::new();
@@ -201,26 +406,46 @@ fn copy_hashing(src: &mut impl Read, dst: &mut impl Write) -> io::Result<(u64, [
     Ok((total, hasher.finalize().into()))
 }
 
-fn walk(dir: &Path, rel: &str, out: &mut Vec<(String, fs::Metadata)>) -> io::Result<()> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+/// Collects the regular files beneath `dir`, whose keys start with `rel`. A symbolic link is
+/// neither reported nor followed: it is logged, naming its key, and skipped.
+fn walk(dir: OwnedFd, rel: &str, out: &mut Vec<(String, fs::Metadata)>) -> Result<(), StoreError> {
+    let mut entries = Dir::new(dir).map_err(sys)?;
+    while let Some(entry) = entries.read() {
+        let entry = entry.map_err(sys)?;
+        let raw = entry.file_name();
+        let bytes = raw.to_bytes();
+        if bytes == b"." || bytes == b".." {
+            continue;
+        }
+        let name = String::from_utf8_lossy(bytes);
         if name.starts_with(OWN_PREFIX) {
             continue;
         }
         let key = if rel.is_empty() {
-            name
+            name.into_owned()
         } else {
             format!("{rel}/{name}")
         };
-        let meta = entry.metadata()?;
-        if meta.is_dir() {
-            walk(&entry.path(), &key, out)?;
+        let here = entries.fd().map_err(sys)?;
+        // Gone since the directory was read: a concurrent delete.
+        let Some(meta) = lstat_at(here, raw)? else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            tracing::warn!(
+                key,
+                "symbolic link in the local lake: neither listed nor followed; remove it"
+            );
+        } else if meta.is_dir() {
+            match rustix::fs::openat(here, raw, DIR_FLAGS, Mode::empty()) {
+                Ok(sub) => walk(sub, &key, out)?,
+                Err(Errno::NOENT) => {}
+                Err(Errno::NOTDIR | Errno::LOOP) => tracing::warn!(
+                    key,
+                    "directory replaced while listed (by a symbolic link?): not followed"
+                ),
+                Err(e) => return Err(sys(e)),
+            }
         } else if meta.is_file() {
             out.push((key, meta));
         }
@@ -238,10 +463,13 @@ impl ObjectStore for LocalStore {
         let key = key.to_string();
         let src = path.to_path_buf();
         self.blocking(move |s| {
-            let dest = s.path(&key)?;
+            validate_key(&key)?;
             let mut input = File::open(&src)?;
-            let (size, sha256) = Self::write_atomic(&dest, |f| Ok(copy_hashing(&mut input, f)?))?;
-            let etag = etag_of(&fs::metadata(&dest)?);
+            let root = s.open_root()?;
+            let p = make_parent(root.as_fd(), &key)?;
+            existing(&p, &key)?;
+            let (size, sha256, etag) =
+                Self::write_atomic(&p, |f| Ok(copy_hashing(&mut input, f)?))?;
             Ok(PutResult { size, sha256, etag })
         })
         .await
@@ -261,14 +489,12 @@ impl ObjectStore for LocalStore {
     async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
         let key = key.to_string();
         self.blocking(move |s| {
-            let path = s.path(&key)?;
-            let mut file = File::open(&path).map_err(not_found)?;
-            let etag = etag_of(&file.metadata()?);
+            let (mut file, meta) = s.open_object(&key)?;
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes)?;
             Ok(GetResult {
                 bytes: Bytes::from(bytes),
-                etag,
+                etag: etag_of(&meta),
             })
         })
         .await
@@ -278,8 +504,14 @@ impl ObjectStore for LocalStore {
         let key = key.to_string();
         let dest = path.to_path_buf();
         self.blocking(move |s| {
-            let mut input = File::open(s.path(&key)?).map_err(not_found)?;
-            let mut out = File::create(&dest)?;
+            let (mut input, _) = s.open_object(&key)?;
+            // A scratch path lakecdc chose, fresh in a private directory: never an existing
+            // file, and readable by this user only.
+            let mut out = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(DOWNLOAD_MODE)
+                .open(&dest)?;
             let (size, sha256) = copy_hashing(&mut input, &mut out)?;
             out.sync_all()?;
             Ok(Download { size, sha256 })
@@ -290,11 +522,14 @@ impl ObjectStore for LocalStore {
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         let key = key.to_string();
         self.blocking(move |s| {
-            let m = fs::metadata(s.path(&key)?).map_err(not_found)?;
-            if !m.is_file() {
+            let root = s.open_root()?;
+            let Some(p) = find_parent(root.as_fd(), &key)? else {
                 return Err(StoreError::NotFound);
+            };
+            match existing(&p, &key)? {
+                Some(m) if m.is_file() => Ok(meta_of(key, &m)),
+                _ => Err(StoreError::NotFound),
             }
-            Ok(meta_of(key, &m))
         })
         .await
     }
@@ -302,9 +537,12 @@ impl ObjectStore for LocalStore {
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         let (from, to) = (from.to_string(), to.to_string());
         self.blocking(move |s| {
-            let mut input = File::open(s.path(&from)?).map_err(not_found)?;
-            let dest = s.path(&to)?;
-            Self::write_atomic(&dest, |f| Ok(copy_hashing(&mut input, f)?))?;
+            validate_key(&to)?;
+            let (mut input, _) = s.open_object(&from)?;
+            let root = s.open_root()?;
+            let p = make_parent(root.as_fd(), &to)?;
+            existing(&p, &to)?;
+            Self::write_atomic(&p, |f| Ok(copy_hashing(&mut input, f)?))?;
             Ok(())
         })
         .await
@@ -312,10 +550,20 @@ impl ObjectStore for LocalStore {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let key = key.to_string();
-        self.blocking(move |s| match fs::remove_file(s.path(&key)?) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.into()),
+        self.blocking(move |s| {
+            let root = s.open_root()?;
+            let Some(p) = find_parent(root.as_fd(), &key)? else {
+                return Ok(());
+            };
+            // Unlinking a link would remove only the link, but a lake holding links is refused
+            // whatever the operation.
+            if existing(&p, &key)?.is_none() {
+                return Ok(());
+            }
+            match rustix::fs::unlinkat(&p.dir, p.name, AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => Ok(()),
+                Err(e) => Err(sys(e)),
+            }
         })
         .await
     }
@@ -327,8 +575,13 @@ impl ObjectStore for LocalStore {
             if !dir_part.is_empty() {
                 validate_key(dir_part)?;
             }
+            let root = s.open_root()?;
+            let what = format!("lake prefix {prefix}");
+            let Some(dir) = open_dirs(root.as_fd(), dir_part, &what, false)? else {
+                return Ok(Vec::new());
+            };
             let mut found = Vec::new();
-            walk(&s.root.join(dir_part), dir_part, &mut found)?;
+            walk(dir, dir_part, &mut found)?;
             let mut out: Vec<ObjectMeta> = found
                 .into_iter()
                 .filter(|(k, _)| k.starts_with(&prefix))
@@ -343,6 +596,12 @@ impl ObjectStore for LocalStore {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    use std::time::Duration;
+
+    use rustix::fs::{Mode, OFlags};
+
     use super::*;
 
     #[test]
@@ -362,5 +621,361 @@ mod tests {
         for good in ["manifest/7.json", "data/7/_tmp/x.parquet", "a"] {
             assert!(validate_key(good).is_ok(), "{good:?} refused");
         }
+    }
+
+    /// What lies outside the lake: never read, written or deleted through it.
+    const SECRET: &[u8] = b"outside the lake";
+    /// The key every symbolic link below sits on the way to.
+    const KEY: &str = "data/100/x.bin";
+    /// A real object of the lake.
+    const REAL: &str = "real/a.bin";
+
+    /// Where the symbolic link on the way to [`KEY`] sits.
+    #[derive(Debug, Clone, Copy)]
+    enum Link {
+        /// `data`, the first directory, links to a directory outside.
+        TopDir,
+        /// `data/100`, an intermediate directory, links to a directory outside.
+        Dir,
+        /// `data/100/x.bin`, the key itself, links to a file outside.
+        Key,
+    }
+
+    const LINKS: [Link; 3] = [Link::TopDir, Link::Dir, Link::Key];
+
+    struct Lake {
+        _tmp: tempfile::TempDir,
+        store: LocalStore,
+        root: PathBuf,
+        outside: PathBuf,
+        /// A private directory for downloads and uploads.
+        scratch: PathBuf,
+        /// Everything outside the lake, as it was before the operation.
+        before: BTreeMap<PathBuf, Option<Vec<u8>>>,
+        /// The link, relative to the root.
+        link: &'static str,
+    }
+
+    /// A lake in which [`KEY`] crosses `link`. Outside, following the link finds a file at
+    /// `KEY` whatever the link's place, so the old behaviour (following) would succeed.
+    fn lake(link: Link) -> Lake {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("lake");
+        let outside = tmp.path().join("outside");
+        let scratch = tmp.path().join("scratch");
+        for d in [&root, &outside.join("100"), &scratch, &root.join("real")] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(outside.join("100/x.bin"), SECRET).unwrap();
+        fs::write(outside.join("x.bin"), SECRET).unwrap();
+        fs::write(outside.join("secret.bin"), SECRET).unwrap();
+        fs::write(root.join(REAL), b"real").unwrap();
+        let link = match link {
+            Link::TopDir => {
+                symlink(&outside, root.join("data")).unwrap();
+                "data"
+            }
+            Link::Dir => {
+                fs::create_dir(root.join("data")).unwrap();
+                symlink(&outside, root.join("data/100")).unwrap();
+                "data/100"
+            }
+            Link::Key => {
+                fs::create_dir_all(root.join("data/100")).unwrap();
+                symlink(outside.join("secret.bin"), root.join(KEY)).unwrap();
+                KEY
+            }
+        };
+        let store = LocalStore::open(&root).unwrap();
+        let before = snapshot(&outside);
+        Lake {
+            _tmp: tmp,
+            store,
+            root,
+            outside,
+            scratch,
+            before,
+            link,
+        }
+    }
+
+    /// Every path beneath `dir` (symbolic links not followed), with a file's bytes.
+    fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for entry in fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                let meta = fs::symlink_metadata(&path).unwrap();
+                let rel = path.strip_prefix(dir).unwrap().to_path_buf();
+                if meta.is_dir() {
+                    todo.push(path);
+                    out.insert(rel, None);
+                } else {
+                    out.insert(rel, Some(fs::read(&path).unwrap()));
+                }
+            }
+        }
+        out
+    }
+
+    impl Lake {
+        /// Nothing outside the lake was deleted, changed or created, and the link is still
+        /// the link.
+        fn assert_outside_untouched(&self) {
+            assert_eq!(snapshot(&self.outside), self.before);
+            let link = fs::symlink_metadata(self.root.join(self.link)).unwrap();
+            assert!(link.file_type().is_symlink(), "{} replaced", self.link);
+        }
+
+        /// The operation failed naming `key` and the link, not as "not found" nor as a
+        /// conflict, and nothing outside changed.
+        fn assert_refused<T: std::fmt::Debug>(&self, got: Result<T, StoreError>, key: &str) {
+            let err = got.expect_err("a path crossing a symbolic link was accepted");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(key)
+                    && msg.contains("symbolic link")
+                    && msg.contains(&format!("at {}", self.link)),
+                "{msg}"
+            );
+            assert!(!err.is_not_found() && !err.is_conflict(), "{err:?}");
+            self.assert_outside_untouched();
+        }
+    }
+
+    #[tokio::test]
+    async fn reads_through_a_symbolic_link_are_refused() {
+        for link in LINKS {
+            let lake = lake(link);
+            lake.assert_refused(lake.store.get_bytes(KEY).await, KEY);
+            let dest = lake.scratch.join("download");
+            lake.assert_refused(lake.store.get_to_file(KEY, &dest).await, KEY);
+            assert!(!dest.exists(), "{link:?}: a download was started");
+            lake.assert_refused(lake.store.head(KEY).await, KEY);
+            // The lake's real objects still read.
+            let got = lake.store.get_bytes(REAL).await.unwrap();
+            assert_eq!(&got.bytes[..], b"real");
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_through_a_symbolic_link_are_refused_in_every_mode() {
+        for link in LINKS {
+            let lake = lake(link);
+            let etag = lake.store.head(REAL).await.unwrap().etag;
+            for mode in [PutMode::Overwrite, PutMode::Create, PutMode::Update(etag)] {
+                let body = Bytes::from_static(b"written through the link");
+                lake.assert_refused(lake.store.put_bytes(KEY, body, mode).await, KEY);
+            }
+            let src = lake.scratch.join("upload");
+            fs::write(&src, b"uploaded through the link").unwrap();
+            lake.assert_refused(lake.store.put_file(KEY, &src).await, KEY);
+            // Below the link too: a write would make directories outside.
+            let deeper = "data/100/_tmp/new.bin";
+            let body = Bytes::from_static(b"x");
+            if !matches!(link, Link::Key) {
+                lake.assert_refused(
+                    lake.store.put_bytes(deeper, body, PutMode::Overwrite).await,
+                    deeper,
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn copies_from_or_to_a_symbolic_link_are_refused() {
+        for link in LINKS {
+            let lake = lake(link);
+            let to = "real/copy.bin";
+            lake.assert_refused(lake.store.copy(KEY, to).await, KEY);
+            assert!(lake.store.head(to).await.unwrap_err().is_not_found());
+            lake.assert_refused(lake.store.copy(REAL, KEY).await, KEY);
+        }
+    }
+
+    #[tokio::test]
+    async fn deletes_through_a_symbolic_link_are_refused() {
+        for link in LINKS {
+            let lake = lake(link);
+            lake.assert_refused(lake.store.delete(KEY).await, KEY);
+            // A key missing below the link is refused too, not "already gone".
+            if !matches!(link, Link::Key) {
+                let missing = "data/100/none.bin";
+                lake.assert_refused(lake.store.delete(missing).await, missing);
+            }
+            lake.store.head(REAL).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn listings_report_neither_links_nor_what_they_reach() {
+        for link in LINKS {
+            let lake = lake(link);
+            for prefix in ["", "d", "data/", "data/100/x"] {
+                let got = lake.store.list(prefix).await;
+                // A prefix whose directory is (or lies below) a linked directory is refused.
+                let dir = prefix.rsplit_once('/').map_or("", |(d, _)| d);
+                let below_link = dir == lake.link || dir.starts_with(&format!("{}/", lake.link));
+                if below_link {
+                    lake.assert_refused(got, prefix);
+                    continue;
+                }
+                let keys: Vec<String> = got.unwrap().into_iter().map(|m| m.key).collect();
+                let want: &[&str] = if prefix.is_empty() { &[REAL] } else { &[] };
+                assert_eq!(keys, want, "{link:?} {prefix:?}");
+            }
+            lake.assert_outside_untouched();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_symbolic_link_as_the_lock_file_is_refused() {
+        let lake = lake(Link::Key);
+        let lock = lake.root.join(LOCK_FILE);
+        symlink(lake.outside.join("secret.bin"), &lock).unwrap();
+        let body = Bytes::from_static(b"{}");
+        let err = lake
+            .store
+            .put_bytes("manifest/7.json", body, PutMode::Create)
+            .await
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(LOCK_FILE) && msg.contains("symbolic link"),
+            "{msg}"
+        );
+        assert!(
+            lake.store
+                .head("manifest/7.json")
+                .await
+                .unwrap_err()
+                .is_not_found()
+        );
+        lake.assert_outside_untouched();
+        assert!(
+            fs::symlink_metadata(&lock)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_root_that_is_a_symbolic_link_is_followed() {
+        // The operator chose the root: only what lies beneath it is untrusted.
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("disk/lake");
+        fs::create_dir_all(&real).unwrap();
+        let root = tmp.path().join("lake");
+        symlink(&real, &root).unwrap();
+        let store = LocalStore::open(&root).unwrap();
+        let put = store
+            .put_bytes(
+                "manifest/7.json",
+                Bytes::from_static(b"v1"),
+                PutMode::Create,
+            )
+            .await
+            .unwrap();
+        assert_eq!(fs::read(real.join("manifest/7.json")).unwrap(), b"v1");
+        let got = store.get_bytes("manifest/7.json").await.unwrap();
+        assert_eq!(
+            (&got.bytes[..], got.etag.as_str()),
+            (&b"v1"[..], put.etag.as_str())
+        );
+        let listed = store.list("").await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].key.as_str(), listed[0].etag.as_str()),
+            ("manifest/7.json", put.etag.as_str())
+        );
+        store.delete("manifest/7.json").await.unwrap();
+        assert!(!real.join("manifest/7.json").exists());
+    }
+
+    #[tokio::test]
+    async fn a_fifo_in_the_lake_is_an_error_not_a_wait() {
+        let lake = lake(Link::Key);
+        let real_dir = rustix::fs::open(
+            lake.root.join("real"),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        rustix::fs::mkfifoat(&real_dir, "fifo", Mode::RUSR | Mode::WUSR).unwrap();
+        let within = Duration::from_secs(10);
+        let Ok(got) = tokio::time::timeout(within, lake.store.get_bytes("real/fifo")).await else {
+            // Release the reader stuck in open(2), so the test fails instead of hanging.
+            let fifo = lake.root.join("real/fifo");
+            drop(OpenOptions::new().write(true).open(fifo));
+            panic!("reading a FIFO waited for a writer");
+        };
+        let msg = got.unwrap_err().to_string();
+        assert!(
+            msg.contains("real/fifo") && msg.contains("not a regular file"),
+            "{msg}"
+        );
+        assert!(
+            lake.store
+                .head("real/fifo")
+                .await
+                .unwrap_err()
+                .is_not_found()
+        );
+        let keys: Vec<String> = lake
+            .store
+            .list("real/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        assert_eq!(keys, [REAL]);
+    }
+
+    #[tokio::test]
+    async fn objects_are_created_0640_and_downloads_0600_and_fresh() {
+        let lake = lake(Link::Key);
+        lake.store
+            .put_bytes(
+                "manifest/7.json",
+                Bytes::from_static(b"v1"),
+                PutMode::Create,
+            )
+            .await
+            .unwrap();
+        let src = lake.scratch.join("upload");
+        fs::write(&src, b"up").unwrap();
+        lake.store.put_file("real/up.bin", &src).await.unwrap();
+        lake.store
+            .copy("real/up.bin", "real/copied.bin")
+            .await
+            .unwrap();
+        for key in ["manifest/7.json", "real/up.bin", "real/copied.bin"] {
+            let mode = fs::metadata(lake.root.join(key))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777 & !0o640, 0, "{key}: {mode:o}");
+        }
+        let dest = lake.scratch.join("download");
+        let dl = lake
+            .store
+            .get_to_file("manifest/7.json", &dest)
+            .await
+            .unwrap();
+        assert_eq!((dl.size, fs::read(&dest).unwrap()), (2, b"v1".to_vec()));
+        let mode = fs::metadata(&dest).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        // An existing file is never written over (the caller names a fresh path).
+        fs::write(&dest, b"kept").unwrap();
+        assert!(
+            lake.store
+                .get_to_file("manifest/7.json", &dest)
+                .await
+                .is_err()
+        );
+        assert_eq!(fs::read(&dest).unwrap(), b"kept");
     }
 }

@@ -21,6 +21,7 @@ mod init;
 mod init_db;
 mod inspect;
 mod layering;
+mod local_symlinks;
 mod manifest;
 mod oracle_at_scale;
 mod registry_names;
