@@ -80,7 +80,7 @@ pub struct CompactOptions {
     /// [`job::COMMIT_LEASE`]).
     pub commit_lease: Duration,
     /// Measures the work dir's free space before a rewrite downloads anything
-    /// ([`check_work_dir_space`]); `None` leaves it unmeasured.
+    /// ([`check_work_dir_space`]; [`available_bytes`] by default); `None` leaves it unmeasured.
     pub free_space: Option<FreeSpace>,
 }
 
@@ -107,7 +107,7 @@ impl Default for CompactOptions {
             engine: EngineConfig::default(),
             download_parallelism: 4,
             commit_lease: job::COMMIT_LEASE,
-            free_space: None,
+            free_space: Some(available_bytes),
         }
     }
 }
@@ -280,6 +280,12 @@ async fn run_hooked(
     opts: &CompactOptions,
     hook: Option<Hook>,
 ) -> Result<CompactReport> {
+    let (scratch, engine) = job::scratch(&opts.work_dir, &opts.engine)?;
+    let opts = &CompactOptions {
+        work_dir: scratch.path().to_path_buf(),
+        engine,
+        ..opts.clone()
+    };
     let schemas = job::each_schema(
         ctx,
         &opts.schemas,
@@ -435,13 +441,11 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
             let dir = opts
                 .work_dir
                 .join(format!("lakecdc-compact-{}", Uuid::new_v4()));
-            tokio::fs::create_dir_all(&dir)
-                .await
-                .map_err(|source| Error::Io {
-                    op: "create work dir",
-                    path: dir.clone(),
-                    source,
-                })?;
+            crate::scratch::create_dir(&dir).map_err(|source| Error::Io {
+                op: "create work dir",
+                path: dir.clone(),
+                source,
+            })?;
             let res = rewrite(p, &ownership, &loaded.manifest, &dir, out).await;
             let _ = tokio::fs::remove_dir_all(&dir).await;
             res
@@ -486,6 +490,12 @@ fn larger_than_listed(f: &FileEntry, size: u64, limit: u64) -> Error {
         limit,
         why: "larger than its manifest entry lists: corrupt or replaced; not merged".into(),
     }
+}
+
+/// The bytes an unprivileged user may still write on the file system holding `dir`.
+pub fn available_bytes(dir: &Path) -> std::io::Result<u64> {
+    let s = rustix::fs::statvfs(dir)?;
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
 }
 
 /// Refuses a step that needs `needed` bytes in `dir` when the file system has only `free`
@@ -778,6 +788,15 @@ fn check_lease(p: &Pass<'_>, base: &StagedBase) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_work_dirs_free_space_is_measured() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = available_bytes(dir.path()).unwrap();
+        assert!(free > 0 && free < u64::MAX, "{free}");
+        assert!(available_bytes(&dir.path().join("missing")).is_err());
+        assert!(CompactOptions::default().free_space.is_some());
+    }
 
     fn entry(tier: Tier, rows: i64, bytes: i64) -> FileEntry {
         FileEntry {

@@ -308,6 +308,12 @@ pub async fn run_with_hooks(
 }
 
 async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> Result<FlushReport> {
+    let (scratch, engine) = job::scratch(&opts.work_dir, &opts.engine)?;
+    let opts = &FlushOptions {
+        work_dir: scratch.path().to_path_buf(),
+        engine,
+        ..opts.clone()
+    };
     let started = Instant::now();
     let client = ctx.connector.connect().await?;
     let registered = registry::list(&client, &ctx.tables.registry).await?;

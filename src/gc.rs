@@ -609,7 +609,7 @@ mod tests {
         let (loaded, etag, foreign_seen) = load_state(&store, &layout, 7).await.unwrap();
         assert_eq!(loaded.first_unlisted_ms, [(ours, 5)].into());
         assert!(etag.is_some() && foreign_seen);
-        // Over the limit: refused after the HEAD alone.
+        // Over the limit: refused by the one capped read.
         let small = layout.clone().with_limits(ReadLimits {
             gc_state_bytes: size - 1,
             ..ReadLimits::default()
@@ -621,7 +621,7 @@ mod tests {
             "{err:?}"
         );
         let ops: Vec<Op> = store.calls()[before..].iter().map(|c| c.op).collect();
-        assert_eq!(ops, [Op::Head]);
+        assert_eq!(ops, [Op::GetBytes]);
     }
 
     const GRACE: i64 = 15 * 60_000;

@@ -287,6 +287,12 @@ fn rows_per_file(opts: &InitOptions, bytes_per_row: u64) -> u64 {
 
 /// Exports the selected schemas.
 pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
+    let (scratch, engine) = job::scratch(&opts.work_dir, &opts.engine)?;
+    let opts = &InitOptions {
+        work_dir: scratch.path().to_path_buf(),
+        engine,
+        ..opts.clone()
+    };
     let targets = job::select_schemas(ctx, &opts.schemas).await?;
     // Pre-flight (docs/hazards.md #193): every schema's metadata resolves before any side effect.
     let dir = ctx.schema_dir.as_deref().ok_or_else(|| {

@@ -235,7 +235,8 @@ fn engine(s: &Resolved) -> Result<(EngineConfig, PathBuf)> {
         EngineConfig {
             threads: threads.max(1),
             memory_limit: parse_memory_limit(s.text("memory-limit")?)?,
-            temp_directory: Some(work_dir.join("lakecdc-spill")),
+            // Each job spills into its own private scratch directory (job::scratch).
+            temp_directory: None,
         },
         work_dir,
     ))

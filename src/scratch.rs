@@ -31,9 +31,7 @@ impl Scratch {
             .prefix("lakecdc-")
             .permissions(Permissions::from_mode(DIR_MODE))
             .tempdir_in(parent)?;
-        DirBuilder::new()
-            .mode(DIR_MODE)
-            .create(dir.path().join(SPILL))?;
+        create_dir(&dir.path().join(SPILL))?;
         Ok(Self { dir })
     }
 
@@ -46,6 +44,11 @@ impl Scratch {
     pub fn spill_dir(&self) -> PathBuf {
         self.dir.path().join(SPILL)
     }
+}
+
+/// Creates a new scratch subdirectory, mode 0700, failing if anything is already at `path`.
+pub fn create_dir(path: &Path) -> io::Result<()> {
+    DirBuilder::new().mode(DIR_MODE).create(path)
 }
 
 /// Creates a new scratch file, mode 0600, failing if anything (a file, a link) is already at

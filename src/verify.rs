@@ -159,6 +159,11 @@ impl VerifyReport {
 
 /// Verifies the selected schemas.
 pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
+    let (scratch, _) = job::scratch(&opts.work_dir, &Default::default())?;
+    let opts = &VerifyOptions {
+        work_dir: scratch.path().to_path_buf(),
+        ..opts.clone()
+    };
     let schemas = job::each_schema(
         ctx,
         &opts.schemas,

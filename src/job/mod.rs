@@ -3,14 +3,16 @@
 //! object (upload to a temporary key, promote to its final key) and the commit lease that
 //! compact observes and gc's grace is measured against.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::Tables;
-use crate::error::Result;
+use crate::engine::EngineConfig;
+use crate::error::{Error, Result};
 use crate::lake::Lake;
+use crate::scratch::Scratch;
 use crate::shutdown::Shutdown;
 use crate::source::registry::{self, Registered};
 use crate::source::{Connector, SchemaLock};
@@ -97,4 +99,20 @@ pub async fn each_until_stopped<I, T, F: std::future::Future<Output = T>>(
         }
     }
     out
+}
+
+/// The run's private scratch directory under `work_dir` (docs/security.md, "Local files"), and
+/// `engine` set to spill inside it. Every local file of the run goes in the directory, which is
+/// removed when the returned [`Scratch`] drops.
+pub(crate) fn scratch(work_dir: &Path, engine: &EngineConfig) -> Result<(Scratch, EngineConfig)> {
+    let scratch = Scratch::create(work_dir).map_err(|source| Error::Io {
+        op: "create a private scratch directory in",
+        path: work_dir.to_path_buf(),
+        source,
+    })?;
+    let engine = EngineConfig {
+        temp_directory: Some(scratch.spill_dir()),
+        ..engine.clone()
+    };
+    Ok((scratch, engine))
 }

@@ -631,9 +631,9 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains(&format!("{size} bytes")), "{msg}");
         assert!(msg.contains("--max-manifest-size"), "{msg}");
-        // Sized, never read.
-        assert_eq!(ops(&store)[before..], [(Op::Head, "m".to_string())]);
-        // At the limit it loads (HEAD, then the GET).
+        // One capped read (S3 refuses it by its announced length, before the body).
+        assert_eq!(ops(&store)[before..], [(Op::GetBytes, "m".to_string())]);
+        // At the limit it loads.
         let loaded = load_within(&store, "m", 7, &limits(size)).await.unwrap();
         assert_eq!(loaded.unwrap().manifest, m);
         // A commit reads within the same limit and writes nothing.
@@ -651,7 +651,7 @@ mod tests {
         .await
         .unwrap_err();
         assert!(matches!(err, Error::TooLarge { .. }), "{err}");
-        assert_eq!(ops(&store)[calls..], [(Op::Head, "m".to_string())]);
+        assert_eq!(ops(&store)[calls..], [(Op::GetBytes, "m".to_string())]);
     }
 
     #[tokio::test]
@@ -678,17 +678,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_head_not_found_is_decided_by_the_get() {
-        // HEAD cannot tell a missing bucket from a missing key: the GET's answer decides.
+    async fn a_missing_manifest_is_decided_by_the_get_alone() {
+        // No HEAD (which cannot tell a missing bucket from a missing key): the GET decides.
         let store = FaultStore::new(Arc::new(MemoryStore::new()));
         assert!(load(&store, "absent", 7).await.unwrap().is_none());
-        assert_eq!(
-            ops(&store),
-            [
-                (Op::Head, "absent".to_string()),
-                (Op::GetBytes, "absent".to_string())
-            ]
-        );
+        assert_eq!(ops(&store), [(Op::GetBytes, "absent".to_string())]);
         store.arm(Op::GetBytes, None, 1, Action::Fail);
         let err = load(&store, "absent", 7).await.unwrap_err();
         assert!(

@@ -178,7 +178,7 @@ mod tests {
             "{err:?}"
         );
         let ops: Vec<Op> = store.calls()[before..].iter().map(|c| c.op).collect();
-        assert_eq!(ops, [Op::Head], "sized, never read");
+        assert_eq!(ops, [Op::GetBytes], "one capped read");
         // Within the default limit the same marker is ours.
         assert_eq!(check(&store, &layout, 7).await.unwrap(), Ownership::Ours);
     }

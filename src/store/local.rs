@@ -18,10 +18,10 @@
 //! one: it logs a warning naming it and goes on (a listing prefix that itself crosses a link is
 //! refused). A key naming a FIFO or another special file is an error, never a wait.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
@@ -48,8 +48,6 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
 /// A directory another writer removes between our `mkdirat` and `openat` is made again, this
 /// many times at most.
 const MKDIR_ATTEMPTS: usize = 3;
-/// Downloads (`get_to_file`) are private to the user running lakecdc.
-const DOWNLOAD_MODE: u32 = 0o600;
 
 /// A store rooted at a local directory.
 #[derive(Debug, Clone)]
@@ -247,6 +245,14 @@ fn validate_key(key: &str) -> Result<(), StoreError> {
 
 fn sys(e: Errno) -> StoreError {
     StoreError::Io(e.into())
+}
+
+/// Refuses a read of `size` bytes past a caller's `limit`.
+fn within(size: u64, limit: u64) -> Result<(), StoreError> {
+    if size > limit {
+        return Err(StoreError::TooLarge { size, limit });
+    }
+    Ok(())
 }
 
 fn key_label(key: &str) -> String {
@@ -487,11 +493,18 @@ impl ObjectStore for LocalStore {
     }
 
     async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
+        self.get_bytes_within(key, u64::MAX).await
+    }
+
+    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
         let key = key.to_string();
         self.blocking(move |s| {
-            let (mut file, meta) = s.open_object(&key)?;
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes)?;
+            let (file, meta) = s.open_object(&key)?;
+            within(meta.size(), limit)?;
+            let mut bytes = Vec::with_capacity(usize::try_from(meta.size()).unwrap_or(0));
+            // The file may grow after the size check: read one byte past the limit at most.
+            file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+            within(bytes.len() as u64, limit)?;
             Ok(GetResult {
                 bytes: Bytes::from(bytes),
                 etag: etag_of(&meta),
@@ -501,18 +514,25 @@ impl ObjectStore for LocalStore {
     }
 
     async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
+        self.get_to_file_within(key, path, u64::MAX).await
+    }
+
+    async fn get_to_file_within(
+        &self,
+        key: &str,
+        path: &Path,
+        limit: u64,
+    ) -> Result<Download, StoreError> {
         let key = key.to_string();
         let dest = path.to_path_buf();
         self.blocking(move |s| {
-            let (mut input, _) = s.open_object(&key)?;
+            let (input, meta) = s.open_object(&key)?;
+            within(meta.size(), limit)?;
             // A scratch path lakecdc chose, fresh in a private directory: never an existing
             // file, and readable by this user only.
-            let mut out = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(DOWNLOAD_MODE)
-                .open(&dest)?;
-            let (size, sha256) = copy_hashing(&mut input, &mut out)?;
+            let mut out = crate::scratch::create_file(&dest)?;
+            let (size, sha256) = copy_hashing(&mut input.take(limit.saturating_add(1)), &mut out)?;
+            within(size, limit)?;
             out.sync_all()?;
             Ok(Download { size, sha256 })
         })
@@ -908,7 +928,7 @@ mod tests {
         let Ok(got) = tokio::time::timeout(within, lake.store.get_bytes("real/fifo")).await else {
             // Release the reader stuck in open(2), so the test fails instead of hanging.
             let fifo = lake.root.join("real/fifo");
-            drop(OpenOptions::new().write(true).open(fifo));
+            drop(std::fs::OpenOptions::new().write(true).open(fifo));
             panic!("reading a FIFO waited for a writer");
         };
         let msg = got.unwrap_err().to_string();

@@ -732,3 +732,73 @@ async fn a_column_added_between_generations_merges_with_nulls_for_older_rows() {
     }
     assert_eq!(named, 3);
 }
+
+/// Every local file of a run sits in one private directory (docs/security.md, "Local files"):
+/// seen from inside a compaction, after its sources are downloaded and the new base staged.
+#[tokio::test]
+async fn a_runs_local_files_are_private_and_gone_when_it_ends() {
+    use std::os::unix::fs::MetadataExt;
+    let (rig, _) = lake_with_base_and_deltas(911).await;
+    let work_dir = tempfile::tempdir().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (dir, sink) = (work_dir.path().to_path_buf(), seen.clone());
+    let hook: Hook = Arc::new(move |_| {
+        let (dir, sink) = (dir.clone(), sink.clone());
+        async move {
+            let mut stack = vec![dir.clone()];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).unwrap() {
+                    let e = e.unwrap();
+                    let m = std::fs::symlink_metadata(e.path()).unwrap();
+                    if m.is_dir() {
+                        stack.push(e.path());
+                    }
+                    let rel = e.path().strip_prefix(&dir).unwrap().to_path_buf();
+                    sink.lock()
+                        .unwrap()
+                        .push((rel, m.is_dir(), m.mode() & 0o777));
+                }
+            }
+        }
+        .boxed()
+    });
+    let o = CompactOptions {
+        work_dir: work_dir.path().to_path_buf(),
+        ..opts(&rig)
+    };
+    let report = lakecdc::compact::run_with_hook(&rig.job_context(), &o, Some(hook))
+        .await
+        .unwrap();
+    assert_eq!(report.schemas[0].outcome, Outcome::Done);
+    let seen = seen.lock().unwrap().clone();
+    let top: Vec<_> = seen
+        .iter()
+        .filter(|(p, ..)| p.components().count() == 1)
+        .collect();
+    assert_eq!(top.len(), 1, "one scratch directory: {seen:?}");
+    let (run_dir, is_dir, mode) = top[0].clone();
+    assert!(
+        is_dir && run_dir.to_string_lossy().starts_with("lakecdc-"),
+        "{seen:?}"
+    );
+    assert_eq!(mode, 0o700, "{seen:?}");
+    assert!(
+        seen.contains(&(run_dir.join("spill"), true, 0o700)),
+        "{seen:?}"
+    );
+    let files: Vec<_> = seen.iter().filter(|(_, d, _)| !d).collect();
+    assert!(!files.is_empty(), "no local file seen mid-run: {seen:?}");
+    for (path, _, mode) in &files {
+        assert_eq!(*mode, 0o600, "{} is {mode:o}", path.display());
+    }
+    for (path, d, mode) in &seen {
+        if *d {
+            assert_eq!(*mode, 0o700, "{} is {mode:o}", path.display());
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(work_dir.path()).unwrap().count(),
+        0,
+        "the scratch directory outlived the run"
+    );
+}

@@ -210,3 +210,40 @@ fn the_checker_sees_a_planted_cycle_and_a_job_importing_a_job() {
     .into();
     assert!(cycle(&g).is_some());
 }
+
+/// The test seams (docs/security.md) are compiled only for tests: each is declared right under
+/// a `cfg` naming the `testing` feature (or `test`), and no default feature turns it on.
+#[test]
+fn test_seams_exist_only_with_the_testing_feature() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let seams = [
+        ("src/store/mod.rs", "pub mod fault;"),
+        ("src/store/mod.rs", "pub mod memory;"),
+        ("src/flush.rs", "pub async fn run_with_hooks("),
+        ("src/compact.rs", "pub async fn run_with_hook("),
+        ("src/init.rs", "pub after_page: Option<PageHook>,"),
+        ("src/source/connect.rs", "fn password_for_tests("),
+    ];
+    for (file, item) in seams {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with(item))
+            .unwrap_or_else(|| panic!("{file}: {item} not found"));
+        let gate = lines[at - 1].trim();
+        assert!(
+            gate == "#[cfg(any(test, feature = \"testing\"))]" || gate == "#[cfg(test)]",
+            "{file}: {item} is not gated by the testing feature (line above: {gate})"
+        );
+    }
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let default = manifest
+        .lines()
+        .find(|l| l.trim_start().starts_with("default ="))
+        .unwrap_or_default();
+    assert!(
+        !default.contains("testing"),
+        "the testing feature is a default"
+    );
+}

@@ -364,7 +364,7 @@ async fn lake_to_rewrite(seed: u64) -> Rig {
         target_base_size: 1,
         ..crate::compact::opts(&rig)
     };
-    let report = lakecdc::compact::run(&rig.job_context(), &promote, None)
+    let report = lakecdc::compact::run(&rig.job_context(), &promote)
         .await
         .unwrap();
     assert_eq!(report.schemas[0].outcome, lakecdc::compact::Outcome::Done);
@@ -374,7 +374,7 @@ async fn lake_to_rewrite(seed: u64) -> Rig {
 }
 
 async fn compact(rig: &Rig) -> lakecdc::compact::SchemaCompact {
-    let report = lakecdc::compact::run(&rig.job_context(), &crate::compact::opts(rig), None)
+    let report = lakecdc::compact::run(&rig.job_context(), &crate::compact::opts(rig))
         .await
         .unwrap();
     let s = report.schemas.into_iter().next().unwrap();

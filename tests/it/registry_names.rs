@@ -4,7 +4,6 @@
 //! is never read (its content would be a JSON error), and nothing is written anywhere
 //! (docs/hazards.md S6).
 
-
 use crate::support::harness;
 use crate::support::rig::{LakeKind, rig};
 
