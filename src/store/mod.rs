@@ -229,6 +229,7 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Download, StoreError> {
         let got = self.get_to_file(key, path).await?;
         if got.size > limit {
+            let _ = std::fs::remove_file(path);
             return Err(StoreError::TooLarge {
                 size: got.size,
                 limit,

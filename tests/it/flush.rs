@@ -1435,6 +1435,10 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
         eav: std::slice::from_ref(&snap.eav),
     };
     for def in [&scalar, &full] {
+        // Each export writes a new file (mode 0600, never over an existing one).
+        for p in [&by_query, &by_rust] {
+            let _ = std::fs::remove_file(p);
+        }
         assert!(
             assemble::assemble_slots(def, &snap.change_log, &snap.entities, &snap.eav)
                 .unwrap()

@@ -253,6 +253,42 @@ async fn large_upload(store: &dyn ObjectStore, reader: &dyn ObjectStore) {
     assert_eq!(downloaded[..], data[..]);
 }
 
+/// Capped reads (docs/security.md): an object over the cap is refused with its whole size —
+/// which only its announced length (S3) or its opened file (local) gives before the body is
+/// read — and no partial download is left; one at the cap is read whole.
+async fn capped_reads(store: &dyn ObjectStore) {
+    let body = Bytes::from(vec![7u8; 3 << 20]);
+    let size = body.len() as u64;
+    store
+        .put_bytes("capped/big", body.clone(), PutMode::Overwrite)
+        .await
+        .unwrap();
+    match store.get_bytes_within("capped/big", 1024).await {
+        Err(StoreError::TooLarge { size: s, limit }) => assert_eq!((s, limit), (size, 1024)),
+        other => panic!("{other:?}"),
+    }
+    let got = store.get_bytes_within("capped/big", size).await.unwrap();
+    assert_eq!(got.bytes, body);
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("big");
+    match store
+        .get_to_file_within("capped/big", &local, size - 1)
+        .await
+    {
+        Err(StoreError::TooLarge { size: s, .. }) => assert_eq!(s, size),
+        other => panic!("{other:?}"),
+    }
+    let dl = store
+        .get_to_file_within("capped/big", &dir.path().join("whole"), size)
+        .await
+        .unwrap();
+    assert_eq!(dl.sha256, sha256(&body));
+    assert!(matches!(
+        store.get_bytes_within("capped/absent", 10).await,
+        Err(StoreError::NotFound)
+    ));
+}
+
 #[tokio::test]
 async fn memory_store_conforms() {
     let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
@@ -261,6 +297,7 @@ async fn memory_store_conforms() {
     pagination(store.as_ref()).await;
     racing_writers(store.clone()).await;
     large_upload(store.as_ref(), store.as_ref()).await;
+    capped_reads(store.as_ref()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -273,6 +310,7 @@ async fn local_store_conforms() {
     racing_writers(store.clone()).await;
     let reader = LocalStore::open(dir.path()).unwrap();
     large_upload(store.as_ref(), &reader).await;
+    capped_reads(store.as_ref()).await;
     // No temp or lock file is ever listed.
     for m in store.list("").await.unwrap() {
         assert!(!m.key.contains(".lakecdc-"), "{}", m.key);
@@ -289,6 +327,7 @@ async fn s3_store_conforms() {
     racing_writers(dynstore.clone()).await;
     let reader = harness::s3_reader(store.bucket()).await;
     large_upload(dynstore.as_ref(), reader.as_ref()).await;
+    capped_reads(dynstore.as_ref()).await;
 }
 
 #[tokio::test]
