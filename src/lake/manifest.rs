@@ -19,6 +19,11 @@ use crate::error::{Error, Result};
 use crate::retry::Backoff;
 use crate::store::{ObjectStore, PutMode, StoreError};
 
+/// The largest `size_bytes` or `row_count` a manifest may hold: 2^53-1, the largest integer
+/// every JSON reader represents exactly. No file holds more rows or bytes; a larger number is
+/// corruption or an attack on the sums (docs/hazards.md S4), refused at load.
+pub const MAX_COUNT: i64 = (1 << 53) - 1;
+
 /// Which tier a file belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tier {
@@ -218,7 +223,8 @@ impl Manifest {
     }
 
     /// Refuses what no job can use safely: a path listed twice (it would be downloaded, merged
-    /// and counted twice) and a negative size or row count (sums of them would be nonsense).
+    /// and counted twice) and a size or row count that is negative or above [`MAX_COUNT`]
+    /// (sums of them would be nonsense).
     /// Each error names the manifest key and the entry's path.
     fn check_entries(&self, key: &str) -> Result<()> {
         let refuse = |message: String| Error::Manifest {
@@ -237,6 +243,12 @@ impl Manifest {
                 if n < 0 {
                     return Err(refuse(format!(
                         "entry {:?} has a negative {field} ({n}); the manifest is corrupt",
+                        f.path
+                    )));
+                }
+                if n > MAX_COUNT {
+                    return Err(refuse(format!(
+                        "entry {:?} has an impossible {field} ({n}, above 2^53-1); the manifest is corrupt",
                         f.path
                     )));
                 }
@@ -721,6 +733,10 @@ mod tests {
                 vec![file("data/7/s.parquet", i64::MIN, 1)],
                 "entry \"data/7/s.parquet\" has a negative size_bytes",
             ),
+            (
+                vec![file("data/7/m.parquet", 1, i64::MAX)],
+                "entry \"data/7/m.parquet\" has an impossible row_count",
+            ),
         ];
         for (files, want) in cases {
             put_json(
@@ -734,11 +750,10 @@ mod tests {
             assert!(msg.starts_with("manifest manifest/7.json: "), "{msg}");
             assert!(msg.contains(want), "{msg}");
         }
-        // Large but valid numbers load; their sums saturate instead of wrapping.
-        let big = vec![
-            file("data/7/a.parquet", i64::MAX, i64::MAX),
-            file("data/7/b.parquet", i64::MAX, i64::MAX),
-        ];
+        // The largest valid numbers load; 1,100 of them pass i64::MAX and the sums saturate.
+        let big: Vec<_> = (0..1100)
+            .map(|i| file(&format!("data/7/{i}.parquet"), MAX_COUNT, MAX_COUNT))
+            .collect();
         put_json(
             &store,
             "manifest/7.json",

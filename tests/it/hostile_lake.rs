@@ -434,10 +434,12 @@ async fn manifest_counts_sum_without_wrapping_and_negative_ones_are_refused() {
         json!({"tier": "base", "path": layout.delta_key(100, Uuid::now_v7()),
                "size_bytes": bytes, "row_count": rows})
     };
+    // Each count at the largest a manifest may hold; 1,100 of them pass i64::MAX together.
+    let max = lakecdc::lake::manifest::MAX_COUNT;
+    let files: Vec<_> = (0..1100).map(|_| entry(max, max)).collect();
     put_manifest(
         &rig,
-        &json!({"schema_id": 100, "version": 3, "files": [
-            entry(i64::MAX, i64::MAX), entry(i64::MAX, i64::MAX), entry(5, 5)]}),
+        &json!({"schema_id": 100, "version": 3, "files": files}),
     )
     .await;
     let ctx = rig.job_context();
@@ -445,15 +447,21 @@ async fn manifest_counts_sum_without_wrapping_and_negative_ones_are_refused() {
     assert_eq!(s.error, None);
     assert_eq!(
         (s.base.files, s.base.rows, s.base.bytes),
-        (3, i64::MAX, i64::MAX)
+        (1100, i64::MAX, i64::MAX)
     );
     let plan = s.compaction.as_ref().unwrap();
     assert_eq!((plan.base_rows, plan.base_bytes), (i64::MAX, i64::MAX));
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["base"]["rows"], json!(i64::MAX));
 
-    // A negative count or size is refused at load, naming the manifest and the entry.
-    for (rows, bytes, field) in [(-1, 5, "row_count (-1)"), (5, -7, "size_bytes (-7)")] {
+    // A negative or impossible count or size is refused at load, naming the manifest and the
+    // entry.
+    for (rows, bytes, field) in [
+        (-1, 5, "negative row_count (-1)"),
+        (5, -7, "negative size_bytes (-7)"),
+        (i64::MAX, 5, "impossible row_count (9223372036854775807"),
+        (5, max + 1, "impossible size_bytes (9007199254740992"),
+    ] {
         let bad = entry(rows, bytes);
         let path = bad["path"].as_str().unwrap().to_string();
         put_manifest(
@@ -464,7 +472,8 @@ async fn manifest_counts_sum_without_wrapping_and_negative_ones_are_refused() {
         let e = inspect(&ctx, &rig).await.error.unwrap();
         assert!(
             e.contains(&format!(
-                "manifest {MANIFEST}: entry {path:?} has a negative {field}"
+                "manifest {MANIFEST}: entry {path:?} has a{} {field}",
+                if field.starts_with('i') { "n" } else { "" }
             )),
             "{e}"
         );
