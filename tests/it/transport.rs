@@ -286,3 +286,53 @@ async fn the_binary_warns_once_about_a_password_to_an_unverified_server() {
         }
     }
 }
+
+/// The configuration warnings reach stderr once, when the job starts: a plain-http S3 endpoint
+/// off loopback, and a config file holding a password that others may read (docs/security.md).
+#[tokio::test]
+async fn the_binary_warns_about_a_plain_http_endpoint_and_an_exposed_config_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lakecdc.toml");
+    // A dead port: the job fails after its warnings, without touching a network.
+    std::fs::write(
+        &config,
+        "pg-url = \"postgres://app:Hunter2Secret@127.0.0.1:9/x?connect_timeout=2\"\n",
+    )
+    .unwrap();
+    let run = |endpoint: &str, mode: u32| {
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = harness::bin()
+            .args([
+                "inspect",
+                "--lake",
+                "s3://lakecdc-warn-test",
+                "--s3-path-style",
+            ])
+            .args(["--s3-endpoint", endpoint, "--config"])
+            .arg(&config)
+            .env("AWS_ACCESS_KEY_ID", "k")
+            .env("AWS_SECRET_ACCESS_KEY", "s")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("Hunter2"), "{stderr}");
+        let count = |needle: &str| stderr.lines().filter(|l| l.contains(needle)).count();
+        (
+            count("is plain http"),
+            count("other users may read it"),
+            stderr.clone(),
+        )
+    };
+    let (http, exposed, stderr) = run("http://s3.example.invalid:9000", 0o644);
+    assert_eq!((http, exposed), (1, 1), "{stderr}");
+    assert!(stderr.contains("s3.example.invalid"), "{stderr}");
+    assert!(
+        stderr.contains("mode 644") && stderr.contains("chmod 600"),
+        "{stderr}"
+    );
+    let (http, exposed, stderr) = run("http://127.0.0.1:9", 0o600);
+    assert_eq!((http, exposed), (0, 0), "{stderr}");
+    let (http, exposed, stderr) = run("https://s3.example.invalid", 0o640);
+    assert_eq!((http, exposed), (0, 1), "{stderr}");
+}
