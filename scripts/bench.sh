@@ -189,14 +189,17 @@ t0=$(now)
 /usr/bin/time -v -o "$timing" "$BIN" -q flush --force --time-budget 1h --json >"$report"
 flush=$(secs "$t0" "$(now)")
 rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$timing")
+# lakecdc's own CPU (user + system): steadier than wall time on a shared machine.
+cpu=$(awk -F: '/(User|System) time \(seconds\)/ {sum += $2} END {printf "%.2f", sum}' "$timing")
 
 t0=$(now)
 "$BIN" -q flush --json >/dev/null
 idle=$(secs "$t0" "$(now)")
 
-python3 - "$report" "$N" "$floor" "$flush" "$rss_kb" "$idle" <<'PY'
+python3 - "$report" "$N" "$floor" "$flush" "$rss_kb" "$idle" "$cpu" <<'PY'
 import json, sys
 report, n, floor, flush, rss_kb, idle = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+cpu = float(sys.argv[7])
 r = json.load(open(report))
 s = r["schemas"][0]
 assert s["outcome"] == "flushed", s
@@ -205,6 +208,7 @@ print(f"  rows exported / marked / left dirty: {s['rows_exported']} / {s['rows_m
 print(f"  read floor (COPY binary entity_main + eav_data): {floor:.2f} s")
 print(f"  lakecdc flush --force:                          {flush:.2f} s  = {n / flush:,.0f} changes/s (target >= 100,000)")
 print(f"  ratio flush / read floor:                       {flush / floor:.2f}")
+print(f"  lakecdc CPU (user + system):                  {cpu:.2f} s")
 print(f"  peak RSS:                                       {rss_kb / 1024:.0f} MiB")
 print(f"  idle run (nothing to flush):                    {idle:.3f} s")
 PY
