@@ -46,6 +46,7 @@ use crate::store::{StoreError, delete_or_leave};
 
 /// Compact runs with the shared lake-job context.
 pub use crate::job::Context;
+pub use crate::job::{available_bytes, check_work_dir_space};
 pub use crate::policy::{CompactThresholds, Decision, Plan};
 
 /// A test seam called after the new base is staged, before the manifest save; only
@@ -246,10 +247,13 @@ impl CompactReport {
                 ));
             }
             if let Some(b) = &s.new_base {
-                out.push_str(&format!("    new base {b}\n"));
+                out.push_str(&format!(
+                    "    new base {}\n",
+                    crate::report::printable(b, false)
+                ));
             }
             if let Some(e) = &s.error {
-                out.push_str(&format!("    {e}\n"));
+                out.push_str(&format!("    {}\n", crate::report::printable(e, false)));
             }
         }
         if self.dry_run {
@@ -492,27 +496,6 @@ fn larger_than_listed(f: &FileEntry, size: u64, limit: u64) -> Error {
     }
 }
 
-/// The bytes an unprivileged user may still write on the file system holding `dir`.
-pub fn available_bytes(dir: &Path) -> std::io::Result<u64> {
-    let s = rustix::fs::statvfs(dir)?;
-    Ok(s.f_bavail.saturating_mul(s.f_frsize))
-}
-
-/// Refuses a step that needs `needed` bytes in `dir` when the file system has only `free`
-/// left: running out halfway would fail the step anyway, and take the host's disk with it
-/// (docs/hazards.md S2).
-pub fn check_work_dir_space(dir: &Path, step: &'static str, needed: u64, free: u64) -> Result<()> {
-    if needed > free {
-        return Err(Error::NoSpace {
-            path: dir.to_path_buf(),
-            step,
-            needed,
-            free,
-        });
-    }
-    Ok(())
-}
-
 async fn download(
     ctx: &Context,
     opts: &CompactOptions,
@@ -634,7 +617,23 @@ async fn download_sources(
 /// a blocking thread).
 async fn merge(opts: &CompactOptions, sources: Vec<PathBuf>, merged: PathBuf) -> Result<Merged> {
     let t = Instant::now();
-    let cfg = opts.engine.clone();
+    let mut cfg = opts.engine.clone();
+    // DuckDB's spill gets what is left once the merged file (no larger than its sources) has
+    // room, so a source that decompresses to far more than it weighs fails the merge instead
+    // of filling the disk (docs/hazards.md S2).
+    if let (Some(measure), Some(dir)) = (opts.free_space, merged.parent()) {
+        let mut inputs = 0u64;
+        for s in &sources {
+            let size = tokio::fs::metadata(s).await.map(|m| m.len()).unwrap_or(0);
+            inputs = inputs.saturating_add(size);
+        }
+        let free = measure(dir).map_err(|source| Error::Io {
+            op: "measure free space of work dir",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        cfg.max_spill_bytes = Some(free.saturating_sub(inputs));
+    }
     let out = tokio::task::spawn_blocking(move || -> Result<Merged> {
         let mut rows_in = 0u64;
         for s in &sources {

@@ -257,7 +257,10 @@ impl FlushReport {
                 s.duration_ms
             ));
             if let Some(reason) = &s.reason {
-                out.push_str(&format!("    {reason}\n"));
+                out.push_str(&format!(
+                    "    {}\n",
+                    crate::report::printable(reason, false)
+                ));
             }
         }
         if self.dry_run {

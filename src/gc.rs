@@ -147,19 +147,31 @@ impl GcReport {
                 s.unknown.len()
             ));
             for k in &s.deleted {
-                out.push_str(&format!("    {verb} {k}\n"));
+                out.push_str(&format!(
+                    "    {verb} {}\n",
+                    crate::report::printable(k, false)
+                ));
             }
             for k in &s.within_grace {
-                out.push_str(&format!("    within grace {k}\n"));
+                out.push_str(&format!(
+                    "    within grace {}\n",
+                    crate::report::printable(k, false)
+                ));
             }
             for k in &s.unlisted_deltas {
-                out.push_str(&format!("    unlisted delta (kept) {k}\n"));
+                out.push_str(&format!(
+                    "    unlisted delta (kept) {}\n",
+                    crate::report::printable(k, false)
+                ));
             }
             for k in &s.unknown {
-                out.push_str(&format!("    unknown key (untouched) {k}\n"));
+                out.push_str(&format!(
+                    "    unknown key (untouched) {}\n",
+                    crate::report::printable(k, false)
+                ));
             }
             if let Some(r) = &s.reason {
-                out.push_str(&format!("    {r}\n"));
+                out.push_str(&format!("    {}\n", crate::report::printable(r, false)));
             }
         }
         out

@@ -251,7 +251,7 @@ impl InitReport {
                 s.rows_per_s
             ));
             if let Some(r) = &s.reason {
-                out.push_str(&format!("    {r}\n"));
+                out.push_str(&format!("    {}\n", crate::report::printable(r, false)));
             }
         }
         if self.dry_run {

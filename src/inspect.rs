@@ -94,12 +94,18 @@ impl InspectReport {
     pub fn to_text(&self) -> String {
         let mut out = String::new();
         for w in &self.warnings {
-            out.push_str(&format!("WARNING: {w}\n"));
+            out.push_str(&format!(
+                "WARNING: {}\n",
+                crate::report::printable(w, false)
+            ));
         }
         for s in &self.schemas {
             out.push_str(&format!("schema {} (id {})\n", s.schema, s.schema_id));
             if let Some(e) = &s.error {
-                out.push_str(&format!("  error             {e}\n"));
+                out.push_str(&format!(
+                    "  error             {}\n",
+                    crate::report::printable(e, false)
+                ));
                 continue;
             }
             out.push_str(&format!(

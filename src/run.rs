@@ -237,6 +237,7 @@ fn engine(s: &Resolved) -> Result<(EngineConfig, PathBuf)> {
             memory_limit: parse_memory_limit(s.text("memory-limit")?)?,
             // Each job spills into its own private scratch directory (job::scratch).
             temp_directory: None,
+            max_spill_bytes: None,
         },
         work_dir,
     ))

@@ -147,10 +147,15 @@ impl VerifyReport {
                 s.schema, s.schema_id, outcome, s.files, s.bytes
             ));
             for p in &s.problems {
-                out.push_str(&format!("    {} {}: {}\n", p.kind, p.path, p.detail));
+                out.push_str(&format!(
+                    "    {} {}: {}\n",
+                    p.kind,
+                    crate::report::printable(&p.path, false),
+                    crate::report::printable(&p.detail, false)
+                ));
             }
             if let Some(e) = &s.error {
-                out.push_str(&format!("    {e}\n"));
+                out.push_str(&format!("    {}\n", crate::report::printable(e, false)));
             }
         }
         out
@@ -310,6 +315,19 @@ async fn check_entry(ctx: &Context, opts: &VerifyOptions, e: &FileEntry) -> Resu
         },
         n => n,
     };
+    // The entry's size is the lake writer's to choose: the work dir must hold it, once per
+    // download running at a time, before any byte arrives (docs/hazards.md S2).
+    let free = job::available_bytes(&opts.work_dir).map_err(|source| Error::Io {
+        op: "measure free space of work dir",
+        path: opts.work_dir.clone(),
+        source,
+    })?;
+    job::check_work_dir_space(
+        &opts.work_dir,
+        "verify (the listed objects it downloads at once)",
+        limit.saturating_mul(opts.parallelism as u64),
+        free,
+    )?;
     let local = opts
         .work_dir
         .join(format!("lakecdc-verify-{}.parquet", uuid::Uuid::new_v4()));
@@ -389,4 +407,45 @@ async fn check_entry(ctx: &Context, opts: &VerifyOptions, e: &FileEntry) -> Resu
     };
     let _ = tokio::fs::remove_file(&local).await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lake writer's path or message cannot add a line to the text report (docs/hazards.md
+    /// S10): a forged "intact" row stays inside the problem's own line, escaped.
+    #[test]
+    fn lake_strings_cannot_forge_report_lines() {
+        let forged =
+            "data/100/x.parquet\ncustomer                    100 intact          1              1";
+        let report = VerifyReport {
+            schemas: vec![SchemaVerify {
+                schema_id: 100,
+                schema: "customer".into(),
+                outcome: Outcome::Diverged,
+                files: 1,
+                bytes: 1,
+                problems: vec![Problem {
+                    path: forged.into(),
+                    kind: "foreign",
+                    detail: "not read\u{1b}[2K".into(),
+                }],
+                error: Some("boom\nsecond line".into()),
+                duration_ms: 0,
+            }],
+        };
+        let text = report.to_text();
+        assert_eq!(
+            text.lines().filter(|l| l.contains("intact")).count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("x.parquet\\ncustomer"), "{text}");
+        assert!(
+            text.contains("\\u{1b}[2K") && !text.contains('\u{1b}'),
+            "{text}"
+        );
+        assert!(text.contains("boom\\nsecond line"), "{text}");
+    }
 }

@@ -39,6 +39,9 @@ pub struct EngineConfig {
     pub memory_limit: String,
     /// Where DuckDB spills; `None` keeps DuckDB's default.
     pub temp_directory: Option<PathBuf>,
+    /// The most DuckDB may spill, in bytes; `None` keeps DuckDB's default (90% of the free
+    /// space). Compaction sets what its free-space check left (docs/security.md).
+    pub max_spill_bytes: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -47,6 +50,7 @@ impl Default for EngineConfig {
             threads: 2,
             memory_limit: "1GB".to_string(),
             temp_directory: None,
+            max_spill_bytes: None,
         }
     }
 }
@@ -71,6 +75,9 @@ impl Engine {
                 " SET temp_directory = '{}';",
                 sql_string(&dir.display().to_string())
             ));
+        }
+        if let Some(bytes) = cfg.max_spill_bytes {
+            setup.push_str(&format!(" SET max_temp_directory_size = '{bytes}B';"));
         }
         conn.execute_batch(&setup)
             .map_err(Error::duckdb("configure"))?;

@@ -116,3 +116,24 @@ pub(crate) fn scratch(work_dir: &Path, engine: &EngineConfig) -> Result<(Scratch
     };
     Ok((scratch, engine))
 }
+
+/// The bytes an unprivileged user may still write on the file system holding `dir`.
+pub fn available_bytes(dir: &Path) -> std::io::Result<u64> {
+    let s = rustix::fs::statvfs(dir)?;
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+/// Refuses a step that needs `needed` bytes in `dir` when the file system has only `free`
+/// left: running out halfway would fail the step anyway, and take the host's disk with it
+/// (docs/hazards.md S2).
+pub fn check_work_dir_space(dir: &Path, step: &'static str, needed: u64, free: u64) -> Result<()> {
+    if needed > free {
+        return Err(Error::NoSpace {
+            path: dir.to_path_buf(),
+            step,
+            needed,
+            free,
+        });
+    }
+    Ok(())
+}

@@ -285,22 +285,25 @@ fn url_body(s: &str) -> Option<&str> {
 }
 
 /// `postgresql://[user[:password]@][host[:port][,...]][/dbname][?param=value&...]` as pairs.
-/// The host part ends at the first `/` or `?` (which a user name or password must therefore
-/// percent-encode), and the user part at its last `@`.
+/// The user part ends at the last `@` before the first `/`; the host part then ends at the
+/// first `/` or `?`.
 fn url_pairs(
     body: &str,
     default_port: Option<u16>,
 ) -> std::result::Result<BTreeMap<String, String>, ConninfoError> {
     let mut pairs = BTreeMap::new();
-    let (before_query, query) = body.split_once('?').unwrap_or((body, ""));
-    let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
+    // The user part ends at the last `@` before the first `/`, as in libpq: a password may
+    // hold a `?` (docs/hazards.md S5).
+    let first_slash = body.find('/').unwrap_or(body.len());
+    let (userinfo, rest) = match body.get(..first_slash).and_then(|a| a.rfind('@')) {
+        Some(at) => (body.get(..at), body.get(at + 1..).unwrap_or_default()),
+        None => (None, body),
+    };
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (hosts, path) = before_query.split_once('/').unwrap_or((before_query, ""));
     if path.contains('@') {
         return Err(ConninfoError::AtAfterHost);
     }
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
     if let Some(userinfo) = userinfo {
         let (user, password) = match userinfo.split_once(':') {
             Some((u, p)) => (u, Some(p)),
@@ -529,6 +532,15 @@ pub(super) mod tests {
             d("postgres://u:p@ss@h/db"),
             "dbname='db' host='h' password='p@ss' user='u'"
         );
+        // A '?' in the password: still the password, never a user, host or database name.
+        assert_eq!(
+            d("postgres://u:?user=Secret@h/db"),
+            "dbname='db' host='h' password='?user=Secret' user='u'"
+        );
+        assert_eq!(
+            d("postgres://u:5432?dbname=x@h/db"),
+            "dbname='db' host='h' password='5432?dbname=x' user='u'"
+        );
         assert_eq!(d("postgres://"), "");
         assert_eq!(
             d("postgres:///db?host=%2Frun%2Fpg"),
@@ -696,9 +708,9 @@ pub(super) mod tests {
                 format!("postgres://u@h/db?sslmode=%zz{PW}"),
                 E::BadPercent(UrlPart::ParamValue(Param::Known("sslmode"))),
             ),
-            // An unencoded '/' or '?' in the password puts its tail after the host part.
+            // An unencoded '/' in the password puts its tail after the host part (a '?' does
+            // not: the user part ends at the last '@' before the first '/').
             (format!("postgres://u:12/{PW}@h/db"), E::AtAfterHost),
-            (format!("postgres://u:1?{PW}@h/db"), E::ParamNoEquals(1)),
             (
                 format!("postgres://u:{PW}@h/db?password={PW}&{PW}"),
                 E::ParamNoEquals(2),

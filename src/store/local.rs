@@ -412,9 +412,24 @@ fn copy_hashing(src: &mut impl Read, dst: &mut impl Write) -> io::Result<(u64, [
     Ok((total, hasher.finalize().into()))
 }
 
+/// How deep a listing descends below its prefix. lakecdc's keys are a few directories deep;
+/// a deeper tree is planted, and descending it would cost a file descriptor and a stack frame
+/// per level (docs/hazards.md L27).
+const MAX_LIST_DEPTH: usize = 16;
+
 /// Collects the regular files beneath `dir`, whose keys start with `rel`. A symbolic link is
-/// neither reported nor followed: it is logged, naming its key, and skipped.
+/// neither reported nor followed: it is logged, naming its key, and skipped. So is a directory
+/// more than [`MAX_LIST_DEPTH`] levels down.
 fn walk(dir: OwnedFd, rel: &str, out: &mut Vec<(String, fs::Metadata)>) -> Result<(), StoreError> {
+    walk_within(dir, rel, MAX_LIST_DEPTH, out)
+}
+
+fn walk_within(
+    dir: OwnedFd,
+    rel: &str,
+    depth: usize,
+    out: &mut Vec<(String, fs::Metadata)>,
+) -> Result<(), StoreError> {
     let mut entries = Dir::new(dir).map_err(sys)?;
     while let Some(entry) = entries.read() {
         let entry = entry.map_err(sys)?;
@@ -444,7 +459,11 @@ fn walk(dir: OwnedFd, rel: &str, out: &mut Vec<(String, fs::Metadata)>) -> Resul
             );
         } else if meta.is_dir() {
             match rustix::fs::openat(here, raw, DIR_FLAGS, Mode::empty()) {
-                Ok(sub) => walk(sub, &key, out)?,
+                Ok(_) if depth == 0 => tracing::warn!(
+                    key,
+                    "directory nested deeper than lakecdc writes: not listed; remove it"
+                ),
+                Ok(sub) => walk_within(sub, &key, depth - 1, out)?,
                 Err(Errno::NOENT) => {}
                 Err(Errno::NOTDIR | Errno::LOOP) => tracing::warn!(
                     key,
@@ -847,6 +866,28 @@ mod tests {
             }
             lake.assert_outside_untouched();
         }
+    }
+
+    #[tokio::test]
+    async fn a_listing_stops_at_a_planted_deep_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        std::fs::create_dir_all(dir.path().join("data/100")).unwrap();
+        std::fs::write(dir.path().join("data/100/a.parquet"), b"a").unwrap();
+        let mut deep = dir.path().join("data/100");
+        for _ in 0..(MAX_LIST_DEPTH + 8) {
+            deep = deep.join("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("z.parquet"), b"z").unwrap();
+        let keys: Vec<String> = store
+            .list("data/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        assert_eq!(keys, ["data/100/a.parquet"]);
     }
 
     #[tokio::test]

@@ -24,9 +24,14 @@ fn engine_is_configured_as_asked() {
         threads: 3,
         memory_limit: "256MiB".into(),
         temp_directory: Some(dir.path().to_path_buf()),
+        max_spill_bytes: Some(123_456_789),
     })
     .unwrap();
     assert_eq!(engine.setting("threads").unwrap(), "3");
+    assert_eq!(
+        engine.setting("max_temp_directory_size").unwrap(),
+        "117.7 MiB"
+    );
     assert!(engine.setting("memory_limit").unwrap().contains("MiB"));
     assert_eq!(
         engine.setting("temp_directory").unwrap(),

@@ -611,3 +611,32 @@ async fn verify_reports_an_object_larger_than_listed_without_downloading_it() {
     // size in the detail), so its body was never read.
     assert_eq!(downloads, listed.iter().cloned().collect());
 }
+
+/// A listed size is the lake writer's to choose: verify measures its work dir before it
+/// downloads anything, so an entry claiming a petabyte fails the schema with one line instead
+/// of filling the disk (docs/hazards.md S2).
+#[tokio::test]
+async fn verify_refuses_a_listed_size_its_work_dir_cannot_hold() {
+    let rig = flushed_rig(LakeKind::S3, 20).await;
+    let mut m = manifest_json(&rig).await;
+    let victim = m["files"][0]["path"].as_str().unwrap().to_string();
+    m["files"][0]["size_bytes"] = json!(1i64 << 50);
+    put_manifest(&rig, &m).await;
+    let calls = rig.store.calls().len();
+    let report = lakecdc::verify::run(&rig.job_context(), &verify_opts(&rig))
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, lakecdc::verify::Outcome::Failed, "{s:?}");
+    let e = s.error.as_deref().unwrap();
+    assert!(
+        e.contains("verify (the listed objects it downloads at once) needs 2251799813685248"),
+        "{e}"
+    );
+    assert!(e.contains("--work-dir"), "{e}");
+    let fetched: Vec<Call> = since(&rig, calls)
+        .into_iter()
+        .filter(|c| c.op == Op::GetToFile && c.key == victim)
+        .collect();
+    assert!(fetched.is_empty(), "{fetched:?}");
+}

@@ -183,6 +183,21 @@ fn age(dir: &Path, ago: Duration) {
 
 // ---- gc ----
 
+/// Runs `lakecdc <job>` on the rig's local lake: its exit code and stdout + stderr.
+fn run_bin(job: &str, rig: &Rig) -> (Option<i32>, String) {
+    let out = harness::bin()
+        .args([job, "--pg-url", &rig.db.url, "--lake"])
+        .arg(lake_dir(rig))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
 #[tokio::test]
 async fn gc_deletes_nothing_through_a_linked_data_prefix() {
     // The security review's attack, through the binary: `data/100` replaced by a link to a
@@ -225,17 +240,8 @@ async fn gc_deletes_nothing_through_a_linked_data_prefix() {
         assert!(moved.is_file(), "{v} is not outside");
     }
 
-    let out = harness::bin()
-        .args(["gc", "--pg-url", &rig.db.url, "--lake"])
-        .arg(lake_dir(&rig))
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let (code, text) = run_bin("gc", &rig);
+    assert_eq!(code, Some(1), "{text}");
     assert_refuses_the_prefix(&text);
     for v in &victims {
         assert!(!text.contains(&format!("deleted {v}")), "{text}");
@@ -335,17 +341,8 @@ async fn verify_reads_nothing_through_a_linked_key() {
     );
     assert_refuses_the_key(&report.to_text(), &victim);
 
-    let out = harness::bin()
-        .args(["verify", "--pg-url", &rig.db.url, "--lake"])
-        .arg(lake_dir(&rig))
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let (code, text) = run_bin("verify", &rig);
+    assert_eq!(code, Some(1), "{text}");
     assert_refuses_the_key(&text, &victim);
     for h in outside.hashes() {
         assert!(!text.contains(&h), "{text}");
