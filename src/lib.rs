@@ -32,5 +32,6 @@ pub mod shutdown;
 pub mod source;
 pub mod store;
 pub mod verify;
+pub mod view;
 
 pub use error::{Error, Result};

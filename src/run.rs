@@ -31,6 +31,7 @@ use crate::source::connect::PG_ENV_VARS;
 use crate::source::{Connector, PgSettings, conninfo};
 use crate::store::s3::{S3Options, check_env_credentials};
 use crate::verify::VerifyOptions;
+use crate::view::ViewOptions;
 
 /// The longest a PostgreSQL connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -79,6 +80,8 @@ pub enum Job {
     Verify(VerifyOptions),
     /// `inspect`, judging with these thresholds.
     Inspect(FlushThresholds, CompactThresholds),
+    /// `lakecdc view`.
+    View(ViewOptions),
 }
 
 /// Everything validated before any connection is opened.
@@ -369,6 +372,15 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
             work_dir: work_dir(s)?,
         }),
         Command::Inspect => Job::Inspect(flush_thresholds(s)?, compact_thresholds(s)?),
+        Command::View => match s.text("dialect")? {
+            "duckdb" => Job::View(ViewOptions { schemas }),
+            other => {
+                return Err(Error::setting(
+                    "dialect",
+                    format!("{other:?} is not one of duckdb"),
+                ));
+            }
+        },
     })
 }
 
@@ -417,6 +429,11 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
                 ..opts.as_ref().clone()
             };
             let r = crate::init::run(&ctx, &opts).await?;
+            Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+        Job::View(opts) => {
+            let ctx = config.context().await?;
+            let r = crate::view::run(&ctx, opts).await?;
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
         Job::Inspect(flush, compact) => {

@@ -204,6 +204,12 @@ enum Command {
         #[arg(long)]
         work_dir: Option<PathBuf>,
     },
+    /// Print CREATE VIEW statements of each schema's current state for DuckDB (--json: the plan).
+    View {
+        /// The SQL dialect: duckdb.
+        #[arg(long)]
+        dialect: Option<String>,
+    },
     /// Show per schema what each job would do now (read-only: no lock, nothing written).
     Inspect {
         /// The flush threshold to evaluate: rows.

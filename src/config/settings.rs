@@ -28,11 +28,13 @@ pub enum Command {
     Verify,
     /// `inspect`.
     Inspect,
+    /// `view`.
+    View,
 }
 
 impl Command {
     /// Every command, in the order a user meets them.
-    pub const ALL: [Command; 7] = [
+    pub const ALL: [Command; 8] = [
         Command::InitDb,
         Command::Init,
         Command::Flush,
@@ -40,6 +42,7 @@ impl Command {
         Command::Gc,
         Command::Verify,
         Command::Inspect,
+        Command::View,
     ];
 
     /// The command's name on the command line and in the config file.
@@ -52,6 +55,7 @@ impl Command {
             Command::Gc => "gc",
             Command::Verify => "verify",
             Command::Inspect => "inspect",
+            Command::View => "view",
         }
     }
 
@@ -98,7 +102,7 @@ impl Setting {
     }
 }
 
-use Command::{Compact, Flush, Gc, Init, InitDb, Inspect, Verify};
+use Command::{Compact, Flush, Gc, Init, InitDb, Inspect, Verify, View};
 
 const fn global(key: &'static str, env: &'static str, default: Option<&'static str>) -> Setting {
     Setting {
@@ -206,6 +210,7 @@ pub const SETTINGS: &[Setting] = &[
         Some("4"),
     ),
     of(&[Gc], "grace", "LAKECDC_GC_GRACE", Some("15m")),
+    of(&[View], "dialect", "LAKECDC_VIEW_DIALECT", Some("duckdb")),
     of(
         &[Compact, Inspect],
         "target-base-size",

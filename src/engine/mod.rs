@@ -158,13 +158,35 @@ impl Engine {
     }
 }
 
+/// The read rule (docs/design.md §3.1.5), part one: every copy of `scan` (a relation of lake
+/// rows, any column generations) ranked per `row_id`, the highest `changed_at` first and, on a
+/// tie, the tombstone first, in a column `lakecdc_rn`.
+pub fn ranked_copies(scan: &str) -> String {
+    format!(
+        "SELECT *, row_number() OVER (PARTITION BY row_id \
+         ORDER BY changed_at DESC, COALESCE(deleted_at, 0) DESC) AS lakecdc_rn FROM {scan}"
+    )
+}
+
+/// The read rule, part two: the predicate on [`ranked_copies`] that keeps a row's winning copy,
+/// unless it is a tombstone.
+pub const LATEST: &str = "lakecdc_rn = 1 AND COALESCE(deleted_at, 0) = 0";
+
+/// The current state of the lake rows in `scan`: one row per live `row_id`, its latest copy.
+pub fn current_state(scan: &str) -> String {
+    format!(
+        "SELECT * EXCLUDE (lakecdc_rn) FROM ({}) WHERE {LATEST}",
+        ranked_copies(scan)
+    )
+}
+
 /// Quotes a DuckDB identifier.
-pub(crate) fn quote_ident(name: &str) -> String {
+pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// Escapes a DuckDB string literal's content.
-pub(crate) fn sql_string(s: &str) -> String {
+pub fn sql_string(s: &str) -> String {
     s.replace('\'', "''")
 }
 
@@ -197,10 +219,9 @@ impl Engine {
             .collect();
         let scan = format!("read_parquet([{}], union_by_name = true)", list.join(", "));
         let select = format!(
-            "SELECT * EXCLUDE (lakecdc_rn) REPLACE (COALESCE(deleted_at, 0) AS deleted_at) FROM (\
-             SELECT *, row_number() OVER (PARTITION BY row_id \
-             ORDER BY changed_at DESC, COALESCE(deleted_at, 0) DESC) AS lakecdc_rn FROM {scan}) \
-             WHERE lakecdc_rn = 1 AND COALESCE(deleted_at, 0) = 0 ORDER BY row_id"
+            "SELECT * EXCLUDE (lakecdc_rn) REPLACE (COALESCE(deleted_at, 0) AS deleted_at) FROM ({}) \
+             WHERE {LATEST} ORDER BY row_id",
+            ranked_copies(&scan)
         );
         let rows_out = self.copy_to_parquet(&select, out)?;
         let out_scan = format!("read_parquet('{}')", sql_string(&out.display().to_string()));

@@ -204,6 +204,10 @@ impl ObjectStore for FaultStore {
         self.inner.describe()
     }
 
+    fn uri(&self, key: &str) -> String {
+        self.inner.uri(key)
+    }
+
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
         self.run(Op::PutFile, key, self.inner.put_file(key, path))
             .await

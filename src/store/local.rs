@@ -484,6 +484,11 @@ impl ObjectStore for LocalStore {
         self.root.display().to_string()
     }
 
+    fn uri(&self, key: &str) -> String {
+        let root = std::path::absolute(&self.root).unwrap_or_else(|_| self.root.clone());
+        root.join(key).display().to_string()
+    }
+
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
         let key = key.to_string();
         let src = path.to_path_buf();

@@ -184,6 +184,12 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     /// A short description for messages, e.g. `s3://bucket` or `/srv/lake`.
     fn describe(&self) -> String;
 
+    /// Where another engine reads `key`: `s3://bucket/key`, or an absolute path for a local
+    /// lake (docs/design.md §8, `lakecdc view`).
+    fn uri(&self, key: &str) -> String {
+        format!("{}/{key}", self.describe().trim_end_matches('/'))
+    }
+
     /// Uploads a local file (multipart above [`MULTIPART_THRESHOLD`] where the backend supports
     /// it), returning the stored size, its SHA-256 and etag.
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError>;

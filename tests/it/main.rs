@@ -31,3 +31,4 @@ mod support;
 mod tls;
 mod transport;
 mod verify;
+mod view;
