@@ -546,9 +546,9 @@ async fn rewrite(
     dir: &std::path::Path,
     out: &mut SchemaCompact,
 ) -> Result<(), PassError> {
-    let sources = download_sources(p, m, dir).await?;
+    let (sources, spill) = download_sources(p, m, dir).await?;
     let merged_path = dir.join("merged.parquet");
-    let merged = merge(p.opts, sources, merged_path.clone()).await?;
+    let merged = merge(p.opts, sources, spill, merged_path.clone()).await?;
     out.files_in = m.files.len();
     out.rows_in = merged.rows_in;
     let staged = stage_base(p, &merged_path).await?;
@@ -560,12 +560,13 @@ async fn rewrite(
 
 /// Step 1: every source sized (none larger than listed), the work dir's room checked for all
 /// of them and the merged file, then every source downloaded (bounded parallelism, none past
-/// its size) and checked against its checksum.
+/// its size) and checked against its checksum. Also returns the room left beside the sources
+/// and the merged file, DuckDB's spill budget (`None` when free space is not measured).
 async fn download_sources(
     p: &Pass<'_>,
     m: &Manifest,
     dir: &std::path::Path,
-) -> Result<Vec<PathBuf>> {
+) -> Result<(Vec<PathBuf>, Option<u64>)> {
     let t = Instant::now();
     let (ctx, opts) = (p.ctx, p.opts);
     let parallelism = opts.download_parallelism.max(1);
@@ -580,7 +581,7 @@ async fn download_sources(
     // The sources, and a merged file at most as large as they are.
     let inputs = bounds.iter().fold(0u64, |sum, b| sum.saturating_add(*b));
     let needed = inputs.saturating_mul(2);
-    match opts.free_space {
+    let spill = match opts.free_space {
         Some(measure) => {
             let free = measure(dir).map_err(|source| Error::Io {
                 op: "measure free space of work dir",
@@ -593,9 +594,13 @@ async fn download_sources(
                 needed,
                 free,
             )?;
+            Some(free - needed)
         }
-        None => tracing::debug!(needed, "work dir free space not measured"),
-    }
+        None => {
+            tracing::debug!(needed, "work dir free space not measured");
+            None
+        }
+    };
     let sources = stream::iter(m.files.clone().into_iter().zip(bounds).enumerate())
         .map(|(i, (f, bound))| async move {
             download(ctx, opts, &f, bound, dir.join(format!("src-{i}.parquet"))).await
@@ -610,30 +615,24 @@ async fn download_sources(
         files = m.files.len(),
         "compact step download"
     );
-    Ok(sources)
+    Ok((sources, spill))
 }
 
 /// Step 2: the system-column check of every source, and the merge into `merged` (DuckDB, on
-/// a blocking thread).
-async fn merge(opts: &CompactOptions, sources: Vec<PathBuf>, merged: PathBuf) -> Result<Merged> {
+/// a blocking thread). DuckDB spills at most `spill` bytes: what step 1's free-space check left
+/// beside the sources and the merged file, so a source that decompresses to far more than it
+/// weighs fails the merge instead of filling the disk (docs/hazards.md S2).
+async fn merge(
+    opts: &CompactOptions,
+    sources: Vec<PathBuf>,
+    spill: Option<u64>,
+    merged: PathBuf,
+) -> Result<Merged> {
     let t = Instant::now();
-    let mut cfg = opts.engine.clone();
-    // DuckDB's spill gets what is left once the merged file (no larger than its sources) has
-    // room, so a source that decompresses to far more than it weighs fails the merge instead
-    // of filling the disk (docs/hazards.md S2).
-    if let (Some(measure), Some(dir)) = (opts.free_space, merged.parent()) {
-        let mut inputs = 0u64;
-        for s in &sources {
-            let size = tokio::fs::metadata(s).await.map(|m| m.len()).unwrap_or(0);
-            inputs = inputs.saturating_add(size);
-        }
-        let free = measure(dir).map_err(|source| Error::Io {
-            op: "measure free space of work dir",
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        cfg.max_spill_bytes = Some(free.saturating_sub(inputs));
-    }
+    let cfg = EngineConfig {
+        max_spill_bytes: spill,
+        ..opts.engine.clone()
+    };
     let out = tokio::task::spawn_blocking(move || -> Result<Merged> {
         let mut rows_in = 0u64;
         for s in &sources {

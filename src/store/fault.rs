@@ -223,15 +223,6 @@ impl ObjectStore for FaultStore {
             .await
     }
 
-    async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
-        self.run(Op::GetBytes, key, self.inner.get_bytes(key)).await
-    }
-
-    async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
-        self.run(Op::GetToFile, key, self.inner.get_to_file(key, path))
-            .await
-    }
-
     async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
         self.run(Op::GetBytes, key, self.inner.get_bytes_within(key, limit))
             .await

@@ -516,10 +516,6 @@ impl ObjectStore for LocalStore {
             .await
     }
 
-    async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
-        self.get_bytes_within(key, u64::MAX).await
-    }
-
     async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
         let key = key.to_string();
         self.blocking(move |s| {
@@ -535,10 +531,6 @@ impl ObjectStore for LocalStore {
             })
         })
         .await
-    }
-
-    async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
-        self.get_to_file_within(key, path, u64::MAX).await
     }
 
     async fn get_to_file_within(

@@ -72,6 +72,16 @@ impl MemoryStore {
     fn entry(&self, key: &str) -> Result<Entry, StoreError> {
         self.with(|map, _| map.get(key).cloned().ok_or(StoreError::NotFound))
     }
+
+    /// The entry at `key`, refused when it holds more than `limit` bytes.
+    fn within(&self, key: &str, limit: u64) -> Result<Entry, StoreError> {
+        let e = self.entry(key)?;
+        let size = e.bytes.len() as u64;
+        if size > limit {
+            return Err(StoreError::TooLarge { size, limit });
+        }
+        Ok(e)
+    }
 }
 
 fn meta(key: &str, e: &Entry) -> ObjectMeta {
@@ -103,25 +113,21 @@ impl ObjectStore for MemoryStore {
         self.write(key, body, &mode)
     }
 
-    async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
-        let e = self.entry(key)?;
+    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
+        let e = self.within(key, limit)?;
         Ok(GetResult {
             bytes: e.bytes,
             etag: e.etag,
         })
     }
 
-    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
-        let got = self.get_bytes(key).await?;
-        let size = got.bytes.len() as u64;
-        if size > limit {
-            return Err(StoreError::TooLarge { size, limit });
-        }
-        Ok(got)
-    }
-
-    async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
-        let e = self.entry(key)?;
+    async fn get_to_file_within(
+        &self,
+        key: &str,
+        path: &Path,
+        limit: u64,
+    ) -> Result<Download, StoreError> {
+        let e = self.within(key, limit)?;
         std::io::Write::write_all(&mut crate::scratch::create_file(path)?, &e.bytes)?;
         Ok(Download {
             size: e.bytes.len() as u64,

@@ -202,46 +202,29 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         mode: PutMode,
     ) -> Result<PutResult, StoreError>;
 
-    /// Reads a whole object into memory.
-    async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError>;
+    /// Reads a whole object into memory, refusing one larger than `limit` bytes: by its
+    /// announced size before its body is read, or as soon as the body passes the limit, so no
+    /// more than `limit` bytes are ever held (lake-controlled objects are capped:
+    /// docs/security.md).
+    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError>;
 
-    /// Downloads an object to a local file, hashing while writing.
-    async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError>;
-
-    /// Reads a whole object into memory, refusing one larger than `limit` bytes before reading
-    /// it (lake-controlled objects are capped: docs/security.md). The default asks `head`
-    /// first; backends that learn the size from the read itself override it.
-    async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
-        let size = self.head(key).await?.size;
-        if size > limit {
-            return Err(StoreError::TooLarge { size, limit });
-        }
-        let got = self.get_bytes(key).await?;
-        let size = got.bytes.len() as u64;
-        if size > limit {
-            return Err(StoreError::TooLarge { size, limit });
-        }
-        Ok(got)
-    }
-
-    /// Downloads an object to a local file like [`ObjectStore::get_to_file`], failing once more
-    /// than `limit` bytes arrive (a listed file larger than its manifest size). The default
-    /// checks after the download; backends that stream override it to stop early.
+    /// Downloads an object to a local file (created new, mode 0600), hashing while writing, and
+    /// fails once more than `limit` bytes arrive (a listed file larger than its manifest size).
     async fn get_to_file_within(
         &self,
         key: &str,
         path: &Path,
         limit: u64,
-    ) -> Result<Download, StoreError> {
-        let got = self.get_to_file(key, path).await?;
-        if got.size > limit {
-            let _ = std::fs::remove_file(path);
-            return Err(StoreError::TooLarge {
-                size: got.size,
-                limit,
-            });
-        }
-        Ok(got)
+    ) -> Result<Download, StoreError>;
+
+    /// Reads a whole object into memory, however large (tests and objects lakecdc wrote).
+    async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
+        self.get_bytes_within(key, u64::MAX).await
+    }
+
+    /// Downloads a whole object to a local file, however large.
+    async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
+        self.get_to_file_within(key, path, u64::MAX).await
     }
 
     /// The object's metadata.

@@ -540,10 +540,6 @@ impl ObjectStore for S3Store {
         })
     }
 
-    async fn get_bytes(&self, key: &str) -> Result<GetResult, StoreError> {
-        self.get_bytes_within(key, u64::MAX).await
-    }
-
     async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
         let mut out = self.get_object(key, limit).await?;
         let etag = out.e_tag().unwrap_or_default().to_string();
@@ -559,10 +555,6 @@ impl ObjectStore for S3Store {
             bytes: Bytes::from(bytes),
             etag,
         })
-    }
-
-    async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
-        self.get_to_file_within(key, path, u64::MAX).await
     }
 
     async fn get_to_file_within(
