@@ -85,6 +85,25 @@ pub enum Error {
         source: StoreError,
     },
 
+    /// DuckDB refused a query's SQL (`lakecdc query`): its message, on one line.
+    #[error("query: {message}")]
+    Query {
+        /// DuckDB's message.
+        message: String,
+    },
+
+    /// A lake object read for a query is not what the manifest says (size or SHA-256): it was
+    /// not used, and nothing of it was cached.
+    #[error(
+        "lake object {key} fails its check: {message}; nothing was read from it (run lakecdc verify)"
+    )]
+    Unverified {
+        /// The object key.
+        key: String,
+        /// What differs.
+        message: String,
+    },
+
     /// A manifest exists but cannot be used (malformed, foreign schema stamp, unstamped).
     #[error("manifest {key}: {message}")]
     Manifest {
@@ -273,7 +292,10 @@ impl Error {
     /// everything else (docs/design.md §5).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) | Error::Setting { .. } | Error::Metadata { .. } => 2,
+            Error::Config(_)
+            | Error::Setting { .. }
+            | Error::Metadata { .. }
+            | Error::Query { .. } => 2,
             _ => 1,
         }
     }

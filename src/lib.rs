@@ -23,6 +23,7 @@ pub mod lake;
 pub mod logging;
 pub mod policy;
 pub mod progress;
+pub mod query;
 pub(crate) mod report;
 pub mod retry;
 pub mod run;

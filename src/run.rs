@@ -26,6 +26,7 @@ use crate::job::Context;
 use crate::lake::manifest::CommitPolicy;
 use crate::lake::{Lake, Layout, ReadLimits};
 use crate::policy::{CompactThresholds, FlushThresholds};
+use crate::query::{Destination, Format, QueryOptions, SqlSource};
 use crate::shutdown::Shutdown;
 use crate::source::connect::PG_ENV_VARS;
 use crate::source::{Connector, PgSettings, conninfo};
@@ -46,7 +47,7 @@ pub fn passed_env() -> Vec<&'static str> {
     PG_ENV_VARS
         .iter()
         .chain(AWS_CREDENTIALS.iter())
-        .chain(["DATABASE_URL"].iter())
+        .chain(["DATABASE_URL", "XDG_CACHE_HOME", "HOME"].iter())
         .copied()
         .collect()
 }
@@ -82,6 +83,8 @@ pub enum Job {
     Inspect(FlushThresholds, CompactThresholds),
     /// `lakecdc view`.
     View(ViewOptions),
+    /// `lakecdc query`.
+    Query(Box<QueryOptions>),
 }
 
 /// Everything validated before any connection is opened.
@@ -381,6 +384,77 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 ));
             }
         },
+        Command::Query => Job::Query(Box::new(query_options(s, schemas)?)),
+    })
+}
+
+/// `query`'s options: the SQL's source, the output and its format (by `--format`, else the
+/// output file's extension, else a table on a terminal and CSV elsewhere), the cache.
+fn query_options(s: &Resolved, schemas: Vec<String>) -> Result<QueryOptions> {
+    use std::io::IsTerminal;
+    let sql = match (s.get("sql"), s.path("file")) {
+        (Some(_), Some(_)) => {
+            return Err(Error::setting(
+                "file",
+                "and a SQL argument were both given: pass one",
+            ));
+        }
+        (Some(text), None) => SqlSource::Text(text.to_string()),
+        (None, Some(path)) => SqlSource::File(path),
+        (None, None) => SqlSource::Stdin,
+    };
+    let output = s
+        .path("output")
+        .map_or(Destination::Stdout, Destination::File);
+    let format = match (s.get("format"), &output) {
+        (Some(name), _) => Format::parse(name).ok_or_else(|| {
+            Error::setting(
+                "format",
+                format!("{name:?} is not one of {}", Format::NAMES),
+            )
+        })?,
+        (None, Destination::File(path)) => Format::of_path(path).unwrap_or(Format::Csv),
+        (None, Destination::Stdout) if s.flag("json") => Format::Json,
+        (None, Destination::Stdout) if std::io::stdout().is_terminal() => Format::Table,
+        (None, Destination::Stdout) => Format::Csv,
+    };
+    let cache_dir = match s.path("cache-dir") {
+        Some(dir) => dir,
+        None => {
+            let env = |k: &str| s.env.get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+            match (env("XDG_CACHE_HOME"), env("HOME")) {
+                (Some(xdg), _) => xdg.join("lakecdc"),
+                (None, Some(home)) => home.join(".cache").join("lakecdc"),
+                (None, None) => {
+                    return Err(Error::setting(
+                        "cache-dir",
+                        "has no default (neither XDG_CACHE_HOME nor HOME is set): pass one",
+                    ));
+                }
+            }
+        }
+    };
+    let threads = match s.number::<usize>("threads")? {
+        Some(t) => t.max(1),
+        None => std::thread::available_parallelism().map_or(2, |n| n.get()),
+    };
+    Ok(QueryOptions {
+        sql,
+        schemas,
+        format,
+        output,
+        as_of: s.get("as-of").map(str::to_string),
+        verify: s.flag("verify"),
+        cache_dir,
+        cache_max: size(s, "cache-max")?,
+        parallelism: at_least_one(s, "parallelism")?,
+        work_dir: work_dir(s)?,
+        engine: EngineConfig {
+            threads,
+            memory_limit: parse_memory_limit(s.text("memory-limit")?)?,
+            temp_directory: None,
+            max_spill_bytes: None,
+        },
     })
 }
 
@@ -435,6 +509,16 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
             let ctx = config.context().await?;
             let r = crate::view::run(&ctx, opts).await?;
             Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+        Job::Query(opts) => {
+            let ctx = config.context().await?;
+            let r = crate::query::run(&ctx, opts).await?;
+            // The rows went to the output; the report is the log's.
+            Ok(Outcome {
+                text: String::new(),
+                json: String::new(),
+                exit_code: i32::from(r.rows == u64::MAX),
+            })
         }
         Job::Inspect(flush, compact) => {
             let ctx = config.context().await?;

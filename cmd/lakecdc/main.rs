@@ -210,6 +210,47 @@ enum Command {
         #[arg(long)]
         dialect: Option<String>,
     },
+    /// Run SQL over the lake: each schema is a view of its current state, <name>__history of
+    /// every copy; every file checked before it is read.
+    Query {
+        /// The SQL (else -f FILE, else standard input).
+        sql: Option<String>,
+        /// Read the SQL from this file.
+        #[arg(short = 'f', long)]
+        file: Option<PathBuf>,
+        /// Result format: table, csv, json, ndjson, parquet (default: by --output's extension,
+        /// else a table on a terminal and CSV elsewhere).
+        #[arg(long)]
+        format: Option<String>,
+        /// Write the result to this file (replaced whole when the query succeeds).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Read the lake as of a manifest version, an RFC 3339 time, or an age like -1h.
+        #[arg(long)]
+        as_of: Option<String>,
+        /// Also check each file's SHA-256 before reading it (local lakes and cache hits).
+        #[arg(long)]
+        verify: bool,
+        /// Where an S3 lake's verified files are cached (default $XDG_CACHE_HOME/lakecdc or
+        /// ~/.cache/lakecdc).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// The most the cache holds; least recently used files are evicted.
+        #[arg(long)]
+        cache_max: Option<String>,
+        /// Downloads at once.
+        #[arg(long)]
+        parallelism: Option<String>,
+        /// DuckDB worker threads (default: the machine's cores).
+        #[arg(long)]
+        threads: Option<String>,
+        /// DuckDB memory limit (e.g. 4GB, 80%); beyond it DuckDB spills to --work-dir.
+        #[arg(long)]
+        memory_limit: Option<String>,
+        /// Where the query's private scratch directory is made (default: the system temp dir).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
     /// Show per schema what each job would do now (read-only: no lock, nothing written).
     Inspect {
         /// The flush threshold to evaluate: rows.
@@ -340,7 +381,7 @@ fn main() -> ExitCode {
     let code = match runtime.block_on(lakecdc::run::run(config, lakecdc::progress::progress_bar()))
     {
         Ok(outcome) => {
-            if json {
+            if json && !outcome.json.is_empty() {
                 println!("{}", outcome.json);
             } else {
                 print!("{}", outcome.text);

@@ -284,7 +284,32 @@ pub fn parse_memory_limit(s: &str) -> Result<String> {
             format!("{s:?} is not a size like 4GB, 512MiB or 75%"),
         ));
     }
+    if unit.trim() == "%" {
+        // DuckDB takes no percentage: a share of this machine's memory, in bytes.
+        let pct: f64 = num.parse().unwrap_or(0.0);
+        if !(pct > 0.0 && pct <= 100.0) {
+            return Err(Error::setting(
+                "memory-limit",
+                format!("{s:?} is not a percentage above 0 and at most 100"),
+            ));
+        }
+        let total = total_memory().ok_or_else(|| {
+            Error::setting(
+                "memory-limit",
+                format!("{s:?} needs the machine's memory size, which /proc/meminfo does not give: pass a size like 4GB"),
+            )
+        })?;
+        return Ok(format!("{}B", (total as f64 * pct / 100.0) as u64));
+    }
     Ok(format!("{num}{}", unit.trim()))
+}
+
+/// The machine's memory in bytes (`MemTotal` of /proc/meminfo).
+fn total_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// One of `parts` equal shares of a memory limit already checked by [`parse_memory_limit`]
@@ -563,7 +588,12 @@ mod tests {
     fn memory_limits() {
         assert_eq!(parse_memory_limit("4GB").unwrap(), "4GB");
         assert_eq!(parse_memory_limit("512 MiB").unwrap(), "512MiB");
-        assert_eq!(parse_memory_limit("75%").unwrap(), "75%");
+        let total = total_memory().unwrap();
+        assert_eq!(
+            parse_memory_limit("50%").unwrap(),
+            format!("{}B", total / 2)
+        );
+        assert!(parse_memory_limit("0%").is_err() && parse_memory_limit("150%").is_err());
         for bad in ["", "GB", "4XB", "4GB'; drop", "1e9"] {
             assert!(parse_memory_limit(bad).is_err(), "{bad}");
         }

@@ -30,11 +30,13 @@ pub enum Command {
     Inspect,
     /// `view`.
     View,
+    /// `query`.
+    Query,
 }
 
 impl Command {
     /// Every command, in the order a user meets them.
-    pub const ALL: [Command; 8] = [
+    pub const ALL: [Command; 9] = [
         Command::InitDb,
         Command::Init,
         Command::Flush,
@@ -43,6 +45,7 @@ impl Command {
         Command::Verify,
         Command::Inspect,
         Command::View,
+        Command::Query,
     ];
 
     /// The command's name on the command line and in the config file.
@@ -56,6 +59,7 @@ impl Command {
             Command::Verify => "verify",
             Command::Inspect => "inspect",
             Command::View => "view",
+            Command::Query => "query",
         }
     }
 
@@ -102,7 +106,7 @@ impl Setting {
     }
 }
 
-use Command::{Compact, Flush, Gc, Init, InitDb, Inspect, Verify, View};
+use Command::{Compact, Flush, Gc, Init, InitDb, Inspect, Query, Verify, View};
 
 const fn global(key: &'static str, env: &'static str, default: Option<&'static str>) -> Setting {
     Setting {
@@ -185,8 +189,15 @@ pub const SETTINGS: &[Setting] = &[
     of(&[Init, Flush], "threads", "LAKECDC_THREADS", Some("1")),
     of(&[Compact], "threads", "LAKECDC_THREADS", Some("2")),
     of(ENGINE, "memory-limit", "LAKECDC_MEMORY_LIMIT", Some("1GB")),
+    of(&[Query], "threads", "LAKECDC_THREADS", None),
     of(
-        &[Init, Flush, Compact, Verify],
+        &[Query],
+        "memory-limit",
+        "LAKECDC_MEMORY_LIMIT",
+        Some("80%"),
+    ),
+    of(
+        &[Init, Flush, Compact, Verify, Query],
         "work-dir",
         "LAKECDC_WORK_DIR",
         None,
@@ -211,6 +222,20 @@ pub const SETTINGS: &[Setting] = &[
     ),
     of(&[Gc], "grace", "LAKECDC_GC_GRACE", Some("15m")),
     of(&[View], "dialect", "LAKECDC_VIEW_DIALECT", Some("duckdb")),
+    of(&[Query], "sql", "LAKECDC_SQL", None),
+    of(&[Query], "file", "LAKECDC_SQL_FILE", None),
+    of(&[Query], "format", "LAKECDC_FORMAT", None),
+    of(&[Query], "output", "LAKECDC_OUTPUT", None),
+    of(&[Query], "as-of", "LAKECDC_AS_OF", None),
+    of(&[Query], "verify", "LAKECDC_VERIFY", Some("false")),
+    of(&[Query], "cache-dir", "LAKECDC_CACHE_DIR", None),
+    of(&[Query], "cache-max", "LAKECDC_CACHE_MAX", Some("10GiB")),
+    of(
+        &[Query],
+        "parallelism",
+        "LAKECDC_QUERY_PARALLELISM",
+        Some("8"),
+    ),
     of(
         &[Compact, Inspect],
         "target-base-size",

@@ -140,6 +140,45 @@ impl Engine {
         )
     }
 
+    /// Runs statements that return no rows (`op` names them in an error).
+    pub fn execute(&self, sql: &str, op: &str) -> Result<()> {
+        self.conn
+            .execute_batch(sql)
+            .map_err(Error::duckdb(op.to_string()))
+    }
+
+    /// Runs one statement of a user's, handing each result batch to `each`, and returns the
+    /// result's schema. DuckDB's complaint about the statement is [`Error::Query`], on one line.
+    pub fn stream(
+        &self,
+        sql: &str,
+        mut each: impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<arrow::datatypes::SchemaRef> {
+        let query = |e: duckdb::Error| Error::Query {
+            message: one_line(&e.to_string()),
+        };
+        let mut stmt = self.conn.prepare(sql).map_err(query)?;
+        stmt.execute([]).map_err(query)?;
+        while let Some(rows) = stmt.step().map_err(query)? {
+            each(&RecordBatch::from(&rows))?;
+        }
+        Ok(stmt.schema())
+    }
+
+    /// Writes the result of a user's statement to a Parquet file (zstd), returning the rows;
+    /// DuckDB's complaint about the statement is [`Error::Query`], on one line.
+    pub fn export_parquet(&self, sql: &str, path: &Path) -> Result<u64> {
+        let select = sql.trim().trim_end_matches(';');
+        let copy = format!(
+            "COPY ({select}) TO '{}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL})",
+            sql_string(&path.display().to_string())
+        );
+        let rows = self.conn.execute(&copy, []).map_err(|e| Error::Query {
+            message: one_line(&e.to_string()),
+        })?;
+        Ok(rows as u64)
+    }
+
     /// Creates (or replaces) temporary view `name` as `select`.
     pub fn create_view(&self, name: &str, select: &str) -> Result<()> {
         self.conn
@@ -178,6 +217,17 @@ pub fn current_state(scan: &str) -> String {
         "SELECT * EXCLUDE (lakecdc_rn) FROM ({}) WHERE {LATEST}",
         ranked_copies(scan)
     )
+}
+
+/// DuckDB's multi-line message on one line: the caret drawing under the echoed SQL dropped,
+/// the rest joined.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("LINE ") && !l.chars().all(|c| c == '^'))
+        .collect();
+    lines.join(" ")
 }
 
 /// Quotes a DuckDB identifier.

@@ -208,6 +208,14 @@ impl ObjectStore for FaultStore {
         self.inner.uri(key)
     }
 
+    fn is_local(&self) -> bool {
+        self.inner.is_local()
+    }
+
+    async fn open_local(&self, key: &str) -> Option<Result<std::fs::File, StoreError>> {
+        self.inner.open_local(key).await
+    }
+
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
         self.run(Op::PutFile, key, self.inner.put_file(key, path))
             .await

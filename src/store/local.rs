@@ -489,6 +489,18 @@ impl ObjectStore for LocalStore {
         root.join(key).display().to_string()
     }
 
+    fn is_local(&self) -> bool {
+        true
+    }
+
+    async fn open_local(&self, key: &str) -> Option<Result<File, StoreError>> {
+        let key = key.to_string();
+        Some(
+            self.blocking(move |s| s.open_object(&key).map(|(f, _)| f))
+                .await,
+        )
+    }
+
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
         let key = key.to_string();
         let src = path.to_path_buf();

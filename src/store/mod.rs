@@ -190,6 +190,19 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         format!("{}/{key}", self.describe().trim_end_matches('/'))
     }
 
+    /// Whether the store keeps objects as local files ([`ObjectStore::open_local`] answers).
+    fn is_local(&self) -> bool {
+        false
+    }
+
+    /// The object opened for reading in place, when the store keeps objects as local files
+    /// (opened as safely as every other read: no link is followed, docs/security.md); `None`
+    /// for a remote store, whose objects must be downloaded.
+    async fn open_local(&self, key: &str) -> Option<Result<std::fs::File, StoreError>> {
+        let _ = key;
+        None
+    }
+
     /// Uploads a local file (multipart above [`MULTIPART_THRESHOLD`] where the backend supports
     /// it), returning the stored size, its SHA-256 and etag.
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError>;

@@ -24,6 +24,7 @@ mod layering;
 mod local_symlinks;
 mod manifest;
 mod oracle_at_scale;
+mod query;
 mod registry_names;
 mod source;
 mod store_conformance;

@@ -209,6 +209,16 @@ async fn assert_matches_except(
     dirty: BTreeSet<Uuid>,
 ) -> (usize, usize) {
     let lake = lake_state(store, manifest_key).await;
+    assert_state_matches(w, &lake, dirty)
+}
+
+/// Asserts a current state read by any reader (`lake`: one live row per id) equals the model
+/// for every row not in `dirty`. Returns (rows compared, dirty).
+pub fn assert_state_matches(
+    w: &Writer,
+    lake: &BTreeMap<Uuid, LakeRow>,
+    dirty: BTreeSet<Uuid>,
+) -> (usize, usize) {
     let mut compared = 0;
     for (id, m) in &w.rows {
         if dirty.contains(id) {

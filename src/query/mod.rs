@@ -1,0 +1,492 @@
+//! `lakecdc query`: SQL over the lake's current state, in an in-process DuckDB
+//! (docs/design.md §4.8). Each schema the SQL names is a view of its current state (the read
+//! rule shared with compaction, [`crate::engine::current_state`]) and `<name>__history` of
+//! every listed copy, over one manifest version per schema (loaded once). Every file is checked
+//! before DuckDB reads it: a local lake's in place (opened without following links, its size
+//! compared, and with `--verify` its SHA-256), an S3 lake's through the content-addressed
+//! [`cache`]. A query that pins `row_id` reads only the files whose range can hold it
+//! ([`prune`]). Nothing in the lake is written, and no lock is taken.
+
+mod cache;
+pub mod output;
+mod prune;
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use serde::Serialize;
+
+use crate::engine::{Engine, EngineConfig, current_state, quote_ident, sql_string};
+use crate::error::{Error, Result};
+use crate::job::{self, Context};
+use crate::lake::manifest::{self, FileEntry, Manifest};
+use crate::scratch::Scratch;
+use crate::source::registry::Registered;
+
+pub use output::{Destination, Format};
+
+/// Where the SQL comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SqlSource {
+    /// Given on the command line.
+    Text(String),
+    /// A file (`-f`).
+    File(PathBuf),
+    /// Standard input.
+    Stdin,
+}
+
+/// What `query` runs and where the result goes.
+#[derive(Debug, Clone)]
+pub struct QueryOptions {
+    /// The SQL.
+    pub sql: SqlSource,
+    /// Schemas by name or id that may be views; empty means all.
+    pub schemas: Vec<String>,
+    /// The result's format.
+    pub format: Format,
+    /// Where the result goes.
+    pub output: Destination,
+    /// Read the state as of this (`VERSION`, RFC 3339, or `-1h`) instead of the newest.
+    pub as_of: Option<String>,
+    /// Also check each local file's SHA-256 (and re-hash cached files) before reading.
+    pub verify: bool,
+    /// The S3 cache's directory.
+    pub cache_dir: PathBuf,
+    /// The most the cache holds, in bytes.
+    pub cache_max: u64,
+    /// Downloads at once.
+    pub parallelism: usize,
+    /// Where the private scratch directory (DuckDB's spill) is made.
+    pub work_dir: PathBuf,
+    /// DuckDB's settings.
+    pub engine: EngineConfig,
+}
+
+/// How one schema was read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SchemaRead {
+    /// The schema (the view's name).
+    pub schema: String,
+    /// Its id.
+    pub schema_id: i16,
+    /// The manifest version read.
+    pub version: i64,
+    /// Files the manifest lists.
+    pub files_listed: usize,
+    /// Files the views read (after pruning).
+    pub files_read: usize,
+    /// Files downloaded from the store for this query.
+    pub downloaded: usize,
+    /// Bytes downloaded.
+    pub downloaded_bytes: u64,
+    /// Files found in the cache.
+    pub cache_hits: usize,
+}
+
+/// What a query did (its rows went to the output).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct QueryReport {
+    /// Rows written.
+    pub rows: u64,
+    /// Per schema made a view, by id.
+    pub schemas: Vec<SchemaRead>,
+    /// Files the cache evicted.
+    pub evicted: usize,
+}
+
+/// One file a view reads, ready: a path DuckDB opens and whatever keeps it valid.
+struct Ready {
+    path: String,
+    /// A local lake's file, held open so the path (`/proc/self/fd/N`) names the checked file.
+    _open: Option<File>,
+}
+
+/// Runs the query of `opts` and writes its result.
+pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
+    let sql = read_sql(&opts.sql).await?;
+    let registered = job::select_schemas(ctx, &opts.schemas).await?;
+    let names: Vec<String> = registered.iter().map(|r| r.name.clone()).collect();
+    let named = prune::named_views(&sql, &names);
+    let pin = prune::row_id_pin(&sql);
+    let (scratch, engine) = job::scratch(&opts.work_dir, &opts.engine)?;
+    let cache = if !ctx.lake.store.is_local() {
+        Some(cache::Cache::open(&opts.cache_dir, opts.cache_max)?)
+    } else {
+        None
+    };
+    let mut report = QueryReport::default();
+    let mut views = Vec::new();
+    let mut missing = Vec::new();
+    for reg in &registered {
+        if named
+            .as_ref()
+            .is_some_and(|n| !n.contains(&reg.name.to_lowercase()))
+        {
+            continue;
+        }
+        let Some(m) = load(ctx, reg, opts.as_of.as_deref()).await? else {
+            let key = ctx.lake.layout.manifest_key(reg.id);
+            missing.push((
+                reg.name.to_lowercase(),
+                format!(
+                    "schema {} (id {}) has no manifest at {} yet: run lakecdc init or flush first",
+                    reg.name,
+                    reg.id,
+                    ctx.lake.store.uri(&key)
+                ),
+            ));
+            continue;
+        };
+        let mut read = SchemaRead {
+            schema: reg.name.clone(),
+            schema_id: reg.id,
+            version: m.version,
+            files_listed: m.files.len(),
+            ..SchemaRead::default()
+        };
+        let files = pruned(reg, &m, pin.as_ref());
+        read.files_read = files.len();
+        let ready = materialise(ctx, opts, cache.as_ref(), &scratch, &files, &mut read).await?;
+        views.push((reg.name.clone(), ready));
+        report.schemas.push(read);
+    }
+    let (format, output) = (opts.format, opts.output.clone());
+    let sql_text = sql.clone();
+    let spill = scratch.path().to_path_buf();
+    let rows = tokio::task::spawn_blocking(move || -> Result<u64> {
+        let db = Engine::open(&engine)?;
+        for (name, files) in &views {
+            db.execute(&statements(name, files), "create the lake's views")?;
+        }
+        let rows = if format == Format::Parquet {
+            output::parquet_via(&output, &spill, |path| db.export_parquet(&sql_text, path))
+                .map_err(|e| unknown_table(e, &missing))?
+        } else {
+            let mut out = output::Output::open(&output, format)?;
+            let schema = db
+                .stream(&sql_text, |batch| out.batch(batch))
+                .map_err(|e| unknown_table(e, &missing))?;
+            out.finish(schema)?
+        };
+        drop(views);
+        Ok(rows)
+    })
+    .await
+    .map_err(Error::task("run the query"))??;
+    report.rows = rows;
+    if let Some(cache) = &cache {
+        report.evicted = cache.evict(cache.max_bytes(), &BTreeSet::new())?.files;
+    }
+    drop(scratch);
+    for s in &report.schemas {
+        tracing::info!(
+            schema = %s.schema,
+            version = s.version,
+            files_listed = s.files_listed,
+            files_read = s.files_read,
+            downloaded = s.downloaded,
+            cache_hits = s.cache_hits,
+            "read"
+        );
+    }
+    Ok(report)
+}
+
+/// A query naming a schema without a manifest fails in DuckDB as an unknown table: said as
+/// what it is.
+fn unknown_table(e: Error, missing: &[(String, String)]) -> Error {
+    if let Error::Query { message } = &e
+        && message.starts_with("Catalog Error")
+    {
+        let lower = message.to_lowercase();
+        if let Some((_, why)) = missing
+            .iter()
+            .find(|(name, _)| lower.contains(name.as_str()))
+        {
+            return Error::config(why.clone());
+        }
+    }
+    e
+}
+
+async fn read_sql(source: &SqlSource) -> Result<String> {
+    let sql = match source {
+        SqlSource::Text(s) => s.clone(),
+        SqlSource::File(p) => tokio::fs::read_to_string(p)
+            .await
+            .map_err(|source| Error::Io {
+                op: "read the SQL file",
+                path: p.clone(),
+                source,
+            })?,
+        SqlSource::Stdin => tokio::task::spawn_blocking(|| {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).map(|_| s)
+        })
+        .await
+        .map_err(Error::task("read the SQL"))?
+        .map_err(|source| Error::Io {
+            op: "read the SQL from",
+            path: PathBuf::from("<stdin>"),
+            source,
+        })?,
+    };
+    if sql.trim().is_empty() {
+        return Err(Error::config(
+            "no SQL given: pass it as the argument, with -f FILE, or on standard input",
+        ));
+    }
+    Ok(sql)
+}
+
+/// The manifest the query reads: the newest, or the history copy `--as-of` names; `None`
+/// when the schema has none yet.
+async fn load(ctx: &Context, reg: &Registered, as_of: Option<&str>) -> Result<Option<Manifest>> {
+    let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
+    let key = layout.manifest_key(reg.id);
+    let manifest = match as_of {
+        Some(_) => {
+            return Err(Error::setting("as-of", "is not supported yet"));
+        }
+        None => manifest::load_within(store, &key, reg.id, layout.limits())
+            .await?
+            .map(|l| l.manifest),
+    };
+    let Some(m) = manifest else {
+        return Ok(None);
+    };
+    for f in &m.files {
+        // Only this schema's own data files are ever read (docs/security.md).
+        if let Err(foreign) = layout.check_listed(reg.id, &f.path) {
+            return Err(foreign.refusal(&key, "read"));
+        }
+    }
+    Ok(Some(m))
+}
+
+/// The files a view of `reg` reads: all listed, or under a `row_id` pin on it those whose
+/// range can hold a pinned id, but at least one (the last listed), which keeps the view's
+/// columns and holds none of the ids.
+fn pruned(reg: &Registered, m: &Manifest, pin: Option<&prune::Pin>) -> Vec<FileEntry> {
+    let name = reg.name.to_lowercase();
+    let Some(pin) = pin.filter(|p| p.view == name || p.view == format!("{name}__history")) else {
+        return m.files.clone();
+    };
+    let kept: Vec<FileEntry> = m
+        .files
+        .iter()
+        .filter(|f| prune::may_hold(&f.row_id_min, &f.row_id_max, &pin.ids))
+        .cloned()
+        .collect();
+    if kept.is_empty() {
+        m.files.last().cloned().into_iter().collect()
+    } else {
+        kept
+    }
+}
+
+fn checksum_hex(f: &FileEntry) -> Option<&str> {
+    f.checksum
+        .as_deref()
+        .and_then(|c| c.strip_prefix("sha256:"))
+}
+
+fn size_of(f: &FileEntry) -> u64 {
+    u64::try_from(f.size_bytes).unwrap_or(0)
+}
+
+/// Makes every file of one view readable, checked.
+async fn materialise(
+    ctx: &Context,
+    opts: &QueryOptions,
+    cache: Option<&cache::Cache>,
+    scratch: &Scratch,
+    files: &[FileEntry],
+    read: &mut SchemaRead,
+) -> Result<Vec<Ready>> {
+    let store = ctx.lake.store.as_ref();
+    let Some(cache) = cache else {
+        let mut ready = Vec::new();
+        for f in files {
+            ready.push(in_place(store, f, opts.verify).await?);
+        }
+        return Ok(ready);
+    };
+    let mut ready = Vec::with_capacity(files.len());
+    let mut missing = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let hit = match checksum_hex(f) {
+            Some(hex) => cache.hit(hex, size_of(f), opts.verify)?,
+            None => None,
+        };
+        match hit {
+            Some(path) => {
+                read.cache_hits += 1;
+                ready.push(Some(Ready {
+                    path: path.display().to_string(),
+                    _open: None,
+                }));
+            }
+            None => {
+                ready.push(None);
+                missing.push(i);
+            }
+        }
+    }
+    if !missing.is_empty() {
+        let incoming: u64 = missing.iter().map(|i| size_of(&files[*i])).sum();
+        let keep: BTreeSet<PathBuf> = ready
+            .iter()
+            .flatten()
+            .map(|r| PathBuf::from(&r.path))
+            .collect();
+        cache.evict(cache.max_bytes().saturating_sub(incoming), &keep)?;
+    }
+    let fetched: Vec<(usize, PathBuf)> = stream::iter(missing.iter().copied())
+        .map(|i| {
+            let f = &files[i];
+            async move {
+                let path = match checksum_hex(f) {
+                    Some(hex) => cache.fetch(store, &f.path, hex, size_of(f)).await?,
+                    None => unchecked_download(store, scratch, f).await?,
+                };
+                Ok::<_, Error>((i, path))
+            }
+        })
+        .buffer_unordered(opts.parallelism.max(1))
+        .try_collect()
+        .await?;
+    for (i, path) in fetched {
+        read.downloaded += 1;
+        read.downloaded_bytes += size_of(&files[i]);
+        ready[i] = Some(Ready {
+            path: path.display().to_string(),
+            _open: None,
+        });
+    }
+    Ok(ready.into_iter().flatten().collect())
+}
+
+/// A listed file with no checksum (an old writer's): downloaded, size-checked, to the query's
+/// scratch directory, never cached.
+async fn unchecked_download(
+    store: &dyn crate::store::ObjectStore,
+    scratch: &Scratch,
+    f: &FileEntry,
+) -> Result<PathBuf> {
+    tracing::warn!(key = %f.path, "the manifest records no checksum: read with its size checked only");
+    let path = scratch
+        .path()
+        .join(format!("{}.parquet", uuid::Uuid::new_v4()));
+    let got = store
+        .get_to_file_within(&f.path, &path, size_of(f))
+        .await
+        .map_err(|source| Error::Storage {
+            op: "download",
+            key: f.path.clone(),
+            source,
+        })?;
+    if got.size != size_of(f) {
+        return Err(Error::Unverified {
+            key: f.path.clone(),
+            message: format!(
+                "it is {} bytes, the manifest says {}",
+                got.size, f.size_bytes
+            ),
+        });
+    }
+    Ok(path)
+}
+
+/// A local lake's file, opened without following links and checked, read in place through
+/// its open descriptor so what DuckDB reads is what was checked.
+async fn in_place(
+    store: &dyn crate::store::ObjectStore,
+    f: &FileEntry,
+    verify: bool,
+) -> Result<Ready> {
+    let storage = |source| Error::Storage {
+        op: "open",
+        key: f.path.clone(),
+        source,
+    };
+    let file = match store.open_local(&f.path).await {
+        Some(opened) => opened.map_err(storage)?,
+        None => return Err(Error::Invariant("in-place read of a remote store".into())),
+    };
+    let io = |source| Error::Io {
+        op: "check the lake file",
+        path: PathBuf::from(store.uri(&f.path)),
+        source,
+    };
+    let size = file.metadata().map_err(io)?.len();
+    if size != size_of(f) {
+        return Err(Error::Unverified {
+            key: f.path.clone(),
+            message: format!("it is {size} bytes, the manifest says {}", f.size_bytes),
+        });
+    }
+    let file = if verify {
+        let want = checksum_hex(f).map(str::to_string);
+        let (file, got) = tokio::task::spawn_blocking(move || {
+            let got = cache::hash_file(&file);
+            (file, got)
+        })
+        .await
+        .map_err(Error::task("hash a lake file"))?;
+        let got = got.map_err(io)?;
+        match want {
+            Some(want) if want != got => {
+                return Err(Error::Unverified {
+                    key: f.path.clone(),
+                    message: format!("its sha256 is {got}, the manifest says {want}"),
+                });
+            }
+            None => tracing::warn!(key = %f.path, "the manifest records no checksum: not hashed"),
+            Some(_) => {}
+        }
+        file
+    } else {
+        file
+    };
+    let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let path = if Path::new("/proc/self/fd").is_dir() {
+        fd_path.display().to_string()
+    } else {
+        store.uri(&f.path)
+    };
+    Ok(Ready {
+        path,
+        _open: Some(file),
+    })
+}
+
+/// The views of one schema over its ready files; a manifest listing none gets an empty view
+/// of the system columns.
+fn statements(name: &str, files: &[Ready]) -> String {
+    let history = quote_ident(&format!("{name}__history"));
+    let scan = if files.is_empty() {
+        "SELECT NULL::UUID AS row_id, NULL::BIGINT AS changed_at, NULL::BIGINT AS deleted_at WHERE false"
+            .to_string()
+    } else {
+        let list: Vec<String> = files
+            .iter()
+            .map(|f| format!("'{}'", sql_string(&f.path)))
+            .collect();
+        format!(
+            "SELECT * FROM read_parquet([{}], union_by_name = true)",
+            list.join(", ")
+        )
+    };
+    format!(
+        "CREATE OR REPLACE TEMP VIEW {history} AS {scan};\n\
+         CREATE OR REPLACE TEMP VIEW {} AS {};",
+        quote_ident(name),
+        current_state(&history)
+    )
+}

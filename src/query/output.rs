@@ -1,0 +1,414 @@
+//! Writes a query's result, batch by batch, in the format asked for: an aligned table (for a
+//! terminal; the only format held whole, to size its columns), CSV (RFC 4180, a header row,
+//! NULL as an empty field, lists and structs as DuckDB-like text), JSON (one array of objects),
+//! NDJSON (one object per line); Parquet is written by DuckDB itself ([`parquet_via`]). A file is written under a temporary name
+//! beside it and renamed when complete, so a failed query never leaves half an export.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+
+use crate::error::{Error, Result};
+
+/// How a result is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// An aligned table.
+    Table,
+    /// Comma-separated values with a header row.
+    Csv,
+    /// A JSON array of objects.
+    Json,
+    /// One JSON object per line.
+    Ndjson,
+    /// A Parquet file.
+    Parquet,
+}
+
+impl Format {
+    /// Every format's name.
+    pub const NAMES: &'static str = "table, csv, json, ndjson, parquet";
+
+    /// The format named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "table" => Self::Table,
+            "csv" => Self::Csv,
+            "json" => Self::Json,
+            "ndjson" | "jsonl" => Self::Ndjson,
+            "parquet" => Self::Parquet,
+            _ => return None,
+        })
+    }
+
+    /// The format an output file's extension implies.
+    pub fn of_path(path: &Path) -> Option<Self> {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        Self::parse(match ext.as_str() {
+            "txt" => "table",
+            "parq" => "parquet",
+            other => other,
+        })
+    }
+}
+
+/// Where a result goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// Standard output.
+    Stdout,
+    /// A file, replaced whole when the query succeeds.
+    File(PathBuf),
+}
+
+/// The open output.
+pub(crate) struct Output {
+    format: Format,
+    sink: Option<Sink>,
+    target: Option<(PathBuf, PathBuf)>,
+    table: Vec<RecordBatch>,
+    rows: u64,
+    first: bool,
+}
+
+/// The bytes' way out: a buffered file or standard output.
+enum Sink {
+    File(BufWriter<File>),
+    Stdout(BufWriter<io::Stdout>),
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Sink::File(w) => w.write(buf),
+            Sink::Stdout(w) => w.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Sink::File(w) => w.flush(),
+            Sink::Stdout(w) => w.flush(),
+        }
+    }
+}
+
+fn write_err(path: Option<&Path>) -> impl FnOnce(io::Error) -> Error {
+    let path = path.map_or_else(|| PathBuf::from("<stdout>"), Path::to_path_buf);
+    move |source| Error::Io {
+        op: "write the query result to",
+        path,
+        source,
+    }
+}
+
+impl Output {
+    /// Opens `dest` for a result in `format`.
+    pub(crate) fn open(dest: &Destination, format: Format) -> Result<Self> {
+        let (sink, target) = match dest {
+            Destination::Stdout => (Sink::Stdout(BufWriter::new(io::stdout())), None),
+            Destination::File(path) => {
+                let tmp = temp_beside(path);
+                let file = File::options()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)
+                    .map_err(|source| Error::Io {
+                        op: "create the query output",
+                        path: tmp.clone(),
+                        source,
+                    })?;
+                (Sink::File(BufWriter::new(file)), Some((tmp, path.clone())))
+            }
+        };
+        Ok(Self {
+            format,
+            sink: Some(sink),
+            target,
+            table: Vec::new(),
+            rows: 0,
+            first: true,
+        })
+    }
+
+    fn path(&self) -> Option<&Path> {
+        self.target.as_ref().map(|(_, p)| p.as_path())
+    }
+
+    /// The sink, while the output is open.
+    fn sink(&mut self) -> io::Result<&mut Sink> {
+        self.sink
+            .as_mut()
+            .ok_or_else(|| io::Error::other("the output was closed"))
+    }
+
+    /// Writes `bytes` to the sink.
+    fn put(&mut self, bytes: &[u8]) -> Result<()> {
+        let path = self.path().map(Path::to_path_buf);
+        self.sink()
+            .and_then(|s| s.write_all(bytes))
+            .map_err(write_err(path.as_deref()))
+    }
+
+    /// Writes one batch.
+    pub(crate) fn batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.rows += batch.num_rows() as u64;
+        let path = self.path().map(Path::to_path_buf);
+        let werr = || write_err(path.as_deref());
+        match self.format {
+            Format::Table => self.table.push(batch.clone()),
+            Format::Csv => {
+                if self.first {
+                    let names: Vec<String> = batch
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| csv_field(f.name()))
+                        .collect();
+                    self.put(format!("{}\n", names.join(",")).as_bytes())?;
+                }
+                let sink = self.sink().map_err(werr())?;
+                write_csv(sink, batch).map_err(|e| match e {
+                    CsvError::Io(e) => werr()(e),
+                    CsvError::Arrow(e) => Error::arrow("format a value")(e),
+                })?;
+            }
+            Format::Json | Format::Ndjson => {
+                let mut buf = Vec::new();
+                {
+                    let mut w = arrow::json::WriterBuilder::new()
+                        .with_explicit_nulls(true)
+                        .build::<_, arrow::json::writer::LineDelimited>(&mut buf);
+                    w.write(batch).map_err(Error::arrow("write JSON"))?;
+                    w.finish().map_err(Error::arrow("write JSON"))?;
+                }
+                for line in buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                    let lead: &[u8] = match (self.format, self.first) {
+                        (Format::Json, true) => b"[\n",
+                        (Format::Json, false) => b",\n",
+                        _ => b"",
+                    };
+                    self.put(lead)?;
+                    self.put(line)?;
+                    if self.format == Format::Ndjson {
+                        self.put(b"\n")?;
+                    }
+                    self.first = false;
+                }
+                return Ok(());
+            }
+            Format::Parquet => {
+                return Err(Error::Invariant(
+                    "Parquet is written by DuckDB (parquet_via)".into(),
+                ));
+            }
+        }
+        self.first = false;
+        Ok(())
+    }
+
+    /// Completes the output (`schema` is the result's, for an empty result's header); returns
+    /// the rows written.
+    pub(crate) fn finish(mut self, schema: SchemaRef) -> Result<u64> {
+        let path = self.path().map(Path::to_path_buf);
+        let werr = || write_err(path.as_deref());
+        let empty = RecordBatch::new_empty(Arc::clone(&schema));
+        match self.format {
+            Format::Table => {
+                let batches = if self.table.is_empty() {
+                    vec![empty]
+                } else {
+                    std::mem::take(&mut self.table)
+                };
+                let text = arrow::util::pretty::pretty_format_batches(&batches)
+                    .map_err(Error::arrow("format the result"))?;
+                let rows = self.rows;
+                let plural = if rows == 1 { "" } else { "s" };
+                self.put(format!("{text}\n({rows} row{plural})\n").as_bytes())?;
+            }
+            Format::Csv if self.first => self.batch(&empty)?,
+            Format::Json if self.first => self.put(b"[]\n")?,
+            Format::Json => self.put(b"\n]\n")?,
+            Format::Csv | Format::Ndjson | Format::Parquet => {}
+        }
+        let sink = self.sink().map_err(werr())?;
+        sink.flush().map_err(werr())?;
+        if let Sink::File(w) = sink {
+            w.get_ref().sync_all().map_err(werr())?;
+        }
+        if let Some((tmp, path)) = self.target.take() {
+            std::fs::rename(&tmp, &path).map_err(|source| Error::Io {
+                op: "move the query output to",
+                path,
+                source,
+            })?;
+        }
+        Ok(self.rows)
+    }
+}
+
+/// A Parquet result, which DuckDB writes itself (`write` gets the path to write, and returns
+/// the rows) so every type keeps its Parquet form (UUIDs, booleans, lists, as in the lake): to
+/// a temporary file beside the output and renamed, or to `scratch` and then to stdout.
+pub(crate) fn parquet_via(
+    dest: &Destination,
+    scratch: &Path,
+    write: impl FnOnce(&Path) -> Result<u64>,
+) -> Result<u64> {
+    let tmp = match dest {
+        Destination::File(path) => temp_beside(path),
+        Destination::Stdout => scratch.join(format!("result-{}.parquet", uuid::Uuid::new_v4())),
+    };
+    let result = write(&tmp).and_then(|rows| {
+        match dest {
+            Destination::File(path) => {
+                std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+                    op: "move the query output to",
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+            Destination::Stdout => {
+                let mut file = File::open(&tmp).map_err(write_err(None))?;
+                let mut out = io::stdout().lock();
+                io::copy(&mut file, &mut out).map_err(write_err(None))?;
+                out.flush().map_err(write_err(None))?;
+            }
+        }
+        Ok(rows)
+    });
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// A fresh hidden name beside `path`.
+fn temp_beside(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(
+        ".{name}.lakecdc-{}.tmp",
+        uuid::Uuid::new_v4().simple()
+    ))
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        // Not finished: the partial file is removed, the target left as it was.
+        if let Some((tmp, _)) = self.target.take() {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+enum CsvError {
+    Io(io::Error),
+    Arrow(arrow::error::ArrowError),
+}
+
+fn write_csv(out: &mut impl Write, batch: &RecordBatch) -> Result<(), CsvError> {
+    let options = FormatOptions::default().with_null("");
+    let formatters = batch
+        .columns()
+        .iter()
+        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(CsvError::Arrow)?;
+    let mut line = String::new();
+    for row in 0..batch.num_rows() {
+        line.clear();
+        for (i, f) in formatters.iter().enumerate() {
+            if i > 0 {
+                line.push(',');
+            }
+            if batch.column(i).is_null(row) {
+                continue;
+            }
+            line.push_str(&csv_field(&f.value(row).to_string()));
+        }
+        line.push('\n');
+        out.write_all(line.as_bytes()).map_err(CsvError::Io)?;
+    }
+    Ok(())
+}
+
+/// A CSV field, quoted when it holds a separator, a quote, a line break or edge spaces, or is
+/// empty (so an empty string differs from NULL).
+fn csv_field(s: &str) -> String {
+    if s.is_empty() || s.contains([',', '"', '\n', '\r']) || s.starts_with(' ') || s.ends_with(' ')
+    {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    fn batch() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![Some(1), None])),
+                Arc::new(StringArray::from(vec![Some("a,\"b\""), Some("")])),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn write(format: Format, batches: &[RecordBatch]) -> String {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("out");
+        let mut o = Output::open(&Destination::File(path.clone()), format).unwrap();
+        for b in batches {
+            o.batch(b).unwrap();
+        }
+        o.finish(batch().schema()).unwrap();
+        let names: Vec<_> = std::fs::read_dir(t.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no temp file left");
+        std::fs::read_to_string(path).unwrap()
+    }
+
+    #[test]
+    fn csv_quotes_what_needs_it_and_keeps_null_apart_from_empty() {
+        assert_eq!(
+            write(Format::Csv, &[batch()]),
+            "id,name\n1,\"a,\"\"b\"\"\"\n,\"\"\n"
+        );
+        assert_eq!(write(Format::Csv, &[]), "id,name\n");
+    }
+
+    #[test]
+    fn json_is_one_array_and_ndjson_one_object_per_line() {
+        let json = write(Format::Json, &[batch(), batch()]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), 4);
+        assert_eq!(v[1]["id"], serde_json::Value::Null);
+        assert_eq!(write(Format::Json, &[]), "[]\n");
+        let nd = write(Format::Ndjson, &[batch()]);
+        assert_eq!(nd.lines().count(), 2);
+    }
+
+    #[test]
+    fn an_unfinished_file_output_leaves_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("out.csv");
+        let mut o = Output::open(&Destination::File(path.clone()), Format::Csv).unwrap();
+        o.batch(&batch()).unwrap();
+        drop(o);
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,501 @@
+//! `lakecdc query`: the oracle read through it (every attribute kind, lists, dotted names, a
+//! column added between generations), the same rows from `view`'s SQL in a separate DuckDB,
+//! verified and cached S3 reads, pruning by `row_id`, and the output formats.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use lakecdc::compact::CompactOptions;
+use lakecdc::engine::EngineConfig;
+use lakecdc::init::InitOptions;
+use lakecdc::query::{Destination, Format, QueryOptions, QueryReport, SqlSource};
+use lakecdc::store::fault::Op;
+use lakecdc::store::{ObjectStore, PutMode};
+use uuid::Uuid;
+
+use crate::support::harness;
+use crate::support::oracle::{self, LakeRow, V};
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::{Customer, Rng};
+
+const MANIFEST: &str = "manifest/100.json";
+
+pub fn options(rig: &Rig, sql: &str, format: Format, out: &Path, cache: &Path) -> QueryOptions {
+    QueryOptions {
+        sql: SqlSource::Text(sql.to_string()),
+        schemas: Vec::new(),
+        format,
+        output: Destination::File(out.to_path_buf()),
+        as_of: None,
+        verify: false,
+        cache_dir: cache.to_path_buf(),
+        cache_max: 10 << 30,
+        parallelism: 4,
+        work_dir: rig.opts.work_dir.clone(),
+        engine: EngineConfig::default(),
+    }
+}
+
+/// Runs `sql` to a Parquet file and returns its rows, one per id (asserted).
+pub async fn state_via_query(rig: &Rig, opts: &QueryOptions) -> BTreeMap<Uuid, LakeRow> {
+    lakecdc::query::run(&rig.job_context(), opts).await.unwrap();
+    let Destination::File(path) = &opts.output else {
+        unreachable!()
+    };
+    let rows = oracle::read_parquet(Bytes::from(std::fs::read(path).unwrap()));
+    let n = rows.len();
+    let map: BTreeMap<Uuid, LakeRow> = rows.into_iter().collect();
+    assert_eq!(map.len(), n, "one row per id");
+    map
+}
+
+/// A schema directory where `customer` has gained the EAV text attribute `nickname`.
+fn schema_dir_with_nickname() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(harness::examples_dir()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let attrs = dir.path().join("customer_attributes.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&attrs).unwrap()).unwrap();
+    json["nickname"] = serde_json::json!({"attributeID": 90, "valueType": "text"});
+    std::fs::write(&attrs, json.to_string()).unwrap();
+    dir
+}
+
+async fn random_ops(rig: &mut Rig, r: &mut Rng, n: usize) {
+    for _ in 0..n {
+        rig.writer.random_op(r).await;
+    }
+}
+
+/// Flushes, an init, a compaction, a column added, and flushes again; returns the nicknamed
+/// rows (id → nickname) and the schema directory that must outlive the rig's use of it.
+async fn lived_in_lake(rig: &mut Rig, seed: u64) -> (BTreeMap<Uuid, String>, tempfile::TempDir) {
+    let mut r = Rng::new(seed);
+    rig.seed(120, &mut r).await;
+    rig.flush().await;
+    random_ops(rig, &mut r, 40).await;
+    rig.flush().await;
+    let init = InitOptions {
+        schemas: vec!["customer".into()],
+        replace_delta: true,
+        work_dir: rig.opts.work_dir.clone(),
+        ..InitOptions::default()
+    };
+    lakecdc::init::run(&rig.ctx, &init).await.unwrap();
+    random_ops(rig, &mut r, 40).await;
+    rig.flush().await;
+    let compact = CompactOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        dirty_ratio: 0.0,
+        ..CompactOptions::default()
+    };
+    lakecdc::compact::run(&rig.job_context(), &compact)
+        .await
+        .unwrap();
+    let dir = schema_dir_with_nickname();
+    rig.ctx.schema_dir = Some(dir.path().to_path_buf());
+    let live: Vec<Uuid> = rig
+        .writer
+        .rows
+        .iter()
+        .filter(|(_, m)| !m.soft_deleted)
+        .map(|(id, _)| *id)
+        .take(3)
+        .collect();
+    let mut nicknamed = BTreeMap::new();
+    for (i, id) in live.iter().enumerate() {
+        rig.writer.update(*id, Customer::random(&mut r)).await;
+        let nick = format!("nick-{i}");
+        rig.writer
+            .client
+            .execute(
+                "INSERT INTO eav_data (schema_id, row_id, attr_id, value_text) VALUES (100, $1, 90, $2)",
+                &[id, &nick],
+            )
+            .await
+            .unwrap();
+        nicknamed.insert(*id, nick);
+    }
+    rig.flush().await;
+    random_ops(rig, &mut r, 30).await;
+    rig.flush().await;
+    (nicknamed, dir)
+}
+
+/// The Python DuckDB the bench installs (`scripts/test.sh` installs it too).
+fn python() -> PathBuf {
+    std::env::var_os("LAKECDC_TEST_PYTHON").map_or_else(
+        || PathBuf::from("/var/tmp/lakecdc-bench-venv/bin/python"),
+        PathBuf::from,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_query_reads_exactly_the_live_rows_and_views_sql_agrees_in_python_duckdb() {
+    let mut rig = rig(LakeKind::Local).await;
+    let (nicknamed, _dir) = lived_in_lake(&mut rig, 1901).await;
+    let listed = rig.listed().await;
+    assert!(listed.len() >= 3, "a base and deltas: {listed:?}");
+
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("customer.parquet");
+    let opts = options(
+        &rig,
+        "SELECT * FROM customer",
+        Format::Parquet,
+        &out,
+        &t.path().join("cache"),
+    );
+    let state = state_via_query(&rig, &opts).await;
+    let dirty = oracle::dirty(&rig.writer).await;
+    assert!(dirty.is_empty(), "{dirty:?}");
+    let (compared, _) = oracle::assert_state_matches(&rig.writer, &state, dirty);
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert!(compared > 100 && compared == live, "{compared} of {live}");
+    assert_eq!(state.len(), live);
+    // The column added between generations: NULL for rows written before it.
+    let with_nick: BTreeMap<Uuid, String> = state
+        .iter()
+        .filter_map(|(id, row)| match &row.columns["nickname"] {
+            V::Str(s) => Some((*id, s.clone())),
+            V::Null => None,
+            other => panic!("nickname {other:?}"),
+        })
+        .collect();
+    assert_eq!(with_nick, nicknamed);
+    // A list and a dotted name came through as such.
+    assert!(
+        state
+            .values()
+            .any(|r| matches!(r.columns["tags"], V::List(_)))
+    );
+    assert!(
+        state
+            .values()
+            .any(|r| matches!(r.columns["contact_address_city"], V::Str(_)))
+    );
+
+    // `view`'s statements, run by the Python DuckDB, give the same rows.
+    let view = lakecdc::view::run(&rig.job_context(), &Default::default())
+        .await
+        .unwrap();
+    let sql = view.schemas[0].sql.clone().unwrap();
+    let py_out = t.path().join("python.parquet");
+    let script = format!(
+        "import duckdb, sys\ncon = duckdb.connect()\ncon.execute(sys.stdin.read())\ncon.execute(\"COPY (SELECT * FROM customer) TO '{}' (FORMAT parquet, COMPRESSION zstd)\")\n",
+        py_out.display()
+    );
+    let mut child = std::process::Command::new(python())
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/test.sh installs it)", python().display()));
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sql.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let python_rows: BTreeMap<Uuid, LakeRow> =
+        oracle::read_parquet(Bytes::from(std::fs::read(&py_out).unwrap()))
+            .into_iter()
+            .collect();
+    assert_eq!(python_rows, state);
+}
+
+fn cached_files(dir: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name() != ".lock")
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().len(),
+            )
+        })
+        .collect()
+}
+
+fn data_reads(rig: &Rig) -> usize {
+    rig.store
+        .calls()
+        .iter()
+        .filter(|c| matches!(c.op, Op::GetToFile | Op::GetBytes) && c.key.starts_with("data/"))
+        .count()
+}
+
+async fn count_sum(rig: &Rig, opts: &QueryOptions) -> (QueryReport, String) {
+    let report = lakecdc::query::run(&rig.job_context(), opts).await.unwrap();
+    let Destination::File(path) = &opts.output else {
+        unreachable!()
+    };
+    (report, std::fs::read_to_string(path).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s3_reads_are_checked_cached_by_checksum_and_evicted_under_the_cap() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(1902);
+    rig.seed(80, &mut r).await;
+    rig.flush().await;
+    for _ in 0..3 {
+        random_ops(&mut rig, &mut r, 20).await;
+        rig.flush().await;
+    }
+    let manifest = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let files = manifest["files"].as_array().unwrap().clone();
+    assert!(files.len() >= 4);
+    let expected: BTreeMap<String, u64> = files
+        .iter()
+        .map(|f| {
+            let hex = f["checksum"]
+                .as_str()
+                .unwrap()
+                .strip_prefix("sha256:")
+                .unwrap();
+            (format!("{hex}.parquet"), f["size_bytes"].as_u64().unwrap())
+        })
+        .collect();
+    let live = oracle::lake_state(rig.store.as_ref(), MANIFEST).await.len();
+
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let out = t.path().join("out.csv");
+    let opts = options(
+        &rig,
+        "SELECT count(*) AS n FROM customer",
+        Format::Csv,
+        &out,
+        &cache,
+    );
+    let before = data_reads(&rig);
+    let (report, text) = count_sum(&rig, &opts).await;
+    assert_eq!(text, format!("n\n{live}\n"));
+    assert_eq!(report.schemas[0].downloaded, files.len());
+    assert_eq!(data_reads(&rig) - before, files.len());
+    // Files are named by their checksum, hold exactly the listed bytes, and nothing else.
+    assert_eq!(cached_files(&cache), expected);
+
+    // Unchanged lake: nothing downloaded.
+    let before = data_reads(&rig);
+    let (report, text) = count_sum(&rig, &opts).await;
+    assert_eq!(text, format!("n\n{live}\n"));
+    assert_eq!(data_reads(&rig), before, "a warm cache reads nothing");
+    assert_eq!(report.schemas[0].cache_hits, files.len());
+    assert_eq!(report.schemas[0].downloaded, 0);
+
+    // A cap below the lake: the query still runs, and the cache ends under the cap.
+    let total: u64 = expected.values().sum();
+    let cap = total / 2;
+    let small = QueryOptions {
+        cache_max: cap,
+        ..opts.clone()
+    };
+    let (report, text) = count_sum(&rig, &small).await;
+    assert_eq!(text, format!("n\n{live}\n"));
+    assert!(report.evicted > 0);
+    let left: u64 = cached_files(&cache).values().sum();
+    assert!(left <= cap, "{left} > {cap}");
+
+    // A flipped byte in a listed object: the query fails naming it, and nothing of it is
+    // cached.
+    let victim = files[1]["path"].as_str().unwrap().to_string();
+    let mut bytes = rig.store.get_bytes(&victim).await.unwrap().bytes.to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    rig.store
+        .put_bytes(&victim, Bytes::from(bytes), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let fresh = t.path().join("fresh");
+    let bad = QueryOptions {
+        cache_dir: fresh.clone(),
+        ..opts.clone()
+    };
+    let e = lakecdc::query::run(&rig.job_context(), &bad)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains(&victim), "{e}");
+    assert_eq!(e.exit_code(), 1);
+    let victim_hex = files[1]["checksum"].as_str().unwrap()[7..].to_string();
+    let left = cached_files(&fresh);
+    assert!(
+        !left
+            .keys()
+            .any(|k| k.contains(&victim_hex) || k.starts_with(".tmp")),
+        "{left:?}"
+    );
+    assert!(!out.with_file_name(".out.csv.tmp").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_point_lookup_downloads_only_the_files_whose_range_holds_the_id() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(1903);
+    let ids = rig.seed(60, &mut r).await;
+    rig.flush().await;
+    // 21 more flushes of two updates each: narrow-ish ranges.
+    for _ in 0..21 {
+        for _ in 0..2 {
+            let id = ids[r.below(ids.len() as u64) as usize];
+            if !rig.writer.rows[&id].soft_deleted {
+                rig.writer.update(id, Customer::random(&mut r)).await;
+            }
+        }
+        rig.flush().await;
+    }
+    let manifest = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let files = manifest["files"].as_array().unwrap().clone();
+    assert!(files.len() >= 20, "{}", files.len());
+    let state = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    let target = *state.keys().nth(state.len() / 2).unwrap();
+    let holding: usize = files
+        .iter()
+        .filter(|f| {
+            let lo = Uuid::parse_str(f["row_id_min"].as_str().unwrap()).unwrap();
+            let hi = Uuid::parse_str(f["row_id_max"].as_str().unwrap()).unwrap();
+            lo <= target && target <= hi
+        })
+        .count();
+    assert!(holding < files.len(), "the test needs prunable files");
+
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("one.parquet");
+    let sql = format!("SELECT * FROM customer WHERE row_id = '{target}'");
+    let opts = options(&rig, &sql, Format::Parquet, &out, &t.path().join("cache"));
+    let before = data_reads(&rig);
+    let got = state_via_query(&rig, &opts).await;
+    assert_eq!(data_reads(&rig) - before, holding);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[&target], state[&target]);
+    // The same lookup through IN, and an id no file holds (one file read, no row).
+    let absent = Uuid::from_u128(0);
+    let sql = format!("SELECT * FROM customer c WHERE c.row_id IN ('{target}', '{absent}')");
+    let got = state_via_query(
+        &rig,
+        &QueryOptions {
+            sql: SqlSource::Text(sql),
+            ..opts.clone()
+        },
+    )
+    .await;
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![target]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_format_parses_and_the_binary_speaks_one_line_errors() {
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(1904);
+    rig.seed(40, &mut r).await;
+    rig.flush().await;
+    let live = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let sql = "SELECT row_id, name, tags, lifetime_value FROM customer ORDER BY row_id";
+
+    let csv = t.path().join("out.csv");
+    lakecdc::query::run(
+        &rig.job_context(),
+        &options(&rig, sql, Format::Csv, &csv, &cache),
+    )
+    .await
+    .unwrap();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("row_id,name,tags,lifetime_value"));
+    let ids: Vec<String> = lines
+        .map(|l| l.split(',').next().unwrap().to_string())
+        .collect();
+    let want: Vec<String> = live.keys().map(Uuid::to_string).collect();
+    assert_eq!(ids, want);
+
+    let json = t.path().join("out.json");
+    lakecdc::query::run(
+        &rig.job_context(),
+        &options(&rig, sql, Format::Json, &json, &cache),
+    )
+    .await
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), live.len());
+    for (row, (id, lake)) in rows.iter().zip(&live) {
+        assert_eq!(row["row_id"], id.to_string());
+        match &lake.columns["tags"] {
+            V::List(items) => assert_eq!(row["tags"].as_array().unwrap().len(), items.len()),
+            V::Null => assert!(row["tags"].is_null()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    let parquet = t.path().join("out.parquet");
+    lakecdc::query::run(
+        &rig.job_context(),
+        &options(&rig, sql, Format::Parquet, &parquet, &cache),
+    )
+    .await
+    .unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        Bytes::from(std::fs::read(&parquet).unwrap()),
+    )
+    .unwrap()
+    .build()
+    .unwrap();
+    let n: usize = reader.map(|b| b.unwrap().num_rows()).sum();
+    assert_eq!(n, live.len());
+
+    // The binary: SQL from stdin, CSV when piped; a SQL error is one line and exit 2; a schema
+    // with no manifest is named.
+    let lake = rig.work.path().join("lake");
+    let bin = |args: &[&str], stdin: &str| {
+        let mut child = harness::bin()
+            .args(["query", "--pg-url", &rig.db.url, "--cache-dir"])
+            .arg(&cache)
+            .arg("--lake")
+            .arg(&lake)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = bin(&[], "SELECT count(*) AS n FROM customer");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("n\n{}\n", live.len())
+    );
+    let out = bin(&["SELECT nope FROM customer"], "");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("nope"), "{err}");
+    let out = bin(&["SELECT 1 FROM \"order\""], "");
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("schema order") && err.contains("no manifest"),
+        "{err}"
+    );
+}
