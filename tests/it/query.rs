@@ -499,3 +499,98 @@ async fn every_format_parses_and_the_binary_speaks_one_line_errors() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_filter_sees_each_rows_newest_copy_only() {
+    // docs/hazards.md #178: filtering copies before picking each row's newest one lets an older
+    // matching copy surface. The view picks first; the user's WHERE applies to the winner.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(1905);
+    let ids = rig.seed(10, &mut r).await;
+    let renamed = ids[3];
+    let mut c = Customer::random(&mut r);
+    c.name = Some("before".into());
+    rig.writer.update(renamed, c.clone()).await;
+    rig.flush().await;
+    c.name = Some("after".into());
+    rig.writer.update(renamed, c).await;
+    rig.flush().await;
+    rig.writer.hard_delete(ids[4]).await;
+    rig.flush().await;
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("out.csv");
+    let run = async |sql: &str| {
+        let opts = options(&rig, sql, Format::Csv, &out, &t.path().join("cache"));
+        lakecdc::query::run(&rig.job_context(), &opts)
+            .await
+            .unwrap();
+        std::fs::read_to_string(&out).unwrap()
+    };
+    assert_eq!(
+        run("SELECT row_id FROM customer WHERE name = 'before'").await,
+        "row_id\n"
+    );
+    assert_eq!(
+        run("SELECT row_id FROM customer WHERE name = 'after'").await,
+        format!("row_id\n{renamed}\n")
+    );
+    // The deleted row is gone from the state, and its copies are all in the history.
+    let sql = format!(
+        "SELECT count(*) AS n FROM customer WHERE row_id = '{}'",
+        ids[4]
+    );
+    assert_eq!(run(&sql).await, "n\n0\n");
+    let sql = format!(
+        "SELECT count(*) AS n FROM customer__history WHERE row_id = '{}' AND deleted_at > 0",
+        ids[4]
+    );
+    assert_eq!(run(&sql).await, "n\n1\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_file_replaced_by_a_link_is_refused_and_a_short_one_named() {
+    // docs/hazards.md R3: a local lake's files are read through the descriptor that was
+    // checked, opened without following links.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(1906);
+    rig.seed(20, &mut r).await;
+    rig.flush().await;
+    let listed = rig.listed().await;
+    let lake = rig.work.path().join("lake");
+    let victim = lake.join(&listed[0]);
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("out.csv");
+    let opts = options(
+        &rig,
+        "SELECT count(*) FROM customer",
+        Format::Csv,
+        &out,
+        &t.path().join("c"),
+    );
+
+    let elsewhere = t.path().join("elsewhere.parquet");
+    std::fs::rename(&victim, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &victim).unwrap();
+    let e = lakecdc::query::run(&rig.job_context(), &opts)
+        .await
+        .unwrap_err();
+    assert!(
+        e.chain().contains(&listed[0]) && e.chain().contains("link"),
+        "{}",
+        e.chain()
+    );
+    assert!(!out.exists());
+
+    std::fs::remove_file(&victim).unwrap();
+    let mut bytes = std::fs::read(&elsewhere).unwrap();
+    bytes.pop();
+    std::fs::write(&victim, bytes).unwrap();
+    let e = lakecdc::query::run(&rig.job_context(), &opts)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(&listed[0]) && e.to_string().contains("bytes"),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), 1);
+}
