@@ -300,6 +300,30 @@ fn size_of(f: &FileEntry) -> u64 {
     u64::try_from(f.size_bytes).unwrap_or(0)
 }
 
+/// Descriptors kept free for DuckDB, the runtime and the store while a local lake's files are
+/// held open.
+const SPARE_DESCRIPTORS: u64 = 256;
+
+/// Whether `files` descriptors can be held open: the soft limit is raised to the hard one when
+/// it is short. When even that is short, files are read by path after their check (a link is
+/// still refused when the file is opened; a swap after the check is then not excluded).
+fn can_hold_open(files: usize) -> bool {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let need = (files as u64).saturating_add(SPARE_DESCRIPTORS);
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some_and(|c| c >= need) || limit.current.is_none() {
+        return true;
+    }
+    limit.current = limit.maximum;
+    let _ = setrlimit(Resource::Nofile, limit);
+    let now = getrlimit(Resource::Nofile).current;
+    let enough = now.is_none_or(|c| c >= need);
+    if !enough {
+        tracing::warn!(files, "more lake files than open descriptors allowed: read by path after each check (raise ulimit -n)");
+    }
+    enough
+}
+
 /// Makes every file of one view readable, checked.
 async fn materialise(
     ctx: &Context,
@@ -311,9 +335,17 @@ async fn materialise(
 ) -> Result<Vec<Ready>> {
     let store = ctx.lake.store.as_ref();
     let Some(cache) = cache else {
+        let hold = can_hold_open(files.len());
         let mut ready = Vec::new();
         for f in files {
-            ready.push(in_place(store, f, opts.verify).await?);
+            let mut r = in_place(store, f, opts.verify).await?;
+            if !hold {
+                r = Ready {
+                    path: store.uri(&f.path),
+                    _open: None,
+                };
+            }
+            ready.push(r);
         }
         return Ok(ready);
     };
