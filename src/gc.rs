@@ -464,20 +464,11 @@ async fn execute(ctx: &Context, schema_id: i16, plan: &GcPlan) -> Result<Vec<Str
         save_state(store, &key, &new_state, plan.state_etag.clone()).await?;
     }
     if !gone.is_empty() {
-        let key = layout.manifest_key(schema_id);
-        let (clock, limits) = (ctx.clock.as_ref(), layout.limits());
-        manifest::commit_within(
-            store,
-            &key,
-            schema_id,
-            clock,
-            Default::default(),
-            limits,
-            |m| {
-                m.forget_retired(&gone);
-                Ok(())
-            },
-        )
+        let clock = ctx.clock.as_ref();
+        manifest::commit_within(store, layout, schema_id, clock, Default::default(), |m| {
+            m.forget_retired(&gone);
+            Ok(())
+        })
         .await?;
     }
     Ok(failed)
