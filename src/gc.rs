@@ -369,7 +369,8 @@ async fn collect(
     } else {
         execute(ctx, schema_id, &plan).await?
     };
-    out.within_grace.extend(failed.iter().filter(|k| plan.due.contains(k)).cloned());
+    out.within_grace
+        .extend(failed.iter().filter(|k| plan.due.contains(k)).cloned());
     out.history_deleted = plan
         .history
         .due
@@ -716,9 +717,18 @@ mod tests {
         assert!(!kept_for_history(None, now, GRACE, DAY), "not retired");
         assert!(kept_for_history(Some(now - DAY + 1), now, GRACE, DAY));
         assert!(!kept_for_history(Some(now - DAY), now, GRACE, DAY));
-        assert!(kept_for_history(Some(now + 60_000), now, GRACE, DAY), "a little ahead");
-        assert!(!kept_for_history(Some(now + 2 * DAY), now, GRACE, DAY), "far ahead");
-        assert!(!kept_for_history(Some(now - 60_000), now, GRACE, 0), "history off");
+        assert!(
+            kept_for_history(Some(now + 60_000), now, GRACE, DAY),
+            "a little ahead"
+        );
+        assert!(
+            !kept_for_history(Some(now + 2 * DAY), now, GRACE, DAY),
+            "far ahead"
+        );
+        assert!(
+            !kept_for_history(Some(now - 60_000), now, GRACE, 0),
+            "history off"
+        );
     }
 
     #[test]

@@ -274,10 +274,7 @@ pub async fn load_as_of(
                     layout.history_key(schema_id, v),
                     live.version
                 ))),
-                _ => Err(past_retention(
-                    store, layout, schema_id, &kept, &live, &refuse,
-                )
-                .await?),
+                _ => Err(past_retention(store, layout, schema_id, &kept, &live, &refuse).await?),
             }
         }
         AsOf::Time { epoch_ms } => {
@@ -609,7 +606,10 @@ mod tests {
             assert_eq!(parse_rfc3339(&text), Some(ms), "{text}");
         }
         assert_eq!(format_ms(NOW), "2026-12-01T10:00:00.000Z");
-        assert_eq!(AsOf::Time { epoch_ms: NOW }.to_string(), "2026-12-01T10:00:00.000Z");
+        assert_eq!(
+            AsOf::Time { epoch_ms: NOW }.to_string(),
+            "2026-12-01T10:00:00.000Z"
+        );
         assert_eq!(AsOf::Version(3).to_string(), "version 3");
     }
 }
