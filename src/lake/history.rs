@@ -599,6 +599,83 @@ mod tests {
         }
     }
 
+    /// Five saves a minute apart, copied; the live manifest at version 5.
+    async fn five_saves() -> (crate::store::memory::MemoryStore, Layout) {
+        let store = crate::store::memory::MemoryStore::new();
+        let layout = Layout::new("", "data", "manifest/{schema_id}.json").unwrap();
+        let clock = crate::clock::ManualClock::new(NOW);
+        for _ in 0..5 {
+            manifest::commit_within(&store, &layout, 7, &clock, Default::default(), |_| Ok(()))
+                .await
+                .unwrap();
+            clock.advance(60_000);
+        }
+        (store, layout)
+    }
+
+    #[tokio::test]
+    async fn gc_keeps_the_copy_in_force_at_the_window_start_and_every_later_one() {
+        let (store, layout) = five_saves().await;
+        let day = 86_400_000;
+        let at = |now: i64, layout: &Layout| {
+            let (store, layout) = (&store, layout.clone());
+            async move { prune_plan(store, &layout, 7, now).await.unwrap() }
+        };
+        let keys =
+            |vs: &[i64]| -> Vec<String> { vs.iter().map(|v| layout.history_key(7, *v)).collect() };
+        // The window starts between saves 3 and 4: 3 was in force then.
+        let p = at(NOW + day + 2 * 60_000 + 30_000, &layout).await;
+        assert_eq!((p.due, p.kept), (keys(&[1, 2]), 3));
+        // Exactly at save 3: the same.
+        let p = at(NOW + day + 2 * 60_000, &layout).await;
+        assert_eq!((p.due, p.kept), (keys(&[1, 2]), 3));
+        // Before every save: nothing is due.
+        let p = at(NOW + 1, &layout).await;
+        assert_eq!((p.due, p.kept), (Vec::new(), 5));
+        // Long after: only the newest is kept.
+        let p = at(NOW + 10 * day, &layout).await;
+        assert_eq!((p.due, p.kept), (keys(&[1, 2, 3, 4]), 1));
+        // No retention: every copy is due.
+        let off = layout.clone().with_history_retention(Duration::ZERO);
+        let p = at(NOW, &off).await;
+        assert_eq!((p.due, p.kept), (keys(&[1, 2, 3, 4, 5]), 0));
+    }
+
+    #[tokio::test]
+    async fn a_time_finds_the_version_in_force_loading_few_copies() {
+        let (store, layout) = five_saves().await;
+        let faulty = crate::store::fault::FaultStore::new(std::sync::Arc::new(store));
+        for (t, want) in [
+            (NOW, 1),
+            (NOW + 59_999, 1),
+            (NOW + 60_000, 2),
+            (NOW + 3 * 60_000 + 1, 4),
+            (NOW + 4 * 60_000, 5),
+            (i64::MAX, 5),
+        ] {
+            let before = faulty.calls().len();
+            let m = load_as_of(&faulty, &layout, 7, &AsOf::Time { epoch_ms: t })
+                .await
+                .unwrap();
+            assert_eq!(m.version, want, "{t}");
+            let reads = faulty.calls()[before..]
+                .iter()
+                .filter(|c| c.op == crate::store::fault::Op::GetBytes)
+                .count();
+            // The live manifest, then at most ceil(log2(4 + 1)) copies.
+            assert!(reads <= 4, "{reads} reads for {t}");
+        }
+        let err = load_as_of(&faulty, &layout, 7, &AsOf::Time { epoch_ms: NOW - 1 })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::AsOf { schema_id: 7, .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("before the schema's first version"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn times_format_and_parse_back() {
         for ms in [0, -1, NOW, NOW + 999, 951_782_400_000, 253_402_300_799_999] {
