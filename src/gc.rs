@@ -23,7 +23,7 @@
 //! copies past the retention. A crash between steps leaves deleted objects that nothing lists
 //! and sightings that are at most one run old: the next run repeats what is left.
 //!
-//! Manifest history (time travel, docs/design.md §3.4): a retired file is kept while its
+//! Manifest history (time travel, docs/design.md §3.5): a retired file is kept while its
 //! retirement is younger than the larger of the grace and the history retention
 //! ([`crate::lake::Layout::history_retention`]), and gc deletes the history copies older than
 //! the one in force at the start of the retention window, never the newest

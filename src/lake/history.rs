@@ -1,4 +1,4 @@
-//! Manifest history, for time travel (docs/design.md §3.4): after every successful save the
+//! Manifest history, for time travel (docs/design.md §3.5): after every successful save the
 //! saved bytes are copied to `<manifest key>.history/<version:020>.json`, and a reader picks
 //! the newest copy at or before a version or a time ([`load_as_of`]). A copy is written only
 //! after the conditional save succeeded, so it never names a version that was not saved; a
@@ -12,65 +12,22 @@
 //! ([`Layout::parse_history_key`]); anything else there is never read nor deleted.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use bytes::Bytes;
 use serde::Serialize;
 
-use super::keys::{Layout, history_key_of};
+use super::keys::Layout;
 use super::manifest::{self, Manifest};
 use super::{Capped, read_capped};
 use crate::error::{Error, Result};
-use crate::store::{ObjectStore, PutMode};
+use crate::store::ObjectStore;
 
 /// How long history copies are kept when `--history-retention` is not set: 24 hours.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// History copies that could not be written since the process started.
-static COPY_FAILURES: AtomicU64 = AtomicU64::new(0);
+pub use super::keys::DEFAULT_HISTORY_RETENTION as DEFAULT_RETENTION;
 
 /// How many history copies this process failed to write (each was logged as a warning; the
-/// saves themselves stood).
-pub fn copy_failures() -> u64 {
-    COPY_FAILURES.load(Ordering::Relaxed)
-}
-
-/// Copies the bytes just saved as `version` of the manifest at `manifest_key` to its history
-/// key. Called only after the conditional save succeeded. A failure is logged and counted,
-/// never returned: the save stands, only time travel to this version is lost.
-pub(crate) async fn save_copy(
-    store: &dyn ObjectStore,
-    manifest_key: &str,
-    version: i64,
-    body: Bytes,
-) {
-    if version < 1 {
-        // A version read from the lake may be anything; a key of 20 digits needs >= 0, and
-        // versions start at 1.
-        COPY_FAILURES.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(
-            key = manifest_key,
-            version,
-            "manifest saved with a version below 1: no history copy written"
-        );
-        return;
-    }
-    let key = history_key_of(manifest_key, version);
-    // Overwrite: only the one save that won version `version` writes this key (a copy left
-    // by an earlier, identical attempt is replaced by the same bytes).
-    match store.put_bytes(&key, body, PutMode::Overwrite).await {
-        Ok(_) => tracing::debug!(key, "manifest history copy written"),
-        Err(e) => {
-            COPY_FAILURES.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                key,
-                error = %e,
-                "manifest history copy not written; the save stands, but --as-of cannot read this version"
-            );
-        }
-    }
-}
+/// saves themselves stood). Counted where the copies are written, by the save
+/// ([`manifest::commit_within`]).
+pub use super::manifest::history_copy_failures as copy_failures;
 
 /// Which version to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -535,6 +492,8 @@ fn parse_rfc3339(s: &str) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const NOW: i64 = 1_796_119_200_000; // 2026-12-01T10:00:00Z

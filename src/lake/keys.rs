@@ -8,8 +8,11 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::ReadLimits;
-use super::history::DEFAULT_RETENTION;
 use crate::error::{Error, Result};
+
+/// How long manifest history copies are kept when `--history-retention` is not set: 24 hours
+/// (re-exported as [`super::history::DEFAULT_RETENTION`]).
+pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The template placeholders accepted in `--manifest-template`.
 const PLACEHOLDERS: [&str; 2] = ["{schema_id}", "{{.SchemaID}}"];
@@ -146,7 +149,7 @@ impl Layout {
             manifest_template: join(&root, manifest_template),
             manifest_in_lake: manifest_template.to_string(),
             limits: ReadLimits::default(),
-            history_retention: DEFAULT_RETENTION,
+            history_retention: DEFAULT_HISTORY_RETENTION,
         })
     }
 
@@ -162,7 +165,7 @@ impl Layout {
     }
 
     /// The same layout, keeping manifest history copies for `retention` (zero: every save
-    /// writes none and gc keeps none; docs/design.md §3.4).
+    /// writes none and gc keeps none; docs/design.md §3.5).
     pub fn with_history_retention(mut self, retention: Duration) -> Self {
         self.history_retention = retention;
         self
@@ -564,7 +567,7 @@ mod tests {
         ] {
             assert_eq!(l.parse_history_key(7, &bad), None, "{bad:?}");
         }
-        assert_eq!(l.history_retention(), DEFAULT_RETENTION);
+        assert_eq!(l.history_retention(), DEFAULT_HISTORY_RETENTION);
         let off = l.with_history_retention(Duration::ZERO);
         assert!(off.history_retention().is_zero());
     }

@@ -5,16 +5,17 @@
 //! at most [`ReadLimits::manifest_bytes`] (S2), and refuses a path listed twice and a negative
 //! size or row count (S3, S4). Unknown fields, top-level and per entry, survive a rewrite.
 //! Every save is followed by a copy of the saved bytes under `<manifest key>.history/`
-//! ([`super::history`], docs/design.md §3.4) while history is on.
+//! ([`super::history`], docs/design.md §3.5) while history is on.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::keys::{ForeignPath, Layout};
+use super::keys::{ForeignPath, Layout, history_key_of};
 use super::{Capped, ReadLimits, read_capped};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -487,7 +488,7 @@ where
         match store.put_bytes(key, body, mode).await {
             Ok(put) => {
                 if rules.history {
-                    super::history::save_copy(store, key, manifest.version, saved).await;
+                    save_copy(store, key, manifest.version, saved).await;
                 }
                 return Ok(Committed {
                     manifest,
@@ -512,6 +513,46 @@ where
         key: key.to_string(),
         attempts: max_attempts,
     })
+}
+
+/// History copies that could not be written since the process started.
+static COPY_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// How many history copies this process failed to write (each was logged as a warning; the
+/// saves themselves stood).
+pub fn history_copy_failures() -> u64 {
+    COPY_FAILURES.load(Ordering::Relaxed)
+}
+
+/// Copies the bytes just saved as `version` of the manifest at `manifest_key` to its history
+/// key. Called only after the conditional save succeeded. A failure is logged and counted,
+/// never returned: the save stands, only time travel to this version is lost.
+async fn save_copy(store: &dyn ObjectStore, manifest_key: &str, version: i64, body: Bytes) {
+    if version < 1 {
+        // A version read from the lake may be anything; a key of 20 digits needs >= 0, and
+        // versions start at 1.
+        COPY_FAILURES.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            key = manifest_key,
+            version,
+            "manifest saved with a version below 1: no history copy written"
+        );
+        return;
+    }
+    let key = history_key_of(manifest_key, version);
+    // Overwrite: only the one save that won version `version` writes this key (a copy left
+    // by an earlier, identical attempt is replaced by the same bytes).
+    match store.put_bytes(&key, body, PutMode::Overwrite).await {
+        Ok(_) => tracing::debug!(key, "manifest history copy written"),
+        Err(e) => {
+            COPY_FAILURES.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                key,
+                error = %e,
+                "manifest history copy not written; the save stands, but --as-of cannot read this version"
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -126,7 +126,8 @@ async fn an_earlier_version_stays_readable_within_the_retention_and_is_collected
     assert!(old_files.is_subset(&retired), "{retired:?}");
 
     // gc past its grace but within the retention: the retired files are all kept.
-    let (clock, gc_ctx, gc_opts) = rig.gc_on_a_manual_clock();
+    let (clock, gc_ctx, gc_opts) =
+        rig.gc_on_a_manual_clock_keeping_history(history::DEFAULT_RETENTION);
     let first = lakecdc::gc::run(&gc_ctx, &gc_opts).await.unwrap();
     assert!(first.schemas[0].deleted.is_empty(), "{first:?}");
     clock.advance(16 * MIN);
@@ -430,7 +431,8 @@ async fn history_keys_of_other_shapes_are_never_read_nor_deleted_and_copies_are_
             .await
             .unwrap();
     }
-    let (clock, gc_ctx, gc_opts) = rig.gc_on_a_manual_clock();
+    let (clock, gc_ctx, gc_opts) =
+        rig.gc_on_a_manual_clock_keeping_history(history::DEFAULT_RETENTION);
     clock.advance(48 * HOUR);
     let report = lakecdc::gc::run(&gc_ctx, &gc_opts).await.unwrap();
     let s = &report.schemas[0];
