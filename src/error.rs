@@ -113,6 +113,19 @@ pub enum Error {
         message: String,
     },
 
+    /// A time-travel read (`--as-of`) cannot be answered: the schema has no manifest, the
+    /// version is newer than the live one, it is past the history retention, or its history
+    /// copy is missing. The message names the versions kept.
+    #[error("schema {schema_id}: --as-of {as_of} {message}")]
+    AsOf {
+        /// The `--as-of` asked for, as a version or an RFC3339 time.
+        as_of: String,
+        /// The schema.
+        schema_id: i16,
+        /// Why it cannot be read, and what is kept.
+        message: String,
+    },
+
     /// A lake object is larger than lakecdc reads: refused before it was read (or, when it grew
     /// while being read, before it was used).
     #[error(

@@ -19,9 +19,22 @@
 //!
 //! The real run then executes it: (4) delete the due orphans (a failed delete is kept for the
 //! next run), (5) save the sightings with a conditional write, (6) drop the retired paths whose
-//! objects are gone from the manifest (a conditional commit). A crash between steps leaves
-//! deleted objects that nothing lists and sightings that are at most one run old: the next run
-//! repeats what is left.
+//! objects are gone from the manifest (a conditional commit), (7) delete the manifest history
+//! copies past the retention. A crash between steps leaves deleted objects that nothing lists
+//! and sightings that are at most one run old: the next run repeats what is left.
+//!
+//! Manifest history (time travel, docs/design.md §3.5): a retired file is kept while its
+//! retirement is younger than the larger of the grace and the history retention
+//! ([`crate::lake::Layout::history_retention`]), and gc deletes the history copies older than
+//! the one in force at the start of the retention window, never the newest
+//! ([`crate::lake::history`]). That keeps every file a kept copy lists: a file leaves the
+//! listing only through a save that retires it (compaction, init; gc drops a retirement only
+//! once the file is gone), so a copy that lists a file was saved before the file's retirement;
+//! the copy in force at the window's start was superseded, if at all, by a save inside the
+//! window, so every retirement of a file it lists is younger than the retention. With a
+//! retention of zero history is off: retired files wait for the grace alone and every copy is
+//! deleted. Only keys of the strict copy shape (`<20 digits>.json`) under the history prefix
+//! are ever deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -32,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::job;
 use crate::lake::{Capped, KeyKind, Layout, read_capped};
-use crate::lake::{manifest, owner};
+use crate::lake::{history, manifest, owner};
 use crate::report::label;
 use crate::source::registry::Registered;
 use crate::store::PutMode;
@@ -94,6 +107,11 @@ pub struct SchemaGc {
     pub unlisted_deltas: Vec<String>,
     /// Keys of no known shape: never touched.
     pub unknown: Vec<String>,
+    /// Manifest history copies deleted (or, in a dry run, deletable): superseded before the
+    /// history retention window.
+    pub history_deleted: Vec<String>,
+    /// Manifest history copies kept (after the deletions).
+    pub history_kept: usize,
     /// Why the schema was refused or failed.
     pub reason: Option<String>,
     /// Wall time in milliseconds.
@@ -170,6 +188,15 @@ impl GcReport {
                     crate::report::printable(k, false)
                 ));
             }
+            for k in &s.history_deleted {
+                out.push_str(&format!(
+                    "    {verb} history copy {}\n",
+                    crate::report::printable(k, false)
+                ));
+            }
+            if s.history_kept > 0 || !s.history_deleted.is_empty() {
+                out.push_str(&format!("    history copies kept {}\n", s.history_kept));
+            }
             if let Some(r) = &s.reason {
                 out.push_str(&format!("    {}\n", crate::report::printable(r, false)));
             }
@@ -222,6 +249,11 @@ pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
             .schemas
             .iter()
             .map(|s| s.deleted.len())
+            .sum::<usize>(),
+        history_deleted = report
+            .schemas
+            .iter()
+            .map(|s| s.history_deleted.len())
             .sum::<usize>(),
         dry_run = opts.dry_run,
         exit_code = report.exit_code(),
@@ -304,6 +336,8 @@ struct GcPlan {
     retired: BTreeSet<String>,
     /// Retired paths whose objects are gone already.
     retired_absent: BTreeSet<String>,
+    /// Manifest history copies past the retention: deleted.
+    history: history::Prune,
 }
 
 impl GcPlan {
@@ -335,7 +369,16 @@ async fn collect(
     } else {
         execute(ctx, schema_id, &plan).await?
     };
-    out.within_grace.extend(failed.iter().cloned());
+    out.within_grace
+        .extend(failed.iter().filter(|k| plan.due.contains(k)).cloned());
+    out.history_deleted = plan
+        .history
+        .due
+        .iter()
+        .filter(|k| !failed.contains(k))
+        .cloned()
+        .collect();
+    out.history_kept = plan.history.kept + (plan.history.due.len() - out.history_deleted.len());
     out.deleted = plan
         .due
         .into_iter()
@@ -388,9 +431,11 @@ async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan>
         state_foreign,
         ..GcPlan::default()
     };
+    let now = ctx.clock.now_ms();
     let clock = Sighting {
-        now: ctx.clock.now_ms(),
+        now,
         grace_ms: i64::try_from(opts.grace.as_millis()).unwrap_or(i64::MAX),
+        retention_ms: i64::try_from(layout.history_retention().as_millis()).unwrap_or(i64::MAX),
     };
     for o in objects.iter().filter(|o| !listed_keys.contains(&o.key)) {
         let kind = layout.classify(&o.key);
@@ -430,12 +475,13 @@ async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan>
         .filter(|k| !present.contains(k))
         .cloned()
         .collect();
+    plan.history = history::prune_plan(store, layout, schema_id, now).await?;
     Ok(plan)
 }
 
-/// Steps 4–6: delete the due orphans, save the sightings (conditionally), and drop the retired
-/// paths whose objects are gone from the manifest. Returns the keys whose delete failed (kept
-/// for the next run).
+/// Steps 4–7: delete the due orphans, save the sightings (conditionally), drop the retired
+/// paths whose objects are gone from the manifest, and delete the history copies past the
+/// retention. Returns the keys whose delete failed (kept for the next run).
 async fn execute(ctx: &Context, schema_id: i16, plan: &GcPlan) -> Result<Vec<String>> {
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
@@ -464,21 +510,19 @@ async fn execute(ctx: &Context, schema_id: i16, plan: &GcPlan) -> Result<Vec<Str
         save_state(store, &key, &new_state, plan.state_etag.clone()).await?;
     }
     if !gone.is_empty() {
-        let key = layout.manifest_key(schema_id);
-        let (clock, limits) = (ctx.clock.as_ref(), layout.limits());
-        manifest::commit_within(
-            store,
-            &key,
-            schema_id,
-            clock,
-            Default::default(),
-            limits,
-            |m| {
-                m.forget_retired(&gone);
-                Ok(())
-            },
-        )
+        let clock = ctx.clock.as_ref();
+        manifest::commit_within(store, layout, schema_id, clock, Default::default(), |m| {
+            m.forget_retired(&gone);
+            Ok(())
+        })
         .await?;
+    }
+    // Last: a copy is only ever deleted once the files its version alone listed are.
+    for key in &plan.history.due {
+        if let Err(source) = store.delete(key).await {
+            tracing::warn!(key, error = %source, "gc could not delete a manifest history copy; retried next run");
+            failed.push(key.clone());
+        }
     }
     Ok(failed)
 }
@@ -487,13 +531,17 @@ async fn execute(ctx: &Context, schema_id: i16, plan: &GcPlan) -> Result<Vec<Str
 struct Sighting {
     now: i64,
     grace_ms: i64,
+    /// The manifest history retention: how long a retired file is kept past its retirement.
+    retention_ms: i64,
 }
 
 impl Sighting {
     /// Records a deletable orphan's sighting and files it as due or within the grace. It is
     /// due when the object, its first sighting and its retirement (when a manifest retired it)
     /// are all older than the grace: a file retired after an earlier sighting still gets its
-    /// whole grace, for readers of the manifests that listed it.
+    /// whole grace, for readers of the manifests that listed it. A retired file is also kept
+    /// until its retirement is older than the history retention, for readers of the history
+    /// copies that list it ([`kept_for_history`]).
     fn sight(&self, plan: &mut GcPlan, o: &crate::store::ObjectMeta, retired_at: Option<i64>) {
         let (now, grace_ms) = (self.now, self.grace_ms);
         let first = plan
@@ -510,6 +558,7 @@ impl Sighting {
         // Times read from the lake (sightings, retirements): saturating, never overflowing.
         if now.saturating_sub(since) >= grace_ms
             && now.saturating_sub(o.last_modified_ms) >= grace_ms
+            && !kept_for_history(retired_at, now, grace_ms, self.retention_ms)
         {
             plan.due.push(o.key.clone());
         } else {
@@ -527,6 +576,18 @@ fn grace_start(first: i64, retired_at: Option<i64>, now: i64, grace_ms: i64) -> 
         Some(r) if r > now.saturating_add(grace_ms) => first,
         Some(r) => first.max(r.min(now)),
         None => first,
+    }
+}
+
+/// Whether a file retired at `retired_at` is still kept for the manifest history: until its
+/// retirement is older than the retention (history copies younger than the retention may list
+/// it; see the module doc). A retirement more than the longer of the grace and the retention
+/// ahead of this clock is not believed (as in [`grace_start`]).
+fn kept_for_history(retired_at: Option<i64>, now: i64, grace_ms: i64, retention_ms: i64) -> bool {
+    match retired_at {
+        None => false,
+        Some(r) if r > now.saturating_add(grace_ms.max(retention_ms)) => false,
+        Some(r) => now.saturating_sub(r) < retention_ms,
     }
 }
 
@@ -586,7 +647,7 @@ mod tests {
 
     use bytes::Bytes;
 
-    use super::{GcState, check_grace, grace_start, load_state};
+    use super::{GcState, check_grace, grace_start, kept_for_history, load_state};
     use crate::error::Error;
     use crate::lake::{Layout, ReadLimits};
     use crate::store::fault::{FaultStore, Op};
@@ -647,6 +708,27 @@ mod tests {
             "{err}"
         );
         assert!(check_grace(Duration::from_secs(10 * 60)).is_ok());
+    }
+
+    #[test]
+    fn a_retired_file_is_kept_for_the_history_retention() {
+        const DAY: i64 = 24 * 60 * 60_000;
+        let now = 100 * DAY;
+        assert!(!kept_for_history(None, now, GRACE, DAY), "not retired");
+        assert!(kept_for_history(Some(now - DAY + 1), now, GRACE, DAY));
+        assert!(!kept_for_history(Some(now - DAY), now, GRACE, DAY));
+        assert!(
+            kept_for_history(Some(now + 60_000), now, GRACE, DAY),
+            "a little ahead"
+        );
+        assert!(
+            !kept_for_history(Some(now + 2 * DAY), now, GRACE, DAY),
+            "far ahead"
+        );
+        assert!(
+            !kept_for_history(Some(now - 60_000), now, GRACE, 0),
+            "history off"
+        );
     }
 
     #[test]

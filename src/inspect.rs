@@ -1,8 +1,8 @@
 //! `lakecdc inspect`: per schema, what each job would do now — read-only: no lock is taken and
 //! nothing is written anywhere. Dirty rows and the age of the oldest, whether flush would run
 //! and why, the lock holder (from `pg_locks` and `pg_stat_activity`), the manifest per tier,
-//! the dirty ratio and compaction decision, unlisted objects by class, and a warning when the
-//! `change_log` index is missing.
+//! the dirty ratio and compaction decision, unlisted objects by class, the manifest history
+//! kept (the range `--as-of` can read), and a warning when the `change_log` index is missing.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::job::{self, Context};
 use crate::lake::KeyKind;
+use crate::lake::history::{self, HistoryRange};
 use crate::lake::manifest::{self, Manifest, Tier};
 use crate::policy::{CompactThresholds, FlushThresholds, Plan};
 use crate::report::label;
@@ -58,6 +59,9 @@ pub struct SchemaInspect {
     pub compaction: Option<Plan>,
     /// Unlisted objects by class: tmp, merged_base, init_base, delta, retired, unknown.
     pub unlisted: BTreeMap<&'static str, usize>,
+    /// The manifest history kept: its oldest and newest copies and how many (none when no
+    /// copy is kept).
+    pub history: Option<HistoryRange>,
     /// Why this schema could not be inspected (its other fields are then empty); the other
     /// schemas are still reported.
     pub error: Option<String>,
@@ -145,6 +149,17 @@ impl InspectReport {
                     "  compaction        {d} (dirty ratio {:.4}): {}\n",
                     p.dirty_ratio, p.reason
                 ));
+            }
+            match &s.history {
+                Some(h) => out.push_str(&format!(
+                    "  history           versions {} ({}) to {} ({}), {} copies\n",
+                    h.oldest.version,
+                    history::format_ms(h.oldest.updated_at_ms),
+                    h.newest.version,
+                    history::format_ms(h.newest.updated_at_ms),
+                    h.count
+                )),
+                None => out.push_str("  history           none\n"),
             }
             let unlisted: Vec<String> = s
                 .unlisted
@@ -287,6 +302,7 @@ async fn inspect_schema(
         delta: tier(Tier::Delta),
         compaction: loaded.as_ref().map(|l| compact.plan(&l.manifest)),
         unlisted,
+        history: history::range(store, layout, reg.id).await?,
         error: None,
     })
 }

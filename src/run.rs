@@ -133,7 +133,8 @@ impl RunConfig {
             lake.root(),
             s.text("data-prefix")?,
             s.text("manifest-template")?,
-        )?;
+        )?
+        .with_history_retention(duration(s, "history-retention")?);
         let mut s3 = S3Options::new("");
         s3.endpoint = s.get("s3-endpoint").map(str::to_string);
         s3.path_style = s.flag("s3-path-style");

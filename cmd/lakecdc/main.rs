@@ -74,6 +74,9 @@ struct Global {
     /// The largest manifest (or gc state) read, e.g. 64MiB; a larger one is refused unread.
     #[arg(long, global = true)]
     max_manifest_size: Option<String>,
+    /// How long manifest history (time travel) is kept, e.g. 24h; 0 writes and keeps none.
+    #[arg(long, global = true)]
+    history_retention: Option<String>,
     /// Print the report as JSON.
     #[arg(long, global = true)]
     json: bool,

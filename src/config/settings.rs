@@ -180,6 +180,11 @@ pub const SETTINGS: &[Setting] = &[
         "LAKECDC_MAX_MANIFEST_SIZE",
         Some("64MiB"),
     ),
+    global(
+        "history-retention",
+        "LAKECDC_HISTORY_RETENTION",
+        Some("24h"),
+    ),
     global("json", "LAKECDC_JSON", Some("false")),
     global("log-format", "LAKECDC_LOG_FORMAT", Some("text")),
     global("copy-tap", "LAKECDC_COPY_TAP", Some("on")),

@@ -3,16 +3,23 @@
 //! a canonical lowercase hyphenated UUID and the schema id canonical decimal — and anything else
 //! is [`KeyKind::Unknown`]; parsing never panics. Keys are used verbatim everywhere (#516).
 
+use std::time::Duration;
+
 use uuid::Uuid;
 
 use super::ReadLimits;
 use crate::error::{Error, Result};
 
+/// How long manifest history copies are kept when `--history-retention` is not set: 24 hours
+/// (re-exported as [`super::history::DEFAULT_RETENTION`]).
+pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The template placeholders accepted in `--manifest-template`.
 const PLACEHOLDERS: [&str; 2] = ["{schema_id}", "{{.SchemaID}}"];
 
-/// Where a lake's objects live under its root, and how large its metadata objects may be read
-/// ([`ReadLimits`]; the lake's readers all take the layout).
+/// Where a lake's objects live under its root, how large its metadata objects may be read
+/// ([`ReadLimits`]; the lake's readers all take the layout), and how long its manifest history
+/// is kept ([`Layout::history_retention`]; every save and gc take the layout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     /// `{root}/{data}` with no leading or trailing `/`; empty means the root itself.
@@ -23,6 +30,8 @@ pub struct Layout {
     manifest_in_lake: String,
     /// Size limits of the metadata objects read.
     limits: ReadLimits,
+    /// How long manifest history copies are kept; zero writes none.
+    history_retention: Duration,
 }
 
 /// A path a manifest lists or retires that is not a data file of the manifest's own schema: a
@@ -140,6 +149,7 @@ impl Layout {
             manifest_template: join(&root, manifest_template),
             manifest_in_lake: manifest_template.to_string(),
             limits: ReadLimits::default(),
+            history_retention: DEFAULT_HISTORY_RETENTION,
         })
     }
 
@@ -152,6 +162,18 @@ impl Layout {
     /// How large its metadata objects may be read.
     pub fn limits(&self) -> &ReadLimits {
         &self.limits
+    }
+
+    /// The same layout, keeping manifest history copies for `retention` (zero: every save
+    /// writes none and gc keeps none; docs/design.md §3.5).
+    pub fn with_history_retention(mut self, retention: Duration) -> Self {
+        self.history_retention = retention;
+        self
+    }
+
+    /// How long manifest history copies are kept (zero: none are written).
+    pub fn history_retention(&self) -> Duration {
+        self.history_retention
     }
 
     /// The data prefix (`{root}/{data}`), possibly empty.
@@ -221,6 +243,29 @@ impl Layout {
     /// The schema's gc sighting-state key.
     pub fn gc_state_key(&self, schema_id: i16) -> String {
         format!("{}.gc-state", self.manifest_key(schema_id))
+    }
+
+    /// `<manifest key>.history/`: every history copy of the schema's manifest lies under it.
+    pub fn history_prefix(&self, schema_id: i16) -> String {
+        history_prefix_of(&self.manifest_key(schema_id))
+    }
+
+    /// `<manifest key>.history/<version:020>.json`: the copy of the manifest as saved at
+    /// `version`.
+    pub fn history_key(&self, schema_id: i16, version: i64) -> String {
+        history_key_of(&self.manifest_key(schema_id), version)
+    }
+
+    /// The version of a history copy key of `schema_id`, parsed strictly: the history prefix
+    /// followed by exactly 20 ASCII digits and `.json`, nothing else (no sub-directory, sign or
+    /// other spelling). Anything else under the prefix is `None` and never touched.
+    pub fn parse_history_key(&self, schema_id: i16, key: &str) -> Option<i64> {
+        let rest = key.strip_prefix(&self.history_prefix(schema_id))?;
+        let digits = rest.strip_suffix(".json")?;
+        if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
     }
 
     /// The one check of every path read from the manifest of `schema_id`, listed or retired,
@@ -300,6 +345,16 @@ impl Layout {
             _ => None,
         }
     }
+}
+
+/// The history prefix of the manifest at `manifest_key`.
+pub(crate) fn history_prefix_of(manifest_key: &str) -> String {
+    format!("{manifest_key}.history/")
+}
+
+/// The history copy key of version `version` of the manifest at `manifest_key`.
+pub(crate) fn history_key_of(manifest_key: &str, version: i64) -> String {
+    format!("{}{version:020}.json", history_prefix_of(manifest_key))
 }
 
 fn render(template: &str, schema_id: i16) -> String {
@@ -480,6 +535,41 @@ mod tests {
             assert!(msg.contains(&format!("{foreign:?}")), "{msg}");
             assert!(msg.contains("lakes/prod/data/7/"), "{msg}");
         }
+    }
+
+    #[test]
+    fn history_keys_round_trip_and_anything_else_is_refused() {
+        let l = Layout::new("root", "data", "manifest/{schema_id}.json").unwrap();
+        assert_eq!(l.history_prefix(7), "root/manifest/7.json.history/");
+        assert_eq!(
+            l.history_key(7, 42),
+            "root/manifest/7.json.history/00000000000000000042.json"
+        );
+        for v in [1, 42, i64::MAX] {
+            assert_eq!(l.parse_history_key(7, &l.history_key(7, v)), Some(v));
+        }
+        assert_eq!(l.parse_history_key(8, &l.history_key(7, 1)), None);
+        let p = l.history_prefix(7);
+        for bad in [
+            format!("{p}42.json"),
+            format!("{p}0000000000000000042.json"),
+            format!("{p}000000000000000000042.json"),
+            format!("{p}-0000000000000000042.json"),
+            format!("{p}+0000000000000000042.json"),
+            format!("{p}00000000000000000042.JSON"),
+            format!("{p}00000000000000000042.json.tmp"),
+            format!("{p}x/00000000000000000042.json"),
+            format!("{p}../00000000000000000042.json"),
+            format!("{p}\u{661}0000000000000000042.json"),
+            format!("{p}99999999999999999999.json"),
+            l.manifest_key(7),
+            l.gc_state_key(7),
+        ] {
+            assert_eq!(l.parse_history_key(7, &bad), None, "{bad:?}");
+        }
+        assert_eq!(l.history_retention(), DEFAULT_HISTORY_RETENTION);
+        let off = l.with_history_retention(Duration::ZERO);
+        assert!(off.history_retention().is_zero());
     }
 
     #[test]

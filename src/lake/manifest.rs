@@ -4,15 +4,18 @@
 //! not-found (docs/hazards.md #464); every load checks the schema stamp (#520/#522/#536), reads
 //! at most [`ReadLimits::manifest_bytes`] (S2), and refuses a path listed twice and a negative
 //! size or row count (S3, S4). Unknown fields, top-level and per entry, survive a rewrite.
+//! Every save is followed by a copy of the saved bytes under `<manifest key>.history/`
+//! ([`super::history`], docs/design.md §3.5) while history is on.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use super::keys::{ForeignPath, Layout};
+use super::keys::{ForeignPath, Layout, history_key_of};
 use super::{Capped, ReadLimits, read_capped};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -226,7 +229,7 @@ impl Manifest {
     /// and counted twice) and a size or row count that is negative or above [`MAX_COUNT`]
     /// (sums of them would be nonsense).
     /// Each error names the manifest key and the entry's path.
-    fn check_entries(&self, key: &str) -> Result<()> {
+    pub(crate) fn check_entries(&self, key: &str) -> Result<()> {
         let refuse = |message: String| Error::Manifest {
             key: key.to_string(),
             message,
@@ -274,7 +277,7 @@ impl Manifest {
 
     /// Checks the schema stamp for a load on behalf of `schema_id`, stamping an unstamped
     /// empty manifest.
-    fn check_stamp(&mut self, key: &str, schema_id: i16) -> Result<()> {
+    pub(crate) fn check_stamp(&mut self, key: &str, schema_id: i16) -> Result<()> {
         match self.schema_id {
             id if id == schema_id => Ok(()),
             0 if self.files.is_empty() => {
@@ -387,7 +390,8 @@ pub struct Committed {
     pub attempts: u32,
 }
 
-/// [`commit_within`] the default [`ReadLimits`].
+/// [`commit_within`] the manifest at `key`, read within the default [`ReadLimits`] and
+/// followed by its history copy (history is on by default).
 pub async fn commit<F>(
     store: &dyn ObjectStore,
     key: &str,
@@ -399,28 +403,63 @@ pub async fn commit<F>(
 where
     F: FnMut(&mut Manifest) -> Result<()>,
 {
-    let limits = ReadLimits::default();
-    commit_within(store, key, schema_id, clock, policy, &limits, modify).await
+    let rules = SaveRules {
+        limits: &ReadLimits::default(),
+        history: true,
+    };
+    save(store, key, schema_id, clock, policy, &rules, modify).await
 }
 
-/// Loads (within `limits`, [`load_within`]), applies `modify`, and writes the manifest
-/// conditionally, re-running the whole cycle from a fresh load on a confirmed conflict.
-/// `modify` must be a pure function of the manifest it is given (it may run several times). A
-/// manifest that a load would refuse (a path listed twice, a negative number, over the size
-/// limit) is not written.
+/// Loads the manifest of `schema_id` under `layout` (within its limits, [`load_within`]),
+/// applies `modify`, and writes the manifest conditionally, re-running the whole cycle from a
+/// fresh load on a confirmed conflict. `modify` must be a pure function of the manifest it is
+/// given (it may run several times). A manifest that a load would refuse (a path listed twice,
+/// a negative number, over the size limit) is not written.
 /// Any non-conflict write failure is [`Error::AmbiguousCommit`]: the write may have landed.
+/// After the save, while the layout keeps history ([`Layout::history_retention`] above zero),
+/// the same bytes are copied to the version's history key ([`super::history`]); a failed
+/// copy is logged and counted, never an error of the save.
+/// This is the one save path of every job (flush, init, compact, gc).
 pub async fn commit_within<F>(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    schema_id: i16,
+    clock: &dyn Clock,
+    policy: CommitPolicy,
+    modify: F,
+) -> Result<Committed>
+where
+    F: FnMut(&mut Manifest) -> Result<()>,
+{
+    let key = layout.manifest_key(schema_id);
+    let rules = SaveRules {
+        limits: layout.limits(),
+        history: !layout.history_retention().is_zero(),
+    };
+    save(store, &key, schema_id, clock, policy, &rules, modify).await
+}
+
+/// How a save reads and what it writes besides the manifest.
+struct SaveRules<'a> {
+    /// The limits of the load before the save (and of the saved size).
+    limits: &'a ReadLimits,
+    /// Whether the saved bytes are copied to the version's history key.
+    history: bool,
+}
+
+async fn save<F>(
     store: &dyn ObjectStore,
     key: &str,
     schema_id: i16,
     clock: &dyn Clock,
     policy: CommitPolicy,
-    limits: &ReadLimits,
+    rules: &SaveRules<'_>,
     mut modify: F,
 ) -> Result<Committed>
 where
     F: FnMut(&mut Manifest) -> Result<()>,
 {
+    let limits = rules.limits;
     let max_attempts = policy.max_attempts.max(1);
     for attempt in 1..=max_attempts {
         let (mut manifest, mode) = match load_within(store, key, schema_id, limits).await? {
@@ -434,6 +473,8 @@ where
         manifest.updated_at_ms = clock.now_ms().max(manifest.updated_at_ms.saturating_add(1));
         let body = Bytes::from(manifest.to_json()?);
         let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
+        // A clone of `Bytes` shares the buffer: the copy is of exactly the bytes saved.
+        let saved = body.clone();
         if size > limits.manifest_bytes {
             // Written, it would be refused by every later load.
             return Err(Error::TooLarge {
@@ -446,6 +487,9 @@ where
         }
         match store.put_bytes(key, body, mode).await {
             Ok(put) => {
+                if rules.history {
+                    save_copy(store, key, manifest.version, saved).await;
+                }
                 return Ok(Committed {
                     manifest,
                     etag: put.etag,
@@ -469,6 +513,46 @@ where
         key: key.to_string(),
         attempts: max_attempts,
     })
+}
+
+/// History copies that could not be written since the process started.
+static COPY_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// How many history copies this process failed to write (each was logged as a warning; the
+/// saves themselves stood).
+pub fn history_copy_failures() -> u64 {
+    COPY_FAILURES.load(Ordering::Relaxed)
+}
+
+/// Copies the bytes just saved as `version` of the manifest at `manifest_key` to its history
+/// key. Called only after the conditional save succeeded. A failure is logged and counted,
+/// never returned: the save stands, only time travel to this version is lost.
+async fn save_copy(store: &dyn ObjectStore, manifest_key: &str, version: i64, body: Bytes) {
+    if version < 1 {
+        // A version read from the lake may be anything; a key of 20 digits needs >= 0, and
+        // versions start at 1.
+        COPY_FAILURES.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            key = manifest_key,
+            version,
+            "manifest saved with a version below 1: no history copy written"
+        );
+        return;
+    }
+    let key = history_key_of(manifest_key, version);
+    // Overwrite: only the one save that won version `version` writes this key (a copy left
+    // by an earlier, identical attempt is replaced by the same bytes).
+    match store.put_bytes(&key, body, PutMode::Overwrite).await {
+        Ok(_) => tracing::debug!(key, "manifest history copy written"),
+        Err(e) => {
+            COPY_FAILURES.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                key,
+                error = %e,
+                "manifest history copy not written; the save stands, but --as-of cannot read this version"
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -600,6 +684,13 @@ mod tests {
         }
     }
 
+    /// A layout whose manifest of schema 7 is `m7`, read within `manifest_bytes`.
+    fn within(manifest_bytes: u64) -> Layout {
+        Layout::new("", "data", "m{schema_id}")
+            .unwrap()
+            .with_limits(limits(manifest_bytes))
+    }
+
     async fn put_json(store: &dyn ObjectStore, key: &str, json: &Value) -> u64 {
         let body = serde_json::to_vec_pretty(json).unwrap();
         let size = body.len() as u64;
@@ -629,41 +720,40 @@ mod tests {
         m.files = (0..20)
             .map(|i| entry(&format!("data/7/{i}.parquet"), Tier::Delta))
             .collect();
-        let size = put_json(&store, "m", &serde_json::to_value(&m).unwrap()).await;
+        let size = put_json(&store, "m7", &serde_json::to_value(&m).unwrap()).await;
         let before = store.calls().len();
-        let err = load_within(&store, "m", 7, &limits(size - 1))
+        let err = load_within(&store, "m7", 7, &limits(size - 1))
             .await
             .unwrap_err();
         match &err {
             Error::TooLarge {
                 what, key, limit, ..
-            } => assert_eq!((*what, key.as_str(), *limit), ("manifest", "m", size - 1)),
+            } => assert_eq!((*what, key.as_str(), *limit), ("manifest", "m7", size - 1)),
             other => panic!("{other:?}"),
         }
         let msg = err.to_string();
         assert!(msg.contains(&format!("{size} bytes")), "{msg}");
         assert!(msg.contains("--max-manifest-size"), "{msg}");
         // One capped read (S3 refuses it by its announced length, before the body).
-        assert_eq!(ops(&store)[before..], [(Op::GetBytes, "m".to_string())]);
+        assert_eq!(ops(&store)[before..], [(Op::GetBytes, "m7".to_string())]);
         // At the limit it loads.
-        let loaded = load_within(&store, "m", 7, &limits(size)).await.unwrap();
+        let loaded = load_within(&store, "m7", 7, &limits(size)).await.unwrap();
         assert_eq!(loaded.unwrap().manifest, m);
         // A commit reads within the same limit and writes nothing.
         let calls = store.calls().len();
         let clock = ManualClock::new(1);
         let err = commit_within(
             &store,
-            "m",
+            &within(size - 1),
             7,
             &clock,
             CommitPolicy::default(),
-            &limits(size - 1),
             |_| Ok(()),
         )
         .await
         .unwrap_err();
         assert!(matches!(err, Error::TooLarge { .. }), "{err}");
-        assert_eq!(ops(&store)[calls..], [(Op::GetBytes, "m".to_string())]);
+        assert_eq!(ops(&store)[calls..], [(Op::GetBytes, "m7".to_string())]);
     }
 
     #[tokio::test]
@@ -773,14 +863,14 @@ mod tests {
     async fn a_commit_never_writes_what_a_load_would_refuse() {
         let store = FaultStore::new(Arc::new(MemoryStore::new()));
         let clock = ManualClock::new(1);
-        commit(&store, "m", 7, &clock, CommitPolicy::default(), |m| {
+        commit(&store, "m7", 7, &clock, CommitPolicy::default(), |m| {
             m.files.push(entry("data/7/a.parquet", Tier::Delta));
             Ok(())
         })
         .await
         .unwrap();
         let writes = store.writes().len();
-        let err = commit(&store, "m", 7, &clock, CommitPolicy::default(), |m| {
+        let err = commit(&store, "m7", 7, &clock, CommitPolicy::default(), |m| {
             m.files.push(entry("data/7/a.parquet", Tier::Base));
             Ok(())
         })
@@ -788,14 +878,13 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("more than once"), "{err}");
         // One that would grow past the limit is not written either.
-        let size = store.get_bytes("m").await.unwrap().bytes.len() as u64;
+        let size = store.get_bytes("m7").await.unwrap().bytes.len() as u64;
         let err = commit_within(
             &store,
-            "m",
+            &within(size),
             7,
             &clock,
             CommitPolicy::default(),
-            &limits(size),
             |m| {
                 m.files.push(entry("data/7/b.parquet", Tier::Delta));
                 Ok(())

@@ -1,8 +1,9 @@
 //! The on-storage format: object keys (built and parsed by one module), the per-schema
-//! manifest and its conditional commit, the owner marker of each data prefix, and Parquet
-//! footer checks.
+//! manifest and its conditional commit, the manifest's history copies (time travel), the
+//! owner marker of each data prefix, and Parquet footer checks.
 
 pub mod footer;
+pub mod history;
 pub(crate) mod keys;
 pub mod manifest;
 pub(crate) mod owner;

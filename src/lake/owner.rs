@@ -143,9 +143,7 @@ where
     F: FnMut(&mut Manifest) -> Result<()>,
 {
     claim(store, layout, schema_id, ownership).await?;
-    let key = layout.manifest_key(schema_id);
-    let limits = layout.limits();
-    manifest::commit_within(store, &key, schema_id, clock, policy, limits, modify).await
+    manifest::commit_within(store, layout, schema_id, clock, policy, modify).await
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! moved clock); unlisted deltas and unknown keys are never deleted; #463 refusal; dry run.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use lakecdc::clock::{Clock, ManualClock, SystemClock};
@@ -15,11 +16,15 @@ use crate::support::writer::Rng;
 
 const MIN: i64 = 60_000;
 
+/// gc on `clock`, keeping no manifest history: the grace alone decides (tests/it/history.rs
+/// covers the retention).
 fn ctx(rig: &Rig, clock: Arc<ManualClock>) -> Context {
-    Context {
+    let mut ctx = Context {
         clock,
         ..rig.job_context()
-    }
+    };
+    ctx.lake.layout = ctx.lake.layout.with_history_retention(Duration::ZERO);
+    ctx
 }
 
 fn opts(dry_run: bool) -> GcOptions {

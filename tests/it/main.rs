@@ -16,6 +16,7 @@ mod flush;
 mod flush_select;
 mod gc;
 mod gc_faults;
+mod history;
 mod hostile_lake;
 mod init;
 mod init_db;

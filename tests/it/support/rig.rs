@@ -99,7 +99,10 @@ impl Rig {
         }
     }
 
-    /// gc over the customer schema with a 15-minute grace, on a manual clock the test moves.
+    /// gc over the customer schema with a 15-minute grace, on a manual clock the test moves,
+    /// keeping no manifest history: its grace alone decides when a retired file goes
+    /// (tests/it/history.rs covers the retention, with
+    /// [`Rig::gc_on_a_manual_clock_keeping_history`]).
     pub fn gc_on_a_manual_clock(
         &self,
     ) -> (
@@ -107,12 +110,25 @@ impl Rig {
         lakecdc::job::Context,
         lakecdc::gc::GcOptions,
     ) {
+        self.gc_on_a_manual_clock_keeping_history(Duration::ZERO)
+    }
+
+    /// As [`Rig::gc_on_a_manual_clock`], keeping manifest history for `retention`.
+    pub fn gc_on_a_manual_clock_keeping_history(
+        &self,
+        retention: Duration,
+    ) -> (
+        Arc<lakecdc::clock::ManualClock>,
+        lakecdc::job::Context,
+        lakecdc::gc::GcOptions,
+    ) {
         use lakecdc::clock::Clock;
         let clock = Arc::new(lakecdc::clock::ManualClock::new(SystemClock.now_ms()));
-        let ctx = lakecdc::job::Context {
+        let mut ctx = lakecdc::job::Context {
             clock: clock.clone(),
             ..self.job_context()
         };
+        ctx.lake.layout = ctx.lake.layout.with_history_retention(retention);
         let opts = lakecdc::gc::GcOptions {
             schemas: vec!["customer".into()],
             grace: Duration::from_secs(900),
