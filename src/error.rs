@@ -308,7 +308,8 @@ impl Error {
             Error::Config(_)
             | Error::Setting { .. }
             | Error::Metadata { .. }
-            | Error::Query { .. } => 2,
+            | Error::Query { .. }
+            | Error::AsOf { .. } => 2,
             _ => 1,
         }
     }

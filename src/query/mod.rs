@@ -23,6 +23,7 @@ use serde::Serialize;
 use crate::engine::{Engine, EngineConfig, current_state, quote_ident, sql_string};
 use crate::error::{Error, Result};
 use crate::job::{self, Context};
+use crate::lake::history::{self, AsOf};
 use crate::lake::manifest::{self, FileEntry, Manifest};
 use crate::scratch::Scratch;
 use crate::source::registry::Registered;
@@ -113,6 +114,11 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     let names: Vec<String> = registered.iter().map(|r| r.name.clone()).collect();
     let named = prune::named_views(&sql, &names);
     let pin = prune::row_id_pin(&sql);
+    let as_of = opts
+        .as_of
+        .as_deref()
+        .map(|text| AsOf::parse(text, ctx.clock.now_ms()))
+        .transpose()?;
     let (scratch, engine) = job::scratch(&opts.work_dir, &opts.engine)?;
     let cache = if !ctx.lake.store.is_local() {
         Some(cache::Cache::open(&opts.cache_dir, opts.cache_max)?)
@@ -129,7 +135,7 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
         {
             continue;
         }
-        let Some(m) = load(ctx, reg, opts.as_of.as_deref()).await? else {
+        let Some(m) = load(ctx, reg, as_of.as_ref()).await? else {
             let key = ctx.lake.layout.manifest_key(reg.id);
             missing.push((
                 reg.name.to_lowercase(),
@@ -246,19 +252,15 @@ async fn read_sql(source: &SqlSource) -> Result<String> {
 
 /// The manifest the query reads: the newest, or the history copy `--as-of` names; `None`
 /// when the schema has none yet.
-async fn load(ctx: &Context, reg: &Registered, as_of: Option<&str>) -> Result<Option<Manifest>> {
+async fn load(ctx: &Context, reg: &Registered, as_of: Option<&AsOf>) -> Result<Option<Manifest>> {
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
     let key = layout.manifest_key(reg.id);
-    let manifest = match as_of {
-        Some(_) => {
-            return Err(Error::setting("as-of", "is not supported yet"));
-        }
-        None => manifest::load_within(store, &key, reg.id, layout.limits())
-            .await?
-            .map(|l| l.manifest),
-    };
-    let Some(m) = manifest else {
+    let Some(live) = manifest::load_within(store, &key, reg.id, layout.limits()).await? else {
         return Ok(None);
+    };
+    let m = match as_of {
+        Some(as_of) => history::load_as_of(store, layout, reg.id, as_of).await?,
+        None => live.manifest,
     };
     for f in &m.files {
         // Only this schema's own data files are ever read (docs/security.md).
@@ -319,7 +321,10 @@ fn can_hold_open(files: usize) -> bool {
     let now = getrlimit(Resource::Nofile).current;
     let enough = now.is_none_or(|c| c >= need);
     if !enough {
-        tracing::warn!(files, "more lake files than open descriptors allowed: read by path after each check (raise ulimit -n)");
+        tracing::warn!(
+            files,
+            "more lake files than open descriptors allowed: read by path after each check (raise ulimit -n)"
+        );
     }
     enough
 }

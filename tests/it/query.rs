@@ -594,3 +594,104 @@ async fn a_local_file_replaced_by_a_link_is_refused_and_a_short_one_named() {
     );
     assert_eq!(e.exit_code(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn as_of_reads_an_earlier_state_until_gc_passes_the_retention() {
+    use lakecdc::clock::Clock;
+    use std::time::Duration;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(1907);
+    rig.seed(60, &mut r).await;
+    rig.flush().await;
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let out = t.path().join("state.parquet");
+    let opts = options(
+        &rig,
+        "SELECT * FROM customer",
+        Format::Parquet,
+        &out,
+        &cache,
+    );
+    // The state at version v1, as the test records it.
+    let then = state_via_query(&rig, &opts).await;
+    let v1 = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap()["version"]
+        .as_i64()
+        .unwrap();
+    let v1_at = lakecdc::clock::SystemClock.now_ms();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let v1_files = rig.listed().await;
+
+    // Later flushes (updates, deletes), an init and a compaction that retire v1's files, more
+    // flushes, gc past the grace but within the retention.
+    random_ops(&mut rig, &mut r, 30).await;
+    rig.flush().await;
+    let init = InitOptions {
+        schemas: vec!["customer".into()],
+        replace_delta: true,
+        work_dir: rig.opts.work_dir.clone(),
+        ..InitOptions::default()
+    };
+    lakecdc::init::run(&rig.ctx, &init).await.unwrap();
+    random_ops(&mut rig, &mut r, 30).await;
+    rig.flush().await;
+    let compact = CompactOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        dirty_ratio: 0.0,
+        ..CompactOptions::default()
+    };
+    lakecdc::compact::run(&rig.job_context(), &compact)
+        .await
+        .unwrap();
+    random_ops(&mut rig, &mut r, 20).await;
+    rig.flush().await;
+    let now = state_via_query(&rig, &opts).await;
+    assert_ne!(now, then, "the workload changed the state");
+    let (clock, gc_ctx, gc_opts) =
+        rig.gc_on_a_manual_clock_keeping_history(Duration::from_secs(24 * 3600));
+    clock.advance(16 * 60 * 1000);
+    lakecdc::gc::run(&gc_ctx, &gc_opts).await.unwrap();
+
+    let as_of = |text: String| QueryOptions {
+        as_of: Some(text),
+        ..opts.clone()
+    };
+    assert_eq!(state_via_query(&rig, &as_of(v1.to_string())).await, then);
+    let at = lakecdc::lake::history::format_ms(v1_at);
+    assert_eq!(state_via_query(&rig, &as_of(at)).await, then);
+    assert_eq!(state_via_query(&rig, &opts).await, now);
+
+    // Past the retention, gc removes what only old versions read and their copies; asking for
+    // v1 then says so.
+    clock.advance(25 * 3600 * 1000);
+    lakecdc::gc::run(&gc_ctx, &gc_opts).await.unwrap();
+    let keys = rig.keys("data/").await;
+    let listed = rig.listed().await;
+    let only_v1: Vec<&String> = v1_files.iter().filter(|f| !listed.contains(f)).collect();
+    assert!(!only_v1.is_empty(), "the compaction retired v1's files");
+    assert!(
+        only_v1.iter().all(|f| !keys.contains(f)),
+        "{only_v1:?} {keys:?}"
+    );
+    let history = rig.keys(&format!("{MANIFEST}.history/")).await;
+    // The copy in force when the window opened and the later ones (gc's own save) are kept.
+    let v1_copy = format!("{MANIFEST}.history/{v1:020}.json");
+    assert!(
+        !history.contains(&v1_copy) && (1..=2).contains(&history.len()),
+        "{history:?}"
+    );
+    let e = lakecdc::query::run(
+        &lakecdc::job::Context {
+            clock: clock.clone(),
+            ..rig.job_context()
+        },
+        &as_of(v1.to_string()),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("past the history retention"), "{e}");
+    assert_eq!(e.exit_code(), 2);
+}
