@@ -732,6 +732,7 @@ async fn publish(
         store,
         layout,
         schema_id,
+        &report.schema,
         ownership,
         ctx.clock.as_ref(),
         opts.commit,

@@ -438,6 +438,7 @@ async fn export_schema(
             store,
             layout,
             schema_id,
+            &out.schema,
             &ownership,
             ctx.clock.as_ref(),
             CommitPolicy::default(),

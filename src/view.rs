@@ -1,15 +1,15 @@
-//! `lakecdc view`: how any engine reads a schema's current state (docs/design.md §8). As text,
+//! `lakecdc view`: how any engine reads a schema's current state (docs/design.md §4.7). As text,
 //! `CREATE OR REPLACE VIEW` statements for DuckDB over the listed files' absolute URIs, pinned
 //! to the manifest version in a comment; as JSON, the read plan (every file with its checksum,
-//! rows and row-id range, and the rule in words). Reads one manifest per schema; no lock, no
-//! object is read or written.
+//! rows and row-id range, and the rule in words). Reads one manifest per schema, found and named
+//! from the lake itself; no lock, no database, no object is read or written.
 
 use serde::Serialize;
 
 use crate::engine::{current_state, quote_ident, sql_string};
 use crate::error::Result;
-use crate::job::{self, Context};
-use crate::lake::manifest;
+use crate::job::{Context, catalog};
+use crate::lake::manifest::Manifest;
 use crate::report::label;
 use crate::source::registry::Registered;
 
@@ -105,39 +105,35 @@ impl ViewReport {
     }
 }
 
-/// Builds the read plan and the statements of every selected schema.
+/// Builds the read plan and the statements of every schema the lake holds (or those selected),
+/// named from the lake itself ([`catalog::lake_schemas`]): no database is needed.
 pub async fn run(ctx: &Context, opts: &ViewOptions) -> Result<ViewReport> {
     let mut schemas = Vec::new();
-    for reg in job::select_schemas(ctx, &opts.schemas).await? {
-        schemas.push(view_schema(ctx, &reg).await?);
+    for s in catalog::lake_schemas(ctx, &opts.schemas).await? {
+        schemas.push(view_schema(ctx, &s.reg, s.manifest));
     }
     Ok(ViewReport { schemas })
 }
 
-async fn view_schema(ctx: &Context, reg: &Registered) -> Result<SchemaView> {
+fn view_schema(ctx: &Context, reg: &Registered, m: Manifest) -> SchemaView {
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
     let key = layout.manifest_key(reg.id);
     let mut view = SchemaView {
         schema_id: reg.id,
         schema: reg.name.clone(),
         manifest: store.uri(&key),
-        version: None,
+        version: Some(m.version),
         rule: RULE,
         files: Vec::new(),
         sql: None,
         problem: None,
     };
-    let Some(loaded) = manifest::load_within(store, &key, reg.id, layout.limits()).await? else {
-        return Ok(view);
-    };
-    let m = loaded.manifest;
-    view.version = Some(m.version);
     for f in &m.files {
         // Only this schema's own data files are ever named (docs/security.md).
         if let Err(foreign) = layout.check_listed(reg.id, &f.path) {
             view.problem = Some(foreign.to_string());
             view.files.clear();
-            return Ok(view);
+            return view;
         }
         view.files.push(PlanFile {
             uri: store.uri(&f.path),
@@ -152,7 +148,7 @@ async fn view_schema(ctx: &Context, reg: &Registered) -> Result<SchemaView> {
     if !view.files.is_empty() {
         view.sql = Some(statements(&reg.name, &view.files));
     }
-    Ok(view)
+    view
 }
 
 /// `<name>__history` (every listed copy) and `<name>` (its current state) over `files`.

@@ -17,6 +17,7 @@ use crate::shutdown::Shutdown;
 use crate::source::registry::{self, Registered};
 use crate::source::{Connector, SchemaLock};
 
+pub mod catalog;
 mod staging;
 
 pub use staging::{Staged, stage};

@@ -229,6 +229,27 @@ impl Layout {
         render(&self.manifest_template, schema_id)
     }
 
+    /// The longest fixed prefix of every manifest key (the template up to its placeholder):
+    /// listing it finds every schema's manifest ([`Layout::manifest_schema`]).
+    pub fn manifest_list_prefix(&self) -> &str {
+        let at = PLACEHOLDERS
+            .iter()
+            .filter_map(|p| self.manifest_template.find(p))
+            .min()
+            .unwrap_or(self.manifest_template.len());
+        &self.manifest_template[..at]
+    }
+
+    /// The schema whose manifest `key` is, parsed strictly (exactly the key the template
+    /// renders for a canonical positive id); `None` for any other key under the prefix (history
+    /// copies, gc state, anything planted).
+    pub fn manifest_schema(&self, key: &str) -> Option<i16> {
+        let rest = key.strip_prefix(self.manifest_list_prefix())?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let id: i16 = digits.parse().ok().filter(|id| *id > 0)?;
+        (id.to_string() == digits && self.manifest_key(id) == key).then_some(id)
+    }
+
     /// The schema's manifest key relative to the lake root (what an owner marker records, so a
     /// lake moved to another root keeps its owner).
     pub fn manifest_key_in_lake(&self, schema_id: i16) -> String {
@@ -404,6 +425,27 @@ fn clean_prefix(prefix: &str, setting: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn manifest_keys_are_found_by_prefix_and_parsed_strictly() {
+        let l = Layout::new("root", "data", "manifest/{schema_id}.json").unwrap();
+        assert_eq!(l.manifest_list_prefix(), "root/manifest/");
+        assert_eq!(l.manifest_schema("root/manifest/7.json"), Some(7));
+        for other in [
+            "root/manifest/7.json.history/00000000000000000001.json",
+            "root/manifest/7.json.gc-state",
+            "root/manifest/07.json",
+            "root/manifest/0.json",
+            "root/manifest/-7.json",
+            "root/manifest/99999.json",
+            "manifest/7.json",
+        ] {
+            assert_eq!(l.manifest_schema(other), None, "{other}");
+        }
+        let nested = Layout::new("", "data", "m/{{.SchemaID}}/manifest.json").unwrap();
+        assert_eq!(nested.manifest_list_prefix(), "m/");
+        assert_eq!(nested.manifest_schema("m/12/manifest.json"), Some(12));
+    }
 
     fn ids() -> (Uuid, Uuid, Uuid) {
         (Uuid::now_v7(), Uuid::new_v4(), Uuid::now_v7())

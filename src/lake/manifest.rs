@@ -109,6 +109,10 @@ pub struct Manifest {
     /// The schema this manifest belongs to (the stamp).
     #[serde(default)]
     pub schema_id: i16,
+    /// The schema's name when the save was made (every writer records it; absent in manifests
+    /// written before names were recorded): what readers name the schema's view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_name: Option<String>,
     /// +1 per save.
     #[serde(default)]
     pub version: i64,
@@ -146,6 +150,7 @@ impl Manifest {
     pub fn empty(schema_id: i16) -> Self {
         Self {
             schema_id,
+            schema_name: None,
             version: 0,
             updated_at_ms: 0,
             files: Vec::new(),

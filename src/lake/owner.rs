@@ -130,20 +130,28 @@ pub(crate) async fn claim(
 /// ([`claim`]), then commits `modify` to the schema's manifest ([`manifest::commit`]). Every
 /// error but [`Error::AmbiguousCommit`] means nothing was saved (a failed claim included), so
 /// a caller may then delete what it uploaded for this save.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn claim_and_commit<F>(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,
+    schema_name: &str,
     ownership: &Ownership,
     clock: &dyn Clock,
     policy: CommitPolicy,
-    modify: F,
+    mut modify: F,
 ) -> Result<Committed>
 where
     F: FnMut(&mut Manifest) -> Result<()>,
 {
     claim(store, layout, schema_id, ownership).await?;
-    manifest::commit_within(store, layout, schema_id, clock, policy, modify).await
+    // Every writer's save records the schema's name, so readers name its view from the lake
+    // alone (docs/design.md §3.2.1).
+    manifest::commit_within(store, layout, schema_id, clock, policy, |m| {
+        m.schema_name = Some(schema_name.to_string());
+        modify(m)
+    })
+    .await
 }
 
 #[cfg(test)]

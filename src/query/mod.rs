@@ -22,9 +22,9 @@ use serde::Serialize;
 
 use crate::engine::{Engine, EngineConfig, current_state, quote_ident, sql_string};
 use crate::error::{Error, Result};
-use crate::job::{self, Context};
+use crate::job::{self, Context, catalog};
 use crate::lake::history::{self, AsOf};
-use crate::lake::manifest::{self, FileEntry, Manifest};
+use crate::lake::manifest::{FileEntry, Manifest};
 use crate::scratch::Scratch;
 use crate::source::registry::Registered;
 
@@ -110,8 +110,8 @@ struct Ready {
 /// Runs the query of `opts` and writes its result.
 pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     let sql = read_sql(&opts.sql).await?;
-    let registered = job::select_schemas(ctx, &opts.schemas).await?;
-    let names: Vec<String> = registered.iter().map(|r| r.name.clone()).collect();
+    let schemas = catalog::lake_schemas(ctx, &opts.schemas).await?;
+    let names: Vec<String> = schemas.iter().map(|s| s.reg.name.clone()).collect();
     let named = prune::named_views(&sql, &names);
     let pin = prune::row_id_pin(&sql);
     let as_of = opts
@@ -127,27 +127,15 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     };
     let mut report = QueryReport::default();
     let mut views = Vec::new();
-    let mut missing = Vec::new();
-    for reg in &registered {
+    for schema in schemas {
+        let reg = &schema.reg;
         if named
             .as_ref()
             .is_some_and(|n| !n.contains(&reg.name.to_lowercase()))
         {
             continue;
         }
-        let Some(m) = load(ctx, reg, as_of.as_ref()).await? else {
-            let key = ctx.lake.layout.manifest_key(reg.id);
-            missing.push((
-                reg.name.to_lowercase(),
-                format!(
-                    "schema {} (id {}) has no manifest at {} yet: run lakecdc init or flush first",
-                    reg.name,
-                    reg.id,
-                    ctx.lake.store.uri(&key)
-                ),
-            ));
-            continue;
-        };
+        let m = pinned(ctx, reg, schema.manifest, as_of.as_ref()).await?;
         let mut read = SchemaRead {
             schema: reg.name.clone(),
             schema_id: reg.id,
@@ -163,6 +151,7 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     }
     let (format, output) = (opts.format, opts.output.clone());
     let sql_text = sql.clone();
+    let lake = ctx.lake.store.describe();
     let spill = scratch.path().to_path_buf();
     let rows = tokio::task::spawn_blocking(move || -> Result<u64> {
         let db = Engine::open(&engine)?;
@@ -171,12 +160,12 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
         }
         let rows = if format == Format::Parquet {
             output::parquet_via(&output, &spill, |path| db.export_parquet(&sql_text, path))
-                .map_err(|e| unknown_table(e, &missing))?
+                .map_err(|e| unknown_table(e, &names, &lake))?
         } else {
             let mut out = output::Output::open(&output, format)?;
             let schema = db
                 .stream(&sql_text, |batch| out.batch(batch))
-                .map_err(|e| unknown_table(e, &missing))?;
+                .map_err(|e| unknown_table(e, &names, &lake))?;
             out.finish(schema)?
         };
         drop(views);
@@ -203,21 +192,28 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     Ok(report)
 }
 
-/// A query naming a schema without a manifest fails in DuckDB as an unknown table: said as
-/// what it is.
-fn unknown_table(e: Error, missing: &[(String, String)]) -> Error {
-    if let Error::Query { message } = &e
-        && message.starts_with("Catalog Error")
-    {
-        let lower = message.to_lowercase();
-        if let Some((_, why)) = missing
-            .iter()
-            .find(|(name, _)| lower.contains(name.as_str()))
-        {
-            return Error::config(why.clone());
+/// A query naming a schema the lake does not hold fails in DuckDB as an unknown table: said
+/// as what it is, with the schemas there are.
+fn unknown_table(e: Error, names: &[String], lake: &str) -> Error {
+    let Error::Query { message } = &e else {
+        return e;
+    };
+    let Some(table) = message
+        .strip_prefix("Catalog Error: Table with name ")
+        .and_then(|rest| rest.split_once(" does not exist"))
+        .map(|(t, _)| t)
+    else {
+        return e;
+    };
+    Error::config(format!(
+        "query: no schema {} in the lake {lake} (its schemas: {}); a schema appears once lakecdc init or flush has written its manifest",
+        crate::config::escape_name(table),
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
         }
-    }
-    e
+    ))
 }
 
 async fn read_sql(source: &SqlSource) -> Result<String> {
@@ -250,25 +246,27 @@ async fn read_sql(source: &SqlSource) -> Result<String> {
     Ok(sql)
 }
 
-/// The manifest the query reads: the newest, or the history copy `--as-of` names; `None`
-/// when the schema has none yet.
-async fn load(ctx: &Context, reg: &Registered, as_of: Option<&AsOf>) -> Result<Option<Manifest>> {
+/// The manifest the query reads: the newest (`live`), or the history copy `--as-of` names;
+/// every listed path checked to be the schema's own data file.
+async fn pinned(
+    ctx: &Context,
+    reg: &Registered,
+    live: Manifest,
+    as_of: Option<&AsOf>,
+) -> Result<Manifest> {
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-    let key = layout.manifest_key(reg.id);
-    let Some(live) = manifest::load_within(store, &key, reg.id, layout.limits()).await? else {
-        return Ok(None);
-    };
     let m = match as_of {
         Some(as_of) => history::load_as_of(store, layout, reg.id, as_of).await?,
-        None => live.manifest,
+        None => live,
     };
+    let key = layout.manifest_key(reg.id);
     for f in &m.files {
         // Only this schema's own data files are ever read (docs/security.md).
         if let Err(foreign) = layout.check_listed(reg.id, &f.path) {
             return Err(foreign.refusal(&key, "read"));
         }
     }
-    Ok(Some(m))
+    Ok(m)
 }
 
 /// The files a view of `reg` reads: all listed, or under a `row_id` pin on it those whose

@@ -185,7 +185,7 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     fn describe(&self) -> String;
 
     /// Where another engine reads `key`: `s3://bucket/key`, or an absolute path for a local
-    /// lake (docs/design.md §8, `lakecdc view`).
+    /// lake (docs/design.md §4.7, `lakecdc view`).
     fn uri(&self, key: &str) -> String {
         format!("{}/{key}", self.describe().trim_end_matches('/'))
     }

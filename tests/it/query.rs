@@ -492,12 +492,51 @@ async fn every_format_parses_and_the_binary_speaks_one_line_errors() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("nope"), "{err}");
     let out = bin(&["SELECT 1 FROM \"order\""], "");
-    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("schema order") && err.contains("no manifest"),
+        err.contains("no schema \"order\" in the lake") && err.contains("its schemas: customer"),
         "{err}"
     );
+
+    // The lake is its own catalog: no database is needed to read it.
+    let no_db = |sql: &str| {
+        harness::bin()
+            .args([
+                "query",
+                "--pg-url",
+                "postgres://nobody@127.0.0.1:1/none",
+                "--cache-dir",
+            ])
+            .arg(&cache)
+            .arg("--lake")
+            .arg(&lake)
+            .arg(sql)
+            .output()
+            .unwrap()
+    };
+    let counted = format!("n\n{}\n", live.len());
+    let out = no_db("SELECT count(*) AS n FROM customer");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), counted);
+    // A manifest from before names were recorded: named from the registry when it answers,
+    // else schema_<id>.
+    let mut m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    m.as_object_mut().unwrap().remove("schema_name").unwrap();
+    rig.store
+        .put_bytes(
+            MANIFEST,
+            Bytes::from(serde_json::to_vec(&m).unwrap()),
+            PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    let out = bin(&["SELECT count(*) AS n FROM customer"], "");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), counted, "{out:?}");
+    let out = no_db("SELECT count(*) AS n FROM schema_100");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), counted, "{out:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
