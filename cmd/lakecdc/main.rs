@@ -94,7 +94,7 @@ struct Global {
     quiet: u8,
 }
 
-/// DuckDB settings of the jobs that write Parquet.
+/// DuckDB settings of the jobs that run it (the writers and query).
 #[derive(Debug, Args)]
 struct EngineArgs {
     /// DuckDB worker threads.
@@ -244,15 +244,8 @@ enum Command {
         /// Downloads at once.
         #[arg(long)]
         parallelism: Option<String>,
-        /// DuckDB worker threads (default: the machine's cores).
-        #[arg(long)]
-        threads: Option<String>,
-        /// DuckDB memory limit (e.g. 4GB, 80%); beyond it DuckDB spills to --work-dir.
-        #[arg(long)]
-        memory_limit: Option<String>,
-        /// Where the query's private scratch directory is made (default: the system temp dir).
-        #[arg(long)]
-        work_dir: Option<PathBuf>,
+        #[command(flatten)]
+        engine: EngineArgs,
     },
     /// Show per schema what each job would do now (read-only: no lock, nothing written).
     Inspect {

@@ -10,7 +10,6 @@ use lakecdc::job::Context;
 use lakecdc::lake::KeyKind;
 use lakecdc::store::{ObjectStore, PutMode};
 
-use crate::support::harness;
 use crate::support::oracle;
 use crate::support::rig::{LakeKind, Rig, rig};
 use crate::support::writer::{Customer, Rng};
@@ -666,16 +665,7 @@ async fn a_column_added_between_generations_merges_with_nulls_for_older_rows() {
     let (mut rig, mut r) = lake_with_base_and_deltas(371).await;
     let before = rig.listed().await;
     // The customer schema gains an EAV text attribute.
-    let dir = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(harness::examples_dir()).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
-    }
-    let attrs = dir.path().join("customer_attributes.json");
-    let mut json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&attrs).unwrap()).unwrap();
-    json["nickname"] = serde_json::json!({"attributeID": 90, "valueType": "text"});
-    std::fs::write(&attrs, json.to_string()).unwrap();
+    let dir = crate::support::rig::schema_dir_with_nickname();
     rig.ctx.schema_dir = Some(dir.path().to_path_buf());
     // Three rows are written with a nickname under the new schema.
     let live: Vec<_> = rig

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::support::harness;
 use crate::support::oracle::{self, LakeRow, V};
-use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::rig::{LakeKind, Rig, rig, schema_dir_with_nickname};
 use crate::support::writer::{Customer, Rng};
 
 const MANIFEST: &str = "manifest/100.json";
@@ -50,19 +50,28 @@ pub async fn state_via_query(rig: &Rig, opts: &QueryOptions) -> BTreeMap<Uuid, L
     map
 }
 
-/// A schema directory where `customer` has gained the EAV text attribute `nickname`.
-fn schema_dir_with_nickname() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(harness::examples_dir()).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
-    }
-    let attrs = dir.path().join("customer_attributes.json");
-    let mut json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&attrs).unwrap()).unwrap();
-    json["nickname"] = serde_json::json!({"attributeID": 90, "valueType": "text"});
-    std::fs::write(&attrs, json.to_string()).unwrap();
-    dir
+/// An init that replaces the delta tier (retiring its files).
+async fn init_replacing(rig: &Rig) {
+    let init = InitOptions {
+        schemas: vec!["customer".into()],
+        replace_delta: true,
+        work_dir: rig.opts.work_dir.clone(),
+        ..InitOptions::default()
+    };
+    lakecdc::init::run(&rig.ctx, &init).await.unwrap();
+}
+
+/// A compaction that rewrites base and deltas into one new base (retiring them).
+async fn compact_rewriting(rig: &Rig) {
+    let compact = CompactOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        dirty_ratio: 0.0,
+        ..CompactOptions::default()
+    };
+    lakecdc::compact::run(&rig.job_context(), &compact)
+        .await
+        .unwrap();
 }
 
 async fn random_ops(rig: &mut Rig, r: &mut Rng, n: usize) {
@@ -79,24 +88,10 @@ async fn lived_in_lake(rig: &mut Rig, seed: u64) -> (BTreeMap<Uuid, String>, tem
     rig.flush().await;
     random_ops(rig, &mut r, 40).await;
     rig.flush().await;
-    let init = InitOptions {
-        schemas: vec!["customer".into()],
-        replace_delta: true,
-        work_dir: rig.opts.work_dir.clone(),
-        ..InitOptions::default()
-    };
-    lakecdc::init::run(&rig.ctx, &init).await.unwrap();
+    init_replacing(rig).await;
     random_ops(rig, &mut r, 40).await;
     rig.flush().await;
-    let compact = CompactOptions {
-        schemas: vec!["customer".into()],
-        work_dir: rig.opts.work_dir.clone(),
-        dirty_ratio: 0.0,
-        ..CompactOptions::default()
-    };
-    lakecdc::compact::run(&rig.job_context(), &compact)
-        .await
-        .unwrap();
+    compact_rewriting(rig).await;
     let dir = schema_dir_with_nickname();
     rig.ctx.schema_dir = Some(dir.path().to_path_buf());
     let live: Vec<Uuid> = rig
@@ -667,24 +662,10 @@ async fn as_of_reads_an_earlier_state_until_gc_passes_the_retention() {
     // flushes, gc past the grace but within the retention.
     random_ops(&mut rig, &mut r, 30).await;
     rig.flush().await;
-    let init = InitOptions {
-        schemas: vec!["customer".into()],
-        replace_delta: true,
-        work_dir: rig.opts.work_dir.clone(),
-        ..InitOptions::default()
-    };
-    lakecdc::init::run(&rig.ctx, &init).await.unwrap();
+    init_replacing(&rig).await;
     random_ops(&mut rig, &mut r, 30).await;
     rig.flush().await;
-    let compact = CompactOptions {
-        schemas: vec!["customer".into()],
-        work_dir: rig.opts.work_dir.clone(),
-        dirty_ratio: 0.0,
-        ..CompactOptions::default()
-    };
-    lakecdc::compact::run(&rig.job_context(), &compact)
-        .await
-        .unwrap();
+    compact_rewriting(&rig).await;
     random_ops(&mut rig, &mut r, 20).await;
     rig.flush().await;
     let now = state_via_query(&rig, &opts).await;

@@ -203,3 +203,19 @@ impl Rig {
         Arc::new(move |_, _| f())
     }
 }
+
+/// A schema directory where `customer` has gained the EAV text attribute `nickname` (id 90): a
+/// column added between generations of the schema.
+pub fn schema_dir_with_nickname() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(harness::examples_dir()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let attrs = dir.path().join("customer_attributes.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&attrs).unwrap()).unwrap();
+    json["nickname"] = serde_json::json!({"attributeID": 90, "valueType": "text"});
+    std::fs::write(&attrs, json.to_string()).unwrap();
+    dir
+}
