@@ -128,7 +128,7 @@ $PSQL "$PGURL" -c "\\copy (SELECT * FROM eav_data) TO '/dev/null' WITH (FORMAT b
 floor=$(secs "$t0" "$(now)")
 
 if [ "$what" = query ]; then
-	ensure_venv "$PEERENV" "import duckdb" "duckdb==$DUCKDB_PY_VERSION"
+	ensure_venv "$PEERENV" "$DUCKDB_PY_PROBE" "duckdb==$DUCKDB_PY_VERSION"
 	threads="${LAKECDC_BENCH_THREADS:-$(nproc)}"
 	memory="${LAKECDC_BENCH_MEMORY:-4GB}"
 	work=$(mktemp -d)
@@ -233,6 +233,8 @@ PY
 		echo "bench: no files_listed=… files_read=… downloaded=… in the point lookup's -v log" >&2
 		exit 1
 	}
+	# The cache holds exactly the files the lookup downloaded.
+	point_mib=$(find "$work/cache-point" -name '*.parquet' -printf '%s\n' | awk '{b += $1} END {printf "%.1f", b / 2^20}')
 	want_i01=$($PSQL "$PGURL" -At -c "SELECT integer_01 FROM entity_main WHERE ltbase_row_id = '$id'")
 	ids=$($PSQL "$PGURL" -At -c "SELECT CASE WHEN count(*) FILTER (WHERE substr(ltbase_row_id::text, 15, 1) = '4') = count(*)
 		THEN 'random UUIDv4' WHEN count(*) FILTER (WHERE substr(ltbase_row_id::text, 15, 1) = '7') = count(*)
@@ -240,10 +242,10 @@ PY
 
 	python3 - "$N" "$changes" "$files" "$listed" "$mib" "$threads" "$memory" "$want_count,$want_sum" \
 		"${a[*]}" "${b[*]}" "${b_in[*]}" "$cold" "${c[*]}" "${results[*]}" \
-		"$id" "$want_i01" "$point" "$point_secs" "$point_read" "$ids" <<'PY'
+		"$id" "$want_i01" "$point" "$point_secs" "$point_read" "$point_mib" "$ids" <<'PY'
 import statistics, sys
 (n, changes, files, listed, mib, threads, memory, want, a, b, b_in, cold, c, results,
- pid, want_i01, point, point_secs, point_read, ids) = sys.argv[1:]
+ pid, want_i01, point, point_secs, point_read, point_mib, ids) = sys.argv[1:]
 n, changes, files, listed = int(n), int(changes), int(files), int(listed)
 a, b, b_in, c = ([float(x) for x in v.split()] for v in (a, b, b_in, c))
 cold, point_secs = float(cold), float(point_secs)
@@ -268,14 +270,15 @@ print(line("C lakecdc query, S3 lake, warm cache:", c))
 print(f"  ratio A / B (medians):   {med(a) / med(b):.2f} (target <= 1.2); best: {min(a) / min(b):.2f}; "
       f"against B's query alone {med(a) / med(b_in):.2f}")
 print(f"  ratio C / A (medians):   {med(c) / med(a):.2f} (target <= 1.3); best: {min(c) / min(a):.2f}")
-print(f"  point lookup row_id = '{pid}', S3, empty cache: {point_secs:.3f} s, {point_read}")
+print(f"  point lookup row_id = '{pid}', S3, empty cache: {point_secs:.3f} s, {point_read} "
+      f"({point_mib} of {mib} MiB)")
 PY
 	rm -rf "$work"
 	exit 0
 fi
 
 if [ "$what" = init ]; then
-	ensure_venv "$PEERENV" "import duckdb, duckdb_extension_postgres" \
+	ensure_venv "$PEERENV" "$DUCKDB_PY_PROBE; import duckdb_extension_postgres" \
 		"duckdb==$DUCKDB_PY_VERSION" "duckdb-extension-postgres==$DUCKDB_PY_VERSION"
 	work=$(mktemp -d)
 	peer=$("$PEERENV/bin/python" scripts/bench/peer.py "$PGURL" "$work/peer.parquet" 100)

@@ -1,7 +1,7 @@
 # Sourced by scripts/bench.sh and scripts/test.sh: a cached Python venv holding pinned PyPI
 # wheels (DuckDB's Python package for the benchmarks' baselines and tests/it/query.rs).
 #
-#   ensure_venv DIR 'import duckdb' duckdb==1.5.5   # DIR/bin/python imports duckdb after this
+#   ensure_venv DIR "$DUCKDB_PY_PROBE" "duckdb==$DUCKDB_PY_VERSION"   # DIR/bin/python has duckdb 1.5.5
 #
 # The venv is made once and reused; a probe that fails (missing venv, missing or other
 # version) installs the packages into it. Installs are serialised between concurrent callers.
@@ -10,6 +10,9 @@
 
 # shellcheck disable=SC2034 # used by the scripts that source this one
 DUCKDB_PY_VERSION=1.5.5
+# A probe for ensure_venv: DuckDB's Python package, of that version.
+# shellcheck disable=SC2034
+DUCKDB_PY_PROBE="import duckdb; assert duckdb.__version__ == '$DUCKDB_PY_VERSION', duckdb.__version__"
 
 # ensure_venv DIR PROBE PACKAGE...: DIR/bin/python runs PROBE (Python) without error after this.
 ensure_venv() {
