@@ -193,31 +193,33 @@ PY
 	select="count(*), sum(i01)"
 	sql="SELECT $select FROM wide"
 	q=("$BIN" -q query --format csv --threads "$threads" --memory-limit "$memory")
-	# Runs the query ("$@" adds flags), printing "count,sum seconds".
-	timed_query() {
-		local t0 out
+	# Runs a command, printing the last line of its output, its seconds and its CPU seconds
+	# (user + system: steadier than the wall time on a shared machine).
+	timed() {
+		local t0 t1 out
 		t0=$(now)
-		out=$("${q[@]}" "$@" "$sql" | tail -n 1) || return 1
-		echo "$out $(secs "$t0" "$(now)")"
+		out=$(/usr/bin/time -f '%U %S' -o "$work/cpu" "$@" | tail -n 1) || return 1
+		t1=$(now)
+		echo "$out $(secs "$t0" "$t1") $(awk '{print $1 + $2}' "$work/cpu")"
 	}
-	a=() b=() b_in=() c=()
+	a=() b=() b_in=() c=() a_cpu=() b_cpu=() c_cpu=()
 	results=()
 	for run in 1 2 3; do
-		got=$(timed_query "${local_lake[@]}")
-		read -r res t <<<"$got"
-		a+=("$t") results+=("A$run=$res")
-		t0=$(now)
-		out=$("$PEERENV/bin/python" scripts/bench/query_peer.py "$lake" "$manifest" "$threads" "$memory" "$select")
-		b+=("$(secs "$t0" "$(now)")") b_in+=("${out##*,}") results+=("B$run=${out%,*}")
+		got=$(timed "${q[@]}" "${local_lake[@]}" "$sql")
+		read -r res t cpu <<<"$got"
+		a+=("$t") a_cpu+=("$cpu") results+=("A$run=$res")
+		got=$(timed "$PEERENV/bin/python" scripts/bench/query_peer.py "$lake" "$manifest" "$threads" "$memory" "$select")
+		read -r res t cpu <<<"$got"
+		b+=("$t") b_cpu+=("$cpu") b_in+=("${res##*,}") results+=("B$run=${res%,*}")
 	done
 	cache="$work/cache"
-	got=$(timed_query --cache-dir "$cache")
-	read -r res cold <<<"$got"
+	got=$(timed "${q[@]}" --cache-dir "$cache" "$sql")
+	read -r res cold cpu <<<"$got"
 	results+=("C-cold=$res")
 	for run in 1 2 3; do
-		got=$(timed_query --cache-dir "$cache")
-		read -r res t <<<"$got"
-		c+=("$t") results+=("C$run=$res")
+		got=$(timed "${q[@]}" --cache-dir "$cache" "$sql")
+		read -r res t cpu <<<"$got"
+		c+=("$t") c_cpu+=("$cpu") results+=("C$run=$res")
 	done
 
 	# A point lookup of an updated entity on S3, the cache empty: which files it fetched.
@@ -241,13 +243,13 @@ PY
 		THEN 'time-ordered UUIDv7' ELSE 'mixed' END FROM entity_main WHERE ltbase_schema_id = 100")
 
 	python3 - "$N" "$changes" "$files" "$listed" "$mib" "$threads" "$memory" "$want_count,$want_sum" \
-		"${a[*]}" "${b[*]}" "${b_in[*]}" "$cold" "${c[*]}" "${results[*]}" \
+		"${a[*]}" "${b[*]}" "${b_in[*]}" "$cold" "${c[*]}" "${a_cpu[*]}" "${b_cpu[*]}" "${c_cpu[*]}" "${results[*]}" \
 		"$id" "$want_i01" "$point" "$point_secs" "$point_read" "$point_mib" "$ids" <<'PY'
 import statistics, sys
-(n, changes, files, listed, mib, threads, memory, want, a, b, b_in, cold, c, results,
+(n, changes, files, listed, mib, threads, memory, want, a, b, b_in, cold, c, a_cpu, b_cpu, c_cpu, results,
  pid, want_i01, point, point_secs, point_read, point_mib, ids) = sys.argv[1:]
 n, changes, files, listed = int(n), int(changes), int(files), int(listed)
-a, b, b_in, c = ([float(x) for x in v.split()] for v in (a, b, b_in, c))
+a, b, b_in, c, a_cpu, b_cpu, c_cpu = ([float(x) for x in v.split()] for v in (a, b, b_in, c, a_cpu, b_cpu, c_cpu))
 cold, point_secs = float(cold), float(point_secs)
 bad = [r for r in results.split() if r.split("=", 1)[1] != want]
 if bad:
@@ -270,6 +272,8 @@ print(line("C lakecdc query, S3 lake, warm cache:", c))
 print(f"  ratio A / B (medians):   {med(a) / med(b):.2f} (target <= 1.2); best: {min(a) / min(b):.2f}; "
       f"against B's query alone {med(a) / med(b_in):.2f}")
 print(f"  ratio C / A (medians):   {med(c) / med(a):.2f} (target <= 1.3); best: {min(c) / min(a):.2f}")
+print(f"  CPU s (user + system), medians: A {med(a_cpu):.2f}, B {med(b_cpu):.2f} (with Python's start-up), "
+      f"C warm {med(c_cpu):.2f}")
 print(f"  point lookup row_id = '{pid}', S3, empty cache: {point_secs:.3f} s, {point_read} "
       f"({point_mib} of {mib} MiB)")
 PY
