@@ -110,7 +110,13 @@ struct Ready {
 /// Runs the query of `opts` and writes its result.
 pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     let sql = read_sql(&opts.sql).await?;
+    let started = std::time::Instant::now();
     let schemas = catalog::lake_schemas(ctx, &opts.schemas).await?;
+    tracing::debug!(
+        schemas = schemas.len(),
+        ms = started.elapsed().as_millis() as u64,
+        "catalog read"
+    );
     let names: Vec<String> = schemas.iter().map(|s| s.reg.name.clone()).collect();
     let named = prune::named_views(&sql, &names);
     let pin = prune::row_id_pin(&sql);
@@ -145,7 +151,9 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
         };
         let files = pruned(reg, &m, pin.as_ref());
         read.files_read = files.len();
+        let t = std::time::Instant::now();
         let ready = materialise(ctx, opts, cache.as_ref(), &scratch, &files, &mut read).await?;
+        tracing::debug!(schema = %reg.name, files = files.len(), ms = t.elapsed().as_millis() as u64, "files checked and ready");
         views.push((reg.name.clone(), ready));
         report.schemas.push(read);
     }
@@ -154,10 +162,16 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     let lake = ctx.lake.store.describe();
     let spill = scratch.path().to_path_buf();
     let rows = tokio::task::spawn_blocking(move || -> Result<u64> {
+        let t = std::time::Instant::now();
         let db = Engine::open(&engine)?;
         for (name, files) in &views {
             db.execute(&statements(name, files), "create the lake's views")?;
         }
+        tracing::debug!(
+            ms = t.elapsed().as_millis() as u64,
+            "engine open, views made"
+        );
+        let t = std::time::Instant::now();
         let rows = if format == Format::Parquet {
             output::parquet_via(&output, &spill, |path| db.export_parquet(&sql_text, path))
                 .map_err(|e| unknown_table(e, &names, &lake))?
@@ -169,6 +183,11 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
             out.finish(schema)?
         };
         drop(views);
+        tracing::debug!(
+            rows,
+            ms = t.elapsed().as_millis() as u64,
+            "query run, result written"
+        );
         Ok(rows)
     })
     .await

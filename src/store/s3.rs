@@ -126,6 +126,11 @@ impl S3Store {
             builder = builder.endpoint_url(endpoint.clone());
         }
         builder = builder.force_path_style(opts.path_style);
+        // lakecdc hashes every byte it downloads against the manifest itself; the SDK's own
+        // check of a response's checksum only warns about multipart objects it cannot check.
+        builder = builder.response_checksum_validation(
+            aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
+        );
         Self {
             client: Client::from_conf(builder.build()),
             bucket: opts.bucket.clone(),
