@@ -544,3 +544,33 @@ fn statements(name: &str, files: &[Ready]) -> String {
         current_state(&history)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schema_listing_no_file_is_an_empty_view_of_the_system_columns() {
+        let db = Engine::open(&EngineConfig::default()).unwrap();
+        db.execute(&statements("my schema", &[]), "views").unwrap();
+        let mut rows = 0;
+        let schema = db
+            .stream(
+                "SELECT row_id, changed_at, deleted_at FROM \"my schema\"",
+                |b| {
+                    rows += b.num_rows();
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(rows, 0);
+        assert_eq!(schema.fields().len(), 3);
+        let e = db
+            .stream("SELECT nope FROM \"my schema\"", |_| Ok(()))
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Query { .. }) && !e.to_string().contains('\n'),
+            "{e}"
+        );
+    }
+}
