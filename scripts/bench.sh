@@ -5,11 +5,26 @@
 #   scripts/bench.sh compact [N]   # N base rows + N/10 delta rows → one `lakecdc compact` rewrite
 #   scripts/bench.sh init [N]      # N live entities → `lakecdc init` vs the DuckDB postgres peer
 #   scripts/bench.sh query [N]     # N entities, init + 10 flushes of N/100 changes → `lakecdc query`
+#   scripts/bench.sh matrix [N]    # init and flush in all four cases: UUIDv7/v4 ids × TLS/plain
 #
-# flush: seeds N entities of the docs/benchmarks.md shape (18 bound columns, 3 EAV attributes each) with
-# one dirty change_log slot each, measures the read floor (`COPY … (FORMAT binary)` of the
+# Options of flush, compact, init and query (before or after N):
+#   --ids v7|v4                 row ids: time-ordered UUIDv7 (default) or random UUIDv4
+#                               (env LAKECDC_BENCH_IDS)
+#   --sslmode require|disable   the sslmode of lakecdc's and the peer's connections: TLS without
+#                               server verification (default) or plain TCP (env LAKECDC_BENCH_SSLMODE)
+# LAKECDC_BENCH_EXPORT_MEMORY (512MB) is the --memory-limit of init and flush and the peer's
+# DuckDB memory_limit; LAKECDC_BENCH_RUNS (3, at least 3) the matrix's runs per case.
+#
+# The schema is bench/schemas' `wide`: every attribute kind — bound text, numbers, a date as epoch
+# ms, a datetime as ISO 8601 text, bools as 1/0 and as text, a UUID; in eav_data a number, text, a
+# bigint, a datetime, a bool, a UUID, a list of text (1–3 items or the empty-list marker) and a
+# list of two numbers. Each run checks from the server log that every session used its sslmode.
+#
+# flush: seeds N entities of the `wide` shape (21 bound attributes, 8 EAV ones in 9–11 eav_data rows)
+# with one dirty change_log slot each, measures the read floor (`COPY … (FORMAT binary)` of the
 # entity and EAV rows), then times one forced flush to SeaweedFS and an idle run. Prints
-# changes/s, the ratio flush / read floor, peak RSS, and the idle-run time.
+# changes/s (rows exported over the time of the whole process; it fails unless every dirty slot
+# was exported and none is left dirty), the ratio flush / read floor, peak RSS, and the idle-run time.
 # Target (docs/benchmarks.md): ≥ 100,000 changes/s; an idle run well under a second.
 #
 # compact: flushes and promotes N entities into the base tier, updates N/10 of them (writer
@@ -18,8 +33,16 @@
 #
 # init: times `lakecdc init` (to SeaweedFS, checksummed, manifest committed) against the read
 # floor and the peer — DuckDB 1.5.5's postgres extension doing the same join and pivot into one
-# local zstd Parquet file (scripts/bench/peer.py, from PyPI wheels). Targets: lakecdc / peer
+# local zstd Parquet file (scripts/bench/peer.py, from PyPI wheels), both timed as whole processes
+# with the same memory limit; both files must hold every live entity. Targets: lakecdc / peer
 # < 1.0, peak RSS ≤ 1 GiB.
+#
+# matrix: seeds N entities with UUIDv7 ids, then with UUIDv4 ids, and runs init (lakecdc and the
+# peer) and flush (the whole backlog, made dirty again before each run) RUNS times in each of the
+# four cases, TLS and plain taking turns going first, and so do lakecdc and the peer. Prints one
+# markdown table: for each case the median (min–max) of the init times, of the ratio lakecdc / peer
+# (each lakecdc run over the peer run next to it),
+# the peak RSS of both, flush changes/s and flush peak RSS.
 #
 # query: exports N entities (init), then 10 rounds of N/100 changes (nine in ten updates, one in
 # ten hard deletes), each flushed, to SeaweedFS, and copies the lake to a local directory. Times
