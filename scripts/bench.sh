@@ -12,7 +12,7 @@
 #                               (env LAKECDC_BENCH_IDS)
 #   --sslmode require|disable   the sslmode of lakecdc's and the peer's connections: TLS without
 #                               server verification (default) or plain TCP (env LAKECDC_BENCH_SSLMODE)
-# LAKECDC_BENCH_EXPORT_MEMORY (512MB) is the --memory-limit of init and flush and the peer's
+# LAKECDC_BENCH_EXPORT_MEMORY (2GB) is the --memory-limit of init and flush and the peer's
 # DuckDB memory_limit; LAKECDC_BENCH_RUNS (3, at least 3) the matrix's runs per case.
 #
 # The schema is bench/schemas' `wide`: every attribute kind — bound text, numbers, a date as epoch
@@ -111,7 +111,7 @@ disable | require) ;;
 esac
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || usage
 # DuckDB's and lakecdc's memory limit, the same for both (init, flush and the matrix).
-MEMORY="${LAKECDC_BENCH_EXPORT_MEMORY:-512MB}"
+MEMORY="${LAKECDC_BENCH_EXPORT_MEMORY:-2GB}"
 RUNS="${LAKECDC_BENCH_RUNS:-3}"
 if ! [[ "$RUNS" =~ ^[1-9][0-9]*$ ]] || [ "$RUNS" -lt 3 ]; then
 	echo "bench: LAKECDC_BENCH_RUNS must be 3 or more" >&2

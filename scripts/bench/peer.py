@@ -22,7 +22,9 @@ src = next(pathlib.Path(duckdb_extension_postgres.__file__).parent.glob("extensi
 ext = pathlib.Path(tempfile.mkdtemp()) / "postgres_scanner.duckdb_extension"
 shutil.copy(src, ext)
 
-con = duckdb.connect(config={"allow_unsigned_extensions": "true", "memory_limit": memory})
+# Beyond the memory limit DuckDB spills next to the output, as lakecdc spills to its --work-dir.
+spill = pathlib.Path(out).parent / "peer.tmp"
+con = duckdb.connect(config={"allow_unsigned_extensions": "true", "memory_limit": memory, "temp_directory": str(spill)})
 con.execute(f"LOAD '{ext}'")
 con.execute(f"ATTACH '{url}' AS pg (TYPE postgres, READ_ONLY)")
 
