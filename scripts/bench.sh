@@ -5,11 +5,26 @@
 #   scripts/bench.sh compact [N]   # N base rows + N/10 delta rows → one `lakecdc compact` rewrite
 #   scripts/bench.sh init [N]      # N live entities → `lakecdc init` vs the DuckDB postgres peer
 #   scripts/bench.sh query [N]     # N entities, init + 10 flushes of N/100 changes → `lakecdc query`
+#   scripts/bench.sh matrix [N]    # init and flush in all four cases: UUIDv7/v4 ids × TLS/plain
 #
-# flush: seeds N entities of the docs/benchmarks.md shape (18 bound columns, 3 EAV attributes each) with
-# one dirty change_log slot each, measures the read floor (`COPY … (FORMAT binary)` of the
+# Options of flush, compact, init and query (before or after N):
+#   --ids v7|v4                 row ids: time-ordered UUIDv7 (default) or random UUIDv4
+#                               (env LAKECDC_BENCH_IDS)
+#   --sslmode require|disable   the sslmode of lakecdc's and the peer's connections: TLS without
+#                               server verification (default) or plain TCP (env LAKECDC_BENCH_SSLMODE)
+# LAKECDC_BENCH_EXPORT_MEMORY (2GB) is the --memory-limit of init and flush and the peer's
+# DuckDB memory_limit; LAKECDC_BENCH_RUNS (3, at least 3) the matrix's runs per case.
+#
+# The schema is bench/schemas' `wide`: every attribute kind — bound text, numbers, a date as epoch
+# ms, a datetime as ISO 8601 text, bools as 1/0 and as text, a UUID; in eav_data a number, text, a
+# bigint, a datetime, a bool, a UUID, a list of text (1–3 items or the empty-list marker) and a
+# list of two numbers. Each run checks from the server log that every session used its sslmode.
+#
+# flush: seeds N entities of the `wide` shape (21 bound attributes, 8 EAV ones in 9–11 eav_data rows)
+# with one dirty change_log slot each, measures the read floor (`COPY … (FORMAT binary)` of the
 # entity and EAV rows), then times one forced flush to SeaweedFS and an idle run. Prints
-# changes/s, the ratio flush / read floor, peak RSS, and the idle-run time.
+# changes/s (rows exported over the time of the whole process; it fails unless every dirty slot
+# was exported and none is left dirty), the ratio flush / read floor, peak RSS, and the idle-run time.
 # Target (docs/benchmarks.md): ≥ 100,000 changes/s; an idle run well under a second.
 #
 # compact: flushes and promotes N entities into the base tier, updates N/10 of them (writer
@@ -18,8 +33,16 @@
 #
 # init: times `lakecdc init` (to SeaweedFS, checksummed, manifest committed) against the read
 # floor and the peer — DuckDB 1.5.5's postgres extension doing the same join and pivot into one
-# local zstd Parquet file (scripts/bench/peer.py, from PyPI wheels). Targets: lakecdc / peer
+# local zstd Parquet file (scripts/bench/peer.py, from PyPI wheels), both timed as whole processes
+# with the same memory limit; both files must hold every live entity. Targets: lakecdc / peer
 # < 1.0, peak RSS ≤ 1 GiB.
+#
+# matrix: seeds N entities with UUIDv7 ids, then with UUIDv4 ids, and runs init (lakecdc and the
+# peer) and flush (the whole backlog, made dirty again before each run) RUNS times in each of the
+# four cases, TLS and plain taking turns going first, and so do lakecdc and the peer. Prints one
+# markdown table: for each case the median (min–max) of the init times, of the ratio lakecdc / peer
+# (each lakecdc run over the peer run next to it),
+# the peak RSS of both, flush changes/s and flush peak RSS.
 #
 # query: exports N entities (init), then 10 rounds of N/100 changes (nine in ten updates, one in
 # ten hard deletes), each flushed, to SeaweedFS, and copies the lake to a local directory. Times
@@ -30,6 +53,7 @@
 # count and sum of the live entities. Then a row_id point lookup on S3 with an empty cache:
 # files downloaded of those listed. Targets: A / B <= 1.2, C (warm) / A <= 1.3.
 set -euo pipefail
+shopt -s inherit_errexit
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -44,15 +68,55 @@ export LAKECDC_WEED_VOLUME_MB="${LAKECDC_WEED_VOLUME_MB:-1024}"
 source "$ROOT/scripts/venv.sh"
 PEERENV="${LAKECDC_BENCH_VENV:-/var/tmp/lakecdc-bench-venv}"
 
+usage() {
+	echo "usage: scripts/bench.sh flush|compact|init|query [--ids v4|v7] [--sslmode disable|require] [N]" >&2
+	echo "       scripts/bench.sh matrix [N]" >&2
+	exit 2
+}
 what="${1:-flush}"
-N="${2:-1000000}"
+[ $# -eq 0 ] || shift
+IDS="${LAKECDC_BENCH_IDS:-v7}"
+SSLMODE="${LAKECDC_BENCH_SSLMODE:-require}"
+N=1000000
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--ids | --sslmode)
+		[ $# -ge 2 ] || usage
+		if [ "$1" = --ids ]; then IDS="$2"; else SSLMODE="$2"; fi
+		shift 2
+		;;
+	--ids=*) IDS="${1#*=}" && shift ;;
+	--sslmode=*) SSLMODE="${1#*=}" && shift ;;
+	-*) usage ;;
+	*) N="$1" && shift ;;
+	esac
+done
 case "$what" in
-flush | compact | init | query) ;;
+flush | compact | init | query | matrix) ;;
+*) usage ;;
+esac
+case "$IDS" in
+v4 | v7) ;;
 *)
-	echo "usage: scripts/bench.sh flush|compact|init|query [N]" >&2
+	echo "bench: the row-id kind (--ids, LAKECDC_BENCH_IDS) must be v7 or v4" >&2
 	exit 2
 	;;
 esac
+case "$SSLMODE" in
+disable | require) ;;
+*)
+	echo "bench: the sslmode (--sslmode, LAKECDC_BENCH_SSLMODE) must be disable or require" >&2
+	exit 2
+	;;
+esac
+[[ "$N" =~ ^[1-9][0-9]*$ ]] || usage
+# DuckDB's and lakecdc's memory limit, the same for both (init, flush and the matrix).
+MEMORY="${LAKECDC_BENCH_EXPORT_MEMORY:-2GB}"
+RUNS="${LAKECDC_BENCH_RUNS:-3}"
+if ! [[ "$RUNS" =~ ^[1-9][0-9]*$ ]] || [ "$RUNS" -lt 3 ]; then
+	echo "bench: LAKECDC_BENCH_RUNS must be 3 or more" >&2
+	exit 2
+fi
 
 now() { date +%s.%N; }
 secs() { python3 -c "print(f'{$2 - $1:.3f}')"; }
@@ -70,62 +134,192 @@ scripts/services.sh start >/dev/null
 # shellcheck source=/dev/null
 source "$LAKECDC_SERVICES_DIR/env"
 PSQL="$PGBIN/psql -X -q -v ON_ERROR_STOP=1"
-$PSQL "$LAKECDC_TEST_PG_URL" -c "CREATE DATABASE bench"
+PGLOG="$LAKECDC_SERVICES_DIR/pg.log"
+# Every session is logged with whether it uses TLS, so that each case can check its sslmode.
+$PSQL "$LAKECDC_TEST_PG_URL" -c "ALTER SYSTEM SET log_connections = on" -c "SELECT pg_reload_conf()" >/dev/null
 PGURL="${LAKECDC_TEST_PG_URL%/*}/bench"
 S3CURL=(curl -sf --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY")
 "${S3CURL[@]}" -X PUT "$LAKECDC_TEST_S3_ENDPOINT/bench" >/dev/null
 echo warm | "${S3CURL[@]}" -X PUT -T - "$LAKECDC_TEST_S3_ENDPOINT/bench/warm-up" >/dev/null
-export LAKECDC_PG_URL="$PGURL" LAKECDC_LAKE=s3://bench/lake LAKECDC_S3_ENDPOINT="$LAKECDC_TEST_S3_ENDPOINT"
+# lakecdc and the DuckDB peer both connect with the URL's sslmode: `require` encrypts without
+# verifying the server (neither is given a root certificate), `disable` is plain TCP. No libpq
+# variable from the caller's environment may change that for one of them only.
+unset PGSSLMODE PGSSLROOTCERT PGSSLCERT PGSSLKEY PGREQUIRESSL
+export LAKECDC_PG_URL="$PGURL?sslmode=$SSLMODE" LAKECDC_LAKE=s3://bench/lake LAKECDC_S3_ENDPOINT="$LAKECDC_TEST_S3_ENDPOINT"
 export LAKECDC_S3_PATH_STYLE=true LAKECDC_SCHEMA_DIR="$ROOT/bench/schemas"
-"$BIN" -q init-db >/dev/null
 
-# Row ids: UUIDv7 (time-ordered, as the entity store generates them) by default, or random
-# UUIDv4 with LAKECDC_BENCH_IDS=v4 (the worst case for index-ordered reads).
-case "${LAKECDC_BENCH_IDS:-v7}" in
-v7) ROW_ID="(lpad(to_hex(1700000000000 + i), 12, '0') || '7' || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid" ;;
-v4) ROW_ID="gen_random_uuid()" ;;
-*)
-	echo "LAKECDC_BENCH_IDS must be v7 or v4" >&2
-	exit 2
-	;;
-esac
-echo "bench: seeding $N entities (${LAKECDC_BENCH_IDS:-v7} row ids)" >&2
-t0=$(now)
-$PSQL "$PGURL" <<SQL
+# (Re)creates database bench with the tables and N entities of the `wide` shape: every attribute
+# kind of bench/schemas, bound and in eav_data, one dirty change_log slot each. Row ids are
+# UUIDv7 (time-ordered, as the entity store generates them) or random UUIDv4 ($1 = v7 | v4, the
+# worst case for index-ordered reads). An entity's number i is ltbase_created_at - 1700000000000.
+seed() {
+	local ids="$1" row_id t0
+	case "$ids" in
+	v7) row_id="(lpad(to_hex(1700000000000 + i), 12, '0') || '7' || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid" ;;
+	v4) row_id="gen_random_uuid()" ;;
+	esac
+	$PSQL "$LAKECDC_TEST_PG_URL" -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS bench" \
+		-c "CREATE DATABASE bench"
+	"$BIN" -q init-db >/dev/null
+	echo "bench: seeding $N entities ($ids row ids)" >&2
+	t0=$(now)
+	$PSQL "$PGURL" <<SQL
 INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, ltbase_updated_at,
   text_01, text_02, text_03, text_04, text_05, text_06, text_07, text_08, text_09, text_10,
-  smallint_01, smallint_02, integer_01, integer_02, bigint_01, bigint_02, double_01, double_02)
-SELECT 100, $ROW_ID, 1700000000000 + i, 1700000000000 + i,
+  smallint_01, smallint_02, smallint_03, integer_01, integer_02, bigint_01, bigint_02, bigint_03,
+  double_01, double_02, uuid_01)
+SELECT 100, $row_id, 1700000000000 + i, 1700000000000 + i,
   'customer ' || i, md5(i::text), 'city-' || (i % 1000), 'street ' || (i % 5000) || ' no ' || (i % 97),
   'segment-' || (i % 12), 'note ' || md5((i * 7)::text), 'EUR', 'tier-' || (i % 4),
-  'ref-' || (i % 100000), 'status-' || (i % 5),
-  (i % 30000)::smallint, (i % 7)::smallint, i, i % 1000, i::bigint * 1000, i::bigint % 86400000,
-  i * 0.5, (i % 1000) / 3.0
+  -- signed_up_at: a datetime as ISO 8601 text; opted_in: a bool as text, in each accepted form.
+  to_char(timestamp '2020-01-01' + i * interval '1 second', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+  (ARRAY['1', '0', 'true', 'false', 't', 'f'])[i % 6 + 1],
+  -- active: a bool as 1/0; born_on: a date as epoch ms; external_id: a UUID.
+  (i % 30000)::smallint, (i % 7)::smallint, (i % 2)::smallint, i, i % 1000, i::bigint * 1000, i::bigint % 86400000,
+  (i % 25000)::bigint * 86400000, i * 0.5, (i % 1000) / 3.0, md5('external ' || i)::uuid
 FROM generate_series(1, $N) AS i;
--- An entity's EAV rows are written together, as the application writes them.
+-- An entity's EAV rows are written together, as the application writes them: score, label,
+-- counter, seen_at (a datetime as epoch ms), vip (a bool as 1/0), referrer_id (a UUID as text),
+-- tags (i % 4 texts; none is the empty-list marker row) and ratings (two numbers).
 INSERT INTO eav_data (schema_id, row_id, attr_id, array_indices, value_text, value_numeric)
-SELECT 100, m.ltbase_row_id, a.attr_id, '',
-       CASE WHEN a.attr_id = 20 THEN 'label-' || (m.ltbase_created_at % 97) END,
-       CASE a.attr_id WHEN 19 THEN (m.ltbase_created_at % 1000) / 7.0
-                      WHEN 21 THEN m.ltbase_created_at END
-FROM (SELECT ltbase_row_id, ltbase_created_at FROM entity_main ORDER BY ltbase_created_at) m
-CROSS JOIN (VALUES (19::smallint), (20::smallint), (21::smallint)) AS a(attr_id)
-ORDER BY m.ltbase_created_at, a.attr_id;
+SELECT 100, m.ltbase_row_id, a.attr_id, a.idx,
+       CASE a.attr_id WHEN 20 THEN 'label-' || (m.i % 97)
+                      WHEN 29 THEN md5('referrer ' || (m.i % 50000))::uuid::text
+                      WHEN 30 THEN 'tag-' || ((m.i + a.pos) % 50) END,
+       CASE a.attr_id WHEN 19 THEN (m.i % 1000) / 7.0
+                      WHEN 21 THEN m.ltbase_created_at
+                      WHEN 27 THEN m.ltbase_created_at + m.i % 86400000
+                      WHEN 28 THEN (m.i % 3 = 0)::int
+                      WHEN 31 THEN (m.i * (a.pos + 1)) % 101 END
+FROM (SELECT ltbase_row_id, ltbase_created_at, ltbase_created_at - 1700000000000 AS i
+      FROM entity_main ORDER BY ltbase_created_at) m
+CROSS JOIN (VALUES (19::smallint, '', -1), (20::smallint, '', -1), (21::smallint, '', -1),
+                   (27::smallint, '', -1), (28::smallint, '', -1), (29::smallint, '', -1),
+                   (30::smallint, '', -1), (30::smallint, '0', 0), (30::smallint, '1', 1), (30::smallint, '2', 2),
+                   (31::smallint, '0', 0), (31::smallint, '1', 1)) AS a(attr_id, idx, pos)
+WHERE a.attr_id <> 30 OR (a.pos < 0 AND m.i % 4 = 0) OR (a.pos >= 0 AND a.pos < m.i % 4)
+ORDER BY m.ltbase_created_at, a.attr_id, a.idx;
 INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at)
 SELECT 100, ltbase_row_id, 0, ltbase_updated_at FROM entity_main;
 VACUUM ANALYZE;
 -- Flush the seed out of the WAL now, so no checkpoint runs during the measurements.
 CHECKPOINT;
 SQL
-echo "bench: seeded in $(secs "$t0" "$(now)")s" >&2
-# The cluster runs with fsync off: write the seed's dirty pages out now, so the kernel's
-# writeback of them does not run during the measurements.
-sync
+	echo "bench: seeded in $(secs "$t0" "$(now)")s" >&2
+	# The cluster runs with fsync off: write the seed's dirty pages out now, so the kernel's
+	# writeback of them does not run during the measurements.
+	sync
+}
 
-t0=$(now)
-$PSQL "$PGURL" -c "\\copy (SELECT * FROM entity_main) TO '/dev/null' WITH (FORMAT binary)"
-$PSQL "$PGURL" -c "\\copy (SELECT * FROM eav_data) TO '/dev/null' WITH (FORMAT binary)"
-floor=$(secs "$t0" "$(now)")
+# Runs a command under /usr/bin/time -v with its stdout to file $1; prints its wall seconds and
+# peak RSS in KiB. lakecdc and the peer are both measured so: whole processes.
+measure() {
+	local out="$1" t0 t1
+	shift
+	t0=$(now)
+	/usr/bin/time -v -o "$out.time" "$@" >"$out"
+	t1=$(now)
+	echo "$(secs "$t0" "$t1") $(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$out.time")"
+}
+
+# The server log's size: check_ssl looks at the sessions logged after it.
+log_mark() { stat -c %s "$PGLOG"; }
+
+# Fails unless every session to database bench logged since mark $1 used TLS (sslmode $2 =
+# require) or none did (disable), and there was at least one.
+check_ssl() {
+	local lines total tls
+	lines=$(tail -c +"$(($1 + 1))" "$PGLOG" | grep 'connection authorized: .*database=bench' || true)
+	total=$(grep -c . <<<"$lines" || true)
+	tls=$(grep -c 'SSL enabled' <<<"$lines" || true)
+	if [ "$total" -eq 0 ] || { [ "$2" = require ] && [ "$tls" -ne "$total" ]; } ||
+		{ [ "$2" = disable ] && [ "$tls" -ne 0 ]; }; then
+		echo "bench: FAILED: sslmode=$2, but $tls of $total sessions used TLS:" >&2
+		echo "$lines" >&2
+		exit 1
+	fi
+}
+
+ensure_peer() {
+	ensure_venv "$PEERENV" "$DUCKDB_PY_PROBE; import duckdb_extension_postgres" \
+		"duckdb==$DUCKDB_PY_VERSION" "duckdb-extension-postgres==$DUCKDB_PY_VERSION"
+}
+
+# One init of the live entities by lakecdc (to SeaweedFS, checksummed, committed) and one by the
+# peer (to a local file), with sslmode $1, in directory $2 (peer first when $3 = peer, else
+# lakecdc first), lakecdc into lake $4. Checks that both wrote every live entity and used the
+# sslmode; prints "lakecdc-seconds lakecdc-RSS-KiB peer-seconds peer-RSS-KiB files MiB".
+init_once() {
+	local ssl="$1" dir="$2" first="$3" lake="$4" url="$PGURL?sslmode=$1" mark who lk="" pk="" live peer_rows
+	mkdir -p "$dir"
+	mark=$(log_mark)
+	for who in "$first" lakecdc peer; do
+		if [ "$who" = peer ] && [ -z "$pk" ]; then
+			pk=$(measure "$dir/peer.out" "$PEERENV/bin/python" scripts/bench/peer.py "$url" "$dir/peer.parquet" 100 \
+				"$MEMORY" "$ROOT/bench/schemas/wide_attributes.json")
+		elif [ "$who" = lakecdc ] && [ -z "$lk" ]; then
+			lk=$(LAKECDC_PG_URL="$url" LAKECDC_LAKE="$lake" measure "$dir/report.json" \
+				"$BIN" -q init --json --work-dir "$dir" --memory-limit "$MEMORY")
+		fi
+	done
+	check_ssl "$mark" "$ssl"
+	live=$($PSQL "$PGURL" -At -c "SELECT count(*) FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_deleted_at IS NULL")
+	peer_rows=$("$PEERENV/bin/python" -c 'import duckdb, sys
+print(duckdb.sql(f"SELECT count(*) FROM read_parquet({sys.argv[1]!r})").fetchone()[0])' "$dir/peer.parquet")
+	python3 - "$dir/report.json" "$live" "$peer_rows" "$lk" "$pk" <<'PY'
+import json, sys
+report, live, peer_rows, lk, pk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+s = json.load(open(report))["schemas"][0]
+if s["outcome"] != "exported" or s["rows"] != live or peer_rows != live:
+    sys.exit(f"bench: FAILED: {live} live entities; lakecdc init {s['outcome']} {s.get('rows')} rows, "
+             f"the peer wrote {peer_rows} rows")
+print(lk, pk, len(s["files"]), f"{s['bytes'] / 2**20:.1f}")
+PY
+	rm -f "$dir/peer.parquet"
+}
+
+# Makes every entity's change_log slot dirty again (as seeded: one dirty slot per entity, the
+# flushed ones gone), so that each flush run exports the same backlog.
+reset_backlog() {
+	$PSQL "$PGURL" <<SQL
+TRUNCATE change_log;
+INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at)
+SELECT 100, ltbase_row_id, 0, ltbase_updated_at FROM entity_main;
+VACUUM ANALYZE change_log;
+CHECKPOINT;
+SQL
+	sync
+}
+
+# One forced flush of the whole backlog with sslmode $1 into lake $2, its report to file $3.
+# Fails unless it exported every dirty slot and left none dirty; prints "seconds RSS-KiB
+# rows-exported files MiB".
+flush_once() {
+	local ssl="$1" lake="$2" report="$3" url="$PGURL?sslmode=$1" mark backlog res dirty
+	backlog=$($PSQL "$PGURL" -At -c "SELECT count(*) FROM change_log WHERE flushed_at = 0")
+	mark=$(log_mark)
+	res=$(LAKECDC_PG_URL="$url" LAKECDC_LAKE="$lake" measure "$report" \
+		"$BIN" -q flush --force --time-budget 1h --json --memory-limit "$MEMORY")
+	check_ssl "$mark" "$ssl"
+	dirty=$($PSQL "$PGURL" -At -c "SELECT count(*) FROM change_log WHERE flushed_at = 0")
+	python3 - "$report" "$backlog" "$dirty" "$res" <<'PY'
+import json, sys
+report, backlog, dirty, res = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+s = json.load(open(report))["schemas"][0]
+if s["outcome"] != "flushed" or s["rows_exported"] != backlog or s["rows_left_dirty"] != 0 or dirty != 0:
+    sys.exit(f"bench: FAILED: a backlog of {backlog}; flush {s['outcome']}, {s.get('rows_exported')} rows exported, "
+             f"{s.get('rows_left_dirty')} left dirty by its report, {dirty} dirty slots in change_log")
+print(res, s["rows_exported"], len(s["files"]), f"{s['bytes'] / 2**20:.1f}")
+PY
+}
+
+if [ "$what" != matrix ]; then
+	seed "$IDS"
+	t0=$(now)
+	$PSQL "$LAKECDC_PG_URL" -c "\\copy (SELECT * FROM entity_main) TO '/dev/null' WITH (FORMAT binary)"
+	$PSQL "$LAKECDC_PG_URL" -c "\\copy (SELECT * FROM eav_data) TO '/dev/null' WITH (FORMAT binary)"
+	floor=$(secs "$t0" "$(now)")
+fi
 
 if [ "$what" = query ]; then
 	ensure_venv "$PEERENV" "$DUCKDB_PY_PROBE" "duckdb==$DUCKDB_PY_VERSION"
@@ -280,32 +474,91 @@ PY
 	exit 0
 fi
 
-if [ "$what" = init ]; then
-	ensure_venv "$PEERENV" "$DUCKDB_PY_PROBE; import duckdb_extension_postgres" \
-		"duckdb==$DUCKDB_PY_VERSION" "duckdb-extension-postgres==$DUCKDB_PY_VERSION"
+
+if [ "$what" = matrix ]; then
+	ensure_peer
 	work=$(mktemp -d)
-	peer=$("$PEERENV/bin/python" scripts/bench/peer.py "$PGURL" "$work/peer.parquet" 100)
-	report=$(mktemp)
-	timing=$(mktemp)
-	t0=$(now)
-	/usr/bin/time -v -o "$timing" "$BIN" -q init --json --work-dir "$work" --memory-limit 512MB >"$report"
-	init=$(secs "$t0" "$(now)")
-	rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$timing")
-	python3 - "$report" "$N" "$floor" "$peer" "$init" "$rss_kb" "$(stat -c %s "$work/peer.parquet")" <<'PY'
-import json, sys
-report, n, floor, peer, init, rss_kb, peer_bytes = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
-s = json.load(open(report))["schemas"][0]
-assert s["outcome"] == "exported" and s["rows"] == n, s
-print(f"init bench: {n} live entities (18 bound columns, 3 EAV attributes each)")
+	table="$work/results"
+	: >"$table"
+	for ids in v7 v4; do
+		seed "$ids"
+		for ((run = 1; run <= RUNS; run++)); do
+			# TLS and plain take turns going first, and so do the peer and lakecdc, so that a
+			# burst of load on the shared machine does not always hit the same side.
+			if [ $((run % 2)) = 1 ]; then
+				order="require disable" first=peer
+			else
+				order="disable require" first=lakecdc
+			fi
+			for ssl in $order; do
+				case_="$ids-$ssl-$run"
+				echo "bench: $ids ids, sslmode=$ssl, run $run of $RUNS: init ($first first)" >&2
+				res=$(init_once "$ssl" "$work/init-$case_" "$first" "s3://bench/init-$case_")
+				echo "init $ids $ssl $res" >>"$table"
+				rm -rf "$work/init-$case_"
+				echo "bench: $ids ids, sslmode=$ssl, run $run of $RUNS: flush" >&2
+				reset_backlog
+				res=$(flush_once "$ssl" "s3://bench/flush-$case_" "$work/flush.json")
+				echo "flush $ids $ssl $res" >>"$table"
+			done
+		done
+	done
+	python3 - "$table" "$N" "$RUNS" "$MEMORY" <<'PY'
+import statistics, sys
+results, n, runs, memory = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+init, flush = {}, {}
+for line in open(results):
+    kind, ids, ssl, *v = line.split()
+    (init if kind == "init" else flush).setdefault((ids, ssl), []).append(v)
+def fig(xs, f):
+    return f"{f(statistics.median(xs))} ({f(min(xs))}–{f(max(xs))})"
+sec = lambda x: f"{x:.2f}"
+mib = lambda x: f"{x / 1024:.0f}"
+rate = lambda x: f"{x:,.0f}"
+print(f"matrix bench: {n} entities of bench/schemas `wide`, {runs} runs per case, medians (min–max); "
+      f"--memory-limit {memory} for lakecdc and the peer")
+print()
+print("| ids | connection | init lakecdc s | init peer s | lakecdc / peer | init peak RSS lakecdc MiB "
+      "| init peak RSS peer MiB | flush changes/s | flush peak RSS MiB |")
+print("|---|---|---|---|---|---|---|---|---|")
+for ids in ("v7", "v4"):
+    for ssl in ("require", "disable"):
+        i = [[float(x) for x in r] for r in init[ids, ssl]]
+        f = [[float(x) for x in r] for r in flush[ids, ssl]]
+        conn = "TLS (sslmode=require)" if ssl == "require" else "plain (sslmode=disable)"
+        kind = "UUIDv7" if ids == "v7" else "UUIDv4"
+        print(f"| {kind} | {conn} | {fig([r[0] for r in i], sec)} | {fig([r[2] for r in i], sec)} "
+              f"| {fig([r[0] / r[2] for r in i], sec)} | {fig([r[1] for r in i], mib)} | {fig([r[3] for r in i], mib)} "
+              f"| {fig([r[2] / r[0] for r in f], rate)} | {fig([r[1] for r in f], mib)} |")
+print()
+for ids in ("v7", "v4"):
+    i, f = init[ids, "require"][0], flush[ids, "require"][0]
+    print(f"{ids}: init {int(float(i[4]))} files, {i[5]} MiB; flush {int(float(f[2]))} rows, "
+          f"{int(float(f[3]))} files, {f[4]} MiB")
+PY
+	rm -rf "$work"
+	exit 0
+fi
+
+if [ "$what" = init ]; then
+	ensure_peer
+	work=$(mktemp -d)
+	res=$(init_once "$SSLMODE" "$work/init" peer s3://bench/lake)
+	read -r init rss_kb peer peer_rss_kb files mib <<<"$res"
+	python3 - "$N" "$floor" "$peer" "$init" "$rss_kb" "$peer_rss_kb" "$files" "$mib" "$IDS" "$SSLMODE" "$MEMORY" <<'PY'
+import sys
+n, floor, peer, init, rss_kb, peer_rss_kb = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+files, mib, ids, ssl, memory = sys.argv[7:]
+print(f"init bench: {n} live entities ({ids} row ids, sslmode={ssl}, --memory-limit {memory} for both)")
 print(f"  read floor (COPY binary entity_main + eav_data):    {floor:.2f} s")
-print(f"  peer: DuckDB 1.5.5 postgres scanner → local file:   {peer:.2f} s  ({peer_bytes / 2**20:.1f} MiB)")
+print(f"  peer: DuckDB 1.5.5 postgres scanner → local file:   {peer:.2f} s  (whole process; {peer_rss_kb / 1024:.0f} MiB peak RSS)")
 print(f"  lakecdc init → SeaweedFS, checksummed, committed:   {init:.2f} s  = {n / init:,.0f} rows/s, "
-      f"{len(s['files'])} files, {s['bytes'] / 2**20:.1f} MiB")
+      f"{files} files, {mib} MiB")
 print(f"  ratio lakecdc / peer:                               {init / peer:.2f} (target < 1.0)")
 print(f"  ratio lakecdc / read floor:                         {init / floor:.2f} (target <= 2.0)")
 print(f"  peak RSS:                                           {rss_kb / 1024:.0f} MiB (target <= 1024)")
 PY
-	rm -rf "$report" "$timing" "$work"
+	rm -rf "$work"
 	exit 0
 fi
 
@@ -346,28 +599,21 @@ PY
 	exit 0
 fi
 
-report=$(mktemp)
-timing=$(mktemp)
-t0=$(now)
-/usr/bin/time -v -o "$timing" "$BIN" -q flush --force --time-budget 1h --json >"$report"
-flush=$(secs "$t0" "$(now)")
-rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$timing")
+work=$(mktemp -d)
+res=$(flush_once "$SSLMODE" s3://bench/lake "$work/report.json")
+read -r flush rss_kb exported files mib <<<"$res"
 # lakecdc's own CPU (user + system): steadier than wall time on a shared machine.
-cpu=$(awk -F: '/(User|System) time \(seconds\)/ {sum += $2} END {printf "%.2f", sum}' "$timing")
+cpu=$(awk -F: '/(User|System) time \(seconds\)/ {sum += $2} END {printf "%.2f", sum}' "$work/report.json.time")
 
 t0=$(now)
 "$BIN" -q flush --json >/dev/null
 idle=$(secs "$t0" "$(now)")
 
-python3 - "$report" "$N" "$floor" "$flush" "$rss_kb" "$idle" "$cpu" <<'PY'
-import json, sys
-report, n, floor, flush, rss_kb, idle = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
-cpu = float(sys.argv[7])
-r = json.load(open(report))
-s = r["schemas"][0]
-assert s["outcome"] == "flushed", s
-print(f"flush bench: {n} changes, {s['batches']} batches, {len(s['files'])} files, {s['bytes'] / 2**20:.1f} MiB")
-print(f"  rows exported / marked / left dirty: {s['rows_exported']} / {s['rows_marked']} / {s['rows_left_dirty']}")
+python3 - "$exported" "$floor" "$flush" "$rss_kb" "$idle" "$cpu" "$files" "$mib" "$IDS" "$SSLMODE" <<'PY'
+import sys
+n, floor, flush, rss_kb, idle, cpu = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+files, mib, ids, ssl = sys.argv[7:]
+print(f"flush bench: {n} changes ({ids} row ids, sslmode={ssl}), all exported, none left dirty; {files} files, {mib} MiB")
 print(f"  read floor (COPY binary entity_main + eav_data): {floor:.2f} s")
 print(f"  lakecdc flush --force:                          {flush:.2f} s  = {n / flush:,.0f} changes/s (target >= 100,000)")
 print(f"  ratio flush / read floor:                       {flush / floor:.2f}")
@@ -375,4 +621,4 @@ print(f"  lakecdc CPU (user + system):                  {cpu:.2f} s")
 print(f"  peak RSS:                                       {rss_kb / 1024:.0f} MiB")
 print(f"  idle run (nothing to flush):                    {idle:.3f} s")
 PY
-rm -f "$report" "$timing"
+rm -rf "$work"
