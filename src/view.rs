@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::engine::{current_state, quote_ident, sql_string};
+use crate::engine::schema_views;
 use crate::error::Result;
 use crate::job::{Context, catalog};
 use crate::lake::manifest::Manifest;
@@ -153,18 +153,8 @@ fn view_schema(ctx: &Context, reg: &Registered, m: Manifest) -> SchemaView {
 
 /// `<name>__history` (every listed copy) and `<name>` (its current state) over `files`.
 fn statements(name: &str, files: &[PlanFile]) -> String {
-    let list: Vec<String> = files
-        .iter()
-        .map(|f| format!("'{}'", sql_string(&f.uri)))
-        .collect();
-    let history = quote_ident(&format!("{name}__history"));
-    format!(
-        "CREATE OR REPLACE VIEW {history} AS SELECT * FROM read_parquet([{}], union_by_name = true);\n\
-         CREATE OR REPLACE VIEW {} AS {};",
-        list.join(", "),
-        quote_ident(name),
-        current_state(&history)
-    )
+    let uris: Vec<String> = files.iter().map(|f| f.uri.clone()).collect();
+    schema_views(name, &uris, false)
 }
 
 #[cfg(test)]

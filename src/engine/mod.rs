@@ -230,6 +230,37 @@ fn one_line(message: &str) -> String {
     lines.join(" ")
 }
 
+/// The two views of a schema over the Parquet files at `uris`: `<name>__history`, every copy
+/// read by column name (later files may add columns), and `<name>`, its current state. `temp`
+/// makes them temporary (a query's own connection); `view` prints them permanent for a user's
+/// database. With no file, the history is an empty relation of the system columns.
+pub fn schema_views(name: &str, uris: &[String], temp: bool) -> String {
+    let history = quote_ident(&format!("{name}__history"));
+    let scan = if uris.is_empty() {
+        "SELECT NULL::UUID AS row_id, NULL::BIGINT AS changed_at, NULL::BIGINT AS deleted_at WHERE false"
+            .to_string()
+    } else {
+        let list: Vec<String> = uris
+            .iter()
+            .map(|u| format!("'{}'", sql_string(u)))
+            .collect();
+        format!(
+            "SELECT * FROM read_parquet([{}], union_by_name = true)",
+            list.join(", ")
+        )
+    };
+    let create = if temp {
+        "CREATE OR REPLACE TEMP VIEW"
+    } else {
+        "CREATE OR REPLACE VIEW"
+    };
+    format!(
+        "{create} {history} AS {scan};\n{create} {} AS {};",
+        quote_ident(name),
+        current_state(&history)
+    )
+}
+
 /// Quotes a DuckDB identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))

@@ -11,13 +11,12 @@
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use rustix::fs::FlockOperation;
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::store::ObjectStore;
@@ -226,16 +225,8 @@ fn is_cache_name(name: &str) -> bool {
 
 /// SHA-256 of a file's bytes, as hex.
 pub(crate) fn hash_file(mut file: &File) -> io::Result<String> {
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
+    let (_, sha256) = crate::store::copy_hashing(&mut file, &mut io::sink())?;
+    Ok(hex::encode(sha256))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use futures::{StreamExt, TryStreamExt, stream};
 use serde::Serialize;
 
-use crate::engine::{Engine, EngineConfig, current_state, quote_ident, sql_string};
+use crate::engine::{Engine, EngineConfig, schema_views};
 use crate::error::{Error, Result};
 use crate::job::{self, Context, catalog};
 use crate::lake::history::{self, AsOf};
@@ -520,29 +520,10 @@ async fn in_place(
     })
 }
 
-/// The views of one schema over its ready files; a manifest listing none gets an empty view
-/// of the system columns.
+/// The views of one schema over its ready files.
 fn statements(name: &str, files: &[Ready]) -> String {
-    let history = quote_ident(&format!("{name}__history"));
-    let scan = if files.is_empty() {
-        "SELECT NULL::UUID AS row_id, NULL::BIGINT AS changed_at, NULL::BIGINT AS deleted_at WHERE false"
-            .to_string()
-    } else {
-        let list: Vec<String> = files
-            .iter()
-            .map(|f| format!("'{}'", sql_string(&f.path)))
-            .collect();
-        format!(
-            "SELECT * FROM read_parquet([{}], union_by_name = true)",
-            list.join(", ")
-        )
-    };
-    format!(
-        "CREATE OR REPLACE TEMP VIEW {history} AS {scan};\n\
-         CREATE OR REPLACE TEMP VIEW {} AS {};",
-        quote_ident(name),
-        current_state(&history)
-    )
+    let paths: Vec<String> = files.iter().map(|f| f.path.clone()).collect();
+    schema_views(name, &paths, true)
 }
 
 #[cfg(test)]

@@ -29,13 +29,13 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rustix::fs::{AtFlags, Dir, Mode, OFlags};
 use rustix::io::Errno;
-use sha2::{Digest, Sha256};
 
-use super::{Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError};
+use super::{
+    Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError, copy_hashing,
+};
 
 const OWN_PREFIX: &str = ".lakecdc-";
 const LOCK_FILE: &str = ".lakecdc-lock";
-const COPY_BUF: usize = 1 << 20;
 /// Lake objects and the lock file: 0640 (minus the umask).
 const OBJECT_MODE: Mode = Mode::RUSR.union(Mode::WUSR).union(Mode::RGRP);
 /// Lake directories: 0777 (minus the umask).
@@ -392,24 +392,6 @@ fn meta_of(key: String, m: &fs::Metadata) -> ObjectMeta {
         etag: etag_of(m),
         last_modified_ms,
     }
-}
-
-/// Copies `src` to `dst` while hashing.
-fn copy_hashing(src: &mut impl Read, dst: &mut impl Write) -> io::Result<(u64, [u8; 32])> {
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; COPY_BUF];
-    let mut total = 0u64;
-    loop {
-        let n = src.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        let chunk = buf.get(..n).unwrap_or_default();
-        hasher.update(chunk);
-        dst.write_all(chunk)?;
-        total += n as u64;
-    }
-    Ok((total, hasher.finalize().into()))
 }
 
 /// How deep a listing descends below its prefix. lakecdc's keys are a few directories deep;

@@ -261,6 +261,28 @@ pub async fn delete_or_leave(store: &dyn ObjectStore, key: &str, what: &str) {
     }
 }
 
+/// Copies `src` to `dst` while hashing (`std::io::sink()` as `dst` hashes only): the bytes
+/// copied and their SHA-256.
+pub fn copy_hashing(
+    src: &mut impl std::io::Read,
+    dst: &mut impl std::io::Write,
+) -> std::io::Result<(u64, [u8; 32])> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = src.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let chunk = buf.get(..n).unwrap_or_default();
+        hasher.update(chunk);
+        dst.write_all(chunk)?;
+        total += n as u64;
+    }
+    Ok((total, hasher.finalize().into()))
+}
+
 /// SHA-256 of a byte slice.
 pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
