@@ -360,14 +360,7 @@ async fn materialise(
         let hold = can_hold_open(files.len());
         let mut ready = Vec::new();
         for f in files {
-            let mut r = in_place(store, f, opts.verify).await?;
-            if !hold {
-                r = Ready {
-                    path: store.uri(&f.path),
-                    _open: None,
-                };
-            }
-            ready.push(r);
+            ready.push(in_place(store, f, opts.verify, hold).await?);
         }
         return Ok(ready);
     };
@@ -463,6 +456,7 @@ async fn in_place(
     store: &dyn crate::store::ObjectStore,
     f: &FileEntry,
     verify: bool,
+    hold: bool,
 ) -> Result<Ready> {
     let storage = |source| Error::Storage {
         op: "open",
@@ -508,14 +502,15 @@ async fn in_place(
     } else {
         file
     };
-    let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    let path = if Path::new("/proc/self/fd").is_dir() {
-        fd_path.display().to_string()
-    } else {
-        store.uri(&f.path)
-    };
+    if !hold || !Path::new("/proc/self/fd").is_dir() {
+        // Read by path after the check ([`can_hold_open`]).
+        return Ok(Ready {
+            path: store.uri(&f.path),
+            _open: None,
+        });
+    }
     Ok(Ready {
-        path,
+        path: format!("/proc/self/fd/{}", file.as_raw_fd()),
         _open: Some(file),
     })
 }
