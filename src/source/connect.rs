@@ -186,7 +186,7 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 const CLIENT_CHECK_SQL: &str = "SELECT set_config('client_connection_check_interval', '1s', false) \
      WHERE current_setting('server_version_num')::int >= 140000";
 
-/// A connection and the handle of its COPY tap (which taps nothing on a plain connection).
+/// A connection and the handle of its COPY tap (which taps nothing on an untapped connection).
 #[derive(Debug)]
 pub struct TappedClient {
     /// The connection.
@@ -421,8 +421,9 @@ impl Connector {
     }
 
     /// Opens one connection whose binary COPY data and prepared queries' rows can bypass
-    /// tokio-postgres's per-row messages (see [`super::copy_tap`]); the handle taps nothing when
-    /// the connection is plain or the tap is off ([`Connector::with_copy_tap`]).
+    /// tokio-postgres's per-row messages (see [`super::copy_tap`]), over TLS or plain; the
+    /// handle taps nothing when the tap cannot sit under the connection (several hosts, a
+    /// plain fallback after an SSL request) or is off ([`Connector::with_copy_tap`]).
     pub async fn connect_tapped(&self) -> Result<TappedClient> {
         if !self.copy_tap {
             let client = self.connect_session(None).await?;
@@ -444,7 +445,7 @@ impl Connector {
         if !tap.is_live() {
             tracing::debug!(
                 target = %self.describe(),
-                "plain connection: COPY data is read through tokio-postgres, untapped"
+                "untapped connection (several hosts, or plain after an SSL request): COPY data is read through tokio-postgres"
             );
         }
         Ok(TappedClient { client, tap })
@@ -472,14 +473,14 @@ impl Connector {
             TlsPolicy::Allow => None,
             _ => rustls.as_ref(),
         };
-        let first = open(&self.config, tls).await;
+        let first = open(&self.config, tls, slot).await;
         match (first, self.tls, &rustls) {
             // As libpq: a plain connection the server refuses is tried again with TLS.
             (Err(plain), TlsPolicy::Allow, Some(rustls)) => {
                 tracing::debug!(error = %plain, "plain connection refused; trying TLS (sslmode=allow)");
                 let mut config = self.config.clone();
                 config.ssl_mode(SslMode::Require);
-                open(&config, Some(rustls))
+                open(&config, Some(rustls), None)
                     .await
                     .map_err(Error::postgres(format!(
                         "{op} (with TLS, after a refused plain connection)"
@@ -497,8 +498,17 @@ impl Connector {
 async fn open(
     config: &Config,
     tls: Option<&BufferedTls>,
+    slot: Option<&TapSlot>,
 ) -> std::result::Result<Client, tokio_postgres::Error> {
     let client = match tls {
+        // A plain connection that wants the tap opens its own socket (see `plain_socket`).
+        None if let Some(tapped) = match slot {
+            Some(slot) => super::plain_socket::connect_tapped(config, slot).await,
+            None => None,
+        } =>
+        {
+            tapped?
+        }
         None => {
             let (client, conn) = config.connect(NoTls).await?;
             tokio::spawn(drive(conn));
@@ -514,7 +524,9 @@ async fn open(
 }
 
 /// Runs a connection until it closes.
-async fn drive<F: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>>(
+pub(super) async fn drive<
+    F: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>,
+>(
     conn: F,
 ) {
     if let Err(e) = conn.await {

@@ -10,9 +10,12 @@
 //! that builds Arrow columns — in large slices, and passes everything else on. tokio-postgres
 //! then sees a COPY without data, or a query without rows, and ends it as usual.
 //!
-//! Only TLS connections are tapped: tokio-postgres opens a plain connection's socket itself. A
-//! reader whose tap is not armed (a plain connection) gets the data from tokio-postgres and
-//! feeds the same decoder, so a read decodes the same either way. A message is either diverted
+//! TLS connections are tapped above the TLS layer, and plain ones (`sslmode=disable`, or
+//! `allow`'s plain attempt) on a socket lakecdc opens itself for a single-host target
+//! (`super::plain_socket`). A connection the tap cannot sit under (several hosts,
+//! `target_session_attrs`, `prefer` meeting a server without TLS) and a reader whose tap is
+//! not armed get the data from tokio-postgres and feed the same decoder, so a read decodes the
+//! same either way. A message is either diverted
 //! or passed, never both.
 //!
 //! # What the tap relies on
@@ -164,7 +167,7 @@ impl Target {
     }
 }
 
-/// A reader's handle on the tap of its connection. The default handle (plain connections) taps
+/// A reader's handle on the tap of its connection. The default handle (untapped connections) taps
 /// nothing.
 #[derive(Clone, Default)]
 pub struct CopyTap {

@@ -11,6 +11,7 @@ pub mod ddl;
 mod decoding;
 pub mod live;
 pub(crate) mod lock;
+mod plain_socket;
 pub(crate) mod registry;
 mod rows;
 pub mod snapshot;

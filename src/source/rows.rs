@@ -76,9 +76,10 @@ impl Column {
 
     /// Appends column `idx` of `row` (rows arrive in binary format, as binary COPY values do).
     pub(super) fn push(&mut self, row: &Row, idx: usize) -> Result<()> {
+        // The error's text is built only on failure: this runs once per value.
         let raw = row
             .try_get::<_, Option<Raw>>(idx)
-            .map_err(Error::postgres(format!("decode result column {idx}")))?;
+            .map_err(|e| Error::postgres(format!("decode result column {idx}"))(e))?;
         self.push_binary(raw.map(|r| r.0))
     }
 

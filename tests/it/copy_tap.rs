@@ -409,6 +409,11 @@ async fn canary_7_an_abandoned_statement_is_drained_by_the_driver() {
 
 /// A copy of `db` (`CREATE DATABASE … TEMPLATE`), after closing every session on it.
 async fn copy_of(db: &TestDb) -> TestDb {
+    copy_named(db, "copy").await
+}
+
+/// A copy of `db` named `{db}_{suffix}`.
+async fn copy_named(db: &TestDb, suffix: &str) -> TestDb {
     let (base, name) = db.url.rsplit_once('/').unwrap();
     let admin = harness::pg_client(&harness::pg_admin_url()).await;
     admin
@@ -420,10 +425,10 @@ async fn copy_of(db: &TestDb) -> TestDb {
         .unwrap();
     // The server waits a few seconds for the terminated sessions to go.
     admin
-        .batch_execute(&format!("CREATE DATABASE {name}_copy TEMPLATE {name}"))
+        .batch_execute(&format!("CREATE DATABASE {name}_{suffix} TEMPLATE {name}"))
         .await
         .unwrap();
-    TestDb::adopt(format!("{base}/{name}_copy"))
+    TestDb::adopt(format!("{base}/{name}_{suffix}"))
 }
 
 /// A lake written by init then flush through `connector`, and the messages its taps diverted
@@ -582,5 +587,76 @@ async fn init_and_flush_write_the_same_lake_with_the_tap_on_and_off() {
         assert_eq!(ra, rb, "the rows of {fa:?} and {fb:?}");
         // The writer is deterministic: the same rows make the same bytes.
         assert_eq!(fa, fb);
+    }
+}
+
+/// A plain connection (`sslmode=disable`) is tapped like a TLS one (lakecdc opens its socket:
+/// `src/source/plain_socket.rs`), and init then flush through it write the same lake, file by
+/// file and byte for byte, as through TLS and as through a plain connection read by
+/// tokio-postgres alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_connection_writes_the_same_lake_as_a_tls_one_file_by_file() {
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(2020);
+    rig.seed(90, &mut r).await;
+    for _ in 0..200 {
+        rig.writer.random_op(&mut r).await;
+    }
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    let plain_db = copy_named(&rig.db, "plain").await;
+    let untapped_db = copy_named(&rig.db, "untapped").await;
+    let plain_url = |db: &TestDb| format!("{}?sslmode=disable", db.url);
+    let tls = rig.db.connector();
+    let plain = Connector::new(&harness::pg_settings(&plain_url(&plain_db))).unwrap();
+    let untapped = Connector::new(&harness::pg_settings(&plain_url(&untapped_db)))
+        .unwrap()
+        .with_copy_tap(false);
+    assert_eq!(plain.tls_policy(), lakecdc::source::TlsPolicy::Disable);
+    {
+        let conn = plain.connect_tapped().await.unwrap();
+        let ssl: bool = conn
+            .client
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(!ssl, "sslmode=disable connects without TLS");
+        assert!(conn.tap.is_live(), "a plain connection carries the tap");
+    }
+    let by_tls = export(&rig.ctx, tls).await;
+    let by_plain = export(&rig.ctx, plain).await;
+    let by_driver = export(&rig.ctx, untapped).await;
+    assert!(
+        by_plain.diverted_by_init > live as u64 && by_plain.diverted_by_flush > 0,
+        "the plain connection's init and flush rows went through the tap: {} and {}",
+        by_plain.diverted_by_init,
+        by_plain.diverted_by_flush
+    );
+    assert_eq!(
+        (by_driver.diverted_by_init, by_driver.diverted_by_flush),
+        (0, 0)
+    );
+    let a = files(by_tls.store.as_ref()).await;
+    assert!(
+        a.iter().any(|(f, _)| f.tier == "delta"),
+        "flush wrote deltas"
+    );
+    assert_eq!(
+        a.iter()
+            .filter(|(f, _)| f.tier == "base")
+            .map(|(_, rows)| rows.len())
+            .sum::<usize>(),
+        live
+    );
+    for other in [&by_plain, &by_driver] {
+        let b = files(other.store.as_ref()).await;
+        assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+        for ((fa, ra), (fb, rb)) in a.iter().zip(&b) {
+            assert_eq!(ra, rb, "the rows of {fa:?} and {fb:?}");
+            assert_eq!(fa, fb, "the same rows make the same bytes");
+        }
     }
 }
