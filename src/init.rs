@@ -3,8 +3,9 @@
 //!
 //! Per schema, under its advisory lock (contended → reported for that schema, others go on). A
 //! manifest that lists deltas is refused unless `--replace-delta`. Live rows are read in keyset
-//! pages on `ltbase_row_id` (never OFFSET), each page with its EAV rows in one repeatable-read
-//! snapshot, read with binary COPY decoded straight into Arrow; pages are staged (held as Arrow)
+//! pages on `ltbase_row_id` (never OFFSET) with their EAV rows, every reader's every page in ONE
+//! exported snapshot (so the base tier is the source at one instant), read with binary COPY
+//! decoded straight into Arrow; pages are staged (held as Arrow)
 //! until a file holds about `--target-file-size` (the rows-per-file estimate corrects itself from
 //! each written file; at most `--max-file-rows` and 96 MiB of staged rows; one file is staged per
 //! reader). A file's pages are joined with their EAV values in Rust when that gives the pivot's
@@ -559,9 +560,15 @@ async fn export_files(
             0
         });
     drop(client);
+    let snapshot = live::ExportedSnapshot::export(&ctx.connector).await?;
     let readers: Vec<Guarded<()>> = (ranges.iter().copied().enumerate())
-        .map(|(reader, range)| spawn_reader(ctx, opts, def, schema_id, reader, range, tx.clone()))
+        .map(|(reader, range)| {
+            let ticket = snapshot.ticket();
+            spawn_reader(ctx, opts, def, schema_id, reader, range, ticket, tx.clone())
+        })
         .collect();
+    // The holder's transaction ends once every reader has imported the snapshot.
+    let released = snapshot.release();
     // The channel ends when every reader has dropped its sender.
     drop(tx);
     let mut reads = Reads {
@@ -571,13 +578,18 @@ async fn export_files(
     // On success every reader has reported its range done; on failure dropping them aborts
     // any read still in flight.
     let estimate = u64::try_from(estimate).unwrap_or(0);
-    let result = stage_and_upload(ctx, opts, schema_id, def, &mut reads, estimate, out).await;
+    let (result, released) = tokio::join!(
+        stage_and_upload(ctx, opts, schema_id, def, &mut reads, estimate, out),
+        released
+    );
     drop(readers);
-    result
+    released.and(result)
 }
 
-/// Reader `reader`: reads its row-id range in keyset pages on a tapped connection of its own
-/// and sends each page (then `Done`, or the first error) down `tx`.
+/// Reader `reader`: reads its row-id range in keyset pages, all in the exported snapshot of
+/// `ticket`, on a tapped connection of its own and sends each page (then `Done`, or the first
+/// error) down `tx`.
+#[allow(clippy::too_many_arguments)]
 fn spawn_reader(
     ctx: &Context,
     opts: &InitOptions,
@@ -585,6 +597,7 @@ fn spawn_reader(
     schema_id: i16,
     reader: usize,
     range: IdRange,
+    ticket: live::SnapshotTicket,
     tx: tokio::sync::mpsc::Sender<Result<Read>>,
 ) -> Guarded<()> {
     let (connector, tables, def, limit, hook) = (
@@ -606,34 +619,35 @@ fn spawn_reader(
                 return;
             }
         };
-        let mut after = None;
-        loop {
-            let t = Instant::now();
-            let page =
-                live::read_live_page(&mut conn, &tables, &def, schema_id, range, after, limit)
-                    .await;
-            tracing::debug!(ms = t.elapsed().as_millis() as u64, "init step read page");
-            match page {
-                Ok(Some(p)) => {
-                    after = Some(p.last);
-                    let last = p.last;
-                    if tx.send(Ok(Read::Page(reader, p))).await.is_err() {
-                        return;
+        let pages = tx.clone();
+        let read = live::read_range(
+            &mut conn,
+            ticket,
+            &tables,
+            &def,
+            schema_id,
+            range,
+            limit,
+            |page| {
+                let (pages, hook, last) = (pages.clone(), hook.clone(), page.last);
+                async move {
+                    if pages.send(Ok(Read::Page(reader, page))).await.is_err() {
+                        return false;
                     }
                     if let Some(h) = &hook {
                         h(last).await;
                     }
+                    true
                 }
-                Ok(None) => {
-                    let _ = tx.send(Ok(Read::Done(reader))).await;
-                    return;
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            }
-        }
+            },
+        )
+        .await;
+        let _ = tx
+            .send(match read {
+                Ok(()) => Ok(Read::Done(reader)),
+                Err(e) => Err(e),
+            })
+            .await;
     }))
 }
 

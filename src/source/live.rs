@@ -1,6 +1,6 @@
-//! Reading live entities for init: the row-id ranges of its readers, and keyset pages of
-//! entity rows with their EAV rows, each page in one repeatable-read snapshot, read with binary
-//! COPY (docs/design.md §4.2).
+//! Reading live entities for init: the row-id ranges of its readers, the snapshot they share,
+//! and keyset pages of entity rows with their EAV rows, read with binary COPY
+//! (docs/design.md §4.2).
 
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::READ_TIMEOUT as TIMEOUT;
 use arrow::record_batch::RecordBatch;
 
+use super::Connector;
 use super::connect::{TappedClient, timed};
 use super::decoding::begin_snapshot;
 use super::decoding::copy_into;
@@ -21,13 +22,15 @@ use crate::schema::SchemaDef;
 /// switches to a parallel bitmap scan with a sort, which measured eight times slower than the
 /// index scan and starts worker processes that compete with the other readers for the same
 /// cores. Neither page statement needs a sort or parallel workers, and JIT compilation only
-/// adds latency.
+/// adds latency. A reader's transaction spans its whole range and waits, idle, while the
+/// files before its pages are written: a server-wide idle-in-transaction limit must not end it.
 pub async fn tune_for_pages(client: &Client) -> Result<()> {
     timed(
         TIMEOUT,
         "tune session",
         client.batch_execute(
-            "SET jit = off; SET enable_sort = off; SET max_parallel_workers_per_gather = 0",
+            "SET jit = off; SET enable_sort = off; SET max_parallel_workers_per_gather = 0; \
+             SET idle_in_transaction_session_timeout = 0",
         ),
     )
     .await
@@ -108,11 +111,136 @@ pub async fn live_ranges(
     Ok(ranges)
 }
 
+/// The snapshot one init reads in (docs/design.md §4.2): exported by a holder session
+/// (`pg_export_snapshot`) and imported by every reader (`SET TRANSACTION SNAPSHOT`), so all
+/// readers see the source at the same instant — no row read twice or missed across their
+/// ranges, and a row written or deleted during the export is not seen by any of them (flush
+/// brings it to the lake). The holder keeps its transaction open only until every reader has
+/// imported the snapshot or given up.
+#[derive(Debug)]
+pub struct ExportedSnapshot {
+    ticket: SnapshotTicket,
+    holder: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// What a reader needs to import an [`ExportedSnapshot`]; dropping it tells the holder this
+/// reader is done importing.
+#[derive(Debug, Clone)]
+pub struct SnapshotTicket {
+    id: String,
+    _imported: tokio::sync::mpsc::Sender<()>,
+}
+
+impl ExportedSnapshot {
+    /// Exports a snapshot on a session of its own.
+    pub async fn export(connector: &Connector) -> Result<Self> {
+        let mut client = connector.connect().await?;
+        let (id_tx, id_rx) = tokio::sync::oneshot::channel::<String>();
+        let (imported, mut waiting) = tokio::sync::mpsc::channel::<()>(1);
+        let holder = tokio::spawn(async move {
+            let tx = begin_snapshot(&mut client, "begin exported snapshot").await?;
+            let row = timed(
+                TIMEOUT,
+                "export snapshot",
+                tx.query_one("SELECT pg_export_snapshot()", &[]),
+            )
+            .await?;
+            let id: String = row
+                .try_get(0)
+                .map_err(Error::postgres("read the exported snapshot's id"))?;
+            if id_tx.send(id).is_err() {
+                return Ok(());
+            }
+            // Every ticket dropped: each reader imported the snapshot or gave up.
+            while waiting.recv().await.is_some() {}
+            timed(TIMEOUT, "end exported snapshot", tx.commit()).await
+        });
+        match id_rx.await {
+            Ok(id) => Ok(Self {
+                ticket: SnapshotTicket {
+                    id,
+                    _imported: imported,
+                },
+                holder,
+            }),
+            Err(_) => Err(match holder.await {
+                Ok(Err(e)) => e,
+                _ => Error::Invariant("the snapshot holder ended without a snapshot".into()),
+            }),
+        }
+    }
+
+    /// A ticket for one reader.
+    pub fn ticket(&self) -> SnapshotTicket {
+        self.ticket.clone()
+    }
+
+    /// Waits until every reader holding a ticket has imported the snapshot (or given up), then
+    /// ends the holder's transaction.
+    pub async fn release(self) -> Result<()> {
+        drop(self.ticket);
+        self.holder
+            .await
+            .map_err(|e| Error::Invariant(format!("the snapshot holder failed: {e}")))?
+    }
+}
+
+/// Reads the live entities of `range` (with their EAV rows) in keyset pages, all inside ONE
+/// transaction in the exported snapshot of `ticket`, and hands each page to `on_page`, which
+/// returns `false` to stop. With every page in the same snapshot, a row deleted between two
+/// pages cannot shift the cursor past live rows (docs/hazards.md #462: moot here), and the
+/// readers' pages together are one consistent state.
+#[allow(clippy::too_many_arguments)]
+pub async fn read_range<F, Fut>(
+    conn: &mut TappedClient,
+    ticket: SnapshotTicket,
+    tables: &Tables,
+    schema: &SchemaDef,
+    schema_id: i16,
+    range: IdRange,
+    limit: i64,
+    mut on_page: F,
+) -> Result<()>
+where
+    F: FnMut(LivePage) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    // A snapshot id is hex digits and dashes (`00000003-0000001B-1`); anything else is refused
+    // rather than put into SQL text.
+    if ticket.id.is_empty() || !ticket.id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return Err(Error::Invariant(format!(
+            "unexpected exported snapshot id {:?}",
+            ticket.id
+        )));
+    }
+    let TappedClient { client, tap } = conn;
+    let tx = begin_snapshot(client, "begin reader snapshot").await?;
+    timed(
+        TIMEOUT,
+        "import the exported snapshot",
+        tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{}'", ticket.id)),
+    )
+    .await?;
+    drop(ticket);
+    let mut after = None;
+    while let Some(page) =
+        read_page_in(&tx, tap, tables, schema, schema_id, range, after, limit).await?
+    {
+        after = Some(page.last);
+        if !on_page(page).await {
+            return Ok(());
+        }
+    }
+    timed(TIMEOUT, "end reader snapshot", tx.commit()).await
+}
+
 /// Reads up to `limit` live entities (`ltbase_deleted_at IS NULL`) of `range` with
 /// `ltbase_row_id > after`, in row-id order — keyset paging, never OFFSET (docs/hazards.md #462) —
-/// and their EAV rows, in one repeatable-read snapshot. `None` when no row is left.
-pub async fn read_live_page(
-    conn: &mut TappedClient,
+/// and their EAV rows, in the transaction `tx`. `None` when no row is left.
+#[allow(clippy::too_many_arguments)]
+async fn read_page_in(
+    tx: &tokio_postgres::Transaction<'_>,
+    tap: &super::copy_tap::CopyTap,
     tables: &Tables,
     schema: &SchemaDef,
     schema_id: i16,
@@ -120,8 +248,6 @@ pub async fn read_live_page(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Option<LivePage>> {
-    let tap = &conn.tap;
-    let tx = begin_snapshot(&mut conn.client, "begin page snapshot").await?;
     let bound = bound_columns(schema);
     let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
     // Read with binary COPY (decoded without row objects). COPY takes no parameters: the only
@@ -140,9 +266,8 @@ pub async fn read_live_page(
         tables.entity.quoted()
     );
     let entities = BatchBuilder::entities(&bound, usize::try_from(limit).unwrap_or(0));
-    let (entities, rows) = copy_into(&tx, tap, "read entity page", &sql, entities).await?;
+    let (entities, rows) = copy_into(tx, tap, "read entity page", &sql, entities).await?;
     if rows == 0 {
-        timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
         return Ok(None);
     }
     let entities = entities.finish()?;
@@ -154,9 +279,8 @@ pub async fn read_live_page(
             "{} WHERE schema_id = {schema_id} AND row_id >= '{first}'::uuid AND row_id <= '{last}'::uuid",
             eav_select(tables, schema)
         );
-        eav = copy_into(&tx, tap, "read eav page", &sql, eav).await?.0;
+        eav = copy_into(tx, tap, "read eav page", &sql, eav).await?.0;
     }
-    timed(TIMEOUT, "end page snapshot", tx.commit()).await?;
     Ok(Some(LivePage {
         rows,
         entities,

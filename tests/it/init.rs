@@ -868,14 +868,25 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
         .unwrap()
     {
         for (conn, pages) in [(&mut tapped, &mut pages), (&mut plain, &mut untapped)] {
-            let mut after = None;
-            while let Some(p) = live::read_live_page(conn, &tables, &full, 100, range, after, 7)
+            let snapshot = live::ExportedSnapshot::export(&rig.ctx.connector)
                 .await
-                .unwrap()
-            {
-                after = Some(p.last);
-                pages.push(p);
-            }
+                .unwrap();
+            live::read_range(
+                conn,
+                snapshot.ticket(),
+                &tables,
+                &full,
+                100,
+                range,
+                7,
+                |p| {
+                    pages.push(p);
+                    async { true }
+                },
+            )
+            .await
+            .unwrap();
+            snapshot.release().await.unwrap();
         }
     }
     assert!(pages.len() >= 6, "{} pages", pages.len());
@@ -982,4 +993,156 @@ async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
             .unwrap()
             .is_none()
     );
+}
+
+/// The rows a writer's model holds live, with their versions.
+fn live_versions(w: &Writer) -> std::collections::BTreeMap<uuid::Uuid, i64> {
+    w.rows
+        .iter()
+        .filter(|(_, m)| !m.soft_deleted)
+        .map(|(id, m)| (*id, m.version))
+        .collect()
+}
+
+/// Runs init with three readers and pages of 10 rows; after the first page any reader hands
+/// over, `during` runs once on a second writer session. Returns the live rows and versions
+/// just before `during` ran, the shared writer, and the report.
+async fn init_with_writes_during_export(
+    rig: &Rig,
+    during: impl Fn(Arc<tokio::sync::Mutex<Writer>>) -> futures::future::BoxFuture<'static, ()>
+    + Send
+    + Sync
+    + 'static,
+) -> (
+    std::collections::BTreeMap<uuid::Uuid, i64>,
+    Arc<tokio::sync::Mutex<Writer>>,
+    lakecdc::init::InitReport,
+) {
+    let writer = Arc::new(tokio::sync::Mutex::new(
+        Writer::new(rig.db.client().await, 100).await,
+    ));
+    writer.lock().await.rows = rig.writer.rows.clone();
+    let before = live_versions(&rig.writer);
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (w2, f2, during) = (writer.clone(), fired.clone(), Arc::new(during));
+    let mut o = InitOptions {
+        readers: 3,
+        page_rows: 10,
+        max_file_rows: 40,
+        ..opts(rig)
+    };
+    o.after_page = Some(Arc::new(move |_| {
+        let (w, f, during) = (w2.clone(), f2.clone(), during.clone());
+        async move {
+            if !f.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                during(w).await;
+            }
+        }
+        .boxed()
+    }));
+    let report = init(rig, &o).await;
+    assert!(
+        fired.load(std::sync::atomic::Ordering::SeqCst),
+        "the writes ran during the export"
+    );
+    assert_eq!(report.schemas[0].outcome, Outcome::Exported);
+    (before, writer, report)
+}
+
+/// The lake's live rows and their versions (`changed_at`).
+async fn lake_versions(rig: &Rig) -> std::collections::BTreeMap<uuid::Uuid, i64> {
+    oracle::lake_state(rig.store.as_ref(), MANIFEST)
+        .await
+        .into_iter()
+        .filter(|(_, r)| r.deleted_at == 0)
+        .map(|(id, r)| (id, r.changed_at))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn init_over_random_ids_exports_its_snapshot_while_rows_are_deleted_and_inserted() {
+    // docs/hazards.md #462 (made moot by the single snapshot) and #210
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(2001);
+    // Random (UUIDv4-like) ids, inserted in random order.
+    let ids = rig.seed(240, &mut r).await;
+    assert!(
+        ids.windows(2).filter(|w| w[0] > w[1]).count() > 60,
+        "the ids are not in insertion order"
+    );
+    let (before, writer, report) = init_with_writes_during_export(&rig, |w| {
+        async move {
+            let mut w = w.lock().await;
+            let mut r = Rng::new(77);
+            let live: Vec<_> = live_versions(&w).into_keys().collect();
+            // Deletes all over the id space (most of them in pages not read yet), hard and
+            // soft, and inserts and updates.
+            for (i, id) in live.iter().enumerate() {
+                if i % 8 == 0 {
+                    w.hard_delete(*id).await;
+                } else if i % 11 == 3 {
+                    w.soft_delete(*id).await;
+                } else if i % 13 == 5 {
+                    w.update(*id, Customer::random(&mut r)).await;
+                }
+            }
+            for _ in 0..25 {
+                w.create(r.uuid(), Customer::random(&mut r)).await;
+            }
+        }
+        .boxed()
+    })
+    .await;
+    // The lake holds exactly the state of the snapshot: no row deleted during the export is
+    // missing, no row inserted during it is there, every version is the snapshot's.
+    assert_eq!(lake_versions(&rig).await, before);
+    assert_eq!(report.schemas[0].rows, before.len() as u64);
+    // Then flush brings the writes made during the export.
+    {
+        let w = writer.lock().await;
+        rig.writer.rows = w.rows.clone();
+        rig.writer.deleted = w.deleted.clone();
+    }
+    assert_ne!(
+        live_versions(&rig.writer),
+        before,
+        "the writes changed the source"
+    );
+    rig.flush().await;
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!(dirty, 0);
+    assert_eq!(compared, live_versions(&rig.writer).len());
+    assert_eq!(lake_versions(&rig).await, live_versions(&rig.writer));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_init_reader_reads_the_same_exported_snapshot() {
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(2002);
+    rig.seed(180, &mut r).await;
+    // After the first page any reader hands over, every live row gets a new version and some
+    // go: the other readers have not started most of their ranges yet. Read in snapshots of
+    // their own, they would export the new versions there.
+    let (before, _writer, report) = init_with_writes_during_export(&rig, |w| {
+        async move {
+            let mut w = w.lock().await;
+            let mut r = Rng::new(78);
+            let live: Vec<_> = live_versions(&w).into_keys().collect();
+            for (i, id) in live.iter().enumerate() {
+                if i % 10 == 0 {
+                    w.hard_delete(*id).await;
+                } else {
+                    w.update(*id, Customer::random(&mut r)).await;
+                }
+            }
+        }
+        .boxed()
+    })
+    .await;
+    assert!(
+        report.schemas[0].files.len() >= 3,
+        "the readers wrote several files: {:?}",
+        report.schemas[0].files
+    );
+    assert_eq!(lake_versions(&rig).await, before);
 }
