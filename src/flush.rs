@@ -2,10 +2,11 @@
 //!
 //! Per schema, under its advisory lock, each batch runs these side effects in this order:
 //!
-//! 1. select up to `batch_size` dirty slots by `(changed_at, row_id)` (keyset paging) and
-//! 2. read their entity and EAV rows, all in ONE repeatable-read snapshot, so the file holds
-//!    exactly the versions selected; DuckDB writes the local Parquet file (the next batches
-//!    are selected and read meanwhile, on two connections: `read_ahead`);
+//! 1. select the oldest dirty slots by `(changed_at, row_id)` (keyset paging) a window at a
+//!    time, sorted by `row_id` and cut into batches of `batch_size` (`read_ahead`), and
+//! 2. read the batch's slots again and their entity and EAV rows, all in ONE repeatable-read
+//!    snapshot, so the file holds exactly the versions read; DuckDB writes the local Parquet
+//!    file (the next batches are read meanwhile, on two connections: `read_ahead`);
 //! 3. upload it to `_tmp/{uuid}`, copy to the delta key `{uuidv7}`, delete the tmp;
 //! 4. append the entry to the manifest (conditional write, re-applied on a confirmed conflict);
 //!    the data prefix must be this manifest's (`_owner.json`, checked before the first upload,
@@ -549,7 +550,10 @@ async fn drain(
         let Some(batch) = next else {
             break;
         };
-        let full = i64::try_from(batch.slots().len()).unwrap_or(i64::MAX) >= opts.batch_size;
+        // Every slot of the batch was flushed since its window was selected: nothing to write.
+        if batch.slots().is_empty() {
+            continue;
+        }
         report.batches += 1;
         // Before the first batch is written (or planned: a plan fails where the run would),
         // another manifest's prefix fails the schema: its readers would never see deltas
@@ -589,9 +593,6 @@ async fn drain(
                 };
                 *pending = Some(start_mark(ctx, &mc, schema_id, snap.versions));
             }
-        }
-        if !full {
-            break;
         }
     }
     Ok(())

@@ -1,10 +1,19 @@
-//! Batch reads running ahead of the export, on up to two connections. A batch's selection
-//! fixes where the next one starts, so batch k+1 is selected (on the other connection, in
-//! its own repeatable-read snapshot) while batch k's entity and EAV rows are still being
-//! read: PostgreSQL serves two reads at once and the drain seldom waits for one. Batches
-//! come out in selection order; reads still in flight when the drain stops are aborted
-//! (they write nothing). When the second connection cannot be opened (a connection limit),
-//! the reads take turns on the first.
+//! Batch reads running ahead of the export, on up to two connections.
+//!
+//! Slots are selected in windows: the oldest `WINDOW_BATCHES` batches' worth of dirty slots by
+//! `(changed_at, row_id)` (keyset paging, so a run never revisits a slot it has planned), sorted
+//! by `row_id` and cut into batches (docs/design.md §4.1). A batch is then a narrow slice of the
+//! row-id space, whatever the id order: its entity, EAV and mark statements work on a few
+//! neighbouring index leaves instead of leaves all over the indexes, which is what made random
+//! (UUIDv4) ids cost twice as much as time-ordered ones. The oldest rows still go first, a
+//! window at a time.
+//!
+//! Each batch reads its slots again, and then their payload, in its own repeatable-read
+//! snapshot, on whichever of the two connections is free, so batch k+1 is read while batch k's
+//! rows are still being decoded: PostgreSQL serves two reads at once and the drain seldom
+//! waits for one. Batches come out in the order they were cut; reads still in flight when the
+//! drain stops are aborted (they write nothing). When the second connection cannot be opened
+//! (a connection limit), the reads take turns on the first.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -127,7 +136,52 @@ impl Pool {
 
 /// Sends the last slot of a full selection (where the next batch starts), or `None` when the
 /// selection was the last.
-type Cursor = oneshot::Sender<Option<Selected>>;
+/// Batches of a window are cut from this many batches' worth of slots.
+const WINDOW_BATCHES: i64 = 20;
+
+/// What the selection has planned so far, handed from each batch's read to the next one's.
+#[derive(Default)]
+struct Windows {
+    /// Batches cut and not yet taken, in order.
+    cut: VecDeque<Vec<Selected>>,
+    /// Where the next window starts (the last slot of the one before).
+    after: Option<Selected>,
+    /// The last window was not full: nothing is left to select.
+    exhausted: bool,
+}
+
+impl Windows {
+    /// The next batch's slots, selecting the next window on `conn` when none is cut; `None`
+    /// when nothing is left.
+    async fn take(&mut self, plan: &Plan, conn: &Conn) -> Result<Option<Vec<Selected>>> {
+        if self.cut.is_empty() && !self.exhausted {
+            let t = Instant::now();
+            let limit = plan.batch_size.saturating_mul(WINDOW_BATCHES);
+            let window = snapshot::select(
+                &conn.conn.client,
+                &conn.stmts,
+                plan.schema_id,
+                limit,
+                self.after,
+            )
+            .await?;
+            step_done("select window", t);
+            self.exhausted = i64::try_from(window.len()).unwrap_or(i64::MAX) < limit;
+            self.after = window.last().copied();
+            self.cut = cut(window, plan.batch_size);
+        }
+        Ok(self.cut.pop_front())
+    }
+}
+
+/// Sorts a window by row id and cuts it into batches of at most `batch_size` slots.
+fn cut(mut window: Vec<Selected>, batch_size: i64) -> VecDeque<Vec<Selected>> {
+    window.sort_unstable_by_key(|s| s.row_id);
+    let size = usize::try_from(batch_size.max(1)).unwrap_or(usize::MAX);
+    window.chunks(size).map(<[Selected]>::to_vec).collect()
+}
+
+type Cursor = oneshot::Sender<Windows>;
 
 type Read = JoinHandle<Result<Option<(Conn, Fetched)>>>;
 
@@ -139,7 +193,7 @@ pub(super) struct ReadAhead {
     /// Reads started so far.
     started: u32,
     /// Where the batch after the newest read starts, once that read's selection is known.
-    newest: Option<oneshot::Receiver<Option<Selected>>>,
+    newest: Option<oneshot::Receiver<Windows>>,
 }
 
 impl ReadAhead {
@@ -195,23 +249,23 @@ impl ReadAhead {
 
     /// Starts a read after the one `previous` tells of (or the first), unless `--max-batches`
     /// reads are started already.
-    fn spawn(&mut self, previous: Option<oneshot::Receiver<Option<Selected>>>, cursor: Cursor) {
+    fn spawn(&mut self, previous: Option<oneshot::Receiver<Windows>>, cursor: Cursor) {
         if self.plan.max_batches.is_some_and(|m| self.started >= m) {
             return;
         }
         let (plan, pool) = (self.plan.clone(), self.pool.clone());
         self.started += 1;
         self.reads.push_back(tokio::spawn(async move {
-            let after = match previous {
-                None => None,
+            let windows = match previous {
+                None => Windows::default(),
                 Some(rx) => match rx.await {
-                    Ok(Some(last)) => Some(last),
-                    // The batch before was the last, or failed (its own read reports that).
-                    Ok(None) | Err(_) => return Ok(None),
+                    Ok(windows) => windows,
+                    // The read before failed (it reports that).
+                    Err(_) => return Ok(None),
                 },
             };
             let conn = pool.acquire(&plan).await;
-            read(&plan, conn, after, cursor).await
+            read(&plan, conn, windows, cursor).await
         }));
     }
 }
@@ -224,52 +278,37 @@ impl Drop for ReadAhead {
     }
 }
 
-/// Where the batch after `selected` starts: its last slot when the selection is full.
-fn next_start(selected: &[Selected], limit: i64) -> Option<Selected> {
-    if i64::try_from(selected.len()).unwrap_or(i64::MAX) >= limit {
-        selected.last().copied()
-    } else {
-        None
-    }
-}
-
-/// Steps 1 and 2 for the batch after `after`: selection and payload in one snapshot (in a
-/// dry run only the selection); `None` when no slot is left. The selection's end goes to
-/// `cursor` as soon as it is known.
+/// Steps 1 and 2 for the next batch: its slots from the windows (selecting the next window
+/// when needed), then, in one snapshot, its slots again and their payload (in a dry run only
+/// the slots). `None` when no slot is left. The windows go on to the next read as soon as this
+/// batch has taken its slots.
 async fn read(
     plan: &Plan,
     mut conn: Conn,
-    after: Option<Selected>,
+    mut windows: Windows,
     cursor: Cursor,
 ) -> Result<Option<(Conn, Fetched)>> {
-    let (schema_id, limit) = (plan.schema_id, plan.batch_size);
-    let t = Instant::now();
+    let schema_id = plan.schema_id;
+    let slots = windows.take(plan, &conn).await?;
+    let _ = cursor.send(windows);
+    let Some(slots) = slots else {
+        return Ok(None);
+    };
     if plan.dry_run {
-        let selected =
-            snapshot::select(&conn.conn.client, &conn.stmts, schema_id, limit, after).await?;
-        let _ = cursor.send(next_start(&selected, limit));
-        step_done("select", t);
-        return Ok((!selected.is_empty()).then(|| (conn, Fetched::Planned(selected))));
+        return Ok(Some((conn, Fetched::Planned(slots))));
     }
+    let t = Instant::now();
     let hook = plan.before_payload.clone();
-    let read = snapshot::read_next(
-        &mut conn.conn,
-        &conn.stmts,
-        schema_id,
-        limit,
-        after,
-        move |selected| {
-            let _ = cursor.send(next_start(selected, limit));
-            // The ids are gathered only for a test hook.
-            let call = hook.map(|h| (h, selected.iter().map(|s| s.row_id).collect()));
-            async move {
-                if let Some((h, ids)) = call {
-                    h(schema_id, ids).await;
-                }
+    let snap = snapshot::read_chunk(&mut conn.conn, &conn.stmts, schema_id, &slots, move |selected| {
+        // The ids are gathered only for a test hook.
+        let call = hook.map(|h| (h, selected.iter().map(|s| s.row_id).collect()));
+        async move {
+            if let Some((h, ids)) = call {
+                h(schema_id, ids).await;
             }
-        },
-    )
+        }
+    })
     .await?;
     step_done("select and read snapshot", t);
-    Ok(read.map(|snap| (conn, Fetched::Read(snap))))
+    Ok(Some((conn, Fetched::Read(snap))))
 }

@@ -120,6 +120,7 @@ pub async fn tune_for_lookups(client: &Client) -> Result<()> {
 pub struct BatchStatements {
     first: Statement,
     after: Statement,
+    by_id: Statement,
     entities: Statement,
     /// The bound slot columns the entity read returns.
     bound: Vec<(String, SlotType)>,
@@ -139,6 +140,14 @@ impl BatchStatements {
             "SELECT row_id, changed_at, deleted_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
              AND changed_at >= $3 AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
         );
+        // A chunk's slots, read again inside its snapshot (see `read_chunk`) by their tuple
+        // addresses (a TID scan, no index descent), checking the row id and that they are
+        // still dirty.
+        let by_id = format!(
+            "SELECT cl.row_id, cl.changed_at, cl.deleted_at, cl.ctid \
+             FROM unnest($2::tid[], $3::uuid[]) AS v(tid, row_id) JOIN {cl} AS cl ON cl.ctid = v.tid \
+             WHERE cl.schema_id = $1 AND cl.flushed_at = 0 AND cl.row_id = v.row_id ORDER BY cl.row_id"
+        );
         let bound = bound_columns(schema);
         let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
         let entities = format!(
@@ -156,6 +165,7 @@ impl BatchStatements {
         Ok(Self {
             first: timed(TIMEOUT, "prepare change_log read", client.prepare(&first)).await?,
             after: timed(TIMEOUT, "prepare change_log read", client.prepare(&after)).await?,
+            by_id: timed(TIMEOUT, "prepare change_log read", client.prepare(&by_id)).await?,
             entities: timed(
                 TIMEOUT,
                 "prepare entity_main read",
@@ -173,8 +183,9 @@ impl BatchStatements {
 }
 
 /// Selects up to `limit` dirty slots ordered by `(changed_at, row_id)`, strictly after `after`
-/// when given (keyset paging, so a run never revisits a slot it has planned). The dry run's
-/// selection; a real batch selects inside its snapshot ([`read_next`]).
+/// when given (keyset paging, so a run never revisits a slot it has planned): a flush's
+/// selection window, whose batches then read their slots again inside their snapshots
+/// ([`read_chunk`]).
 pub async fn select(
     client: &Client,
     stmts: &BatchStatements,
@@ -218,6 +229,39 @@ fn selected(slots: &[Row]) -> Vec<Selected> {
         .collect()
 }
 
+/// Reads one chunk of a selection window (docs/design.md §4.1): the chunk's slots, read again
+/// by tuple address, and their entity and EAV rows, all in ONE repeatable-read snapshot, so the
+/// payload is exactly the versions the slots carry in that snapshot (no skew,
+/// docs/hazards.md #45). A slot written since the window was selected has moved to a new tuple
+/// with a newer version: it is not read here and stays dirty for a later window or run. `before_payload` runs between the slots' read and the payload reads (a test
+/// seam). The entity and EAV reads run as bitmap scans: a chunk's ids are a narrow, sorted
+/// slice of the row-id space, so each index is descended over a few neighbouring leaves and
+/// each heap page is visited once, in physical order, whatever the id order.
+pub async fn read_chunk<F: std::future::Future<Output = ()>>(
+    conn: &mut TappedClient,
+    stmts: &BatchStatements,
+    schema_id: i16,
+    chunk: &[Selected],
+    before_payload: impl FnOnce(&[Selected]) -> F,
+) -> Result<Snapshot> {
+    let tx = begin_snapshot(&mut conn.client, "begin snapshot").await?;
+    let tids: Vec<Tid> = chunk.iter().map(|s| s.tid).collect();
+    let ids: Vec<Uuid> = chunk.iter().map(|s| s.row_id).collect();
+    let params: [&(dyn ToSql + Sync); 3] = [&schema_id, &tids, &ids];
+    let slots = timed(TIMEOUT, "select batch", tx.query(&stmts.by_id, &params)).await?;
+    // Only for this transaction, so that the payload statements' cached generic plans (made
+    // at their first run, which is always here) are bitmap scans; the window selection keeps
+    // its ordered index scan.
+    timed(
+        TIMEOUT,
+        "tune snapshot",
+        tx.batch_execute("SET LOCAL enable_indexscan = off"),
+    )
+    .await?;
+    let snapshot = read_payload(&conn.tap, tx, stmts, schema_id, slots, before_payload).await?;
+    Ok(snapshot)
+}
+
 /// Selects the next batch — up to `limit` dirty slots by `(changed_at, row_id)` after `after` —
 /// and reads their entity and EAV rows, all in ONE repeatable-read snapshot: the payload is
 /// exactly the versions selected (no skew, docs/hazards.md #45). `before_payload` runs between the
@@ -238,6 +282,20 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
         timed(TIMEOUT, "end snapshot", tx.commit()).await?;
         return Ok(None);
     }
+    read_payload(tap, tx, stmts, schema_id, slots, before_payload)
+        .await
+        .map(Some)
+}
+
+/// Reads the entity and EAV rows of `slots` in the snapshot `tx` and commits it.
+async fn read_payload<F: std::future::Future<Output = ()>>(
+    tap: &copy_tap::CopyTap,
+    tx: tokio_postgres::Transaction<'_>,
+    stmts: &BatchStatements,
+    schema_id: i16,
+    slots: Vec<Row>,
+    before_payload: impl FnOnce(&[Selected]) -> F,
+) -> Result<Snapshot> {
     let selected = selected(&slots);
     before_payload(&selected).await;
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
@@ -280,7 +338,7 @@ pub async fn read_next<F: std::future::Future<Output = ()>>(
         entities: entities.finish()?,
         eav: eav.finish()?,
     };
-    Ok(Some(snapshot))
+    Ok(snapshot)
 }
 
 /// The mark step (`flushed_at = T`) on its own connection, its statement prepared once.
