@@ -79,6 +79,10 @@ impl std::fmt::Debug for FlushHooks {
 pub use crate::job::Context;
 pub use crate::policy::FlushThresholds;
 
+/// Batches cut from one selection window by default: a batch then spans a twentieth of the
+/// window's row-id range (docs/design.md §4.1).
+pub const WINDOW_BATCHES: u32 = 20;
+
 /// Flush options (defaults as in docs/design.md §4.1).
 #[derive(Debug, Clone)]
 pub struct FlushOptions {
@@ -94,6 +98,9 @@ pub struct FlushOptions {
     pub force: bool,
     /// Rows per batch (and per delta file).
     pub batch_size: i64,
+    /// Batches cut from one selection window: the oldest `window_batches × batch_size` dirty
+    /// slots are selected at once, sorted by row id and cut into batches (docs/design.md §4.1).
+    pub window_batches: u32,
     /// Stop a schema after this many batches.
     pub max_batches: Option<u32>,
     /// Start no batch after this much time.
@@ -128,6 +135,7 @@ impl Default for FlushOptions {
             max_age: Duration::from_secs(3600),
             force: false,
             batch_size: 10_000,
+            window_batches: WINDOW_BATCHES,
             max_batches: None,
             time_budget: Duration::from_secs(50),
             dry_run: false,
@@ -515,6 +523,7 @@ async fn drain(
         def: def.clone(),
         schema_id,
         batch_size: opts.batch_size,
+        window_batches: opts.window_batches,
         dry_run: opts.dry_run,
         max_batches: opts.max_batches,
         before_payload: hooks.before_export.clone(),

@@ -323,6 +323,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 max_age: t.max_age,
                 force: t.force,
                 batch_size: at_least_one(s, "batch-size")?,
+                window_batches: crate::flush::WINDOW_BATCHES,
                 max_batches: s.number("max-batches")?,
                 time_budget: duration(s, "time-budget")?,
                 dry_run,

@@ -1,6 +1,6 @@
 //! Batch reads running ahead of the export, on up to two connections.
 //!
-//! Slots are selected in windows: the oldest `WINDOW_BATCHES` batches' worth of dirty slots by
+//! Slots are selected in windows: the oldest `window_batches` batches' worth of dirty slots by
 //! `(changed_at, row_id)` (keyset paging, so a run never revisits a slot it has planned), sorted
 //! by `row_id` and cut into batches (docs/design.md §4.1). A batch is then a narrow slice of the
 //! row-id space, whatever the id order: its entity, EAV and mark statements work on a few
@@ -56,6 +56,8 @@ pub(super) struct Plan {
     pub def: SchemaDef,
     pub schema_id: i16,
     pub batch_size: i64,
+    /// Batches cut from one selection window.
+    pub window_batches: u32,
     /// Select only; read no snapshot.
     pub dry_run: bool,
     /// Read no more batches than this (`--max-batches`).
@@ -136,9 +138,6 @@ impl Pool {
 
 /// Sends the last slot of a full selection (where the next batch starts), or `None` when the
 /// selection was the last.
-/// Batches of a window are cut from this many batches' worth of slots.
-const WINDOW_BATCHES: i64 = 20;
-
 /// What the selection has planned so far, handed from each batch's read to the next one's.
 #[derive(Default)]
 struct Windows {
@@ -156,7 +155,9 @@ impl Windows {
     async fn take(&mut self, plan: &Plan, conn: &Conn) -> Result<Option<Vec<Selected>>> {
         if self.cut.is_empty() && !self.exhausted {
             let t = Instant::now();
-            let limit = plan.batch_size.saturating_mul(WINDOW_BATCHES);
+            let limit = plan
+                .batch_size
+                .saturating_mul(i64::from(plan.window_batches.max(1)));
             let window = snapshot::select(
                 &conn.conn.client,
                 &conn.stmts,
@@ -290,24 +291,34 @@ async fn read(
 ) -> Result<Option<(Conn, Fetched)>> {
     let schema_id = plan.schema_id;
     let slots = windows.take(plan, &conn).await?;
-    let _ = cursor.send(windows);
     let Some(slots) = slots else {
+        let _ = cursor.send(windows);
         return Ok(None);
     };
     if plan.dry_run {
+        let _ = cursor.send(windows);
         return Ok(Some((conn, Fetched::Planned(slots))));
     }
     let t = Instant::now();
     let hook = plan.before_payload.clone();
-    let snap = snapshot::read_chunk(&mut conn.conn, &conn.stmts, schema_id, &slots, move |selected| {
-        // The ids are gathered only for a test hook.
-        let call = hook.map(|h| (h, selected.iter().map(|s| s.row_id).collect()));
-        async move {
-            if let Some((h, ids)) = call {
-                h(schema_id, ids).await;
+    let snap = snapshot::read_chunk(
+        &mut conn.conn,
+        &conn.stmts,
+        schema_id,
+        &slots,
+        move |selected| {
+            // The next batch's read goes on once this one has read its slots in its snapshot, so
+            // batches reach that point (and the test hook) in order.
+            let _ = cursor.send(windows);
+            // The ids are gathered only for a test hook.
+            let call = hook.map(|h| (h, selected.iter().map(|s| s.row_id).collect()));
+            async move {
+                if let Some((h, ids)) = call {
+                    h(schema_id, ids).await;
+                }
             }
-        }
-    })
+        },
+    )
     .await?;
     step_done("select and read snapshot", t);
     Ok(Some((conn, Fetched::Read(snap))))

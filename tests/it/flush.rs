@@ -1499,11 +1499,12 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
-    // Batch k+1 is selected and read on a second connection while batch k is still being
-    // read. However the reads interleave, file k holds exactly the k-th run of the dirty
-    // slots in (changed_at, row_id) order, every slot is exported and marked once, and no
-    // batch beyond --max-batches is read.
+    // Batch k+1 is read on a second connection while batch k is still being read. With
+    // windows of one batch, however the reads interleave, file k holds exactly the k-th run of
+    // the dirty slots in (changed_at, row_id) order, every slot is exported and marked once,
+    // and no batch beyond --max-batches is read.
     let mut rig = rig(LakeKind::S3).await;
+    rig.opts.window_batches = 1;
     let mut r = Rng::new(4242);
     rig.seed(250, &mut r).await;
     let order: Vec<Uuid> = rig
@@ -1577,9 +1578,11 @@ async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
         "{s:?}"
     );
     let calls = calls.lock().unwrap().clone();
+    // A batch's slots come sorted by row id.
+    let second_first = order[120..160].iter().min().copied().unwrap();
     assert_eq!(
         calls[1],
-        ("start", order[120]),
+        ("start", second_first),
         "the second batch is read while the first waits: {calls:?}"
     );
 
@@ -1606,6 +1609,7 @@ async fn a_read_failing_ahead_leaves_the_committed_batch_marked_and_the_rest_dir
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(5151);
     rig.seed(120, &mut r).await;
+    rig.opts.window_batches = 1;
     let committed = Arc::new(tokio::sync::Notify::new());
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (url, on_commit, count) = (rig.db.url.clone(), committed.clone(), calls.clone());
@@ -1791,22 +1795,43 @@ async fn equal_versions_across_batch_boundaries_are_exported_once_each() {
         )
         .await
         .unwrap();
+    // Windows of 14 slots, each cut into two batches of 7: window boundaries fall inside the
+    // runs of equal versions.
     rig.opts.batch_size = 7;
+    rig.opts.window_batches = 2;
     let report = rig.flush().await;
     let s = only(&report);
     assert_eq!((s.rows_exported, s.rows_left_dirty), (90, 0), "{s:?}");
-    assert_eq!(s.files.len(), 13, "ceil(90 / 7) batches");
-    // Batch after batch in (changed_at, row_id) order, every row exactly once.
+    assert_eq!(
+        s.files.len(),
+        13,
+        "six windows of two batches and one of 6 rows"
+    );
+    // Window after window in (changed_at, row_id) order, every row exactly once; within a
+    // window, batch after batch in row-id order.
     let mut last: Option<(i64, Uuid)> = None;
     let mut seen = BTreeSet::new();
-    for f in &s.files {
-        let rows = oracle::read_parquet(rig.store.get_bytes(&f.path).await.unwrap().bytes);
-        let mut keys: Vec<(i64, Uuid)> = rows.iter().map(|(id, r)| (r.changed_at, *id)).collect();
+    for window in s.files.chunks(2) {
+        let mut keys: Vec<(i64, Uuid)> = Vec::new();
+        let mut ids_by_batch: Vec<Vec<Uuid>> = Vec::new();
+        for f in window {
+            let rows = oracle::read_parquet(rig.store.get_bytes(&f.path).await.unwrap().bytes);
+            keys.extend(rows.iter().map(|(id, r)| (r.changed_at, *id)));
+            let mut ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+            ids.sort();
+            ids_by_batch.push(ids);
+        }
+        if let [a, b] = &ids_by_batch[..] {
+            assert!(
+                a.last() < b.first(),
+                "the window's batches are cut in row-id order"
+            );
+        }
         keys.sort();
         assert!(
             last.is_none_or(|l| l < keys[0]),
-            "{} starts at or before the previous batch's end",
-            f.path
+            "{} starts at or before the previous window's end",
+            window[0].path
         );
         last = keys.last().copied();
         for (_, id) in keys {
@@ -1815,4 +1840,81 @@ async fn equal_versions_across_batch_boundaries_are_exported_once_each() {
     }
     assert_eq!(seen, ids.iter().copied().collect::<BTreeSet<_>>());
     assert!(oracle::dirty(&rig.writer).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_rewritten_after_its_window_was_selected_is_exported_at_its_new_version_once() {
+    // docs/hazards.md #45: a window's later batches read their slots again in their own
+    // snapshots; a slot rewritten in between has moved to a newer tuple, is not read with its
+    // old batch, and goes out once, at its new version, with a later window.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(4545);
+    rig.seed(60, &mut r).await;
+    rig.opts.batch_size = 10;
+    rig.opts.window_batches = 3;
+    let order: Vec<Uuid> = rig
+        .writer
+        .client
+        .query(
+            "SELECT row_id FROM change_log WHERE flushed_at = 0 ORDER BY changed_at, row_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    // The first window is the 30 oldest slots; its largest row id is in its third batch.
+    let victim = order[..30].iter().max().copied().unwrap();
+    let writer = Arc::new(tokio::sync::Mutex::new(
+        Writer::new(rig.db.client().await, CUSTOMER).await,
+    ));
+    writer.lock().await.rows = rig.writer.rows.clone();
+    let (w2, fired) = (
+        writer.clone(),
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let f2 = fired.clone();
+    let hooks = FlushHooks {
+        before_export: Some(Rig::hook(move || {
+            let (w, f) = (w2.clone(), f2.clone());
+            async move {
+                if !f.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let mut r = Rng::new(46);
+                    w.lock()
+                        .await
+                        .update(victim, Customer::random(&mut r))
+                        .await;
+                }
+            }
+            .boxed()
+        })),
+        ..Default::default()
+    };
+    let report = rig.flush_with(&hooks).await;
+    assert!(fired.load(std::sync::atomic::Ordering::SeqCst));
+    {
+        let w = writer.lock().await;
+        rig.writer.rows = w.rows.clone();
+    }
+    let s = only(&report);
+    assert_eq!((s.rows_exported, s.rows_left_dirty), (60, 0), "{s:?}");
+    let new_version = rig.writer.rows[&victim].version;
+    let mut copies = Vec::new();
+    for (k, f) in s.files.iter().enumerate() {
+        let rows = oracle::read_parquet(rig.store.get_bytes(&f.path).await.unwrap().bytes);
+        for (id, row) in rows {
+            if id == victim {
+                copies.push((k, row.changed_at));
+            }
+        }
+    }
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let (file, version) = copies[0];
+    assert_eq!(version, new_version);
+    assert!(
+        file >= 3,
+        "exported with a later window, not in file {file}"
+    );
+    assert_eq!(rig.assert_oracle().await, (60, 0));
 }

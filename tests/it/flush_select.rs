@@ -66,6 +66,8 @@ async fn selection_fails_at(k: usize) {
     let mut r = Rng::new(3000 + k as u64);
     rig.seed(ROWS, &mut r).await;
     assert_eq!(rig.opts.batch_size as usize, BATCH);
+    // One batch per selection window: the window selection is the batch's selection.
+    rig.opts.window_batches = 1;
     // The dirty slots in selection order.
     let order: Vec<(Uuid, i64)> = rig
         .writer
