@@ -1507,18 +1507,7 @@ async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
     rig.opts.window_batches = 1;
     let mut r = Rng::new(4242);
     rig.seed(250, &mut r).await;
-    let order: Vec<Uuid> = rig
-        .writer
-        .client
-        .query(
-            "SELECT row_id FROM change_log WHERE flushed_at = 0 ORDER BY changed_at, row_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let order = dirty_in_selection_order(&rig).await;
     assert_eq!(order.len(), 250);
 
     // --max-batches bounds the reads too: no batch is read beyond it.
@@ -1852,18 +1841,7 @@ async fn a_slot_rewritten_after_its_window_was_selected_is_exported_at_its_new_v
     rig.seed(60, &mut r).await;
     rig.opts.batch_size = 10;
     rig.opts.window_batches = 3;
-    let order: Vec<Uuid> = rig
-        .writer
-        .client
-        .query(
-            "SELECT row_id FROM change_log WHERE flushed_at = 0 ORDER BY changed_at, row_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let order = dirty_in_selection_order(&rig).await;
     // The first window is the 30 oldest slots; its largest row id is in its third batch.
     let victim = order[..30].iter().max().copied().unwrap();
     let writer = Arc::new(tokio::sync::Mutex::new(
@@ -1917,4 +1895,19 @@ async fn a_slot_rewritten_after_its_window_was_selected_is_exported_at_its_new_v
         "exported with a later window, not in file {file}"
     );
     assert_eq!(rig.assert_oracle().await, (60, 0));
+}
+
+/// The dirty slots' row ids in `(changed_at, row_id)` order.
+async fn dirty_in_selection_order(rig: &Rig) -> Vec<Uuid> {
+    rig.writer
+        .client
+        .query(
+            "SELECT row_id FROM change_log WHERE flushed_at = 0 ORDER BY changed_at, row_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
 }
