@@ -155,9 +155,7 @@ impl Windows {
     async fn take(&mut self, plan: &Plan, conn: &Conn) -> Result<Option<Vec<Selected>>> {
         if self.cut.is_empty() && !self.exhausted {
             let t = Instant::now();
-            let limit = plan
-                .batch_size
-                .saturating_mul(i64::from(plan.window_batches.max(1)));
+            let limit = window_rows(plan.batch_size, plan.window_batches);
             let window = snapshot::select(
                 &conn.conn.client,
                 &conn.stmts,
@@ -173,6 +171,19 @@ impl Windows {
         }
         Ok(self.cut.pop_front())
     }
+}
+
+/// The most slots one window selects beyond a single batch: the selection's rows are held
+/// (as driver rows, then as slots) until the window is cut.
+const WINDOW_MAX_ROWS: i64 = 200_000;
+
+/// Slots per window: `window_batches` batches, at most [`WINDOW_MAX_ROWS`] unless one batch is
+/// larger.
+fn window_rows(batch_size: i64, window_batches: u32) -> i64 {
+    let batch = batch_size.max(1);
+    batch
+        .saturating_mul(i64::from(window_batches.max(1)))
+        .min(WINDOW_MAX_ROWS.max(batch))
 }
 
 /// Sorts a window by row id and cuts it into batches of at most `batch_size` slots.
@@ -322,4 +333,34 @@ async fn read(
     .await?;
     step_done("select and read snapshot", t);
     Ok(Some((conn, Fetched::Read(snap))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    #[test]
+    fn a_window_holds_its_batches_up_to_a_bound_but_never_less_than_one_batch() {
+        assert_eq!(window_rows(10_000, 20), 200_000);
+        assert_eq!(window_rows(7, 2), 14);
+        assert_eq!(window_rows(40, 0), 40);
+        assert_eq!(window_rows(100_000, 20), 200_000);
+        assert_eq!(window_rows(500_000, 20), 500_000);
+    }
+
+    #[test]
+    fn a_window_is_cut_in_row_id_order() {
+        let slot = |n: u128, v: i64| Selected {
+            row_id: Uuid::from_u128(n),
+            changed_at: v,
+            tid: Default::default(),
+        };
+        let window = vec![slot(5, 1), slot(2, 2), slot(9, 3), slot(1, 4), slot(7, 5)];
+        let cut: Vec<Vec<u128>> = cut(window, 2)
+            .into_iter()
+            .map(|b| b.iter().map(|s| s.row_id.as_u128()).collect())
+            .collect();
+        assert_eq!(cut, [vec![1, 2], vec![5, 7], vec![9]]);
+    }
 }

@@ -38,7 +38,7 @@ pub struct Selected {
 /// A tuple's physical address (`ctid`). The mark uses it only to find a slot quickly and still
 /// checks `row_id`, `changed_at` and `flushed_at`: a slot whose tuple moved since the selection
 /// (an update, `VACUUM FULL`) is not marked and stays dirty — the safe side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tid {
     block: u32,
     offset: u16,
