@@ -60,17 +60,24 @@ async fn tapped() -> (TestDb, TappedClient) {
     (db, conn)
 }
 
-/// Asserts that `client`'s session runs over TLS (where the tap can be live).
+/// Asserts that `client`'s session runs over TLS.
 async fn assert_tls(client: &tokio_postgres::Client) {
-    let ssl: bool = client
+    assert!(
+        uses_tls(client).await,
+        "the test cluster's connections use TLS"
+    );
+}
+
+/// Whether `client`'s session runs over TLS.
+async fn uses_tls(client: &tokio_postgres::Client) -> bool {
+    client
         .query_one(
             "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
             &[],
         )
         .await
         .unwrap()
-        .get(0);
-    assert!(ssl, "the test cluster's connections use TLS");
+        .get(0)
 }
 
 fn sink() -> Arc<Mutex<Collected>> {
@@ -566,16 +573,11 @@ async fn init_and_flush_write_the_same_lake_over_tls_and_plain_with_the_tap_on_a
         assert_eq!(connector.copy_tap(), tap, "{what}");
         {
             let conn = connector.connect_tapped().await.unwrap();
-            let ssl: bool = conn
-                .client
-                .query_one(
-                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            assert_eq!(ssl, tls, "{what}: the session's transport");
+            assert_eq!(
+                uses_tls(&conn.client).await,
+                tls,
+                "{what}: the session's transport"
+            );
             assert_eq!(conn.tap.is_live(), tap, "{what}");
         }
         let lake = export(&rig.ctx, connector).await;
