@@ -138,6 +138,14 @@ impl ExportedSnapshot {
         let (id_tx, id_rx) = tokio::sync::oneshot::channel::<String>();
         let (imported, mut waiting) = tokio::sync::mpsc::channel::<()>(1);
         let holder = tokio::spawn(async move {
+            // Idle in its transaction until the readers have imported the snapshot: a
+            // server-wide idle-in-transaction limit must not end it first.
+            timed(
+                TIMEOUT,
+                "tune snapshot holder",
+                client.batch_execute("SET idle_in_transaction_session_timeout = 0"),
+            )
+            .await?;
             let tx = begin_snapshot(&mut client, "begin exported snapshot").await?;
             let row = timed(
                 TIMEOUT,

@@ -1153,3 +1153,37 @@ async fn every_init_reader_reads_the_same_exported_snapshot() {
     );
     assert_eq!(lake_versions(&rig).await, before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_idle_in_transaction_limit_does_not_end_a_waiting_reader() {
+    // A reader holds its snapshot's transaction for its whole range and waits, idle, while the
+    // files before its pages are written (here: a slow page hook).
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(2003);
+    rig.seed(60, &mut r).await;
+    let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
+    rig.writer
+        .client
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET idle_in_transaction_session_timeout = '300ms'"
+        ))
+        .await
+        .unwrap();
+    let mut o = InitOptions {
+        page_rows: 10,
+        ..opts(&rig)
+    };
+    o.after_page = Some(Arc::new(|_| {
+        tokio::time::sleep(std::time::Duration::from_millis(700)).boxed()
+    }));
+    let report = init(&rig, &o).await;
+    rig.writer
+        .client
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} RESET idle_in_transaction_session_timeout"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(report.schemas[0].outcome, Outcome::Exported, "{report:?}");
+    assert_eq!(lake_versions(&rig).await, live_versions(&rig.writer));
+}
