@@ -136,8 +136,6 @@ impl Pool {
     }
 }
 
-/// Sends the last slot of a full selection (where the next batch starts), or `None` when the
-/// selection was the last.
 /// What the selection has planned so far, handed from each batch's read to the next one's.
 #[derive(Default)]
 struct Windows {
@@ -193,6 +191,7 @@ fn cut(mut window: Vec<Selected>, batch_size: i64) -> VecDeque<Vec<Selected>> {
     window.chunks(size).map(<[Selected]>::to_vec).collect()
 }
 
+/// Hands the windows on to the next batch's read once this one has taken its slots.
 type Cursor = oneshot::Sender<Windows>;
 
 type Read = JoinHandle<Result<Option<(Conn, Fetched)>>>;
