@@ -153,8 +153,7 @@ fn view_schema(ctx: &Context, reg: &Registered, m: Manifest) -> SchemaView {
 
 /// `<name>__history` (every listed copy) and `<name>` (its current state) over `files`.
 fn statements(name: &str, files: &[PlanFile]) -> String {
-    let uris: Vec<String> = files.iter().map(|f| f.uri.clone()).collect();
-    schema_views(name, &uris, false)
+    schema_views(name, files.iter().map(|f| f.uri.as_str()), false)
 }
 
 #[cfg(test)]

@@ -234,16 +234,16 @@ fn one_line(message: &str) -> String {
 /// read by column name (later files may add columns), and `<name>`, its current state. `temp`
 /// makes them temporary (a query's own connection); `view` prints them permanent for a user's
 /// database. With no file, the history is an empty relation of the system columns.
-pub fn schema_views(name: &str, uris: &[String], temp: bool) -> String {
+pub fn schema_views<'a>(name: &str, uris: impl IntoIterator<Item = &'a str>, temp: bool) -> String {
     let history = quote_ident(&format!("{name}__history"));
-    let scan = if uris.is_empty() {
+    let list: Vec<String> = uris
+        .into_iter()
+        .map(|u| format!("'{}'", sql_string(u)))
+        .collect();
+    let scan = if list.is_empty() {
         "SELECT NULL::UUID AS row_id, NULL::BIGINT AS changed_at, NULL::BIGINT AS deleted_at WHERE false"
             .to_string()
     } else {
-        let list: Vec<String> = uris
-            .iter()
-            .map(|u| format!("'{}'", sql_string(u)))
-            .collect();
         format!(
             "SELECT * FROM read_parquet([{}], union_by_name = true)",
             list.join(", ")

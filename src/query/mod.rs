@@ -517,8 +517,7 @@ async fn in_place(
 
 /// The views of one schema over its ready files.
 fn statements(name: &str, files: &[Ready]) -> String {
-    let paths: Vec<String> = files.iter().map(|f| f.path.clone()).collect();
-    schema_views(name, &paths, true)
+    schema_views(name, files.iter().map(|f| f.path.as_str()), true)
 }
 
 #[cfg(test)]

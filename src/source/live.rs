@@ -187,9 +187,7 @@ impl ExportedSnapshot {
     /// ends the holder's transaction.
     pub async fn release(self) -> Result<()> {
         drop(self.ticket);
-        self.holder
-            .await
-            .map_err(|e| Error::Invariant(format!("the snapshot holder failed: {e}")))?
+        self.holder.await.map_err(Error::task("snapshot holder"))?
     }
 }
 

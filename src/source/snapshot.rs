@@ -142,11 +142,11 @@ impl BatchStatements {
         );
         // A chunk's slots, read again inside its snapshot (see `read_chunk`) by their tuple
         // addresses (a TID scan, no index descent), checking the row id and that they are
-        // still dirty.
+        // still dirty. No ORDER BY: the export orders its rows itself.
         let by_id = format!(
             "SELECT cl.row_id, cl.changed_at, cl.deleted_at, cl.ctid \
              FROM unnest($2::tid[], $3::uuid[]) AS v(tid, row_id) JOIN {cl} AS cl ON cl.ctid = v.tid \
-             WHERE cl.schema_id = $1 AND cl.flushed_at = 0 AND cl.row_id = v.row_id ORDER BY cl.row_id"
+             WHERE cl.schema_id = $1 AND cl.flushed_at = 0 AND cl.row_id = v.row_id"
         );
         let bound = bound_columns(schema);
         let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
@@ -260,31 +260,6 @@ pub async fn read_chunk<F: std::future::Future<Output = ()>>(
     .await?;
     let snapshot = read_payload(&conn.tap, tx, stmts, schema_id, slots, before_payload).await?;
     Ok(snapshot)
-}
-
-/// Selects the next batch — up to `limit` dirty slots by `(changed_at, row_id)` after `after` —
-/// and reads their entity and EAV rows, all in ONE repeatable-read snapshot: the payload is
-/// exactly the versions selected (no skew, docs/hazards.md #45). `before_payload` runs between the
-/// selection and the payload reads, with the selection (so the next batch's selection can
-/// start; also a test seam). `None` when nothing is dirty after `after`.
-pub async fn read_next<F: std::future::Future<Output = ()>>(
-    conn: &mut TappedClient,
-    stmts: &BatchStatements,
-    schema_id: i16,
-    limit: i64,
-    after: Option<Selected>,
-    before_payload: impl FnOnce(&[Selected]) -> F,
-) -> Result<Option<Snapshot>> {
-    let tap = &conn.tap;
-    let tx = begin_snapshot(&mut conn.client, "begin snapshot").await?;
-    let slots = select_slots(&tx, stmts, schema_id, limit, after).await?;
-    if slots.is_empty() {
-        timed(TIMEOUT, "end snapshot", tx.commit()).await?;
-        return Ok(None);
-    }
-    read_payload(tap, tx, stmts, schema_id, slots, before_payload)
-        .await
-        .map(Some)
 }
 
 /// Reads the entity and EAV rows of `slots` in the snapshot `tx` and commits it.

@@ -191,13 +191,7 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
         let ids = rig.seed(10, &mut r).await;
         let (a, b) = (ids[0], ids[1]);
         let newcomer = r.uuid();
-        let writer = Arc::new(tokio::sync::Mutex::new(
-            Writer::new(rig.db.client().await, CUSTOMER).await,
-        ));
-        {
-            let mut w = writer.lock().await;
-            w.rows = rig.writer.rows.clone();
-        }
+        let writer = rig.second_writer().await;
         let w2 = writer.clone();
         let hook = Rig::hook(move || {
             let w = w2.clone();
@@ -227,11 +221,7 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
         let (before_a, before_b) = (rig.writer.rows[&a].clone(), rig.writer.rows[&b].clone());
         let report = rig.flush_with(&hooks).await;
         assert_eq!(only(&report).outcome, Outcome::Flushed);
-        {
-            let w = writer.lock().await;
-            rig.writer.rows = w.rows.clone();
-            rig.writer.deleted = w.deleted.clone();
-        }
+        rig.take_model(&writer).await;
         let dirty = oracle::dirty(&rig.writer).await;
         assert_eq!(dirty, BTreeSet::from([a, b, newcomer]), "{window}");
         // The batch's payload comes from the snapshot its selection was made in (docs/hazards.md #45):
@@ -1380,10 +1370,14 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
         let stmts = snapshot::BatchStatements::prepare(&conn.client, &rig.ctx.tables, def)
             .await
             .unwrap();
-        snapshot::read_next(conn, &stmts, CUSTOMER, 10_000, None, |_| async {})
+        // The slots in selection (change) order, as a window holds them before it is cut.
+        let slots = snapshot::select(&conn.client, &stmts, CUSTOMER, 10_000, None)
+            .await
+            .unwrap();
+        assert!(!slots.is_empty(), "dirty slots");
+        snapshot::read_chunk(conn, &stmts, CUSTOMER, &slots, |_| async {})
             .await
             .unwrap()
-            .expect("dirty slots")
     }
     let mut conn = rig.ctx.connector.connect_tapped().await.unwrap();
     let snap = first_batch(&rig, &mut conn, &full).await;
@@ -1844,10 +1838,7 @@ async fn a_slot_rewritten_after_its_window_was_selected_is_exported_at_its_new_v
     let order = dirty_in_selection_order(&rig).await;
     // The first window is the 30 oldest slots; its largest row id is in its third batch.
     let victim = order[..30].iter().max().copied().unwrap();
-    let writer = Arc::new(tokio::sync::Mutex::new(
-        Writer::new(rig.db.client().await, CUSTOMER).await,
-    ));
-    writer.lock().await.rows = rig.writer.rows.clone();
+    let writer = rig.second_writer().await;
     let (w2, fired) = (
         writer.clone(),
         Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -1871,10 +1862,7 @@ async fn a_slot_rewritten_after_its_window_was_selected_is_exported_at_its_new_v
     };
     let report = rig.flush_with(&hooks).await;
     assert!(fired.load(std::sync::atomic::Ordering::SeqCst));
-    {
-        let w = writer.lock().await;
-        rig.writer.rows = w.rows.clone();
-    }
+    rig.take_model(&writer).await;
     let s = only(&report);
     assert_eq!((s.rows_exported, s.rows_left_dirty), (60, 0), "{s:?}");
     let new_version = rig.writer.rows[&victim].version;

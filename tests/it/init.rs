@@ -223,10 +223,7 @@ async fn rows_deleted_below_the_cursor_never_drop_live_rows_above_it() {
     let mut ids = rig.seed(120, &mut r).await;
     ids.sort();
     let victims: Vec<_> = ids[..10].to_vec();
-    let writer = Arc::new(tokio::sync::Mutex::new(
-        Writer::new(rig.db.client().await, 100).await,
-    ));
-    writer.lock().await.rows = rig.writer.rows.clone();
+    let writer = rig.second_writer().await;
     let (w2, v2) = (writer.clone(), victims.clone());
     let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let f2 = fired.clone();
@@ -261,11 +258,7 @@ async fn rows_deleted_below_the_cursor_never_drop_live_rows_above_it() {
         "the deleted rows had been read in page 1"
     );
     // The deletes reach the lake with the next flush.
-    {
-        let w = writer.lock().await;
-        rig.writer.rows = w.rows.clone();
-        rig.writer.deleted = w.deleted.clone();
-    }
+    rig.take_model(&writer).await;
     rig.flush().await;
     let (compared, dirty) = rig.assert_oracle().await;
     assert_eq!((compared, dirty), (110, 0));
@@ -494,10 +487,7 @@ async fn a_concurrent_writer_during_init_is_caught_up_by_flush() {
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(99);
     rig.seed(100, &mut r).await;
-    let writer = Arc::new(tokio::sync::Mutex::new(
-        Writer::new(rig.db.client().await, 100).await,
-    ));
-    writer.lock().await.rows = rig.writer.rows.clone();
+    let writer = rig.second_writer().await;
     let w2 = writer.clone();
     let mut o = opts(&rig);
     o.after_page = Some(Arc::new(move |_| {
@@ -512,11 +502,7 @@ async fn a_concurrent_writer_during_init_is_caught_up_by_flush() {
         .boxed()
     }));
     init(&rig, &o).await;
-    {
-        let w = writer.lock().await;
-        rig.writer.rows = w.rows.clone();
-        rig.writer.deleted = w.deleted.clone();
-    }
+    rig.take_model(&writer).await;
     rig.flush().await;
     let (_, dirty) = rig.assert_oracle().await;
     assert_eq!(dirty, 0);
@@ -1025,10 +1011,7 @@ async fn init_with_writes_during_export(
     Arc<tokio::sync::Mutex<Writer>>,
     lakecdc::init::InitReport,
 ) {
-    let writer = Arc::new(tokio::sync::Mutex::new(
-        Writer::new(rig.db.client().await, 100).await,
-    ));
-    writer.lock().await.rows = rig.writer.rows.clone();
+    let writer = rig.second_writer().await;
     let before = live_versions(&rig.writer);
     let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (w2, f2, during) = (writer.clone(), fired.clone(), Arc::new(during));
@@ -1105,11 +1088,7 @@ async fn init_over_random_ids_exports_its_snapshot_while_rows_are_deleted_and_in
     assert_eq!(lake_versions(&rig).await, before);
     assert_eq!(report.schemas[0].rows, before.len() as u64);
     // Then flush brings the writes made during the export.
-    {
-        let w = writer.lock().await;
-        rig.writer.rows = w.rows.clone();
-        rig.writer.deleted = w.deleted.clone();
-    }
+    rig.take_model(&writer).await;
     assert_ne!(
         live_versions(&rig.writer),
         before,

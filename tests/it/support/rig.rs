@@ -91,6 +91,21 @@ pub async fn rig(kind: LakeKind) -> Rig {
 }
 
 impl Rig {
+    /// A second writer session on the rig's database with a copy of its model, for hooks that
+    /// write while a job runs; [`Rig::take_model`] brings its writes back.
+    pub async fn second_writer(&self) -> Arc<tokio::sync::Mutex<Writer>> {
+        let mut w = Writer::new(self.db.client().await, self.writer.schema_id).await;
+        w.rows = self.writer.rows.clone();
+        Arc::new(tokio::sync::Mutex::new(w))
+    }
+
+    /// Takes the model (rows and hard deletes) of a [`Rig::second_writer`] after its writes.
+    pub async fn take_model(&mut self, second: &tokio::sync::Mutex<Writer>) {
+        let w = second.lock().await;
+        self.writer.rows = w.rows.clone();
+        self.writer.deleted = w.deleted.clone();
+    }
+
     /// The context of the lake jobs (compact, gc, inspect, verify) over this rig.
     pub fn job_context(&self) -> lakecdc::job::Context {
         lakecdc::job::Context {
