@@ -142,11 +142,14 @@ impl BatchStatements {
         );
         // A chunk's slots, read again inside its snapshot (see `read_chunk`) by their tuple
         // addresses (a TID scan, no index descent), checking the row id and that they are
-        // still dirty. No ORDER BY: the export orders its rows itself.
+        // still dirty. They come back in the order given (a window's batch is cut in row-id
+        // order), whatever join the planner picks: sorting the ordinals of an ordered list
+        // costs next to nothing.
         let by_id = format!(
             "SELECT cl.row_id, cl.changed_at, cl.deleted_at, cl.ctid \
-             FROM unnest($2::tid[], $3::uuid[]) AS v(tid, row_id) JOIN {cl} AS cl ON cl.ctid = v.tid \
-             WHERE cl.schema_id = $1 AND cl.flushed_at = 0 AND cl.row_id = v.row_id"
+             FROM unnest($2::tid[], $3::uuid[]) WITH ORDINALITY AS v(tid, row_id, n) \
+             JOIN {cl} AS cl ON cl.ctid = v.tid \
+             WHERE cl.schema_id = $1 AND cl.flushed_at = 0 AND cl.row_id = v.row_id ORDER BY v.n"
         );
         let bound = bound_columns(schema);
         let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
