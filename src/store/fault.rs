@@ -23,6 +23,8 @@ pub enum Op {
     GetBytes,
     /// `get_to_file`
     GetToFile,
+    /// `get_range`
+    GetRange,
     /// `head`
     Head,
     /// `copy` (the recorded key is the destination)
@@ -246,6 +248,11 @@ impl ObjectStore for FaultStore {
         self.run(Op::GetToFile, key, call).await
     }
 
+    async fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+        let call = self.inner.get_range(key, offset, len);
+        self.run(Op::GetRange, key, call).await
+    }
+
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         self.run(Op::Head, key, self.inner.head(key)).await
     }
@@ -294,6 +301,36 @@ mod tests {
             .await;
         assert!(matches!(res, Err(StoreError::Injected)));
         assert_eq!(&store.get_bytes("k").await.unwrap().bytes[..], b"v");
+    }
+
+    #[tokio::test]
+    async fn an_injected_get_range_failure_fails_once() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let body = Bytes::from_static(b"0123456789");
+        store
+            .put_bytes("data/1/a.parquet", body, PutMode::Overwrite)
+            .await
+            .unwrap();
+        store.arm(Op::GetRange, Some("data/"), 1, Action::Fail);
+        // Another operation on the key does not trip the rule.
+        assert_eq!(
+            &store.get_bytes("data/1/a.parquet").await.unwrap().bytes[..],
+            b"0123456789"
+        );
+        assert!(matches!(
+            store.get_range("data/1/a.parquet", 2, 3).await,
+            Err(StoreError::Injected)
+        ));
+        assert_eq!(
+            &store.get_range("data/1/a.parquet", 2, 3).await.unwrap()[..],
+            b"234"
+        );
+        let ops: Vec<Op> = store.calls().into_iter().map(|c| c.op).collect();
+        assert_eq!(
+            ops,
+            [Op::PutBytes, Op::GetBytes, Op::GetRange, Op::GetRange]
+        );
+        assert!(!Op::GetRange.is_write());
     }
 
     #[tokio::test]

@@ -8,7 +8,10 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError, sha256};
+use super::{
+    Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError, range_within,
+    sha256,
+};
 use crate::clock::{Clock, SystemClock};
 
 #[derive(Debug, Clone)]
@@ -119,6 +122,15 @@ impl ObjectStore for MemoryStore {
             bytes: e.bytes,
             etag: e.etag,
         })
+    }
+
+    async fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let e = self.entry(key)?;
+        let range = range_within(offset, len, e.bytes.len() as u64)?;
+        Ok(e.bytes.slice(range))
     }
 
     async fn get_to_file_within(

@@ -150,6 +150,20 @@ pub enum StoreError {
         /// The cap, in bytes.
         limit: u64,
     },
+    /// A ranged read ([`ObjectStore::get_range`]) asked for bytes past the object's end:
+    /// nothing was returned (a ranged read is never short).
+    #[error(
+        "a read of {len} bytes at offset {offset} ends past the object's end{}",
+        .size.map_or_else(String::new, |s| format!(" (the object holds {s} bytes)"))
+    )]
+    RangePastEnd {
+        /// The first byte asked for.
+        offset: u64,
+        /// The bytes asked for.
+        len: u64,
+        /// The object's size, when the store told it.
+        size: Option<u64>,
+    },
     /// Injected by the fault decorator (tests).
     #[error("injected fault")]
     Injected,
@@ -235,6 +249,16 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         self.get_bytes_within(key, u64::MAX).await
     }
 
+    /// Reads `len` bytes of an object starting at byte `offset` (compaction streams its inputs
+    /// row group by row group this way: docs/design.md §9). A range that ends past the object's
+    /// end is an error (StoreError), never a short read.
+    ///
+    /// The error is [`StoreError::RangePastEnd`] (also for an `offset + len` past `u64::MAX`);
+    /// a missing object is [`StoreError::NotFound`]. A `len` of 0 returns empty bytes without
+    /// asking the store anything: it checks neither that the object exists nor where `offset`
+    /// lies.
+    async fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError>;
+
     /// Downloads a whole object to a local file, however large.
     async fn get_to_file(&self, key: &str, path: &Path) -> Result<Download, StoreError> {
         self.get_to_file_within(key, path, u64::MAX).await
@@ -281,6 +305,37 @@ pub fn copy_hashing(
         total += n as u64;
     }
     Ok((total, hasher.finalize().into()))
+}
+
+/// Where a ranged read of `len` bytes at `offset` ends (one past its last byte), refusing a
+/// range that does not fit in `u64`.
+pub(crate) fn range_end(offset: u64, len: u64) -> Result<u64, StoreError> {
+    offset.checked_add(len).ok_or(StoreError::RangePastEnd {
+        offset,
+        len,
+        size: None,
+    })
+}
+
+/// The byte positions `start..end` of a ranged read of `len` bytes at `offset` in an object of
+/// `size` bytes, refusing a range that ends past the object's end.
+pub(crate) fn range_within(
+    offset: u64,
+    len: u64,
+    size: u64,
+) -> Result<std::ops::Range<usize>, StoreError> {
+    let past_end = || StoreError::RangePastEnd {
+        offset,
+        len,
+        size: Some(size),
+    };
+    let end = range_end(offset, len).map_err(|_| past_end())?;
+    if end > size {
+        return Err(past_end());
+    }
+    let start = usize::try_from(offset).map_err(|_| past_end())?;
+    let end = usize::try_from(end).map_err(|_| past_end())?;
+    Ok(start..end)
 }
 
 /// SHA-256 of a byte slice.

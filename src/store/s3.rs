@@ -26,7 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{
     Download, GetResult, MULTIPART_THRESHOLD, ObjectMeta, ObjectStore, PutMode, PutResult,
-    StoreError,
+    StoreError, range_end,
 };
 
 /// Size of each multipart part.
@@ -448,12 +448,50 @@ where
     }
 }
 
-/// A body read that failed mid-stream.
-fn body_failed(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+/// A body read of `op` that failed mid-stream.
+fn body_failed(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
     StoreError::Backend {
-        message: "get object: reading the body failed".to_string(),
+        message: format!("{op}: reading the body failed"),
         source: Some(Box::new(e)),
     }
+}
+
+/// Classifies a ranged GET's failure: 416 (`InvalidRange`: the range starts at or past the
+/// object's end) is [`StoreError::RangePastEnd`], an answer rather than a failure to retry;
+/// the rest as any other GET's.
+fn classify_range<E>(
+    err: SdkError<E, HttpResponse>,
+    offset: u64,
+    len: u64,
+    bucket: &str,
+    limits: Limits,
+) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let status = err.raw_response().map(|r| r.status().as_u16());
+    if status == Some(416) || err.code() == Some("InvalidRange") {
+        // `Content-Range: bytes */<size>`, when the server tells the size.
+        let size = err
+            .raw_response()
+            .and_then(|r| r.headers().get("content-range"))
+            .and_then(content_range_size);
+        return StoreError::RangePastEnd { offset, len, size };
+    }
+    classify(err, "get object range", bucket, limits)
+}
+
+/// The first byte a `Content-Range: bytes <first>-<last>/<size>` header answers with.
+fn content_range_first(header: &str) -> Option<u64> {
+    let (first, _) = header.trim().strip_prefix("bytes ")?.split_once('-')?;
+    first.trim().parse().ok()
+}
+
+/// The object's size a `Content-Range` header tells (`bytes <first>-<last>/<size>` or
+/// `bytes */<size>`); `None` when it is unknown (`*`) or the header is malformed.
+fn content_range_size(header: &str) -> Option<u64> {
+    let (_, size) = header.trim().strip_prefix("bytes ")?.rsplit_once('/')?;
+    size.trim().parse().ok()
 }
 
 /// Refuses a chunk that would take a capped read past `limit` bytes.
@@ -552,7 +590,7 @@ impl ObjectStore for S3Store {
             usize::try_from(out.content_length().unwrap_or(0).max(0)).unwrap_or(0),
         );
         while let Some(chunk) = out.body.next().await {
-            let chunk = chunk.map_err(body_failed)?;
+            let chunk = chunk.map_err(|e| body_failed("get object", e))?;
             within(bytes.len() as u64, chunk.len(), limit)?;
             bytes.extend_from_slice(&chunk);
         }
@@ -560,6 +598,61 @@ impl ObjectStore for S3Store {
             bytes: Bytes::from(bytes),
             etag,
         })
+    }
+
+    async fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+        const OP: &str = "get object range";
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        // len > 0, so the range's last byte is one before its end.
+        let last = range_end(offset, len)? - 1;
+        let mut out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .range(format!("bytes={offset}-{last}"))
+            .send()
+            .await
+            .map_err(|e| classify_range(e, offset, len, &self.bucket, self.limits))?;
+        let past_end = |size| StoreError::RangePastEnd { offset, len, size };
+        let misread = |what: String| StoreError::Backend {
+            message: format!("{OP}: asked for {len} bytes at offset {offset}, {what}"),
+            source: None,
+        };
+        let content_range = out.content_range().map(str::to_string);
+        let size = content_range.as_deref().and_then(content_range_size);
+        // A server that ignores the Range header answers with the whole object (no
+        // Content-Range): right only when the range starts at the object's first byte.
+        let first = match content_range.as_deref() {
+            Some(header) => content_range_first(header),
+            None => Some(0),
+        };
+        if first != Some(offset) {
+            let got = content_range.as_deref().unwrap_or("the whole object");
+            return Err(misread(format!("the server answered with {got}")));
+        }
+        // A range that runs past the object's end comes back short (HTTP 206).
+        let announced = out.content_length().and_then(|n| u64::try_from(n).ok());
+        match announced {
+            Some(n) if n < len => return Err(past_end(size)),
+            Some(n) if n > len => return Err(misread(format!("the server announced {n}"))),
+            _ => {}
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(announced.unwrap_or(0)).unwrap_or(0));
+        while let Some(chunk) = out.body.next().await {
+            let chunk = chunk.map_err(|e| body_failed(OP, e))?;
+            let got = (bytes.len() as u64).saturating_add(chunk.len() as u64);
+            if got > len {
+                return Err(misread(format!("the server sent at least {got}")));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if bytes.len() as u64 != len {
+            return Err(past_end(size));
+        }
+        Ok(Bytes::from(bytes))
     }
 
     async fn get_to_file_within(
@@ -573,7 +666,7 @@ impl ObjectStore for S3Store {
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         while let Some(chunk) = out.body.next().await {
-            let chunk = chunk.map_err(body_failed)?;
+            let chunk = chunk.map_err(|e| body_failed("get object", e))?;
             within(size, chunk.len(), limit)?;
             hasher.update(&chunk);
             size += chunk.len() as u64;
@@ -690,6 +783,17 @@ mod tests {
             copy_source("b", "/7/a b+c.parquet"),
             "b//7/a%20b%2Bc.parquet"
         );
+    }
+
+    #[test]
+    fn content_range_headers_are_parsed() {
+        assert_eq!(content_range_first("bytes 100-199/1000"), Some(100));
+        assert_eq!(content_range_size("bytes 100-199/1000"), Some(1000));
+        assert_eq!(content_range_size("bytes */1000"), Some(1000));
+        assert_eq!(content_range_first("bytes */1000"), None);
+        assert_eq!(content_range_size("bytes 0-9/*"), None);
+        assert_eq!(content_range_first("items 0-9/10"), None);
+        assert_eq!(content_range_size(""), None);
     }
 
     #[test]

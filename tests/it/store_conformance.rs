@@ -289,6 +289,69 @@ async fn capped_reads(store: &dyn ObjectStore) {
     ));
 }
 
+/// Ranged reads (`get_range`): exactly the bytes asked for, or an error — never a short read.
+async fn ranged_reads(store: &dyn ObjectStore) {
+    // Larger than one body chunk, so that an S3 range's body arrives in pieces.
+    let body: Vec<u8> = (0..(3u32 << 20) + 17)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let size = body.len() as u64;
+    let key = "ranged/obj.bin";
+    store
+        .put_bytes(key, Bytes::from(body.clone()), PutMode::Overwrite)
+        .await
+        .unwrap();
+    // A middle range, across what would be chunk boundaries.
+    let (offset, len) = (1_000_003u64, 2_000_000u64);
+    let got = store.get_range(key, offset, len).await.unwrap();
+    assert_eq!(got.len() as u64, len);
+    assert_eq!(got[..], body[offset as usize..(offset + len) as usize]);
+    // A small one at the start, and the object's last bytes.
+    assert_eq!(store.get_range(key, 0, 4).await.unwrap()[..], body[..4]);
+    let tail = store.get_range(key, size - 9, 9).await.unwrap();
+    assert_eq!(tail[..], body[body.len() - 9..]);
+    // The whole object as one range.
+    assert_eq!(store.get_range(key, 0, size).await.unwrap()[..], body[..]);
+    // Nothing asked for: empty, even at or past the end.
+    assert!(store.get_range(key, 5, 0).await.unwrap().is_empty());
+    assert!(store.get_range(key, size, 0).await.unwrap().is_empty());
+    // A range that ends past the end is an error, never a short read: one starting inside
+    // the object, one starting at its end, one past it, and one whose end overflows.
+    for (offset, len) in [
+        (size - 9, 10),
+        (0, size + 1),
+        (size, 1),
+        (size + 100, 5),
+        (u64::MAX - 1, 2),
+    ] {
+        match store.get_range(key, offset, len).await {
+            Err(e @ StoreError::RangePastEnd { .. }) => {
+                assert!(!e.is_retryable() && !e.is_not_found(), "{e:?}");
+                assert!(e.to_string().contains("past the object's end"), "{e}");
+            }
+            other => panic!("{offset}+{len}: {other:?}"),
+        }
+    }
+    // A missing object is the typed not-found.
+    assert!(matches!(
+        store.get_range("ranged/missing.bin", 0, 1).await,
+        Err(StoreError::NotFound)
+    ));
+    assert!(matches!(
+        store.get_range("ranged/missing.bin", 10, 5).await,
+        Err(StoreError::NotFound)
+    ));
+    // An empty object has no byte to read.
+    store
+        .put_bytes("ranged/empty.bin", Bytes::new(), PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.get_range("ranged/empty.bin", 0, 1).await,
+        Err(StoreError::RangePastEnd { .. })
+    ));
+}
+
 #[tokio::test]
 async fn memory_store_conforms() {
     let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
@@ -298,6 +361,7 @@ async fn memory_store_conforms() {
     racing_writers(store.clone()).await;
     large_upload(store.as_ref(), store.as_ref()).await;
     capped_reads(store.as_ref()).await;
+    ranged_reads(store.as_ref()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -311,6 +375,7 @@ async fn local_store_conforms() {
     let reader = LocalStore::open(dir.path()).unwrap();
     large_upload(store.as_ref(), &reader).await;
     capped_reads(store.as_ref()).await;
+    ranged_reads(store.as_ref()).await;
     // No temp or lock file is ever listed.
     for m in store.list("").await.unwrap() {
         assert!(!m.key.contains(".lakecdc-"), "{}", m.key);
@@ -328,6 +393,7 @@ async fn s3_store_conforms() {
     let reader = harness::s3_reader(store.bucket()).await;
     large_upload(dynstore.as_ref(), reader.as_ref()).await;
     capped_reads(dynstore.as_ref()).await;
+    ranged_reads(dynstore.as_ref()).await;
 }
 
 #[tokio::test]
@@ -369,7 +435,19 @@ async fn an_s3_timeout_names_the_time_limits() {
     opts.operation_timeout = std::time::Duration::from_secs(3);
     let store = lakecdc::store::s3::S3Store::connect(&opts).await;
     let err = store.get_bytes("a.bin").await.unwrap_err();
+    // A ranged read has the same limits.
+    let ranged = store.get_range("a.bin", 0, 1).await.unwrap_err();
     server.abort();
+    assert!(
+        matches!(
+            ranged,
+            StoreError::Timeout {
+                attempt_s: 1,
+                request_s: 3
+            }
+        ),
+        "{ranged:?}"
+    );
     assert!(
         matches!(
             err,
