@@ -1,27 +1,35 @@
-//! `lakecdc compact`: promotes or merges deltas into UUID-named bases (docs/design.md §4.3).
+//! `lakecdc compact`: keeps the base tier a set of disjoint row-id ranges, rewriting only the
+//! ranges the deltas touch enough, and folds the rest of the deltas into one consolidated
+//! delta (docs/design.md §4.3, §9).
 //!
 //! No advisory lock: the manifest's conditional write is the only fence, so a flush may run at
-//! the same time. A plain-data [`Plan`] decides first (`noop`, `promote`, `rewrite`, with the
-//! numbers behind it); `--dry-run` prints it. Side effects of a rewrite, in order:
+//! the same time. A plain-data [`Plan`] decides first (`noop`, `promote`, `rewrite`,
+//! `consolidate`, with the ranges and their delta shares behind it): the deltas' `row_id`
+//! columns are read to count their rows per base range ([`touched`]); `--dry-run` and
+//! `inspect` print that plan. A rewrite or consolidation then:
 //!
-//! 1. size every listed file (HEAD): one larger than its entry lists is refused, and the work
-//!    dir must have room for all of them and the merged file (docs/hazards.md S2); then
-//!    download them, hashing while downloading, none past its size; a checksum mismatch refuses
-//!    the schema and names the object (unless `--skip-input-checksum-verify`); every file must
-//!    carry the system columns;
-//! 2. DuckDB merges them (latest `changed_at` per `row_id`, a tombstone wins a tie, tombstones
-//!    dropped) into one file sorted by `row_id` — zero survivors still make a zero-row base;
-//! 3. upload to `_tmp/`, promote to `base-{uuidv7}.parquet`, delete the tmp;
-//! 4. ONE conditional manifest save that removes exactly the merged paths, adds the new base and
+//! 1. reads the footer of every source (the rewritten ranges' bases and every delta) with
+//!    ranged reads: one larger than its entry lists is refused (docs/hazards.md S2), every one
+//!    must carry the system columns;
+//! 2. streams the sources row group by row group through a k-way merge (`merge`), hashing
+//!    every byte against the manifest's checksum (`input`; a mismatch refuses the schema and
+//!    names the object, unless `--skip-input-checksum-verify`); new bases are cut at
+//!    `--target-base-size` and each is uploaded to `_tmp/` and promoted to
+//!    `base-{uuidv7}.parquet` as soon as it is complete (`output`), so local disk holds at most
+//!    two outputs, never the schema;
+//! 3. ONE conditional manifest save removes exactly the merged paths, adds the new files and
 //!    records the merged paths under `retired` (for gc). A concurrent flush's delta stays
-//!    listed: on a confirmed conflict the splice is re-applied to the fresh manifest. If a merged
-//!    path is no longer listed (another compaction or init won), the staged base — provably
-//!    unlisted — is deleted and the whole pass retried with backoff.
+//!    listed: on a confirmed conflict the splice is re-applied to the fresh manifest. If a
+//!    merged path is no longer listed (another compaction or init won), the staged files —
+//!    provably unlisted — are deleted and the whole pass retried with backoff.
 //!
 //! Every listed path must be a data file of the schema before any of this (a dry run included):
 //! a foreign one is refused and never requested (docs/hazards.md #417, S1). Sources are never
 //! deleted here; gc removes retired files after its grace period, when no in-flight reader can
 //! still be opening them (docs/hazards.md #461).
+
+mod merge;
+mod output;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -31,25 +39,28 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
 use serde::Serialize;
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::engine::{Engine, EngineConfig, MergeStats};
+use crate::engine::EngineConfig;
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::footer;
+use crate::lake::Layout;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
 use crate::lake::owner;
+use crate::lake::ranges::{self, Ranges, parse_key};
+use crate::lake::streamed::{self, Source};
 use crate::report::label;
 use crate::retry::Backoff;
 use crate::source::registry::Registered;
-use crate::store::{StoreError, delete_or_leave};
+use crate::store::{ObjectStore, delete_or_leave};
 
 /// Compact runs with the shared lake-job context.
 pub use crate::job::Context;
 pub use crate::job::{available_bytes, check_work_dir_space};
 pub use crate::policy::{CompactThresholds, Decision, Plan};
 
-/// A test seam called after the new base is staged, before the manifest save; only
+/// A test seam called after the new files are staged, before the manifest save; only
 /// [`run_with_hook`] (the `testing` feature) takes one.
 pub type Hook = Arc<dyn Fn(i16) -> BoxFuture<'static, ()> + Send + Sync>;
 
@@ -61,26 +72,28 @@ pub type FreeSpace = fn(&Path) -> std::io::Result<u64>;
 pub struct CompactOptions {
     /// Schema names or ids; empty = every registered schema.
     pub schemas: Vec<String>,
-    /// Promote when the delta tier holds at least this many bytes.
+    /// The most bytes a base file may hold (docs/design.md §9).
     pub target_base_size: u64,
-    /// Rewrite when delta rows / base rows exceeds this ratio.
+    /// Rewrite a base range once delta rows in it / its rows reach this share.
     pub dirty_ratio: f64,
+    /// Fold the deltas into one once more than this many are listed.
+    pub max_deltas: usize,
     /// Merge even when a source's bytes do not match its checksum.
     pub skip_input_checksum_verify: bool,
     /// Whole-pass retries after a lost race.
     pub max_retries: u32,
     /// Print the plan only.
     pub dry_run: bool,
-    /// Downloads and DuckDB spill files.
+    /// Where the output files are written before their upload.
     pub work_dir: PathBuf,
-    /// DuckDB settings.
+    /// DuckDB settings (compaction itself does not use DuckDB; kept for the shared flags).
     pub engine: EngineConfig,
-    /// Files downloaded at once.
+    /// Footers read at once.
     pub download_parallelism: usize,
     /// The longest a new base may wait between being staged and being listed (see
     /// [`job::COMMIT_LEASE`]).
     pub commit_lease: Duration,
-    /// Measures the work dir's free space before a rewrite downloads anything
+    /// Measures the work dir's free space before a rewrite writes anything
     /// ([`check_work_dir_space`]; [`available_bytes`] by default); `None` leaves it unmeasured.
     pub free_space: Option<FreeSpace>,
 }
@@ -91,6 +104,7 @@ impl CompactOptions {
         CompactThresholds {
             target_base_size: self.target_base_size,
             dirty_ratio: self.dirty_ratio,
+            max_deltas: self.max_deltas,
         }
     }
 }
@@ -101,6 +115,7 @@ impl Default for CompactOptions {
             schemas: Vec::new(),
             target_base_size: 256 * 1024 * 1024,
             dirty_ratio: 0.05,
+            max_deltas: 32,
             skip_input_checksum_verify: false,
             max_retries: 5,
             dry_run: false,
@@ -111,11 +126,6 @@ impl Default for CompactOptions {
             free_space: Some(available_bytes),
         }
     }
-}
-
-/// Decides what to do with a manifest (no I/O).
-pub fn plan(m: &Manifest, opts: &CompactOptions) -> Plan {
-    opts.thresholds().plan(m)
 }
 
 /// Outcome for one schema.
@@ -149,12 +159,20 @@ pub struct SchemaCompact {
     pub files_out: usize,
     /// Rows read.
     pub rows_in: u64,
-    /// Rows in the new base.
+    /// Rows in the new files.
     pub rows_out: u64,
-    /// Bytes of the new base.
+    /// Bytes of the new files.
     pub bytes_out: u64,
-    /// The new base's key.
+    /// The first new base's key.
     pub new_base: Option<String>,
+    /// Every new file's key (bases, then the consolidated delta).
+    pub new_files: Vec<String>,
+    /// Base files merged and retired.
+    pub bases_rewritten: usize,
+    /// Base files left as they were.
+    pub bases_kept: usize,
+    /// The most bytes the pass's output files held on local disk at once.
+    pub scratch_peak_bytes: u64,
     /// Passes attempted.
     pub attempts: u32,
     /// The failure or refusal.
@@ -177,6 +195,10 @@ impl SchemaCompact {
             rows_out: 0,
             bytes_out: 0,
             new_base: None,
+            new_files: Vec::new(),
+            bases_rewritten: 0,
+            bases_kept: 0,
+            scratch_peak_bytes: 0,
             attempts: 0,
             error: None,
             duration_ms: 0,
@@ -246,11 +268,11 @@ impl CompactReport {
                     p.delta_bytes, p.reason
                 ));
             }
-            if let Some(b) = &s.new_base {
-                out.push_str(&format!(
-                    "    new base {}\n",
-                    crate::report::printable(b, false)
-                ));
+            if let Some(line) = s.plan.as_ref().and_then(Plan::ranges_line) {
+                out.push_str(&format!("    {line}\n"));
+            }
+            for b in &s.new_files {
+                out.push_str(&format!("    new {}\n", crate::report::printable(b, false)));
             }
             if let Some(e) = &s.error {
                 out.push_str(&format!("    {}\n", crate::report::printable(e, false)));
@@ -396,17 +418,18 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
         out.outcome = Outcome::NoManifest;
         return Ok(());
     };
-    let plan = plan(&loaded.manifest, opts);
+    let (ranges, plan) = plan(
+        store,
+        layout,
+        schema_id,
+        &loaded.manifest,
+        &opts.thresholds(),
+    )
+    .await?;
     out.plan = Some(plan.clone());
+    out.bases_kept = plan.base_files;
     if plan.decision == Decision::Noop {
         return Ok(());
-    }
-    // Promote relabels the listed deltas, rewrite reads and retires every listed file: each
-    // must be a data file of this schema (docs/hazards.md #417, S1).
-    for f in &loaded.manifest.files {
-        if let Err(foreign) = layout.check_listed(schema_id, &f.path) {
-            return Err(foreign.refusal(&key, "compact it").into());
-        }
     }
     // Its bases live in the data prefix: the prefix must be this manifest's (a dry run checks;
     // a real pass claims an unclaimed one when it publishes).
@@ -442,7 +465,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
             out.files_out = deltas.len();
             Ok(())
         }
-        Decision::Rewrite => {
+        Decision::Rewrite | Decision::Consolidate => {
             let dir = opts
                 .work_dir
                 .join(format!("lakecdc-compact-{}", Uuid::new_v4()));
@@ -451,257 +474,304 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
                 path: dir.clone(),
                 source,
             })?;
-            let res = rewrite(p, &ownership, &loaded.manifest, &dir, out).await;
+            let res = rewrite(p, &ownership, &loaded.manifest, &ranges, &plan, &dir, out).await;
             let _ = tokio::fs::remove_dir_all(&dir).await;
             res
         }
     }
 }
 
-/// What the merge step produced.
-struct Merged {
-    /// Rows in the sources (from their footers, read anyway for the system-column check).
-    rows_in: u64,
-    stats: MergeStats,
-    /// The merged file's columns and types.
-    columns: Vec<(String, String)>,
+/// Plans a compaction of a schema's manifest (what `--dry-run` and `inspect` print): its base
+/// ranges and the deltas' rows in each ([`ranges::survey`]), then the decision.
+pub async fn plan(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    schema_id: i16,
+    m: &Manifest,
+    thresholds: &CompactThresholds,
+) -> Result<(Ranges, Plan)> {
+    let (ranges, touched) = ranges::survey(store, layout, schema_id, m).await?;
+    let plan = thresholds.plan(m, &ranges, &touched);
+    Ok((ranges, plan))
 }
 
-/// The most bytes a source's download may take: the size its entry lists, or for an entry
-/// without one (older writers) the size the HEAD found. An object larger than its entry lists
-/// is refused before it is downloaded (docs/hazards.md S2).
-async fn size_source(ctx: &Context, f: &FileEntry) -> Result<u64> {
-    let meta = ctx
-        .lake
-        .store
-        .head(&f.path)
-        .await
-        .map_err(Error::storage("download compaction source", f.path.clone()))?;
-    let listed = u64::try_from(f.size_bytes).unwrap_or(0);
-    if listed == 0 {
-        return Ok(meta.size);
-    }
-    if meta.size > listed {
-        return Err(larger_than_listed(f, meta.size, listed));
-    }
-    Ok(listed)
+/// A new file staged at its final key, not yet listed.
+struct StagedFile {
+    key: String,
+    entry: FileEntry,
+    staged: job::Staged,
 }
 
-fn larger_than_listed(f: &FileEntry, size: u64, limit: u64) -> Error {
-    Error::TooLarge {
-        what: "compaction source",
-        key: f.path.clone(),
-        size,
-        limit,
-        why: "larger than its manifest entry lists: corrupt or replaced; not merged".into(),
-    }
+/// What the merge of a pass produced.
+struct Produced {
+    counts: merge::Counts,
+    totals: output::Totals,
+    staged: Vec<StagedFile>,
 }
 
-async fn download(
-    ctx: &Context,
-    opts: &CompactOptions,
-    f: &FileEntry,
-    bound: u64,
-    local: PathBuf,
-) -> Result<PathBuf> {
-    let dl = ctx
-        .lake
-        .store
-        .get_to_file_within(&f.path, &local, bound)
-        .await;
-    let dl = match dl {
-        Ok(dl) => dl,
-        Err(StoreError::TooLarge { size, .. }) => {
-            // It grew since it was sized: the download stopped at the bound.
-            let _ = tokio::fs::remove_file(&local).await;
-            return Err(larger_than_listed(f, size, bound));
-        }
-        Err(e) => return Err(Error::storage("download compaction source", f.path.clone())(e)),
-    };
-    let actual = format!("sha256:{}", hex::encode(dl.sha256));
-    match &f.checksum {
-        Some(want) if *want != actual && !opts.skip_input_checksum_verify => {
-            return Err(Error::Parquet {
-                path: f.path.clone(),
-                message: format!(
-                    "checksum mismatch (manifest {want}, object {actual}): the object is corrupt; refusing to merge it (--skip-input-checksum-verify overrides)"
-                ),
-            });
-        }
-        Some(want) if *want != actual => {
-            tracing::warn!(path = %f.path, "checksum mismatch ignored (--skip-input-checksum-verify)");
-        }
-        None => tracing::warn!(path = %f.path, "source has no checksum; merged unverified"),
-        Some(_) => {}
-    }
-    Ok(local)
-}
-
-/// Rewrites the listed files into one new base: (1) download and verify the sources, (2)
-/// merge them, (3) stage the new base, (4) splice it into the manifest in place of the
-/// sources, which are retired for gc.
+/// Rewrites the planned ranges and folds every other delta row into one consolidated delta
+/// (docs/design.md §9): (1) read every source's footer, (2) stream, merge and write, each
+/// output uploaded as soon as it is complete, (3) splice them into the manifest in place of
+/// the sources, which are retired for gc. A failure deletes what was staged.
 async fn rewrite(
     p: &Pass<'_>,
     ownership: &owner::Ownership,
     m: &Manifest,
-    dir: &std::path::Path,
+    ranges: &Ranges,
+    plan: &Plan,
+    dir: &Path,
     out: &mut SchemaCompact,
 ) -> Result<(), PassError> {
-    let (sources, spill) = download_sources(p, m, dir).await?;
-    let merged_path = dir.join("merged.parquet");
-    let merged = merge(p.opts, sources, spill, merged_path.clone()).await?;
-    out.files_in = m.files.len();
-    out.rows_in = merged.rows_in;
-    let staged = stage_base(p, &merged_path).await?;
-    if let Some(h) = &p.hook {
-        h(p.schema_id).await;
+    let store = p.ctx.lake.store.as_ref();
+    let mut rewrite = vec![false; ranges.slots()];
+    for r in &plan.rewrite {
+        if let Some(slot) = rewrite.get_mut(r.index) {
+            *slot = true;
+        }
     }
-    splice(p, ownership, m, &merged, staged, out).await
-}
-
-/// Step 1: every source sized (none larger than listed), the work dir's room checked for all
-/// of them and the merged file, then every source downloaded (bounded parallelism, none past
-/// its size) and checked against its checksum. Also returns the room left beside the sources
-/// and the merged file, DuckDB's spill budget (`None` when free space is not measured).
-async fn download_sources(
-    p: &Pass<'_>,
-    m: &Manifest,
-    dir: &std::path::Path,
-) -> Result<(Vec<PathBuf>, Option<u64>)> {
+    // The sources: the rewritten ranges' bases in row-id order, then every delta.
+    let mut inputs: Vec<FileEntry> = Vec::new();
+    for (i, r) in ranges.ranges().iter().enumerate() {
+        if rewrite[i] {
+            inputs.extend(
+                m.files
+                    .iter()
+                    .filter(|f| r.files.contains(&f.path))
+                    .cloned(),
+            );
+        }
+    }
+    let bases_in = inputs.len();
+    inputs.extend(m.tier(Tier::Delta).cloned());
+    let mut merged_paths: BTreeSet<String> = inputs.iter().map(|f| f.path.clone()).collect();
+    merged_paths.extend(ranges.empty_files().iter().cloned());
+    check_room(p.opts, &inputs, dir)?;
     let t = Instant::now();
-    let (ctx, opts) = (p.ctx, p.opts);
-    let parallelism = opts.download_parallelism.max(1);
-    // Owned entries: a future borrowing them would not be `Send` for every lifetime.
-    let bounds: Vec<u64> = stream::iter(m.files.clone())
-        .map(|f| async move { size_source(ctx, &f).await })
+    let parallelism = p.opts.download_parallelism.max(1);
+    let sources: Vec<Arc<Source>> = stream::iter(inputs)
+        .map(|f| async move { streamed::open(store, &f).await.map(Arc::new) })
         .buffered(parallelism)
-        .collect::<Vec<Result<u64>>>()
-        .await
-        .into_iter()
-        .collect::<Result<_>>()?;
-    // The sources, and a merged file at most as large as they are.
-    let inputs = bounds.iter().fold(0u64, |sum, b| sum.saturating_add(*b));
-    let needed = inputs.saturating_mul(2);
-    let spill = match opts.free_space {
-        Some(measure) => {
-            let free = measure(dir).map_err(|source| Error::Io {
-                op: "measure free space of work dir",
-                path: dir.to_path_buf(),
-                source,
-            })?;
-            check_work_dir_space(
-                dir,
-                "compaction (its sources and the merged file)",
-                needed,
-                free,
-            )?;
-            Some(free - needed)
-        }
-        None => {
-            tracing::debug!(needed, "work dir free space not measured");
-            None
-        }
-    };
-    let sources = stream::iter(m.files.clone().into_iter().zip(bounds).enumerate())
-        .map(|(i, (f, bound))| async move {
-            download(ctx, opts, &f, bound, dir.join(format!("src-{i}.parquet"))).await
-        })
-        .buffered(parallelism)
-        .collect::<Vec<Result<PathBuf>>>()
+        .collect::<Vec<Result<Arc<Source>>>>()
         .await
         .into_iter()
         .collect::<Result<_>>()?;
     tracing::debug!(
         ms = t.elapsed().as_millis() as u64,
-        files = m.files.len(),
-        "compact step download"
+        files = sources.len(),
+        "compact step footers"
     );
-    Ok((sources, spill))
-}
-
-/// Step 2: the system-column check of every source, and the merge into `merged` (DuckDB, on
-/// a blocking thread). DuckDB spills at most `spill` bytes: what step 1's free-space check left
-/// beside the sources and the merged file, so a source that decompresses to far more than it
-/// weighs fails the merge instead of filling the disk (docs/hazards.md S2).
-async fn merge(
-    opts: &CompactOptions,
-    sources: Vec<PathBuf>,
-    spill: Option<u64>,
-    merged: PathBuf,
-) -> Result<Merged> {
-    let t = Instant::now();
-    let cfg = EngineConfig {
-        max_spill_bytes: spill,
-        ..opts.engine.clone()
-    };
-    let out = tokio::task::spawn_blocking(move || -> Result<Merged> {
-        let mut rows_in = 0u64;
-        for s in &sources {
-            let rows = u64::try_from(footer::check_file(s)?.row_count).unwrap_or(0);
-            rows_in = rows_in.saturating_add(rows);
+    let schema = merge::merged_schema(&sources)?;
+    out.files_in = merged_paths.len();
+    // Nothing would be left listed: a zero-row base keeps the tier (docs/hazards.md #519).
+    let zero_row_base = plan.bases_kept == 0;
+    let produced = produce(
+        p,
+        ranges,
+        rewrite,
+        sources,
+        bases_in,
+        schema,
+        zero_row_base,
+        dir,
+    )
+    .await;
+    let produced = match produced {
+        Ok(x) => x,
+        Err((e, staged)) => {
+            for s in staged {
+                delete_or_leave(store, &s.key, "staged compaction output").await;
+            }
+            return Err(e.into());
         }
-        let engine = Engine::open(&cfg)?;
-        let stats = engine.merge(&sources, &merged)?;
-        let info = footer::check_file(&merged)?;
-        Ok(Merged {
-            rows_in,
-            stats,
-            columns: info.columns,
-        })
-    })
-    .await
-    .map_err(Error::task("merge"))??;
-    tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step merge");
-    Ok(out)
+    };
+    out.rows_in = produced.counts.rows_in;
+    out.scratch_peak_bytes = produced.totals.scratch_peak;
+    out.bases_rewritten = bases_in + ranges.empty_files().len();
+    out.bases_kept = plan.bases_kept;
+    if let Some(h) = &p.hook {
+        h(p.schema_id).await;
+    }
+    splice(p, ownership, merged_paths, produced.staged, out).await
 }
 
-/// A new base staged at its final key, not yet listed.
-struct StagedBase {
-    key: String,
-    staged: job::Staged,
+/// Whether the work dir has room for what a pass writes locally: at most two base files of
+/// the target size (one written, one uploaded, never more than the sources hold) and the
+/// consolidated delta (never more than the deltas hold).
+fn check_room(opts: &CompactOptions, inputs: &[FileEntry], dir: &Path) -> Result<()> {
+    let Some(measure) = opts.free_space else {
+        return Ok(());
+    };
+    let bytes = |tier: Tier| {
+        Manifest::total_bytes(inputs.iter().filter(|f| f.tier == tier))
+            .max(0)
+            .unsigned_abs()
+    };
+    let bases = opts
+        .target_base_size
+        .saturating_mul(2)
+        .min(bytes(Tier::Base).saturating_add(bytes(Tier::Delta)));
+    let needed = bases.saturating_add(bytes(Tier::Delta));
+    let free = measure(dir).map_err(|source| Error::Io {
+        op: "measure free space of work dir",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    check_work_dir_space(dir, "compaction (its output files)", needed, free)
 }
 
-/// Step 3: the merged file uploaded and promoted to a new UUID-named base key.
-async fn stage_base(p: &Pass<'_>, merged: &std::path::Path) -> Result<StagedBase> {
+/// Step 2: the merge on one blocking thread, the writer on another, the sources streamed and
+/// the outputs staged by tasks. On failure, returns what was staged so far (to delete).
+#[allow(clippy::too_many_arguments)]
+async fn produce(
+    p: &Pass<'_>,
+    ranges: &Ranges,
+    rewrite: Vec<bool>,
+    sources: Vec<Arc<Source>>,
+    bases_in: usize,
+    schema: arrow::datatypes::SchemaRef,
+    zero_row_base: bool,
+    dir: &Path,
+) -> std::result::Result<Produced, (Error, Vec<StagedFile>)> {
     let t = Instant::now();
-    let (store, layout) = (p.ctx.lake.store.as_ref(), &p.ctx.lake.layout);
-    let key = layout.merged_base_key(p.schema_id, Uuid::now_v7());
-    let ops = ("upload merged base", "promote merged base");
-    let clock = p.ctx.clock.as_ref();
-    let staged = job::stage(store, layout, clock, p.schema_id, merged, &key, ops).await?;
-    tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step upload");
-    Ok(StagedBase { key, staged })
+    let store = p.ctx.lake.store.clone();
+    // Streams: the rewritten bases in as few chains of disjoint files as their ranges allow
+    // (one, unless bases written before ranged compaction overlap), then one per delta.
+    let (bases, deltas) = sources.split_at(bases_in);
+    let mut chains: Vec<Vec<Arc<Source>>> = Vec::new();
+    for b in bases {
+        let min = parse_key(&b.entry.row_id_min);
+        let fits = chains.iter_mut().find(|c| {
+            let last = c.last().and_then(|l| parse_key(&l.entry.row_id_max));
+            matches!((last, min), (Some(l), Some(m)) if l < m)
+        });
+        match fits {
+            Some(c) => c.push(b.clone()),
+            None => chains.push(vec![b.clone()]),
+        }
+    }
+    chains.extend(deltas.iter().map(|d| vec![d.clone()]));
+    let mut cursors = Vec::with_capacity(chains.len());
+    let mut pumps = Vec::with_capacity(chains.len());
+    for chain in chains {
+        let (tx, rx) = mpsc::channel(2);
+        cursors.push(streamed::Cursor::new(rx, chain.clone()));
+        pumps.push(tokio::spawn(streamed::pump(
+            store.clone(),
+            chain,
+            p.opts.skip_input_checksum_verify,
+            tx,
+        )));
+    }
+    let (done_tx, mut done_rx) = mpsc::channel::<(output::Written, u64)>(1);
+    let (ack_tx, ack_rx) = std::sync::mpsc::channel::<u64>();
+    let (msg_tx, msg_rx) = std::sync::mpsc::sync_channel::<output::Msg>(4);
+    let outputs = output::Outputs::new(
+        dir,
+        schema.clone(),
+        p.opts.target_base_size,
+        done_tx,
+        ack_rx,
+    );
+    let writer = tokio::task::spawn_blocking(move || outputs.serve(msg_rx));
+    let ranges_owned = ranges.clone();
+    let merger = tokio::task::spawn_blocking(move || {
+        merge::Merge::new(&ranges_owned, &rewrite, schema, msg_tx).run(cursors, zero_row_base)
+    });
+    // Stage each finished output as it arrives.
+    let mut staged: Vec<StagedFile> = Vec::new();
+    let mut upload_error: Option<Error> = None;
+    while let Some((written, size)) = done_rx.recv().await {
+        match stage_output(p, &written).await {
+            Ok(s) => staged.push(s),
+            Err(e) => {
+                upload_error = Some(e);
+                let _ = tokio::fs::remove_file(&written.path).await;
+                break;
+            }
+        }
+        let _ = tokio::fs::remove_file(&written.path).await;
+        let _ = ack_tx.send(size);
+    }
+    drop(done_rx);
+    drop(ack_tx);
+    let merged = merger.await.map_err(Error::task("merge"));
+    let written = writer
+        .await
+        .map_err(Error::task("write compaction outputs"));
+    for pump in pumps {
+        pump.abort();
+    }
+    let result = (|| -> Result<Produced> {
+        if let Some(e) = upload_error {
+            return Err(e);
+        }
+        // The merge's own error explains a writer that stopped for it, so it comes first.
+        let counts = merged??;
+        let totals = written??;
+        Ok(Produced {
+            counts,
+            totals,
+            staged: Vec::new(),
+        })
+    })();
+    tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step merge");
+    match result {
+        Ok(done) => Ok(Produced { staged, ..done }),
+        Err(e) => Err((e, staged)),
+    }
 }
 
-/// Step 4: one conditional save lists the new base in place of its sources and retires them.
-/// Refused when the base outlived its lease (gc may already treat it as an orphan) or when a
-/// source left the manifest meanwhile (the pass is retried); a save that certainly did not land
-/// deletes the staged base.
+/// Uploads one finished output and promotes it to its final key: a new base
+/// (`base-{uuidv7}.parquet`) or the consolidated delta (a delta key).
+async fn stage_output(p: &Pass<'_>, w: &output::Written) -> Result<StagedFile> {
+    let (store, layout) = (p.ctx.lake.store.as_ref(), &p.ctx.lake.layout);
+    let (key, tier, ops) = match w.kind {
+        output::Kind::Base => (
+            layout.merged_base_key(p.schema_id, Uuid::now_v7()),
+            Tier::Base,
+            ("upload merged base", "promote merged base"),
+        ),
+        output::Kind::Delta => (
+            layout.delta_key(p.schema_id, Uuid::now_v7()),
+            Tier::Delta,
+            ("upload consolidated delta", "promote consolidated delta"),
+        ),
+    };
+    let clock = p.ctx.clock.as_ref();
+    let staged = job::stage(store, layout, clock, p.schema_id, &w.path, &key, ops).await?;
+    let (row_id_min, row_id_max) = match w.keys {
+        Some((lo, hi)) => (ranges::key_text(lo), ranges::key_text(hi)),
+        None => (String::new(), String::new()),
+    };
+    let entry = FileEntry {
+        tier,
+        path: key.clone(),
+        row_id_min,
+        row_id_max,
+        created_min: w.changed.0,
+        created_max: w.changed.1,
+        size_bytes: i64::try_from(staged.put.size).unwrap_or(i64::MAX),
+        row_count: i64::try_from(w.rows).unwrap_or(i64::MAX),
+        checksum: Some(staged.put.checksum()),
+        columns: Some(w.columns.iter().cloned().collect()),
+        extra: Default::default(),
+    };
+    Ok(StagedFile { key, entry, staged })
+}
+
+/// Step 3: one conditional save lists the new files in place of their sources and retires
+/// them. Refused when a new file outlived its lease (gc may already treat it as an orphan) or
+/// when a source left the manifest meanwhile (the pass is retried); a save that certainly did
+/// not land deletes the staged files.
 async fn splice(
     p: &Pass<'_>,
     ownership: &owner::Ownership,
-    m: &Manifest,
-    merged: &Merged,
-    base: StagedBase,
+    merged_paths: BTreeSet<String>,
+    staged: Vec<StagedFile>,
     out: &mut SchemaCompact,
 ) -> Result<(), PassError> {
     let (ctx, opts, schema_id) = (p.ctx, p.opts, p.schema_id);
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-    let (stats, put) = (&merged.stats, &base.staged.put);
-    let merged_paths: BTreeSet<String> = m.files.iter().map(|f| f.path.clone()).collect();
-    let entry = FileEntry {
-        tier: Tier::Base,
-        path: base.key.clone(),
-        row_id_min: stats.row_id_min.clone().unwrap_or_default(),
-        row_id_max: stats.row_id_max.clone().unwrap_or_default(),
-        created_min: stats.changed_min,
-        created_max: stats.changed_max,
-        size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
-        row_count: i64::try_from(stats.rows_out).unwrap_or(i64::MAX),
-        checksum: Some(put.checksum()),
-        columns: Some(merged.columns.iter().cloned().collect()),
-        extra: Default::default(),
-    };
     let mut vanished: Option<String> = None;
     let policy = CommitPolicy {
         max_attempts: opts.max_retries.max(1),
@@ -717,7 +787,9 @@ async fn splice(
         ctx.clock.as_ref(),
         policy,
         |m| {
-            check_lease(p, &base)?;
+            for s in &staged {
+                check_lease(p, &s.key, &s.staged)?;
+            }
             let listed: BTreeSet<&String> = m.files.iter().map(|f| &f.path).collect();
             if let Some(gone) = merged_paths.iter().find(|p| !listed.contains(p)) {
                 vanished = Some(gone.clone());
@@ -727,7 +799,7 @@ async fn splice(
                 });
             }
             m.files.retain(|f| !merged_paths.contains(&f.path));
-            m.files.push(entry.clone());
+            m.files.extend(staged.iter().map(|s| s.entry.clone()));
             // Stamped at this attempt: gc's grace for the sources starts when they are unlisted.
             m.retire(&merged_paths, ctx.clock.now_ms());
             Ok(())
@@ -736,22 +808,35 @@ async fn splice(
     .await;
     match committed {
         Ok(_) => {
-            out.files_out = 1;
-            out.rows_out = stats.rows_out;
-            out.bytes_out = put.size;
-            out.new_base = Some(base.key);
+            out.files_out = staged.len();
+            out.rows_out = staged
+                .iter()
+                .map(|s| s.entry.row_count.max(0).unsigned_abs())
+                .sum();
+            out.bytes_out = staged.iter().map(|s| s.staged.put.size).sum();
+            out.new_base = staged
+                .iter()
+                .find(|s| s.entry.tier == Tier::Base)
+                .map(|s| s.key.clone());
+            out.new_files = staged.iter().map(|s| s.key.clone()).collect();
             Ok(())
         }
         Err(Error::AmbiguousCommit { key, source }) => {
             Err(PassError::Fail(Error::AmbiguousPublish {
                 key,
-                object: base.key,
+                object: staged
+                    .iter()
+                    .map(|s| s.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 source,
             }))
         }
         Err(e) => {
-            // Provably not committed: the staged base is unlisted garbage now.
-            delete_or_leave(store, &base.key, "staged base").await;
+            // Provably not committed: the staged files are unlisted garbage now.
+            for s in &staged {
+                delete_or_leave(store, &s.key, "staged compaction output").await;
+            }
             match vanished {
                 Some(path) => Err(PassError::Retry(format!(
                     "{path} left the manifest meanwhile"
@@ -766,17 +851,13 @@ async fn splice(
 /// copy creates the base (gc ages objects by their creation) and is measured on both clocks:
 /// the monotonic one does not count a suspended host (gc on another host keeps counting), the
 /// wall clock can jump; the longer age counts.
-fn check_lease(p: &Pass<'_>, base: &StagedBase) -> Result<()> {
-    let since_ms = p
-        .ctx
-        .clock
-        .now_ms()
-        .saturating_sub(base.staged.promoted_at_ms);
+fn check_lease(p: &Pass<'_>, key: &str, staged: &job::Staged) -> Result<()> {
+    let since_ms = p.ctx.clock.now_ms().saturating_sub(staged.promoted_at_ms);
     let wall = Duration::from_millis(u64::try_from(since_ms).unwrap_or(0));
-    let mono = base.staged.promoted_at.elapsed();
+    let mono = staged.promoted_at.elapsed();
     if mono.max(wall) > p.opts.commit_lease {
         return Err(Error::LeaseExpired {
-            key: base.key.clone(),
+            key: key.to_string(),
             staged_s: mono.as_secs(),
             wall_s: wall.as_secs(),
             lease_s: p.opts.commit_lease.as_secs(),
@@ -798,29 +879,6 @@ mod tests {
         assert!(CompactOptions::default().free_space.is_some());
     }
 
-    fn entry(tier: Tier, rows: i64, bytes: i64) -> FileEntry {
-        FileEntry {
-            tier,
-            path: format!("p{rows}"),
-            row_id_min: String::new(),
-            row_id_max: String::new(),
-            created_min: 0,
-            created_max: 0,
-            size_bytes: bytes,
-            row_count: rows,
-            checksum: None,
-            columns: None,
-            extra: Default::default(),
-        }
-    }
-
-    fn manifest(files: Vec<FileEntry>) -> Manifest {
-        Manifest {
-            files,
-            ..Manifest::empty(7)
-        }
-    }
-
     #[test]
     fn a_work_dir_without_room_for_the_sources_and_the_merge_is_refused() {
         let dir = Path::new("/srv/work");
@@ -840,45 +898,5 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("/srv/work has 100 bytes free"), "{msg}");
         assert!(msg.contains("compaction needs 101"), "{msg}");
-    }
-
-    #[test]
-    fn decisions() {
-        let opts = CompactOptions {
-            target_base_size: 1000,
-            ..CompactOptions::default()
-        };
-        let d = |files| plan(&manifest(files), &opts).decision;
-        assert_eq!(d(vec![]), Decision::Noop);
-        assert_eq!(d(vec![entry(Tier::Base, 100, 10)]), Decision::Noop);
-        assert_eq!(
-            d(vec![entry(Tier::Delta, 5, 999)]),
-            Decision::Noop,
-            "no base, small deltas"
-        );
-        assert_eq!(d(vec![entry(Tier::Delta, 5, 1000)]), Decision::Promote);
-        assert_eq!(
-            d(vec![entry(Tier::Base, 100, 10), entry(Tier::Delta, 5, 10)]),
-            Decision::Noop
-        );
-        assert_eq!(
-            d(vec![entry(Tier::Base, 100, 10), entry(Tier::Delta, 6, 10)]),
-            Decision::Rewrite
-        );
-        // Promotion wins over rewrite.
-        assert_eq!(
-            d(vec![
-                entry(Tier::Base, 100, 10),
-                entry(Tier::Delta, 60, 5000)
-            ]),
-            Decision::Promote
-        );
-        let p = plan(
-            &manifest(vec![entry(Tier::Base, 100, 10), entry(Tier::Delta, 6, 10)]),
-            &opts,
-        );
-        assert_eq!((p.base_rows, p.delta_rows, p.delta_files), (100, 6, 1));
-        assert!((p.dirty_ratio - 0.06).abs() < 1e-9);
-        assert!(p.reason.contains("--dirty-ratio"), "{}", p.reason);
     }
 }

@@ -13,6 +13,7 @@ use crate::job::{self, Context};
 use crate::lake::KeyKind;
 use crate::lake::history::{self, HistoryRange};
 use crate::lake::manifest::{self, Manifest, Tier};
+use crate::lake::ranges;
 use crate::policy::{CompactThresholds, FlushThresholds, Plan};
 use crate::report::label;
 use crate::source::lock::{self, LockHolder};
@@ -146,9 +147,12 @@ impl InspectReport {
             if let Some(p) = &s.compaction {
                 let d = label(&p.decision);
                 out.push_str(&format!(
-                    "  compaction        {d} (dirty ratio {:.4}): {}\n",
-                    p.dirty_ratio, p.reason
+                    "  compaction        {d} ({} ranges, dirty ratio {:.4}): {}\n",
+                    p.ranges, p.dirty_ratio, p.reason
                 ));
+                if let Some(line) = p.ranges_line() {
+                    out.push_str(&format!("                    {line}\n"));
+                }
             }
             match &s.history {
                 Some(h) => out.push_str(&format!(
@@ -255,6 +259,13 @@ async fn inspect_schema(
         .as_ref()
         .map(|l| l.manifest.retired_paths())
         .unwrap_or_default();
+    let compaction = match &loaded {
+        Some(l) => {
+            let (ranges, touched) = ranges::survey(store, layout, reg.id, &l.manifest).await?;
+            Some(compact.plan(&l.manifest, &ranges, &touched))
+        }
+        None => None,
+    };
     let prefix = layout.schema_prefix(reg.id);
     let objects = store
         .list(&prefix)
@@ -300,7 +311,7 @@ async fn inspect_schema(
         manifest_version: loaded.as_ref().map_or(0, |l| l.manifest.version),
         base: tier(Tier::Base),
         delta: tier(Tier::Delta),
-        compaction: loaded.as_ref().map(|l| compact.plan(&l.manifest)),
+        compaction,
         unlisted,
         history: history::range(store, layout, reg.id).await?,
         error: None,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::lake::manifest::{Manifest, Tier};
+use crate::lake::ranges::{Ranges, parse_key};
 
 /// When a schema's dirty rows are due for a flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,13 +38,16 @@ impl FlushThresholds {
     }
 }
 
-/// The numbers compaction decides from.
+/// The numbers compaction decides from (docs/design.md §4.3, §9).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CompactThresholds {
-    /// Promote when the delta tier holds at least this many bytes.
+    /// The most bytes a base file may hold; with no base tier yet, deltas holding this many
+    /// bytes become bases.
     pub target_base_size: u64,
-    /// Rewrite when delta rows / base rows exceeds this ratio.
+    /// A base range is rewritten once delta rows in it / its rows reach this share.
     pub dirty_ratio: f64,
+    /// More listed deltas than this are folded into one even when no range is rewritten.
+    pub max_deltas: usize,
 }
 
 /// What compact decides for a schema.
@@ -52,10 +56,32 @@ pub struct CompactThresholds {
 pub enum Decision {
     /// Nothing to do.
     Noop,
-    /// Relabel the deltas as base; no data rewritten.
+    /// Relabel the deltas as base; no data rewritten (no base tier yet, deltas disjoint).
     Promote,
-    /// Merge every listed file into one new base.
+    /// Rewrite the base ranges past the ratio (with no base tier: merge the deltas into
+    /// bases) and fold the other delta rows into one consolidated delta.
     Rewrite,
+    /// Fold every delta into one consolidated delta; no base is rewritten.
+    Consolidate,
+}
+
+/// A base range and its share of delta rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RangeShare {
+    /// The range's position in row-id order.
+    pub index: usize,
+    /// Its base files.
+    pub files: usize,
+    /// Smallest row id of its files (empty for the tier still to be written).
+    pub row_id_min: String,
+    /// Largest row id of its files.
+    pub row_id_max: String,
+    /// Rows in its files.
+    pub rows: i64,
+    /// Delta rows that fall in it (a row in several deltas counts once per copy).
+    pub touched: i64,
+    /// touched / rows (1 for a range without rows).
+    pub share: f64,
 }
 
 /// The plan and the numbers behind it.
@@ -79,11 +105,56 @@ pub struct Plan {
     pub delta_bytes: i64,
     /// delta rows / base rows (0 without base rows).
     pub dirty_ratio: f64,
+    /// Ranges of the base tier.
+    pub ranges: usize,
+    /// The ranges a rewrite rewrites, in row-id order.
+    pub rewrite: Vec<RangeShare>,
+    /// Base files a rewrite keeps, keys and bytes unchanged.
+    pub bases_kept: usize,
+    /// Delta rows a rewrite or consolidation folds into the consolidated delta (an upper
+    /// bound: copies of one row count once each).
+    pub consolidated_rows: i64,
 }
 
+impl Plan {
+    /// One line on the ranges a rewrite or consolidation touches, `None` for other decisions.
+    pub fn ranges_line(&self) -> Option<String> {
+        if !matches!(self.decision, Decision::Rewrite | Decision::Consolidate) {
+            return None;
+        }
+        let shown = 8;
+        let mut shares: Vec<String> = self
+            .rewrite
+            .iter()
+            .take(shown)
+            .map(|r| format!("#{} {:.1}%", r.index, r.share * 100.0))
+            .collect();
+        if self.rewrite.len() > shown {
+            shares.push(format!("{} more", self.rewrite.len() - shown));
+        }
+        Some(format!(
+            "rewrite {} of {} ranges{}; keep {} bases; {} delta rows to one consolidated delta",
+            self.rewrite.len(),
+            self.ranges,
+            if shares.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", shares.join(", "))
+            },
+            self.bases_kept,
+            self.consolidated_rows
+        ))
+    }
+}
+
+/// How many delta rows fall in each slot of a [`Ranges`] ([`Ranges::slots`] entries), from
+/// the deltas' row ids.
+pub type Touched = [i64];
+
 impl CompactThresholds {
-    /// Decides what to do with a manifest (no I/O).
-    pub fn plan(&self, m: &Manifest) -> Plan {
+    /// Decides what to do with a manifest whose deltas put `touched` rows in each of the base
+    /// tier's ranges (no I/O).
+    pub fn plan(&self, m: &Manifest, ranges: &Ranges, touched: &Touched) -> Plan {
         // Sums of numbers read from the lake saturate (docs/hazards.md S4).
         let sum = |tier: Tier| {
             (
@@ -99,41 +170,9 @@ impl CompactThresholds {
         } else {
             0.0
         };
-        let target = i64::try_from(self.target_base_size).unwrap_or(i64::MAX);
-        let (decision, reason) = if delta_files == 0 {
-            (Decision::Noop, "no deltas".to_string())
-        } else if delta_bytes >= target {
-            (
-                Decision::Promote,
-                format!("delta bytes {delta_bytes} >= --target-base-size {target}"),
-            )
-        } else if base_rows > 0 && dirty_ratio > self.dirty_ratio {
-            (
-                Decision::Rewrite,
-                format!(
-                    "delta rows / base rows {dirty_ratio:.4} > --dirty-ratio {}",
-                    self.dirty_ratio
-                ),
-            )
-        } else if base_rows == 0 {
-            (
-                Decision::Noop,
-                format!(
-                    "no base rows yet and delta bytes {delta_bytes} < --target-base-size {target}"
-                ),
-            )
-        } else {
-            (
-                Decision::Noop,
-                format!(
-                    "delta rows / base rows {dirty_ratio:.4} <= --dirty-ratio {}",
-                    self.dirty_ratio
-                ),
-            )
-        };
-        Plan {
-            decision,
-            reason,
+        let mut plan = Plan {
+            decision: Decision::Noop,
+            reason: String::new(),
             base_files,
             base_rows,
             base_bytes,
@@ -141,6 +180,236 @@ impl CompactThresholds {
             delta_rows,
             delta_bytes,
             dirty_ratio,
+            ranges: ranges.ranges().len(),
+            rewrite: Vec::new(),
+            bases_kept: base_files,
+            consolidated_rows: 0,
+        };
+        let target = i64::try_from(self.target_base_size).unwrap_or(i64::MAX);
+        let too_many = delta_files > self.max_deltas;
+        if delta_files == 0 {
+            plan.reason = "no deltas".into();
+            return plan;
         }
+        if ranges.ranges().is_empty() {
+            if delta_bytes < target && !too_many {
+                plan.reason = format!(
+                    "no base rows yet; delta bytes {delta_bytes} < --target-base-size {target} and {delta_files} deltas <= --max-deltas {}",
+                    self.max_deltas
+                );
+                return plan;
+            }
+            let why = if too_many {
+                format!("{delta_files} deltas > --max-deltas {}", self.max_deltas)
+            } else {
+                format!("delta bytes {delta_bytes} >= --target-base-size {target}")
+            };
+            plan.bases_kept = 0;
+            if promotable(m, target) {
+                plan.decision = Decision::Promote;
+                plan.reason = format!(
+                    "no base tier yet, {why}; the deltas are disjoint and each within the target"
+                );
+            } else {
+                plan.decision = Decision::Rewrite;
+                plan.reason = format!("no base tier yet, {why}: the deltas are merged into bases");
+                plan.rewrite.push(RangeShare {
+                    index: 0,
+                    files: 0,
+                    row_id_min: String::new(),
+                    row_id_max: String::new(),
+                    rows: 0,
+                    touched: delta_rows,
+                    share: 1.0,
+                });
+            }
+            return plan;
+        }
+        let mut kept_rows = 0i64;
+        for (i, r) in ranges.ranges().iter().enumerate() {
+            let touched = touched.get(i).copied().unwrap_or(0);
+            let share = if r.rows > 0 {
+                touched as f64 / r.rows as f64
+            } else {
+                1.0
+            };
+            // Overlapping files (written before ranged compaction) are made disjoint by the
+            // first rewrite that touches them.
+            if touched > 0 && (share >= self.dirty_ratio || r.overlapping) {
+                plan.rewrite.push(RangeShare {
+                    index: i,
+                    files: r.files.len(),
+                    row_id_min: r.row_id_min.clone(),
+                    row_id_max: r.row_id_max.clone(),
+                    rows: r.rows,
+                    touched,
+                    share,
+                });
+                plan.bases_kept = plan.bases_kept.saturating_sub(r.files.len());
+            } else {
+                kept_rows = kept_rows.saturating_add(touched);
+            }
+        }
+        // Zero-row bases go with any pass that writes.
+        plan.consolidated_rows = kept_rows;
+        if !plan.rewrite.is_empty() {
+            plan.bases_kept = plan.bases_kept.saturating_sub(ranges.empty_files().len());
+            plan.decision = Decision::Rewrite;
+            plan.reason = format!(
+                "{} of {} ranges have a delta share >= --dirty-ratio {}",
+                plan.rewrite.len(),
+                plan.ranges,
+                self.dirty_ratio
+            );
+        } else if too_many && delta_files > 1 {
+            // (One delta folded into one would only be copied.)
+            plan.bases_kept = plan.bases_kept.saturating_sub(ranges.empty_files().len());
+            plan.decision = Decision::Consolidate;
+            plan.reason = format!(
+                "no range has a delta share >= --dirty-ratio {}; {delta_files} deltas > --max-deltas {}",
+                self.dirty_ratio, self.max_deltas
+            );
+        } else {
+            plan.consolidated_rows = 0;
+            plan.reason = format!(
+                "no range has a delta share >= --dirty-ratio {}; {delta_files} deltas <= --max-deltas {}",
+                self.dirty_ratio, self.max_deltas
+            );
+        }
+        plan
+    }
+}
+
+/// Whether the deltas may simply become the base tier: each within the target size, each
+/// with a readable range, no two overlapping.
+fn promotable(m: &Manifest, target: i64) -> bool {
+    let mut bounds = Vec::new();
+    for f in m.tier(Tier::Delta) {
+        match (parse_key(&f.row_id_min), parse_key(&f.row_id_max)) {
+            (Some(min), Some(max)) if min <= max && f.size_bytes <= target => {
+                bounds.push((min, max))
+            }
+            _ => return false,
+        }
+    }
+    bounds.sort_unstable();
+    bounds.windows(2).all(|w| w[0].1 < w[1].0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lake::manifest::FileEntry;
+    use crate::lake::ranges::key_text;
+
+    fn entry(tier: Tier, name: &str, range: (u128, u128), rows: i64, bytes: i64) -> FileEntry {
+        FileEntry {
+            tier,
+            path: name.into(),
+            row_id_min: key_text(range.0),
+            row_id_max: key_text(range.1),
+            created_min: 0,
+            created_max: 0,
+            size_bytes: bytes,
+            row_count: rows,
+            checksum: None,
+            columns: None,
+            extra: Default::default(),
+        }
+    }
+
+    const T: CompactThresholds = CompactThresholds {
+        target_base_size: 1000,
+        dirty_ratio: 0.05,
+        max_deltas: 3,
+    };
+
+    fn plan(files: Vec<FileEntry>, touched: &[i64]) -> Plan {
+        let m = Manifest {
+            files,
+            ..Manifest::empty(7)
+        };
+        T.plan(&m, &Ranges::of(&m), touched)
+    }
+
+    #[test]
+    fn without_a_base_tier_deltas_wait_for_the_target_then_promote_or_merge() {
+        assert_eq!(plan(vec![], &[0]).decision, Decision::Noop);
+        let small = plan(vec![entry(Tier::Delta, "d1", (1, 5), 5, 999)], &[0]);
+        assert_eq!(small.decision, Decision::Noop, "{}", small.reason);
+        let one = plan(vec![entry(Tier::Delta, "d1", (1, 5), 5, 1000)], &[0]);
+        assert_eq!(one.decision, Decision::Promote, "{}", one.reason);
+        // Overlapping deltas cannot become disjoint bases by relabelling.
+        let overlapping = plan(
+            vec![
+                entry(Tier::Delta, "d1", (1, 5), 5, 600),
+                entry(Tier::Delta, "d2", (3, 9), 5, 600),
+            ],
+            &[0],
+        );
+        assert_eq!(overlapping.decision, Decision::Rewrite);
+        assert_eq!(overlapping.rewrite.len(), 1);
+        // Nor can one larger than the target.
+        let big = plan(vec![entry(Tier::Delta, "d1", (1, 5), 5, 5000)], &[0]);
+        assert_eq!(big.decision, Decision::Rewrite);
+        // Too many small ones are merged.
+        let many: Vec<_> = (0..4u128)
+            .map(|i| entry(Tier::Delta, &format!("d{i}"), (i * 10, i * 10 + 1), 2, 10))
+            .collect();
+        // Four disjoint deltas, each within the target: relabelled.
+        assert_eq!(plan(many, &[0]).decision, Decision::Promote);
+    }
+
+    fn tier_of_ten() -> Vec<FileEntry> {
+        (0..10u128)
+            .map(|i| {
+                entry(
+                    Tier::Base,
+                    &format!("b{i}"),
+                    (i * 100, i * 100 + 50),
+                    100,
+                    100,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_ranges_past_the_ratio_are_rewritten() {
+        let mut files = tier_of_ten();
+        files.push(entry(Tier::Delta, "d", (0, 999), 12, 10));
+        let mut touched = vec![0i64; 10];
+        touched[2] = 5;
+        touched[7] = 6;
+        touched[9] = 1;
+        let p = plan(files.clone(), &touched);
+        assert_eq!(p.decision, Decision::Rewrite, "{}", p.reason);
+        let rewritten: Vec<usize> = p.rewrite.iter().map(|r| r.index).collect();
+        assert_eq!(rewritten, vec![2, 7]);
+        assert_eq!((p.bases_kept, p.consolidated_rows, p.ranges), (8, 1, 10));
+        assert!((p.rewrite[1].share - 0.06).abs() < 1e-9);
+        // All below the ratio, few deltas: nothing to do.
+        let p = plan(files.clone(), &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+        assert_eq!(p.decision, Decision::Noop, "{}", p.reason);
+        // All below the ratio, too many deltas: one consolidated delta, no base rewritten.
+        for i in 0..3u128 {
+            files.push(entry(Tier::Delta, &format!("e{i}"), (i, i), 1, 10));
+        }
+        let p = plan(files, &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+        assert_eq!(p.decision, Decision::Consolidate, "{}", p.reason);
+        assert_eq!((p.bases_kept, p.consolidated_rows), (10, 10));
+        assert!(p.rewrite.is_empty());
+    }
+
+    #[test]
+    fn a_touched_range_of_overlapping_bases_is_rewritten_whatever_its_share() {
+        let files = vec![
+            entry(Tier::Base, "a", (0, 60), 1000, 10),
+            entry(Tier::Base, "b", (50, 90), 1000, 10),
+            entry(Tier::Delta, "d", (55, 55), 1, 10),
+        ];
+        let p = plan(files, &[1]);
+        assert_eq!(p.decision, Decision::Rewrite);
+        assert_eq!((p.rewrite[0].files, p.bases_kept), (2, 0));
     }
 }

@@ -305,6 +305,7 @@ fn compact_thresholds(s: &Resolved) -> Result<CompactThresholds> {
     Ok(CompactThresholds {
         target_base_size: size(s, "target-base-size")?,
         dirty_ratio: parse_ratio("dirty-ratio", s.text("dirty-ratio")?)?,
+        max_deltas: s.number("max-deltas")?.unwrap_or(32),
     })
 }
 
@@ -354,6 +355,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 schemas,
                 target_base_size: t.target_base_size,
                 dirty_ratio: t.dirty_ratio,
+                max_deltas: t.max_deltas,
                 skip_input_checksum_verify: s.flag("skip-input-checksum-verify"),
                 max_retries: s.number("max-retries")?.unwrap_or_default(),
                 dry_run,

@@ -171,12 +171,15 @@ enum Command {
     },
     /// Promote or merge deltas into UUID-named bases (run on a schedule; no lock needed).
     Compact {
-        /// Promote (relabel) the deltas as base once they hold this many bytes.
+        /// The most bytes a base file holds; with no base yet, deltas this large become bases.
         #[arg(long)]
         target_base_size: Option<String>,
-        /// Merge everything into one new base when delta rows / base rows exceeds this.
+        /// Rewrite a base range once the deltas' rows in it reach this share of its rows.
         #[arg(long)]
         dirty_ratio: Option<String>,
+        /// Fold the deltas into one consolidated delta once more than this many are listed.
+        #[arg(long)]
+        max_deltas: Option<String>,
         /// Merge even when a source's bytes do not match its manifest checksum.
         #[arg(long)]
         skip_input_checksum_verify: bool,
@@ -255,12 +258,15 @@ enum Command {
         /// The flush threshold to evaluate: age of the oldest dirty row.
         #[arg(long)]
         max_age: Option<String>,
-        /// The compaction promote threshold to evaluate.
+        /// The compaction base file size to evaluate.
         #[arg(long)]
         target_base_size: Option<String>,
-        /// The compaction rewrite threshold to evaluate.
+        /// The compaction range rewrite share to evaluate.
         #[arg(long)]
         dirty_ratio: Option<String>,
+        /// The compaction delta count to evaluate.
+        #[arg(long)]
+        max_deltas: Option<String>,
     },
 }
 

@@ -254,6 +254,12 @@ pub const SETTINGS: &[Setting] = &[
         Some("5%"),
     ),
     of(
+        &[Compact, Inspect],
+        "max-deltas",
+        "LAKECDC_MAX_DELTAS",
+        Some("32"),
+    ),
+    of(
         &[Compact],
         "skip-input-checksum-verify",
         "LAKECDC_SKIP_INPUT_CHECKSUM_VERIFY",

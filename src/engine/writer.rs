@@ -276,7 +276,7 @@ pub(crate) fn write(
         let lake = plan.make(batch, &part)?;
         let w = match &mut writer {
             Some(w) => w,
-            None => writer.insert(open(path, &lake)?),
+            None => writer.insert(open_lake_writer(path, &lake)?),
         };
         w.write(&lake).map_err(parquet_error)?;
     }
@@ -286,7 +286,7 @@ pub(crate) fn write(
 }
 
 /// A writer with the lake's file options and the encodings DuckDB picks for each type.
-fn open(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
+pub(crate) fn open_lake_writer(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
     let mut props = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL).map_err(

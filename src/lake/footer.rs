@@ -7,6 +7,7 @@ use std::fs::File;
 use std::path::Path;
 
 use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
+use parquet::file::metadata::FileMetaData;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::Type;
 
@@ -41,7 +42,11 @@ pub fn check_file(path: &Path) -> Result<FooterInfo> {
         path: name.clone(),
         message: format!("unreadable footer: {e}"),
     })?;
-    let meta = reader.metadata().file_metadata();
+    check_metadata(&name, reader.metadata().file_metadata())
+}
+
+/// Checks the system columns of a file's parsed footer (`name` for messages).
+pub fn check_metadata(name: &str, meta: &FileMetaData) -> Result<FooterInfo> {
     let root = meta.schema_descr().root_schema();
     let columns: Vec<(String, String)> = root
         .get_fields()
@@ -52,13 +57,13 @@ pub fn check_file(path: &Path) -> Result<FooterInfo> {
         match columns.iter().find(|(n, _)| n == col) {
             None => {
                 return Err(Error::Parquet {
-                    path: name,
+                    path: name.to_string(),
                     message: format!("system column {col} is missing"),
                 });
             }
             Some((_, have)) if have != want => {
                 return Err(Error::Parquet {
-                    path: name,
+                    path: name.to_string(),
                     message: format!("system column {col} is {have}, expected {want}"),
                 });
             }

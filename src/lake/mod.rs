@@ -7,6 +7,8 @@ pub mod history;
 pub(crate) mod keys;
 pub mod manifest;
 pub(crate) mod owner;
+pub mod ranges;
+pub(crate) mod streamed;
 
 pub use keys::{ForeignPath, KeyKind, Layout};
 pub use manifest::{FileEntry, Manifest, Tier};

@@ -36,7 +36,7 @@ pub async fn lake_with_base_and_deltas(seed: u64) -> (Rig, Rng) {
     rig.seed(120, &mut r).await;
     rig.flush().await;
     let promote = CompactOptions {
-        target_base_size: 1,
+        max_deltas: 0,
         ..opts(&rig)
     };
     let s = compact(&rig, &promote).await;
@@ -268,7 +268,7 @@ async fn an_all_tombstone_merge_publishes_a_zero_row_base() {
     compact(
         &rig,
         &CompactOptions {
-            target_base_size: 1,
+            max_deltas: 0,
             ..opts(&rig)
         },
     )
@@ -524,9 +524,9 @@ async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
         let p = s.plan.as_ref().unwrap();
         (s.outcome, p.decision, p.reason.clone())
     };
-    for (target_base_size, expected) in [(1, Decision::Promote), (u64::MAX, Decision::Noop)] {
+    for (max_deltas, expected) in [(0, Decision::Promote), (32, Decision::Noop)] {
         let o = CompactOptions {
-            target_base_size,
+            max_deltas,
             ..opts(&rig)
         };
         let manifest = rig.store.get_bytes(MANIFEST).await.unwrap();
@@ -628,7 +628,7 @@ async fn files_with_null_deleted_at_for_live_rows_merge_as_live() {
     }
     // Those files become the base tier; then a delete and an update over them.
     let promote = CompactOptions {
-        target_base_size: 1,
+        max_deltas: 0,
         ..opts(&rig)
     };
     assert_eq!(
@@ -730,37 +730,38 @@ async fn a_runs_local_files_are_private_and_gone_when_it_ends() {
     use std::os::unix::fs::MetadataExt;
     let (rig, _) = lake_with_base_and_deltas(911).await;
     let work_dir = tempfile::tempdir().unwrap();
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (dir, sink) = (work_dir.path().to_path_buf(), seen.clone());
-    let hook: Hook = Arc::new(move |_| {
-        let (dir, sink) = (dir.clone(), sink.clone());
-        async move {
-            let mut stack = vec![dir.clone()];
-            while let Some(d) = stack.pop() {
-                for e in std::fs::read_dir(&d).unwrap() {
-                    let e = e.unwrap();
-                    let m = std::fs::symlink_metadata(e.path()).unwrap();
-                    if m.is_dir() {
-                        stack.push(e.path());
-                    }
-                    let rel = e.path().strip_prefix(&dir).unwrap().to_path_buf();
-                    sink.lock()
-                        .unwrap()
-                        .push((rel, m.is_dir(), m.mode() & 0o777));
-                }
-            }
-        }
-        .boxed()
-    });
+    let dir = work_dir.path().to_path_buf();
     let o = CompactOptions {
-        work_dir: work_dir.path().to_path_buf(),
+        work_dir: dir.clone(),
         ..opts(&rig)
     };
-    let report = lakecdc::compact::run_with_hook(&rig.job_context(), &o, Some(hook))
-        .await
-        .unwrap();
+    // The first output's upload waits while the work dir is looked at.
+    let gate = lakecdc::store::fault::Gate::new();
+    rig.store.arm(
+        lakecdc::store::fault::Op::PutFile,
+        None,
+        1,
+        lakecdc::store::fault::Action::Pause(gate.clone()),
+    );
+    let ctx = rig.job_context();
+    let run = tokio::spawn(async move { lakecdc::compact::run(&ctx, &o).await });
+    gate.wait_reached().await;
+    let mut seen = Vec::new();
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            let rel = e.path().strip_prefix(&dir).unwrap().to_path_buf();
+            seen.push((rel, m.is_dir(), m.mode() & 0o777));
+        }
+    }
+    gate.release();
+    let report = run.await.unwrap().unwrap();
     assert_eq!(report.schemas[0].outcome, Outcome::Done);
-    let seen = seen.lock().unwrap().clone();
     let top: Vec<_> = seen
         .iter()
         .filter(|(p, ..)| p.components().count() == 1)

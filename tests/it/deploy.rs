@@ -531,7 +531,7 @@ async fn manifests_written_by_lakecdc_validate_against_the_schema() {
     assert!(!m["files"].as_array().unwrap().is_empty());
     // The deltas promoted to base, then new deltas over it.
     let promote = CompactOptions {
-        target_base_size: 1,
+        max_deltas: 0,
         ..opts(&rig)
     };
     let s = compact(&rig, promote).await;

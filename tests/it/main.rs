@@ -8,6 +8,7 @@
 mod cli;
 mod compact;
 mod compact_faults;
+mod compact_ranges;
 mod copy_tap;
 mod deploy;
 mod docs;

@@ -366,8 +366,14 @@ async fn one_seed(seed: u64) -> Tally {
                 let o = CompactOptions {
                     schemas: vec!["customer".into()],
                     work_dir: rig.opts.work_dir.clone(),
-                    target_base_size: if jobs.chance(50) { 1 } else { u64::MAX },
-                    dirty_ratio: 0.0,
+                    // Promote or merge at once, or wait for many deltas; small bases cut often.
+                    max_deltas: if jobs.chance(50) { 0 } else { 32 },
+                    target_base_size: if jobs.chance(50) {
+                        16 * 1024
+                    } else {
+                        256 << 20
+                    },
+                    dirty_ratio: if jobs.chance(50) { 0.0 } else { 0.05 },
                     ..CompactOptions::default()
                 };
                 let report = lakecdc::compact::run(&ctx, &o).await.unwrap();

@@ -140,7 +140,7 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
     );
     assert_eq!((gc.schemas.len(), gc.exit_code()), (2, 3));
     let compact_opts = lakecdc::compact::CompactOptions {
-        target_base_size: 1,
+        max_deltas: 0,
         work_dir: rig.opts.work_dir.clone(),
         ..Default::default()
     };
@@ -201,19 +201,25 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
         .iter()
         .map(|f| f.columns.clone())
         .collect();
-    let compact = |target_base_size| CompactOptions {
+    let compact = |(dirty_ratio, max_deltas)| CompactOptions {
         schemas: vec!["customer".into()],
         work_dir: rig.opts.work_dir.clone(),
-        target_base_size,
+        dirty_ratio,
+        max_deltas,
         ..CompactOptions::default()
     };
-    // Deltas, merged into a new base (rewrite); more deltas, promoted to bases.
+    // Deltas, merged into a new base (rewrite); more deltas, folded into a consolidated one.
     for (ops, target, decision) in [
-        (30, 256 << 20, Decision::Rewrite),
-        (10, 1, Decision::Promote),
+        (30, (0.05, 32), Decision::Rewrite),
+        (10, (1.0, 0), Decision::Consolidate),
     ] {
-        for _ in 0..ops {
-            rig.writer.random_op(&mut r).await;
+        for half in 0..2 {
+            for _ in 0..ops / 2 {
+                rig.writer.random_op(&mut r).await;
+            }
+            if half == 0 {
+                rig.flush().await;
+            }
         }
         rig.flush().await;
         let report = lakecdc::compact::run(&rig.job_context(), &compact(target))
@@ -239,8 +245,13 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
         .collect();
     assert_eq!(
         kinds.len(),
+        2,
+        "a merged base, a consolidated delta and a fresh delta: {kinds:?}"
+    );
+    assert_eq!(
+        loaded.files.len(),
         3,
-        "a merged base, a promoted delta and a fresh delta: {kinds:?}"
+        "a merged base, a consolidated delta and a fresh delta"
     );
     stamps.extend(loaded.files.iter().map(|f| f.columns.clone()));
     assert!(

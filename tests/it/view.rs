@@ -24,7 +24,7 @@ async fn lake_with_base_and_deltas() -> Rig {
     let promote = CompactOptions {
         schemas: vec!["customer".into()],
         work_dir: rig.opts.work_dir.clone(),
-        target_base_size: 1,
+        max_deltas: 0,
         ..CompactOptions::default()
     };
     lakecdc::compact::run(&rig.job_context(), &promote)

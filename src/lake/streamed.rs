@@ -1,0 +1,474 @@
+//! A listed file read without downloading it (compaction's sources, docs/design.md §9): its
+//! footer by one ranged read of its last bytes, then its row groups one at a time, in file order, each
+//! by one ranged read. Every byte the merge decodes is hashed, in order, and the hash is
+//! compared with the manifest's checksum once the file's last byte has passed: a corrupt or
+//! replaced source fails the pass before anything is published. Memory per source is the
+//! footer and the row groups in flight; local disk, none.
+
+use std::sync::Arc;
+
+use arrow::record_batch::RecordBatch;
+use bytes::{Buf, Bytes};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
+};
+use parquet::errors::ParquetError;
+use parquet::file::FOOTER_SIZE;
+use parquet::file::metadata::{FooterTail, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::reader::{ChunkReader, Length};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::footer;
+use super::manifest::FileEntry;
+use crate::error::{Error, Result};
+use crate::store::ObjectStore;
+
+/// Rows per decoded batch.
+pub(crate) const BATCH_ROWS: usize = 8192;
+
+/// How many bytes of a file's end the first read takes: the footer of every file lakecdc
+/// writes fits, so one request reads it.
+const TAIL_BYTES: u64 = 256 * 1024;
+
+/// A source's footer, read and checked.
+#[derive(Debug)]
+pub(crate) struct Source {
+    /// Its manifest entry.
+    pub entry: FileEntry,
+    /// Its size in bytes (as listed).
+    pub size: u64,
+    /// Where [`Source::tail`] starts.
+    tail_start: u64,
+    /// The file's last bytes: the footer and whatever precedes it.
+    tail: Bytes,
+    /// The parsed footer.
+    pub meta: Arc<ParquetMetaData>,
+    /// The footer as Arrow sees it.
+    pub arrow: ArrowReaderMetadata,
+}
+
+fn corrupt(f: &FileEntry, message: impl Into<String>) -> Error {
+    Error::Parquet {
+        path: f.path.clone(),
+        message: message.into(),
+    }
+}
+
+/// Sizes a listed file and reads its footer. An object larger than its entry lists is
+/// refused before any of it is read (docs/hazards.md S2); the system columns must be there.
+pub(crate) async fn open(store: &dyn ObjectStore, f: &FileEntry) -> Result<Source> {
+    let meta = store
+        .head(&f.path)
+        .await
+        .map_err(Error::storage("read compaction source", f.path.clone()))?;
+    let listed = u64::try_from(f.size_bytes).unwrap_or(0);
+    let size = match listed {
+        0 => meta.size,
+        n if meta.size > n => {
+            return Err(Error::TooLarge {
+                what: "compaction source",
+                key: f.path.clone(),
+                size: meta.size,
+                limit: n,
+                why: "larger than its manifest entry lists: corrupt or replaced; not merged".into(),
+            });
+        }
+        n => n,
+    };
+    if size < (FOOTER_SIZE as u64) + 4 {
+        return Err(corrupt(
+            f,
+            format!("{size} bytes cannot hold a Parquet file"),
+        ));
+    }
+    let tail_start = size.saturating_sub(TAIL_BYTES);
+    let read = |offset: u64, len: u64| async move {
+        store
+            .get_range(&f.path, offset, len)
+            .await
+            .map_err(Error::storage("read compaction source", f.path.clone()))
+    };
+    let mut tail = read(tail_start, size - tail_start).await?;
+    let last: [u8; FOOTER_SIZE] = tail
+        .get(tail.len() - FOOTER_SIZE..)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| corrupt(f, "no footer"))?;
+    let footer = FooterTail::try_new(&last).map_err(|e| corrupt(f, format!("footer: {e}")))?;
+    let needed = u64::try_from(footer.metadata_length()).unwrap_or(u64::MAX);
+    let needed = needed.saturating_add(FOOTER_SIZE as u64);
+    if needed > size - 4 {
+        return Err(corrupt(f, "its footer is longer than the file"));
+    }
+    let mut tail_start = tail_start;
+    if needed > size - tail_start {
+        // A footer larger than the first read: read what precedes it too.
+        let start = size - needed;
+        let head = read(start, tail_start - start).await?;
+        let mut joined = Vec::with_capacity(head.len() + tail.len());
+        joined.extend_from_slice(&head);
+        joined.extend_from_slice(&tail);
+        tail = Bytes::from(joined);
+        tail_start = start;
+    }
+    let footer_at = usize::try_from(size - needed - tail_start).unwrap_or(usize::MAX);
+    let meta_bytes = tail
+        .get(footer_at..tail.len() - FOOTER_SIZE)
+        .ok_or_else(|| corrupt(f, "footer outside the file"))?;
+    let meta = ParquetMetaDataReader::decode_metadata(meta_bytes)
+        .map_err(|e| corrupt(f, format!("unreadable footer: {e}")))?;
+    footer::check_metadata(&f.path, meta.file_metadata())?;
+    let meta = Arc::new(meta);
+    let arrow = ArrowReaderMetadata::try_new(meta.clone(), ArrowReaderOptions::new())
+        .map_err(|e| corrupt(f, format!("unreadable schema: {e}")))?;
+    Ok(Source {
+        entry: f.clone(),
+        size,
+        tail_start,
+        tail,
+        meta,
+        arrow,
+    })
+}
+
+impl Source {
+    /// The byte span `[start, end)` of row group `rg`, checked against the file.
+    fn span(&self, rg: usize, columns: Option<&[usize]>) -> Result<(u64, u64)> {
+        let group = self.meta.row_group(rg);
+        let mut span: Option<(u64, u64)> = None;
+        for (i, c) in group.columns().iter().enumerate() {
+            if columns.is_some_and(|keep| !keep.contains(&i)) {
+                continue;
+            }
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+            let (Ok(start), Ok(len)) = (u64::try_from(start), u64::try_from(c.compressed_size()))
+            else {
+                return Err(corrupt(&self.entry, "a column chunk has a negative offset"));
+            };
+            let end = start.saturating_add(len);
+            span = Some(match span {
+                None => (start, end),
+                Some((s, e)) => (s.min(start), e.max(end)),
+            });
+        }
+        match span {
+            Some((s, e)) if s >= 4 && e <= self.size => Ok((s, e)),
+            Some(_) => Err(corrupt(&self.entry, "a column chunk lies outside the file")),
+            None => Ok((4, 4)),
+        }
+    }
+
+    /// Bytes `[start, end)`: from the tail already read when it holds them, else one ranged
+    /// read.
+    async fn fetch(&self, store: &dyn ObjectStore, start: u64, end: u64) -> Result<Bytes> {
+        if start >= self.tail_start {
+            let from = usize::try_from(start - self.tail_start).unwrap_or(usize::MAX);
+            let to = usize::try_from(end - self.tail_start).unwrap_or(usize::MAX);
+            return self
+                .tail
+                .get(from..to)
+                .map(|s| self.tail.slice_ref(s))
+                .ok_or_else(|| corrupt(&self.entry, "a read outside the file"));
+        }
+        store
+            .get_range(&self.entry.path, start, end - start)
+            .await
+            .map_err(Error::storage(
+                "read compaction source",
+                self.entry.path.clone(),
+            ))
+    }
+
+    /// Decodes one row group held in `data` into batches (of `columns` only, when given).
+    pub(crate) fn decode(
+        &self,
+        rg: usize,
+        data: Segment,
+        columns: Option<&[usize]>,
+    ) -> Result<ParquetRecordBatchReader> {
+        let mut b = ParquetRecordBatchReaderBuilder::new_with_metadata(data, self.arrow.clone())
+            .with_row_groups(vec![rg])
+            .with_batch_size(BATCH_ROWS);
+        if let Some(keep) = columns {
+            let mask =
+                ProjectionMask::roots(self.meta.file_metadata().schema_descr(), keep.to_vec());
+            b = b.with_projection(mask);
+        }
+        b.build()
+            .map_err(|e| corrupt(&self.entry, format!("row group {rg}: {e}")))
+    }
+
+    /// The index of the top-level column `name`.
+    pub(crate) fn root(&self, name: &str) -> Option<usize> {
+        self.arrow
+            .schema()
+            .fields()
+            .iter()
+            .position(|f| f.name() == name)
+    }
+
+    /// Reads the `row_id` column of every row group (for the plan: nothing is verified, and
+    /// no other column is read), handing each decoded batch to `each`.
+    pub(crate) async fn row_ids(
+        self: &Arc<Self>,
+        store: &dyn ObjectStore,
+        mut each: impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let root = self
+            .root("row_id")
+            .ok_or_else(|| corrupt(&self.entry, "system column row_id is missing"))?;
+        // `row_id` is a flat column: its root index is its leaf index when no nested column
+        // precedes it, which the system columns' order guarantees; look the leaf up anyway.
+        let leaf = self
+            .meta
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .position(|c| c.path().parts() == ["row_id"])
+            .ok_or_else(|| corrupt(&self.entry, "system column row_id is missing"))?;
+        for rg in 0..self.meta.num_row_groups() {
+            let (start, end) = self.span(rg, Some(&[leaf]))?;
+            let bytes = self.fetch(store, start, end).await?;
+            let data = Segment::new(start, bytes, self.size);
+            let me = self.clone();
+            let batches = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+                me.decode(rg, data, Some(&[root]))?
+                    .map(|b| b.map_err(|e| corrupt(&me.entry, format!("row group {rg}: {e}"))))
+                    .collect()
+            })
+            .await
+            .map_err(Error::task("read row ids"))??;
+            for b in &batches {
+                each(b)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of a file starting at `offset`: a [`ChunkReader`] that serves reads inside them only.
+#[derive(Debug, Clone)]
+pub(crate) struct Segment {
+    offset: u64,
+    bytes: Bytes,
+    file_len: u64,
+}
+
+impl Segment {
+    fn new(offset: u64, bytes: Bytes, file_len: u64) -> Self {
+        Self {
+            offset,
+            bytes,
+            file_len,
+        }
+    }
+
+    fn slice(&self, start: u64, len: u64) -> parquet::errors::Result<Bytes> {
+        let outside = || {
+            ParquetError::General(format!(
+                "read of {len} bytes at {start} outside the fetched bytes {}..{}",
+                self.offset,
+                self.offset + self.bytes.len() as u64
+            ))
+        };
+        let from = start.checked_sub(self.offset).ok_or_else(outside)?;
+        let from = usize::try_from(from).map_err(|_| outside())?;
+        let to = from
+            .checked_add(usize::try_from(len).map_err(|_| outside())?)
+            .ok_or_else(outside)?;
+        if to > self.bytes.len() {
+            return Err(outside());
+        }
+        Ok(self.bytes.slice(from..to))
+    }
+}
+
+impl Length for Segment {
+    fn len(&self) -> u64 {
+        self.file_len
+    }
+}
+
+impl ChunkReader for Segment {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let end = self.offset + self.bytes.len() as u64;
+        Ok(self.slice(start, end.saturating_sub(start))?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, length as u64)
+    }
+}
+
+/// What a source stream hands the merge.
+#[derive(Debug)]
+pub(crate) enum Piece {
+    /// Row group `rg` of the stream's file `file`.
+    RowGroup {
+        /// The file's position in the stream.
+        file: usize,
+        /// The row group.
+        rg: usize,
+        /// Its bytes.
+        data: Segment,
+    },
+    /// File `file` was read to its end and hashed to its manifest checksum.
+    Verified {
+        /// The file's position in the stream.
+        file: usize,
+    },
+}
+
+/// Reads the files of one stream in order, row group by row group, into `tx` (which holds at
+/// most its capacity of row groups), hashing every byte; a file is [`Piece::Verified`] once
+/// its hash matches the manifest's (or the check is skipped). Ends quietly when the merge
+/// hangs up.
+pub(crate) async fn pump(
+    store: Arc<dyn ObjectStore>,
+    files: Vec<Arc<Source>>,
+    skip_verify: bool,
+    tx: mpsc::Sender<Result<Piece>>,
+) {
+    for (file, src) in files.iter().enumerate() {
+        let res = pump_file(store.as_ref(), file, src, skip_verify, &tx).await;
+        match res {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// One file of [`pump`]; `Ok(false)` when the merge hung up.
+async fn pump_file(
+    store: &dyn ObjectStore,
+    file: usize,
+    src: &Source,
+    skip_verify: bool,
+    tx: &mpsc::Sender<Result<Piece>>,
+) -> Result<bool> {
+    let mut hasher = Sha256::new();
+    let mut pos = 0u64;
+    for rg in 0..src.meta.num_row_groups() {
+        let (start, end) = src.span(rg, None)?;
+        if start < pos {
+            return Err(corrupt(&src.entry, "its row groups overlap"));
+        }
+        let bytes = src.fetch(store, pos, end).await?;
+        hasher.update(&bytes);
+        let data = Segment::new(pos, bytes, src.size);
+        pos = end;
+        if tx
+            .send(Ok(Piece::RowGroup { file, rg, data }))
+            .await
+            .is_err()
+        {
+            return Ok(false);
+        }
+    }
+    if pos < src.size {
+        let rest = src.fetch(store, pos, src.size).await?;
+        hasher.update(&rest);
+    }
+    let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+    match &src.entry.checksum {
+        Some(want) if *want != actual && !skip_verify => {
+            return Err(corrupt(
+                &src.entry,
+                format!(
+                    "checksum mismatch (manifest {want}, object {actual}): the object is corrupt; refusing to merge it (--skip-input-checksum-verify overrides)"
+                ),
+            ));
+        }
+        Some(want) if *want != actual => {
+            tracing::warn!(path = %src.entry.path, "checksum mismatch ignored (--skip-input-checksum-verify)");
+        }
+        None => tracing::warn!(path = %src.entry.path, "source has no checksum; merged unverified"),
+        Some(_) => {}
+    }
+    Ok(tx.send(Ok(Piece::Verified { file })).await.is_ok())
+}
+
+/// The merge's side of one stream: decoded batches of its files in order, and the end only
+/// once every file was verified.
+pub(crate) struct Cursor {
+    rx: mpsc::Receiver<Result<Piece>>,
+    files: Vec<Arc<Source>>,
+    reader: Option<(usize, ParquetRecordBatchReader)>,
+    verified: usize,
+}
+
+impl Cursor {
+    /// A cursor over the pieces [`pump`] sends for `files`.
+    pub(crate) fn new(rx: mpsc::Receiver<Result<Piece>>, files: Vec<Arc<Source>>) -> Self {
+        Self {
+            rx,
+            files,
+            reader: None,
+            verified: 0,
+        }
+    }
+
+    /// The next batch and the source it came from; `None` once every file was read and
+    /// verified. Blocks (call it on a blocking thread).
+    pub(crate) fn next_batch(&mut self) -> Result<Option<(Arc<Source>, RecordBatch)>> {
+        loop {
+            if let Some((file, reader)) = &mut self.reader {
+                let src = &self.files[*file];
+                match reader.next() {
+                    Some(Ok(b)) => return Ok(Some((src.clone(), b))),
+                    Some(Err(e)) => return Err(corrupt(&src.entry, format!("decode: {e}"))),
+                    None => self.reader = None,
+                }
+            }
+            match self.rx.blocking_recv() {
+                None if self.verified == self.files.len() => return Ok(None),
+                None => {
+                    return Err(Error::Invariant(
+                        "a compaction source stream ended before its files were verified".into(),
+                    ));
+                }
+                Some(Err(e)) => return Err(e),
+                Some(Ok(Piece::Verified { file })) if file == self.verified => self.verified += 1,
+                Some(Ok(Piece::Verified { .. })) => {
+                    return Err(Error::Invariant(
+                        "a compaction source was verified out of order".into(),
+                    ));
+                }
+                Some(Ok(Piece::RowGroup { file, rg, data })) => {
+                    let src = self
+                        .files
+                        .get(file)
+                        .ok_or_else(|| Error::Invariant("a row group of no source".into()))?;
+                    self.reader = Some((file, src.decode(rg, data, None)?));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_serves_reads_inside_its_bytes_only() {
+        let s = Segment::new(10, Bytes::from_static(b"abcdef"), 100);
+        assert_eq!(s.len(), 100);
+        assert_eq!(&s.get_bytes(11, 3).unwrap()[..], b"bcd");
+        assert_eq!(&s.get_bytes(10, 6).unwrap()[..], b"abcdef");
+        assert!(s.get_bytes(9, 1).is_err());
+        assert!(s.get_bytes(15, 2).is_err());
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut s.get_read(13).unwrap(), &mut rest).unwrap();
+        assert_eq!(rest, "def");
+    }
+}

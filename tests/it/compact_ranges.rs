@@ -1,0 +1,372 @@
+//! Ranged compaction on SeaweedFS (docs/design.md §9): after init, random workloads, flushes
+//! and compactions the lake equals PostgreSQL and the base tier keeps its invariant (disjoint
+//! ranges, each file within the target, each file's rows sorted and inside its recorded
+//! range); untouched ranges keep their keys and bytes; a pass below the ratio rewrites no base
+//! and leaves one delta, whose tombstones keep deleted rows deleted; a failed upload of any
+//! output publishes nothing and a clean rerun converges.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lakecdc::compact::{CompactOptions, Decision, Outcome, SchemaCompact};
+use lakecdc::init::InitOptions;
+use lakecdc::store::ObjectStore;
+use lakecdc::store::fault::{Action, Op};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::support::oracle;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::{Customer, Rng};
+
+const MANIFEST: &str = "manifest/100.json";
+
+fn opts(rig: &Rig, target: u64, ratio: f64, max_deltas: usize) -> CompactOptions {
+    CompactOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        target_base_size: target,
+        dirty_ratio: ratio,
+        max_deltas,
+        ..CompactOptions::default()
+    }
+}
+
+async fn compact(rig: &Rig, o: &CompactOptions) -> SchemaCompact {
+    let report = lakecdc::compact::run(&rig.job_context(), o).await.unwrap();
+    report.schemas.into_iter().next().unwrap()
+}
+
+/// A lake of `n` rows written by init into files of `per_file` rows, and nothing dirty (the
+/// rows were flushed first; init replaces those deltas).
+async fn lake_from_init(seed: u64, n: usize, per_file: u64) -> (Rig, Rng) {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(seed);
+    rig.seed(n, &mut r).await;
+    rig.flush().await;
+    let o = InitOptions {
+        schemas: vec!["customer".into()],
+        replace_delta: true,
+        work_dir: rig.opts.work_dir.clone(),
+        page_rows: per_file.min(100) as i64,
+        max_file_rows: per_file,
+        ..InitOptions::default()
+    };
+    lakecdc::init::run(&rig.ctx, &o).await.unwrap();
+    assert!(files(&manifest(&rig).await, "delta").is_empty());
+    (rig, r)
+}
+
+fn files(m: &Value, tier: &str) -> Vec<Value> {
+    m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["tier"] == tier)
+        .cloned()
+        .collect()
+}
+
+async fn manifest(rig: &Rig) -> Value {
+    oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap()
+}
+
+fn id(v: &Value) -> Uuid {
+    Uuid::parse_str(v.as_str().unwrap()).unwrap()
+}
+
+/// Asserts the base tier's invariant (docs/design.md §9) and returns the base entries by path:
+/// each file within `target`, its rows sorted by row id (one copy each) and inside its
+/// recorded range, whose ends are its first and last row; the ranges pairwise disjoint.
+async fn assert_base_tier(rig: &Rig, target: u64) -> BTreeMap<String, Value> {
+    let m = manifest(rig).await;
+    let mut ranges = Vec::new();
+    let mut out = BTreeMap::new();
+    for f in files(&m, "base") {
+        let path = f["path"].as_str().unwrap().to_string();
+        let size = f["size_bytes"].as_u64().unwrap();
+        assert!(size <= target, "{path}: {size} bytes > target {target}");
+        let bytes = rig.store.get_bytes(&path).await.unwrap().bytes;
+        let rows = oracle::read_parquet(bytes);
+        if rows.is_empty() {
+            assert_eq!(f["row_count"], 0, "{path}");
+        } else {
+            let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+            assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "{path}: rows not sorted by row id"
+            );
+            let (min, max) = (id(&f["row_id_min"]), id(&f["row_id_max"]));
+            assert_eq!(
+                (ids[0], ids[ids.len() - 1]),
+                (min, max),
+                "{path}: recorded range"
+            );
+            ranges.push((min, max, path.clone()));
+        }
+        out.insert(path, f);
+    }
+    ranges.sort();
+    for w in ranges.windows(2) {
+        assert!(w[0].1 < w[1].0, "overlapping bases: {w:?}");
+    }
+    out
+}
+
+/// Live model rows whose ids fall in `[min, max]`.
+fn rows_in(rig: &Rig, min: Uuid, max: Uuid) -> Vec<Uuid> {
+    rig.writer
+        .rows
+        .iter()
+        .filter(|(id, m)| !m.soft_deleted && **id >= min && **id <= max)
+        .map(|(id, _)| *id)
+        .collect()
+}
+
+/// The oracle: init, then rounds of random work (inserts anywhere, new tail and head ids,
+/// updates, soft and hard deletes, recreations) flushed in several deltas and compacted with
+/// different settings; after every round the lake equals PostgreSQL and the base tier holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rounds_of_work_and_ranged_compactions_keep_the_lake_equal_to_postgres() {
+    let (mut rig, mut r) = lake_from_init(2101, 240, 24).await;
+    let target = 32 * 1024;
+    assert_base_tier(&rig, u64::MAX).await;
+    let settings = [
+        (0.05, 32, "ratio 5%"),
+        (0.1, 2, "some ranges past the ratio, the rest consolidated"),
+        (0.0, 32, "every touched range rewritten"),
+        (1.0, 0, "nothing past the ratio, consolidate"),
+        (0.05, 32, "ratio 5% over a consolidated delta"),
+        (0.2, 1, "a mixed pass"),
+    ];
+    let mut tail = u128::MAX;
+    let mut head = 1u128;
+    for (round, (ratio, max_deltas, what)) in settings.into_iter().enumerate() {
+        for flush in 0..3 {
+            for _ in 0..25 {
+                rig.writer.random_op(&mut r).await;
+            }
+            if round % 2 == 0 && flush == 0 {
+                // New ids past both ends of the id space.
+                for _ in 0..4 {
+                    rig.writer
+                        .create(Uuid::from_u128(tail), Customer::random(&mut r))
+                        .await;
+                    rig.writer
+                        .create(Uuid::from_u128(head), Customer::random(&mut r))
+                        .await;
+                    tail -= 1;
+                    head += 1;
+                }
+            }
+            rig.flush().await;
+        }
+        let s = compact(&rig, &opts(&rig, target, ratio, max_deltas)).await;
+        assert_eq!(s.outcome, Outcome::Done, "round {round} ({what}): {s:?}");
+        let plan = s.plan.clone().unwrap();
+        assert_ne!(plan.decision, Decision::Noop, "round {round} ({what})");
+        assert_ne!(plan.decision, Decision::Promote, "round {round} ({what})");
+        let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+        assert_eq!(
+            rig.assert_oracle().await,
+            (live, 0),
+            "round {round} ({what})"
+        );
+        assert_base_tier(&rig, target).await;
+        let m = manifest(&rig).await;
+        assert!(
+            files(&m, "delta").len() <= 1,
+            "round {round} ({what}): one consolidated delta at most"
+        );
+        if plan.decision == Decision::Consolidate {
+            assert_eq!(s.bases_rewritten, 0, "round {round} ({what})");
+        }
+    }
+}
+
+/// Deltas touching 2 of about 10 base files rewrite those two only: the others keep their
+/// entries (keys, bytes, checksums). Then a pass whose changes are all below the ratio
+/// rewrites no base and leaves exactly one delta, holding the tombstone of a row deleted in a
+/// range that is not rewritten: the row stays deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_touched_ranges_are_rewritten_and_the_rest_fold_into_one_delta() {
+    let (mut rig, mut r) = lake_from_init(2102, 200, 20).await;
+    let target = 1 << 20;
+    let before = assert_base_tier(&rig, target).await;
+    let n = before.len();
+    assert!(n >= 8, "{n} bases");
+    let bases: Vec<&Value> = before.values().collect();
+    let (a, b) = (bases[2], bases[7]);
+    for f in [a, b] {
+        let ids = rows_in(&rig, id(&f["row_id_min"]), id(&f["row_id_max"]));
+        for id in ids.iter().take(3) {
+            rig.writer.update(*id, Customer::random(&mut r)).await;
+        }
+    }
+    rig.flush().await;
+    let s = compact(&rig, &opts(&rig, target, 0.05, 32)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    let plan = s.plan.clone().unwrap();
+    assert_eq!(plan.decision, Decision::Rewrite, "{}", plan.reason);
+    assert_eq!(plan.rewrite.len(), 2, "{plan:?}");
+    assert_eq!((s.bases_rewritten, s.bases_kept), (2, n - 2));
+    let after = assert_base_tier(&rig, target).await;
+    let a_path = a["path"].as_str().unwrap();
+    let b_path = b["path"].as_str().unwrap();
+    for (path, entry) in &before {
+        if path == a_path || path == b_path {
+            assert!(!after.contains_key(path), "{path} was rewritten");
+        } else {
+            assert_eq!(after.get(path), Some(entry), "{path} kept its entry");
+        }
+    }
+    assert_eq!(after.len(), n, "two new bases for two rewritten: {s:?}");
+    assert!(files(&manifest(&rig).await, "delta").is_empty());
+    let retired = oracle::retired_paths(rig.store.as_ref(), MANIFEST).await;
+    assert!(
+        retired.contains(a_path) && retired.contains(b_path),
+        "{retired:?}"
+    );
+    assert_eq!(rig.assert_oracle().await.1, 0);
+
+    // One change in each of three other ranges, in two flushes; one row hard-deleted.
+    let kept: Vec<&Value> = after
+        .iter()
+        .filter(|(p, _)| before.contains_key(*p))
+        .map(|(_, f)| f)
+        .take(3)
+        .collect();
+    let mut deleted = None;
+    for (i, f) in kept.iter().enumerate() {
+        let ids = rows_in(&rig, id(&f["row_id_min"]), id(&f["row_id_max"]));
+        if i == 0 {
+            rig.writer.hard_delete(ids[0]).await;
+            deleted = Some(ids[0]);
+        } else {
+            rig.writer.update(ids[0], Customer::random(&mut r)).await;
+        }
+        if i == 1 {
+            rig.flush().await;
+        }
+    }
+    rig.flush().await;
+    let deltas = files(&manifest(&rig).await, "delta");
+    assert_eq!(deltas.len(), 2);
+    let s = compact(&rig, &opts(&rig, target, 0.1, 1)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    let plan = s.plan.clone().unwrap();
+    assert_eq!(plan.decision, Decision::Consolidate, "{}", plan.reason);
+    assert_eq!((s.bases_rewritten, s.bases_kept), (0, n));
+    let m = manifest(&rig).await;
+    let deltas = files(&m, "delta");
+    assert_eq!(deltas.len(), 1, "exactly one delta");
+    assert_eq!(
+        assert_base_tier(&rig, target).await,
+        after,
+        "no base rewritten"
+    );
+    // The consolidated delta keeps the tombstone: the base below still holds the row.
+    let deleted = deleted.unwrap();
+    let path = deltas[0]["path"].as_str().unwrap();
+    let rows = oracle::read_parquet(rig.store.get_bytes(path).await.unwrap().bytes);
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let tomb = rows.iter().find(|(id, _)| *id == deleted).unwrap();
+    assert!(tomb.1.deleted_at > 0, "{tomb:?}");
+    let state = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    assert!(
+        !state.contains_key(&deleted),
+        "the deleted row stays deleted"
+    );
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(rig.assert_oracle().await, (live, 0));
+}
+
+/// Compaction cuts its output at the target: a rewrite of a whole tier into small files
+/// gives several bases, each within the target, disjoint and sorted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outputs_are_cut_at_the_target_size() {
+    let (mut rig, mut r) = lake_from_init(2103, 300, 300).await;
+    assert_base_tier(&rig, u64::MAX).await;
+    for _ in 0..60 {
+        rig.writer.random_op(&mut r).await;
+    }
+    rig.flush().await;
+    let target = 32 * 1024;
+    let s = compact(&rig, &opts(&rig, target, 0.0, 32)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    let bases = assert_base_tier(&rig, target).await;
+    assert!(bases.len() >= 3, "{} bases: {bases:?}", bases.len());
+    // Not cut needlessly small: most files are more than half the target.
+    let big = bases
+        .values()
+        .filter(|f| f["size_bytes"].as_u64().unwrap() > target / 3)
+        .count();
+    assert!(big * 2 >= bases.len(), "{bases:?}");
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(rig.assert_oracle().await, (live, 0));
+}
+
+/// Any one upload of a pass with several outputs failing, and the splice failing: the
+/// manifest is unchanged, the outputs staged before the failure are deleted, and a clean
+/// rerun converges to the same state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_output_or_splice_publishes_nothing_and_a_rerun_converges() {
+    let (mut rig, mut r) = lake_from_init(2104, 300, 300).await;
+    for _ in 0..60 {
+        rig.writer.random_op(&mut r).await;
+    }
+    rig.flush().await;
+    let target = 32 * 1024;
+    let cases = [
+        (Op::PutFile, 1, "upload merged base"),
+        (Op::PutFile, 3, "upload merged base"),
+        (Op::GetRange, 5, "read compaction source"),
+        (Op::PutBytes, 1, "manifest"),
+    ];
+    for (op, nth, step) in cases {
+        let what = format!("{op:?} #{nth}");
+        let manifest_before = rig.store.get_bytes(MANIFEST).await.unwrap().bytes;
+        let state = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+        let objects: BTreeSet<String> = rig.keys("data/100/").await.into_iter().collect();
+        let key = match op {
+            Op::PutBytes => Some("manifest/"),
+            _ => None,
+        };
+        rig.store.arm(op, key, nth, Action::Fail);
+        let s = compact(&rig, &opts(&rig, target, 0.0, 32)).await;
+        assert_eq!(s.outcome, Outcome::Failed, "{what}: {s:?}");
+        let err = s.error.clone().unwrap();
+        assert!(err.contains("injected fault"), "{what}: {err}");
+        assert!(err.to_lowercase().contains(step), "{what}: {err}");
+        assert_eq!(
+            rig.store.get_bytes(MANIFEST).await.unwrap().bytes,
+            manifest_before,
+            "{what}: the manifest changed"
+        );
+        let now: BTreeSet<String> = rig.keys("data/100/").await.into_iter().collect();
+        let left: Vec<&String> = now.difference(&objects).collect();
+        if op == Op::PutBytes {
+            // An unanswered save may have landed: its outputs stay, named, for gc.
+            assert!(!left.is_empty(), "{what}");
+            for k in &left {
+                assert!(err.contains(k.as_str()), "{what}: {k} not named in {err}");
+            }
+        } else {
+            assert!(
+                left.is_empty(),
+                "{what}: staged outputs left behind: {left:?}"
+            );
+        }
+        assert_eq!(
+            oracle::lake_state(rig.store.as_ref(), MANIFEST).await,
+            state
+        );
+    }
+    let s = compact(&rig, &opts(&rig, target, 0.0, 32)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert!(s.files_out >= 3, "{s:?}");
+    assert_base_tier(&rig, target).await;
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(rig.assert_oracle().await, (live, 0));
+}
