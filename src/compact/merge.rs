@@ -13,9 +13,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, new_null_array};
-use arrow::compute::filter_record_batch;
-use arrow::compute::{CastOptions, can_cast_types, cast_with_options, concat_batches};
+use arrow::array::{
+    Array, ArrayData, ArrayRef, AsArray, Int64Array, MutableArrayData, make_array, new_null_array,
+};
+use arrow::compute::{CastOptions, can_cast_types, cast_with_options};
 use arrow::datatypes::{Field, Int64Type, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
@@ -108,6 +109,8 @@ fn conform(src: &Source, batch: &RecordBatch, schema: &SchemaRef) -> Result<Reco
 
 /// The current batch of a stream and where the merge is in it.
 struct Head {
+    /// Tells this batch from every other of the merge (a pending run points into it).
+    id: u64,
     batch: RecordBatch,
     keys: Vec<Key>,
     changed: Vec<i64>,
@@ -131,13 +134,14 @@ struct Stream {
 
 impl Stream {
     /// Makes sure the stream has a row at its head, unless it is exhausted.
-    fn fill(&mut self, schema: &SchemaRef, rows_in: &mut u64) -> Result<()> {
+    fn fill(&mut self, schema: &SchemaRef, counts: &mut Counts) -> Result<()> {
         while !self.done && self.head.as_ref().is_none_or(|h| h.pos >= h.keys.len()) {
             self.head = None;
             match self.cursor.next_batch()? {
                 None => self.done = true,
                 Some((src, raw)) => {
-                    *rows_in += raw.num_rows() as u64;
+                    counts.rows_in += raw.num_rows() as u64;
+                    counts.batches += 1;
                     let batch = conform(&src, &raw, schema)?;
                     let (keys, changed, deleted) = columns(&src, &batch)?;
                     let unsorted = || Error::Parquet {
@@ -156,6 +160,7 @@ impl Stream {
                     }
                     self.last = keys.last().copied().or(self.last);
                     self.head = Some(Head {
+                        id: counts.batches,
                         batch,
                         keys,
                         changed,
@@ -204,10 +209,14 @@ fn columns(src: &Source, batch: &RecordBatch) -> Result<(Vec<Key>, Vec<i64>, Vec
     Ok((keys, changed.values().to_vec(), deleted.values().to_vec()))
 }
 
-/// Rows gathered for one output before they are sent.
+/// Rows gathered for one output before they are sent: runs of rows of the batches they come
+/// from, copied into one batch at once (a slice per run would cost an allocation per column).
 struct Pending {
     kind: Kind,
-    parts: Vec<RecordBatch>,
+    /// The batches the runs point into, with their [`Head::id`].
+    batches: Vec<(u64, RecordBatch)>,
+    /// (index into `batches`, first row, rows).
+    runs: Vec<(usize, usize, usize)>,
     rows: usize,
 }
 
@@ -220,6 +229,8 @@ pub(crate) struct Counts {
     pub base_rows: u64,
     /// Rows sent to the consolidated delta.
     pub delta_rows: u64,
+    /// Batches decoded.
+    pub batches: u64,
 }
 
 /// The merge of one pass.
@@ -246,7 +257,8 @@ impl<'a> Merge<'a> {
     ) -> Self {
         let pending = |kind| Pending {
             kind,
-            parts: Vec::new(),
+            batches: Vec::new(),
+            runs: Vec::new(),
             rows: 0,
         };
         Self {
@@ -275,7 +287,7 @@ impl<'a> Merge<'a> {
             .collect();
         let schema = self.schema.clone();
         for s in &mut streams {
-            s.fill(&schema, &mut self.counts.rows_in)?;
+            s.fill(&schema, &mut self.counts)?;
         }
         loop {
             // The smallest head, and the smallest key of any other stream.
@@ -297,23 +309,24 @@ impl<'a> Merge<'a> {
             if second == Some(k) {
                 self.settle(&mut streams, k)?;
                 for s in &mut streams {
-                    s.fill(&schema, &mut self.counts.rows_in)?;
+                    s.fill(&schema, &mut self.counts)?;
                 }
                 continue;
             }
-            let Some(h) = streams[i].head.as_mut() else {
+            let stream = &mut streams[i];
+            let Some(h) = stream.head.as_ref() else {
                 continue;
             };
+            let start = h.pos;
             let end = match second {
-                Some(limit) => h.pos + h.keys[h.pos..].partition_point(|x| *x < limit),
+                Some(limit) => start + h.keys[start..].partition_point(|x| *x < limit),
                 None => h.keys.len(),
             };
-            let (start, src_batch) = (h.pos, h.batch.clone());
-            let keys = h.keys[start..end].to_vec();
-            let deleted = h.deleted[start..end].to_vec();
-            h.pos = end;
-            self.route(&src_batch, start, &keys, &deleted)?;
-            streams[i].fill(&schema, &mut self.counts.rows_in)?;
+            self.route(h, start, end)?;
+            if let Some(h) = stream.head.as_mut() {
+                h.pos = end;
+            }
+            stream.fill(&schema, &mut self.counts)?;
         }
         self.flush(Kind::Base)?;
         self.flush(Kind::Delta)?;
@@ -343,9 +356,7 @@ impl<'a> Merge<'a> {
             return Ok(());
         };
         if let Some(h) = &streams[w].head {
-            let (batch, pos) = (h.batch.clone(), h.pos);
-            let (key, dead) = (h.keys[pos], h.deleted[pos]);
-            self.route(&batch, pos, &[key], &[dead])?;
+            self.route(h, h.pos, h.pos + 1)?;
         }
         for s in streams.iter_mut() {
             if let Some(h) = s.head.as_mut()
@@ -357,38 +368,34 @@ impl<'a> Merge<'a> {
         Ok(())
     }
 
-    /// Sends rows `start..start + keys.len()` of `batch` (whose keys and `deleted_at` are
-    /// given) to the outputs their ranges say.
-    fn route(
-        &mut self,
-        batch: &RecordBatch,
-        start: usize,
-        keys: &[Key],
-        deleted: &[i64],
-    ) -> Result<()> {
-        let mut at = 0;
-        while at < keys.len() {
-            let r = self.ranges.locate(keys[at]);
+    /// Sends rows `start..end` of `h`'s batch to the outputs their ranges say: a rewritten
+    /// range's to the new bases without tombstones, any other's to the consolidated delta.
+    fn route(&mut self, h: &Head, start: usize, end: usize) -> Result<()> {
+        let mut at = start;
+        while at < end {
+            let r = self.ranges.locate(h.keys[at]);
             let stop = match self.ranges.end(r) {
-                Some(end) => at + keys[at..].partition_point(|k| *k < end),
-                None => keys.len(),
+                Some(bound) => at + h.keys[at..end].partition_point(|k| *k < bound),
+                None => end,
             };
-            let rewrite = self.rewrite.get(r).copied().unwrap_or(false);
-            let slice = batch.slice(start + at, stop - at);
-            if rewrite {
+            if self.rewrite.get(r).copied().unwrap_or(false) {
                 self.enter_range(r)?;
-                let dead = &deleted[at..stop];
-                let slice = if dead.iter().any(|d| *d > 0) {
-                    let live: BooleanArray = dead.iter().map(|d| Some(*d <= 0)).collect();
-                    filter_record_batch(&slice, &live).map_err(Error::arrow("drop tombstones"))?
-                } else {
-                    slice
-                };
-                self.counts.base_rows += slice.num_rows() as u64;
-                self.push(Kind::Base, slice)?;
+                // The live rows, run by run.
+                let mut from = at;
+                while from < stop {
+                    let live = h.deleted[from..stop]
+                        .iter()
+                        .position(|d| *d > 0)
+                        .map_or(stop, |n| from + n);
+                    if live > from {
+                        self.counts.base_rows += (live - from) as u64;
+                        self.push(Kind::Base, h, from, live - from)?;
+                    }
+                    from = live + 1;
+                }
             } else {
-                self.counts.delta_rows += slice.num_rows() as u64;
-                self.push(Kind::Delta, slice)?;
+                self.counts.delta_rows += (stop - at) as u64;
+                self.push(Kind::Delta, h, at, stop - at)?;
             }
             at = stop;
         }
@@ -415,17 +422,26 @@ impl<'a> Merge<'a> {
         }
     }
 
-    fn push(&mut self, kind: Kind, rows: RecordBatch) -> Result<()> {
-        if rows.num_rows() == 0 {
-            return Ok(());
-        }
-        if rows.num_rows() >= DIRECT_RUN {
+    /// Queues `len` rows of `h`'s batch from `start` for `kind`: a long run is sent as it is
+    /// (a zero-copy slice), short ones are gathered.
+    fn push(&mut self, kind: Kind, h: &Head, start: usize, len: usize) -> Result<()> {
+        if len >= DIRECT_RUN {
             self.flush(kind)?;
-            return self.send(Msg::Rows(kind, rows));
+            return self.send(Msg::Rows(kind, h.batch.slice(start, len)));
         }
         let p = self.pending(kind);
-        p.rows += rows.num_rows();
-        p.parts.push(rows);
+        let b = match p.batches.iter().rposition(|(id, _)| *id == h.id) {
+            Some(b) => b,
+            None => {
+                p.batches.push((h.id, h.batch.clone()));
+                p.batches.len() - 1
+            }
+        };
+        match p.runs.last_mut() {
+            Some((last, s, n)) if *last == b && *s + *n == start => *n += len,
+            _ => p.runs.push((b, start, len)),
+        }
+        p.rows += len;
         if p.rows >= BATCH_ROWS {
             self.flush(kind)?;
         }
@@ -436,13 +452,26 @@ impl<'a> Merge<'a> {
     fn flush(&mut self, kind: Kind) -> Result<()> {
         let schema = self.schema.clone();
         let p = self.pending(kind);
-        if p.parts.is_empty() {
+        if p.runs.is_empty() {
             return Ok(());
         }
-        let parts = std::mem::take(&mut p.parts);
-        p.rows = 0;
+        let (batches, runs, rows) = (
+            std::mem::take(&mut p.batches),
+            std::mem::take(&mut p.runs),
+            std::mem::take(&mut p.rows),
+        );
         let kind = p.kind;
-        let batch = concat_batches(&schema, &parts).map_err(Error::arrow("gather merged rows"))?;
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for c in 0..schema.fields().len() {
+            let data: Vec<ArrayData> = batches.iter().map(|(_, b)| b.column(c).to_data()).collect();
+            let mut out = MutableArrayData::new(data.iter().collect(), false, rows);
+            for &(b, start, len) in &runs {
+                out.extend(b, start, start + len);
+            }
+            columns.push(make_array(out.freeze()));
+        }
+        let batch =
+            RecordBatch::try_new(schema, columns).map_err(Error::arrow("gather merged rows"))?;
         self.send(Msg::Rows(kind, batch))
     }
 
@@ -450,5 +479,245 @@ impl<'a> Merge<'a> {
         self.tx
             .send(msg)
             .map_err(|_| Error::Invariant("the compaction writer stopped".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::sync_channel;
+
+    use arrow::array::{FixedSizeBinaryArray, StringArray};
+    use bytes::Bytes;
+    use parquet::arrow::ArrowWriter;
+
+    use super::*;
+    use crate::lake::manifest::{FileEntry, Manifest, Tier};
+    use crate::lake::ranges::key_text;
+    use crate::lake::streamed::{self, pump};
+    use crate::schema::batch::uuid_field;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{ObjectStore, PutMode};
+
+    /// A row of a test file: `(row_id, changed_at, deleted_at, name)`.
+    type Row<'a> = (u128, i64, i64, &'a str);
+
+    /// A lake-shaped file of rows.
+    fn file(rows: &[Row]) -> Bytes {
+        let schema = Arc::new(Schema::new(vec![
+            uuid_field("row_id", true),
+            Field::new("changed_at", arrow::datatypes::DataType::Int64, true),
+            Field::new("deleted_at", arrow::datatypes::DataType::Int64, true),
+            Field::new("ltbase_created_at", arrow::datatypes::DataType::Int64, true),
+            Field::new("name", arrow::datatypes::DataType::Utf8, true),
+        ]));
+        let ids =
+            FixedSizeBinaryArray::try_from_iter(rows.iter().map(|r| r.0.to_be_bytes().to_vec()))
+                .unwrap();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(ids),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|_| 1))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.3))),
+            ],
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        let mut w = ArrowWriter::try_new(&mut out, schema, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        Bytes::from(out)
+    }
+
+    fn entry(tier: Tier, path: &str, rows: &[Row], size: usize) -> FileEntry {
+        FileEntry {
+            tier,
+            path: path.into(),
+            row_id_min: key_text(rows[0].0),
+            row_id_max: key_text(rows[rows.len() - 1].0),
+            created_min: 0,
+            created_max: 0,
+            size_bytes: size as i64,
+            row_count: rows.len() as i64,
+            checksum: None,
+            columns: None,
+            extra: Default::default(),
+        }
+    }
+
+    type Rows = Vec<(u128, i64, String)>;
+
+    /// What the writer received: the base files' rows (a new file at each cut) and the
+    /// consolidated delta's.
+    #[derive(Debug, Default, PartialEq)]
+    struct Out {
+        bases: Vec<Rows>,
+        delta: Rows,
+    }
+
+    /// Merges the files (bases first, one stream each) with `rewrite` over their ranges and
+    /// returns what each output received, a `cut` marking a new base file.
+    async fn merge(files: Vec<(Tier, Vec<Row<'_>>)>, rewrite: Vec<bool>) -> Out {
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let mut entries = Vec::new();
+        for (i, (tier, rows)) in files.iter().enumerate() {
+            let bytes = file(rows);
+            let path = format!("data/1/f{i}.parquet");
+            store
+                .put_bytes(&path, bytes.clone(), PutMode::Overwrite)
+                .await
+                .unwrap();
+            entries.push(entry(*tier, &path, rows, bytes.len()));
+        }
+        let m = Manifest {
+            files: entries.clone(),
+            ..Manifest::empty(1)
+        };
+        let ranges = Ranges::of(&m);
+        let mut sources = Vec::new();
+        // Only the rewritten ranges' bases are read, as a pass does.
+        let read: Vec<&FileEntry> = entries
+            .iter()
+            .filter(|e| {
+                e.tier == Tier::Delta
+                    || ranges
+                        .ranges()
+                        .iter()
+                        .enumerate()
+                        .any(|(i, r)| rewrite[i] && r.files.contains(&e.path))
+            })
+            .collect();
+        for e in read {
+            sources.push(Arc::new(streamed::open(store.as_ref(), e).await.unwrap()));
+        }
+        let schema = merged_schema(&sources).unwrap();
+        let mut cursors = Vec::new();
+        for s in sources {
+            let (tx, rx) = tokio::sync::mpsc::channel(2);
+            cursors.push(Cursor::new(rx, vec![s.clone()]));
+            tokio::spawn(pump(store.clone(), vec![s], false, tx));
+        }
+        let (tx, rx) = sync_channel(16);
+        let merged = tokio::task::spawn_blocking(move || {
+            Merge::new(&ranges, &rewrite, schema, tx).run(cursors, false)
+        });
+        let out = tokio::task::spawn_blocking(move || {
+            let mut out = Out {
+                bases: vec![Vec::new()],
+                delta: Vec::new(),
+            };
+            for msg in rx {
+                match msg {
+                    Msg::Rows(kind, b) => {
+                        let (keys, changed, _) = columns_of(&b);
+                        let names = b.column_by_name("name").unwrap().as_string::<i32>();
+                        let rows = (0..b.num_rows())
+                            .map(|i| (keys[i], changed[i], names.value(i).to_string()));
+                        match kind {
+                            Kind::Base => out.bases.last_mut().unwrap().extend(rows),
+                            Kind::Delta => out.delta.extend(rows),
+                        }
+                    }
+                    Msg::Cut => out.bases.push(Vec::new()),
+                    Msg::End { .. } => break,
+                }
+            }
+            out
+        });
+        merged.await.unwrap().unwrap();
+        out.await.unwrap()
+    }
+
+    fn columns_of(b: &RecordBatch) -> (Vec<Key>, Vec<i64>, Vec<i64>) {
+        let ids = b.column_by_name("row_id").unwrap().as_fixed_size_binary();
+        let keys = (0..ids.len())
+            .map(|i| key(ids.value(i).try_into().unwrap()))
+            .collect();
+        let int = |n: &str| {
+            b.column_by_name(n)
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        };
+        (keys, int("changed_at"), int("deleted_at"))
+    }
+
+    /// docs/hazards.md L28: a live copy and a tombstone of the same version merge to no row,
+    /// whichever file holds which; the newer copy wins whatever its file; tombstones vanish
+    /// from a rewritten range.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_newest_copy_wins_and_a_tombstone_wins_a_tie() {
+        let out = merge(
+            vec![
+                (
+                    Tier::Base,
+                    vec![(10, 5, 0, "a"), (20, 5, 0, "b"), (30, 5, 0, "c")],
+                ),
+                (Tier::Delta, vec![(10, 7, 0, "a2"), (20, 5, 5, "")]),
+                (
+                    Tier::Delta,
+                    vec![(10, 6, 0, "a1"), (25, 9, 0, "new"), (30, 4, 0, "old")],
+                ),
+            ],
+            vec![true],
+        )
+        .await;
+        let want = Out {
+            bases: vec![vec![
+                (10, 7, "a2".into()),
+                (25, 9, "new".into()),
+                (30, 5, "c".into()),
+            ]],
+            delta: vec![],
+        };
+        assert_eq!(out, want);
+    }
+
+    /// Rows of a kept range go to the consolidated delta with their tombstones; a base file
+    /// never spans a kept range.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rows_of_kept_ranges_keep_their_tombstones_and_bases_are_cut_around_them() {
+        let out = merge(
+            vec![
+                (Tier::Base, vec![(10, 1, 0, "a"), (20, 1, 0, "b")]),
+                (Tier::Base, vec![(100, 1, 0, "c"), (120, 1, 0, "d")]),
+                (Tier::Base, vec![(200, 1, 0, "e"), (220, 1, 0, "f")]),
+                (
+                    Tier::Delta,
+                    vec![(20, 2, 0, "b2"), (120, 2, 2, ""), (230, 2, 0, "g")],
+                ),
+            ],
+            vec![true, false, true],
+        )
+        .await;
+        let want = Out {
+            bases: vec![
+                vec![(10, 1, "a".into()), (20, 2, "b2".into())],
+                vec![
+                    (200, 1, "e".into()),
+                    (220, 1, "f".into()),
+                    (230, 2, "g".into()),
+                ],
+            ],
+            delta: vec![(120, 2, String::new())],
+        };
+        assert_eq!(out, want);
+    }
+
+    /// A file whose rows are out of order (or hold a row twice) is refused, not merged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[should_panic(expected = "not sorted by row_id")]
+    async fn a_file_out_of_row_id_order_is_refused() {
+        merge(
+            vec![(
+                Tier::Base,
+                vec![(10, 1, 0, "a"), (30, 1, 0, "c"), (20, 1, 0, "b")],
+            )],
+            vec![true],
+        )
+        .await;
     }
 }
