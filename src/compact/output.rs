@@ -5,17 +5,15 @@
 //! one finished file is still waiting for its upload, so local disk holds at most the files
 //! being written and one being uploaded, whatever the schema's size.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, SchemaRef};
-use parquet::arrow::ArrowWriter;
 use tokio::sync::mpsc;
 
-use crate::engine::writer::open_lake_writer;
+use crate::engine::parallel::ParallelWriter;
 use crate::error::{Error, Result};
 use crate::lake::footer;
 use crate::lake::ranges::{Key, key};
@@ -75,7 +73,7 @@ pub(crate) struct Totals {
 struct Open {
     kind: Kind,
     path: PathBuf,
-    writer: ArrowWriter<File>,
+    writer: ParallelWriter,
     rows: u64,
     /// Arrow bytes appended (what [`Open::ratio`] compares the encoded bytes with).
     arrow_bytes: u64,
@@ -87,7 +85,7 @@ impl Open {
     /// The bytes the file holds or will hold for what was appended so far: the flushed row
     /// groups and the writer's estimate of the buffered one.
     fn encoded(&self) -> u64 {
-        self.writer.bytes_written() as u64 + self.writer.in_progress_size() as u64
+        self.writer.bytes_written() + self.writer.in_progress_size()
     }
 
     /// Encoded bytes per Arrow byte so far (1 before anything was appended): what a batch
@@ -189,7 +187,7 @@ impl Outputs {
         let open: u64 = [&self.base, &self.delta]
             .iter()
             .filter_map(|o| o.as_ref())
-            .map(|o| o.writer.bytes_written() as u64)
+            .map(|o| o.writer.bytes_written())
             .sum();
         let now = open + self.waiting.iter().sum::<u64>();
         self.totals.scratch_peak = self.totals.scratch_peak.max(now);
@@ -203,8 +201,7 @@ impl Outputs {
         }
         let path = self.dir.join(format!("out-{}.parquet", self.next));
         self.next += 1;
-        let empty = RecordBatch::new_empty(self.schema.clone());
-        let writer = open_lake_writer(&path, &empty)?;
+        let writer = ParallelWriter::create(&path, self.schema.clone())?;
         *self.slot(kind) = Some(Open {
             kind,
             path,
@@ -251,8 +248,8 @@ impl Outputs {
                 .ok_or_else(|| Error::Invariant("no open output".into()))?;
             let rows = rest.num_rows();
             let take = if kind == Kind::Base {
-                let used = open.encoded()
-                    + footer_margin(rest.num_columns(), open.writer.flushed_row_groups().len());
+                let used =
+                    open.encoded() + footer_margin(rest.num_columns(), open.writer.row_groups());
                 // 5% is kept for estimates that fall short.
                 let room = (target - target / 20).saturating_sub(used);
                 let need = ((batch_bytes(&rest) as f64 * open.ratio()) as u64).max(1);
@@ -286,11 +283,7 @@ impl Outputs {
             return Ok(());
         };
         let path = open.path.clone();
-        let parquet_error = |e: parquet::errors::ParquetError| Error::Parquet {
-            path: path.display().to_string(),
-            message: format!("write: {e}"),
-        };
-        open.writer.close().map_err(parquet_error)?;
+        open.writer.close()?;
         let info = footer::check_file(&path)?;
         let size = std::fs::metadata(&path)
             .map_err(|source| Error::Io {
@@ -349,10 +342,7 @@ impl Open {
                 Some((a, b)) => (a.min(lo), b.max(hi)),
             });
         }
-        self.writer.write(batch).map_err(|e| Error::Parquet {
-            path: self.path.display().to_string(),
-            message: format!("write: {e}"),
-        })?;
+        self.writer.write(batch)?;
         self.rows += n as u64;
         self.arrow_bytes += batch_bytes(batch);
         Ok(())

@@ -6,6 +6,7 @@
 
 pub mod assemble;
 pub mod export;
+pub(crate) mod parallel;
 mod scan;
 pub(crate) mod writer;
 

@@ -287,6 +287,25 @@ pub(crate) fn write(
 
 /// A writer with the lake's file options and the encodings DuckDB picks for each type.
 pub(crate) fn open_lake_writer(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
+    let props = lake_properties(path, &first.schema())?;
+    let file = crate::scratch::create_file(path).map_err(|source| Error::Io {
+        op: "create parquet file",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // No Arrow schema in the footer: the Parquet types say it all, as in DuckDB's files.
+    let options = ArrowWriterOptions::new()
+        .with_properties(props)
+        .with_skip_arrow_metadata(true);
+    ArrowWriter::try_new_with_options(file, first.schema(), options).map_err(|e| Error::Parquet {
+        path: path.display().to_string(),
+        message: format!("open writer: {e}"),
+    })
+}
+
+/// The lake's file options (docs/design.md §3.1.4) and the encodings DuckDB picks for each
+/// type of `schema`.
+pub(super) fn lake_properties(path: &Path, schema: &Schema) -> Result<WriterProperties> {
     let mut props = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL).map_err(
@@ -298,7 +317,7 @@ pub(crate) fn open_lake_writer(path: &Path, first: &RecordBatch) -> Result<Arrow
         .set_max_row_group_row_count(Some(ROW_GROUP_SIZE))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES);
-    for field in first.schema().fields() {
+    for field in schema.fields() {
         // A list's items are the leaf `name.list.element`.
         let (col, t) = match field.data_type() {
             DataType::List(item) => (
@@ -332,19 +351,7 @@ pub(crate) fn open_lake_writer(path: &Path, first: &RecordBatch) -> Result<Arrow
             .set_column_dictionary_enabled(col.clone(), false)
             .set_column_encoding(col, plain);
     }
-    let file = crate::scratch::create_file(path).map_err(|source| Error::Io {
-        op: "create parquet file",
-        path: path.to_path_buf(),
-        source,
-    })?;
-    // No Arrow schema in the footer: the Parquet types say it all, as in DuckDB's files.
-    let options = ArrowWriterOptions::new()
-        .with_properties(props.build())
-        .with_skip_arrow_metadata(true);
-    ArrowWriter::try_new_with_options(file, first.schema(), options).map_err(|e| Error::Parquet {
-        path: path.display().to_string(),
-        message: format!("open writer: {e}"),
-    })
+    Ok(props.build())
 }
 
 /// How attribute `a`'s slot or raw EAV value, of Arrow type `input`, becomes its lake value of
