@@ -8,7 +8,7 @@
 # source tables and registers the example schemas (init-db), loads about 100k entities over two
 # schemas, exports them as the base tier (init), applies a burst of application
 # writes (updates, deletes, recreates), shows what the next flush would do (--dry-run), flushes,
-# merges base and deltas (compact), shows what gc would delete, verifies the lake and queries it
+# rewrites the base ranges the deltas touch (compact), shows what gc would delete, verifies the lake and queries it
 # (`lakecdc query`); inspect shows the state in between.
 set -euo pipefail
 
@@ -91,7 +91,10 @@ say "lakecdc flush --force --dry-run   (what a forced flush would do; writes not
 say "lakecdc flush --force"
 "$BIN" -q flush --force
 
-say "lakecdc compact --dirty-ratio 1%   (merge base + deltas into one new base: rewrite)"
+say "lakecdc compact --dry-run --dirty-ratio 1%   (which base ranges the deltas touch past 1%)"
+"$BIN" -q compact --dry-run --dirty-ratio 1%
+
+say "lakecdc compact --dirty-ratio 1%   (rewrite those ranges, fold the other delta rows into one delta)"
 "$BIN" -q compact --dirty-ratio 1%
 
 say "lakecdc gc --dry-run   (merged sources are kept for the 15m grace period)"
