@@ -70,15 +70,15 @@ pub enum Error {
         source: StoreError,
     },
 
-    /// The save that would list a new object failed in a way that does not prove it did not
-    /// land: the object is kept (the manifest may list it).
+    /// The save that would list new objects failed in a way that does not prove it did not
+    /// land: the objects are kept (the manifest may list them).
     #[error(
-        "manifest {key}: the save of the new base {object} may or may not have landed; the base is kept — run verify/inspect before compacting again"
+        "manifest {key}: the save of the new files {object} may or may not have landed; they are kept — run verify/inspect before compacting again"
     )]
     AmbiguousPublish {
         /// The manifest key.
         key: String,
-        /// The object the save would list.
+        /// The objects the save would list (comma-separated).
         object: String,
         /// The underlying store error.
         #[source]
