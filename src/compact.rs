@@ -662,8 +662,8 @@ async fn produce(
             tx,
         )));
     }
-    let (done_tx, mut done_rx) = mpsc::channel::<(output::Written, u64)>(1);
-    let (ack_tx, ack_rx) = std::sync::mpsc::channel::<u64>();
+    let (done_tx, mut done_rx) = mpsc::channel::<output::Written>(1);
+    let (ack_tx, ack_rx) = std::sync::mpsc::channel::<()>();
     let (msg_tx, msg_rx) = std::sync::mpsc::sync_channel::<output::Msg>(4);
     let outputs = output::Outputs::new(
         dir,
@@ -680,17 +680,17 @@ async fn produce(
     // Stage each finished output as it arrives.
     let mut staged: Vec<StagedFile> = Vec::new();
     let mut upload_error: Option<Error> = None;
-    while let Some((written, size)) = done_rx.recv().await {
-        match stage_output(p, &written).await {
+    while let Some(written) = done_rx.recv().await {
+        let res = stage_output(p, &written).await;
+        let _ = tokio::fs::remove_file(&written.path).await;
+        match res {
             Ok(s) => staged.push(s),
             Err(e) => {
                 upload_error = Some(e);
-                let _ = tokio::fs::remove_file(&written.path).await;
                 break;
             }
         }
-        let _ = tokio::fs::remove_file(&written.path).await;
-        let _ = ack_tx.send(size);
+        let _ = ack_tx.send(());
     }
     drop(done_rx);
     drop(ack_tx);
@@ -701,22 +701,21 @@ async fn produce(
     for pump in pumps {
         pump.abort();
     }
-    let result = (|| -> Result<Produced> {
-        if let Some(e) = upload_error {
-            return Err(e);
-        }
-        // The merge's own error explains a writer that stopped for it, so it comes first.
-        let counts = merged??;
-        let totals = written??;
-        Ok(Produced {
+    tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step merge");
+    // The merge's own error explains a writer that stopped for it, so it comes before the
+    // writer's.
+    let outcome = match upload_error {
+        Some(e) => Err(e),
+        None => merged
+            .and_then(|m| m)
+            .and_then(|counts| written.and_then(|w| w).map(|totals| (counts, totals))),
+    };
+    match outcome {
+        Ok((counts, totals)) => Ok(Produced {
             counts,
             totals,
-            staged: Vec::new(),
-        })
-    })();
-    tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step merge");
-    match result {
-        Ok(done) => Ok(Produced { staged, ..done }),
+            staged,
+        }),
         Err(e) => Err((e, staged)),
     }
 }

@@ -225,10 +225,6 @@ struct Pending {
 pub(crate) struct Counts {
     /// Rows read from the sources.
     pub rows_in: u64,
-    /// Rows sent to new bases.
-    pub base_rows: u64,
-    /// Rows sent to the consolidated delta.
-    pub delta_rows: u64,
     /// Batches decoded.
     pub batches: u64,
 }
@@ -388,13 +384,11 @@ impl<'a> Merge<'a> {
                         .position(|d| *d > 0)
                         .map_or(stop, |n| from + n);
                     if live > from {
-                        self.counts.base_rows += (live - from) as u64;
                         self.push(Kind::Base, h, from, live - from)?;
                     }
                     from = live + 1;
                 }
             } else {
-                self.counts.delta_rows += (stop - at) as u64;
                 self.push(Kind::Delta, h, at, stop - at)?;
             }
             at = stop;

@@ -5,6 +5,7 @@
 //! one finished file is still waiting for its upload, so local disk holds at most the files
 //! being written and one being uploaded, whatever the schema's size.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
@@ -106,10 +107,11 @@ pub(crate) struct Outputs {
     base: Option<Open>,
     delta: Option<Open>,
     next: usize,
-    done: mpsc::Sender<(Written, u64)>,
-    acks: Receiver<u64>,
-    /// Sizes of finished files not yet uploaded (their local copies still exist).
-    waiting: Vec<u64>,
+    done: mpsc::Sender<Written>,
+    /// One message per upload finished, in the order the files were handed over.
+    acks: Receiver<()>,
+    /// Sizes of finished files not yet uploaded (their local copies still exist), oldest first.
+    waiting: VecDeque<u64>,
     totals: Totals,
 }
 
@@ -129,14 +131,14 @@ fn batch_bytes(batch: &RecordBatch) -> u64 {
 }
 
 impl Outputs {
-    /// Writes into `dir`; finished files go to `done` with their size, and `acks` tells when
-    /// an upload finished (its size).
+    /// Writes into `dir`; finished files go to `done`, and `acks` tells when the oldest
+    /// upload finished.
     pub(crate) fn new(
         dir: &Path,
         schema: SchemaRef,
         target: u64,
-        done: mpsc::Sender<(Written, u64)>,
-        acks: Receiver<u64>,
+        done: mpsc::Sender<Written>,
+        acks: Receiver<()>,
     ) -> Self {
         Self {
             dir: dir.to_path_buf(),
@@ -147,7 +149,7 @@ impl Outputs {
             next: 0,
             done,
             acks,
-            waiting: Vec::new(),
+            waiting: VecDeque::new(),
             totals: Totals::default(),
         }
     }
@@ -217,10 +219,8 @@ impl Outputs {
     fn wait_for_upload(&mut self) -> Result<()> {
         loop {
             match self.acks.recv_timeout(Duration::from_millis(200)) {
-                Ok(size) => {
-                    if let Some(i) = self.waiting.iter().position(|s| *s == size) {
-                        self.waiting.swap_remove(i);
-                    }
+                Ok(()) => {
+                    self.waiting.pop_front();
                     return Ok(());
                 }
                 Err(RecvTimeoutError::Timeout) if !self.done.is_closed() => {}
@@ -300,11 +300,11 @@ impl Outputs {
             changed: open.changed.unwrap_or((0, 0)),
             columns: info.columns,
         };
-        self.waiting.push(size);
+        self.waiting.push_back(size);
         self.totals.files += 1;
         self.note_scratch();
         self.done
-            .blocking_send((written, size))
+            .blocking_send(written)
             .map_err(|_| Error::Invariant("the uploader stopped".into()))?;
         Ok(())
     }
