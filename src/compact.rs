@@ -45,11 +45,11 @@ use uuid::Uuid;
 use crate::engine::EngineConfig;
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::Layout;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
 use crate::lake::owner;
 use crate::lake::ranges::{self, Ranges, parse_key};
 use crate::lake::streamed::{self, Source};
+use crate::lake::{Layout, SourceGuard};
 use crate::report::label;
 use crate::retry::Backoff;
 use crate::source::registry::Registered;
@@ -312,12 +312,13 @@ async fn run_hooked(
         engine,
         ..opts.clone()
     };
+    let source = &job::source_guard(ctx).await?;
     let schemas = job::each_schema(
         ctx,
         &opts.schemas,
         |reg| {
             let hook = hook.clone();
-            async move { compact_schema(ctx, opts, hook, &reg).await }
+            async move { compact_schema(ctx, opts, source, hook, &reg).await }
         },
         |reg| SchemaCompact {
             outcome: Outcome::Stopped,
@@ -360,6 +361,7 @@ impl From<Error> for PassError {
 async fn compact_schema(
     ctx: &Context,
     opts: &CompactOptions,
+    source: &SourceGuard,
     hook: Option<Hook>,
     reg: &Registered,
 ) -> SchemaCompact {
@@ -371,6 +373,7 @@ async fn compact_schema(
         let p = Pass {
             ctx,
             opts,
+            source,
             hook: hook.clone(),
             schema_id: reg.id,
         };
@@ -405,6 +408,8 @@ async fn compact_schema(
 struct Pass<'a> {
     ctx: &'a Context,
     opts: &'a CompactOptions,
+    /// The database this run reads: a lake written from another is refused.
+    source: &'a SourceGuard,
     hook: Option<Hook>,
     schema_id: i16,
 }
@@ -418,6 +423,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
         out.outcome = Outcome::NoManifest;
         return Ok(());
     };
+    p.source.check(&key, loaded.manifest.source.as_ref())?;
     let (ranges, plan) = plan(
         store,
         layout,
@@ -433,7 +439,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
     }
     // Its bases live in the data prefix: the prefix must be this manifest's (a dry run checks;
     // a real pass claims an unclaimed one when it publishes).
-    let ownership = owner::check_writable(store, &ctx.lake.layout, schema_id).await?;
+    let ownership = owner::check_writable(store, &ctx.lake.layout, schema_id, p.source).await?;
     if opts.dry_run {
         return Ok(());
     }
@@ -451,6 +457,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
                 schema_id,
                 &out.schema,
                 &ownership,
+                p.source,
                 ctx.clock.as_ref(),
                 CommitPolicy::default(),
                 |m| {
@@ -783,6 +790,7 @@ async fn splice(
         schema_id,
         &out.schema,
         ownership,
+        p.source,
         ctx.clock.as_ref(),
         policy,
         |m| {

@@ -60,6 +60,20 @@ pub enum Error {
         attempts: u32,
     },
 
+    /// The manifest names another database than the one this run reads (docs/design.md §10):
+    /// nothing is written.
+    #[error(
+        "manifest {key} was written from {lake}, but this run reads {this}: point --pg-url at the lake's database, or pass --adopt-source after a restore or migration (then run verify --source --repair)"
+    )]
+    ForeignSource {
+        /// The manifest key.
+        key: String,
+        /// The source the manifest names.
+        lake: String,
+        /// The source this run reads.
+        this: String,
+    },
+
     /// A manifest write failed in a way that does not prove it did not land.
     #[error("manifest {key}: the write may or may not have been committed")]
     AmbiguousCommit {

@@ -36,7 +36,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::job;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
-use crate::lake::{footer, owner};
+use crate::lake::{SourceGuard, footer, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, dir};
@@ -345,6 +345,9 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
     } else {
         registry::select(&registered, &opts.schemas)?
     };
+    // Which database this run reads: a lake written from another is refused (docs/design.md
+    // §10).
+    let source = job::source_guard_on(ctx, &client).await?;
     drop(client);
     // Pre-flight (docs/hazards.md #193): every schema's metadata resolves before any side effect.
     let mut work = Vec::with_capacity(targets.len());
@@ -359,8 +362,9 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
         work.push((reg, def));
     }
     let parallelism = opts.parallelism.max(1);
+    let source = &source;
     let mut schemas: Vec<SchemaReport> = stream::iter(work)
-        .map(|(reg, def)| flush_schema(ctx, opts, hooks, reg, def))
+        .map(|(reg, def)| flush_schema(ctx, opts, hooks, source, reg, def))
         .buffer_unordered(parallelism)
         .collect()
         .await;
@@ -400,6 +404,7 @@ async fn flush_schema(
     ctx: &Context,
     opts: &FlushOptions,
     hooks: &FlushHooks,
+    source: &SourceGuard,
     reg: Registered,
     def: SchemaDef,
 ) -> SchemaReport {
@@ -415,6 +420,7 @@ async fn flush_schema(
             ctx,
             opts,
             hooks,
+            source,
             def: &def,
             schema_id: reg.id,
         };
@@ -447,6 +453,8 @@ struct SchemaFlush<'a> {
     ctx: &'a Context,
     opts: &'a FlushOptions,
     hooks: &'a FlushHooks,
+    /// The database this run reads: a lake written from another is refused.
+    source: &'a SourceGuard,
     def: &'a SchemaDef,
     schema_id: i16,
 }
@@ -515,6 +523,7 @@ async fn drain(
         hooks,
         def,
         schema_id,
+        ..
     } = *sf;
     let started = Instant::now();
     let plan = read_ahead::Plan {
@@ -571,7 +580,9 @@ async fn drain(
         let first = ownership.is_none();
         let owned = match &mut ownership {
             Some(o) => o,
-            None => ownership.insert(owner::check_writable(store, layout, schema_id).await?),
+            None => {
+                ownership.insert(owner::check_writable(store, layout, schema_id, sf.source).await?)
+            }
         };
         match batch {
             read_ahead::Fetched::Planned(slots) => {
@@ -744,6 +755,7 @@ async fn publish(
         schema_id,
         &report.schema,
         ownership,
+        sf.source,
         ctx.clock.as_ref(),
         opts.commit,
         |m| {

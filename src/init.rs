@@ -39,7 +39,7 @@ use crate::job;
 use crate::job::Context;
 use crate::lake::footer;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
-use crate::lake::owner;
+use crate::lake::{SourceGuard, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, ValueType, dir};
@@ -304,11 +304,12 @@ pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
         let def = dir::load(dir, &reg.name)?;
         work.push((reg, def));
     }
+    let source = &job::source_guard(ctx).await?;
     let schemas = job::each_until_stopped(
         &ctx.shutdown,
         work,
         |(reg, _)| &reg.name,
-        |(reg, def)| async move { init_schema(ctx, opts, &reg, &def).await },
+        |(reg, def)| async move { init_schema(ctx, opts, source, &reg, &def).await },
         |(reg, _)| {
             let mut s = SchemaInit::new(&reg);
             s.outcome = Outcome::Stopped;
@@ -334,13 +335,14 @@ pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
 async fn init_schema(
     ctx: &Context,
     opts: &InitOptions,
+    source: &SourceGuard,
     reg: &Registered,
     def: &SchemaDef,
 ) -> SchemaInit {
     let started = Instant::now();
     let mut out = SchemaInit::new(reg);
     let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
-        export_schema(ctx, opts, lock, def, &mut out).await
+        export_schema(ctx, opts, source, lock, def, &mut out).await
     })
     .await;
     match result {
@@ -371,6 +373,7 @@ async fn init_schema(
 async fn export_schema(
     ctx: &Context,
     opts: &InitOptions,
+    source: &SourceGuard,
     lock: &SchemaLock,
     def: &SchemaDef,
     out: &mut SchemaInit,
@@ -380,6 +383,10 @@ async fn export_schema(
     let layout = &ctx.lake.layout;
     let key = layout.manifest_key(schema_id);
     let loaded = manifest::load_within(store, &key, schema_id, layout.limits()).await?;
+    // A lake written from another database is refused before anything is read or written.
+    if let Some(l) = &loaded {
+        source.check(&key, l.manifest.source.as_ref())?;
+    }
     // The commit retires every listed base and the inventoried deltas: each must be a data file
     // of this schema (docs/hazards.md S1).
     let foreign = loaded.as_ref().and_then(|l| {
@@ -441,6 +448,7 @@ async fn export_schema(
             schema_id,
             &out.schema,
             &ownership,
+            source,
             ctx.clock.as_ref(),
             CommitPolicy::default(),
             |m| {

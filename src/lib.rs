@@ -2,7 +2,8 @@
 //! directory.
 //!
 //! Layering (dependencies point down only):
-//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`], [`inspect`], [`init`];
+//! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`], [`inspect`], [`init`],
+//!   [`requeue`];
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
@@ -25,6 +26,7 @@ pub mod policy;
 pub mod progress;
 pub mod query;
 pub(crate) mod report;
+pub mod requeue;
 pub mod retry;
 pub mod run;
 pub mod schema;

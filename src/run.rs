@@ -27,11 +27,12 @@ use crate::lake::manifest::CommitPolicy;
 use crate::lake::{Lake, Layout, ReadLimits};
 use crate::policy::{CompactThresholds, FlushThresholds};
 use crate::query::{Destination, Format, QueryOptions, SqlSource};
+use crate::requeue::{RequeueOptions, Selection};
 use crate::shutdown::Shutdown;
 use crate::source::connect::PG_ENV_VARS;
 use crate::source::{Connector, PgSettings, conninfo};
 use crate::store::s3::{S3Options, check_env_credentials};
-use crate::verify::VerifyOptions;
+use crate::verify::{SourceOptions, VerifyOptions};
 use crate::view::ViewOptions;
 
 /// The longest a PostgreSQL connection attempt may take.
@@ -85,6 +86,8 @@ pub enum Job {
     View(ViewOptions),
     /// `lakecdc query`.
     Query(Box<QueryOptions>),
+    /// `lakecdc requeue`.
+    Requeue(RequeueOptions),
 }
 
 /// Everything validated before any connection is opened.
@@ -115,6 +118,8 @@ pub struct RunConfig {
     /// Warnings about the configuration (an exposed password, a plain-text endpoint), logged
     /// once when the job starts.
     pub warnings: Vec<String>,
+    /// Writers take over a lake whose manifests name another source database.
+    pub adopt_source: bool,
 }
 
 impl RunConfig {
@@ -174,6 +179,7 @@ impl RunConfig {
             schemas,
             limits: read_limits(s)?,
             warnings: s.warnings.clone(),
+            adopt_source: s.flag("adopt-source"),
         })
     }
 
@@ -196,6 +202,7 @@ impl RunConfig {
             lake,
             clock: Arc::new(SystemClock),
             shutdown,
+            adopt_source: self.adopt_source,
         })
     }
 }
@@ -371,13 +378,10 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 schemas,
                 grace,
                 dry_run,
+                repair: s.flag("repair"),
             })
         }
-        Command::Verify => Job::Verify(VerifyOptions {
-            schemas,
-            parallelism: s.number::<usize>("parallelism")?.unwrap_or(1).max(1),
-            work_dir: work_dir(s)?,
-        }),
+        Command::Verify => Job::Verify(verify_options(s, schemas)?),
         Command::Inspect => Job::Inspect(flush_thresholds(s)?, compact_thresholds(s)?),
         Command::View => match s.text("dialect")? {
             "duckdb" => Job::View(ViewOptions { schemas }),
@@ -389,6 +393,81 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
             }
         },
         Command::Query => Job::Query(Box::new(query_options(s, schemas)?)),
+        Command::Requeue => Job::Requeue(requeue_options(s, &schemas, dry_run)?),
+    })
+}
+
+/// `requeue`'s options: one schema and exactly one way of choosing rows.
+fn requeue_options(s: &Resolved, schemas: &[String], dry_run: bool) -> Result<RequeueOptions> {
+    let [schema] = schemas else {
+        return Err(Error::setting(
+            "schema",
+            "must name exactly one schema for requeue",
+        ));
+    };
+    let ids = s
+        .list("row-id")
+        .iter()
+        .map(|v| {
+            uuid::Uuid::parse_str(v)
+                .map_err(|_| Error::setting("row-id", format!("{v:?} is not a row id (a UUID)")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let choices = [
+        !ids.is_empty(),
+        s.get("ids-from").is_some(),
+        s.get("where").is_some(),
+    ];
+    if choices.iter().filter(|c| **c).count() != 1 {
+        return Err(Error::setting(
+            "row-id",
+            "choose the rows to requeue in exactly one way: --row-id, --ids-from or --where",
+        ));
+    }
+    let selection = if !ids.is_empty() {
+        Selection::Ids(ids)
+    } else if let Some(path) = s.path("ids-from") {
+        Selection::File(path)
+    } else {
+        Selection::Where(s.text("where")?.to_string())
+    };
+    Ok(RequeueOptions {
+        schema: schema.clone(),
+        selection,
+        dry_run,
+        max_ids: s.number("max-ids")?.unwrap_or(100),
+    })
+}
+
+/// `verify`'s options: re-hashing the lake, or (`--source`) comparing it with its database.
+fn verify_options(s: &Resolved, schemas: Vec<String>) -> Result<VerifyOptions> {
+    let (deep, repair) = (s.flag("deep"), s.flag("repair"));
+    let source = if s.flag("source") {
+        Some(SourceOptions {
+            deep,
+            repair,
+            max_ids: s.number("max-ids")?.unwrap_or(100),
+            ..SourceOptions::default()
+        })
+    } else if deep || repair {
+        return Err(Error::setting(
+            if deep { "deep" } else { "repair" },
+            "compares the lake with its source database: add --source",
+        ));
+    } else {
+        None
+    };
+    Ok(VerifyOptions {
+        schemas,
+        parallelism: s.number::<usize>("parallelism")?.unwrap_or(1).max(1),
+        work_dir: work_dir(s)?,
+        source,
+        engine: EngineConfig {
+            threads: 1,
+            memory_limit: parse_memory_limit(s.text("memory-limit")?)?,
+            temp_directory: None,
+            max_spill_bytes: None,
+        },
     })
 }
 
@@ -542,6 +621,11 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
         Job::Verify(opts) => {
             let ctx = config.context().await?;
             let r = crate::verify::run(&ctx, opts).await?;
+            Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+        Job::Requeue(opts) => {
+            let ctx = config.context().await?;
+            let r = crate::requeue::run(&ctx, opts).await?;
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
     }

@@ -137,6 +137,10 @@ enum Command {
         /// Count live rows and estimate files and bytes; write nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Take over a lake whose manifests name another source database (after a restore or
+        /// migration; then run verify --source --repair).
+        #[arg(long)]
+        adopt_source: bool,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -166,6 +170,10 @@ enum Command {
         /// Show what would be flushed; write nothing anywhere.
         #[arg(long)]
         dry_run: bool,
+        /// Take over a lake whose manifests name another source database (after a restore or
+        /// migration; then run verify --source --repair).
+        #[arg(long)]
+        adopt_source: bool,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -189,10 +197,15 @@ enum Command {
         /// Print the plan; write nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Take over a lake whose manifests name another source database (after a restore or
+        /// migration; then run verify --source --repair).
+        #[arg(long)]
+        adopt_source: bool,
         #[command(flatten)]
         engine: EngineArgs,
     },
-    /// Delete staging and base orphans past a grace period; report unlisted deltas and unknown keys.
+    /// Delete orphans past a grace period (unlisted deltas once the lake covers their rows);
+    /// report lost data and unknown keys.
     Gc {
         /// Delete an orphan only when it was first seen, and was written, at least this long ago.
         #[arg(long)]
@@ -200,6 +213,13 @@ enum Command {
         /// Report what would be deleted; delete and record nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Requeue the rows of unlisted deltas that the lake lacks, so the next flush lists them.
+        #[arg(long)]
+        repair: bool,
+        /// Take over a lake whose manifests name another source database (after a restore or
+        /// migration; then run verify --source --repair).
+        #[arg(long)]
+        adopt_source: bool,
     },
     /// Re-hash every listed object against the manifest; exit 3 on any divergence.
     Verify {
@@ -209,6 +229,22 @@ enum Command {
         /// Where downloads are staged while checked (default: the system temp dir).
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// Compare the lake with its source database instead: rows missing, extra or stale in
+        /// the lake (dirty rows are left to the next flush); exit 3 on any divergence.
+        #[arg(long)]
+        source: bool,
+        /// With --source, also compare the values of rows whose versions agree.
+        #[arg(long)]
+        deep: bool,
+        /// With --source, requeue every divergent row so the next flush puts it right.
+        #[arg(long)]
+        repair: bool,
+        /// Ids listed per divergence class (--json lists up to this many too).
+        #[arg(long)]
+        max_ids: Option<String>,
+        /// DuckDB memory limit of --deep's exports.
+        #[arg(long)]
+        memory_limit: Option<String>,
     },
     /// Print CREATE VIEW statements of each schema's current state for DuckDB (--json: the plan).
     View {
@@ -249,6 +285,25 @@ enum Command {
         parallelism: Option<String>,
         #[command(flatten)]
         engine: EngineArgs,
+    },
+    /// Make the next flush re-export chosen rows of one schema (--schema): their versions are
+    /// bumped (values untouched); rows gone from the source get tombstones.
+    Requeue {
+        /// Row ids to requeue (repeatable, or comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        row_id: Vec<String>,
+        /// A file of row ids, one per line (# comments allowed).
+        #[arg(long)]
+        ids_from: Option<PathBuf>,
+        /// The entity rows matching this SQL predicate (run in a read-only transaction).
+        #[arg(long = "where", id = "where")]
+        where_sql: Option<String>,
+        /// List what would be requeued; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Ids listed per class in the report.
+        #[arg(long)]
+        max_ids: Option<String>,
     },
     /// Show per schema what each job would do now (read-only: no lock, nothing written).
     Inspect {

@@ -32,11 +32,13 @@ pub enum Command {
     View,
     /// `query`.
     Query,
+    /// `requeue`.
+    Requeue,
 }
 
 impl Command {
     /// Every command, in the order a user meets them.
-    pub const ALL: [Command; 9] = [
+    pub const ALL: [Command; 10] = [
         Command::InitDb,
         Command::Init,
         Command::Flush,
@@ -46,6 +48,7 @@ impl Command {
         Command::Inspect,
         Command::View,
         Command::Query,
+        Command::Requeue,
     ];
 
     /// The command's name on the command line and in the config file.
@@ -60,6 +63,7 @@ impl Command {
             Command::Inspect => "inspect",
             Command::View => "view",
             Command::Query => "query",
+            Command::Requeue => "requeue",
         }
     }
 
@@ -106,7 +110,7 @@ impl Setting {
     }
 }
 
-use Command::{Compact, Flush, Gc, Init, InitDb, Inspect, Query, Verify, View};
+use Command::{Compact, Flush, Gc, Init, InitDb, Inspect, Query, Requeue, Verify, View};
 
 const fn global(key: &'static str, env: &'static str, default: Option<&'static str>) -> Setting {
     Setting {
@@ -136,7 +140,7 @@ const fn of(
 }
 
 const ENGINE: &[Command] = &[Init, Flush, Compact];
-const WRITERS: &[Command] = &[InitDb, Init, Flush, Compact, Gc];
+const WRITERS: &[Command] = &[InitDb, Init, Flush, Compact, Gc, Requeue];
 
 /// Every setting. Defaults live here and nowhere else.
 pub const SETTINGS: &[Setting] = &[
@@ -194,6 +198,12 @@ pub const SETTINGS: &[Setting] = &[
     of(&[Init, Flush], "threads", "LAKECDC_THREADS", Some("1")),
     of(&[Compact], "threads", "LAKECDC_THREADS", Some("2")),
     of(ENGINE, "memory-limit", "LAKECDC_MEMORY_LIMIT", Some("1GB")),
+    of(
+        &[Verify],
+        "memory-limit",
+        "LAKECDC_MEMORY_LIMIT",
+        Some("1GB"),
+    ),
     of(&[Query], "threads", "LAKECDC_THREADS", None),
     of(
         &[Query],
@@ -226,6 +236,24 @@ pub const SETTINGS: &[Setting] = &[
         Some("4"),
     ),
     of(&[Gc], "grace", "LAKECDC_GC_GRACE", Some("15m")),
+    of(&[Verify], "source", "LAKECDC_VERIFY_SOURCE", Some("false")),
+    of(&[Verify], "deep", "LAKECDC_VERIFY_DEEP", Some("false")),
+    of(&[Verify, Gc], "repair", "LAKECDC_REPAIR", Some("false")),
+    of(
+        &[Verify, Requeue],
+        "max-ids",
+        "LAKECDC_MAX_IDS",
+        Some("100"),
+    ),
+    of(&[Requeue], "row-id", "LAKECDC_ROW_ID", None),
+    of(&[Requeue], "ids-from", "LAKECDC_IDS_FROM", None),
+    of(&[Requeue], "where", "LAKECDC_WHERE", None),
+    of(
+        &[Init, Flush, Compact, Gc],
+        "adopt-source",
+        "LAKECDC_ADOPT_SOURCE",
+        Some("false"),
+    ),
     of(&[View], "dialect", "LAKECDC_VIEW_DIALECT", Some("duckdb")),
     of(&[Query], "sql", "LAKECDC_SQL", None),
     of(&[Query], "file", "LAKECDC_SQL_FILE", None),

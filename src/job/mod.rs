@@ -11,7 +11,7 @@ use crate::clock::Clock;
 use crate::config::Tables;
 use crate::engine::EngineConfig;
 use crate::error::{Error, Result};
-use crate::lake::Lake;
+use crate::lake::{Lake, SourceGuard, SourceIdentity};
 use crate::scratch::Scratch;
 use crate::shutdown::Shutdown;
 use crate::source::registry::{self, Registered};
@@ -42,6 +42,24 @@ pub struct Context {
     pub clock: Arc<dyn Clock>,
     /// Stop request.
     pub shutdown: Shutdown,
+    /// Take over a lake whose manifests name another source database (`--adopt-source`,
+    /// docs/design.md §10).
+    pub adopt_source: bool,
+}
+
+/// The guard a writer checks and stamps manifests with: the database `ctx` reads, and whether
+/// it may adopt a lake written from another (docs/design.md §10).
+pub async fn source_guard(ctx: &Context) -> Result<SourceGuard> {
+    source_guard_on(ctx, &ctx.connector.connect().await?).await
+}
+
+/// [`source_guard`] on a connection the job already has.
+pub async fn source_guard_on(ctx: &Context, client: &crate::source::Client) -> Result<SourceGuard> {
+    let (system_identifier, database) = crate::source::identify(client).await?;
+    Ok(SourceGuard {
+        identity: SourceIdentity::new(system_identifier, database),
+        adopt: ctx.adopt_source,
+    })
 }
 
 /// The registered schemas named by `selectors` (all when empty), by id.

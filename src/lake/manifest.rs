@@ -127,6 +127,11 @@ pub struct Manifest {
     /// them here. Absent (not empty) in a manifest no lakecdc job has retired anything in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retired: Option<Vec<Retired>>,
+    /// The database the lake is written from, recorded by its first writer and checked by
+    /// every writer after it ([`super::identity`]). Absent in manifests written before
+    /// identities were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<super::identity::SourceIdentity>,
     /// Fields this version does not know, kept verbatim.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -155,6 +160,7 @@ impl Manifest {
             updated_at_ms: 0,
             files: Vec::new(),
             retired: None,
+            source: None,
             extra: Map::new(),
         }
     }

@@ -2,14 +2,17 @@
 //! manifest and its conditional commit, the manifest's history copies (time travel), the
 //! owner marker of each data prefix, and Parquet footer checks.
 
+pub mod current;
 pub mod footer;
 pub mod history;
+pub mod identity;
 pub(crate) mod keys;
 pub mod manifest;
 pub(crate) mod owner;
 pub mod ranges;
 pub(crate) mod streamed;
 
+pub use identity::{SourceGuard, SourceIdentity};
 pub use keys::{ForeignPath, KeyKind, Layout};
 pub use manifest::{FileEntry, Manifest, Tier};
 

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::manifest::{self, CommitPolicy, Committed, Manifest};
-use super::{Capped, Layout, read_capped};
+use super::{Capped, Layout, SourceGuard, read_capped};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::{ObjectStore, PutMode, StoreError};
@@ -70,12 +70,16 @@ pub(crate) async fn check(
 }
 
 /// [`check`] for a writer about to write into the prefix: another manifest's prefix is an
-/// error naming the marker (ours and unclaimed are returned for [`claim`]).
+/// error naming the marker (ours and unclaimed are returned for [`claim`]), and so is a
+/// manifest naming another source database than `source`'s ([`SourceGuard::check`]), before
+/// anything is written.
 pub(crate) async fn check_writable(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,
+    source: &SourceGuard,
 ) -> Result<Ownership> {
+    check_source(store, layout, schema_id, source).await?;
     match check(store, layout, schema_id).await? {
         Ownership::Other(why) => Err(Error::Manifest {
             key: layout.owner_key(schema_id),
@@ -126,8 +130,24 @@ pub(crate) async fn claim(
     }
 }
 
+/// Fails when the schema's manifest names another source database than `source`'s
+/// ([`SourceGuard::check`]); a missing manifest passes.
+pub(crate) async fn check_source(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    schema_id: i16,
+    source: &SourceGuard,
+) -> Result<()> {
+    let key = layout.manifest_key(schema_id);
+    if let Some(l) = manifest::load_within(store, &key, schema_id, layout.limits()).await? {
+        source.check(&key, l.manifest.source.as_ref())?;
+    }
+    Ok(())
+}
+
 /// How every writer publishes: claims the data prefix when `ownership` says it is unclaimed
-/// ([`claim`]), then commits `modify` to the schema's manifest ([`manifest::commit`]). Every
+/// ([`claim`]), then commits `modify` to the schema's manifest ([`manifest::commit`]), which
+/// must name `source`'s database or none (then it is stamped with it). Every
 /// error but [`Error::AmbiguousCommit`] means nothing was saved (a failed claim included), so
 /// a caller may then delete what it uploaded for this save.
 #[allow(clippy::too_many_arguments)]
@@ -137,6 +157,7 @@ pub(crate) async fn claim_and_commit<F>(
     schema_id: i16,
     schema_name: &str,
     ownership: &Ownership,
+    source: &SourceGuard,
     clock: &dyn Clock,
     policy: CommitPolicy,
     mut modify: F,
@@ -147,7 +168,9 @@ where
     claim(store, layout, schema_id, ownership).await?;
     // Every writer's save records the schema's name, so readers name its view from the lake
     // alone (docs/design.md §3.2.1).
+    let key = layout.manifest_key(schema_id);
     manifest::commit_within(store, layout, schema_id, clock, policy, |m| {
+        source.stamp(&key, &mut m.source)?;
         m.schema_name = Some(schema_name.to_string());
         modify(m)
     })

@@ -209,6 +209,49 @@ impl Source {
             .position(|f| f.name() == name)
     }
 
+    /// The root and leaf indexes of the flat top-level columns `names`, in that order (a
+    /// missing one is an error naming it).
+    pub(crate) fn flat_columns(&self, names: &[&str]) -> Result<(Vec<usize>, Vec<usize>)> {
+        let leaves = self.meta.file_metadata().schema_descr();
+        let mut roots = Vec::with_capacity(names.len());
+        let mut leaf = Vec::with_capacity(names.len());
+        for name in names {
+            let missing = || corrupt(&self.entry, format!("column {name} is missing"));
+            roots.push(self.root(name).ok_or_else(missing)?);
+            leaf.push(
+                leaves
+                    .columns()
+                    .iter()
+                    .position(|c| c.path().parts() == [*name])
+                    .ok_or_else(missing)?,
+            );
+        }
+        Ok((roots, leaf))
+    }
+
+    /// Row group `rg` decoded, of the columns `roots` (with their leaves `leaves`) only, or of
+    /// every column (`None`): one ranged read of the span they occupy, decoded on a blocking
+    /// thread. Nothing is verified (the checksum covers whole files).
+    pub(crate) async fn read_group(
+        self: &Arc<Self>,
+        store: &dyn ObjectStore,
+        rg: usize,
+        columns: Option<(&[usize], &[usize])>,
+    ) -> Result<Vec<RecordBatch>> {
+        let (start, end) = self.span(rg, columns.map(|(_, leaves)| leaves))?;
+        let bytes = self.fetch(store, start, end).await?;
+        let data = Segment::new(start, bytes, self.size);
+        let me = self.clone();
+        let roots = columns.map(|(roots, _)| roots.to_vec());
+        tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+            me.decode(rg, data, roots.as_deref())?
+                .map(|b| b.map_err(|e| corrupt(&me.entry, format!("row group {rg}: {e}"))))
+                .collect()
+        })
+        .await
+        .map_err(Error::task("decode a row group"))?
+    }
+
     /// Reads the `row_id` column of every row group (for the plan: nothing is verified, and
     /// no other column is read), handing each decoded batch to `each`.
     pub(crate) async fn row_ids(
@@ -216,32 +259,9 @@ impl Source {
         store: &dyn ObjectStore,
         mut each: impl FnMut(&RecordBatch) -> Result<()>,
     ) -> Result<()> {
-        let root = self
-            .root("row_id")
-            .ok_or_else(|| corrupt(&self.entry, "system column row_id is missing"))?;
-        // `row_id` is a flat column: its root index is its leaf index when no nested column
-        // precedes it, which the system columns' order guarantees; look the leaf up anyway.
-        let leaf = self
-            .meta
-            .file_metadata()
-            .schema_descr()
-            .columns()
-            .iter()
-            .position(|c| c.path().parts() == ["row_id"])
-            .ok_or_else(|| corrupt(&self.entry, "system column row_id is missing"))?;
+        let (roots, leaves) = self.flat_columns(&["row_id"])?;
         for rg in 0..self.meta.num_row_groups() {
-            let (start, end) = self.span(rg, Some(&[leaf]))?;
-            let bytes = self.fetch(store, start, end).await?;
-            let data = Segment::new(start, bytes, self.size);
-            let me = self.clone();
-            let batches = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
-                me.decode(rg, data, Some(&[root]))?
-                    .map(|b| b.map_err(|e| corrupt(&me.entry, format!("row group {rg}: {e}"))))
-                    .collect()
-            })
-            .await
-            .map_err(Error::task("read row ids"))??;
-            for b in &batches {
+            for b in &self.read_group(store, rg, Some((&roots, &leaves))).await? {
                 each(b)?;
             }
         }

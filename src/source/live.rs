@@ -191,6 +191,31 @@ impl ExportedSnapshot {
     }
 }
 
+/// Begins a read-only repeatable-read transaction on `client` in the exported snapshot of
+/// `ticket` (dropped once imported).
+pub(super) async fn begin_in(
+    client: &mut tokio_postgres::Client,
+    ticket: SnapshotTicket,
+) -> Result<tokio_postgres::Transaction<'_>> {
+    // A snapshot id is hex digits and dashes (`00000003-0000001B-1`); anything else is refused
+    // rather than put into SQL text.
+    if ticket.id.is_empty() || !ticket.id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return Err(Error::Invariant(format!(
+            "unexpected exported snapshot id {:?}",
+            ticket.id
+        )));
+    }
+    let tx = begin_snapshot(client, "begin reader snapshot").await?;
+    timed(
+        TIMEOUT,
+        "import the exported snapshot",
+        tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{}'", ticket.id)),
+    )
+    .await?;
+    drop(ticket);
+    Ok(tx)
+}
+
 /// Reads the live entities of `range` (with their EAV rows) in keyset pages, all inside ONE
 /// transaction in the exported snapshot of `ticket`, and hands each page to `on_page`, which
 /// returns `false` to stop. With every page in the same snapshot, a row deleted between two
@@ -211,23 +236,8 @@ where
     F: FnMut(LivePage) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    // A snapshot id is hex digits and dashes (`00000003-0000001B-1`); anything else is refused
-    // rather than put into SQL text.
-    if ticket.id.is_empty() || !ticket.id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-        return Err(Error::Invariant(format!(
-            "unexpected exported snapshot id {:?}",
-            ticket.id
-        )));
-    }
     let TappedClient { client, tap } = conn;
-    let tx = begin_snapshot(client, "begin reader snapshot").await?;
-    timed(
-        TIMEOUT,
-        "import the exported snapshot",
-        tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{}'", ticket.id)),
-    )
-    .await?;
-    drop(ticket);
+    let tx = begin_in(client, ticket).await?;
     let mut after = None;
     while let Some(page) =
         read_page_in(&tx, tap, tables, schema, schema_id, range, after, limit).await?

@@ -9,16 +9,20 @@ mod copy_decoder;
 pub mod copy_tap;
 pub mod ddl;
 mod decoding;
+mod identity;
 pub mod live;
 pub(crate) mod lock;
 mod plain_socket;
 pub(crate) mod registry;
+pub mod requeue;
 mod rows;
 pub mod snapshot;
 pub mod stats;
 mod tls_connector;
+pub mod versions;
 
 pub use connect::{Connector, PgSettings, TlsPolicy};
+pub use identity::identify;
 pub use lock::SchemaLock;
 pub use tokio_postgres::Client;
 

@@ -441,7 +441,7 @@ fn the_deployment_readme_names_every_environment_variable() {
     let readme = std::fs::read_to_string(manifests_dir().join("README.md")).unwrap();
     let mut vars = BTreeSet::new();
     for sub in [
-        "flush", "compact", "gc", "verify", "inspect", "init", "init-db", "view",
+        "flush", "compact", "gc", "verify", "inspect", "init", "init-db", "view", "requeue",
     ] {
         let out = harness::bin().args([sub, "--help"]).output().unwrap();
         assert!(out.status.success(), "{sub} --help");

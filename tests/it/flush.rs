@@ -139,7 +139,8 @@ async fn dry_run_writes_nothing_anywhere() {
     let planned: Vec<u64> = s.files.iter().map(|f| f.rows).collect();
     assert_eq!(planned, [40, 40, 10], "the plan lists every would-be file");
     assert!(rig.store.writes().is_empty(), "{:?}", rig.store.writes());
-    // Its requests read the data prefix's owner marker and the manifest, as the run does.
+    // Its requests read the manifest (the source check), the data prefix's owner marker and
+    // the manifest again, as the run does.
     let calls: Vec<(Op, String)> = rig
         .store
         .calls()
@@ -149,6 +150,7 @@ async fn dry_run_writes_nothing_anywhere() {
     assert_eq!(
         calls,
         [
+            (Op::GetBytes, "manifest/100.json".to_string()),
             (Op::GetBytes, "data/100/_owner.json".to_string()),
             (Op::GetBytes, "manifest/100.json".to_string())
         ]
@@ -322,8 +324,9 @@ async fn a_failed_manifest_write_lists_nothing_and_marks_nothing() {
     };
     let before = deltas(rig.keys("data/100/").await);
     let calls_before = rig.store.calls().len();
+    // The second read: the first is the source check before the export (docs/design.md §4.9).
     rig.store
-        .arm(Op::GetBytes, Some("manifest/"), 1, Action::Fail);
+        .arm(Op::GetBytes, Some("manifest/"), 2, Action::Fail);
     let report = rig.flush().await;
     assert_eq!(only(&report).outcome, Outcome::Failed);
     assert_eq!(oracle::dirty(&rig.writer).await.len(), 12);

@@ -131,7 +131,8 @@ async fn a_failed_delete_keeps_the_object_its_sighting_and_its_retirement() {
     let s = only(&second);
     let failed: BTreeSet<String> = [refused.clone(), lost_answer.clone()].into();
     assert_eq!(s.outcome, Some(Outcome::Pending), "{second:?}");
-    assert_eq!(second.exit_code(), 3);
+    // Kept for the next run, which retries them: nothing for a person to do.
+    assert_eq!(second.exit_code(), 0);
     assert_eq!(set(&s.within_grace), failed, "{second:?}");
     assert_eq!(
         set(&s.deleted),

@@ -372,6 +372,7 @@ async fn a_retention_of_zero_writes_no_copies_and_gc_keeps_none() {
         &gc_ctx,
         &lakecdc::gc::GcOptions {
             dry_run: true,
+            repair: false,
             ..gc_opts.clone()
         },
     )

@@ -90,6 +90,8 @@ fn verify_opts(rig: &Rig) -> lakecdc::verify::VerifyOptions {
         schemas: vec!["customer".into()],
         parallelism: 2,
         work_dir: rig.opts.work_dir.clone(),
+        source: None,
+        engine: Default::default(),
     }
 }
 
@@ -98,6 +100,7 @@ fn gc_opts() -> lakecdc::gc::GcOptions {
         schemas: vec!["customer".into()],
         grace: std::time::Duration::from_secs(15 * 60),
         dry_run: false,
+        repair: false,
     }
 }
 

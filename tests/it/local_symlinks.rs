@@ -300,6 +300,8 @@ async fn verify_reads_nothing_through_a_linked_data_prefix() {
         schemas: vec!["customer".into()],
         parallelism: 3,
         work_dir: rig.opts.work_dir.clone(),
+        source: None,
+        engine: Default::default(),
     };
     let report = lakecdc::verify::run(&rig.job_context(), &opts)
         .await
@@ -330,6 +332,8 @@ async fn verify_reads_nothing_through_a_linked_key() {
         schemas: vec!["customer".into()],
         parallelism: 1,
         work_dir: rig.opts.work_dir.clone(),
+        source: None,
+        engine: Default::default(),
     };
     let report = lakecdc::verify::run(&rig.job_context(), &opts)
         .await

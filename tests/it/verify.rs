@@ -13,6 +13,8 @@ fn opts(rig: &Rig) -> VerifyOptions {
         schemas: vec![],
         parallelism: 3,
         work_dir: rig.opts.work_dir.clone(),
+        source: None,
+        engine: Default::default(),
     }
 }
 
@@ -128,6 +130,7 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
             schemas: vec![],
             grace: std::time::Duration::from_secs(15 * 60),
             dry_run: false,
+            repair: false,
         },
     )
     .await

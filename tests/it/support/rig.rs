@@ -71,6 +71,7 @@ pub async fn rig(kind: LakeKind) -> Rig {
         },
         clock: Arc::new(SystemClock),
         shutdown: Shutdown::new(),
+        adopt_source: false,
     };
     let opts = FlushOptions {
         force: true,
@@ -148,6 +149,7 @@ impl Rig {
             schemas: vec!["customer".into()],
             grace: Duration::from_secs(900),
             dry_run: false,
+            repair: false,
         };
         (clock, ctx, opts)
     }

@@ -44,11 +44,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::{Capped, KeyKind, Layout, read_capped};
+use crate::lake::manifest::FileEntry;
+use crate::lake::{Capped, KeyKind, Layout, SourceGuard, read_capped};
 use crate::lake::{history, manifest, owner};
 use crate::report::label;
 use crate::source::registry::Registered;
 use crate::store::PutMode;
+
+mod settle;
+
+pub use settle::LostDelta;
 
 /// gc runs with the shared lake-job context.
 pub use crate::job::Context;
@@ -62,6 +67,9 @@ pub struct GcOptions {
     pub grace: Duration,
     /// Report only: delete nothing, record nothing.
     pub dry_run: bool,
+    /// Requeue the rows of unlisted deltas that the listed state lacks (lost data), so the
+    /// next flush lists them.
+    pub repair: bool,
 }
 
 /// The sighting state next to the manifest.
@@ -78,8 +86,11 @@ pub struct GcState {
 pub enum Outcome {
     /// Nothing unlisted is left that gc may delete.
     Clean,
-    /// Orphans remain within the grace period, or unlisted deltas need a look.
+    /// Orphans remain within the grace period: the next runs delete them.
     Pending,
+    /// A person must act: lost data not repaired, an unlisted delta that cannot be read, or
+    /// keys of no known shape.
+    Attention,
     /// The prefix holds bases but the manifest lists none of them: refused.
     Refused,
     /// Another process holds the schema lock.
@@ -103,8 +114,13 @@ pub struct SchemaGc {
     pub deleted: Vec<String>,
     /// Orphans kept because they are within the grace period.
     pub within_grace: Vec<String>,
-    /// Unlisted delta files: reported, never deleted.
+    /// Unlisted deltas that could not be read (each with why): kept for a person.
     pub unlisted_deltas: Vec<String>,
+    /// Unlisted deltas holding rows the listed state lacks: kept, their rows reported.
+    pub lost: Vec<settle::LostDelta>,
+    /// The lost rows requeued by `--repair` (with `--dry-run`: what would be).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repaired: Option<crate::source::requeue::Requeued>,
     /// Keys of no known shape: never touched.
     pub unknown: Vec<String>,
     /// Manifest history copies deleted (or, in a dry run, deletable): superseded before the
@@ -128,13 +144,18 @@ pub struct GcReport {
 }
 
 impl GcReport {
-    /// 0 clean, 1 when a schema failed, 3 when something needs attention (garbage within the
-    /// grace period, unlisted deltas, a refusal, a locked schema, a schema a stop skipped).
+    /// What a scheduler must do: 0 when everything unlisted was deleted or is waiting out its
+    /// grace (the state after every compaction), 1 when a schema failed, 3 when a person must
+    /// act (lost data not repaired, an unreadable unlisted delta, unknown keys, a refusal) or
+    /// a schema was not collected (locked, or skipped by a stop).
     pub fn exit_code(&self) -> i32 {
         let outcomes: Vec<Outcome> = self.schemas.iter().filter_map(|s| s.outcome).collect();
         if outcomes.contains(&Outcome::Failed) {
             1
-        } else if outcomes.iter().any(|o| *o != Outcome::Clean) {
+        } else if outcomes
+            .iter()
+            .any(|o| !matches!(o, Outcome::Clean | Outcome::Pending))
+        {
             3
         } else {
             0
@@ -178,8 +199,24 @@ impl GcReport {
             }
             for k in &s.unlisted_deltas {
                 out.push_str(&format!(
-                    "    unlisted delta (kept) {}\n",
+                    "    unlisted delta (unreadable, kept) {}\n",
                     crate::report::printable(k, false)
+                ));
+            }
+            for d in &s.lost {
+                out.push_str(&format!(
+                    "    LOST {} rows in unlisted delta {} (gc --repair requeues them): {}\n",
+                    d.rows,
+                    crate::report::printable(&d.key, false),
+                    d.ids.join(" ")
+                ));
+            }
+            if let Some(r) = &s.repaired {
+                out.push_str(&format!(
+                    "    repaired: {} rows requeued ({} re-exported, {} tombstones); the next flush lists them\n",
+                    r.count(),
+                    r.live.len(),
+                    r.tombstones.len()
                 ));
             }
             for k in &s.unknown {
@@ -227,10 +264,11 @@ pub fn check_grace(grace: Duration) -> Result<()> {
 /// Runs gc over the selected schemas (the grace is checked first: [`check_grace`]).
 pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
     check_grace(opts.grace)?;
+    let source = &job::source_guard(ctx).await?;
     let schemas = job::each_schema(
         ctx,
         &opts.schemas,
-        |reg| async move { gc_schema(ctx, opts, &reg).await },
+        |reg| async move { gc_schema(ctx, opts, source, &reg).await },
         |reg| SchemaGc {
             schema_id: reg.id,
             schema: reg.name,
@@ -262,7 +300,12 @@ pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
     Ok(report)
 }
 
-async fn gc_schema(ctx: &Context, opts: &GcOptions, reg: &Registered) -> SchemaGc {
+async fn gc_schema(
+    ctx: &Context,
+    opts: &GcOptions,
+    source: &SourceGuard,
+    reg: &Registered,
+) -> SchemaGc {
     let started = Instant::now();
     let mut out = SchemaGc {
         schema_id: reg.id,
@@ -270,7 +313,7 @@ async fn gc_schema(ctx: &Context, opts: &GcOptions, reg: &Registered) -> SchemaG
         ..SchemaGc::default()
     };
     let result = job::with_lock(&ctx.connector, reg.id, async |_| {
-        collect(ctx, opts, reg.id, &mut out).await
+        collect(ctx, opts, source, reg.id, &mut out).await
     })
     .await;
     match result {
@@ -285,26 +328,42 @@ async fn gc_schema(ctx: &Context, opts: &GcOptions, reg: &Registered) -> SchemaG
     out
 }
 
-/// What the manifest says about the schema's prefix: the keys it lists and the keys it records
-/// as retired (merged into a listed base or replaced by init, so deletable after the grace
-/// period), or the refusal of a manifest naming a path that is not a data file of the schema.
-type Listed = std::result::Result<(BTreeSet<String>, BTreeMap<String, i64>), String>;
+/// What the manifest says about the schema's prefix.
+#[derive(Debug, Default)]
+struct ListedState {
+    /// The keys it lists.
+    keys: BTreeSet<String>,
+    /// The keys it records as retired (merged into a listed base or replaced by init, so
+    /// deletable after the grace period), with when.
+    retired: BTreeMap<String, i64>,
+    /// Its entries.
+    files: Vec<FileEntry>,
+}
 
-async fn listed(ctx: &Context, schema_id: i16) -> Result<Listed> {
+/// The listed state, or the refusal of a manifest naming a path that is not a data file of
+/// the schema, or another source database than `source`'s.
+type Listed = std::result::Result<ListedState, String>;
+
+async fn listed(ctx: &Context, source: &SourceGuard, schema_id: i16) -> Result<Listed> {
     let layout = &ctx.lake.layout;
     let key = layout.manifest_key(schema_id);
     let store = ctx.lake.store.as_ref();
     Ok(
         match manifest::load_within(store, &key, schema_id, layout.limits()).await? {
             None => Ok(Default::default()),
-            Some(l) => match l.manifest.foreign_path(layout) {
-                Some(foreign) => Err(format!(
+            Some(l) => match (
+                l.manifest.foreign_path(layout),
+                source.check(&key, l.manifest.source.as_ref()),
+            ) {
+                (Some(foreign), _) => Err(format!(
                     "manifest {key} lists or retires {foreign}: refusing to collect this prefix until the entry is removed"
                 )),
-                None => Ok((
-                    l.manifest.files.iter().map(|f| f.path.clone()).collect(),
-                    l.manifest.retired_since(),
-                )),
+                (None, Err(e)) => Err(e.to_string()),
+                (None, Ok(())) => Ok(ListedState {
+                    keys: l.manifest.files.iter().map(|f| f.path.clone()).collect(),
+                    retired: l.manifest.retired_since(),
+                    files: l.manifest.files,
+                }),
             },
         },
     )
@@ -320,8 +379,10 @@ struct GcPlan {
     due: Vec<String>,
     /// Orphans within their grace: kept.
     within_grace: Vec<String>,
-    /// Unlisted deltas: reported, never deleted.
+    /// Unlisted deltas that could not be read: reported, never deleted.
     unlisted_deltas: Vec<String>,
+    /// Unlisted deltas holding rows the listed state lacks: reported, kept.
+    lost: Vec<settle::LostDelta>,
     /// Keys of no known shape: never touched.
     unknown: Vec<String>,
     /// The sightings recorded, as loaded.
@@ -352,16 +413,36 @@ impl GcPlan {
 async fn collect(
     ctx: &Context,
     opts: &GcOptions,
+    source: &SourceGuard,
     schema_id: i16,
     out: &mut SchemaGc,
 ) -> Result<()> {
-    let mut plan = plan(ctx, opts, schema_id).await?;
+    let mut plan = plan(ctx, opts, source, schema_id).await?;
     if let Some(why) = plan.refused.take() {
         out.outcome = Some(Outcome::Refused);
         out.reason = Some(why);
         return Ok(());
     }
     out.unlisted_deltas = std::mem::take(&mut plan.unlisted_deltas);
+    out.lost = std::mem::take(&mut plan.lost);
+    if opts.repair && !out.lost.is_empty() {
+        // The lost rows get dirty slots above every copy (docs/design.md §10): the next flush
+        // lists them, after which the orphan is covered and deleted past its grace.
+        let rows: Vec<_> = out.lost.iter().flat_map(|d| d.requeue.clone()).collect();
+        let mut client = ctx.connector.connect().await?;
+        let now = ctx.clock.now_ms();
+        out.repaired = Some(
+            crate::source::requeue::requeue(
+                &mut client,
+                &ctx.tables,
+                schema_id,
+                &rows,
+                now,
+                opts.dry_run,
+            )
+            .await?,
+        );
+    }
     out.unknown = std::mem::take(&mut plan.unknown);
     out.within_grace = plan.within_grace.clone();
     let failed = if opts.dry_run {
@@ -384,8 +465,14 @@ async fn collect(
         .into_iter()
         .filter(|k| !failed.contains(k))
         .collect();
+    let repaired = out.repaired.is_some() && !opts.dry_run;
     out.outcome = Some(
-        if out.within_grace.is_empty() && out.unlisted_deltas.is_empty() {
+        if !out.unlisted_deltas.is_empty()
+            || !out.unknown.is_empty()
+            || (!out.lost.is_empty() && !repaired)
+        {
+            Outcome::Attention
+        } else if out.within_grace.is_empty() && out.lost.is_empty() {
             Outcome::Clean
         } else {
             Outcome::Pending
@@ -396,14 +483,23 @@ async fn collect(
 
 /// Steps 1–3: the owner check, the listing with its classification against the manifest,
 /// and the sightings; nothing is written.
-async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan> {
+async fn plan(
+    ctx: &Context,
+    opts: &GcOptions,
+    source: &SourceGuard,
+    schema_id: i16,
+) -> Result<GcPlan> {
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
     let prefix = layout.schema_prefix(schema_id);
     if let owner::Ownership::Other(why) = owner::check(store, layout, schema_id).await? {
         return Ok(GcPlan::refused(why));
     }
-    let (listed_keys, retired) = match listed(ctx, schema_id).await? {
+    let ListedState {
+        keys: listed_keys,
+        retired,
+        files,
+    } = match listed(ctx, source, schema_id).await? {
         Ok(listed) => listed,
         Err(why) => return Ok(GcPlan::refused(why)),
     };
@@ -437,6 +533,7 @@ async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan>
         grace_ms: i64::try_from(opts.grace.as_millis()).unwrap_or(i64::MAX),
         retention_ms: i64::try_from(layout.history_retention().as_millis()).unwrap_or(i64::MAX),
     };
+    let mut orphans = Vec::new();
     for o in objects.iter().filter(|o| !listed_keys.contains(&o.key)) {
         let kind = layout.classify(&o.key);
         let ours = kind.schema_id() == Some(schema_id);
@@ -449,9 +546,21 @@ async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan>
         };
         match kind {
             _ if deletable => clock.sight(&mut plan, o, retired_at),
-            KeyKind::Delta { .. } if ours => plan.unlisted_deltas.push(o.key.clone()),
+            KeyKind::Delta { .. } if ours => orphans.push(o.clone()),
             KeyKind::Owner { .. } if ours => {}
             _ => plan.unknown.push(o.key.clone()),
+        }
+    }
+    // Unlisted deltas: deletable once every row is covered by the listed state.
+    let verdicts = settle::settle(ctx, schema_id, &files, &orphans).await?;
+    for (o, v) in orphans.iter().zip(verdicts) {
+        match v {
+            settle::Verdict::Covered => clock.sight(&mut plan, o, None),
+            settle::Verdict::Lost(l) => plan.lost.push(l),
+            settle::Verdict::Unreadable(why) => {
+                tracing::warn!(key = %o.key, why, "unlisted delta cannot be read; kept");
+                plan.unlisted_deltas.push(o.key.clone());
+            }
         }
     }
     if !plan.seen.is_empty() {
@@ -459,8 +568,8 @@ async fn plan(ctx: &Context, opts: &GcOptions, schema_id: i16) -> Result<GcPlan>
         // committed while the prefix was listed). Such a key is neither deleted nor sighted:
         // a sighting kept from before it was listed would cut its grace short once it is
         // unlisted again.
-        let (relisted, _) = match listed(ctx, schema_id).await? {
-            Ok(listed) => listed,
+        let relisted = match listed(ctx, source, schema_id).await? {
+            Ok(listed) => listed.keys,
             Err(why) => return Ok(GcPlan::refused(why)),
         };
         plan.due.retain(|k| !relisted.contains(k));

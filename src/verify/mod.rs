@@ -21,6 +21,9 @@ use crate::lake::manifest::{self, FileEntry};
 use crate::source::registry::Registered;
 use crate::store::StoreError;
 
+mod source;
+pub use source::{Class, SourceCheck, SourceOptions};
+
 /// Verify runs with the shared lake-job context.
 pub use crate::job::Context;
 
@@ -33,6 +36,10 @@ pub struct VerifyOptions {
     pub parallelism: usize,
     /// Where downloads are staged (removed right after checking).
     pub work_dir: PathBuf,
+    /// Compare the lake with its source database instead of re-hashing it (`--source`).
+    pub source: Option<SourceOptions>,
+    /// DuckDB, for `--source --deep` (which exports the source's rows as init would).
+    pub engine: crate::engine::EngineConfig,
 }
 
 /// One problem found.
@@ -66,7 +73,7 @@ pub enum Outcome {
 }
 
 /// Report for one schema.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SchemaVerify {
     /// Schema id.
     pub schema_id: i16,
@@ -82,6 +89,9 @@ pub struct SchemaVerify {
     pub problems: Vec<Problem>,
     /// The failure, for `failed`.
     pub error: Option<String>,
+    /// The comparison with the source (`--source`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceCheck>,
     /// Wall time in milliseconds.
     pub duration_ms: u64,
 }
@@ -97,13 +107,14 @@ impl SchemaVerify {
             bytes: 0,
             problems: Vec::new(),
             error: None,
+            source: None,
             duration_ms: 0,
         }
     }
 }
 
 /// The whole run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VerifyReport {
     /// Per schema, by id.
     pub schemas: Vec<SchemaVerify>,
@@ -154,6 +165,9 @@ impl VerifyReport {
                     crate::report::printable(&p.detail, false)
                 ));
             }
+            if let Some(c) = &s.source {
+                out.push_str(&c.to_text());
+            }
             if let Some(e) = &s.error {
                 out.push_str(&format!("    {}\n", crate::report::printable(e, false)));
             }
@@ -164,21 +178,43 @@ impl VerifyReport {
 
 /// Verifies the selected schemas.
 pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
-    let (scratch, _) = job::scratch(&opts.work_dir, &Default::default())?;
+    let (scratch, engine) = job::scratch(&opts.work_dir, &opts.engine)?;
     let opts = &VerifyOptions {
         work_dir: scratch.path().to_path_buf(),
+        engine,
         ..opts.clone()
     };
-    let schemas = job::each_schema(
-        ctx,
-        &opts.schemas,
-        |reg| async move { verify_schema(ctx, opts, &reg).await },
+    // Pre-flight: --deep needs every selected schema's metadata before anything runs.
+    let targets = job::select_schemas(ctx, &opts.schemas).await?;
+    let mut defs = BTreeMap::new();
+    if opts.source.as_ref().is_some_and(|s| s.deep) {
+        let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
+            Error::setting(
+                "schema-dir",
+                "is needed by verify --source --deep (the attribute metadata)",
+            )
+        })?;
+        for reg in &targets {
+            defs.insert(reg.id, crate::schema::dir::load(dir, &reg.name)?);
+        }
+    }
+    let defs = &defs;
+    let schemas = job::each_until_stopped(
+        &ctx.shutdown,
+        targets,
+        |r| &r.name,
+        |reg| async move {
+            match &opts.source {
+                Some(so) => verify_source(ctx, opts, so, &reg, defs.get(&reg.id)).await,
+                None => verify_schema(ctx, opts, &reg).await,
+            }
+        },
         |reg| SchemaVerify {
             outcome: Outcome::Stopped,
             ..SchemaVerify::new(&reg)
         },
     )
-    .await?;
+    .await;
     let report = VerifyReport { schemas };
     tracing::info!(
         schemas = report.schemas.len(),
@@ -191,6 +227,50 @@ pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
         "verify done"
     );
     Ok(report)
+}
+
+/// `--source`: the schema's lake against its database, under the schema lock.
+async fn verify_source(
+    ctx: &Context,
+    opts: &VerifyOptions,
+    so: &SourceOptions,
+    reg: &Registered,
+    def: Option<&crate::schema::SchemaDef>,
+) -> SchemaVerify {
+    let started = Instant::now();
+    let mut out = SchemaVerify::new(reg);
+    let result = job::with_lock(&ctx.connector, reg.id, async |_| {
+        let Some((files, lake_source)) = source::listed(ctx, reg.id).await? else {
+            out.outcome = Outcome::NoManifest;
+            return Ok(());
+        };
+        out.files = files.len();
+        let mut check =
+            source::check(ctx, so, &opts.engine, &opts.work_dir, reg.id, def, files).await?;
+        if let Some(listed) = lake_source {
+            let guard = job::source_guard(ctx).await?;
+            let key = ctx.lake.layout.manifest_key(reg.id);
+            if let Err(e) = guard.check(&key, Some(&listed)) {
+                check.other_source = Some(e.to_string());
+            }
+        }
+        if check.divergent() > 0 {
+            out.outcome = Outcome::Diverged;
+        }
+        out.source = Some(check);
+        Ok(())
+    })
+    .await;
+    match result {
+        Ok(Some(())) => {}
+        Ok(None) => out.outcome = Outcome::Locked,
+        Err(e) => {
+            out.outcome = Outcome::Failed;
+            out.error = Some(e.chain());
+        }
+    }
+    out.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    out
 }
 
 async fn verify_schema(ctx: &Context, opts: &VerifyOptions, reg: &Registered) -> SchemaVerify {
@@ -432,6 +512,7 @@ mod tests {
                     detail: "not read\u{1b}[2K".into(),
                 }],
                 error: Some("boom\nsecond line".into()),
+                source: None,
                 duration_ms: 0,
             }],
         };

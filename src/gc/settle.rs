@@ -1,0 +1,185 @@
+//! Settling unlisted deltas (docs/design.md §4.4): a delta that no manifest lists is the
+//! leftover of a flush whose manifest save was ambiguous (or failed after landing). Each of its
+//! rows is **covered** when the listed state holds that row at a version at least the
+//! orphan's, when the row is dirty in `change_log` (the next flush brings a newer copy), or
+//! when the orphan's copy is a tombstone and the listed state has the row deleted or absent.
+//! An orphan whose rows are all covered loses nothing when deleted; one holding a row that is
+//! not covered is **lost data**: its rows are reported (and requeued by `gc --repair`). An
+//! orphan that cannot be read is left for a person.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::job::Context;
+use crate::lake::current::CurrentState;
+use crate::lake::manifest::{FileEntry, Tier};
+use crate::lake::ranges::parse_key;
+use crate::source::requeue::Requeue;
+use crate::source::versions;
+use crate::store::ObjectMeta;
+
+/// The largest unlisted delta gc reads: far above what one flush batch writes. A larger one is
+/// not a flush's and is left for a person.
+pub(super) const MAX_ORPHAN_BYTES: u64 = 1 << 30;
+
+/// What an unlisted delta holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Every row is covered by the listed state: deletable past the grace.
+    Covered,
+    /// Rows the listed state lacks.
+    Lost(LostDelta),
+    /// It could not be read: why.
+    Unreadable(String),
+}
+
+/// An unlisted delta holding rows the listed state lacks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LostDelta {
+    /// The object key.
+    pub key: String,
+    /// Rows of it that are not covered.
+    pub rows: u64,
+    /// Their ids (the first 100).
+    pub ids: Vec<String>,
+    /// Every uncovered row, with the version its requeue must exceed.
+    #[serde(skip)]
+    pub requeue: Vec<Requeue>,
+}
+
+/// One orphan row: id, version, tombstone, orphan index.
+type OrphanRow = (u128, i64, bool, usize);
+
+/// The verdict on each of `orphans` (unlisted deltas of `schema_id`) against the listed
+/// `files`.
+pub(super) async fn settle(
+    ctx: &Context,
+    schema_id: i16,
+    files: &[FileEntry],
+    orphans: &[ObjectMeta],
+) -> Result<Vec<Verdict>> {
+    let mut verdicts: Vec<Option<Verdict>> = vec![None; orphans.len()];
+    let mut rows: Vec<OrphanRow> = Vec::new();
+    for (i, o) in orphans.iter().enumerate() {
+        if o.size > MAX_ORPHAN_BYTES {
+            verdicts[i] = Some(Verdict::Unreadable(format!(
+                "{} bytes, more than any flush writes ({MAX_ORPHAN_BYTES}): not read",
+                o.size
+            )));
+            continue;
+        }
+        match read_orphan(ctx, o).await {
+            Ok(r) => rows.extend(r.into_iter().map(|(id, v, t)| (id, v, t, i))),
+            Err(e) => verdicts[i] = Some(Verdict::Unreadable(e.chain())),
+        }
+    }
+    rows.sort_unstable();
+    // The newest listed copy of each orphan row, from the listed files whose range can hold
+    // one of them.
+    let (lo, hi) = match (rows.first(), rows.last()) {
+        (Some(a), Some(b)) => (a.0, b.0),
+        _ => (u128::MAX, 0),
+    };
+    let overlapping: Vec<FileEntry> = files
+        .iter()
+        .filter(|f| {
+            let min = parse_key(&f.row_id_min).unwrap_or(0);
+            let max = parse_key(&f.row_id_max).unwrap_or(u128::MAX);
+            lo <= hi && min <= hi && max >= lo
+        })
+        .cloned()
+        .collect();
+    let mut listed: Vec<Option<(i64, bool)>> = vec![None; rows.len()];
+    if !rows.is_empty() {
+        let mut state = CurrentState::new(ctx.lake.store.clone(), overlapping, None);
+        let mut next = 0;
+        loop {
+            let chunk = state.next_chunk(64 * 1024).await?;
+            if chunk.is_empty() {
+                break;
+            }
+            for c in chunk {
+                while rows.get(next).is_some_and(|r| r.0 < c.row_id) {
+                    next += 1;
+                }
+                let mut j = next;
+                while rows.get(j).is_some_and(|r| r.0 == c.row_id) {
+                    listed[j] = Some((c.changed_at, c.tombstone));
+                    j += 1;
+                }
+            }
+        }
+    }
+    let ids: Vec<Uuid> = rows.iter().map(|r| Uuid::from_u128(r.0)).collect();
+    let client = ctx.connector.connect().await?;
+    let dirty = versions::dirty_among(&client, &ctx.tables, schema_id, &ids).await?;
+    let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
+    for (r, l) in rows.iter().zip(&listed) {
+        let (id, version, tombstone, i) = *r;
+        let covered = dirty.contains(&id)
+            || match l {
+                Some((v, t)) => *v >= version || (tombstone && *t),
+                None => tombstone,
+            };
+        if covered {
+            continue;
+        }
+        let d = lost[i].get_or_insert_with(|| LostDelta {
+            key: orphans[i].key.clone(),
+            rows: 0,
+            ids: Vec::new(),
+            requeue: Vec::new(),
+        });
+        d.rows += 1;
+        if d.ids.len() < 100 {
+            d.ids.push(Uuid::from_u128(id).to_string());
+        }
+        d.requeue.push(Requeue {
+            row_id: Uuid::from_u128(id),
+            floor: version.max(l.map_or(0, |(v, _)| v)),
+        });
+    }
+    Ok(verdicts
+        .into_iter()
+        .zip(lost)
+        .map(|(v, l)| match (v, l) {
+            (Some(v), _) => v,
+            (None, Some(l)) => Verdict::Lost(l),
+            (None, None) => Verdict::Covered,
+        })
+        .collect())
+}
+
+/// The rows of an unlisted delta: `(row_id, changed_at, tombstone)` in `row_id` order.
+async fn read_orphan(ctx: &Context, o: &ObjectMeta) -> Result<Vec<(u128, i64, bool)>> {
+    let entry = FileEntry {
+        tier: Tier::Delta,
+        path: o.key.clone(),
+        row_id_min: String::new(),
+        row_id_max: String::new(),
+        created_min: 0,
+        created_max: 0,
+        size_bytes: i64::try_from(o.size).unwrap_or(i64::MAX),
+        row_count: 0,
+        checksum: None,
+        columns: None,
+        extra: Default::default(),
+    };
+    let store: Arc<dyn crate::store::ObjectStore> = ctx.lake.store.clone();
+    let mut state = CurrentState::new(store, vec![entry], None);
+    let mut out = Vec::new();
+    loop {
+        let chunk = state.next_chunk(64 * 1024).await?;
+        if chunk.is_empty() {
+            return Ok(out);
+        }
+        out.extend(
+            chunk
+                .into_iter()
+                .map(|c| (c.row_id, c.changed_at, c.tombstone)),
+        );
+    }
+}

@@ -1,0 +1,572 @@
+//! `lakecdc verify --source`: proves the lake equals its database (docs/design.md §10). Under
+//! the schema lock (no flush interleaves), in one exported snapshot: the source's dirty row ids,
+//! and its live rows' `(row_id, ltbase_updated_at)` in `row_id` order, against the lake's
+//! current state streamed from the listed files ([`CurrentState`]). One pass classifies each
+//! row that is not dirty: **missing** (live in the source, absent or deleted in the lake),
+//! **extra** (live in the lake, absent or deleted in the source), **stale** (both live, other
+//! versions); with `--deep`, **values** (equal versions, other values: the source's rows are
+//! exported as init would write them and each row's values hashed on both sides).
+//! `--repair` requeues every divergent row ([`crate::source::requeue`]) so the next flush
+//! puts it right. Memory: a few pages and row groups, the dirty ids and the divergent ids.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{Array, AsArray, FixedSizeBinaryArray};
+use arrow::datatypes::Int64Type;
+use arrow::record_batch::{RecordBatch, RecordBatchReader};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::engine::export::Inputs;
+use crate::engine::{Driver, Engine, EngineConfig};
+use crate::error::{Error, Result};
+use crate::job::Context;
+use crate::lake::current::{Current, CurrentState, RowHasher};
+use crate::lake::manifest::{self, FileEntry};
+use crate::schema::SchemaDef;
+use crate::source::live::{self, ExportedSnapshot, IdRange, SnapshotTicket};
+use crate::source::requeue::{self, Requeue, Requeued};
+use crate::source::versions;
+
+/// `verify --source` options.
+#[derive(Debug, Clone)]
+pub struct SourceOptions {
+    /// Also compare the values of rows whose versions agree.
+    pub deep: bool,
+    /// Requeue every divergent row for the next flush.
+    pub repair: bool,
+    /// Ids listed per class in the report.
+    pub max_ids: usize,
+    /// Source rows read per keyset page.
+    pub page_rows: usize,
+}
+
+impl Default for SourceOptions {
+    fn default() -> Self {
+        Self {
+            deep: false,
+            repair: false,
+            max_ids: 100,
+            page_rows: 100_000,
+        }
+    }
+}
+
+/// The rows of one divergence class.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Class {
+    /// How many.
+    pub count: u64,
+    /// The first ids, in `row_id` order (up to `--max-ids`).
+    pub ids: Vec<String>,
+}
+
+/// What `verify --source` found for one schema.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SourceCheck {
+    /// Live rows of the source.
+    pub source_rows: u64,
+    /// Rows of the lake's current state (tombstones included).
+    pub lake_rows: u64,
+    /// Dirty rows (not compared: the next flush brings them).
+    pub dirty_rows: u64,
+    /// Distinct row ids compared (in the source, the lake or both).
+    pub rows_compared: u64,
+    /// Live in the source and not dirty, absent or deleted in the lake.
+    pub missing: Class,
+    /// Live in the lake and not dirty, absent or deleted in the source.
+    pub extra: Class,
+    /// Live in both and not dirty, at different versions.
+    pub stale: Class,
+    /// Equal versions, different values (`--deep` only).
+    pub values: Option<Class>,
+    /// Rows requeued by `--repair`.
+    pub repaired: Option<Requeued>,
+    /// Rows compared per second (distinct row ids over the pass's wall time).
+    pub rows_per_s: f64,
+    /// The lake's manifest names another source database (the comparison still ran).
+    pub other_source: Option<String>,
+}
+
+impl SourceCheck {
+    /// Rows in any divergence class.
+    pub fn divergent(&self) -> u64 {
+        self.missing.count
+            + self.extra.count
+            + self.stale.count
+            + self.values.as_ref().map_or(0, |v| v.count)
+    }
+
+    /// The report's lines for this check.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "    source: {} live, {} dirty; lake: {} rows; {} compared, {:.0} rows/s\n",
+            self.source_rows, self.dirty_rows, self.lake_rows, self.rows_compared, self.rows_per_s
+        );
+        let mut class = |name: &str, c: &Class| {
+            if c.count > 0 {
+                out.push_str(&format!(
+                    "    {name} {}: {}{}\n",
+                    c.count,
+                    c.ids.join(" "),
+                    if (c.ids.len() as u64) < c.count {
+                        " …"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        };
+        class("missing", &self.missing);
+        class("extra", &self.extra);
+        class("stale", &self.stale);
+        if let Some(v) = &self.values {
+            class("values", v);
+        }
+        if let Some(r) = &self.repaired {
+            out.push_str(&format!(
+                "    repaired: {} requeued ({} re-exported, {} tombstones); run flush, then verify --source again\n",
+                r.count(),
+                r.live.len(),
+                r.tombstones.len()
+            ));
+        }
+        if let Some(o) = &self.other_source {
+            out.push_str(&format!(
+                "    note: {}\n",
+                crate::report::printable(o, false)
+            ));
+        }
+        out
+    }
+}
+
+/// One source row: id, version and (deep) the hash of its values as an export writes them.
+type SourceRow = (u128, i64, Option<u64>);
+
+/// Compares schema `schema_id`'s listed `files` with the source, under its lock (held by the
+/// caller). `def` is needed for `--deep`.
+pub(super) async fn check(
+    ctx: &Context,
+    opts: &SourceOptions,
+    engine: &EngineConfig,
+    work_dir: &Path,
+    schema_id: i16,
+    def: Option<&SchemaDef>,
+    files: Vec<FileEntry>,
+) -> Result<SourceCheck> {
+    let started = Instant::now();
+    let mut out = SourceCheck::default();
+    // Deep: the hasher is built from the columns a fresh export writes.
+    let deep = match (opts.deep, def) {
+        (false, _) => None,
+        (true, Some(def)) => Some(Deep::open(engine, work_dir, def, schema_id).await?),
+        (true, None) => {
+            return Err(Error::setting(
+                "schema-dir",
+                "is needed by verify --source --deep (the attribute metadata)",
+            ));
+        }
+    };
+    let hasher = deep.as_ref().map(|d| d.hasher.clone());
+    let snapshot = ExportedSnapshot::export(&ctx.connector).await?;
+    let mut conn = ctx.connector.connect_tapped().await?;
+    let dirty = versions::dirty_ids(&mut conn, snapshot.ticket(), &ctx.tables, schema_id).await?;
+    out.dirty_rows = dirty.len() as u64;
+    let (src_tx, src_rx) = mpsc::channel::<Result<Vec<SourceRow>>>(4);
+    let source = spawn_source(ctx, opts, schema_id, deep, conn, snapshot.ticket(), src_tx);
+    let (lake_tx, lake_rx) = mpsc::channel::<Result<Vec<Current>>>(4);
+    let lake = {
+        let mut state = CurrentState::new(ctx.lake.store.clone(), files, hasher);
+        tokio::spawn(async move {
+            loop {
+                let chunk = state.next_chunk(64 * 1024).await;
+                let end = matches!(&chunk, Ok(c) if c.is_empty()) || chunk.is_err();
+                if lake_tx.send(chunk).await.is_err() || end {
+                    return;
+                }
+            }
+        })
+    };
+    let mut cmp = Compare::new(opts, dirty);
+    let mut src = Feed::new(src_rx);
+    let mut lake_rows = Feed::new(lake_rx);
+    let (mut s_head, mut l_head) = (src.next().await?, lake_rows.next().await?);
+    loop {
+        match (s_head, l_head) {
+            (None, None) => break,
+            (Some(s), Some(l)) if s.0 == l.row_id => {
+                cmp.both(s, l);
+                s_head = src.next().await?;
+                l_head = lake_rows.next().await?;
+            }
+            (Some(s), l) if l.is_none_or(|l| s.0 < l.row_id) => {
+                cmp.source_only(s);
+                s_head = src.next().await?;
+            }
+            (_, Some(l)) => {
+                cmp.lake_only(l);
+                l_head = lake_rows.next().await?;
+            }
+            (Some(_), None) => unreachable_pair()?,
+        }
+    }
+    source.await.map_err(Error::task("read the source"))??;
+    lake.await.map_err(Error::task("read the lake"))?;
+    snapshot.release().await?;
+    out.source_rows = cmp.source_rows;
+    out.lake_rows = cmp.lake_rows;
+    out.rows_compared = cmp.compared;
+    out.missing = cmp.classes[0].clone();
+    out.extra = cmp.classes[1].clone();
+    out.stale = cmp.classes[2].clone();
+    out.values = opts.deep.then(|| cmp.classes[3].clone());
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    out.rows_per_s = out.rows_compared as f64 / secs;
+    if opts.repair && !cmp.divergent.is_empty() {
+        let mut client = ctx.connector.connect().await?;
+        let now = ctx.clock.now_ms();
+        out.repaired = Some(
+            requeue::requeue(
+                &mut client,
+                &ctx.tables,
+                schema_id,
+                &cmp.divergent,
+                now,
+                false,
+            )
+            .await?,
+        );
+    }
+    Ok(out)
+}
+
+/// A stream of rows arriving in chunks; an empty chunk or a closed channel ends it.
+struct Feed<T> {
+    rx: mpsc::Receiver<Result<Vec<T>>>,
+    buf: std::vec::IntoIter<T>,
+    done: bool,
+}
+
+impl<T> Feed<T> {
+    fn new(rx: mpsc::Receiver<Result<Vec<T>>>) -> Self {
+        Self {
+            rx,
+            buf: Vec::new().into_iter(),
+            done: false,
+        }
+    }
+
+    async fn next(&mut self) -> Result<Option<T>> {
+        loop {
+            if let Some(r) = self.buf.next() {
+                return Ok(Some(r));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            match self.rx.recv().await {
+                Some(chunk) => {
+                    let chunk = chunk?;
+                    self.done = chunk.is_empty();
+                    self.buf = chunk.into_iter();
+                }
+                None => self.done = true,
+            }
+        }
+    }
+}
+
+fn unreachable_pair() -> Result<()> {
+    Err(Error::Invariant("verify --source compared no rows".into()))
+}
+
+/// Reads the source's live rows (and, deep, their exported values' hashes) into `tx`.
+fn spawn_source(
+    ctx: &Context,
+    opts: &SourceOptions,
+    schema_id: i16,
+    deep: Option<Deep>,
+    mut conn: crate::source::connect::TappedClient,
+    ticket: SnapshotTicket,
+    tx: mpsc::Sender<Result<Vec<SourceRow>>>,
+) -> tokio::task::JoinHandle<Result<()>> {
+    let tables = ctx.tables.clone();
+    let page_rows = opts.page_rows.max(1);
+    tokio::spawn(async move {
+        let read = match deep {
+            None => {
+                versions::live_versions(&mut conn, ticket, &tables, schema_id, page_rows, |page| {
+                    let tx = tx.clone();
+                    async move {
+                        let rows = page.into_iter().map(|(id, v)| (id, v, None)).collect();
+                        tx.send(Ok(rows)).await.is_ok()
+                    }
+                })
+                .await
+            }
+            Some(deep) => {
+                deep.read(&mut conn, ticket, &tables, schema_id, page_rows, &tx)
+                    .await
+            }
+        };
+        if let Err(e) = read {
+            let _ = tx.send(Err(e)).await;
+        }
+        Ok(())
+    })
+}
+
+/// The classifier: one pass over both streams, with the dirty ids.
+struct Compare {
+    dirty: Vec<u128>,
+    next_dirty: usize,
+    max_ids: usize,
+    deep: bool,
+    repair: bool,
+    /// missing, extra, stale, values.
+    classes: [Class; 4],
+    divergent: Vec<Requeue>,
+    source_rows: u64,
+    lake_rows: u64,
+    compared: u64,
+}
+
+impl Compare {
+    fn new(opts: &SourceOptions, dirty: Vec<u128>) -> Self {
+        Self {
+            dirty,
+            next_dirty: 0,
+            max_ids: opts.max_ids,
+            deep: opts.deep,
+            repair: opts.repair,
+            classes: Default::default(),
+            divergent: Vec::new(),
+            source_rows: 0,
+            lake_rows: 0,
+            compared: 0,
+        }
+    }
+
+    /// Whether `id` is dirty; ids are asked in increasing order.
+    fn dirty(&mut self, id: u128) -> bool {
+        while self.dirty.get(self.next_dirty).is_some_and(|d| *d < id) {
+            self.next_dirty += 1;
+        }
+        self.dirty.get(self.next_dirty) == Some(&id)
+    }
+
+    fn found(&mut self, class: usize, id: u128, floor: i64) {
+        let c = &mut self.classes[class];
+        c.count += 1;
+        if c.ids.len() < self.max_ids {
+            c.ids.push(Uuid::from_u128(id).to_string());
+        }
+        if self.repair {
+            self.divergent.push(Requeue {
+                row_id: Uuid::from_u128(id),
+                floor,
+            });
+        }
+    }
+
+    fn both(&mut self, s: SourceRow, l: Current) {
+        self.source_rows += 1;
+        self.lake_rows += 1;
+        self.compared += 1;
+        if self.dirty(s.0) {
+            return;
+        }
+        if l.tombstone {
+            self.found(0, s.0, l.changed_at);
+        } else if s.1 != l.changed_at {
+            self.found(2, s.0, l.changed_at.max(s.1));
+        } else if self.deep && s.2 != l.hash {
+            self.found(3, s.0, l.changed_at);
+        }
+    }
+
+    fn source_only(&mut self, s: SourceRow) {
+        self.source_rows += 1;
+        self.compared += 1;
+        if !self.dirty(s.0) {
+            self.found(0, s.0, 0);
+        }
+    }
+
+    fn lake_only(&mut self, l: Current) {
+        self.lake_rows += 1;
+        self.compared += 1;
+        if !l.tombstone && !self.dirty(l.row_id) {
+            self.found(1, l.row_id, l.changed_at);
+        }
+    }
+}
+
+/// `--deep`'s source side: pages of live entities exported as init writes them, read back and
+/// hashed.
+struct Deep {
+    engine: Engine,
+    def: SchemaDef,
+    schema_id: i16,
+    dir: std::path::PathBuf,
+    hasher: Arc<RowHasher>,
+}
+
+impl Deep {
+    async fn open(
+        engine: &EngineConfig,
+        work_dir: &Path,
+        def: &SchemaDef,
+        schema_id: i16,
+    ) -> Result<Self> {
+        let (cfg, def, dir) = (engine.clone(), def.clone(), work_dir.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            let engine = Engine::open(&cfg)?;
+            let empty = live::empty_live_page(&def)?;
+            let path = dir.join(format!("verify-{}.parquet", Uuid::new_v4()));
+            let batches = export_page(&engine, &def, schema_id, &empty, &path)?;
+            let schema = batches
+                .first()
+                .map(RecordBatch::schema)
+                .ok_or_else(|| Error::Invariant("an export wrote no schema".into()))?;
+            let hasher = Arc::new(RowHasher::new(&schema)?);
+            Ok(Self {
+                engine,
+                def,
+                schema_id,
+                dir,
+                hasher,
+            })
+        })
+        .await
+        .map_err(Error::task("prepare the deep comparison"))?
+    }
+
+    async fn read(
+        self,
+        conn: &mut crate::source::connect::TappedClient,
+        ticket: SnapshotTicket,
+        tables: &crate::config::Tables,
+        schema_id: i16,
+        page_rows: usize,
+        tx: &mpsc::Sender<Result<Vec<SourceRow>>>,
+    ) -> Result<()> {
+        let all = IdRange {
+            lo: Uuid::nil(),
+            hi: None,
+        };
+        let limit = i64::try_from(page_rows).unwrap_or(i64::MAX);
+        let def = self.def.clone();
+        // DuckDB's connection is used by one page at a time, on a blocking thread.
+        let me = Arc::new(std::sync::Mutex::new(self));
+        live::read_range(conn, ticket, tables, &def, schema_id, all, limit, |page| {
+            let (me, tx) = (me.clone(), tx.clone());
+            async move {
+                let hashed = tokio::task::spawn_blocking(move || match me.lock() {
+                    Ok(deep) => deep.hash_page(&page),
+                    Err(_) => Err(Error::Invariant("a deep comparison panicked".into())),
+                })
+                .await
+                .map_err(Error::task("hash a source page"))
+                .and_then(|r| r);
+                let ok = hashed.is_ok();
+                tx.send(hashed).await.is_ok() && ok
+            }
+        })
+        .await
+    }
+
+    /// One page exported and read back: each row's id, version and values' hash.
+    fn hash_page(&self, page: &live::LivePage) -> Result<Vec<SourceRow>> {
+        let path = self.dir.join(format!("verify-{}.parquet", Uuid::new_v4()));
+        let batches = export_page(&self.engine, &self.def, self.schema_id, page, &path)?;
+        let mut out = Vec::with_capacity(page.rows);
+        for b in &batches {
+            let bad = |c: &str| Error::Invariant(format!("exported column {c} has another type"));
+            let ids = b
+                .column_by_name("row_id")
+                .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
+                .ok_or_else(|| bad("row_id"))?;
+            let versions = b
+                .column_by_name("ltbase_updated_at")
+                .and_then(|c| c.as_primitive_opt::<Int64Type>())
+                .ok_or_else(|| bad("ltbase_updated_at"))?;
+            let hashes = self.hasher.hash(b)?;
+            for (i, h) in hashes.into_iter().enumerate() {
+                let id: [u8; 16] = ids.value(i).try_into().map_err(|_| bad("row_id"))?;
+                let v = if versions.is_valid(i) {
+                    versions.value(i)
+                } else {
+                    0
+                };
+                out.push((u128::from_be_bytes(id), v, Some(h)));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Exports `page` as init would (to `path`, removed afterwards) and reads the file back.
+fn export_page(
+    engine: &Engine,
+    def: &SchemaDef,
+    schema_id: i16,
+    page: &live::LivePage,
+    path: &Path,
+) -> Result<Vec<RecordBatch>> {
+    let entities = [page.entities.clone()];
+    let eav = [page.eav.clone()];
+    let inputs = Inputs {
+        change_log: &[],
+        entities: &entities,
+        eav: &eav,
+    };
+    let read = (|| {
+        engine.export(def, schema_id, Driver::Entities, inputs, path)?;
+        let io = |source| Error::Io {
+            op: "read back an exported page",
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.with_batch_size(8192).build())
+            .map_err(|e| Error::Parquet {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+        let schema = reader.schema();
+        let mut batches: Vec<RecordBatch> = reader
+            .collect::<std::result::Result<_, _>>()
+            .map_err(Error::arrow("read back an exported page"))?;
+        if batches.is_empty() {
+            batches.push(RecordBatch::new_empty(schema));
+        }
+        Ok(batches)
+    })();
+    let _ = std::fs::remove_file(path);
+    read
+}
+
+/// Loads the manifest's listed files of `schema_id`, or `None` without a manifest; a path that
+/// is not a data file of the schema is refused (docs/hazards.md S1).
+pub(super) async fn listed(
+    ctx: &Context,
+    schema_id: i16,
+) -> Result<Option<(Vec<FileEntry>, Option<crate::lake::SourceIdentity>)>> {
+    let layout = &ctx.lake.layout;
+    let key = layout.manifest_key(schema_id);
+    let Some(l) =
+        manifest::load_within(ctx.lake.store.as_ref(), &key, schema_id, layout.limits()).await?
+    else {
+        return Ok(None);
+    };
+    if let Some(foreign) = l.manifest.foreign_path(layout) {
+        return Err(foreign.refusal(&key, "remove the entry"));
+    }
+    Ok(Some((l.manifest.files, l.manifest.source)))
+}

@@ -1,0 +1,179 @@
+//! gc settles unlisted deltas (docs/design.md §4.4): the leftover of an ambiguous save whose
+//! rows went out again is deleted past the grace with exit 0; an orphan holding rows the lake
+//! lacks is lost data (exit 3) until `gc --repair` requeues them, after which a flush makes
+//! `verify --source` exit 0 and the orphan is deleted in turn; right after a compaction gc
+//! exits 0.
+
+use std::collections::BTreeSet;
+
+use lakecdc::gc::Outcome;
+use lakecdc::store::ObjectStore;
+use lakecdc::store::fault::{Action, Op};
+
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::Rng;
+use crate::verify_source::verify_source;
+
+const MANIFEST: &str = "manifest/100.json";
+const MIN: i64 = 60_000;
+
+/// A lake with one orphan delta: a flush whose manifest save failed ambiguously (the delta
+/// was kept, its rows stayed dirty). Returns the orphan's key.
+async fn lake_with_orphan(seed: u64) -> (Rig, Rng, String) {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(seed);
+    rig.seed(40, &mut r).await;
+    assert!(!rig.flush().await.failed());
+    for _ in 0..15 {
+        rig.writer.random_op(&mut r).await;
+    }
+    let before: BTreeSet<String> = rig.keys("data/100/").await.into_iter().collect();
+    rig.store.arm(Op::PutBytes, Some(MANIFEST), 1, Action::Fail);
+    let report = rig.flush().await;
+    assert!(report.failed(), "{report:?}");
+    let orphans: Vec<String> = rig
+        .keys("data/100/")
+        .await
+        .into_iter()
+        .filter(|k| !before.contains(k) && !k.contains("/_tmp/"))
+        .collect();
+    assert_eq!(orphans.len(), 1, "{orphans:?}");
+    assert!(!rig.listed().await.contains(&orphans[0]));
+    (rig, r, orphans[0].clone())
+}
+
+#[tokio::test]
+async fn an_orphan_whose_rows_went_out_again_is_deleted_past_the_grace() {
+    let (rig, _, orphan) = lake_with_orphan(3101).await;
+    // The rows went out again in the next flush.
+    assert!(!rig.flush().await.failed());
+    let (clock, gctx, gopts) = rig.gc_on_a_manual_clock();
+    let first = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    let s = &first.schemas[0];
+    assert_eq!(s.outcome, Some(Outcome::Pending), "{first:?}");
+    assert_eq!(s.within_grace, vec![orphan.clone()]);
+    assert!(s.lost.is_empty() && s.unlisted_deltas.is_empty(), "{s:?}");
+    assert_eq!(first.exit_code(), 0, "waiting out the grace is normal");
+    clock.advance(16 * MIN);
+    let second = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    let s = &second.schemas[0];
+    assert_eq!(s.deleted, vec![orphan.clone()], "{second:?}");
+    assert_eq!((s.outcome, second.exit_code()), (Some(Outcome::Clean), 0));
+    assert!(rig.store.head(&orphan).await.unwrap_err().is_not_found());
+    rig.assert_oracle().await;
+}
+
+#[tokio::test]
+async fn an_orphan_holding_rows_the_lake_lacks_is_lost_until_repaired() {
+    let (mut rig, _, orphan) = lake_with_orphan(3102).await;
+    // The rows were marked flushed anyway (by hand): nothing will export them again.
+    let marked = rig
+        .writer
+        .client
+        .execute(
+            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND flushed_at = 0",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(marked > 0);
+    let (clock, gctx, mut gopts) = rig.gc_on_a_manual_clock();
+    let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(
+        (s.outcome, report.exit_code()),
+        (Some(Outcome::Attention), 3)
+    );
+    assert_eq!(s.lost.len(), 1, "{s:?}");
+    assert_eq!(s.lost[0].key, orphan);
+    assert_eq!(s.lost[0].rows, marked, "{s:?}");
+    assert!(s.within_grace.is_empty() && s.deleted.is_empty());
+    assert!(report.to_text().contains("LOST"));
+    let (v, code) = verify_source(&rig, false, false).await;
+    assert_eq!(code, 3, "{v:?}");
+    // A dry run of the repair lists what it would requeue and writes nothing.
+    gopts.repair = true;
+    let dry = lakecdc::gc::run(
+        &gctx,
+        &lakecdc::gc::GcOptions {
+            dry_run: true,
+            ..gopts.clone()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        dry.schemas[0].repaired.as_ref().unwrap().count() as u64,
+        marked
+    );
+    assert!(crate::support::oracle::dirty(&rig.writer).await.is_empty());
+    // The repair requeues the lost rows: nothing left for a person.
+    let repaired = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    let s = &repaired.schemas[0];
+    assert_eq!(s.repaired.as_ref().unwrap().count() as u64, marked, "{s:?}");
+    assert_eq!(repaired.exit_code(), 0, "{repaired:?}");
+    let dirty = crate::support::oracle::dirty(&rig.writer).await;
+    assert_eq!(dirty.len() as u64, marked);
+    // Requeued rows carry bumped versions: the model follows them.
+    for id in &dirty {
+        if let Some(m) = rig.writer.rows.get_mut(id) {
+            m.version = rig
+                .writer
+                .client
+                .query_one(
+                    "SELECT ltbase_updated_at FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_row_id = $1",
+                    &[id],
+                )
+                .await
+                .unwrap()
+                .get(0);
+        }
+    }
+    assert!(!rig.flush().await.failed());
+    let (v, code) = verify_source(&rig, true, false).await;
+    assert_eq!(code, 0, "{v:?}");
+    rig.assert_oracle().await;
+    // Now covered: sighted, then deleted past the grace.
+    gopts.repair = false;
+    let settled = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    assert_eq!(settled.schemas[0].within_grace, vec![orphan.clone()]);
+    assert_eq!(settled.exit_code(), 0);
+    clock.advance(16 * MIN);
+    let last = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    assert_eq!(last.schemas[0].deleted, vec![orphan]);
+    assert_eq!(last.exit_code(), 0);
+}
+
+#[tokio::test]
+async fn gc_right_after_a_compaction_exits_zero() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(3103);
+    rig.seed(60, &mut r).await;
+    assert!(!rig.flush().await.failed());
+    for _ in 0..20 {
+        rig.writer.random_op(&mut r).await;
+    }
+    assert!(!rig.flush().await.failed());
+    let compact = lakecdc::compact::run(
+        &rig.job_context(),
+        &lakecdc::compact::CompactOptions {
+            schemas: vec!["customer".into()],
+            work_dir: rig.opts.work_dir.clone(),
+            max_deltas: 1,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(compact.exit_code(), 0, "{compact:?}");
+    let retired = crate::support::oracle::retired_paths(rig.store.as_ref(), MANIFEST).await;
+    assert!(!retired.is_empty());
+    let (_, gctx, gopts) = rig.gc_on_a_manual_clock();
+    let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(
+        s.within_grace.iter().cloned().collect::<BTreeSet<_>>(),
+        retired
+    );
+    assert_eq!((s.outcome, report.exit_code()), (Some(Outcome::Pending), 0));
+}
