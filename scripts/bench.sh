@@ -8,8 +8,9 @@
 #   scripts/bench.sh init [N]      # N live entities → `lakecdc init` vs the DuckDB postgres peer
 #   scripts/bench.sh query [N]     # N entities, init + 10 flushes of N/100 changes → `lakecdc query`
 #   scripts/bench.sh matrix [N]    # init and flush in all four cases: UUIDv7/v4 ids × TLS/plain
+#   scripts/bench.sh verify-source [N]  # N entities, init + 3 flushed rounds → `verify --source`
 #
-# Options of flush, compact, compact-scale, init and query (before or after N):
+# Options of flush, compact, compact-scale, init, query and verify-source (before or after N):
 #   --ids v7|v4                 row ids: time-ordered UUIDv7 (default) or random UUIDv4
 #                               (env LAKECDC_BENCH_IDS)
 #   --sslmode require|disable   the sslmode of lakecdc's and the peer's connections: TLS without
@@ -69,6 +70,15 @@
 # (each lakecdc run over the peer run next to it),
 # the peak RSS of both, flush changes/s and flush peak RSS.
 #
+# verify-source: exports N entities (init), then 3 rounds of N/100 updates, each flushed (deltas
+# over every base with UUIDv4 ids), and leaves N/1000 more updated but dirty. Times the source's
+# read alone as verify reads it (`COPY (SELECT ltbase_row_id, ltbase_updated_at … ORDER BY
+# ltbase_row_id) TO STDOUT (FORMAT binary)`, the baseline), then RUNS runs of `lakecdc verify
+# --source --json` and one of `--deep`, each a whole process under /usr/bin/time -v; every run
+# must exit 0 (intact: no divergence, the dirty rows not reported) having compared every row.
+# Prints rows compared per second (distinct row ids over the process's wall time; median, min,
+# max), the ratio to the baseline's rows/s, and peak RSS. Target: >= 1,000,000 rows/s shallow.
+#
 # query: exports N entities (init), then 10 rounds of N/100 changes (nine in ten updates, one in
 # ten hard deletes), each flushed, to SeaweedFS, and copies the lake to a local directory. Times
 # `SELECT count(*), sum(i01) FROM wide` — the read rule over every listed copy — three ways:
@@ -94,7 +104,7 @@ source "$ROOT/scripts/venv.sh"
 PEERENV="${LAKECDC_BENCH_VENV:-/var/tmp/lakecdc-bench-venv}"
 
 usage() {
-	echo "usage: scripts/bench.sh flush|compact|compact-scale|init|query [--ids v4|v7] [--sslmode disable|require] [N]" >&2
+	echo "usage: scripts/bench.sh flush|compact|compact-scale|init|query|verify-source [--ids v4|v7] [--sslmode disable|require] [N]" >&2
 	echo "       scripts/bench.sh matrix [N]" >&2
 	exit 2
 }
@@ -117,7 +127,7 @@ while [ $# -gt 0 ]; do
 	esac
 done
 case "$what" in
-flush | compact | compact-scale | init | query | matrix) ;;
+flush | compact | compact-scale | init | query | matrix | verify-source) ;;
 *) usage ;;
 esac
 if [ -z "$N" ]; then
@@ -394,6 +404,79 @@ if [ "$what" != matrix ] && [ "$what" != compact-scale ]; then
 	$PSQL "$LAKECDC_PG_URL" -c "\\copy (SELECT * FROM entity_main) TO '/dev/null' WITH (FORMAT binary)"
 	$PSQL "$LAKECDC_PG_URL" -c "\\copy (SELECT * FROM eav_data) TO '/dev/null' WITH (FORMAT binary)"
 	floor=$(secs "$t0" "$(now)")
+fi
+
+if [ "$what" = verify-source ]; then
+	work=$(mktemp -d)
+	echo "bench: lakecdc init of $N entities" >&2
+	"$BIN" -q init --work-dir "$work" --memory-limit "$MEMORY" >/dev/null
+	# init exports live entities whatever change_log says: the seed's slots are in the bases now.
+	$PSQL "$PGURL" -c "UPDATE change_log SET flushed_at = 1 WHERE flushed_at = 0"
+	for round in 1 2 3; do
+		echo "bench: round $round: $((N / 100)) updates, flushed" >&2
+		update_rows "(ltbase_created_at - 1700000000000) % 100 = $round" >/dev/null
+		"$BIN" -q flush --force --time-budget 1h --work-dir "$work" --memory-limit "$MEMORY" >/dev/null
+	done
+	update_rows "(ltbase_created_at - 1700000000000) % 1000 = 7" >/dev/null
+	read -r live dirty < <($PSQL "$PGURL" -At -F ' ' -c "SELECT
+		(SELECT count(*) FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_deleted_at IS NULL),
+		(SELECT count(*) FROM change_log WHERE schema_id = 100 AND flushed_at = 0)")
+	$PSQL "$PGURL" -c "VACUUM ANALYZE" -c "CHECKPOINT"
+	mark=$(log_mark)
+	t0=$(now)
+	$PSQL "$LAKECDC_PG_URL" -c "\\copy (SELECT ltbase_row_id, ltbase_updated_at FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_deleted_at IS NULL ORDER BY ltbase_row_id) TO '/dev/null' WITH (FORMAT binary)"
+	base=$(secs "$t0" "$(now)")
+	runs=()
+	for ((run = 1; run <= RUNS; run++)); do
+		res=$(measure "$work/shallow-$run.json" "$BIN" -q verify --source --json --work-dir "$work") || {
+			cat "$work/shallow-$run.json" >&2
+			echo "bench: FAILED: lakecdc verify --source did not exit 0 (run $run)" >&2
+			exit 1
+		}
+		runs+=("$res")
+	done
+	deep=$(measure "$work/deep.json" "$BIN" -q verify --source --deep --json --work-dir "$work" --memory-limit "$MEMORY") || {
+		cat "$work/deep.json" >&2
+		echo "bench: FAILED: lakecdc verify --source --deep did not exit 0" >&2
+		exit 1
+	}
+	check_ssl "$mark" "$SSLMODE"
+	python3 - "$N" "$IDS" "$SSLMODE" "$live" "$dirty" "$base" "$work" "$deep" "${runs[@]}" <<'PY'
+import json, statistics, sys
+n, ids, ssl, live, dirty, base, work, deep, *runs = sys.argv[1:]
+live, dirty, base = int(live), int(dirty), float(base)
+def check(path):
+    s = json.load(open(path))["schemas"][0]
+    c = s["source"]
+    div = sum(c[k]["count"] for k in ("missing", "extra", "stale")) + (c["values"] or {"count": 0})["count"]
+    if s["outcome"] != "intact" or div or c["source_rows"] != live or c["dirty_rows"] != dirty:
+        sys.exit(f"verify-source bench: FAILED: {path}: outcome {s['outcome']}, {div} divergent, "
+                 f"{c['source_rows']} source rows of {live} live, {c['dirty_rows']} dirty of {dirty}")
+    return c
+shallow = []
+for i, r in enumerate(runs, 1):
+    secs, rss = r.split()
+    c = check(f"{work}/shallow-{i}.json")
+    shallow.append((c["rows_compared"] / float(secs), float(secs), int(rss) / 1024, c))
+dsecs, drss = deep.split()
+dc = check(f"{work}/deep.json")
+rates = [x[0] for x in shallow]
+med = statistics.median(rates)
+c = shallow[0][3]
+print(f"verify-source bench: {n} entities ({ids} ids, sslmode={ssl}), init + 3 flushed rounds of {int(n) // 100} "
+      f"updates; {c['lake_rows']} lake rows, {live} live in the source, {dirty} dirty (not compared)")
+print(f"  baseline: the source read alone (COPY of row_id, version in row_id order): {base:.3f} s = "
+      f"{live / base:,.0f} rows/s")
+print(f"  verify --source (process): median {med:,.0f} rows compared/s (min {min(rates):,.0f}, max {max(rates):,.0f}) "
+      f"over {len(rates)} runs; {statistics.median(x[1] for x in shallow):.3f} s; "
+      f"peak RSS {max(x[2] for x in shallow):.0f} MiB; "
+      f"target >= 1,000,000: {'PASS' if med >= 1_000_000 else 'FAIL'}")
+print(f"  ratio to the baseline's rows/s: {med / (live / base):.2f}")
+print(f"  verify --source --deep (process): {float(dsecs):.3f} s = {dc['rows_compared'] / float(dsecs):,.0f} rows/s; "
+      f"peak RSS {int(drss) / 1024:.0f} MiB")
+PY
+	rm -rf "$work"
+	exit 0
 fi
 
 if [ "$what" = query ]; then
