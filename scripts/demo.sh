@@ -8,7 +8,8 @@
 # source tables and registers the example schemas (init-db), loads about 100k entities over two
 # schemas, exports them as the base tier (init), applies a burst of application
 # writes (updates, deletes, recreates), shows what the next flush would do (--dry-run), flushes,
-# rewrites the base ranges the deltas touch (compact), shows what gc would delete, verifies the lake and queries it
+# rewrites the base ranges the deltas touch (compact), shows what gc would delete, verifies the lake
+# (against its manifest, then against PostgreSQL: verify --source --deep) and queries it
 # (`lakecdc query`); inspect shows the state in between.
 set -euo pipefail
 
@@ -115,6 +116,9 @@ PY
 fi
 say "lakecdc verify"
 "$BIN" -q verify
+
+say "lakecdc verify --source --deep   (the lake against PostgreSQL: every row not dirty, values too)"
+"$BIN" -q verify --source --deep
 
 # Each schema is a view of its current state (one row per live entity, its latest copy) and
 # <name>__history of every copy in the lake. `order` is an SQL keyword: quote it.

@@ -197,10 +197,19 @@ enum Slot {
     Pending(usize),
 }
 
+/// Footers read ahead of the merge: the next files, by listed lowest id, are opened while
+/// the current ones are read, so a lake of many small bases does not wait on each footer.
+const OPEN_AHEAD: usize = 4;
+
 /// The stream of [`Current`] rows.
 pub struct CurrentState {
     store: Arc<dyn ObjectStore>,
     files: Vec<Option<FileEntry>>,
+    /// File indexes in the order of their listed lowest id, and how many were opened (or
+    /// started opening) ahead.
+    order: Vec<usize>,
+    next_ahead: usize,
+    opening: std::collections::HashMap<usize, JoinHandle<Result<Source>>>,
     cursors: Vec<Option<Cursor>>,
     heap: BinaryHeap<Reverse<(u128, Slot)>>,
     hasher: Option<Arc<RowHasher>>,
@@ -227,14 +236,20 @@ impl CurrentState {
         hasher: Option<Arc<RowHasher>>,
     ) -> Self {
         let mut heap = BinaryHeap::with_capacity(files.len());
+        let mut order = Vec::with_capacity(files.len());
         for (i, f) in files.iter().enumerate() {
             // A file whose lowest id is unknown is opened first.
             let min = parse_key(&f.row_id_min).unwrap_or(0);
             heap.push(Reverse((min, Slot::Pending(i))));
+            order.push((min, i));
         }
+        order.sort_unstable();
         Self {
             store,
             files: files.into_iter().map(Some).collect(),
+            order: order.into_iter().map(|(_, i)| i).collect(),
+            next_ahead: 0,
+            opening: Default::default(),
             cursors: Vec::new(),
             heap,
             hasher,
@@ -270,12 +285,34 @@ impl CurrentState {
         })
     }
 
-    /// Opens pending file `i`: its footer and first row group (the second one ahead).
+    /// Starts reading the footers of the next files (by listed lowest id) not opened yet.
+    fn open_ahead(&mut self) {
+        while self.opening.len() < OPEN_AHEAD && self.next_ahead < self.order.len() {
+            let i = self.order[self.next_ahead];
+            self.next_ahead += 1;
+            if let Some(entry) = self.files.get_mut(i).and_then(Option::take) {
+                let store = self.store.clone();
+                self.opening.insert(
+                    i,
+                    tokio::spawn(async move { streamed::open(store.as_ref(), &entry).await }),
+                );
+            }
+        }
+    }
+
+    /// Opens pending file `i`: its footer (read ahead when it could be) and first row group
+    /// (the second one ahead).
     async fn open(&mut self, i: usize) -> Result<()> {
-        let Some(entry) = self.files.get_mut(i).and_then(Option::take) else {
-            return Err(Error::Invariant("a file opened twice".into()));
+        let src = match (
+            self.opening.remove(&i),
+            self.files.get_mut(i).and_then(Option::take),
+        ) {
+            (Some(ahead), _) => ahead.await.map_err(Error::task("read a footer"))??,
+            (None, Some(entry)) => streamed::open(self.store.as_ref(), &entry).await?,
+            (None, None) => return Err(Error::Invariant("a file opened twice".into())),
         };
-        let src = Arc::new(streamed::open(self.store.as_ref(), &entry).await?);
+        self.open_ahead();
+        let src = Arc::new(src);
         self.files_read += 1;
         let groups = src.meta.num_row_groups();
         let mut cursor = Cursor {

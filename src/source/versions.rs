@@ -45,28 +45,38 @@ pub async fn dirty_ids(
 ) -> Result<Vec<RowId>> {
     let TappedClient { client, tap } = conn;
     let tx = begin_in(client, ticket).await?;
+    let out = read_dirty(&tx, tap, tables, schema_id).await?;
+    timed(TIMEOUT, "end dirty id read", tx.commit()).await?;
+    Ok(out)
+}
+
+async fn read_dirty(
+    tx: &tokio_postgres::Transaction<'_>,
+    tap: &super::copy_tap::CopyTap,
+    tables: &Tables,
+    schema_id: i16,
+) -> Result<Vec<RowId>> {
     let sql = format!(
         "SELECT row_id FROM {} WHERE schema_id = {schema_id} AND flushed_at = 0 ORDER BY row_id",
         tables.change_log.quoted()
     );
     let into = BatchBuilder::new(&[("row_id", SlotType::Uuid, false)], 1024);
-    let (into, rows) = copy_into(&tx, tap, "read dirty row ids", &sql, into).await?;
+    let (into, rows) = copy_into(tx, tap, "read dirty row ids", &sql, into).await?;
     let batch = into.finish()?;
     let ids = ids_of(&batch)?;
-    let out = (0..rows).map(|i| row_id(ids, i)).collect::<Result<_>>()?;
-    timed(TIMEOUT, "end dirty id read", tx.commit()).await?;
-    Ok(out)
+    (0..rows).map(|i| row_id(ids, i)).collect()
 }
 
-/// Reads `(row_id, ltbase_updated_at)` of the schema's live entities (`ltbase_deleted_at IS
-/// NULL`) in `row_id` order, in keyset pages of `page_rows`, all in the snapshot of `ticket`,
-/// handing each page to `on_page` (which returns `false` to stop).
+/// In one repeatable-read transaction: the schema's dirty row ids ([`dirty_ids`]), handed to
+/// `on_dirty`, then `(row_id, ltbase_updated_at)` of its live entities (`ltbase_deleted_at IS
+/// NULL`) in `row_id` order, in keyset pages of `page_rows`, each handed to `on_page` (which
+/// returns `false` to stop).
 pub async fn live_versions<F, Fut>(
     conn: &mut TappedClient,
-    ticket: SnapshotTicket,
     tables: &Tables,
     schema_id: i16,
     page_rows: usize,
+    on_dirty: impl FnOnce(Vec<RowId>),
     mut on_page: F,
 ) -> Result<()>
 where
@@ -75,7 +85,8 @@ where
 {
     super::live::tune_for_pages(&conn.client).await?;
     let TappedClient { client, tap } = conn;
-    let tx = begin_in(client, ticket).await?;
+    let tx = super::decoding::begin_snapshot(client, "begin version read").await?;
+    on_dirty(read_dirty(&tx, tap, tables, schema_id).await?);
     let mut after: Option<uuid::Uuid> = None;
     loop {
         let bound = after.map_or_else(String::new, |a| format!(" AND ltbase_row_id > '{a}'::uuid"));

@@ -199,13 +199,19 @@ pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
         }
     }
     let defs = &defs;
+    // The database this run reads, to note a lake written from another one.
+    let guard = match &opts.source {
+        Some(_) => Some(job::source_guard(ctx).await?),
+        None => None,
+    };
+    let guard = guard.as_ref();
     let schemas = job::each_until_stopped(
         &ctx.shutdown,
         targets,
         |r| &r.name,
         |reg| async move {
             match &opts.source {
-                Some(so) => verify_source(ctx, opts, so, &reg, defs.get(&reg.id)).await,
+                Some(so) => verify_source(ctx, opts, so, guard, &reg, defs.get(&reg.id)).await,
                 None => verify_schema(ctx, opts, &reg).await,
             }
         },
@@ -234,6 +240,7 @@ async fn verify_source(
     ctx: &Context,
     opts: &VerifyOptions,
     so: &SourceOptions,
+    guard: Option<&crate::lake::SourceGuard>,
     reg: &Registered,
     def: Option<&crate::schema::SchemaDef>,
 ) -> SchemaVerify {
@@ -247,8 +254,7 @@ async fn verify_source(
         out.files = files.len();
         let mut check =
             source::check(ctx, so, &opts.engine, &opts.work_dir, reg.id, def, files).await?;
-        if let Some(listed) = lake_source {
-            let guard = job::source_guard(ctx).await?;
+        if let (Some(listed), Some(guard)) = (lake_source, guard) {
             let key = ctx.lake.layout.manifest_key(reg.id);
             if let Err(e) = guard.check(&key, Some(&listed)) {
                 check.other_source = Some(e.to_string());

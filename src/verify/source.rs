@@ -50,7 +50,7 @@ impl Default for SourceOptions {
             deep: false,
             repair: false,
             max_ids: 100,
-            page_rows: 100_000,
+            page_rows: 250_000,
         }
     }
 }
@@ -172,12 +172,7 @@ pub(super) async fn check(
         }
     };
     let hasher = deep.as_ref().map(|d| d.hasher.clone());
-    let snapshot = ExportedSnapshot::export(&ctx.connector).await?;
-    let mut conn = ctx.connector.connect_tapped().await?;
-    let dirty = versions::dirty_ids(&mut conn, snapshot.ticket(), &ctx.tables, schema_id).await?;
-    out.dirty_rows = dirty.len() as u64;
-    let (src_tx, src_rx) = mpsc::channel::<Result<Vec<SourceRow>>>(4);
-    let source = spawn_source(ctx, opts, schema_id, deep, conn, snapshot.ticket(), src_tx);
+    // The lake's side needs nothing from the source: it starts first.
     let (lake_tx, lake_rx) = mpsc::channel::<Result<Vec<Current>>>(4);
     let lake = {
         let mut state = CurrentState::new(ctx.lake.store.clone(), files, hasher);
@@ -191,6 +186,36 @@ pub(super) async fn check(
             }
         })
     };
+    let (src_tx, mut src_rx) = mpsc::channel::<Result<Vec<SourceRow>>>(4);
+    let (dirty, source, snapshot) = match deep {
+        // One transaction reads the dirty ids, then the pages.
+        None => {
+            let (dirty_tx, dirty_rx) = tokio::sync::oneshot::channel();
+            let conn = ctx.connector.connect_tapped().await?;
+            let source = spawn_shallow(ctx, opts, schema_id, conn, dirty_tx, src_tx);
+            match dirty_rx.await {
+                Ok(dirty) => (dirty, source, None),
+                // The reader failed before the dirty ids: its error says why.
+                Err(_) => {
+                    return Err(match src_rx.recv().await {
+                        Some(Err(e)) => e,
+                        _ => Error::Invariant("the source reader ended early".into()),
+                    });
+                }
+            }
+        }
+        // Deep: the pages are init's (with their EAV rows), read in an exported snapshot
+        // that the dirty ids are read in too.
+        Some(deep) => {
+            let snapshot = ExportedSnapshot::export(&ctx.connector).await?;
+            let mut conn = ctx.connector.connect_tapped().await?;
+            let dirty =
+                versions::dirty_ids(&mut conn, snapshot.ticket(), &ctx.tables, schema_id).await?;
+            let source = spawn_deep(ctx, opts, schema_id, deep, conn, snapshot.ticket(), src_tx);
+            (dirty, source, Some(snapshot))
+        }
+    };
+    out.dirty_rows = dirty.len() as u64;
     let mut cmp = Compare::new(opts, dirty);
     let mut src = Feed::new(src_rx);
     let mut lake_rows = Feed::new(lake_rx);
@@ -216,7 +241,9 @@ pub(super) async fn check(
     }
     source.await.map_err(Error::task("read the source"))??;
     lake.await.map_err(Error::task("read the lake"))?;
-    snapshot.release().await?;
+    if let Some(snapshot) = snapshot {
+        snapshot.release().await?;
+    }
     out.source_rows = cmp.source_rows;
     out.lake_rows = cmp.lake_rows;
     out.rows_compared = cmp.compared;
@@ -284,12 +311,48 @@ fn unreachable_pair() -> Result<()> {
     Err(Error::Invariant("verify --source compared no rows".into()))
 }
 
-/// Reads the source's live rows (and, deep, their exported values' hashes) into `tx`.
-fn spawn_source(
+/// Reads the source's dirty ids (into `dirty`) and live rows' versions (into `tx`).
+fn spawn_shallow(
     ctx: &Context,
     opts: &SourceOptions,
     schema_id: i16,
-    deep: Option<Deep>,
+    mut conn: crate::source::connect::TappedClient,
+    dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
+    tx: mpsc::Sender<Result<Vec<SourceRow>>>,
+) -> tokio::task::JoinHandle<Result<()>> {
+    let tables = ctx.tables.clone();
+    let page_rows = opts.page_rows.max(1);
+    tokio::spawn(async move {
+        let read = versions::live_versions(
+            &mut conn,
+            &tables,
+            schema_id,
+            page_rows,
+            |ids| {
+                let _ = dirty.send(ids);
+            },
+            |page| {
+                let tx = tx.clone();
+                async move {
+                    let rows = page.into_iter().map(|(id, v)| (id, v, None)).collect();
+                    tx.send(Ok(rows)).await.is_ok()
+                }
+            },
+        )
+        .await;
+        if let Err(e) = read {
+            let _ = tx.send(Err(e)).await;
+        }
+        Ok(())
+    })
+}
+
+/// Reads the source's live rows with their exported values' hashes into `tx`.
+fn spawn_deep(
+    ctx: &Context,
+    opts: &SourceOptions,
+    schema_id: i16,
+    deep: Deep,
     mut conn: crate::source::connect::TappedClient,
     ticket: SnapshotTicket,
     tx: mpsc::Sender<Result<Vec<SourceRow>>>,
@@ -297,23 +360,10 @@ fn spawn_source(
     let tables = ctx.tables.clone();
     let page_rows = opts.page_rows.max(1);
     tokio::spawn(async move {
-        let read = match deep {
-            None => {
-                versions::live_versions(&mut conn, ticket, &tables, schema_id, page_rows, |page| {
-                    let tx = tx.clone();
-                    async move {
-                        let rows = page.into_iter().map(|(id, v)| (id, v, None)).collect();
-                        tx.send(Ok(rows)).await.is_ok()
-                    }
-                })
-                .await
-            }
-            Some(deep) => {
-                deep.read(&mut conn, ticket, &tables, schema_id, page_rows, &tx)
-                    .await
-            }
-        };
-        if let Err(e) = read {
+        if let Err(e) = deep
+            .read(&mut conn, ticket, &tables, schema_id, page_rows, &tx)
+            .await
+        {
             let _ = tx.send(Err(e)).await;
         }
         Ok(())
