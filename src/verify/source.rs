@@ -31,6 +31,10 @@ use crate::source::live::{self, ExportedSnapshot, IdRange, SnapshotTicket};
 use crate::source::requeue::{self, Requeue, Requeued};
 use crate::source::versions;
 
+/// The most entities `--deep` reads (and exports) per page: init's default, which keeps a
+/// page with its EAV rows and its export within a few hundred MiB.
+const DEEP_PAGE_ROWS: usize = 50_000;
+
 /// `verify --source` options.
 #[derive(Debug, Clone)]
 pub struct SourceOptions {
@@ -358,7 +362,8 @@ fn spawn_deep(
     tx: mpsc::Sender<Result<Vec<SourceRow>>>,
 ) -> tokio::task::JoinHandle<Result<()>> {
     let tables = ctx.tables.clone();
-    let page_rows = opts.page_rows.max(1);
+    // Pages of whole entities with their EAV rows, as init reads them: init's page size.
+    let page_rows = opts.page_rows.clamp(1, DEEP_PAGE_ROWS);
     tokio::spawn(async move {
         if let Err(e) = deep
             .read(&mut conn, ticket, &tables, schema_id, page_rows, &tx)
