@@ -67,62 +67,149 @@ async fn read_dirty(
     (0..rows).map(|i| row_id(ids, i)).collect()
 }
 
+/// A chunk of live versions handed over by [`live_versions`].
+#[derive(Debug)]
+pub struct Chunk {
+    /// `(row_id, ltbase_updated_at)` rows.
+    pub rows: Vec<(RowId, i64)>,
+    /// The rows are in `row_id` order and follow the previous chunk's (index order); else
+    /// they are in heap order and only the whole read is complete (sort and merge them).
+    pub sorted: bool,
+}
+
 /// In one repeatable-read transaction: the schema's dirty row ids ([`dirty_ids`]), handed to
 /// `on_dirty`, then `(row_id, ltbase_updated_at)` of its live entities (`ltbase_deleted_at IS
-/// NULL`) in `row_id` order, in keyset pages of `page_rows`, each handed to `on_page` (which
-/// returns `false` to stop).
+/// NULL`), each chunk handed to `on_chunk` (which returns `false` to stop). When the schema
+/// holds most of the entity table, the table is read in physical order, by ranges of heap
+/// pages (TID range scans: sequential reads whatever the id order, where index order reads a
+/// table of random ids at random), in chunks that are not sorted; otherwise the schema's rows
+/// are read in `row_id` order by keyset pages of `page_rows` on the primary key. A heap chunk
+/// aims at four pages' rows. Returns whether the table was read in heap order.
 pub async fn live_versions<F, Fut>(
     conn: &mut TappedClient,
     tables: &Tables,
     schema_id: i16,
     page_rows: usize,
     on_dirty: impl FnOnce(Vec<RowId>),
-    mut on_page: F,
-) -> Result<()>
+    mut on_chunk: F,
+) -> Result<bool>
 where
-    F: FnMut(Vec<(RowId, i64)>) -> Fut,
+    F: FnMut(Chunk) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     super::live::tune_for_pages(&conn.client).await?;
     let TappedClient { client, tap } = conn;
     let tx = super::decoding::begin_snapshot(client, "begin version read").await?;
     on_dirty(read_dirty(&tx, tap, tables, schema_id).await?);
-    let mut after: Option<uuid::Uuid> = None;
-    loop {
-        let bound = after.map_or_else(String::new, |a| format!(" AND ltbase_row_id > '{a}'::uuid"));
-        let sql = format!(
-            "SELECT ltbase_row_id, ltbase_updated_at FROM {} WHERE ltbase_schema_id = {schema_id} \
-             AND ltbase_deleted_at IS NULL{bound} ORDER BY ltbase_row_id LIMIT {page_rows}",
-            tables.entity.quoted()
-        );
-        let into = BatchBuilder::new(
-            &[
-                ("row_id", SlotType::Uuid, false),
-                ("updated_at", SlotType::Bigint, false),
-            ],
-            page_rows,
-        );
-        let (into, rows) = copy_into(&tx, tap, "read live versions", &sql, into).await?;
-        if rows == 0 {
-            break;
+    let t = tables.entity.quoted();
+    // The table's size, read inside the snapshot: every row it can see lies on a page that
+    // existed when it was taken (and the last range is open-ended anyway).
+    let sizes = format!(
+        "SELECT (pg_relation_size('{t}'::regclass) / current_setting('block_size')::int)::int8,                 GREATEST(c.reltuples, 0)::float8 FROM pg_class c WHERE c.oid = '{t}'::regclass"
+    );
+    let row = timed(
+        TIMEOUT,
+        "read the entity table's size",
+        tx.query_one(&sizes, &[]),
+    )
+    .await?;
+    let (pages, tuples): (i64, f64) = (row.get(0), row.get(1));
+    let estimate = estimated_rows(&tx, tables, schema_id).await? as f64;
+    let heap = pages > 0 && tuples > 0.0 && estimate >= tuples * 0.25;
+    let columns = [
+        ("row_id", SlotType::Uuid, false),
+        ("updated_at", SlotType::Bigint, false),
+    ];
+    let filter = format!("ltbase_schema_id = {schema_id} AND ltbase_deleted_at IS NULL");
+    if heap {
+        let chunk_rows = (page_rows as f64) * 4.0;
+        let step = ((pages as f64) * chunk_rows / tuples).ceil().max(1.0) as i64;
+        let mut start = 0i64;
+        loop {
+            let last = start + step >= pages;
+            let upper = if last {
+                String::new()
+            } else {
+                format!(" AND ctid < '({},0)'::tid", start + step)
+            };
+            let sql = format!(
+                "SELECT ltbase_row_id, ltbase_updated_at FROM {t} WHERE {filter}                  AND ctid >= '({start},0)'::tid{upper}"
+            );
+            let into = BatchBuilder::new(&columns, 1024);
+            let (into, rows) = copy_into(&tx, tap, "read live versions", &sql, into).await?;
+            let rows = pairs(&into.finish()?, rows)?;
+            if !on_chunk(Chunk {
+                rows,
+                sorted: false,
+            })
+            .await
+                || last
+            {
+                break;
+            }
+            start += step;
         }
-        let batch = into.finish()?;
-        let ids = ids_of(&batch)?;
-        let versions = batch
-            .column(1)
-            .as_primitive_opt::<Int64Type>()
-            .ok_or_else(|| Error::Invariant("version column is not bigint".into()))?;
-        let mut page = Vec::with_capacity(rows);
-        for i in 0..rows {
-            page.push((row_id(ids, i)?, versions.value(i)));
-        }
-        after = page.last().map(|(id, _)| uuid::Uuid::from_u128(*id));
-        let full = rows >= page_rows;
-        if !on_page(page).await || !full {
-            break;
+    } else {
+        let mut after: Option<uuid::Uuid> = None;
+        loop {
+            let bound =
+                after.map_or_else(String::new, |a| format!(" AND ltbase_row_id > '{a}'::uuid"));
+            let sql = format!(
+                "SELECT ltbase_row_id, ltbase_updated_at FROM {t} WHERE {filter}{bound}                  ORDER BY ltbase_row_id LIMIT {page_rows}"
+            );
+            let into = BatchBuilder::new(&columns, page_rows);
+            let (into, rows) = copy_into(&tx, tap, "read live versions", &sql, into).await?;
+            if rows == 0 {
+                break;
+            }
+            let page = pairs(&into.finish()?, rows)?;
+            after = page.last().map(|(id, _)| uuid::Uuid::from_u128(*id));
+            let full = rows >= page_rows;
+            if !on_chunk(Chunk {
+                rows: page,
+                sorted: true,
+            })
+            .await
+                || !full
+            {
+                break;
+            }
         }
     }
-    timed(TIMEOUT, "end live version read", tx.commit()).await
+    timed(TIMEOUT, "end live version read", tx.commit()).await?;
+    Ok(heap)
+}
+
+/// The planner's estimate of the schema's live entities.
+async fn estimated_rows(
+    tx: &tokio_postgres::Transaction<'_>,
+    tables: &Tables,
+    schema_id: i16,
+) -> Result<i64> {
+    let sql = format!(
+        "EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE ltbase_schema_id = {schema_id} AND ltbase_deleted_at IS NULL",
+        tables.entity.quoted()
+    );
+    let row = timed(TIMEOUT, "estimate live entities", tx.query_one(&sql, &[])).await?;
+    let plan: serde_json::Value = row
+        .try_get(0)
+        .map_err(Error::postgres("read the live-row estimate"))?;
+    Ok(plan[0]["Plan"]["Plan Rows"]
+        .as_f64()
+        .unwrap_or(0.0)
+        .max(0.0) as i64)
+}
+
+/// The `(row_id, version)` pairs of a two-column batch of `rows` rows.
+fn pairs(batch: &RecordBatch, rows: usize) -> Result<Vec<(RowId, i64)>> {
+    let ids = ids_of(batch)?;
+    let versions = batch
+        .column(1)
+        .as_primitive_opt::<Int64Type>()
+        .ok_or_else(|| Error::Invariant("version column is not bigint".into()))?;
+    (0..rows)
+        .map(|i| Ok((row_id(ids, i)?, versions.value(i))))
+        .collect()
 }
 
 /// Which of `ids` are dirty in the schema's `change_log` (in chunks of 10,000 ids).

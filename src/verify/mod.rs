@@ -21,6 +21,7 @@ use crate::lake::manifest::{self, FileEntry};
 use crate::source::registry::Registered;
 use crate::store::StoreError;
 
+mod runs;
 mod source;
 pub use source::{Class, SourceCheck, SourceOptions};
 

@@ -93,6 +93,9 @@ pub struct SourceCheck {
     pub rows_per_s: f64,
     /// The lake's manifest names another source database (the comparison still ran).
     pub other_source: Option<String>,
+    /// How the source was read: `heap` (in physical order, sorted by lakecdc) or `index` (in
+    /// `row_id` order on the primary key); `index` for `--deep`.
+    pub source_order: &'static str,
 }
 
 impl SourceCheck {
@@ -196,7 +199,7 @@ pub(super) async fn check(
         None => {
             let (dirty_tx, dirty_rx) = tokio::sync::oneshot::channel();
             let conn = ctx.connector.connect_tapped().await?;
-            let source = spawn_shallow(ctx, opts, schema_id, conn, dirty_tx, src_tx);
+            let source = spawn_shallow(ctx, opts, work_dir, schema_id, conn, dirty_tx, src_tx);
             match dirty_rx.await {
                 Ok(dirty) => (dirty, source, None),
                 // The reader failed before the dirty ids: its error says why.
@@ -243,7 +246,8 @@ pub(super) async fn check(
             (Some(_), None) => unreachable_pair()?,
         }
     }
-    source.await.map_err(Error::task("read the source"))??;
+    let heap = source.await.map_err(Error::task("read the source"))??;
+    out.source_order = if heap { "heap" } else { "index" };
     lake.await.map_err(Error::task("read the lake"))?;
     if let Some(snapshot) = snapshot {
         snapshot.release().await?;
@@ -315,18 +319,39 @@ fn unreachable_pair() -> Result<()> {
     Err(Error::Invariant("verify --source compared no rows".into()))
 }
 
-/// Reads the source's dirty ids (into `dirty`) and live rows' versions (into `tx`).
+/// Reads the source's dirty ids (into `dirty`) and live rows' versions (into `tx`, in `row_id`
+/// order): chunks read in heap order are sorted into runs on a blocking thread and merged once
+/// the read is complete ([`super::runs`]).
 fn spawn_shallow(
     ctx: &Context,
     opts: &SourceOptions,
+    work_dir: &Path,
     schema_id: i16,
     mut conn: crate::source::connect::TappedClient,
     dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
     tx: mpsc::Sender<Result<Vec<SourceRow>>>,
-) -> tokio::task::JoinHandle<Result<()>> {
+) -> tokio::task::JoinHandle<Result<bool>> {
     let tables = ctx.tables.clone();
     let page_rows = opts.page_rows.max(1);
+    let dir = work_dir.to_path_buf();
     tokio::spawn(async move {
+        let (sort_tx, mut sort_rx) = mpsc::channel::<Vec<(u128, i64)>>(1);
+        let merged = tx.clone();
+        let sorter = tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut runs = super::runs::Runs::new(&dir);
+            let mut any = false;
+            while let Some(rows) = sort_rx.blocking_recv() {
+                runs.push(rows)?;
+                any = true;
+            }
+            if any {
+                runs.merge(|chunk| {
+                    let rows = chunk.into_iter().map(|(id, v)| (id, v, None)).collect();
+                    merged.blocking_send(Ok(rows)).is_ok()
+                })?;
+            }
+            Ok(())
+        });
         let read = versions::live_versions(
             &mut conn,
             &tables,
@@ -335,19 +360,34 @@ fn spawn_shallow(
             |ids| {
                 let _ = dirty.send(ids);
             },
-            |page| {
-                let tx = tx.clone();
+            |chunk| {
+                let (tx, sort_tx) = (tx.clone(), sort_tx.clone());
                 async move {
-                    let rows = page.into_iter().map(|(id, v)| (id, v, None)).collect();
-                    tx.send(Ok(rows)).await.is_ok()
+                    if chunk.sorted {
+                        let rows = chunk
+                            .rows
+                            .into_iter()
+                            .map(|(id, v)| (id, v, None))
+                            .collect();
+                        tx.send(Ok(rows)).await.is_ok()
+                    } else {
+                        sort_tx.send(chunk.rows).await.is_ok()
+                    }
                 }
             },
         )
         .await;
-        if let Err(e) = read {
-            let _ = tx.send(Err(e)).await;
+        drop(sort_tx);
+        let sorted = sorter
+            .await
+            .map_err(Error::task("sort the source's versions"));
+        match (read, sorted.and_then(|r| r)) {
+            (Ok(heap), Ok(())) => Ok(heap),
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = tx.send(Err(e)).await;
+                Ok(false)
+            }
         }
-        Ok(())
     })
 }
 
@@ -360,7 +400,7 @@ fn spawn_deep(
     mut conn: crate::source::connect::TappedClient,
     ticket: SnapshotTicket,
     tx: mpsc::Sender<Result<Vec<SourceRow>>>,
-) -> tokio::task::JoinHandle<Result<()>> {
+) -> tokio::task::JoinHandle<Result<bool>> {
     let tables = ctx.tables.clone();
     // Pages of whole entities with their EAV rows, as init reads them: init's page size.
     let page_rows = opts.page_rows.clamp(1, DEEP_PAGE_ROWS);
@@ -371,7 +411,7 @@ fn spawn_deep(
         {
             let _ = tx.send(Err(e)).await;
         }
-        Ok(())
+        Ok(false)
     })
 }
 

@@ -65,8 +65,31 @@ async fn a_clean_lake_with_dirty_rows_verifies_against_its_source() {
     let (rig, _) = worked_rig(71).await;
     let dirty = crate::support::oracle::dirty(&rig.writer).await;
     assert!(!dirty.is_empty(), "the test needs dirty rows");
-    for deep in [false, true] {
+    // With the schema holding all of the (analysed) table, it is read in heap order by chunks of
+    // 4 × 37 rows, sorted and merged; once another schema's rows make it a minority, in row_id
+    // order on the primary key. --deep reads init's pages, in row_id order.
+    rig.writer
+        .client
+        .batch_execute("ANALYZE entity_main")
+        .await
+        .unwrap();
+    for (deep, minority, order) in [
+        (false, false, "heap"),
+        (true, false, "index"),
+        (false, true, "index"),
+    ] {
+        if minority {
+            rig.writer
+                .client
+                .batch_execute(
+                    "INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, ltbase_updated_at) \
+                     SELECT 999, gen_random_uuid(), 1, 1 FROM generate_series(1, 3000); ANALYZE entity_main",
+                )
+                .await
+                .unwrap();
+        }
         let (s, code) = verify_source(&rig, deep, false).await;
+        assert_eq!(s.source.as_ref().unwrap().source_order, order, "{s:?}");
         let c = s.source.as_ref().unwrap();
         assert_eq!((s.outcome, code), (Outcome::Intact, 0), "{s:?}");
         assert_eq!(c.divergent(), 0, "{c:?}");
@@ -83,6 +106,12 @@ async fn a_clean_lake_with_dirty_rows_verifies_against_its_source() {
 #[tokio::test]
 async fn each_planted_divergence_is_classified_and_repair_puts_it_right() {
     let (mut rig, mut r) = worked_rig(72).await;
+    // Read in heap order (sorted runs merged), as a large table is.
+    rig.writer
+        .client
+        .batch_execute("ANALYZE entity_main")
+        .await
+        .unwrap();
     assert!(!rig.flush().await.failed());
     // Missing: new rows flushed in a delta of their own, which is then dropped from the
     // manifest (as a lost ambiguous save would leave it).
@@ -160,6 +189,7 @@ async fn each_planted_divergence_is_classified_and_repair_puts_it_right() {
     let (shallow, code) = verify_source(&rig, false, false).await;
     let c = shallow.source.as_ref().unwrap();
     assert_eq!((shallow.outcome, code), (Outcome::Diverged, 3), "{c:?}");
+    assert_eq!(c.source_order, "heap");
     assert_eq!(ids(&c.missing), expect(&lost), "{c:?}");
     assert_eq!(ids(&c.extra), expect(&[extra]), "{c:?}");
     assert_eq!(ids(&c.stale), expect(&[stale]), "{c:?}");
