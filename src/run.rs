@@ -447,6 +447,7 @@ fn verify_options(s: &Resolved, schemas: Vec<String>) -> Result<VerifyOptions> {
             deep,
             repair,
             max_ids: s.number("max-ids")?.unwrap_or(100),
+            readers: at_least_one(s, "readers")?,
             ..SourceOptions::default()
         })
     } else if deep || repair {

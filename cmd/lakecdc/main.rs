@@ -245,6 +245,9 @@ enum Command {
         /// DuckDB memory limit of --deep's exports.
         #[arg(long)]
         memory_limit: Option<String>,
+        /// With --source, connections reading the source table at once (in one snapshot).
+        #[arg(long)]
+        readers: Option<String>,
     },
     /// Print CREATE VIEW statements of each schema's current state for DuckDB (--json: the plan).
     View {

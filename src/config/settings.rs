@@ -245,6 +245,7 @@ pub const SETTINGS: &[Setting] = &[
         "LAKECDC_MAX_IDS",
         Some("100"),
     ),
+    of(&[Verify], "readers", "LAKECDC_READERS", Some("2")),
     of(&[Requeue], "row-id", "LAKECDC_ROW_ID", None),
     of(&[Requeue], "ids-from", "LAKECDC_IDS_FROM", None),
     of(&[Requeue], "where", "LAKECDC_WHERE", None),

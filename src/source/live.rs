@@ -197,22 +197,31 @@ pub(super) async fn begin_in(
     client: &mut tokio_postgres::Client,
     ticket: SnapshotTicket,
 ) -> Result<tokio_postgres::Transaction<'_>> {
+    let tx = begin_with(client, &ticket.id).await?;
+    drop(ticket);
+    Ok(tx)
+}
+
+/// Begins a read-only repeatable-read transaction on `client` in the snapshot exported as
+/// `id` (by a transaction that stays open until this one has begun).
+pub(super) async fn begin_with<'a>(
+    client: &'a mut tokio_postgres::Client,
+    id: &str,
+) -> Result<tokio_postgres::Transaction<'a>> {
     // A snapshot id is hex digits and dashes (`00000003-0000001B-1`); anything else is refused
     // rather than put into SQL text.
-    if ticket.id.is_empty() || !ticket.id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
         return Err(Error::Invariant(format!(
-            "unexpected exported snapshot id {:?}",
-            ticket.id
+            "unexpected exported snapshot id {id:?}"
         )));
     }
     let tx = begin_snapshot(client, "begin reader snapshot").await?;
     timed(
         TIMEOUT,
         "import the exported snapshot",
-        tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{}'", ticket.id)),
+        tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{id}'")),
     )
     .await?;
-    drop(ticket);
     Ok(tx)
 }
 

@@ -84,12 +84,16 @@ pub struct Chunk {
 /// pages (TID range scans: sequential reads whatever the id order, where index order reads a
 /// table of random ids at random), in chunks that are not sorted; otherwise the schema's rows
 /// are read in `row_id` order by keyset pages of `page_rows` on the primary key. A heap chunk
-/// aims at four pages' rows. Returns whether the table was read in heap order.
+/// aims at a page's rows; `readers` connections read the heap chunks at once, in this
+/// transaction's snapshot. Returns whether the table was read in heap order.
+#[allow(clippy::too_many_arguments)]
 pub async fn live_versions<F, Fut>(
+    connector: &super::Connector,
     conn: &mut TappedClient,
     tables: &Tables,
     schema_id: i16,
     page_rows: usize,
+    readers: usize,
     on_dirty: impl FnOnce(Vec<RowId>),
     mut on_chunk: F,
 ) -> Result<bool>
@@ -122,33 +126,68 @@ where
     ];
     let filter = format!("ltbase_schema_id = {schema_id} AND ltbase_deleted_at IS NULL");
     if heap {
-        let chunk_rows = (page_rows as f64) * 4.0;
-        let step = ((pages as f64) * chunk_rows / tuples).ceil().max(1.0) as i64;
+        // Ranges of heap pages holding about `page_rows` rows each, read by `readers`
+        // connections at once (the others import this transaction's snapshot), each taking
+        // every `readers`-th range.
+        let step = ((pages as f64) * (page_rows as f64) / tuples)
+            .ceil()
+            .max(1.0) as i64;
+        let mut ranges = Vec::new();
         let mut start = 0i64;
-        loop {
-            let last = start + step >= pages;
-            let upper = if last {
-                String::new()
-            } else {
-                format!(" AND ctid < '({},0)'::tid", start + step)
-            };
-            let sql = format!(
-                "SELECT ltbase_row_id, ltbase_updated_at FROM {t} WHERE {filter}                  AND ctid >= '({start},0)'::tid{upper}"
-            );
-            let into = BatchBuilder::new(&columns, 1024);
-            let (into, rows) = copy_into(&tx, tap, "read live versions", &sql, into).await?;
-            let rows = pairs(&into.finish()?, rows)?;
-            if !on_chunk(Chunk {
-                rows,
-                sorted: false,
-            })
-            .await
-                || last
-            {
-                break;
-            }
+        while start + step < pages {
+            ranges.push(format!(
+                "ctid >= '({start},0)'::tid AND ctid < '({},0)'::tid",
+                start + step
+            ));
             start += step;
         }
+        ranges.push(format!("ctid >= '({start},0)'::tid"));
+        let sql = |range: &String| {
+            format!("SELECT ltbase_row_id, ltbase_updated_at FROM {t} WHERE {filter} AND {range}")
+        };
+        let readers = readers.clamp(1, ranges.len());
+        let snapshot: Option<String> = if readers > 1 {
+            let row = timed(
+                TIMEOUT,
+                "export the read's snapshot",
+                tx.query_one("SELECT pg_export_snapshot()", &[]),
+            )
+            .await?;
+            Some(row.get(0))
+        } else {
+            None
+        };
+        let (chunk_tx, mut chunk_rx) = tokio::sync::mpsc::channel::<Vec<(RowId, i64)>>(readers);
+        let mine: Vec<String> = ranges.iter().step_by(readers).map(sql).collect();
+        let first = read_ranges(&tx, tap, mine, chunk_tx.clone());
+        let others = futures::future::try_join_all((1..readers).map(|k| {
+            let queries: Vec<String> = ranges.iter().skip(k).step_by(readers).map(sql).collect();
+            let (chunk_tx, snapshot) = (chunk_tx.clone(), snapshot.clone());
+            async move {
+                let mut conn = connector.connect_tapped().await?;
+                super::live::tune_for_pages(&conn.client).await?;
+                let TappedClient { client, tap } = &mut conn;
+                let tx = super::live::begin_with(client, snapshot.as_deref().unwrap_or("")).await?;
+                read_ranges(&tx, tap, queries, chunk_tx).await?;
+                timed(TIMEOUT, "end live version read", tx.commit()).await
+            }
+        }));
+        drop(chunk_tx);
+        let deliver = async {
+            while let Some(rows) = chunk_rx.recv().await {
+                if !on_chunk(Chunk {
+                    rows,
+                    sorted: false,
+                })
+                .await
+                {
+                    return;
+                }
+            }
+        };
+        let (first, others, ()) = tokio::join!(first, others, deliver);
+        first?;
+        others?;
     } else {
         let mut after: Option<uuid::Uuid> = None;
         loop {
@@ -178,6 +217,28 @@ where
     }
     timed(TIMEOUT, "end live version read", tx.commit()).await?;
     Ok(heap)
+}
+
+/// Runs each of `queries` (binary COPY of `(row_id, version)`) in `tx`, sending its rows to
+/// `out`; stops quietly when `out` is closed.
+async fn read_ranges(
+    tx: &tokio_postgres::Transaction<'_>,
+    tap: &super::copy_tap::CopyTap,
+    queries: Vec<String>,
+    out: tokio::sync::mpsc::Sender<Vec<(RowId, i64)>>,
+) -> Result<()> {
+    let columns = [
+        ("row_id", SlotType::Uuid, false),
+        ("updated_at", SlotType::Bigint, false),
+    ];
+    for sql in queries {
+        let into = BatchBuilder::new(&columns, 1024);
+        let (into, rows) = copy_into(tx, tap, "read live versions", &sql, into).await?;
+        if out.send(pairs(&into.finish()?, rows)?).await.is_err() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// The planner's estimate of the schema's live entities.

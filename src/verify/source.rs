@@ -44,8 +44,10 @@ pub struct SourceOptions {
     pub repair: bool,
     /// Ids listed per class in the report.
     pub max_ids: usize,
-    /// Source rows read per keyset page.
+    /// Source rows read per keyset page or heap chunk.
     pub page_rows: usize,
+    /// Connections reading the source's heap chunks at once.
+    pub readers: usize,
 }
 
 impl Default for SourceOptions {
@@ -55,6 +57,7 @@ impl Default for SourceOptions {
             repair: false,
             max_ids: 100,
             page_rows: 250_000,
+            readers: 2,
         }
     }
 }
@@ -180,14 +183,19 @@ pub(super) async fn check(
     };
     let hasher = deep.as_ref().map(|d| d.hasher.clone());
     // The lake's side needs nothing from the source: it starts first.
-    let (lake_tx, lake_rx) = mpsc::channel::<Result<Vec<Current>>>(4);
+    // Up to 16 chunks (1M rows, 48 MiB) ahead: a source read in heap order arrives only once
+    // complete, and the lake is read meanwhile.
+    let (lake_tx, lake_rx) = mpsc::channel::<Result<Vec<Current>>>(16);
     let lake = {
         let mut state = CurrentState::new(ctx.lake.store.clone(), files, hasher);
         tokio::spawn(async move {
+            let started = Instant::now();
             loop {
                 let chunk = state.next_chunk(64 * 1024).await;
                 let end = matches!(&chunk, Ok(c) if c.is_empty()) || chunk.is_err();
                 if lake_tx.send(chunk).await.is_err() || end {
+                    let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    tracing::debug!(files = state.files_read, ms, "lake read");
                     return;
                 }
             }
@@ -331,10 +339,11 @@ fn spawn_shallow(
     dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
     tx: mpsc::Sender<Result<Vec<SourceRow>>>,
 ) -> tokio::task::JoinHandle<Result<bool>> {
-    let tables = ctx.tables.clone();
-    let page_rows = opts.page_rows.max(1);
+    let (tables, connector) = (ctx.tables.clone(), ctx.connector.clone());
+    let (page_rows, readers) = (opts.page_rows.max(1), opts.readers.max(1));
     let dir = work_dir.to_path_buf();
     tokio::spawn(async move {
+        let started = Instant::now();
         let (sort_tx, mut sort_rx) = mpsc::channel::<Vec<(u128, i64)>>(1);
         let merged = tx.clone();
         let sorter = tokio::task::spawn_blocking(move || -> Result<()> {
@@ -353,10 +362,12 @@ fn spawn_shallow(
             Ok(())
         });
         let read = versions::live_versions(
+            &connector,
             &mut conn,
             &tables,
             schema_id,
             page_rows,
+            readers,
             |ids| {
                 let _ = dirty.send(ids);
             },
@@ -378,9 +389,12 @@ fn spawn_shallow(
         )
         .await;
         drop(sort_tx);
+        let ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::debug!(ms = ms(), "source read");
         let sorted = sorter
             .await
             .map_err(Error::task("sort the source's versions"));
+        tracing::debug!(ms = ms(), "source sorted and merged");
         match (read, sorted.and_then(|r| r)) {
             (Ok(heap), Ok(())) => Ok(heap),
             (Err(e), _) | (_, Err(e)) => {

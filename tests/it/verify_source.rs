@@ -26,6 +26,7 @@ pub fn source_opts(rig: &Rig, deep: bool, repair: bool) -> VerifyOptions {
             max_ids: 1000,
             // Small pages: the keyset paging runs many times.
             page_rows: 37,
+            readers: 2,
         }),
         engine: Default::default(),
     }
