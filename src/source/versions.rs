@@ -101,6 +101,17 @@ where
     F: FnMut(Chunk) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    // The other readers' connections are opened meanwhile (dropped unused in index order).
+    let spares: Vec<tokio::task::JoinHandle<Result<TappedClient>>> = (1..readers.max(1))
+        .map(|_| {
+            let connector = connector.clone();
+            tokio::spawn(async move {
+                let conn = connector.connect_tapped().await?;
+                super::live::tune_for_pages(&conn.client).await?;
+                Ok(conn)
+            })
+        })
+        .collect();
     super::live::tune_for_pages(&conn.client).await?;
     let TappedClient { client, tap } = conn;
     let tx = super::decoding::begin_snapshot(client, "begin version read").await?;
@@ -160,18 +171,20 @@ where
         let (chunk_tx, mut chunk_rx) = tokio::sync::mpsc::channel::<Vec<(RowId, i64)>>(readers);
         let mine: Vec<String> = ranges.iter().step_by(readers).map(sql).collect();
         let first = read_ranges(&tx, tap, mine, chunk_tx.clone());
-        let others = futures::future::try_join_all((1..readers).map(|k| {
-            let queries: Vec<String> = ranges.iter().skip(k).step_by(readers).map(sql).collect();
-            let (chunk_tx, snapshot) = (chunk_tx.clone(), snapshot.clone());
-            async move {
-                let mut conn = connector.connect_tapped().await?;
-                super::live::tune_for_pages(&conn.client).await?;
-                let TappedClient { client, tap } = &mut conn;
-                let tx = super::live::begin_with(client, snapshot.as_deref().unwrap_or("")).await?;
-                read_ranges(&tx, tap, queries, chunk_tx).await?;
-                timed(TIMEOUT, "end live version read", tx.commit()).await
-            }
-        }));
+        let others =
+            futures::future::try_join_all(spares.into_iter().zip(1..readers).map(|(spare, k)| {
+                let queries: Vec<String> =
+                    ranges.iter().skip(k).step_by(readers).map(sql).collect();
+                let (chunk_tx, snapshot) = (chunk_tx.clone(), snapshot.clone());
+                async move {
+                    let mut conn = spare.await.map_err(Error::task("connect a reader"))??;
+                    let TappedClient { client, tap } = &mut conn;
+                    let tx =
+                        super::live::begin_with(client, snapshot.as_deref().unwrap_or("")).await?;
+                    read_ranges(&tx, tap, queries, chunk_tx).await?;
+                    timed(TIMEOUT, "end live version read", tx.commit()).await
+                }
+            }));
         drop(chunk_tx);
         let deliver = async {
             while let Some(rows) = chunk_rx.recv().await {

@@ -186,6 +186,11 @@ pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
         ..opts.clone()
     };
     // Pre-flight: --deep needs every selected schema's metadata before anything runs.
+    // The source's identity is read meanwhile (--source).
+    let guard = opts.source.is_some().then(|| {
+        let ctx = ctx.clone();
+        tokio::spawn(async move { job::source_guard(&ctx).await })
+    });
     let targets = job::select_schemas(ctx, &opts.schemas).await?;
     let mut defs = BTreeMap::new();
     if opts.source.as_ref().is_some_and(|s| s.deep) {
@@ -201,8 +206,11 @@ pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
     }
     let defs = &defs;
     // The database this run reads, to note a lake written from another one.
-    let guard = match &opts.source {
-        Some(_) => Some(job::source_guard(ctx).await?),
+    let guard = match guard {
+        Some(g) => Some(
+            g.await
+                .map_err(Error::task("read the source's identity"))??,
+        ),
         None => None,
     };
     let guard = guard.as_ref();
