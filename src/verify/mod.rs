@@ -276,6 +276,11 @@ async fn verify_source(
         Ok(())
     })
     .await;
+    finished(out, result, started)
+}
+
+/// A schema's report once its locked step returned `result` (`None`: the lock was held).
+fn finished(mut out: SchemaVerify, result: Result<Option<()>>, started: Instant) -> SchemaVerify {
     match result {
         Ok(Some(())) => {}
         Ok(None) => out.outcome = Outcome::Locked,
@@ -295,16 +300,7 @@ async fn verify_schema(ctx: &Context, opts: &VerifyOptions, reg: &Registered) ->
         check_schema(ctx, opts, reg.id, &mut out).await
     })
     .await;
-    match result {
-        Ok(Some(())) => {}
-        Ok(None) => out.outcome = Outcome::Locked,
-        Err(e) => {
-            out.outcome = Outcome::Failed;
-            out.error = Some(e.chain());
-        }
-    }
-    out.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    out
+    finished(out, result, started)
 }
 
 async fn check_schema(

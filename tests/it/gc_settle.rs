@@ -115,20 +115,8 @@ async fn an_orphan_holding_rows_the_lake_lacks_is_lost_until_repaired() {
     let dirty = crate::support::oracle::dirty(&rig.writer).await;
     assert_eq!(dirty.len() as u64, marked);
     // Requeued rows carry bumped versions: the model follows them.
-    for id in &dirty {
-        if let Some(m) = rig.writer.rows.get_mut(id) {
-            m.version = rig
-                .writer
-                .client
-                .query_one(
-                    "SELECT ltbase_updated_at FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_row_id = $1",
-                    &[id],
-                )
-                .await
-                .unwrap()
-                .get(0);
-        }
-    }
+    let dirty: Vec<_> = dirty.into_iter().collect();
+    rig.writer.follow_versions(&dirty).await;
     assert!(!rig.flush().await.failed());
     let (v, code) = verify_source(&rig, true, false).await;
     assert_eq!(code, 0, "{v:?}");

@@ -216,20 +216,14 @@ async fn each_planted_divergence_is_classified_and_repair_puts_it_right() {
     assert_eq!(requeued.count() as u64, d.divergent(), "{requeued:?}");
     assert_eq!(requeued.tombstones, vec![extra]);
     // Requeue bumped versions but never touched values: the model follows the versions.
-    for id in requeued.live.iter() {
-        let v: i64 = rig
-            .writer
-            .client
-            .query_one(
-                "SELECT ltbase_updated_at FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_row_id = $1",
-                &[id],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        let m = rig.writer.rows.get_mut(id).unwrap();
-        assert!(v > m.version, "{id}: version bumped");
-        m.version = v;
+    let before: Vec<i64> = requeued
+        .live
+        .iter()
+        .map(|id| rig.writer.rows[id].version)
+        .collect();
+    let after = rig.writer.follow_versions(&requeued.live).await;
+    for (id, old) in requeued.live.iter().zip(before) {
+        assert!(after[id] > old, "{id}: version bumped");
     }
     assert!(!rig.flush().await.failed());
     let (after, code) = verify_source(&rig, true, false).await;

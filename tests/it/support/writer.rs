@@ -439,6 +439,27 @@ impl Writer {
         version
     }
 
+    /// Takes the versions of `ids` from entity_main into the model (after lakecdc requeued
+    /// them: their versions moved, their values did not). Returns them, by id.
+    pub async fn follow_versions(&mut self, ids: &[Uuid]) -> BTreeMap<Uuid, i64> {
+        let mut out = BTreeMap::new();
+        for id in ids {
+            let row = self
+                .client
+                .query_opt(
+                    "SELECT ltbase_updated_at FROM entity_main WHERE ltbase_schema_id = $1 AND ltbase_row_id = $2",
+                    &[&self.schema_id, id],
+                )
+                .await
+                .unwrap();
+            if let (Some(row), Some(m)) = (row, self.rows.get_mut(id)) {
+                m.version = row.get(0);
+                out.insert(*id, m.version);
+            }
+        }
+        out
+    }
+
     /// One random operation. Returns a short description.
     pub async fn random_op(&mut self, r: &mut Rng) -> &'static str {
         let live: Vec<Uuid> = self
