@@ -69,6 +69,8 @@ pub enum Job {
     InitDb {
         /// Report only.
         dry_run: bool,
+        /// Print the DDL; connect to nothing.
+        print_sql: bool,
     },
     /// `init`.
     Init(Box<InitOptions>),
@@ -320,7 +322,10 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
     let schemas = schemas.to_vec();
     let dry_run = s.flag("dry-run");
     Ok(match s.command {
-        Command::InitDb => Job::InitDb { dry_run },
+        Command::InitDb => Job::InitDb {
+            dry_run,
+            print_sql: s.flag("print-sql"),
+        },
         Command::Flush => {
             let (engine, work_dir) = engine(s)?;
             let t = flush_thresholds(s)?;
@@ -570,7 +575,14 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
         tracing::warn!("{warning}");
     }
     match &config.job {
-        Job::InitDb { dry_run } => {
+        Job::InitDb {
+            print_sql: true, ..
+        } => Ok(Outcome {
+            text: crate::source::ddl::script(&config.tables),
+            json: String::new(),
+            exit_code: 0,
+        }),
+        Job::InitDb { dry_run, .. } => {
             let dir = config.schema_dir.as_deref();
             let r = crate::init_db::run(&config.connector, &config.tables, dir, *dry_run).await?;
             Outcome::of(&r, r.to_text(), 0)

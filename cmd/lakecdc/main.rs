@@ -116,6 +116,10 @@ enum Command {
         /// Report what would be created and registered (with the ids), changing nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Print the DDL it runs (tables and index, idempotent) for a migration tool; connect
+        /// to nothing.
+        #[arg(long)]
+        print_sql: bool,
     },
     /// Export every live entity as base files, replacing the base tier (once, or to rebuild it).
     Init {

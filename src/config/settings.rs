@@ -236,6 +236,7 @@ pub const SETTINGS: &[Setting] = &[
         Some("4"),
     ),
     of(&[Gc], "grace", "LAKECDC_GC_GRACE", Some("15m")),
+    of(&[InitDb], "print-sql", "LAKECDC_PRINT_SQL", Some("false")),
     of(&[Verify], "source", "LAKECDC_VERIFY_SOURCE", Some("false")),
     of(&[Verify], "deep", "LAKECDC_VERIFY_DEEP", Some("false")),
     of(&[Verify, Gc], "repair", "LAKECDC_REPAIR", Some("false")),

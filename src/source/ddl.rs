@@ -73,6 +73,33 @@ pub fn table_ddl(t: &Tables) -> Vec<(&TableName, String)> {
     ]
 }
 
+/// The `CREATE INDEX` statement of the `change_log` index.
+pub fn change_log_index_ddl(t: &Tables) -> String {
+    format!(
+        "CREATE INDEX IF NOT EXISTS {} ON {} (schema_id, flushed_at, changed_at)",
+        change_log_index(t),
+        t.change_log.quoted()
+    )
+}
+
+/// The DDL `init-db` runs on an empty database (`init-db --print-sql`), for teams that apply
+/// migrations with their own tool: every statement is idempotent (`IF NOT EXISTS`), in
+/// creation order, each ending with `;`. Schemas are registered by `init-db` itself (their ids
+/// depend on the registry's contents).
+pub fn script(t: &Tables) -> String {
+    let mut out = String::from(
+        "-- lakecdc init-db: the source tables and the change_log index (docs/design.md §2.1).\n\
+         -- Idempotent; register schemas afterwards with `lakecdc init-db --schema-dir DIR`.\n",
+    );
+    for (_, sql) in table_ddl(t) {
+        out.push_str(&sql);
+        out.push_str(";\n");
+    }
+    out.push_str(&change_log_index_ddl(t));
+    out.push_str(";\n");
+    out
+}
+
 /// The name of the `change_log (schema_id, flushed_at, changed_at)` index.
 pub fn change_log_index(t: &Tables) -> String {
     t.change_log.derived("dirty_idx")
@@ -132,11 +159,7 @@ pub async fn apply(
     }
     let index_sql_exists = change_log_index_exists(&tx, t).await?;
     if !index_sql_exists && !dry_run {
-        let sql = format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (schema_id, flushed_at, changed_at)",
-            change_log_index(t),
-            t.change_log.quoted()
-        );
+        let sql = change_log_index_ddl(t);
         timed(TIMEOUT, "create change_log index", tx.batch_execute(&sql)).await?;
     }
     objects.push(ObjectStatus {

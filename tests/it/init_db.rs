@@ -260,3 +260,44 @@ fn binary_reports_json_and_text() {
     );
     assert!(text.contains("order") && text.contains("kept"), "{text}");
 }
+
+#[tokio::test]
+async fn printed_sql_applied_by_a_migration_tool_leaves_init_db_nothing_to_create() {
+    // The DDL comes out without any connection (an unreachable server is never dialled).
+    let out = harness::bin()
+        .args(["init-db", "--print-sql", "--pg-url"])
+        .arg("host=127.0.0.1 port=1 user=u dbname=d sslmode=disable connect_timeout=1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sql = String::from_utf8(out.stdout).unwrap();
+    assert!(sql.contains("CREATE INDEX IF NOT EXISTS"), "{sql}");
+    // Applied as a migration tool would (one script), twice: it is idempotent.
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client.batch_execute(&sql).await.unwrap();
+    client.batch_execute(&sql).await.unwrap();
+    let report = lakecdc::init_db::run(&db.connector(), &Tables::default(), None, true)
+        .await
+        .unwrap();
+    assert_eq!(report.objects.len(), 5, "{report:?}");
+    assert!(
+        report.objects.iter().all(|o| !o.created),
+        "init-db would still create: {report:?}"
+    );
+    // And the tables are init-db's own: a real run registers the examples into them.
+    let real = lakecdc::init_db::run(
+        &db.connector(),
+        &Tables::default(),
+        Some(&harness::examples_dir()),
+        false,
+    )
+    .await
+    .unwrap();
+    assert!(real.objects.iter().all(|o| !o.created));
+    assert_eq!(registry(&db).await.len(), 2);
+}
