@@ -439,7 +439,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
     }
     // Its bases live in the data prefix: the prefix must be this manifest's (a dry run checks;
     // a real pass claims an unclaimed one when it publishes).
-    let ownership = owner::check_writable(store, &ctx.lake.layout, schema_id, p.source).await?;
+    let ownership = owner::check_writable(store, &ctx.lake.layout, schema_id).await?;
     if opts.dry_run {
         return Ok(());
     }

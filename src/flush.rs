@@ -35,7 +35,7 @@ use crate::engine::export::Inputs;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
+use crate::lake::manifest::{CommitPolicy, FileEntry, Tier};
 use crate::lake::{SourceGuard, footer, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
@@ -576,22 +576,19 @@ async fn drain(
         // Before the first batch is written (or planned: a plan fails where the run would),
         // another manifest's prefix fails the schema: its readers would never see deltas
         // written there; the rows stay dirty.
+        // So does a manifest written from another database (docs/design.md §4.9); its load
+        // also makes a plan fail on a manifest the run could not commit to (malformed, another
+        // schema's stamp, too large).
         let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-        let first = ownership.is_none();
         let owned = match &mut ownership {
             Some(o) => o,
             None => {
-                ownership.insert(owner::check_writable(store, layout, schema_id, sf.source).await?)
+                owner::check_source(store, layout, schema_id, sf.source).await?;
+                ownership.insert(owner::check_writable(store, layout, schema_id).await?)
             }
         };
         match batch {
             read_ahead::Fetched::Planned(slots) => {
-                // The run loads the manifest when it commits: the plan fails on one it could not
-                // commit to (malformed, another schema's stamp, too large).
-                if first {
-                    let key = layout.manifest_key(schema_id);
-                    manifest::load_within(store, &key, schema_id, layout.limits()).await?;
-                }
                 report.files.push(FileReport {
                     path: String::new(),
                     rows: slots.len() as u64,

@@ -22,6 +22,7 @@ use arrow::record_batch::RecordBatch;
 
 use super::output::{Kind, Msg};
 use crate::error::{Error, Result};
+use crate::lake::current::supersedes;
 use crate::lake::ranges::{Key, Ranges, key};
 use crate::lake::streamed::{BATCH_ROWS, Cursor, Source};
 
@@ -340,10 +341,7 @@ impl<'a> Merge<'a> {
                 continue;
             }
             let (v, dead) = (h.changed[h.pos], h.deleted[h.pos] > 0);
-            let wins = match best {
-                None => true,
-                Some((_, bv, bdead)) => v > bv || (v == bv && dead && !bdead),
-            };
+            let wins = best.is_none_or(|(_, bv, bdead)| supersedes(v, dead, (bv, bdead)));
             if wins {
                 best = Some((i, v, dead));
             }

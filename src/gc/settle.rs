@@ -61,6 +61,9 @@ pub(super) async fn settle(
     files: &[FileEntry],
     orphans: &[ObjectMeta],
 ) -> Result<Vec<Verdict>> {
+    if orphans.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut verdicts: Vec<Option<Verdict>> = vec![None; orphans.len()];
     let mut rows: Vec<OrphanRow> = Vec::new();
     for (i, o) in orphans.iter().enumerate() {

@@ -441,14 +441,19 @@ impl CurrentState {
     }
 }
 
-/// The read rule between two copies of a row (docs/design.md §3.1): the higher version, and
-/// on a tie the tombstone.
+/// The read rule between two copies of a row (docs/design.md §3.1): whether the copy at
+/// version `changed_at` (a tombstone when `tombstone`) supersedes the copy `than` — the higher
+/// version, and on a tie the tombstone. Every reader and the compaction merge apply it.
+pub fn supersedes(changed_at: i64, tombstone: bool, than: (i64, bool)) -> bool {
+    changed_at > than.0 || (changed_at == than.0 && tombstone && !than.1)
+}
+
+/// The copy [`supersedes`] picks of two.
 fn wins(a: Current, b: Current) -> Current {
-    match a.changed_at.cmp(&b.changed_at) {
-        std::cmp::Ordering::Less => b,
-        std::cmp::Ordering::Greater => a,
-        std::cmp::Ordering::Equal if b.tombstone && !a.tombstone => b,
-        std::cmp::Ordering::Equal => a,
+    if supersedes(b.changed_at, b.tombstone, (a.changed_at, a.tombstone)) {
+        b
+    } else {
+        a
     }
 }
 

@@ -70,16 +70,12 @@ pub(crate) async fn check(
 }
 
 /// [`check`] for a writer about to write into the prefix: another manifest's prefix is an
-/// error naming the marker (ours and unclaimed are returned for [`claim`]), and so is a
-/// manifest naming another source database than `source`'s ([`SourceGuard::check`]), before
-/// anything is written.
+/// error naming the marker (ours and unclaimed are returned for [`claim`]).
 pub(crate) async fn check_writable(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,
-    source: &SourceGuard,
 ) -> Result<Ownership> {
-    check_source(store, layout, schema_id, source).await?;
     match check(store, layout, schema_id).await? {
         Ownership::Other(why) => Err(Error::Manifest {
             key: layout.owner_key(schema_id),

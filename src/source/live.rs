@@ -358,7 +358,11 @@ pub async fn count_live(client: &Client, tables: &Tables, schema_id: i16) -> Res
 /// Estimates the live entities of a schema from the planner's statistics, reading no rows:
 /// enough for a progress total and for sizing the last files, where an exact count would scan
 /// the table once more, competing with the export for the server's CPU.
-pub async fn estimate_live(client: &Client, tables: &Tables, schema_id: i16) -> Result<i64> {
+pub async fn estimate_live(
+    client: &impl tokio_postgres::GenericClient,
+    tables: &Tables,
+    schema_id: i16,
+) -> Result<i64> {
     let sql = format!(
         "EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL",
         tables.entity.quoted()

@@ -129,7 +129,7 @@ where
     )
     .await?;
     let (pages, tuples): (i64, f64) = (row.get(0), row.get(1));
-    let estimate = estimated_rows(&tx, tables, schema_id).await? as f64;
+    let estimate = super::live::estimate_live(&tx, tables, schema_id).await? as f64;
     let heap = pages > 0 && tuples > 0.0 && estimate >= tuples * 0.25;
     let columns = [
         ("row_id", SlotType::Uuid, false),
@@ -252,26 +252,6 @@ async fn read_ranges(
         }
     }
     Ok(())
-}
-
-/// The planner's estimate of the schema's live entities.
-async fn estimated_rows(
-    tx: &tokio_postgres::Transaction<'_>,
-    tables: &Tables,
-    schema_id: i16,
-) -> Result<i64> {
-    let sql = format!(
-        "EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE ltbase_schema_id = {schema_id} AND ltbase_deleted_at IS NULL",
-        tables.entity.quoted()
-    );
-    let row = timed(TIMEOUT, "estimate live entities", tx.query_one(&sql, &[])).await?;
-    let plan: serde_json::Value = row
-        .try_get(0)
-        .map_err(Error::postgres("read the live-row estimate"))?;
-    Ok(plan[0]["Plan"]["Plan Rows"]
-        .as_f64()
-        .unwrap_or(0.0)
-        .max(0.0) as i64)
 }
 
 /// The `(row_id, version)` pairs of a two-column batch of `rows` rows.

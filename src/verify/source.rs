@@ -236,22 +236,38 @@ pub(super) async fn check(
     let mut lake_rows = Feed::new(lake_rx);
     let (mut s_head, mut l_head) = (src.next().await?, lake_rows.next().await?);
     loop {
-        match (s_head, l_head) {
+        use std::cmp::Ordering;
+        // Which stream(s) the row came from.
+        let (from_source, from_lake) = match (s_head, l_head) {
             (None, None) => break,
-            (Some(s), Some(l)) if s.0 == l.row_id => {
-                cmp.both(s, l);
-                s_head = src.next().await?;
-                l_head = lake_rows.next().await?;
-            }
-            (Some(s), l) if l.is_none_or(|l| s.0 < l.row_id) => {
+            (Some(s), None) => {
                 cmp.source_only(s);
-                s_head = src.next().await?;
+                (true, false)
             }
-            (_, Some(l)) => {
+            (None, Some(l)) => {
                 cmp.lake_only(l);
-                l_head = lake_rows.next().await?;
+                (false, true)
             }
-            (Some(_), None) => unreachable_pair()?,
+            (Some(s), Some(l)) => match s.0.cmp(&l.row_id) {
+                Ordering::Equal => {
+                    cmp.both(s, l);
+                    (true, true)
+                }
+                Ordering::Less => {
+                    cmp.source_only(s);
+                    (true, false)
+                }
+                Ordering::Greater => {
+                    cmp.lake_only(l);
+                    (false, true)
+                }
+            },
+        };
+        if from_source {
+            s_head = src.next().await?;
+        }
+        if from_lake {
+            l_head = lake_rows.next().await?;
         }
     }
     let heap = source.await.map_err(Error::task("read the source"))??;
@@ -321,10 +337,6 @@ impl<T> Feed<T> {
             }
         }
     }
-}
-
-fn unreachable_pair() -> Result<()> {
-    Err(Error::Invariant("verify --source compared no rows".into()))
 }
 
 /// Reads the source's dirty ids (into `dirty`) and live rows' versions (into `tx`, in `row_id`

@@ -130,6 +130,13 @@ async fn a_lake_refuses_writers_of_another_database_unless_adopted() {
     assert_eq!(m["source"]["database"], db_b.as_str(), "{m}");
     // And A is now the foreign one.
     a.writer.create(r.uuid(), Customer::random(&mut r)).await;
-    assert!(a.flush().await.failed());
-    let _ = a.store.list("data/").await.unwrap();
+    let report = a.flush().await;
+    assert!(report.failed(), "{report:?}");
+    assert!(
+        report.schemas[0]
+            .reason
+            .as_ref()
+            .unwrap()
+            .contains("--adopt-source")
+    );
 }
