@@ -45,14 +45,18 @@ ensure_pkg '/usr/lib/postgresql/*/bin/initdb' postgresql
 cargo fmt --version >/dev/null 2>&1 || die "rustfmt is missing (rustup component add rustfmt)"
 cargo clippy --version >/dev/null 2>&1 || die "clippy is missing (rustup component add clippy)"
 echo "test.sh: $(cargo --version); $(rustc --version); CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
-# tests/it/query.rs runs the views' SQL in DuckDB's Python package too: a cached venv (the one
-# the benchmarks use), unless LAKECDC_TEST_PYTHON names an interpreter already.
+# tests/it/query.rs runs the views' SQL in DuckDB's Python package too, and tests/it/metrics.rs
+# parses the metrics with Prometheus' own Python text parser: a cached venv (the one the
+# benchmarks use), unless LAKECDC_TEST_PYTHON names an interpreter already.
 # shellcheck source=scripts/venv.sh
 source scripts/venv.sh
+PROMETHEUS_PY_VERSION=0.26.0
 if [ -z "${LAKECDC_TEST_PYTHON:-}" ]; then
 	venv="${LAKECDC_TEST_VENV:-/var/tmp/lakecdc-bench-venv}"
-	step "python venv with duckdb==$DUCKDB_PY_VERSION in $venv"
-	ensure_venv "$venv" "$DUCKDB_PY_PROBE" "duckdb==$DUCKDB_PY_VERSION" || die "could not set up $venv"
+	step "python venv with duckdb==$DUCKDB_PY_VERSION and prometheus_client==$PROMETHEUS_PY_VERSION in $venv"
+	probe="$DUCKDB_PY_PROBE; import prometheus_client.parser; from importlib.metadata import version; assert version('prometheus_client') == '$PROMETHEUS_PY_VERSION'"
+	ensure_venv "$venv" "$probe" "duckdb==$DUCKDB_PY_VERSION" "prometheus_client==$PROMETHEUS_PY_VERSION" ||
+		die "could not set up $venv"
 	export LAKECDC_TEST_PYTHON="$venv/bin/python"
 fi
 

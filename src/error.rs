@@ -270,6 +270,17 @@ pub enum Error {
         source: tokio::task::JoinError,
     },
 
+    /// Metrics could not be published (docs/operations.md, "Metrics"); the job itself ran.
+    #[error("cannot {op} {target}: {reason}")]
+    Metrics {
+        /// What was being done.
+        op: &'static str,
+        /// The file or the Pushgateway (its URL without credentials).
+        target: String,
+        /// Why, with the fix when there is one.
+        reason: String,
+    },
+
     /// An internal invariant does not hold: a bug in lakecdc.
     #[error("invariant violated: {0}")]
     Invariant(String),

@@ -22,6 +22,7 @@ pub mod inspect;
 pub mod job;
 pub mod lake;
 pub mod logging;
+pub mod metrics;
 pub mod policy;
 pub mod progress;
 pub mod query;

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
@@ -25,6 +25,7 @@ use crate::init::InitOptions;
 use crate::job::Context;
 use crate::lake::manifest::CommitPolicy;
 use crate::lake::{Lake, Layout, ReadLimits};
+use crate::metrics::{MetricsOptions, Pushgateway, RunRecord, SchemaRun};
 use crate::policy::{CompactThresholds, FlushThresholds};
 use crate::query::{Destination, Format, QueryOptions, SqlSource};
 use crate::requeue::{RequeueOptions, Selection};
@@ -122,6 +123,10 @@ pub struct RunConfig {
     pub warnings: Vec<String>,
     /// Writers take over a lake whose manifests name another source database.
     pub adopt_source: bool,
+    /// The command run.
+    pub command: Command,
+    /// Where the run's metrics go.
+    pub metrics: MetricsOptions,
 }
 
 impl RunConfig {
@@ -168,6 +173,8 @@ impl RunConfig {
             }
         };
         let schemas = s.list("schema");
+        let mut warnings = s.warnings.clone();
+        let metrics = metrics(s, &mut warnings)?;
         Ok(Self {
             connector,
             tables,
@@ -180,8 +187,10 @@ impl RunConfig {
             job: job(s, &schemas)?,
             schemas,
             limits: read_limits(s)?,
-            warnings: s.warnings.clone(),
+            warnings,
             adopt_source: s.flag("adopt-source"),
+            command: s.command,
+            metrics,
         })
     }
 
@@ -242,6 +251,61 @@ fn connector(s: &Resolved) -> Result<Connector> {
         statement_timeout: STATEMENT_TIMEOUT,
     };
     Ok(Connector::new(&settings)?.with_copy_tap(copy_tap))
+}
+
+/// Where the run's metrics go: the file's directory must exist; a Pushgateway URL with a
+/// password is refused on the command line (as `--pg-url`'s is); the instance label must be
+/// URL-safe (it is a path segment of the push).
+fn metrics(s: &Resolved, warnings: &mut Vec<String>) -> Result<MetricsOptions> {
+    let file = s.path("metrics-file");
+    if let Some(template) = &file {
+        let path = crate::metrics::textfile::path_for(template, s.command.name());
+        let dir = crate::metrics::textfile::directory_of(&path);
+        if !dir.is_dir() {
+            return Err(Error::setting(
+                "metrics-file",
+                format!(
+                    "names a file in {}, which is not a directory: create it or fix the path",
+                    dir.display()
+                ),
+            ));
+        }
+        if path.extension().is_none_or(|e| e != "prom") {
+            warnings.push(format!(
+                "--metrics-file {} does not end in .prom: node-exporter's textfile collector reads only *.prom files",
+                path.display()
+            ));
+        }
+    }
+    let pushgateway = match s.get("pushgateway") {
+        Some(url)
+            if s.origin("pushgateway") == Some(&Origin::Flag) && Pushgateway::has_password(url) =>
+        {
+            return Err(Error::setting(
+                "pushgateway",
+                "carries a password, which other users of this host can read in its process list: put the URL in LAKECDC_PUSHGATEWAY instead",
+            ));
+        }
+        Some(url) => Some(Pushgateway::parse(url).map_err(|reason| {
+            Error::setting("pushgateway", format!("{reason}: give http(s)://host:port"))
+        })?),
+        None => None,
+    };
+    let instance = match s.get("metrics-instance") {
+        Some(i) => i.to_string(),
+        None => crate::metrics::host_name(),
+    };
+    if pushgateway.is_some() && !crate::metrics::is_url_safe(&instance) {
+        return Err(Error::setting(
+            "metrics-instance",
+            format!("{instance:?} may hold only letters, digits, '.', '-', '_' and ':'"),
+        ));
+    }
+    Ok(MetricsOptions {
+        file,
+        pushgateway,
+        instance,
+    })
 }
 
 fn engine(s: &Resolved) -> Result<(EngineConfig, PathBuf)> {
@@ -547,6 +611,26 @@ fn query_options(s: &Resolved, schemas: Vec<String>) -> Result<QueryOptions> {
     })
 }
 
+/// inspect's report as the schemas' state (it holds every number).
+fn inspected_state(r: &crate::inspect::InspectReport) -> Vec<crate::metrics::SchemaState> {
+    let tier = |t: &crate::inspect::TierSummary| crate::metrics::TierSize {
+        files: t.files as u64,
+        bytes: t.bytes,
+    };
+    (r.schemas.iter())
+        .filter(|s| s.error.is_none())
+        .map(|s| crate::metrics::SchemaState {
+            schema_id: s.schema_id,
+            schema: s.schema.clone(),
+            dirty_rows: s.dirty_rows,
+            oldest_dirty_age_s: s.oldest_dirty_age_s as f64,
+            manifest_version: s.manifest.then_some(s.manifest_version),
+            base: tier(&s.base),
+            delta: tier(&s.delta),
+        })
+        .collect()
+}
+
 /// A finished job: its report, rendered both ways, and the exit code it maps to.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -569,11 +653,88 @@ impl Outcome {
     }
 }
 
-/// Runs the job of `config`. `progress` draws init's progress (a terminal's bar).
+/// What a run leaves for its metrics: the context it opened and its report's per-schema view.
+#[derive(Default)]
+struct Measured {
+    ctx: Option<Context>,
+    schemas: Vec<SchemaRun>,
+    /// inspect reports the state itself.
+    state: Option<Vec<crate::metrics::SchemaState>>,
+}
+
+impl Measured {
+    fn of(ctx: Context, schemas: Vec<SchemaRun>) -> Self {
+        Self {
+            ctx: Some(ctx),
+            schemas,
+            state: None,
+        }
+    }
+}
+
+/// Runs the job of `config`, then publishes its metrics (`--metrics-file`, `--pushgateway`;
+/// not for dry runs, which did nothing to measure). `progress` draws init's progress.
 pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -> Result<Outcome> {
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    let started = SystemTime::now();
+    let clock = Instant::now();
+    let mut measured = Measured::default();
+    let result = execute(&config, progress, &mut measured).await;
+    if config.metrics.enabled() && !config.is_dry_run() {
+        let exit_code = match &result {
+            Ok(o) => o.exit_code,
+            Err(e) => e.exit_code(),
+        };
+        let state = match (measured.state.take(), &measured.ctx) {
+            (Some(state), _) => state,
+            (None, Some(ctx)) => {
+                let ids: Vec<_> = (measured.schemas.iter())
+                    .map(|s| (s.schema_id, s.schema.clone()))
+                    .collect();
+                crate::metrics::state::gather(ctx, &ids)
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::warn!("metrics: the schemas' state is left out: {}", e.chain());
+                        Vec::new()
+                    })
+            }
+            (None, None) => Vec::new(),
+        };
+        let record = RunRecord {
+            command: config.command.name(),
+            started,
+            duration: clock.elapsed(),
+            exit_code,
+            schemas: measured.schemas,
+            state,
+        };
+        crate::metrics::publish(&config.metrics, &record).await;
+    }
+    result
+}
+
+impl RunConfig {
+    /// Whether the run only reports what it would do.
+    fn is_dry_run(&self) -> bool {
+        match &self.job {
+            Job::InitDb { dry_run, print_sql } => *dry_run || *print_sql,
+            Job::Init(o) => o.dry_run,
+            Job::Flush(o) => o.dry_run,
+            Job::Compact(o) => o.dry_run,
+            Job::Gc(o) => o.dry_run,
+            Job::Requeue(o) => o.dry_run,
+            Job::Verify(_) | Job::Inspect(..) | Job::View(_) | Job::Query(_) => false,
+        }
+    }
+}
+
+async fn execute(
+    config: &RunConfig,
+    progress: Option<crate::init::ProgressFn>,
+    measured: &mut Measured,
+) -> Result<Outcome> {
     match &config.job {
         Job::InitDb {
             print_sql: true, ..
@@ -590,6 +751,7 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
         Job::Flush(opts) => {
             let ctx = config.context().await?;
             let r = crate::flush::run(&ctx, opts).await?;
+            *measured = Measured::of(ctx, crate::metrics::of_flush(&r));
             Outcome::of(&r, r.to_text(), i32::from(r.failed()))
         }
         Job::Init(opts) => {
@@ -599,6 +761,7 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
                 ..opts.as_ref().clone()
             };
             let r = crate::init::run(&ctx, &opts).await?;
+            *measured = Measured::of(ctx, crate::metrics::of_init(&r));
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
         Job::View(opts) => {
@@ -619,26 +782,36 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
         Job::Inspect(flush, compact) => {
             let ctx = config.context().await?;
             let r = crate::inspect::run(&ctx, &config.schemas, flush, compact).await?;
+            measured.state = Some(inspected_state(&r));
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
         Job::Compact(opts) => {
             let ctx = config.context().await?;
             let r = crate::compact::run(&ctx, opts).await?;
+            *measured = Measured::of(ctx, crate::metrics::of_compact(&r));
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
         Job::Gc(opts) => {
             let ctx = config.context().await?;
             let r = crate::gc::run(&ctx, opts).await?;
+            *measured = Measured::of(ctx, crate::metrics::of_gc(&r));
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
         Job::Verify(opts) => {
             let ctx = config.context().await?;
             let r = crate::verify::run(&ctx, opts).await?;
+            *measured = Measured::of(ctx, crate::metrics::of_verify(&r));
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
         Job::Requeue(opts) => {
             let ctx = config.context().await?;
             let r = crate::requeue::run(&ctx, opts).await?;
+            let schema = SchemaRun {
+                schema_id: r.schema_id,
+                schema: r.schema.clone(),
+                ..SchemaRun::default()
+            };
+            *measured = Measured::of(ctx, vec![schema]);
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
     }

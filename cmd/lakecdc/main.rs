@@ -86,6 +86,17 @@ struct Global {
     /// Read COPY data straight off TLS connections (on) or through tokio-postgres only (off).
     #[arg(long, global = true)]
     copy_tap: Option<String>,
+    /// Write the run's Prometheus metrics to this file (atomically; {job} is replaced by the
+    /// command's name), for node-exporter's textfile collector.
+    #[arg(long, global = true)]
+    metrics_file: Option<PathBuf>,
+    /// Push the run's metrics to this Prometheus Pushgateway (http(s)://host:9091); put
+    /// credentials (user:password@) only in the variable, never on the command line.
+    #[arg(long, global = true)]
+    pushgateway: Option<String>,
+    /// The Pushgateway's instance label [default: the host name].
+    #[arg(long, global = true)]
+    metrics_instance: Option<String>,
     /// More logging (-v debug, -vv trace); LAKECDC_LOG / RUST_LOG override.
     #[arg(short, long, action = ArgAction::Count, global = true)]
     verbose: u8,

@@ -192,6 +192,13 @@ pub const SETTINGS: &[Setting] = &[
     global("json", "LAKECDC_JSON", Some("false")),
     global("log-format", "LAKECDC_LOG_FORMAT", Some("text")),
     global("copy-tap", "LAKECDC_COPY_TAP", Some("on")),
+    global("metrics-file", "LAKECDC_METRICS_FILE", None),
+    Setting {
+        // A Pushgateway URL may carry basic-auth credentials.
+        secret: true,
+        ..global("pushgateway", "LAKECDC_PUSHGATEWAY", None)
+    },
+    global("metrics-instance", "LAKECDC_METRICS_INSTANCE", None),
     of(WRITERS, "dry-run", "LAKECDC_DRY_RUN", Some("false")),
     // DuckDB threads: flush's files are small (a second thread only spins waiting for work);
     // init writes two files at once, each on one thread.

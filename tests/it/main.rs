@@ -26,6 +26,7 @@ mod inspect;
 mod layering;
 mod local_symlinks;
 mod manifest;
+mod metrics;
 mod oracle_at_scale;
 mod query;
 mod registry_names;

@@ -1,0 +1,155 @@
+//! The metrics file for node-exporter's textfile collector: written whole to a temporary file
+//! beside it and renamed over it, so a concurrent reader sees the previous file or the new one,
+//! never a part (docs/operations.md, "Metrics").
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The most of a previous metrics file read back (for its last-success sample).
+const PREVIOUS_LIMIT: u64 = 1024 * 1024;
+
+/// `template` with every `{job}` replaced by `job` (bytes, so any path works).
+pub fn path_for(template: &Path, job: &str) -> PathBuf {
+    let bytes = template.as_os_str().as_bytes();
+    let pattern = b"{job}";
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i..].starts_with(pattern) {
+            out.extend_from_slice(job.as_bytes());
+            i += pattern.len();
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(OsString::from_vec(out))
+}
+
+/// The directory a metrics file goes in (its parent, `.` for a bare name).
+pub fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// The previous file's text, when there is one (at most 1 MiB is read).
+pub fn previous(path: &Path) -> Option<String> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut text = String::new();
+    file.take(PREVIOUS_LIMIT).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// Writes `text` to `path` atomically: a new temporary file in the same directory (created
+/// exclusively, so nothing another user placed there is followed or overwritten), made
+/// readable by the collector (0644), synced, then renamed over `path`.
+pub fn write(path: &Path, text: &str) -> Result<()> {
+    let dir = directory_of(path);
+    let failed = |op: &'static str| {
+        move |e: std::io::Error| Error::Metrics {
+            op,
+            target: path.display().to_string(),
+            reason: e.to_string(),
+        }
+    };
+    // node-exporter reads only `*.prom`: the temporary file's name never ends so.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".lakecdc-metrics-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(failed("create a temporary file beside"))?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))
+        .map_err(failed("set the permissions of the temporary file of"))?;
+    tmp.write_all(text.as_bytes())
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(failed("write the temporary file of"))?;
+    tmp.persist(path)
+        .map_err(|e| failed("rename the temporary file over")(e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_job_placeholder_is_replaced_everywhere() {
+        assert_eq!(
+            path_for(Path::new("/var/lib/tc/lakecdc_{job}.prom"), "flush"),
+            PathBuf::from("/var/lib/tc/lakecdc_flush.prom")
+        );
+        assert_eq!(
+            path_for(Path::new("/m/{job}/{job}.prom"), "gc"),
+            PathBuf::from("/m/gc/gc.prom")
+        );
+        assert_eq!(path_for(Path::new("x.prom"), "gc"), PathBuf::from("x.prom"));
+        assert_eq!(directory_of(Path::new("x.prom")), Path::new("."));
+    }
+
+    #[test]
+    fn a_write_replaces_the_file_whole_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.prom");
+        write(&path, "a 1\n").unwrap();
+        write(&path, "b 2\n").unwrap();
+        assert_eq!(previous(&path).as_deref(), Some("b 2\n"));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![OsString::from("m.prom")]);
+    }
+
+    #[test]
+    fn a_concurrent_reader_sees_one_whole_file_or_the_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.prom");
+        let a = "a 1\n".repeat(50_000);
+        let b = "b 2\n".repeat(70_000);
+        write(&path, &a).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (path, a, b, stop) = (path.clone(), a.clone(), b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    assert!(
+                        text == a || text == b,
+                        "a part of a file: {} bytes",
+                        text.len()
+                    );
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        for i in 0..100 {
+            write(&path, if i % 2 == 0 { &b } else { &a }).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+    }
+
+    #[test]
+    fn a_symlink_at_the_path_is_replaced_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("victim");
+        std::fs::write(&target, "keep").unwrap();
+        let path = dir.path().join("m.prom");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        write(&path, "a 1\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 1\n");
+    }
+}
