@@ -276,11 +276,22 @@ async fn printed_sql_applied_by_a_migration_tool_leaves_init_db_nothing_to_creat
     );
     let sql = String::from_utf8(out.stdout).unwrap();
     assert!(sql.contains("CREATE INDEX IF NOT EXISTS"), "{sql}");
-    // Applied as a migration tool would (one script), twice: it is idempotent.
+    // Applied by psql to an empty database, as a migration would, twice: it is idempotent.
     let db = TestDb::new().await;
-    let client = db.client().await;
-    client.batch_execute(&sql).await.unwrap();
-    client.batch_execute(&sql).await.unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &sql).unwrap();
+    for _ in 0..2 {
+        let out = std::process::Command::new(psql())
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &db.url, "-f"])
+            .arg(file.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let report = lakecdc::init_db::run(&db.connector(), &Tables::default(), None, true)
         .await
         .unwrap();
@@ -300,4 +311,15 @@ async fn printed_sql_applied_by_a_migration_tool_leaves_init_db_nothing_to_creat
     .unwrap();
     assert!(real.objects.iter().all(|o| !o.created));
     assert_eq!(registry(&db).await.len(), 2);
+}
+
+/// psql from the PostgreSQL installation `scripts/services.sh` uses (or the one on PATH).
+fn psql() -> std::path::PathBuf {
+    let installed = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/psql"))
+        .find(|p| p.exists());
+    installed.unwrap_or_else(|| "psql".into())
 }
