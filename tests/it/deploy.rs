@@ -1,7 +1,9 @@
-//! The deployment files under `manifests/`: every YAML file parses; every lakecdc command line
-//! of the Kubernetes jobs and the systemd units is accepted by the binary, with the environment
-//! those files give it; the manifests lakecdc writes validate against
-//! `manifests/lake-manifest.schema.json`, and the schema rejects what lakecdc never writes.
+//! The deployment files under `manifests/` and the `Dockerfile`: every YAML file parses; every
+//! lakecdc command line of the Kubernetes jobs and the systemd units is accepted by the binary,
+//! with the environment those files give it; the alert rules use only the metrics lakecdc
+//! exports; the image is built with the pinned toolchain and runs the binary as the pods' user;
+//! the manifests lakecdc writes validate against `manifests/lake-manifest.schema.json`, and the
+//! schema rejects what lakecdc never writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,6 +25,11 @@ const UNREACHABLE: &str = "host=127.0.0.1 port=1 user=u dbname=d sslmode=disable
 
 fn manifests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests")
+}
+
+/// Prometheus rule files (`groups:`), not Kubernetes objects.
+fn alerts_dir() -> PathBuf {
+    manifests_dir().join("alerts")
 }
 
 /// Files under `dir` (recursively) whose name ends with one of `suffixes`, sorted.
@@ -89,7 +96,10 @@ fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
 
 #[test]
 fn every_yaml_file_parses_as_kubernetes_objects() {
-    let files = files_with(&manifests_dir(), &[".yaml", ".yml"]);
+    let files: Vec<PathBuf> = files_with(&manifests_dir(), &[".yaml", ".yml"])
+        .into_iter()
+        .filter(|f| !f.starts_with(alerts_dir()))
+        .collect();
     assert!(files.len() >= 9, "{files:?}");
     for file in &files {
         let docs = load_yaml(file);
@@ -193,6 +203,15 @@ fn assert_accepted(
         .remove("LAKECDC_LAKE")
         .unwrap_or_else(|| panic!("{origin}: LAKECDC_LAKE is not set"));
     assert!(lake_url.starts_with("s3://"), "{origin}: {lake_url}");
+    // The Pushgateway stands for a local port where nothing listens: the push fails at once,
+    // after the run (and is only logged).
+    if let Some(url) = env.get_mut("LAKECDC_PUSHGATEWAY") {
+        assert!(
+            url.starts_with("http://") || url.starts_with("https://"),
+            "{origin}: LAKECDC_PUSHGATEWAY {url}"
+        );
+        *url = format!("http://{}", closed_port());
+    }
     let mut cmd = harness::bin();
     cmd.env_clear();
     for (k, v) in &env {
@@ -223,6 +242,14 @@ fn assert_accepted(
         "{origin}: {args:?} exited {code:?} without trying PostgreSQL: {stderr}"
     );
     sub
+}
+
+/// A loopback address where nothing listens (bound, then released).
+fn closed_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }
 
 #[test]
@@ -314,6 +341,20 @@ fn kubernetes_command_lines_are_accepted_by_the_binary() {
                     );
                 }
             }
+            // Metrics go to the Pushgateway, under a fixed `instance` (a pod's host name is
+            // new at every run: each run would leave a Pushgateway group of its own).
+            assert!(
+                env.contains_key("LAKECDC_PUSHGATEWAY"),
+                "{origin}: no LAKECDC_PUSHGATEWAY"
+            );
+            assert!(
+                env.get("LAKECDC_METRICS_INSTANCE")
+                    .is_some_and(|i| !i.is_empty()
+                        && i.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "._-:".contains(c))),
+                "{origin}: LAKECDC_METRICS_INSTANCE must be a fixed label value: {:?}",
+                env.get("LAKECDC_METRICS_INSTANCE")
+            );
             // The image's entrypoint is the binary; a `command` must name it.
             let mut args: Vec<String> = Vec::new();
             if let Some(command) = c["command"].as_array() {
@@ -373,6 +414,7 @@ fn systemd_command_lines_are_accepted_by_the_binary() {
         let mut paths: PathMap = vec![("/etc/lakecdc/schemas".into(), harness::examples_dir())];
         let mut env = BTreeMap::new();
         let mut exec = Vec::new();
+        let mut writable = Vec::new();
         for (k, v) in &lines {
             match k.as_str() {
                 "EnvironmentFile" => {
@@ -396,9 +438,41 @@ fn systemd_command_lines_are_accepted_by_the_binary() {
                     std::fs::create_dir(&local).unwrap();
                     paths.push((format!("{root}/{v}"), local));
                 }
+                "ReadWritePaths" => {
+                    writable.extend(v.split_whitespace().map(|p| p.trim_start_matches('-')));
+                }
                 "ExecStart" => exec.push(v.clone()),
                 _ => {}
             }
+        }
+        // The sandbox (ProtectSystem=strict) lets the unit write its work dir and the metrics
+        // file's directory; writable paths not created by systemd stand for local directories.
+        for w in &writable {
+            if !paths.iter().any(|(from, _)| from == w) {
+                let local = scratch.path().join(format!("rw{}", w.replace('/', "_")));
+                std::fs::create_dir(&local).unwrap();
+                paths.push((w.to_string(), local));
+            }
+        }
+        for var in ["LAKECDC_WORK_DIR", "TMPDIR"] {
+            if let Some(dir) = env.get(var) {
+                assert!(
+                    writable.contains(&dir.as_str()),
+                    "{origin}: {var}={dir} is not writable"
+                );
+            }
+        }
+        let metrics = env.get("LAKECDC_METRICS_FILE").cloned();
+        if let Some(file) = &metrics {
+            let dir = Path::new(file).parent().unwrap().to_str().unwrap();
+            assert!(
+                writable.contains(&dir),
+                "{origin}: LAKECDC_METRICS_FILE={file}: {dir} is not in ReadWritePaths= {writable:?}"
+            );
+            assert!(
+                file.ends_with(".prom") && file.contains("{job}"),
+                "{origin}: {file}"
+            );
         }
         assert_eq!(exec.len(), 1, "{origin}: {exec:?}");
         assert!(!exec[0].contains(['"', '\'', '%']), "{origin}: {}", exec[0]);
@@ -408,7 +482,18 @@ fn systemd_command_lines_are_accepted_by_the_binary() {
             .map(str::to_string);
         assert_eq!(words.next().as_deref(), Some("/usr/local/bin/lakecdc"));
         let args: Vec<String> = words.collect();
-        checked.insert(assert_accepted(&origin, &args, env, &paths));
+        let sub = assert_accepted(&origin, &args, env, &paths);
+        // The failed run (PostgreSQL unreachable) left its metrics where the collector reads.
+        if let Some(file) = &metrics {
+            let local = map_path(&file.replace("{job}", &sub), &paths);
+            let text = std::fs::read_to_string(&local)
+                .unwrap_or_else(|e| panic!("{origin}: no metrics file {local}: {e}"));
+            assert!(
+                text.contains(&format!("lakecdc_run_exit_code{{command=\"{sub}\"}} 1")),
+                "{origin}: {local}:\n{text}"
+            );
+        }
+        checked.insert(sub);
     }
     assert_eq!(
         checked,
@@ -461,6 +546,311 @@ fn the_deployment_readme_names_every_environment_variable() {
             "manifests/README.md does not name {var}"
         );
     }
+}
+
+/// The metrics lakecdc exports, with the labels their samples may carry. Mirrors
+/// docs/operations.md ("Metrics"): a metric renamed there must be renamed here and in
+/// `manifests/alerts/lakecdc-rules.yaml`.
+const METRICS: &[&str] = &[
+    "lakecdc_last_run_timestamp_seconds",
+    "lakecdc_last_success_timestamp_seconds",
+    "lakecdc_run_duration_seconds",
+    "lakecdc_run_exit_code",
+    "lakecdc_run_outcome",
+    "lakecdc_schema_rows_exported",
+    "lakecdc_schema_files_written",
+    "lakecdc_schema_bytes_written",
+    "lakecdc_schema_failed",
+    "lakecdc_dirty_rows",
+    "lakecdc_oldest_dirty_age_seconds",
+    "lakecdc_lake_files",
+    "lakecdc_lake_bytes",
+    "lakecdc_manifest_version",
+    "lakecdc_verify_divergences",
+];
+
+/// Labels of those samples: lakecdc's own, and `job` / `instance` from the Pushgateway or the
+/// scrape.
+const METRIC_LABELS: &[&str] = &[
+    "command",
+    "schema",
+    "schema_id",
+    "tier",
+    "outcome",
+    "job",
+    "instance",
+];
+
+/// The commands that publish metrics (the `command` label's values).
+const METRIC_COMMANDS: &[&str] = &["flush", "compact", "gc", "init", "verify"];
+
+/// `lakecdc_*` names in a PromQL expression.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("lakecdc_") {
+        let boundary = rest[..i]
+            .chars()
+            .last()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if boundary {
+            names.insert(name.clone());
+        }
+        rest = &rest[i + name.len()..];
+    }
+    names
+}
+
+/// `(label, operator, value)` of every `{…}` matcher in a PromQL expression.
+fn matchers(expr: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for block in expr.split('{').skip(1) {
+        let inner = block.split('}').next().unwrap_or_default();
+        for m in inner.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            let at = m
+                .find(['=', '!'])
+                .unwrap_or_else(|| panic!("matcher {m:?}"));
+            let (label, rest) = m.split_at(at);
+            let op: String = rest.chars().take_while(|c| "=!~".contains(*c)).collect();
+            let value = rest[op.len()..].trim().trim_matches('"').to_string();
+            out.push((label.trim().to_string(), op, value));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_alert_rules_use_only_lakecdc_metrics() {
+    let file = alerts_dir().join("lakecdc-rules.yaml");
+    let docs = load_yaml(&file);
+    assert_eq!(docs.len(), 1, "{}: one document", file.display());
+    let groups = docs[0]["groups"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}: no groups:", file.display()));
+    let mut alerts = BTreeSet::new();
+    let mut used = BTreeSet::new();
+    let mut absent = 0;
+    for g in groups {
+        assert!(g["name"].is_string(), "group without a name: {g}");
+        for r in g["rules"].as_array().unwrap() {
+            let name = str_of(&r["alert"], "alert").to_string();
+            assert!(
+                alerts.insert(name.clone()),
+                "{name}: two rules of that name"
+            );
+            let expr = str_of(&r["expr"], "expr");
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "{name}: no lakecdc metric in {expr}");
+            for m in &names {
+                assert!(
+                    METRICS.contains(&m.as_str()),
+                    "{name}: unknown metric {m} in {expr}"
+                );
+            }
+            for (label, op, value) in matchers(expr) {
+                assert!(
+                    METRIC_LABELS.contains(&label.as_str()),
+                    "{name}: label {label} in {expr}"
+                );
+                assert!(
+                    ["=", "!=", "=~", "!~"].contains(&op.as_str()),
+                    "{name}: {expr}"
+                );
+                if label == "command" {
+                    for v in value.split('|') {
+                        assert!(
+                            METRIC_COMMANDS.contains(&v),
+                            "{name}: command {v:?} in {expr}"
+                        );
+                    }
+                }
+            }
+            absent += usize::from(expr.contains("absent("));
+            used.extend(names);
+            // A duration such as 5m / 1h, severity and advice.
+            let r#for = str_of(&r["for"], "for");
+            assert!(
+                r#for.len() > 1
+                    && r#for[..r#for.len() - 1].chars().all(|c| c.is_ascii_digit())
+                    && r#for.ends_with(['s', 'm', 'h', 'd']),
+                "{name}: for: {for}"
+            );
+            let severity = str_of(&r["labels"]["severity"], "severity");
+            assert!(
+                ["critical", "warning"].contains(&severity),
+                "{name}: {severity}"
+            );
+            for a in ["summary", "description"] {
+                let text = str_of(&r["annotations"][a], a);
+                assert!(text.len() > 20, "{name}: {a} too short");
+                for part in text.split("$labels.").skip(1) {
+                    let label: String = part
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        METRIC_LABELS.contains(&label.as_str()),
+                        "{name}: $labels.{label}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(absent > 0, "no rule notices missing metrics (absent(...))");
+    for m in [
+        "lakecdc_last_success_timestamp_seconds",
+        "lakecdc_run_exit_code",
+        "lakecdc_oldest_dirty_age_seconds",
+        "lakecdc_verify_divergences",
+    ] {
+        assert!(used.contains(m), "no rule watches {m}");
+    }
+}
+
+/// The Dockerfile's instructions: comments dropped, continuation lines joined; each as
+/// (keyword in upper case, the rest).
+fn dockerfile() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = Vec::new();
+    let mut line = String::new();
+    for l in text.lines() {
+        if l.trim_start().starts_with('#') {
+            continue;
+        }
+        match l.trim_end().strip_suffix('\\') {
+            Some(head) => line.push_str(head),
+            None => {
+                line.push_str(l);
+                let ins = std::mem::take(&mut line);
+                let ins = ins.trim();
+                if let Some((k, rest)) = ins.split_once(char::is_whitespace) {
+                    out.push((k.to_ascii_uppercase(), rest.trim().to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A stage of the Dockerfile: its base image, its name and its instructions.
+struct Stage {
+    image: String,
+    name: String,
+    ins: Vec<(String, String)>,
+}
+
+impl Stage {
+    /// The arguments of every instruction `keyword` of the stage.
+    fn of(&self, keyword: &str) -> Vec<String> {
+        (self.ins.iter())
+            .filter(|(k, _)| k == keyword)
+            .map(|(_, rest)| rest.clone())
+            .collect()
+    }
+}
+
+#[test]
+fn the_dockerfile_agrees_with_the_toolchain_and_the_pods() {
+    let mut stages: Vec<Stage> = Vec::new();
+    for (k, rest) in dockerfile() {
+        if k == "FROM" {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let name = match words.as_slice() {
+                [_, as_, name] if as_.eq_ignore_ascii_case("as") => name.to_string(),
+                [_] => stages.len().to_string(),
+                other => panic!("FROM {other:?}"),
+            };
+            stages.push(Stage {
+                image: words[0].to_string(),
+                name,
+                ins: Vec::new(),
+            });
+        } else {
+            stages
+                .last_mut()
+                .expect("an instruction before FROM")
+                .ins
+                .push((k, rest));
+        }
+    }
+    assert!(stages.len() >= 2, "a builder and a runtime stage");
+
+    // The builder: the toolchain of rust-toolchain.toml, building the release binary.
+    let toolchain: toml::Table =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("rust-toolchain.toml"))
+            .unwrap()
+            .parse()
+            .unwrap();
+    let channel = toolchain["toolchain"]["channel"].as_str().unwrap();
+    let builder = stages
+        .iter()
+        .find(|s| s.image.starts_with("rust:"))
+        .expect("a builder stage FROM rust:<version>");
+    let version = builder.image["rust:".len()..].split('-').next().unwrap();
+    assert_eq!(
+        version, channel,
+        "the builder image {} and rust-toolchain.toml disagree",
+        builder.image
+    );
+    assert!(
+        builder
+            .of("RUN")
+            .iter()
+            .any(|r| r.contains("cargo build --release --locked --bin lakecdc")),
+        "the builder does not build the release binary"
+    );
+
+    // The runtime: the binary as entrypoint, run as the pods' user.
+    let runtime = stages.last().unwrap();
+    let copies = runtime.of("COPY");
+    let from = format!("--from={} ", builder.name);
+    assert!(
+        copies.iter().any(|c| c.starts_with(&from)
+            && c.ends_with(" /usr/local/bin/lakecdc")
+            && c.contains("/release/lakecdc ")),
+        "the runtime stage does not copy the built binary to /usr/local/bin/lakecdc: {copies:?}"
+    );
+    let entrypoint: Value = serde_json::from_str(&runtime.of("ENTRYPOINT").pop().unwrap()).unwrap();
+    assert_eq!(entrypoint, json!(["/usr/local/bin/lakecdc"]));
+    let user = runtime
+        .of("USER")
+        .pop()
+        .expect("a USER in the runtime stage");
+    let (uid, gid) = user.split_once(':').expect("USER uid:gid");
+    let (uid, gid): (i64, i64) = (uid.parse().unwrap(), gid.parse().unwrap());
+    assert_ne!(uid, 0, "the image runs as root");
+    assert_eq!((uid, gid), (65532, 65532), "distroless's nonroot user");
+    let docs = kubernetes_docs();
+    let pods = pod_specs(&docs);
+    assert!(!pods.is_empty());
+    for (file, owner, pod) in &pods {
+        let sc = &pod["securityContext"];
+        assert_eq!(
+            sc["runAsNonRoot"],
+            json!(true),
+            "{} {owner}",
+            file.display()
+        );
+        assert_eq!(
+            (sc["runAsUser"].as_i64(), sc["runAsGroup"].as_i64()),
+            (Some(uid), Some(gid)),
+            "{} {owner}: the securityContext and the Dockerfile's USER {user} disagree",
+            file.display()
+        );
+    }
+    // The default command works as given.
+    let cmd: Vec<String> = serde_json::from_str(&runtime.of("CMD").pop().expect("a CMD")).unwrap();
+    let out = harness::bin().args(&cmd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "CMD {cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn schema_validator() -> Validator {
