@@ -57,7 +57,7 @@ pub(super) async fn run(
             };
         }
     };
-    let (server, clock) = server_check(&client, clock).await;
+    let (server, clock, role) = server_check(&client, clock).await;
     let guard = crate::job::guard_of(&client, false)
         .await
         .map_err(|e| format!("the source identity could not be read: {}", e.chain()));
@@ -66,7 +66,7 @@ pub(super) async fn run(
         .and_then(|all| registry::select(&all, selectors));
     let checks = vec![
         server,
-        privileges(&client, tables).await,
+        privileges(&client, tables, role.as_deref()).await,
         index(&client, tables).await,
         schema_dir_check(&client, tables, schema_dir, &schemas).await,
     ];
@@ -78,7 +78,11 @@ pub(super) async fn run(
     }
 }
 
-async fn server_check(client: &Client, clock: &dyn Clock) -> (Check, Option<Sample>) {
+/// The server check, the server's clock and the role connected.
+async fn server_check(
+    client: &Client,
+    clock: &dyn Clock,
+) -> (Check, Option<Sample>, Option<String>) {
     let before_ms = clock.now_ms();
     match catalog::server(client).await {
         Ok(s) => {
@@ -89,7 +93,11 @@ async fn server_check(client: &Client, clock: &dyn Clock) -> (Check, Option<Samp
                 resolution_ms: 1,
             };
             let detail = format!("PostgreSQL {}, connected as {:?}", s.version, s.role);
-            (Check::ok(Kind::Postgres, detail), Some(sample))
+            (
+                Check::ok(Kind::Postgres, detail),
+                Some(sample),
+                Some(s.role),
+            )
         }
         Err(e) => (
             Check::fail(
@@ -98,12 +106,15 @@ async fn server_check(client: &Client, clock: &dyn Clock) -> (Check, Option<Samp
                 "the server answers but not this query: check the role and the server's logs",
             ),
             None,
+            None,
         ),
     }
 }
 
-/// SELECT on the four source tables, UPDATE on `change_log`, advisory locks.
-async fn privileges(client: &Client, t: &Tables) -> Check {
+/// SELECT on the four source tables, UPDATE on `change_log`, advisory locks; the fix names
+/// `role` when known.
+async fn privileges(client: &Client, t: &Tables, role: Option<&str>) -> Check {
+    let role = role.map_or_else(|| "<role>".to_string(), |r| format!("{r:?}"));
     let mut problems = Vec::new();
     let mut grants = Vec::new();
     let mut missing_tables = false;
@@ -120,7 +131,7 @@ async fn privileges(client: &Client, t: &Tables) -> Check {
             Ok(Privilege::Missing) => {
                 problems.push(format!("no {privilege} on {}", table.quoted()));
                 grants.push(format!(
-                    "GRANT {privilege} ON {} TO <role>;",
+                    "GRANT {privilege} ON {} TO {role};",
                     table.quoted()
                 ));
             }
@@ -134,10 +145,9 @@ async fn privileges(client: &Client, t: &Tables) -> Check {
     }
     if let Err(e) = catalog::advisory_lock_usable(client).await {
         problems.push(format!("advisory locks: {}", e.chain()));
-        grants.push(
-            "GRANT EXECUTE ON FUNCTION pg_try_advisory_lock(int, int), pg_advisory_unlock(int, int) TO <role>;"
-                .to_string(),
-        );
+        grants.push(format!(
+            "GRANT EXECUTE ON FUNCTION pg_try_advisory_lock(int, int), pg_advisory_unlock(int, int) TO {role};"
+        ));
     }
     if problems.is_empty() {
         return Check::ok(
@@ -150,10 +160,7 @@ async fn privileges(client: &Client, t: &Tables) -> Check {
         fix.push("run lakecdc init-db (or fix the --*-table names)".to_string());
     }
     if !grants.is_empty() {
-        fix.push(format!(
-            "as the tables' owner, for the role lakecdc connects as: {}",
-            grants.join(" ")
-        ));
+        fix.push(format!("as the tables' owner: {}", grants.join(" ")));
     }
     Check::fail(Kind::Privileges, problems.join("; "), fix.join("; "))
 }
