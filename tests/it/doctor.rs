@@ -336,3 +336,27 @@ async fn a_missing_bucket_fails_the_lake_check_and_skips_what_needs_the_lake() {
     assert!(skew.detail.contains("store not checked"), "{}", skew.detail);
     assert_no_probe_left(&rig).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lake_written_from_another_database_fails_ownership_unless_adopting() {
+    let rig = flushed_rig().await;
+    let other = harness::TestDb::new().await;
+    lakecdc::init_db::run(
+        &other.connector(),
+        &Tables::default(),
+        Some(&harness::examples_dir()),
+        false,
+    )
+    .await
+    .unwrap();
+    let mut foreign = inputs(&rig, other.connector(), rig.store.clone());
+    let report = doctor(&foreign).await;
+    assert_checks(&report, &[(Kind::Ownership, Status::Fail)]);
+    let c = report.get(Kind::Ownership).unwrap();
+    assert!(c.detail.contains("manifest/100.json"), "{}", c.detail);
+    assert!(c.fix.contains("--adopt-source"), "{}", c.fix);
+    foreign.adopt_source = true;
+    let report = doctor(&foreign).await;
+    assert_checks(&report, &[(Kind::Ownership, Status::Warn)]);
+    assert_no_probe_left(&rig).await;
+}
