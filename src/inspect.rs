@@ -194,10 +194,7 @@ pub async fn run(
     let client = ctx.connector.connect().await?;
     let mut warnings = Vec::new();
     if !ddl::change_log_index_exists(&client, &ctx.tables).await? {
-        warnings.push(format!(
-            "{} has no (schema_id, flushed_at, changed_at) index: flush scans the table; run init-db to create it",
-            ctx.tables.change_log.quoted()
-        ));
+        warnings.push(ddl::change_log_index_missing(&ctx.tables));
     }
     let client = &client;
     let out = job::each_schema(

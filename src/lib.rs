@@ -3,7 +3,7 @@
 //!
 //! Layering (dependencies point down only):
 //! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`], [`inspect`], [`init`],
-//!   [`requeue`];
+//!   [`requeue`], [`doctor`];
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
@@ -12,6 +12,7 @@
 pub mod clock;
 pub mod compact;
 pub mod config;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod flush;

@@ -17,6 +17,7 @@ use crate::config::{
     LakeLocation, TableName, Tables, parse_duration, parse_memory_limit, parse_ratio, parse_size,
     s3_endpoint_warning,
 };
+use crate::doctor::DoctorInputs;
 use crate::engine::EngineConfig;
 use crate::error::{Error, Result};
 use crate::flush::FlushOptions;
@@ -91,6 +92,8 @@ pub enum Job {
     Query(Box<QueryOptions>),
     /// `lakecdc requeue`.
     Requeue(RequeueOptions),
+    /// `lakecdc doctor`.
+    Doctor,
 }
 
 /// Everything validated before any connection is opened.
@@ -196,11 +199,7 @@ impl RunConfig {
 
     /// Opens the job's context: the lake, a clock, and a stop flag raised by SIGTERM/SIGINT.
     async fn context(&self) -> Result<Context> {
-        if matches!(self.lake, LakeLocation::S3 { .. })
-            && let Some(w) = (self.s3.endpoint.as_deref()).and_then(s3_endpoint_warning)
-        {
-            tracing::warn!("{w}");
-        }
+        self.warn_of_endpoint();
         let lake = Lake::open(&self.lake, self.layout.clone(), &self.s3)
             .await?
             .with_limits(self.limits);
@@ -215,6 +214,35 @@ impl RunConfig {
             shutdown,
             adopt_source: self.adopt_source,
         })
+    }
+}
+
+impl RunConfig {
+    /// Logs a warning about a plain-text S3 endpoint.
+    fn warn_of_endpoint(&self) {
+        if matches!(self.lake, LakeLocation::S3 { .. })
+            && let Some(w) = (self.s3.endpoint.as_deref()).and_then(s3_endpoint_warning)
+        {
+            tracing::warn!("{w}");
+        }
+    }
+
+    /// What `doctor` checks: the lake is opened here like [`RunConfig::context`] opens it, but
+    /// a failure to open it is handed over, to be reported as a failed check.
+    async fn doctor_inputs(&self) -> DoctorInputs {
+        self.warn_of_endpoint();
+        let lake = Lake::open(&self.lake, self.layout.clone(), &self.s3)
+            .await
+            .map(|l| l.with_limits(self.limits));
+        DoctorInputs {
+            connector: self.connector.clone(),
+            tables: self.tables.clone(),
+            schema_dir: self.schema_dir.clone(),
+            schemas: self.schemas.clone(),
+            lake,
+            clock: Arc::new(SystemClock),
+            adopt_source: self.adopt_source,
+        }
     }
 }
 
@@ -463,6 +491,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
         },
         Command::Query => Job::Query(Box::new(query_options(s, schemas)?)),
         Command::Requeue => Job::Requeue(requeue_options(s, &schemas, dry_run)?),
+        Command::Doctor => Job::Doctor,
     })
 }
 
@@ -812,6 +841,10 @@ async fn execute(
                 ..SchemaRun::default()
             };
             *measured = Measured::of(ctx, vec![schema]);
+            Outcome::of(&r, r.to_text(), r.exit_code())
+        }
+        Job::Doctor => {
+            let r = crate::doctor::run(&config.doctor_inputs().await).await;
             Outcome::of(&r, r.to_text(), r.exit_code())
         }
     }

@@ -323,6 +323,15 @@ enum Command {
         #[arg(long)]
         max_ids: Option<String>,
     },
+    /// Check everything the jobs rely on (database, privileges, index, schema directory, lake,
+    /// conditional writes, clocks, ownership): one ok/warn/fail line each with its fix; exit 1
+    /// on any fail. Writes only a probe object under <lake>/_doctor/, and removes it.
+    Doctor {
+        /// Report a manifest written from another database as a warning: the writers run with
+        /// --adopt-source will take it over.
+        #[arg(long)]
+        adopt_source: bool,
+    },
     /// Show per schema what each job would do now (read-only: no lock, nothing written).
     Inspect {
         /// The flush threshold to evaluate: rows.

@@ -34,11 +34,13 @@ pub enum Command {
     Query,
     /// `requeue`.
     Requeue,
+    /// `doctor`.
+    Doctor,
 }
 
 impl Command {
     /// Every command, in the order a user meets them.
-    pub const ALL: [Command; 10] = [
+    pub const ALL: [Command; 11] = [
         Command::InitDb,
         Command::Init,
         Command::Flush,
@@ -49,6 +51,7 @@ impl Command {
         Command::View,
         Command::Query,
         Command::Requeue,
+        Command::Doctor,
     ];
 
     /// The command's name on the command line and in the config file.
@@ -64,6 +67,7 @@ impl Command {
             Command::View => "view",
             Command::Query => "query",
             Command::Requeue => "requeue",
+            Command::Doctor => "doctor",
         }
     }
 
@@ -110,7 +114,7 @@ impl Setting {
     }
 }
 
-use Command::{Compact, Flush, Gc, Init, InitDb, Inspect, Query, Requeue, Verify, View};
+use Command::{Compact, Doctor, Flush, Gc, Init, InitDb, Inspect, Query, Requeue, Verify, View};
 
 const fn global(key: &'static str, env: &'static str, default: Option<&'static str>) -> Setting {
     Setting {
@@ -258,7 +262,7 @@ pub const SETTINGS: &[Setting] = &[
     of(&[Requeue], "ids-from", "LAKECDC_IDS_FROM", None),
     of(&[Requeue], "where", "LAKECDC_WHERE", None),
     of(
-        &[Init, Flush, Compact, Gc],
+        &[Init, Flush, Compact, Gc, Doctor],
         "adopt-source",
         "LAKECDC_ADOPT_SOURCE",
         Some("false"),

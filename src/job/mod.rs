@@ -55,10 +55,15 @@ pub async fn source_guard(ctx: &Context) -> Result<SourceGuard> {
 
 /// [`source_guard`] on a connection the job already has.
 pub async fn source_guard_on(ctx: &Context, client: &crate::source::Client) -> Result<SourceGuard> {
+    guard_of(client, ctx.adopt_source).await
+}
+
+/// The guard of the database `client` reads, adopting another source's lake when `adopt`.
+pub async fn guard_of(client: &crate::source::Client, adopt: bool) -> Result<SourceGuard> {
     let (system_identifier, database) = crate::source::identify(client).await?;
     Ok(SourceGuard {
         identity: SourceIdentity::new(system_identifier, database),
-        adopt: ctx.adopt_source,
+        adopt,
     })
 }
 

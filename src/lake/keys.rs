@@ -14,6 +14,9 @@ use crate::error::{Error, Result};
 /// (re-exported as [`super::history::DEFAULT_RETENTION`]).
 pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The directory under the lake root that `lakecdc doctor` probes the store in.
+const DOCTOR_DIR: &str = "_doctor";
+
 /// The template placeholders accepted in `--manifest-template`.
 const PLACEHOLDERS: [&str; 2] = ["{schema_id}", "{{.SchemaID}}"];
 
@@ -32,6 +35,8 @@ pub struct Layout {
     limits: ReadLimits,
     /// How long manifest history copies are kept; zero writes none.
     history_retention: Duration,
+    /// `{root}/_doctor/` (or `_doctor/`): the only place `lakecdc doctor` writes.
+    doctor_prefix: String,
 }
 
 /// A path a manifest lists or retires that is not a data file of the manifest's own schema: a
@@ -150,6 +155,7 @@ impl Layout {
             manifest_in_lake: manifest_template.to_string(),
             limits: ReadLimits::default(),
             history_retention: DEFAULT_HISTORY_RETENTION,
+            doctor_prefix: format!("{}/", join(&root, DOCTOR_DIR)),
         })
     }
 
@@ -179,6 +185,12 @@ impl Layout {
     /// The data prefix (`{root}/{data}`), possibly empty.
     pub fn data_prefix(&self) -> &str {
         &self.data_prefix
+    }
+
+    /// `{root}/_doctor/`: where `lakecdc doctor` puts (and removes) its probe objects, outside
+    /// every data prefix and manifest key (docs/operations.md, `doctor`).
+    pub fn doctor_prefix(&self) -> &str {
+        &self.doctor_prefix
     }
 
     /// `{data}/{schema}/`: every object of the schema lies under it.
@@ -425,6 +437,18 @@ fn clean_prefix(prefix: &str, setting: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_doctor_prefix_is_under_the_root_and_no_key_of_a_job() {
+        let l = Layout::new("root", "data", "manifest/{schema_id}.json").unwrap();
+        assert_eq!(l.doctor_prefix(), "root/_doctor/");
+        let key = format!("{}{}", l.doctor_prefix(), Uuid::nil());
+        assert_eq!(l.classify(&key), KeyKind::Unknown);
+        assert_eq!(l.manifest_schema(&key), None);
+        let bare = Layout::new("", "", "{schema_id}.json").unwrap();
+        assert_eq!(bare.doctor_prefix(), "_doctor/");
+        assert_eq!(bare.classify("_doctor/x"), KeyKind::Unknown);
+    }
 
     #[test]
     fn manifest_keys_are_found_by_prefix_and_parsed_strictly() {

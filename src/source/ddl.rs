@@ -105,6 +105,15 @@ pub fn change_log_index(t: &Tables) -> String {
     t.change_log.derived("dirty_idx")
 }
 
+/// What a missing `change_log` index means and how to mend it (inspect's warning, doctor's
+/// failed check).
+pub fn change_log_index_missing(t: &Tables) -> String {
+    format!(
+        "{} has no (schema_id, flushed_at, changed_at) index: flush scans the table; run init-db to create it",
+        t.change_log.quoted()
+    )
+}
+
 /// True when `change_log` has an index leading with `(schema_id, flushed_at)`, whatever its
 /// name.
 pub async fn change_log_index_exists(client: &impl GenericClient, t: &Tables) -> Result<bool> {

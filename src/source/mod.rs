@@ -1,8 +1,9 @@
 //! PostgreSQL: connecting (DSN, TLS), the per-schema advisory lock, the schema registry,
-//! `change_log` statistics, the `init-db` DDL, and query results read straight off the wire
-//! (`copy_tap`). PostgreSQL types never leave this module
-//! except the `Client` handle the jobs pass back into it.
+//! `change_log` statistics, the `init-db` DDL, the catalog (privileges, columns, version), and
+//! query results read straight off the wire (`copy_tap`). PostgreSQL types never leave this
+//! module except the `Client` handle the jobs pass back into it.
 
+pub mod catalog;
 pub mod connect;
 pub mod conninfo;
 mod copy_decoder;

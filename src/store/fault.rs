@@ -60,6 +60,9 @@ pub enum Action {
     FailAfter,
     /// Wait at the gate before calling the inner store.
     Pause(Arc<Gate>),
+    /// For `put_bytes`: write with [`PutMode::Overwrite`] whatever mode was asked, as a store
+    /// that ignores `If-None-Match`/`If-Match` does (other operations run unchanged).
+    IgnoreCondition,
 }
 
 /// A rendezvous for a paused call: the test waits until the call arrives, then releases it.
@@ -178,8 +181,16 @@ impl FaultStore {
         key: &str,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match self.record(op, key) {
-            None => call.await,
+        self.apply(self.record(op, key), call).await
+    }
+
+    async fn apply<T>(
+        &self,
+        action: Option<Action>,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match action {
+            None | Some(Action::IgnoreCondition) => call.await,
             Some(Action::Fail) => Err(StoreError::Injected),
             Some(Action::FailAfter) => {
                 call.await?;
@@ -229,7 +240,12 @@ impl ObjectStore for FaultStore {
         body: Bytes,
         mode: PutMode,
     ) -> Result<PutResult, StoreError> {
-        self.run(Op::PutBytes, key, self.inner.put_bytes(key, body, mode))
+        let action = self.record(Op::PutBytes, key);
+        let mode = match action {
+            Some(Action::IgnoreCondition) => PutMode::Overwrite,
+            _ => mode,
+        };
+        self.apply(action, self.inner.put_bytes(key, body, mode))
             .await
     }
 
@@ -290,6 +306,22 @@ mod tests {
         assert!(put("manifest/1.json").await.is_ok());
         assert_eq!(store.writes().len(), 4);
         assert_eq!(store.calls()[1].key, "data/1/a.parquet");
+    }
+
+    #[tokio::test]
+    async fn an_ignored_condition_overwrites_once() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let put = |mode| store.put_bytes("k", Bytes::from_static(b"v"), mode);
+        put(PutMode::Create).await.unwrap();
+        store.arm(Op::PutBytes, Some("k"), 1, Action::IgnoreCondition);
+        assert!(
+            put(PutMode::Create).await.is_ok(),
+            "the condition was ignored"
+        );
+        assert!(matches!(
+            put(PutMode::Create).await,
+            Err(StoreError::Conflict)
+        ));
     }
 
     #[tokio::test]

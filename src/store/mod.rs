@@ -12,6 +12,7 @@ pub mod fault;
 pub mod local;
 #[cfg(any(test, feature = "testing"))]
 pub mod memory;
+pub mod probe;
 pub mod s3;
 
 use std::path::Path;

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-const JOBS: [&str; 9] = [
-    "flush", "init", "compact", "gc", "verify", "inspect", "init_db", "view", "requeue",
+const JOBS: [&str; 10] = [
+    "flush", "init", "compact", "gc", "verify", "inspect", "init_db", "view", "requeue", "doctor",
 ];
 const BLOCKS: [&str; 4] = ["source", "engine", "lake", "store"];
 

@@ -12,6 +12,7 @@ mod compact_ranges;
 mod copy_tap;
 mod deploy;
 mod docs;
+mod doctor;
 mod engine;
 mod flush;
 mod flush_select;
