@@ -754,7 +754,7 @@ impl RunConfig {
             Job::Compact(o) => o.dry_run,
             Job::Gc(o) => o.dry_run,
             Job::Requeue(o) => o.dry_run,
-            Job::Verify(_) | Job::Inspect(..) | Job::View(_) | Job::Query(_) => false,
+            Job::Verify(_) | Job::Inspect(..) | Job::View(_) | Job::Query(_) | Job::Doctor => false,
         }
     }
 }
