@@ -149,11 +149,7 @@ pub fn exposition(run: &RunRecord, last_success: Option<f64>) -> Exposition {
     }
     for s in &run.schemas {
         let id = s.schema_id.to_string();
-        let labels = [
-            ("command", run.command),
-            ("schema", s.schema.as_str()),
-            ("schema_id", id.as_str()),
-        ];
+        let labels = schema_labels(run.command, &s.schema, &id);
         e.gauge(
             "lakecdc_schema_failed",
             "1 when the last run's step for this schema failed.",
@@ -205,11 +201,7 @@ pub fn exposition(run: &RunRecord, last_success: Option<f64>) -> Exposition {
     }
     for s in &run.state {
         let id = s.schema_id.to_string();
-        let labels = [
-            ("command", run.command),
-            ("schema", s.schema.as_str()),
-            ("schema_id", id.as_str()),
-        ];
+        let labels = schema_labels(run.command, &s.schema, &id);
         e.gauge(
             "lakecdc_dirty_rows",
             "Rows waiting in change_log for a flush, after the last run.",
@@ -247,6 +239,15 @@ pub fn exposition(run: &RunRecord, last_success: Option<f64>) -> Exposition {
         }
     }
     e
+}
+
+/// The labels of a per-schema sample.
+fn schema_labels<'a>(
+    command: &'a str,
+    schema: &'a str,
+    id: &'a str,
+) -> [(&'static str, &'a str); 3] {
+    [("command", command), ("schema", schema), ("schema_id", id)]
 }
 
 /// Writes and pushes the run's metrics where `opts` says. A failure is logged, not returned:

@@ -18,13 +18,6 @@ use crate::support::writer::{Customer, Rng};
 /// An address where a connection attempt fails at once.
 const UNREACHABLE: &str = "host=127.0.0.1 port=1 user=u dbname=d sslmode=disable connect_timeout=1";
 
-fn python() -> PathBuf {
-    std::env::var_os("LAKECDC_TEST_PYTHON").map_or_else(
-        || PathBuf::from("/var/tmp/lakecdc-bench-venv/bin/python"),
-        PathBuf::from,
-    )
-}
-
 /// Metric name → [(labels, value)], as `prometheus_client`'s text parser reads `text`.
 type Parsed = BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>>;
 
@@ -39,20 +32,7 @@ for fam in text_string_to_metric_families(sys.stdin.read()):
         out.setdefault(s.name, []).append([s.labels, s.value])
 print(json.dumps(out))
 "#;
-    let mut child = std::process::Command::new(python())
-        .args(["-c", SCRIPT])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e} (scripts/test.sh installs it)", python().display()));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = harness::run_python(SCRIPT, text.as_bytes());
     assert!(
         out.status.success(),
         "the text parser refused:\n{text}\n{}",

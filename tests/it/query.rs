@@ -3,7 +3,7 @@
 //! verified and cached S3 reads, pruning by `row_id`, and the output formats.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bytes::Bytes;
 use lakecdc::compact::CompactOptions;
@@ -122,14 +122,6 @@ async fn lived_in_lake(rig: &mut Rig, seed: u64) -> (BTreeMap<Uuid, String>, tem
     (nicknamed, dir)
 }
 
-/// The Python DuckDB the bench installs (`scripts/test.sh` installs it too).
-fn python() -> PathBuf {
-    std::env::var_os("LAKECDC_TEST_PYTHON").map_or_else(
-        || PathBuf::from("/var/tmp/lakecdc-bench-venv/bin/python"),
-        PathBuf::from,
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_query_reads_exactly_the_live_rows_and_views_sql_agrees_in_python_duckdb() {
     let mut rig = rig(LakeKind::Local).await;
@@ -185,19 +177,12 @@ async fn the_query_reads_exactly_the_live_rows_and_views_sql_agrees_in_python_du
         "import duckdb, sys\ncon = duckdb.connect()\ncon.execute(sys.stdin.read())\ncon.execute(\"COPY (SELECT * FROM customer) TO '{}' (FORMAT parquet, COMPRESSION zstd)\")\n",
         py_out.display()
     );
-    let mut child = std::process::Command::new(python())
-        .args(["-c", &script])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e} (scripts/test.sh installs it)", python().display()));
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(sql.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    let out = harness::run_python(&script, sql.as_bytes());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let python_rows: BTreeMap<Uuid, LakeRow> =
         oracle::read_parquet(Bytes::from(std::fs::read(&py_out).unwrap()))
             .into_iter()

@@ -184,6 +184,28 @@ pub fn bin() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_lakecdc"))
 }
 
+/// The Python with DuckDB and prometheus_client that `scripts/test.sh` installs.
+pub fn python() -> std::path::PathBuf {
+    std::env::var_os("LAKECDC_TEST_PYTHON").map_or_else(
+        || std::path::PathBuf::from("/var/tmp/lakecdc-bench-venv/bin/python"),
+        std::path::PathBuf::from,
+    )
+}
+
+/// Runs the Python `script` with `stdin` as its standard input; its output.
+pub fn run_python(script: &str, stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(python())
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (scripts/test.sh installs it)", python().display()));
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// The example schema directory.
 pub fn examples_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/schemas")
