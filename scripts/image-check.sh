@@ -15,6 +15,8 @@
 #
 #   scripts/image-check.sh              # build, then check
 #   scripts/image-check.sh --no-build   # check the binary already in the target dir
+#   scripts/image-check.sh --binary PATH  # check another build of it (scripts/test.sh: the
+#                                         # debug binary the tests ran, same libraries)
 #
 # Exits non-zero with a message naming the mismatch. Writes nothing but the cargo build output
 # and a temporary directory (removed on exit).
@@ -23,10 +25,18 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DOCKERFILE="$ROOT/Dockerfile"
 BUILD=1
-for arg in "$@"; do
+GIVEN_BINARY=""
+while (($#)); do
+    arg="$1"
+    shift
     case "$arg" in
         --no-build) BUILD=0 ;;
-        -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --binary)
+            (($#)) || { echo "image-check: --binary needs a path" >&2; exit 2; }
+            BUILD=0 GIVEN_BINARY="$1"
+            shift
+            ;;
+        -h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "image-check: unknown argument $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -201,7 +211,7 @@ cd "$ROOT"
 toolchain="$(rustc --version)"
 [[ "$toolchain" == "rustc $channel "* ]] || fail "the host's rustc here is '$toolchain', not $channel"
 target_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
-binary="$target_dir/release/$bin_name"
+binary="${GIVEN_BINARY:-$target_dir/release/$bin_name}"
 if ((BUILD)); then
     echo "building: CARGO_TARGET_DIR=$target_dir ${BUILD_ARGV[*]}  ($toolchain)"
     [[ -d "$target_dir/release/build" ]] ||
@@ -213,7 +223,7 @@ if ((BUILD)); then
     tail -1 "$TMP/build.log" | sed 's/^[[:space:]]*/  cargo: /'
     ok "built $binary"
 else
-    note "--no-build: checking the binary already at $binary"
+    note "not built here: checking the binary at $binary"
 fi
 [[ -x "$binary" ]] || fail "no binary at $binary"
 

@@ -98,6 +98,14 @@ set -e
 trap - EXIT INT TERM
 stop_services
 
+# The image's run steps (its user, its libraries, its entrypoint) on the binary the tests ran;
+# a full run only (a release build of the same code links the same libraries).
+image_rc=0
+if [ "${#args[@]}" -eq 2 ] && [ "$rc" -eq 0 ]; then
+	step "scripts/image-check.sh --binary $CARGO_TARGET_DIR/debug/lakecdc"
+	scripts/image-check.sh --binary "$CARGO_TARGET_DIR/debug/lakecdc" || image_rc=$?
+fi
+
 # Sum "test result: ok. 3 passed; 0 failed; 1 ignored; ..." over all binaries.
 read -r passed failed ignored < <(awk '
 	/^test result: / {
@@ -110,10 +118,11 @@ read -r passed failed ignored < <(awk '
 	END { printf "%d %d %d\n", p, f, g }' "$log")
 
 echo
-if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ]; then
+if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ] || [ "$image_rc" -ne 0 ]; then
 	grep -E '^test .* \.\.\. FAILED$' "$log" | sed 's/^/  /' || true
 	if [ "$rc" -ne 0 ]; then why="cargo test exited with $rc"; else why="no test ran"; fi
 	[ "$failed" -eq 0 ] || why="$failed failed"
+	[ "$image_rc" -eq 0 ] || why="scripts/image-check.sh failed"
 	echo "test.sh: FAILED: $why (output kept in $log)"
 	echo "summary: $passed passed, $failed failed, $ignored skipped"
 	exit 1
