@@ -3,12 +3,13 @@
 //!
 //! Layering (dependencies point down only):
 //! - jobs: [`init_db`], [`flush`], [`verify`], [`gc`], [`compact`], [`inspect`], [`init`],
-//!   [`requeue`], [`doctor`];
+//!   [`requeue`], [`doctor`], [`attach`];
 //! - building blocks: [`source`] (PostgreSQL), [`engine`] (DuckDB), [`lake`] (the on-storage
 //!   format), [`store`] (object storage); building blocks never call each other, except that
 //!   `lake` commits manifests through the `store` trait;
 //! - the domain model: [`schema`], [`config`], [`clock`].
 
+pub mod attach;
 pub mod clock;
 pub mod compact;
 pub mod config;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
+use crate::attach::AttachOptions;
 use crate::clock::SystemClock;
 use crate::compact::CompactOptions;
 use crate::config::settings::{Command, Origin, Resolved};
@@ -92,6 +93,20 @@ pub enum Job {
     Query(Box<QueryOptions>),
     /// `lakecdc requeue`.
     Requeue(RequeueOptions),
+    /// `lakecdc attach`; `print_sql` prints its script instead.
+    Attach {
+        /// What to attach.
+        opts: AttachOptions,
+        /// Print the script; change nothing.
+        print_sql: bool,
+    },
+    /// `lakecdc detach`.
+    Detach {
+        /// The table.
+        table: TableName,
+        /// Report only.
+        dry_run: bool,
+    },
     /// `lakecdc doctor`.
     Doctor,
 }
@@ -492,6 +507,19 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
         Command::Query => Job::Query(Box::new(query_options(s, schemas)?)),
         Command::Requeue => Job::Requeue(requeue_options(s, &schemas, dry_run)?),
         Command::Doctor => Job::Doctor,
+        Command::Attach => Job::Attach {
+            opts: AttachOptions {
+                table: TableName::parse("table", s.text("table")?)?,
+                name: s.get("name").map(str::to_string),
+                exclude: s.list("exclude-columns"),
+                dry_run,
+            },
+            print_sql: s.flag("print-sql"),
+        },
+        Command::Detach => Job::Detach {
+            table: TableName::parse("table", s.text("table")?)?,
+            dry_run,
+        },
     })
 }
 
@@ -754,6 +782,8 @@ impl RunConfig {
             Job::Compact(o) => o.dry_run,
             Job::Gc(o) => o.dry_run,
             Job::Requeue(o) => o.dry_run,
+            Job::Attach { opts, print_sql } => opts.dry_run || *print_sql,
+            Job::Detach { dry_run, .. } => *dry_run,
             Job::Verify(_) | Job::Inspect(..) | Job::View(_) | Job::Query(_) | Job::Doctor => false,
         }
     }
@@ -772,6 +802,25 @@ async fn execute(
             json: String::new(),
             exit_code: 0,
         }),
+        Job::Attach {
+            opts,
+            print_sql: true,
+        } => Ok(Outcome {
+            text: crate::attach::script(&config.connector, &config.tables, &SystemClock, opts)
+                .await?,
+            json: String::new(),
+            exit_code: 0,
+        }),
+        Job::Attach { opts, .. } => {
+            let r =
+                crate::attach::run(&config.connector, &config.tables, &SystemClock, opts).await?;
+            Outcome::of(&r, r.to_text(), 0)
+        }
+        Job::Detach { table, dry_run } => {
+            let r =
+                crate::attach::detach(&config.connector, &config.tables, table, *dry_run).await?;
+            Outcome::of(&r, r.to_text(), 0)
+        }
         Job::InitDb { dry_run, .. } => {
             let dir = config.schema_dir.as_deref();
             let r = crate::init_db::run(&config.connector, &config.tables, dir, *dry_run).await?;

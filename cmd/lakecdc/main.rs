@@ -332,6 +332,32 @@ enum Command {
         #[arg(long)]
         adopt_source: bool,
     },
+    /// Capture a PostgreSQL table with a primary key as a source of the lake: statement-level
+    /// triggers record each touched row in lakecdc_touch (no replication slot).
+    Attach {
+        /// The table: name or schema.name.
+        table: String,
+        /// The source's name in the lake and for --schema [default: the table's name].
+        #[arg(long)]
+        name: Option<String>,
+        /// Columns left out of the lake (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        exclude_columns: Vec<String>,
+        /// Check the table and report what would be attached; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the SQL attach runs (one transaction), for a migration tool; change nothing.
+        #[arg(long)]
+        print_sql: bool,
+    },
+    /// Stop capturing a table: its triggers are dropped; the source's lake stays.
+    Detach {
+        /// The table: name or schema.name.
+        table: String,
+        /// Report what would be dropped; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Show per schema what each job would do now (read-only: no lock, nothing written).
     Inspect {
         /// The flush threshold to evaluate: rows.

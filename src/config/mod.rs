@@ -65,6 +65,28 @@ impl TableName {
     pub fn derived(&self, suffix: &str) -> String {
         format!("\"{}_{suffix}\"", self.name)
     }
+
+    /// The table's schema, when the name is qualified.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// Another table of the same schema (`name` is a plain identifier chosen by lakecdc).
+    pub fn sibling(&self, name: &str) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    /// This table qualified with `schema` when it is not already (for SQL that runs with a
+    /// pinned `search_path`, such as a `SECURITY DEFINER` trigger function).
+    pub fn qualified_in(&self, schema: &str) -> TableName {
+        TableName {
+            schema: Some(self.schema.clone().unwrap_or_else(|| schema.to_string())),
+            name: self.name.clone(),
+        }
+    }
 }
 
 /// The longest schema name, in bytes: a PostgreSQL identifier's limit (`NAMEDATALEN` - 1).
@@ -180,6 +202,19 @@ pub struct Tables {
     pub eav: TableName,
     /// `change_log`.
     pub change_log: TableName,
+}
+
+impl Tables {
+    /// The table sources attached with `lakecdc attach` (docs/design.md §9), beside the
+    /// registry.
+    pub fn sources(&self) -> TableName {
+        self.registry.sibling("lakecdc_sources")
+    }
+
+    /// The touch log of the table sources' triggers, beside the registry: `change_log`'s shape.
+    pub fn touch_log(&self) -> TableName {
+        self.registry.sibling("lakecdc_touch")
+    }
 }
 
 impl Default for Tables {

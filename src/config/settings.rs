@@ -36,11 +36,15 @@ pub enum Command {
     Requeue,
     /// `doctor`.
     Doctor,
+    /// `attach`.
+    Attach,
+    /// `detach`.
+    Detach,
 }
 
 impl Command {
     /// Every command, in the order a user meets them.
-    pub const ALL: [Command; 11] = [
+    pub const ALL: [Command; 13] = [
         Command::InitDb,
         Command::Init,
         Command::Flush,
@@ -52,6 +56,8 @@ impl Command {
         Command::Query,
         Command::Requeue,
         Command::Doctor,
+        Command::Attach,
+        Command::Detach,
     ];
 
     /// The command's name on the command line and in the config file.
@@ -68,6 +74,8 @@ impl Command {
             Command::Query => "query",
             Command::Requeue => "requeue",
             Command::Doctor => "doctor",
+            Command::Attach => "attach",
+            Command::Detach => "detach",
         }
     }
 
@@ -114,7 +122,9 @@ impl Setting {
     }
 }
 
-use Command::{Compact, Doctor, Flush, Gc, Init, InitDb, Inspect, Query, Requeue, Verify, View};
+use Command::{
+    Attach, Compact, Detach, Doctor, Flush, Gc, Init, InitDb, Inspect, Query, Requeue, Verify, View,
+};
 
 const fn global(key: &'static str, env: &'static str, default: Option<&'static str>) -> Setting {
     Setting {
@@ -144,7 +154,7 @@ const fn of(
 }
 
 const ENGINE: &[Command] = &[Init, Flush, Compact];
-const WRITERS: &[Command] = &[InitDb, Init, Flush, Compact, Gc, Requeue];
+const WRITERS: &[Command] = &[InitDb, Init, Flush, Compact, Gc, Requeue, Attach, Detach];
 
 /// Every setting. Defaults live here and nowhere else.
 pub const SETTINGS: &[Setting] = &[
@@ -247,7 +257,20 @@ pub const SETTINGS: &[Setting] = &[
         Some("4"),
     ),
     of(&[Gc], "grace", "LAKECDC_GC_GRACE", Some("15m")),
-    of(&[InitDb], "print-sql", "LAKECDC_PRINT_SQL", Some("false")),
+    of(
+        &[InitDb, Attach],
+        "print-sql",
+        "LAKECDC_PRINT_SQL",
+        Some("false"),
+    ),
+    of(&[Attach, Detach], "table", "LAKECDC_TABLE", None),
+    of(&[Attach], "name", "LAKECDC_SOURCE_NAME", None),
+    of(
+        &[Attach],
+        "exclude-columns",
+        "LAKECDC_EXCLUDE_COLUMNS",
+        None,
+    ),
     of(&[Verify], "source", "LAKECDC_VERIFY_SOURCE", Some("false")),
     of(&[Verify], "deep", "LAKECDC_VERIFY_DEEP", Some("false")),
     of(&[Verify, Gc], "repair", "LAKECDC_REPAIR", Some("false")),

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::schema::slot_columns;
 
 /// Lock key serialising `init-db` runs (single-bigint keyspace, disjoint from schema locks).
-const INIT_DB_LOCK: i64 = 0x6c61_6b65_6364_6301;
+pub(crate) const INIT_DB_LOCK: i64 = 0x6c61_6b65_6364_6301;
 /// The first id given to a schema in an empty registry.
 pub const FIRST_SCHEMA_ID: i16 = 100;
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -132,6 +132,29 @@ pub async fn change_log_index_exists(client: &impl GenericClient, t: &Tables) ->
     Ok(row.get(0))
 }
 
+/// The ids table sources hold: none before the first `attach`.
+pub(crate) async fn source_ids(client: &impl GenericClient, tables: &Tables) -> Result<Vec<i16>> {
+    let sources = tables.sources();
+    let exists: bool = timed(
+        TIMEOUT,
+        "check table",
+        client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&sources.quoted()]),
+    )
+    .await?
+    .get(0);
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let sql = format!("SELECT source_id FROM {}", sources.quoted());
+    Ok(
+        timed(TIMEOUT, "read lakecdc_sources", client.query(&sql, &[]))
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect(),
+    )
+}
+
 /// Creates whatever is missing and registers `schema_names` (sorted by the caller); existing
 /// names keep their id, new names get `max(FIRST_SCHEMA_ID, max id + 1)` onwards. With
 /// `dry_run` the same checks and id assignment run in a transaction that changes nothing and
@@ -203,9 +226,13 @@ pub async fn apply(
         })
         .collect::<Result<_>>()?
     };
+    // Table sources share the schemas' ids (docs/design.md §9).
+    let sources = source_ids(&tx, t).await?;
     let mut next = existing
         .iter()
-        .map(|(_, id)| i32::from(*id) + 1)
+        .map(|(_, id)| *id)
+        .chain(sources.iter().copied())
+        .map(|id| i32::from(id) + 1)
         .max()
         .unwrap_or(0)
         .max(i32::from(FIRST_SCHEMA_ID));

@@ -3,6 +3,8 @@
 //! query results read straight off the wire (`copy_tap`). PostgreSQL types never leave this
 //! module except the `Client` handle the jobs pass back into it.
 
+pub mod attach;
+pub mod capture;
 pub mod catalog;
 pub mod connect;
 pub mod conninfo;

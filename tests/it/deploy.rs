@@ -527,7 +527,7 @@ fn the_deployment_readme_names_every_environment_variable() {
     let mut vars = BTreeSet::new();
     for sub in [
         "flush", "compact", "gc", "verify", "inspect", "init", "init-db", "view", "requeue",
-        "doctor",
+        "doctor", "attach", "detach",
     ] {
         let out = harness::bin().args([sub, "--help"]).output().unwrap();
         assert!(out.status.success(), "{sub} --help");

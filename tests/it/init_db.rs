@@ -314,7 +314,7 @@ async fn printed_sql_applied_by_a_migration_tool_leaves_init_db_nothing_to_creat
 }
 
 /// psql from the PostgreSQL installation `scripts/services.sh` uses (or the one on PATH).
-fn psql() -> std::path::PathBuf {
+pub fn psql() -> std::path::PathBuf {
     let installed = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()

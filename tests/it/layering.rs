@@ -6,8 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-const JOBS: [&str; 10] = [
+const JOBS: [&str; 11] = [
     "flush", "init", "compact", "gc", "verify", "inspect", "init_db", "view", "requeue", "doctor",
+    "attach",
 ];
 const BLOCKS: [&str; 4] = ["source", "engine", "lake", "store"];
 

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 #![allow(unreachable_pub)] // modules of one test binary share helpers with `pub`
 
+mod attach;
 mod cli;
 mod compact;
 mod compact_faults;

@@ -1,0 +1,385 @@
+//! Attaching and detaching a table source (docs/design.md §9): the table's shape from the
+//! catalog, the checks a table must pass (a primary key of types whose text is the same in every
+//! session, excluded columns that exist and are not key columns, a free name), the source id
+//! (shared with the schemas' ids), and the capture DDL ([`super::capture`]) run in one
+//! transaction — or printed.
+
+use tokio_postgres::{Client, GenericClient};
+
+use super::capture::{Capture, KEY_TYPES, KeyColumn};
+use super::connect::timed;
+use super::ddl::{FIRST_SCHEMA_ID, INIT_DB_LOCK};
+use crate::config::{TableName, Tables, check_schema_name};
+use crate::error::{Error, Result};
+
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// What `attach` is asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachRequest {
+    /// The table, `name` or `schema.name`.
+    pub table: TableName,
+    /// The source's name (default: the table's name).
+    pub name: Option<String>,
+    /// Columns left out of the lake.
+    pub exclude: Vec<String>,
+}
+
+/// What an attach did (or, dry, would do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attached {
+    /// The capture of the source.
+    pub capture: Capture,
+    /// The table was attached already, its triggers in place: nothing was changed.
+    pub unchanged: bool,
+    /// The table's other columns (exported), with their types.
+    pub columns: Vec<(String, String)>,
+}
+
+/// The table as the catalog describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Shape {
+    table: TableName,
+    columns: Vec<(String, String)>,
+    key: Vec<KeyColumn>,
+}
+
+async fn describe(client: &impl GenericClient, table: &TableName) -> Result<Shape> {
+    let found = timed(
+        TIMEOUT,
+        "find the table",
+        client.query_opt(
+            "SELECT c.oid::int8, n.nspname::text, c.relname::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')",
+            &[&table.quoted()],
+        ),
+    )
+    .await?
+    .ok_or_else(|| {
+        Error::config(format!(
+            "table {} does not exist (or is not a table): check the name and the search_path",
+            table.quoted()
+        ))
+    })?;
+    let (oid, schema, name): (i64, String, String) = (found.get(0), found.get(1), found.get(2));
+    let qualified = TableName::parse("table", &format!("{schema}.{name}")).map_err(|_| {
+        Error::config(format!(
+            "table {schema}.{name}: lakecdc attaches tables named with letters, digits and _ only"
+        ))
+    })?;
+    let columns = timed(
+        TIMEOUT,
+        "read the table's columns",
+        client.query(
+            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute \
+             WHERE attrelid = $1::int8::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            &[&oid],
+        ),
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    let key = timed(
+        TIMEOUT,
+        "read the table's primary key",
+        client.query(
+            "SELECT a.attname::text, format_type(a.atttypid, NULL) FROM pg_index i \
+             CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+             WHERE i.indrelid = $1::int8::oid AND i.indisprimary ORDER BY k.ord",
+            &[&oid],
+        ),
+    )
+    .await?
+    .iter()
+    .map(|r| KeyColumn {
+        name: r.get(0),
+        type_name: r.get(1),
+    })
+    .collect();
+    Ok(Shape {
+        table: qualified,
+        columns,
+        key,
+    })
+}
+
+/// Whether `table` exists.
+async fn exists(client: &impl GenericClient, table: &TableName) -> Result<bool> {
+    Ok(timed(
+        TIMEOUT,
+        "check table",
+        client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()]),
+    )
+    .await?
+    .get(0))
+}
+
+/// The registry of sources and the touch log, qualified with the connection's schema when the
+/// registry's name is not (the trigger function runs with a pinned `search_path`).
+async fn qualified_tables(
+    client: &impl GenericClient,
+    tables: &Tables,
+) -> Result<(TableName, TableName)> {
+    let schema: String = timed(
+        TIMEOUT,
+        "read current_schema",
+        client.query_one("SELECT current_schema()::text", &[]),
+    )
+    .await?
+    .get(0);
+    Ok((
+        tables.sources().qualified_in(&schema),
+        tables.touch_log().qualified_in(&schema),
+    ))
+}
+
+/// A source already attached to the table: its id and name.
+async fn attached_to(
+    client: &impl GenericClient,
+    sources: &TableName,
+    table: &TableName,
+) -> Result<Option<(i16, String)>> {
+    if !exists(client, sources).await? {
+        return Ok(None);
+    }
+    let sql = format!(
+        "SELECT source_id, name FROM {} WHERE table_schema = $1 AND table_name = $2",
+        sources.quoted()
+    );
+    let row = timed(
+        TIMEOUT,
+        "read lakecdc_sources",
+        client.query_opt(&sql, &[&table.schema().unwrap_or("public"), &table.name()]),
+    )
+    .await?;
+    Ok(row.map(|r| (r.get(0), r.get(1))))
+}
+
+/// Every name and id taken by a schema or a source.
+async fn taken(
+    client: &impl GenericClient,
+    tables: &Tables,
+    sources: &TableName,
+) -> Result<Vec<(String, i16)>> {
+    let mut out = Vec::new();
+    if exists(client, &tables.registry).await? {
+        let sql = format!(
+            "SELECT schema_name, schema_id FROM {}",
+            tables.registry.quoted()
+        );
+        for r in timed(TIMEOUT, "read schema registry", client.query(&sql, &[])).await? {
+            out.push((r.get(0), r.get(1)));
+        }
+    }
+    if exists(client, sources).await? {
+        let sql = format!("SELECT name, source_id FROM {}", sources.quoted());
+        for r in timed(TIMEOUT, "read lakecdc_sources", client.query(&sql, &[])).await? {
+            out.push((r.get(0), r.get(1)));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether the table's function and its four triggers are all in place.
+async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
+    let names: Vec<String> = Capture::triggers()
+        .iter()
+        .map(|(n, _)| (*n).to_string())
+        .collect();
+    let row = timed(
+        TIMEOUT,
+        "check the capture triggers",
+        client.query_one(
+            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) \
+                     AND tgname = ANY($2) AND tgfoid = to_regprocedure($3 || '()')::oid), \
+                    to_regprocedure($3 || '()') IS NOT NULL",
+            &[
+                &capture.table.quoted(),
+                &names,
+                &capture.function().quoted(),
+            ],
+        ),
+    )
+    .await?;
+    let (triggers, function): (i64, bool) = (row.get(0), row.get(1));
+    Ok(function && triggers == names.len() as i64)
+}
+
+/// Checks `request` against the catalog and the registries and decides the capture; changes
+/// nothing. `unchanged` when the table is attached already with everything in place.
+async fn plan(
+    client: &impl GenericClient,
+    tables: &Tables,
+    request: &AttachRequest,
+) -> Result<Attached> {
+    let shape = describe(client, &request.table).await?;
+    let table = shape.table.quoted();
+    if shape.key.is_empty() {
+        return Err(Error::config(format!(
+            "table {table} has no primary key: lakecdc identifies rows by it; add one (ALTER TABLE … ADD PRIMARY KEY) and attach again"
+        )));
+    }
+    if let Some(k) = shape
+        .key
+        .iter()
+        .find(|k| !KEY_TYPES.contains(&k.type_name.as_str()))
+    {
+        return Err(Error::config(format!(
+            "table {table}: primary key column {:?} is {}, whose text depends on session settings; keys of {} only can be attached",
+            k.name,
+            k.type_name,
+            KEY_TYPES.join(", ")
+        )));
+    }
+    for column in &request.exclude {
+        if !shape.columns.iter().any(|(c, _)| c == column) {
+            return Err(Error::setting(
+                "exclude-columns",
+                format!("names {column:?}, which {table} does not have"),
+            ));
+        }
+        if shape.key.iter().any(|k| &k.name == column) {
+            return Err(Error::setting(
+                "exclude-columns",
+                format!(
+                    "names {column:?}, a primary-key column of {table}: keys are always exported"
+                ),
+            ));
+        }
+    }
+    let (sources, touch_log) = qualified_tables(client, tables).await?;
+    let existing = attached_to(client, &sources, &shape.table).await?;
+    let name = match (&request.name, &existing) {
+        (Some(n), Some((_, current))) if n != current => {
+            return Err(Error::setting(
+                "name",
+                format!("{table} is attached already as {current:?}: detach it first to rename it"),
+            ));
+        }
+        (_, Some((_, current))) => current.clone(),
+        (Some(n), None) => n.clone(),
+        (None, None) => shape.table.name().to_string(),
+    };
+    check_schema_name(&name).map_err(|e| Error::setting("name", e.to_string()))?;
+    let taken = taken(client, tables, &sources).await?;
+    let id = match existing {
+        Some((id, _)) => id,
+        None => {
+            if taken.iter().any(|(n, _)| *n == name) {
+                return Err(Error::setting(
+                    "name",
+                    format!(
+                        "{name:?} is taken by a schema or another source: choose another with --name"
+                    ),
+                ));
+            }
+            let next = taken
+                .iter()
+                .map(|(_, id)| i32::from(*id) + 1)
+                .max()
+                .unwrap_or(0)
+                .max(i32::from(FIRST_SCHEMA_ID));
+            i16::try_from(next).map_err(|_| {
+                Error::config(format!("cannot attach {table}: source ids are exhausted"))
+            })?
+        }
+    };
+    let capture = Capture {
+        source_id: id,
+        name,
+        table: shape.table.clone(),
+        key: shape.key.clone(),
+        excluded: request.exclude.clone(),
+        sources,
+        touch_log,
+    };
+    let unchanged = existing.is_some() && capture_installed(client, &capture).await?;
+    let columns = shape
+        .columns
+        .into_iter()
+        .filter(|(c, _)| !request.exclude.contains(c))
+        .collect();
+    Ok(Attached {
+        capture,
+        unchanged,
+        columns,
+    })
+}
+
+/// Attaches the table: in one transaction (serialised with `init-db`, which also hands out
+/// ids), the checks, then the capture DDL unless the table is attached already. `dry_run`
+/// rolls back; `attached_at` is the time recorded for a new source.
+pub async fn attach(
+    client: &mut Client,
+    tables: &Tables,
+    request: &AttachRequest,
+    attached_at: i64,
+    dry_run: bool,
+) -> Result<Attached> {
+    let tx = timed(TIMEOUT, "begin attach", client.transaction()).await?;
+    timed(
+        TIMEOUT,
+        "lock attach",
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&INIT_DB_LOCK]),
+    )
+    .await?;
+    let attached = plan(&tx, tables, request).await?;
+    if attached.unchanged || dry_run {
+        timed(TIMEOUT, "end attach", tx.rollback()).await?;
+        return Ok(attached);
+    }
+    for statement in attached.capture.attach_statements(attached_at) {
+        timed(TIMEOUT, "attach", tx.batch_execute(&statement)).await?;
+    }
+    timed(TIMEOUT, "commit attach", tx.commit()).await?;
+    Ok(attached)
+}
+
+/// [`attach`]'s plan without changing anything (`--print-sql` prints its script).
+pub async fn plan_attach(
+    client: &Client,
+    tables: &Tables,
+    request: &AttachRequest,
+) -> Result<Attached> {
+    plan(client, tables, request).await
+}
+
+/// Detaches the table: its triggers and function are dropped; its source row, touch-log rows
+/// and lake stay (attach again to resume; init to start over). `Ok(None)`: not attached, or
+/// detached already.
+pub async fn detach(
+    client: &mut Client,
+    tables: &Tables,
+    table: &TableName,
+    dry_run: bool,
+) -> Result<Option<Capture>> {
+    let tx = timed(TIMEOUT, "begin detach", client.transaction()).await?;
+    let shape = describe(&tx, table).await?;
+    let (sources, touch_log) = qualified_tables(&tx, tables).await?;
+    let Some((id, name)) = attached_to(&tx, &sources, &shape.table).await? else {
+        timed(TIMEOUT, "end detach", tx.rollback()).await?;
+        return Ok(None);
+    };
+    let capture = Capture {
+        source_id: id,
+        name,
+        table: shape.table,
+        key: shape.key,
+        excluded: Vec::new(),
+        sources,
+        touch_log,
+    };
+    let installed = capture_installed(&tx, &capture).await?;
+    if dry_run || !installed {
+        timed(TIMEOUT, "end detach", tx.rollback()).await?;
+        return Ok(installed.then_some(capture));
+    }
+    for statement in capture.detach_statements() {
+        timed(TIMEOUT, "detach", tx.batch_execute(&statement)).await?;
+    }
+    timed(TIMEOUT, "commit detach", tx.commit()).await?;
+    Ok(Some(capture))
+}

@@ -1,0 +1,335 @@
+//! Change capture of a table source (docs/design.md §9): the DDL `lakecdc attach` runs in one
+//! transaction and `--print-sql` prints. The registry of table sources (`lakecdc_sources`), the
+//! touch log (`lakecdc_touch`, `change_log`'s shape and dirty index) and, per table, one
+//! trigger function with statement-level `AFTER INSERT / UPDATE / DELETE` triggers over
+//! transition tables (one upsert per statement, whatever its row count) and a `TRUNCATE`
+//! trigger that records that the source needs `init`.
+//!
+//! Each touched row's dirty slot gets `changed_at = GREATEST(now_ms, every recorded version of
+//! the row + 1)`; a deleted row's slot is a tombstone (`deleted_at = now_ms`). An `UPDATE` is
+//! the set of keys it leaves (tombstones) and the set it writes (live): a primary-key update is
+//! a delete of the old key and an insert of the new one. The function is `SECURITY DEFINER`
+//! with a pinned `search_path` and names every object fully qualified, so the application's
+//! roles need no grant on the touch log and cannot redirect what the trigger writes.
+
+use crate::config::TableName;
+
+/// The key column types whose text form does not depend on session settings (`DateStyle`,
+/// `TimeZone`, `extra_float_digits`): a derived `row_id` must be the same in every session.
+pub const KEY_TYPES: &[&str] = &[
+    "smallint",
+    "integer",
+    "bigint",
+    "numeric",
+    "text",
+    "character varying",
+    "character",
+    "uuid",
+    "boolean",
+];
+
+/// One primary-key column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyColumn {
+    /// Its name.
+    pub name: String,
+    /// Its type, as `format_type` spells it without modifiers (e.g. `bigint`, `uuid`).
+    pub type_name: String,
+}
+
+/// Everything the capture DDL of one table source is generated from. Every table name is
+/// schema-qualified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capture {
+    /// The source id (shared with the schemas' ids).
+    pub source_id: i16,
+    /// The source's name (`--schema NAME`).
+    pub name: String,
+    /// The captured table.
+    pub table: TableName,
+    /// Its primary key, in key order.
+    pub key: Vec<KeyColumn>,
+    /// Columns left out of the lake.
+    pub excluded: Vec<String>,
+    /// `lakecdc_sources`.
+    pub sources: TableName,
+    /// `lakecdc_touch`.
+    pub touch_log: TableName,
+}
+
+/// A quoted PostgreSQL identifier.
+pub fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A PostgreSQL string literal.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The `CREATE TABLE` of the table sources' registry.
+pub fn sources_ddl(sources: &TableName) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT PRIMARY KEY,\n    name TEXT UNIQUE NOT NULL,\n    kind TEXT NOT NULL DEFAULT 'table' CHECK (kind = 'table'),\n    table_schema TEXT NOT NULL,\n    table_name TEXT NOT NULL,\n    key_columns TEXT[] NOT NULL,\n    excluded_columns TEXT[] NOT NULL DEFAULT '{{}}',\n    attached_at BIGINT NOT NULL,\n    needs_init_at BIGINT,\n    UNIQUE (table_schema, table_name)\n)",
+        sources.quoted()
+    )
+}
+
+/// The touch log's `CREATE TABLE` and its dirty index (`change_log`'s, docs/design.md §2).
+pub fn touch_log_ddl(touch_log: &TableName) -> [String; 2] {
+    [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT NOT NULL,\n    row_id UUID NOT NULL,\n    flushed_at BIGINT NOT NULL DEFAULT 0,\n    changed_at BIGINT NOT NULL,\n    deleted_at BIGINT,\n    PRIMARY KEY (source_id, row_id, flushed_at)\n)",
+            touch_log.quoted()
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (source_id, flushed_at, changed_at)",
+            touch_log.derived("dirty_idx"),
+            touch_log.quoted()
+        ),
+    ]
+}
+
+/// The `row_id` of a row of the table read as `alias`: the key itself when it is one `uuid`
+/// column, else `md5('<source id>:' || ROW(key…)::text)::uuid` — the same expression in the
+/// trigger, init and flush. `ROW(…)::text` quotes every field that needs it, so two keys never
+/// share a text.
+pub fn row_id_expr(source_id: i16, key: &[KeyColumn], alias: &str) -> String {
+    match key {
+        [only] if only.type_name == "uuid" => format!("{alias}.{}", ident(&only.name)),
+        _ => {
+            let fields: Vec<String> = key
+                .iter()
+                .map(|k| format!("{alias}.{}", ident(&k.name)))
+                .collect();
+            format!(
+                "md5('{source_id}:' || ROW({})::text)::uuid",
+                fields.join(", ")
+            )
+        }
+    }
+}
+
+impl Capture {
+    /// The trigger function, in the table's schema.
+    pub fn function(&self) -> TableName {
+        self.table
+            .sibling(&format!("lakecdc_capture_{}", self.source_id))
+    }
+
+    /// The trigger names, with the event each fires on.
+    pub fn triggers() -> [(&'static str, &'static str); 4] {
+        [
+            ("lakecdc_capture_insert", "INSERT"),
+            ("lakecdc_capture_update", "UPDATE"),
+            ("lakecdc_capture_delete", "DELETE"),
+            ("lakecdc_capture_truncate", "TRUNCATE"),
+        ]
+    }
+
+    /// The upsert of the dirty slots of the keys `touched` yields (`row_id`, `deleted`).
+    fn upsert(&self, touched: &str) -> String {
+        let (t, id) = (self.touch_log.quoted(), self.source_id);
+        format!(
+            "INSERT INTO {t} AS t (source_id, row_id, flushed_at, changed_at, deleted_at)
+        SELECT {id}, c.row_id, 0,
+               GREATEST(now_ms, COALESCE((SELECT max(p.changed_at) FROM {t} p
+                                          WHERE p.source_id = {id} AND p.row_id = c.row_id), 0) + 1),
+               CASE WHEN c.deleted THEN now_ms END
+        FROM (SELECT row_id, bool_and(deleted) AS deleted FROM ({touched}) u GROUP BY row_id) c
+        ON CONFLICT (source_id, row_id, flushed_at) DO UPDATE
+           SET changed_at = GREATEST(EXCLUDED.changed_at, t.changed_at + 1),
+               deleted_at = EXCLUDED.deleted_at;"
+        )
+    }
+
+    /// The trigger function and the four triggers (idempotent: `CREATE OR REPLACE`, and each
+    /// trigger dropped if it exists before it is created).
+    pub fn capture_ddl(&self) -> Vec<String> {
+        let new_keys = format!(
+            "SELECT {} AS row_id, false AS deleted FROM lakecdc_new n",
+            row_id_expr(self.source_id, &self.key, "n")
+        );
+        let old_keys = format!(
+            "SELECT {} AS row_id, true AS deleted FROM lakecdc_old o",
+            row_id_expr(self.source_id, &self.key, "o")
+        );
+        let function = format!(
+            "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $lakecdc$
+-- lakecdc change capture of {table} as source {id} (docs/design.md §9).
+DECLARE
+    now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        {insert}
+    ELSIF TG_OP = 'UPDATE' THEN
+        {update}
+    ELSIF TG_OP = 'DELETE' THEN
+        {delete}
+    ELSIF TG_OP = 'TRUNCATE' THEN
+        UPDATE {sources} SET needs_init_at = now_ms WHERE source_id = {id};
+    END IF;
+    RETURN NULL;
+END
+$lakecdc$",
+            f = self.function().quoted(),
+            table = self.table.quoted(),
+            id = self.source_id,
+            sources = self.sources.quoted(),
+            insert = self.upsert(&new_keys),
+            update = self.upsert(&format!("{new_keys} UNION ALL {old_keys}")),
+            delete = self.upsert(&old_keys),
+        );
+        let mut out = vec![function];
+        for (name, event) in Self::triggers() {
+            let (referencing, each) = match event {
+                "INSERT" => ("REFERENCING NEW TABLE AS lakecdc_new ", "STATEMENT"),
+                "UPDATE" => (
+                    "REFERENCING OLD TABLE AS lakecdc_old NEW TABLE AS lakecdc_new ",
+                    "STATEMENT",
+                ),
+                "DELETE" => ("REFERENCING OLD TABLE AS lakecdc_old ", "STATEMENT"),
+                _ => ("", "STATEMENT"),
+            };
+            out.push(format!(
+                "DROP TRIGGER IF EXISTS {} ON {}",
+                ident(name),
+                self.table.quoted()
+            ));
+            out.push(format!(
+                "CREATE TRIGGER {} AFTER {event} ON {} {referencing}FOR EACH {each} EXECUTE FUNCTION {}()",
+                ident(name),
+                self.table.quoted(),
+                self.function().quoted()
+            ));
+        }
+        out
+    }
+
+    /// The source's row in `lakecdc_sources` (kept as it is when already there).
+    pub fn register_sql(&self, attached_at: i64) -> String {
+        let array = |v: &[String]| {
+            let items: Vec<String> = v.iter().map(|s| literal(s)).collect();
+            format!("ARRAY[{}]::text[]", items.join(", "))
+        };
+        let key: Vec<String> = self.key.iter().map(|k| k.name.clone()).collect();
+        format!(
+            "INSERT INTO {} (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, {attached_at}) ON CONFLICT (source_id) DO NOTHING",
+            self.sources.quoted(),
+            self.source_id,
+            literal(&self.name),
+            literal(self.table.schema().unwrap_or("public")),
+            literal(self.table.name()),
+            array(&key),
+            array(&self.excluded),
+        )
+    }
+
+    /// Every statement of an attach, in order: the registry of sources, the touch log and its
+    /// index, the source's row, the function and the triggers.
+    pub fn attach_statements(&self, attached_at: i64) -> Vec<String> {
+        let mut out = vec![sources_ddl(&self.sources)];
+        out.extend(touch_log_ddl(&self.touch_log));
+        out.push(self.register_sql(attached_at));
+        out.extend(self.capture_ddl());
+        out
+    }
+
+    /// The statements of a detach: the triggers and the function go; the source's row, its
+    /// touch log rows and the lake stay.
+    pub fn detach_statements(&self) -> Vec<String> {
+        let mut out: Vec<String> = Self::triggers()
+            .iter()
+            .map(|(name, _)| {
+                format!(
+                    "DROP TRIGGER IF EXISTS {} ON {}",
+                    ident(name),
+                    self.table.quoted()
+                )
+            })
+            .collect();
+        out.push(format!(
+            "DROP FUNCTION IF EXISTS {}()",
+            self.function().quoted()
+        ));
+        out
+    }
+
+    /// `attach --print-sql`: the attach as one transaction a migration tool (or `psql`) runs.
+    pub fn script(&self, attached_at: i64) -> String {
+        let mut out = format!(
+            "-- lakecdc attach {}: source {} (id {}), docs/design.md §9.\nBEGIN;\n",
+            self.table.quoted(),
+            self.name,
+            self.source_id
+        );
+        for statement in self.attach_statements(attached_at) {
+            out.push_str(&statement);
+            out.push_str(";\n");
+        }
+        out.push_str("COMMIT;\n");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(cols: &[(&str, &str)]) -> Vec<KeyColumn> {
+        cols.iter()
+            .map(|(n, t)| KeyColumn {
+                name: (*n).to_string(),
+                type_name: (*t).to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_uuid_key_is_the_row_id_and_any_other_key_is_hashed_with_the_source_id() {
+        assert_eq!(row_id_expr(7, &key(&[("id", "uuid")]), "n"), "n.\"id\"");
+        assert_eq!(
+            row_id_expr(7, &key(&[("id", "bigint")]), "n"),
+            "md5('7:' || ROW(n.\"id\")::text)::uuid"
+        );
+        assert_eq!(
+            row_id_expr(7, &key(&[("a\"b", "text"), ("id", "uuid")]), "o"),
+            "md5('7:' || ROW(o.\"a\"\"b\", o.\"id\")::text)::uuid"
+        );
+    }
+
+    #[test]
+    fn the_script_is_one_transaction_naming_every_object_qualified() {
+        let c = Capture {
+            source_id: 103,
+            name: "orders".into(),
+            table: TableName::parse("t", "shop.orders").unwrap(),
+            key: key(&[("id", "bigint")]),
+            excluded: vec!["secret's".into()],
+            sources: TableName::parse("t", "public.lakecdc_sources").unwrap(),
+            touch_log: TableName::parse("t", "public.lakecdc_touch").unwrap(),
+        };
+        let s = c.script(42);
+        assert!(
+            s.starts_with("-- lakecdc attach") && s.ends_with("COMMIT;\n"),
+            "{s}"
+        );
+        assert!(s.contains("\nBEGIN;\n"));
+        assert!(s.contains("CREATE OR REPLACE FUNCTION \"shop\".\"lakecdc_capture_103\"()"));
+        assert!(s.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp"));
+        assert!(s.contains("INSERT INTO \"public\".\"lakecdc_touch\" AS t"));
+        assert!(s.contains("ARRAY['secret''s']::text[]"), "{s}");
+        for (name, event) in Capture::triggers() {
+            assert!(
+                s.contains(&format!(
+                    "CREATE TRIGGER \"{name}\" AFTER {event} ON \"shop\".\"orders\""
+                )),
+                "{name}"
+            );
+        }
+        let detach = c.detach_statements().join(";\n");
+        assert!(detach.contains("DROP FUNCTION IF EXISTS \"shop\".\"lakecdc_capture_103\"()"));
+        assert_eq!(c.detach_statements().len(), 5);
+    }
+}

@@ -1,0 +1,393 @@
+//! Table sources' change capture (docs/design.md §12): `attach` installs statement-level
+//! triggers that record every touched row's dirty slot in the touch log — live or tombstone,
+//! versions above every recorded one, a primary-key update as a delete plus an insert — and a
+//! TRUNCATE marker; attaching twice changes nothing, detach stops the capture, a table without
+//! a primary key is refused creating nothing, and `--print-sql` applied by psql gives the same
+//! objects.
+
+use std::collections::BTreeMap;
+
+use lakecdc::config::Tables;
+use uuid::Uuid;
+
+use crate::support::harness::{self, TestDb};
+
+/// The test database with the source tables and the example schemas (ids 100 and 101).
+async fn database() -> TestDb {
+    let db = TestDb::new().await;
+    lakecdc::init_db::run(
+        &db.connector(),
+        &Tables::default(),
+        Some(&harness::examples_dir()),
+        false,
+    )
+    .await
+    .unwrap();
+    db
+}
+
+/// Runs the binary against `db`; (exit code, stdout, stderr).
+fn lakecdc(db: &TestDb, args: &[&str]) -> (i32, String, String) {
+    let out = harness::bin()
+        .args(args)
+        .args(["--pg-url", &db.url])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn attach_json(db: &TestDb, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["attach"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let (code, out, err) = lakecdc(db, &all);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// The touch log: row id → [(flushed_at, changed_at, deleted_at)], oldest slot first.
+type Touches = BTreeMap<Uuid, Vec<(i64, i64, Option<i64>)>>;
+
+async fn touches(client: &tokio_postgres::Client) -> Touches {
+    let mut out: BTreeMap<Uuid, Vec<_>> = BTreeMap::new();
+    for r in client
+        .query(
+            "SELECT row_id, flushed_at, changed_at, deleted_at FROM lakecdc_touch ORDER BY row_id, changed_at",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        out.entry(r.get(0))
+            .or_default()
+            .push((r.get(1), r.get(2), r.get(3)));
+    }
+    out
+}
+
+/// The derived row id of bigint key `id` of source `source_id`.
+async fn row_id(client: &tokio_postgres::Client, source_id: i16, id: i64) -> Uuid {
+    client
+        .query_one(
+            &format!("SELECT md5('{source_id}:' || ROW($1::int8)::text)::uuid"),
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The dirty slot of a row: (changed_at, deleted_at).
+fn dirty(t: &Touches, id: Uuid) -> (i64, Option<i64>) {
+    let slots = &t[&id];
+    let d: Vec<_> = slots.iter().filter(|s| s.0 == 0).collect();
+    assert_eq!(d.len(), 1, "{slots:?}");
+    (d[0].1, d[0].2)
+}
+
+#[tokio::test]
+async fn statements_leave_one_dirty_slot_per_touched_row_and_a_key_update_moves_it() {
+    let db = database().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE orders (id bigint PRIMARY KEY, note text, amount numeric(12,2));
+             INSERT INTO orders VALUES (1, 'before attach', 1.00);",
+        )
+        .await
+        .unwrap();
+    let report = attach_json(&db, &["orders"]);
+    assert_eq!(report["source"], "orders");
+    assert_eq!(
+        report["source_id"], 102,
+        "after the two example schemas: {report}"
+    );
+    assert_eq!(report["row_id"], "derived");
+    assert_eq!(report["key"], serde_json::json!(["id"]));
+    assert_eq!(report["unchanged"], false);
+    assert!(touches(&client).await.is_empty(), "nothing before a write");
+
+    let r: Vec<Uuid> = futures::future::join_all((1..=4).map(|i| row_id(&client, 102, i))).await;
+    // One multi-row INSERT: one live slot per row.
+    client
+        .batch_execute("INSERT INTO orders SELECT g, 'n', g FROM generate_series(2, 4) g")
+        .await
+        .unwrap();
+    let t = touches(&client).await;
+    assert_eq!(t.len(), 3);
+    for id in &r[1..] {
+        assert_eq!(dirty(&t, *id).1, None);
+    }
+    // Two updates of the same rows in one transaction: strictly increasing versions.
+    let before = dirty(&t, r[2]).0;
+    client
+        .batch_execute(
+            "BEGIN; UPDATE orders SET note = 'a' WHERE id IN (1, 3); UPDATE orders SET note = 'b' WHERE id = 3; COMMIT;",
+        )
+        .await
+        .unwrap();
+    let t = touches(&client).await;
+    assert!(dirty(&t, r[2]).0 >= before + 2, "{:?}", t[&r[2]]);
+    assert_eq!(dirty(&t, r[0]).1, None, "a row from before attach, updated");
+    // A flushed slot far ahead of the clock: the next version still beats it.
+    let ahead = dirty(&t, r[3]).0 + 10_000_000;
+    client
+        .execute(
+            "UPDATE lakecdc_touch SET flushed_at = 1, changed_at = $2 WHERE row_id = $1",
+            &[&r[3], &ahead],
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute("UPDATE orders SET note = 'c' WHERE id = 4")
+        .await
+        .unwrap();
+    let t = touches(&client).await;
+    assert_eq!(dirty(&t, r[3]), (ahead + 1, None), "{:?}", t[&r[3]]);
+    // A primary-key update: the old key's slot is a tombstone, the new key's is live.
+    client
+        .batch_execute("UPDATE orders SET id = 40 WHERE id = 4")
+        .await
+        .unwrap();
+    let moved = row_id(&client, 102, 40).await;
+    let t = touches(&client).await;
+    let (version, deleted) = dirty(&t, r[3]);
+    assert!(version > ahead + 1 && deleted.is_some(), "{:?}", t[&r[3]]);
+    assert_eq!(dirty(&t, moved).1, None);
+    // A DELETE: tombstones.
+    client
+        .batch_execute("DELETE FROM orders WHERE id IN (2, 3)")
+        .await
+        .unwrap();
+    let t = touches(&client).await;
+    assert!(dirty(&t, r[1]).1.is_some() && dirty(&t, r[2]).1.is_some());
+    // TRUNCATE records that the source needs init.
+    async fn needs(c: &tokio_postgres::Client) -> Option<i64> {
+        c.query_one(
+            "SELECT needs_init_at FROM lakecdc_sources WHERE source_id = 102",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    }
+    assert_eq!(needs(&client).await, None);
+    client.batch_execute("TRUNCATE orders").await.unwrap();
+    assert!(needs(&client).await.is_some());
+}
+
+#[tokio::test]
+async fn a_uuid_key_is_the_row_id_and_composite_keys_are_hashed_apart() {
+    let db = database().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE users (id uuid PRIMARY KEY, name text);
+             CREATE TABLE lines (region text, n int, qty int, PRIMARY KEY (region, n));",
+        )
+        .await
+        .unwrap();
+    let users = attach_json(&db, &["users"]);
+    assert_eq!(users["row_id"], "key");
+    let lines = attach_json(&db, &["public.lines", "--name", "order_lines"]);
+    assert_eq!(lines["source"], "order_lines");
+    assert_eq!(lines["row_id"], "derived");
+    assert_ne!(users["source_id"], lines["source_id"]);
+    let id = Uuid::new_v4();
+    client
+        .execute("INSERT INTO users VALUES ($1, 'x')", &[&id])
+        .await
+        .unwrap();
+    // Keys whose naive concatenations collide ('a,1' || 2 vs 'a' || '1,2') stay apart.
+    client
+        .batch_execute("INSERT INTO lines VALUES ('a,1', 2, 0), ('a', 12, 0), ('a', 1, 0)")
+        .await
+        .unwrap();
+    let t = touches(&client).await;
+    assert_eq!(t.len(), 4, "{t:?}");
+    assert!(t.contains_key(&id));
+}
+
+/// The capture's objects: triggers (definition), the function (definition), the source row.
+async fn objects(client: &tokio_postgres::Client) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let col = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get::<_, String>(0)).collect();
+    let triggers = client
+        .query(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname LIKE 'lakecdc%' ORDER BY tgname",
+            &[],
+        )
+        .await
+        .unwrap();
+    let functions = client
+        .query(
+            "SELECT pg_get_functiondef(oid) FROM pg_proc WHERE proname LIKE 'lakecdc%' ORDER BY proname",
+            &[],
+        )
+        .await
+        .unwrap();
+    let registered: bool = client
+        .query_one("SELECT to_regclass('lakecdc_sources') IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if !registered {
+        return (col(triggers), col(functions), Vec::new());
+    }
+    let sources = client
+        .query(
+            "SELECT format('%s %s %s %s.%s %s %s', source_id, name, kind, table_schema, table_name, key_columns, excluded_columns) FROM lakecdc_sources ORDER BY source_id",
+            &[],
+        )
+        .await
+        .unwrap();
+    (col(triggers), col(functions), col(sources))
+}
+
+#[tokio::test]
+async fn attaching_twice_changes_nothing_and_detach_stops_the_capture() {
+    let db = database().await;
+    let client = db.client().await;
+    client
+        .batch_execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text, secret text)")
+        .await
+        .unwrap();
+    let first = attach_json(&db, &["orders", "--exclude-columns", "secret"]);
+    assert_eq!(first["excluded"], serde_json::json!(["secret"]));
+    let oids = || async {
+        client
+            .query(
+                "SELECT oid::int8 FROM pg_trigger WHERE tgname LIKE 'lakecdc%' ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, i64>(0))
+            .collect::<Vec<_>>()
+    };
+    let before = (oids().await, objects(&client).await);
+    assert_eq!(before.0.len(), 4);
+    let second = attach_json(&db, &["orders", "--exclude-columns", "secret"]);
+    assert_eq!(second["unchanged"], true);
+    assert_eq!(second["source_id"], first["source_id"]);
+    assert_eq!((oids().await, objects(&client).await), before);
+
+    let (code, out, err) = lakecdc(&db, &["detach", "orders"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("detached"), "{out}");
+    client
+        .batch_execute("INSERT INTO orders VALUES (1, 'after detach', 's')")
+        .await
+        .unwrap();
+    assert!(touches(&client).await.is_empty(), "captured after detach");
+    assert!(oids().await.is_empty());
+    // The source stays registered; detaching again is an error naming the table.
+    assert_eq!(objects(&client).await.2, before.1.2);
+    let (code, _, err) = lakecdc(&db, &["detach", "orders"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("\"orders\"") && err.contains("not attached"),
+        "{err}"
+    );
+    // Attaching again resumes under the same id.
+    let again = attach_json(&db, &["orders", "--exclude-columns", "secret"]);
+    assert_eq!(
+        (again["source_id"].clone(), again["unchanged"].clone()),
+        (first["source_id"].clone(), false.into())
+    );
+}
+
+#[tokio::test]
+async fn a_table_without_a_primary_key_is_refused_and_nothing_is_created() {
+    let db = database().await;
+    let client = db.client().await;
+    client
+        .batch_execute("CREATE TABLE events (at timestamptz, what text); CREATE TABLE stamped (at timestamptz PRIMARY KEY)")
+        .await
+        .unwrap();
+    for (table, says) in [
+        ("events", "no primary key"),
+        ("stamped", "timestamp with time zone"),
+    ] {
+        let (code, _, err) = lakecdc(&db, &["attach", table]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(says) && err.lines().count() == 1, "{err}");
+    }
+    let (code, _, err) = lakecdc(&db, &["attach", "nope"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    let (code, _, err) = lakecdc(&db, &["attach", "customer"]);
+    assert_eq!(code, 2, "a missing table: {err}");
+    let left: (bool, bool, i64) = {
+        let r = client
+            .query_one(
+                "SELECT to_regclass('lakecdc_sources') IS NOT NULL, to_regclass('lakecdc_touch') IS NOT NULL,
+                        (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lakecdc%')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(left, (false, false, 0));
+    // A name a schema holds is refused too.
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+        .await
+        .unwrap();
+    let (code, _, err) = lakecdc(&db, &["attach", "t", "--name", "customer"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--name") && err.contains("taken"), "{err}");
+}
+
+#[tokio::test]
+async fn print_sql_applied_by_psql_gives_the_same_objects_and_ids_stay_shared() {
+    let (a, b) = (database().await, database().await);
+    for db in [&a, &b] {
+        db.client()
+            .await
+            .batch_execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text)")
+            .await
+            .unwrap();
+    }
+    attach_json(&a, &["orders"]);
+    let (code, sql, err) = lakecdc(&b, &["attach", "orders", "--print-sql"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(sql.contains("BEGIN;") && sql.contains("COMMIT;"), "{sql}");
+    let client_b = b.client().await;
+    assert!(
+        objects(&client_b).await.0.is_empty(),
+        "--print-sql changed the database"
+    );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &sql).unwrap();
+    let out = std::process::Command::new(crate::init_db::psql())
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &b.url, "-f"])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(objects(&a.client().await).await, objects(&client_b).await);
+    // Applied by psql, attach sees it as done.
+    assert_eq!(attach_json(&b, &["orders"])["unchanged"], true);
+    // init-db gives a new schema the next id after the source's.
+    let mut client = b.client().await;
+    let (_, regs) = lakecdc::source::ddl::apply(
+        &mut client,
+        &Tables::default(),
+        &["customer".into(), "order".into(), "zeta".into()],
+        false,
+    )
+    .await
+    .unwrap();
+    let zeta = regs.iter().find(|r| r.name == "zeta").unwrap();
+    assert_eq!(zeta.id, 103, "{regs:?}");
+}
