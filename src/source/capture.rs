@@ -75,11 +75,13 @@ pub fn sources_ddl(sources: &TableName) -> String {
     )
 }
 
-/// The touch log's `CREATE TABLE` and its dirty index (`change_log`'s, docs/design.md §2).
+/// The touch log's `CREATE TABLE` and its dirty index: `change_log`'s shape plus the row's key
+/// as JSON (`key`, NULL when the key is the `row_id`), so an export finds a derived `row_id`'s
+/// row through the primary key instead of scanning the table (docs/design.md §9).
 pub fn touch_log_ddl(touch_log: &TableName) -> [String; 2] {
     [
         format!(
-            "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT NOT NULL,\n    row_id UUID NOT NULL,\n    flushed_at BIGINT NOT NULL DEFAULT 0,\n    changed_at BIGINT NOT NULL,\n    deleted_at BIGINT,\n    PRIMARY KEY (source_id, row_id, flushed_at)\n)",
+            "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT NOT NULL,\n    row_id UUID NOT NULL,\n    flushed_at BIGINT NOT NULL DEFAULT 0,\n    changed_at BIGINT NOT NULL,\n    deleted_at BIGINT,\n    key JSONB,\n    PRIMARY KEY (source_id, row_id, flushed_at)\n)",
             touch_log.quoted()
         ),
         format!(
@@ -127,32 +129,51 @@ impl Capture {
         ]
     }
 
-    /// The upsert of the dirty slots of the keys `touched` yields (`row_id`, `deleted`).
+    /// The upsert of the dirty slots of the keys `touched` yields (`row_id`, `key`,
+    /// `deleted`).
     fn upsert(&self, touched: &str) -> String {
         let (t, id) = (self.touch_log.quoted(), self.source_id);
         format!(
-            "INSERT INTO {t} AS t (source_id, row_id, flushed_at, changed_at, deleted_at)
+            "INSERT INTO {t} AS t (source_id, row_id, flushed_at, changed_at, deleted_at, key)
         SELECT {id}, c.row_id, 0,
                GREATEST(now_ms, COALESCE((SELECT max(p.changed_at) FROM {t} p
                                           WHERE p.source_id = {id} AND p.row_id = c.row_id), 0) + 1),
-               CASE WHEN c.deleted THEN now_ms END
-        FROM (SELECT row_id, bool_and(deleted) AS deleted FROM ({touched}) u GROUP BY row_id) c
+               CASE WHEN c.deleted THEN now_ms END,
+               c.key
+        FROM (SELECT row_id, (array_agg(key))[1] AS key, bool_and(deleted) AS deleted
+              FROM ({touched}) u GROUP BY row_id) c
         ON CONFLICT (source_id, row_id, flushed_at) DO UPDATE
            SET changed_at = GREATEST(EXCLUDED.changed_at, t.changed_at + 1),
                deleted_at = EXCLUDED.deleted_at;"
         )
     }
 
+    /// The key of a row read as `alias`, as JSON: NULL when the key is the `row_id`.
+    fn key_json(&self, alias: &str) -> String {
+        match self.key.as_slice() {
+            [only] if only.type_name == "uuid" => "NULL::jsonb".to_string(),
+            key => {
+                let fields: Vec<String> = key
+                    .iter()
+                    .map(|k| format!("{}, {alias}.{}", literal(&k.name), ident(&k.name)))
+                    .collect();
+                format!("jsonb_build_object({})", fields.join(", "))
+            }
+        }
+    }
+
     /// The trigger function and the four triggers (idempotent: `CREATE OR REPLACE`, and each
     /// trigger dropped if it exists before it is created).
     pub fn capture_ddl(&self) -> Vec<String> {
         let new_keys = format!(
-            "SELECT {} AS row_id, false AS deleted FROM lakecdc_new n",
-            row_id_expr(self.source_id, &self.key, "n")
+            "SELECT {} AS row_id, {} AS key, false AS deleted FROM lakecdc_new n",
+            row_id_expr(self.source_id, &self.key, "n"),
+            self.key_json("n")
         );
         let old_keys = format!(
-            "SELECT {} AS row_id, true AS deleted FROM lakecdc_old o",
-            row_id_expr(self.source_id, &self.key, "o")
+            "SELECT {} AS row_id, {} AS key, true AS deleted FROM lakecdc_old o",
+            row_id_expr(self.source_id, &self.key, "o"),
+            self.key_json("o")
         );
         let function = format!(
             "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger
@@ -320,6 +341,7 @@ mod tests {
         assert!(s.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp"));
         assert!(s.contains("INSERT INTO \"public\".\"lakecdc_touch\" AS t"));
         assert!(s.contains("ARRAY['secret''s']::text[]"), "{s}");
+        assert!(s.contains("jsonb_build_object('id', n.\"id\")"), "{s}");
         for (name, event) in Capture::triggers() {
             assert!(
                 s.contains(&format!(

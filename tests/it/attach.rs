@@ -210,6 +210,37 @@ async fn a_uuid_key_is_the_row_id_and_composite_keys_are_hashed_apart() {
     let t = touches(&client).await;
     assert_eq!(t.len(), 4, "{t:?}");
     assert!(t.contains_key(&id));
+    // The touch log keeps a derived row id's key, typed, for the export to find its row by.
+    let keys = |sql: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query(sql, &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, Option<serde_json::Value>>(0))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        keys("SELECT key FROM lakecdc_touch WHERE row_id IN (SELECT id FROM users)").await,
+        vec![None]
+    );
+    let mut lines_keys: Vec<String> = keys("SELECT key FROM lakecdc_touch WHERE key IS NOT NULL")
+        .await
+        .into_iter()
+        .map(|k| k.unwrap().to_string())
+        .collect();
+    lines_keys.sort();
+    assert_eq!(
+        lines_keys,
+        [
+            r#"{"n":1,"region":"a"}"#,
+            r#"{"n":12,"region":"a"}"#,
+            r#"{"n":2,"region":"a,1"}"#
+        ]
+    );
 }
 
 /// The capture's objects: triggers (definition), the function (definition), the source row.
