@@ -47,7 +47,8 @@ pub struct AttachReport {
     pub table: String,
     /// The primary key's columns.
     pub key: Vec<String>,
-    /// `key` when the key is one uuid column (it is the `row_id`), `derived` otherwise.
+    /// How the `row_id` comes from the key: `key` (one uuid column), `integer` (one integer
+    /// column, order-preserving) or `hashed` (md5 of the key's text).
     pub row_id: &'static str,
     /// The exported columns, key included.
     pub columns: Vec<ColumnReport>,
@@ -151,10 +152,7 @@ pub async fn run(
         source_id: c.source_id,
         table: c.table.quoted(),
         key: c.key.iter().map(|k| k.name.clone()).collect(),
-        row_id: match c.key.as_slice() {
-            [only] if only.type_name == "uuid" => "key",
-            _ => "derived",
-        },
+        row_id: crate::source::capture::RowIdRule::of(&c.key).as_str(),
         columns: a
             .columns
             .iter()

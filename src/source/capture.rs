@@ -77,7 +77,11 @@ pub fn sources_ddl(sources: &TableName) -> String {
 
 /// The touch log's `CREATE TABLE` and its dirty index: `change_log`'s shape plus the row's key
 /// as JSON (`key`, NULL when the key is the `row_id`), so an export finds a derived `row_id`'s
-/// row through the primary key instead of scanning the table (docs/design.md §9).
+/// row through the primary key instead of scanning the table (docs/design.md §9). The dirty
+/// index is partial (`WHERE flushed_at = 0`): it holds only what flush selects, and the
+/// trigger's per-row version lookup can only take the primary key — with a full
+/// `(source_id, flushed_at, changed_at)` index the planner may walk every slot of the source
+/// for each row of a bulk statement on a freshly vacuumed, "empty" touch log.
 pub fn touch_log_ddl(touch_log: &TableName) -> [String; 2] {
     [
         format!(
@@ -85,20 +89,63 @@ pub fn touch_log_ddl(touch_log: &TableName) -> [String; 2] {
             touch_log.quoted()
         ),
         format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (source_id, flushed_at, changed_at)",
+            "CREATE INDEX IF NOT EXISTS {} ON {} (source_id, changed_at) WHERE flushed_at = 0",
             touch_log.derived("dirty_idx"),
             touch_log.quoted()
         ),
     ]
 }
 
-/// The `row_id` of a row of the table read as `alias`: the key itself when it is one `uuid`
-/// column, else `md5('<source id>:' || ROW(key…)::text)::uuid` — the same expression in the
-/// trigger, init and flush. `ROW(…)::text` quotes every field that needs it, so two keys never
-/// share a text.
+/// The integer key types whose `row_id` encodes the key itself, in order.
+const INTEGER_KEYS: &[&str] = &["smallint", "integer", "bigint"];
+
+/// How a source's `row_id` comes from its primary key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowIdRule {
+    /// One `uuid` column: the key is the `row_id`.
+    Key,
+    /// One integer column: the source id and the key, order-preserving, in the `row_id`'s bits.
+    Integer,
+    /// Anything else: `md5` of the source id and the key's text.
+    Hashed,
+}
+
+impl RowIdRule {
+    /// The rule for `key`.
+    pub fn of(key: &[KeyColumn]) -> Self {
+        match key {
+            [only] if only.type_name == "uuid" => Self::Key,
+            [only] if INTEGER_KEYS.contains(&only.type_name.as_str()) => Self::Integer,
+            _ => Self::Hashed,
+        }
+    }
+
+    /// Its name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Key => "key",
+            Self::Integer => "integer",
+            Self::Hashed => "hashed",
+        }
+    }
+}
+
+/// The `row_id` of a row of the table read as `alias` — the same expression in the trigger,
+/// init and flush (docs/design.md §9):
+/// - one `uuid` column: the key itself;
+/// - one integer column: `<source id, 4 hex digits>000000000000<the key with its sign bit
+///   flipped, 16 hex digits>`, so row ids sort as the keys do (ranged files stay narrow, reads
+///   stay sequential: random ids cost every job) and the key is read back from the `row_id`;
+/// - anything else: `md5('<source id>:' || ROW(key…)::text)::uuid`; `ROW(…)::text` quotes every
+///   field that needs it, so two keys never share a text.
 pub fn row_id_expr(source_id: i16, key: &[KeyColumn], alias: &str) -> String {
-    match key {
-        [only] if only.type_name == "uuid" => format!("{alias}.{}", ident(&only.name)),
+    match (RowIdRule::of(key), key) {
+        (RowIdRule::Key, [only]) => format!("{alias}.{}", ident(&only.name)),
+        (RowIdRule::Integer, [only]) => format!(
+            "('{:04x}000000000000' || lpad(to_hex({alias}.{}::int8 # (-9223372036854775807 - 1)), 16, '0'))::uuid",
+            source_id,
+            ident(&only.name)
+        ),
         _ => {
             let fields: Vec<String> = key
                 .iter()
@@ -130,7 +177,7 @@ impl Capture {
     }
 
     /// The upsert of the dirty slots of the keys `touched` yields (`row_id`, `key`,
-    /// `deleted`).
+    /// `deleted`), each key once (an `UPDATE`'s two sets are grouped first).
     fn upsert(&self, touched: &str) -> String {
         let (t, id) = (self.touch_log.quoted(), self.source_id);
         format!(
@@ -140,19 +187,18 @@ impl Capture {
                                           WHERE p.source_id = {id} AND p.row_id = c.row_id), 0) + 1),
                CASE WHEN c.deleted THEN now_ms END,
                c.key
-        FROM (SELECT row_id, (array_agg(key))[1] AS key, bool_and(deleted) AS deleted
-              FROM ({touched}) u GROUP BY row_id) c
+        FROM ({touched}) c
         ON CONFLICT (source_id, row_id, flushed_at) DO UPDATE
            SET changed_at = GREATEST(EXCLUDED.changed_at, t.changed_at + 1),
                deleted_at = EXCLUDED.deleted_at;"
         )
     }
 
-    /// The key of a row read as `alias`, as JSON: NULL when the key is the `row_id`.
+    /// The key of a row read as `alias`, as JSON: NULL when the `row_id` holds the key.
     fn key_json(&self, alias: &str) -> String {
-        match self.key.as_slice() {
-            [only] if only.type_name == "uuid" => "NULL::jsonb".to_string(),
-            key => {
+        match (RowIdRule::of(&self.key), self.key.as_slice()) {
+            (RowIdRule::Key | RowIdRule::Integer, _) => "NULL::jsonb".to_string(),
+            (RowIdRule::Hashed, key) => {
                 let fields: Vec<String> = key
                     .iter()
                     .map(|k| format!("{}, {alias}.{}", literal(&k.name), ident(&k.name)))
@@ -160,6 +206,16 @@ impl Capture {
                 format!("jsonb_build_object({})", fields.join(", "))
             }
         }
+    }
+
+    /// The key columns of a row read as `alias`, comma-separated.
+    fn key_columns(&self, alias: &str) -> String {
+        let columns: Vec<String> = self
+            .key
+            .iter()
+            .map(|k| format!("{alias}.{}", ident(&k.name)))
+            .collect();
+        columns.join(", ")
     }
 
     /// The trigger function and the four triggers (idempotent: `CREATE OR REPLACE`, and each
@@ -177,7 +233,8 @@ impl Capture {
         );
         let function = format!(
             "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $lakecdc$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+AS $lakecdc$
 -- lakecdc change capture of {table} as source {id} (docs/design.md §9).
 DECLARE
     now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
@@ -199,7 +256,13 @@ $lakecdc$",
             id = self.source_id,
             sources = self.sources.quoted(),
             insert = self.upsert(&new_keys),
-            update = self.upsert(&format!("{new_keys} UNION ALL {old_keys}")),
+            // The keys written are live; the keys left (a key update) are tombstones.
+            update = self.upsert(&format!(
+                "{new_keys} UNION ALL {old_keys} WHERE NOT EXISTS \
+                 (SELECT 1 FROM lakecdc_new n WHERE ({}) = ({}))",
+                self.key_columns("n"),
+                self.key_columns("o")
+            )),
             delete = self.upsert(&old_keys),
         );
         let mut out = vec![function];
@@ -308,10 +371,14 @@ mod tests {
     }
 
     #[test]
-    fn a_uuid_key_is_the_row_id_and_any_other_key_is_hashed_with_the_source_id() {
+    fn a_uuid_key_is_the_row_id_an_integer_key_is_encoded_and_others_are_hashed() {
         assert_eq!(row_id_expr(7, &key(&[("id", "uuid")]), "n"), "n.\"id\"");
         assert_eq!(
             row_id_expr(7, &key(&[("id", "bigint")]), "n"),
+            "('0007000000000000' || lpad(to_hex(n.\"id\"::int8 # (-9223372036854775807 - 1)), 16, '0'))::uuid"
+        );
+        assert_eq!(
+            row_id_expr(7, &key(&[("id", "text")]), "n"),
             "md5('7:' || ROW(n.\"id\")::text)::uuid"
         );
         assert_eq!(
@@ -338,10 +405,15 @@ mod tests {
         );
         assert!(s.contains("\nBEGIN;\n"));
         assert!(s.contains("CREATE OR REPLACE FUNCTION \"shop\".\"lakecdc_capture_103\"()"));
-        assert!(s.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp"));
+        assert!(s.contains(
+            "SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off"
+        ));
         assert!(s.contains("INSERT INTO \"public\".\"lakecdc_touch\" AS t"));
         assert!(s.contains("ARRAY['secret''s']::text[]"), "{s}");
-        assert!(s.contains("jsonb_build_object('id', n.\"id\")"), "{s}");
+        assert!(
+            s.contains("NULL::jsonb AS key"),
+            "an integer key is in the row id: {s}"
+        );
         for (name, event) in Capture::triggers() {
             assert!(
                 s.contains(&format!(

@@ -69,16 +69,11 @@ async fn touches(client: &tokio_postgres::Client) -> Touches {
     out
 }
 
-/// The derived row id of bigint key `id` of source `source_id`.
-async fn row_id(client: &tokio_postgres::Client, source_id: i16, id: i64) -> Uuid {
-    client
-        .query_one(
-            &format!("SELECT md5('{source_id}:' || ROW($1::int8)::text)::uuid"),
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0)
+/// The row id of bigint key `id` of source `source_id`: the source id, then the key with its
+/// sign bit flipped (docs/design.md §9).
+fn row_id(source_id: i16, id: i64) -> Uuid {
+    let flipped = (id as u64) ^ (1 << 63);
+    Uuid::from_u128((u128::from(source_id as u16) << 112) | u128::from(flipped))
 }
 
 /// The dirty slot of a row: (changed_at, deleted_at).
@@ -106,12 +101,12 @@ async fn statements_leave_one_dirty_slot_per_touched_row_and_a_key_update_moves_
         report["source_id"], 102,
         "after the two example schemas: {report}"
     );
-    assert_eq!(report["row_id"], "derived");
+    assert_eq!(report["row_id"], "integer");
     assert_eq!(report["key"], serde_json::json!(["id"]));
     assert_eq!(report["unchanged"], false);
     assert!(touches(&client).await.is_empty(), "nothing before a write");
 
-    let r: Vec<Uuid> = futures::future::join_all((1..=4).map(|i| row_id(&client, 102, i))).await;
+    let r: Vec<Uuid> = (1..=4).map(|i| row_id(102, i)).collect();
     // One multi-row INSERT: one live slot per row.
     client
         .batch_execute("INSERT INTO orders SELECT g, 'n', g FROM generate_series(2, 4) g")
@@ -153,7 +148,7 @@ async fn statements_leave_one_dirty_slot_per_touched_row_and_a_key_update_moves_
         .batch_execute("UPDATE orders SET id = 40 WHERE id = 4")
         .await
         .unwrap();
-    let moved = row_id(&client, 102, 40).await;
+    let moved = row_id(102, 40);
     let t = touches(&client).await;
     let (version, deleted) = dirty(&t, r[3]);
     assert!(version > ahead + 1 && deleted.is_some(), "{:?}", t[&r[3]]);
@@ -195,7 +190,7 @@ async fn a_uuid_key_is_the_row_id_and_composite_keys_are_hashed_apart() {
     assert_eq!(users["row_id"], "key");
     let lines = attach_json(&db, &["public.lines", "--name", "order_lines"]);
     assert_eq!(lines["source"], "order_lines");
-    assert_eq!(lines["row_id"], "derived");
+    assert_eq!(lines["row_id"], "hashed");
     assert_ne!(users["source_id"], lines["source_id"]);
     let id = Uuid::new_v4();
     client
@@ -421,4 +416,58 @@ async fn print_sql_applied_by_psql_gives_the_same_objects_and_ids_stay_shared() 
     .unwrap();
     let zeta = regs.iter().find(|r| r.name == "zeta").unwrap();
     assert_eq!(zeta.id, 103, "{regs:?}");
+}
+
+#[tokio::test]
+async fn integer_keys_are_read_back_from_row_ids_that_sort_as_the_keys() {
+    let db = database().await;
+    let client = db.client().await;
+    client
+        .batch_execute("CREATE TABLE big (id bigint PRIMARY KEY); CREATE TABLE small (id smallint PRIMARY KEY)")
+        .await
+        .unwrap();
+    let big = attach_json(&db, &["big"])["source_id"].as_i64().unwrap() as i16;
+    let small = attach_json(&db, &["small"])["source_id"].as_i64().unwrap() as i16;
+    let keys = [i64::MIN, -5, 0, 7, i64::MAX];
+    for k in keys {
+        client
+            .execute("INSERT INTO big VALUES ($1)", &[&k])
+            .await
+            .unwrap();
+    }
+    client
+        .batch_execute("INSERT INTO small VALUES (-32768), (-1), (0), (32767)")
+        .await
+        .unwrap();
+    let ids = |source: i16| {
+        let client = &client;
+        async move {
+            client
+                .query(
+                    "SELECT row_id FROM lakecdc_touch WHERE source_id = $1 ORDER BY row_id",
+                    &[&source],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, Uuid>(0))
+                .collect::<Vec<_>>()
+        }
+    };
+    // Sorted by row id (as PostgreSQL and the lake compare UUIDs) is sorted by key.
+    assert_eq!(ids(big).await, keys.map(|k| row_id(big, k)).to_vec());
+    assert_eq!(
+        ids(small).await,
+        [-32768, -1, 0, 32767].map(|k| row_id(small, k)).to_vec()
+    );
+    // No key JSON is kept: the row id holds the key.
+    let kept: i64 = client
+        .query_one(
+            "SELECT count(*) FROM lakecdc_touch WHERE key IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0);
 }
