@@ -9,6 +9,9 @@
 #   scripts/bench.sh query [N]     # N entities, init + 10 flushes of N/100 changes → `lakecdc query`
 #   scripts/bench.sh matrix [N]    # init and flush in all four cases: UUIDv7/v4 ids × TLS/plain
 #   scripts/bench.sh verify-source [N]  # N entities, init + 3 flushed rounds → `verify --source`
+#   scripts/bench.sh capture [N]   # a table source's triggers: N-row (default 100,000) bulk
+#                                  # INSERT and UPDATE and 10,000 one-row transactions, with and
+#                                  # without `lakecdc attach`
 #
 # Options of flush, compact, compact-scale, init, query and verify-source (before or after N):
 #   --ids v7|v4                 row ids: time-ordered UUIDv7 (default) or random UUIDv4
@@ -79,6 +82,18 @@
 # Prints rows compared per second (distinct row ids over the process's wall time; median, min,
 # max), the ratio to the baseline's rows/s, and peak RSS. Target: >= 1,000,000 rows/s shallow.
 #
+# capture: the cost of `lakecdc attach`'s triggers on the application's writes. A 20-column table
+# (bigint key; text, integers, numeric(12,2), double, bool, timestamptz, date, uuid, jsonb,
+# int[]) is created twice per run, one of them attached; each gets one INSERT … SELECT of N rows,
+# one UPDATE of all N rows (two columns) after the touch log's slots are marked flushed as a
+# flush would (the steady state: new dirty slots), the same UPDATE again (the adverse case:
+# every row's slot is still dirty and is re-touched), and 10,000 one-row UPDATE transactions by
+# one pgbench client; both tables are vacuumed and analysed before each step. RUNS runs, the attached table
+# and the plain one taking turns going first; prints the median (min–max) seconds (tps for the
+# transactions) of each and the ratio attached / plain of the medians, and checks that the touch
+# log holds one dirty slot per row. Target: bulk INSERT and UPDATE ≤ 2×; the one-row
+# transactions' ratio is reported.
+#
 # query: exports N entities (init), then 10 rounds of N/100 changes (nine in ten updates, one in
 # ten hard deletes), each flushed, to SeaweedFS, and copies the lake to a local directory. Times
 # `SELECT count(*), sum(i01) FROM wide` — the read rule over every listed copy — three ways:
@@ -105,6 +120,7 @@ PEERENV="${LAKECDC_BENCH_VENV:-/var/tmp/lakecdc-bench-venv}"
 
 usage() {
 	echo "usage: scripts/bench.sh flush|compact|compact-scale|init|query|verify-source [--ids v4|v7] [--sslmode disable|require] [N]" >&2
+	echo "       scripts/bench.sh capture [N]" >&2
 	echo "       scripts/bench.sh matrix [N]" >&2
 	exit 2
 }
@@ -127,11 +143,15 @@ while [ $# -gt 0 ]; do
 	esac
 done
 case "$what" in
-flush | compact | compact-scale | init | query | matrix | verify-source) ;;
+flush | compact | compact-scale | init | query | matrix | verify-source | capture) ;;
 *) usage ;;
 esac
 if [ -z "$N" ]; then
-	if [ "$what" = compact-scale ]; then N=10000000; else N=1000000; fi
+	case "$what" in
+	compact-scale) N=10000000 ;;
+	capture) N=100000 ;;
+	*) N=1000000 ;;
+	esac
 fi
 case "$IDS" in
 v4 | v7) ;;
@@ -397,6 +417,92 @@ watch_du() {
 		sleep 0.05
 	done
 }
+
+if [ "$what" = capture ]; then
+	CAPURL="${LAKECDC_TEST_PG_URL%/*}/bench_capture"
+	$PSQL "$LAKECDC_TEST_PG_URL" -c "DROP DATABASE IF EXISTS bench_capture" -c "CREATE DATABASE bench_capture"
+	"$BIN" -q init-db --pg-url "$CAPURL" >/dev/null
+	cols="id bigint PRIMARY KEY, c1 text, c2 text, c3 integer, c4 bigint, c5 numeric(12,2), c6 double precision,
+	      c7 boolean, c8 timestamptz, c9 date, c10 uuid, c11 jsonb, c12 integer[], c13 text, c14 smallint,
+	      c15 numeric(12,2), c16 text, c17 bigint, c18 timestamptz, c19 text"
+	vals="g, 'name ' || g, md5(g::text), g % 1000, g * 7, (g % 100000) / 100.0, g / 3.0, g % 2 = 0, now(),
+	      current_date, md5(g::text)::uuid, jsonb_build_object('k', g), ARRAY[g, g + 1], 'x', (g % 100)::smallint,
+	      g / 7.0, 'tag', g, now(), 'end'"
+	one_row=$(mktemp)
+	results=$(mktemp)
+	# One run of one table: seconds of the bulk INSERT, of the bulk UPDATE of exported rows and
+	# of dirty ones, one-row tps.
+	capture_run() {
+		local table="$1" attach="$2" t0 ins upd redo tps
+		$PSQL "$CAPURL" -c "DROP TABLE IF EXISTS $table" -c "CREATE TABLE $table ($cols)"
+		if [ "$attach" = 1 ]; then "$BIN" -q attach "$table" --pg-url "$CAPURL" >/dev/null; fi
+		$PSQL "$CAPURL" -c "VACUUM ANALYZE"
+		t0=$(now)
+		$PSQL "$CAPURL" -c "INSERT INTO $table SELECT $vals FROM generate_series(1, $N) g"
+		ins=$(secs "$t0" "$(now)")
+		if [ "$attach" = 1 ]; then
+			$PSQL "$CAPURL" -c "UPDATE lakecdc_touch SET flushed_at = 1 WHERE flushed_at = 0"
+		fi
+		$PSQL "$CAPURL" -c "VACUUM ANALYZE"
+		t0=$(now)
+		$PSQL "$CAPURL" -c "UPDATE $table SET c3 = c3 + 1, c1 = c1 || '!'"
+		upd=$(secs "$t0" "$(now)")
+		$PSQL "$CAPURL" -c "VACUUM ANALYZE"
+		t0=$(now)
+		$PSQL "$CAPURL" -c "UPDATE $table SET c3 = c3 + 1, c1 = c1 || '?'"
+		redo=$(secs "$t0" "$(now)")
+		$PSQL "$CAPURL" -c "VACUUM ANALYZE"
+		printf '\\set id random(1, %d)\nUPDATE %s SET c4 = c4 + 1 WHERE id = :id;\n' "$N" "$table" >"$one_row"
+		tps=$("$PGBIN/pgbench" -n -c 1 -t 10000 -f "$one_row" "$CAPURL" 2>/dev/null | awk '/^tps/ {print $3; exit}')
+		echo "$ins $upd $redo $tps"
+	}
+	for run in $(seq 1 "$RUNS"); do
+		order="plain attached"
+		[ $((run % 2)) = 0 ] && order="attached plain"
+		for kind in $order; do
+			echo "bench: capture run $run, $kind table" >&2
+			if [ "$kind" = attached ]; then
+				$PSQL "$CAPURL" -c "DROP TABLE IF EXISTS lakecdc_touch" -c "DROP TABLE IF EXISTS lakecdc_sources"
+				read -r ins upd redo tps <<<"$(capture_run t_attached 1)"
+				# Every row has exactly one dirty slot, the last statement's.
+				slots=$($PSQL -At "$CAPURL" -c "SELECT count(*) FILTER (WHERE flushed_at = 0), count(DISTINCT row_id) FROM lakecdc_touch")
+				[ "$slots" = "$N|$N" ] || { echo "bench: the touch log holds $slots dirty slots|rows, not $N|$N" >&2; exit 1; }
+			else
+				read -r ins upd redo tps <<<"$(capture_run t_plain 0)"
+			fi
+			echo "$kind $ins $upd $redo $tps" >>"$results"
+		done
+	done
+	python3 - "$results" "$N" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    kind, *vals = line.split()
+    runs.setdefault(kind, []).append([float(v) for v in vals])
+n = int(sys.argv[2])
+def col(kind, i):
+    return [r[i] for r in runs[kind]]
+print(f"capture bench: a 20-column table, bigint key; {len(runs['plain'])} runs each, median (min–max)")
+print(f"| statement | plain | attached | attached / plain | target |")
+print(f"|---|---|---|---|---|")
+ok = True
+for i, (what, unit, target) in enumerate([(f"INSERT … SELECT of {n:,} rows", "s", 2.0),
+                                          (f"UPDATE of {n:,} exported rows", "s", 2.0),
+                                          (f"UPDATE of {n:,} rows still dirty", "s", 2.0),
+                                          ("10,000 one-row UPDATE transactions", "tps", None)]):
+    p, a = col("plain", i), col("attached", i)
+    mp, ma = statistics.median(p), statistics.median(a)
+    ratio = ma / mp if unit == "s" else mp / ma
+    verdict = "reported" if target is None else ("PASS" if ratio <= target else "FAIL")
+    ok = ok and verdict != "FAIL"
+    fmt = (lambda v: f"{v:.2f} s") if unit == "s" else (lambda v: f"{v:,.0f} tps")
+    print(f"| {what} | {fmt(mp)} ({fmt(min(p))}–{fmt(max(p))}) | {fmt(ma)} ({fmt(min(a))}–{fmt(max(a))}) "
+          f"| {ratio:.2f}× | {'≤ 2×' if target else '—'} {verdict} |")
+print("capture bench: " + ("targets met" if ok else "a target is missed"))
+PY
+	rm -f "$one_row" "$results"
+	exit 0
+fi
 
 if [ "$what" != matrix ]; then
 	seed "$IDS"
