@@ -12,20 +12,6 @@ use uuid::Uuid;
 
 use crate::support::harness::{self, TestDb};
 
-/// The test database with the source tables and the example schemas (ids 100 and 101).
-async fn database() -> TestDb {
-    let db = TestDb::new().await;
-    lakecdc::init_db::run(
-        &db.connector(),
-        &Tables::default(),
-        Some(&harness::examples_dir()),
-        false,
-    )
-    .await
-    .unwrap();
-    db
-}
-
 /// Runs the binary against `db`; (exit code, stdout, stderr).
 fn lakecdc(db: &TestDb, args: &[&str]) -> (i32, String, String) {
     let out = harness::bin()
@@ -86,7 +72,7 @@ fn dirty(t: &Touches, id: Uuid) -> (i64, Option<i64>) {
 
 #[tokio::test]
 async fn statements_leave_one_dirty_slot_per_touched_row_and_a_key_update_moves_it() {
-    let db = database().await;
+    let db = harness::examples_db().await;
     let client = db.client().await;
     client
         .batch_execute(
@@ -177,7 +163,7 @@ async fn statements_leave_one_dirty_slot_per_touched_row_and_a_key_update_moves_
 
 #[tokio::test]
 async fn a_uuid_key_is_the_row_id_and_composite_keys_are_hashed_apart() {
-    let db = database().await;
+    let db = harness::examples_db().await;
     let client = db.client().await;
     client
         .batch_execute(
@@ -275,7 +261,7 @@ async fn objects(client: &tokio_postgres::Client) -> (Vec<String>, Vec<String>, 
 
 #[tokio::test]
 async fn attaching_twice_changes_nothing_and_detach_stops_the_capture() {
-    let db = database().await;
+    let db = harness::examples_db().await;
     let client = db.client().await;
     client
         .batch_execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text, secret text)")
@@ -329,7 +315,7 @@ async fn attaching_twice_changes_nothing_and_detach_stops_the_capture() {
 
 #[tokio::test]
 async fn a_table_without_a_primary_key_is_refused_and_nothing_is_created() {
-    let db = database().await;
+    let db = harness::examples_db().await;
     let client = db.client().await;
     client
         .batch_execute("CREATE TABLE events (at timestamptz, what text); CREATE TABLE stamped (at timestamptz PRIMARY KEY)")
@@ -372,7 +358,7 @@ async fn a_table_without_a_primary_key_is_refused_and_nothing_is_created() {
 
 #[tokio::test]
 async fn print_sql_applied_by_psql_gives_the_same_objects_and_ids_stay_shared() {
-    let (a, b) = (database().await, database().await);
+    let (a, b) = (harness::examples_db().await, harness::examples_db().await);
     for db in [&a, &b] {
         db.client()
             .await
@@ -389,18 +375,7 @@ async fn print_sql_applied_by_psql_gives_the_same_objects_and_ids_stay_shared() 
         objects(&client_b).await.0.is_empty(),
         "--print-sql changed the database"
     );
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), &sql).unwrap();
-    let out = std::process::Command::new(crate::init_db::psql())
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &b.url, "-f"])
-        .arg(file.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "psql: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    harness::apply_with_psql(&b.url, &sql);
     assert_eq!(objects(&a.client().await).await, objects(&client_b).await);
     // Applied by psql, attach sees it as done.
     assert_eq!(attach_json(&b, &["orders"])["unchanged"], true);
@@ -420,7 +395,7 @@ async fn print_sql_applied_by_psql_gives_the_same_objects_and_ids_stay_shared() 
 
 #[tokio::test]
 async fn integer_keys_are_read_back_from_row_ids_that_sort_as_the_keys() {
-    let db = database().await;
+    let db = harness::examples_db().await;
     let client = db.client().await;
     client
         .batch_execute("CREATE TABLE big (id bigint PRIMARY KEY); CREATE TABLE small (id smallint PRIMARY KEY)")

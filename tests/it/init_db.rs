@@ -278,19 +278,8 @@ async fn printed_sql_applied_by_a_migration_tool_leaves_init_db_nothing_to_creat
     assert!(sql.contains("CREATE INDEX IF NOT EXISTS"), "{sql}");
     // Applied by psql to an empty database, as a migration would, twice: it is idempotent.
     let db = TestDb::new().await;
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), &sql).unwrap();
     for _ in 0..2 {
-        let out = std::process::Command::new(psql())
-            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &db.url, "-f"])
-            .arg(file.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "psql: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        harness::apply_with_psql(&db.url, &sql);
     }
     let report = lakecdc::init_db::run(&db.connector(), &Tables::default(), None, true)
         .await
@@ -311,15 +300,4 @@ async fn printed_sql_applied_by_a_migration_tool_leaves_init_db_nothing_to_creat
     .unwrap();
     assert!(real.objects.iter().all(|o| !o.created));
     assert_eq!(registry(&db).await.len(), 2);
-}
-
-/// psql from the PostgreSQL installation `scripts/services.sh` uses (or the one on PATH).
-pub fn psql() -> std::path::PathBuf {
-    let installed = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("bin/psql"))
-        .find(|p| p.exists());
-    installed.unwrap_or_else(|| "psql".into())
 }

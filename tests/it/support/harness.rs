@@ -206,6 +206,48 @@ pub fn run_python(script: &str, stdin: &[u8]) -> std::process::Output {
     child.wait_with_output().unwrap()
 }
 
+/// psql from the PostgreSQL installation `scripts/services.sh` uses (or the one on PATH).
+pub fn psql() -> std::path::PathBuf {
+    let installed = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/psql"))
+        .find(|p| p.exists());
+    installed.unwrap_or_else(|| "psql".into())
+}
+
+/// Applies the SQL script `sql` to the database at `url` with psql, as a migration would;
+/// panics with psql's message when it fails.
+pub fn apply_with_psql(url: &str, sql: &str) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), sql).unwrap();
+    let out = std::process::Command::new(psql())
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f"])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A fresh database with the source tables and the example schemas registered (ids 100, 101).
+pub async fn examples_db() -> TestDb {
+    let db = TestDb::new().await;
+    lakecdc::init_db::run(
+        &db.connector(),
+        &lakecdc::config::Tables::default(),
+        Some(&examples_dir()),
+        false,
+    )
+    .await
+    .unwrap();
+    db
+}
+
 /// The example schema directory.
 pub fn examples_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/schemas")

@@ -40,15 +40,7 @@ pub enum LakeKind {
 }
 
 pub async fn rig(kind: LakeKind) -> Rig {
-    let db = TestDb::new().await;
-    lakecdc::init_db::run(
-        &db.connector(),
-        &Tables::default(),
-        Some(&harness::examples_dir()),
-        false,
-    )
-    .await
-    .unwrap();
+    let db = harness::examples_db().await;
     let work = tempfile::tempdir().unwrap();
     let (inner, bucket): (Arc<dyn ObjectStore>, _) = match kind {
         LakeKind::S3 => {
