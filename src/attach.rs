@@ -10,6 +10,7 @@ use crate::config::{TableName, Tables};
 use crate::error::{Error, Result};
 use crate::source::Connector;
 use crate::source::attach::{self, AttachRequest};
+use crate::source::capture::SourceColumn;
 
 /// What `attach` is asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,16 +23,6 @@ pub struct AttachOptions {
     pub exclude: Vec<String>,
     /// Check and report; change nothing.
     pub dry_run: bool,
-}
-
-/// One exported column.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ColumnReport {
-    /// Its name.
-    pub name: String,
-    /// Its PostgreSQL type.
-    #[serde(rename = "type")]
-    pub type_name: String,
 }
 
 /// What `attach` did (or would do).
@@ -50,8 +41,8 @@ pub struct AttachReport {
     /// How the `row_id` comes from the key: `key` (one uuid column), `integer` (one integer
     /// column, order-preserving) or `hashed` (md5 of the key's text).
     pub row_id: &'static str,
-    /// The exported columns, key included.
-    pub columns: Vec<ColumnReport>,
+    /// The exported columns, key included, with their PostgreSQL and lake types.
+    pub columns: Vec<SourceColumn>,
     /// Columns left out.
     pub excluded: Vec<String>,
     /// The table was attached already with its triggers in place: nothing changed.
@@ -75,7 +66,7 @@ impl AttachReport {
             self.row_id,
             self.columns
                 .iter()
-                .map(|c| format!("{} {}", c.name, c.type_name))
+                .map(|c| format!("{} {} → {}", c.name, c.pg_type, c.lake_type))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -153,14 +144,7 @@ pub async fn run(
         table: c.table.quoted(),
         key: c.key.iter().map(|k| k.name.clone()).collect(),
         row_id: crate::source::capture::RowIdRule::of(&c.key).as_str(),
-        columns: a
-            .columns
-            .iter()
-            .map(|(name, type_name)| ColumnReport {
-                name: name.clone(),
-                type_name: type_name.clone(),
-            })
-            .collect(),
+        columns: a.columns.clone(),
         excluded: c.excluded.clone(),
         unchanged: a.unchanged,
     })

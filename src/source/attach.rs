@@ -6,9 +6,10 @@
 
 use tokio_postgres::{Client, GenericClient};
 
-use super::capture::{Capture, KEY_TYPES, KeyColumn};
+use super::capture::{Capture, KEY_TYPES, KeyColumn, SourceColumn};
 use super::connect::timed;
 use super::ddl::{FIRST_SCHEMA_ID, INIT_DB_LOCK};
+use super::table_types::{CatalogType, LakeType};
 use crate::config::{TableName, Tables, check_schema_name};
 use crate::error::{Error, Result};
 
@@ -32,15 +33,15 @@ pub struct Attached {
     pub capture: Capture,
     /// The table was attached already, its triggers in place: nothing was changed.
     pub unchanged: bool,
-    /// The table's other columns (exported), with their types.
-    pub columns: Vec<(String, String)>,
+    /// The exported columns (key included), with their types in PostgreSQL and in the lake.
+    pub columns: Vec<SourceColumn>,
 }
 
 /// The table as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Shape {
     table: TableName,
-    columns: Vec<(String, String)>,
+    columns: Vec<SourceColumn>,
     key: Vec<KeyColumn>,
 }
 
@@ -68,18 +69,41 @@ async fn describe(client: &impl GenericClient, table: &TableName) -> Result<Shap
             "table {schema}.{name}: lakecdc attaches tables named with letters, digits and _ only"
         ))
     })?;
+    // A domain is resolved to its base type (and modifier); an array's element type is named.
     let columns = timed(
         TIMEOUT,
         "read the table's columns",
         client.query(
-            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute \
-             WHERE attrelid = $1::int8::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            "WITH c AS (SELECT a.attnum, a.attname::text AS name, \
+                   format_type(a.atttypid, a.atttypmod) AS shown, \
+                   CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END AS base, \
+                   CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END AS typmod \
+               FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+               WHERE a.attrelid = $1::int8::oid AND a.attnum > 0 AND NOT a.attisdropped) \
+             SELECT c.name, c.shown, b.typname::text, b.typtype::text, c.typmod, \
+                    e.typname::text, e.typtype::text \
+             FROM c JOIN pg_type b ON b.oid = c.base \
+             LEFT JOIN pg_type e ON e.oid = b.typelem AND b.typcategory = 'A' \
+             ORDER BY c.attnum",
             &[&oid],
         ),
     )
     .await?
     .iter()
-    .map(|r| (r.get(0), r.get(1)))
+    .map(|r| {
+        let element: Option<String> = r.get(5);
+        let lake = LakeType::of(&CatalogType {
+            name: r.get(2),
+            kind: r.get(3),
+            typmod: r.get(4),
+            element: element.map(|name| (name, r.get::<_, Option<String>>(6).unwrap_or_default())),
+        });
+        SourceColumn {
+            name: r.get(0),
+            pg_type: r.get(1),
+            lake_type: lake.describe(),
+        }
+    })
     .collect();
     let key = timed(
         TIMEOUT,
@@ -235,7 +259,7 @@ async fn plan(
         )));
     }
     for column in &request.exclude {
-        if !shape.columns.iter().any(|(c, _)| c == column) {
+        if !shape.columns.iter().any(|c| &c.name == column) {
             return Err(Error::setting(
                 "exclude-columns",
                 format!("names {column:?}, which {table} does not have"),
@@ -287,21 +311,22 @@ async fn plan(
             })?
         }
     };
+    let columns: Vec<SourceColumn> = shape
+        .columns
+        .into_iter()
+        .filter(|c| !request.exclude.contains(&c.name))
+        .collect();
     let capture = Capture {
         source_id: id,
         name,
         table: shape.table.clone(),
         key: shape.key.clone(),
         excluded: request.exclude.clone(),
+        columns: columns.clone(),
         sources,
         touch_log,
     };
     let unchanged = existing.is_some() && capture_installed(client, &capture).await?;
-    let columns = shape
-        .columns
-        .into_iter()
-        .filter(|(c, _)| !request.exclude.contains(c))
-        .collect();
     Ok(Attached {
         capture,
         unchanged,
@@ -369,6 +394,7 @@ pub async fn detach(
         table: shape.table,
         key: shape.key,
         excluded: Vec::new(),
+        columns: Vec::new(),
         sources,
         touch_log,
     };

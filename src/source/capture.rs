@@ -37,6 +37,18 @@ pub struct KeyColumn {
     pub type_name: String,
 }
 
+/// An exported column of a table source, as attach records it (a later type change is to be
+/// refused until `init`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SourceColumn {
+    /// Its name.
+    pub name: String,
+    /// Its PostgreSQL type, as `format_type` shows it.
+    pub pg_type: String,
+    /// Its type in the lake ([`super::table_types::LakeType::describe`]).
+    pub lake_type: String,
+}
+
 /// Everything the capture DDL of one table source is generated from. Every table name is
 /// schema-qualified.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +63,8 @@ pub struct Capture {
     pub key: Vec<KeyColumn>,
     /// Columns left out of the lake.
     pub excluded: Vec<String>,
+    /// The exported columns, recorded with the source.
+    pub columns: Vec<SourceColumn>,
     /// `lakecdc_sources`.
     pub sources: TableName,
     /// `lakecdc_touch`.
@@ -70,7 +84,7 @@ fn literal(s: &str) -> String {
 /// The `CREATE TABLE` of the table sources' registry.
 pub fn sources_ddl(sources: &TableName) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT PRIMARY KEY,\n    name TEXT UNIQUE NOT NULL,\n    kind TEXT NOT NULL DEFAULT 'table' CHECK (kind = 'table'),\n    table_schema TEXT NOT NULL,\n    table_name TEXT NOT NULL,\n    key_columns TEXT[] NOT NULL,\n    excluded_columns TEXT[] NOT NULL DEFAULT '{{}}',\n    attached_at BIGINT NOT NULL,\n    needs_init_at BIGINT,\n    UNIQUE (table_schema, table_name)\n)",
+        "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT PRIMARY KEY,\n    name TEXT UNIQUE NOT NULL,\n    kind TEXT NOT NULL DEFAULT 'table' CHECK (kind = 'table'),\n    table_schema TEXT NOT NULL,\n    table_name TEXT NOT NULL,\n    key_columns TEXT[] NOT NULL,\n    excluded_columns TEXT[] NOT NULL DEFAULT '{{}}',\n    columns JSONB NOT NULL DEFAULT '[]',\n    attached_at BIGINT NOT NULL,\n    needs_init_at BIGINT,\n    UNIQUE (table_schema, table_name)\n)",
         sources.quoted()
     )
 }
@@ -298,8 +312,16 @@ $lakecdc$",
             format!("ARRAY[{}]::text[]", items.join(", "))
         };
         let key: Vec<String> = self.key.iter().map(|k| k.name.clone()).collect();
+        let columns = serde_json::Value::Array(
+            self.columns
+                .iter()
+                .map(|c| {
+                    serde_json::json!({"name": c.name, "pg_type": c.pg_type, "lake_type": c.lake_type})
+                })
+                .collect(),
+        );
         format!(
-            "INSERT INTO {} (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, {attached_at}) ON CONFLICT (source_id) DO NOTHING",
+            "INSERT INTO {} (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, {}::jsonb, {attached_at}) ON CONFLICT (source_id) DO NOTHING",
             self.sources.quoted(),
             self.source_id,
             literal(&self.name),
@@ -307,6 +329,7 @@ $lakecdc$",
             literal(self.table.name()),
             array(&key),
             array(&self.excluded),
+            literal(&columns.to_string()),
         )
     }
 
@@ -395,6 +418,11 @@ mod tests {
             table: TableName::parse("t", "shop.orders").unwrap(),
             key: key(&[("id", "bigint")]),
             excluded: vec!["secret's".into()],
+            columns: vec![SourceColumn {
+                name: "note".into(),
+                pg_type: "text".into(),
+                lake_type: "UTF8".into(),
+            }],
             sources: TableName::parse("t", "public.lakecdc_sources").unwrap(),
             touch_log: TableName::parse("t", "public.lakecdc_touch").unwrap(),
         };

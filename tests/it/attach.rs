@@ -446,3 +446,71 @@ async fn integer_keys_are_read_back_from_row_ids_that_sort_as_the_keys() {
         .get(0);
     assert_eq!(kept, 0);
 }
+
+#[tokio::test]
+async fn every_column_gets_its_lake_type_recorded_with_the_source() {
+    let db = harness::examples_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TYPE mood AS ENUM ('ok', 'sad');
+             CREATE DOMAIN cents AS numeric(12,2);
+             CREATE TABLE every (
+                 id bigint PRIMARY KEY, s smallint, i integer, r real, d double precision,
+                 n numeric(12,2), nn numeric, c cents, b boolean, t text, v varchar(10),
+                 e mood, dt date, ts timestamp, tz timestamptz, u uuid, j json, jb jsonb,
+                 by bytea, ia integer[], ta text[], other inet, secret text)",
+        )
+        .await
+        .unwrap();
+    let report = attach_json(&db, &["every", "--exclude-columns", "secret"]);
+    let types: Vec<(String, String)> = report["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["lake_type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("id", "INT64"),
+        ("s", "INT16"),
+        ("i", "INT32"),
+        ("r", "FLOAT"),
+        ("d", "DOUBLE"),
+        ("n", "DECIMAL(12,2)"),
+        ("nn", "DOUBLE"),
+        ("c", "DECIMAL(12,2)"),
+        ("b", "BOOLEAN"),
+        ("t", "UTF8"),
+        ("v", "UTF8"),
+        ("e", "UTF8"),
+        ("dt", "DATE"),
+        ("ts", "TIMESTAMP(µs)"),
+        ("tz", "TIMESTAMP(µs, UTC)"),
+        ("u", "UUID"),
+        ("j", "JSON"),
+        ("jb", "JSON"),
+        ("by", "BINARY"),
+        ("ia", "LIST<INT32>"),
+        ("ta", "LIST<UTF8>"),
+        ("other", "UTF8"),
+    ]
+    .map(|(n, t)| (n.to_string(), t.to_string()));
+    assert_eq!(types, expected);
+    // The same list is recorded with the source, for the export to check types against.
+    let recorded: serde_json::Value = client
+        .query_one(
+            "SELECT columns::text FROM lakecdc_sources WHERE name = 'every'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, String>(0)
+        .parse()
+        .unwrap();
+    assert_eq!(recorded, report["columns"]);
+}
