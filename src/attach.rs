@@ -160,7 +160,11 @@ pub async fn script(
 ) -> Result<String> {
     let client = connector.connect().await?;
     let a = attach::plan_attach(&client, tables, &request(opts)).await?;
-    Ok(a.capture.script(clock.now_ms()))
+    Ok(a.capture.script(
+        clock.now_ms(),
+        &tables.registry,
+        crate::source::ddl::INIT_DB_LOCK,
+    ))
 }
 
 /// Detaches the table; an unattached table is a configuration error (exit 2).

@@ -740,6 +740,8 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
     let mut measured = Measured::default();
     let result = execute(&config, progress, &mut measured).await;
     if config.metrics.enabled() && !config.is_dry_run() {
+        // The run's duration, not the metrics' collection below.
+        let duration = clock.elapsed();
         let exit_code = match &result {
             Ok(o) => o.exit_code,
             Err(e) => e.exit_code(),
@@ -762,7 +764,7 @@ pub async fn run(config: RunConfig, progress: Option<crate::init::ProgressFn>) -
         let record = RunRecord {
             command: config.command.name(),
             started,
-            duration: clock.elapsed(),
+            duration,
             exit_code,
             schemas: measured.schemas,
             state,

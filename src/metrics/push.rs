@@ -54,12 +54,20 @@ impl Pushgateway {
         if host.is_empty() {
             return Err("names no host".into());
         }
-        let authorization = userinfo.map(|u| {
-            format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(u.as_bytes())
-            )
-        });
+        // `user:password`, each percent-decoded (RFC 3986), is what Basic authentication sends.
+        let authorization = match userinfo {
+            Some(u) => {
+                let (user, password) = u.split_once(':').unwrap_or((u, ""));
+                let mut credentials = percent_decoded(user)?;
+                credentials.push(b':');
+                credentials.extend(percent_decoded(password)?);
+                Some(format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(credentials)
+                ))
+            }
+            None => None,
+        };
         Ok(Self {
             base: format!("{scheme}://{host}{}", path.trim_end_matches('/')),
             authorization,
@@ -139,6 +147,28 @@ impl Pushgateway {
     }
 }
 
+/// `s` with each `%XX` replaced by its byte; a `%` not followed by two hex digits is refused.
+fn percent_decoded(s: &str) -> std::result::Result<Vec<u8>, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or("has a '%' in its credentials that is not %XX: percent-encode them")?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
 /// An HTTP(S) connector verifying servers against the platform's CA roots.
 fn connector() -> std::result::Result<
     hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
@@ -186,7 +216,9 @@ mod tests {
             gw.group_url("lakecdc_flush", "host-1"),
             "https://pgw.example:9091/base/metrics/job/lakecdc_flush/instance/host-1"
         );
-        assert_eq!(gw.authorization.as_deref(), Some("Basic dTpwJTQwc3M="));
+        // "u:p@ss", the password percent-decoded.
+        assert_eq!(gw.authorization.as_deref(), Some("Basic dTpwQHNz"));
+        assert!(Pushgateway::parse("https://u:p%4@h").is_err());
         assert!(!format!("{gw:?}").contains("dTpw"));
         assert!(Pushgateway::has_password("https://u:p@h"));
         assert!(!Pushgateway::has_password("https://u@h"));

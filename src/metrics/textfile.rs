@@ -39,12 +39,13 @@ pub fn directory_of(path: &Path) -> &Path {
     }
 }
 
-/// The previous file's text, when there is one (at most 1 MiB is read).
+/// The previous file's text, when there is one (at most 1 MiB is read; a character cut by the
+/// limit does not lose the rest).
 pub fn previous(path: &Path) -> Option<String> {
     let file = std::fs::File::open(path).ok()?;
-    let mut text = String::new();
-    file.take(PREVIOUS_LIMIT).read_to_string(&mut text).ok()?;
-    Some(text)
+    let mut bytes = Vec::new();
+    file.take(PREVIOUS_LIMIT).read_to_end(&mut bytes).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Writes `text` to `path` atomically: a new temporary file in the same directory (created

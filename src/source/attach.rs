@@ -52,14 +52,14 @@ async fn describe(client: &impl GenericClient, table: &TableName) -> Result<Shap
         client.query_opt(
             "SELECT c.oid::int8, n.nspname::text, c.relname::text FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')",
+             WHERE c.oid = to_regclass($1) AND c.relkind = 'r'",
             &[&table.quoted()],
         ),
     )
     .await?
     .ok_or_else(|| {
         Error::config(format!(
-            "table {} does not exist (or is not a table): check the name and the search_path",
+            "table {} does not exist or is not a plain table (partitioned tables are not attached: a write aimed at a partition would bypass the parent's triggers): check the name and the search_path",
             table.quoted()
         ))
     })?;
@@ -147,13 +147,19 @@ async fn qualified_tables(
     client: &impl GenericClient,
     tables: &Tables,
 ) -> Result<(TableName, TableName)> {
-    let schema: String = timed(
+    let schema: Option<String> = timed(
         TIMEOUT,
         "read current_schema",
         client.query_one("SELECT current_schema()::text", &[]),
     )
     .await?
-    .get(0);
+    .try_get(0)
+    .map_err(Error::postgres("read current_schema"))?;
+    let schema = schema.ok_or_else(|| {
+        Error::config(
+            "no schema of the search_path exists, so lakecdc_sources and lakecdc_touch have no place: set the role's search_path or qualify --registry-table",
+        )
+    })?;
     Ok((
         tables.sources().qualified_in(&schema),
         tables.touch_log().qualified_in(&schema),
@@ -195,7 +201,12 @@ async fn taken(
             tables.registry.quoted()
         );
         for r in timed(TIMEOUT, "read schema registry", client.query(&sql, &[])).await? {
-            out.push((r.get(0), r.get(1)));
+            // A registry table of another shape is an error, not a panic.
+            let column = |c: &'static str| Error::postgres(format!("read schema registry: {c}"));
+            out.push((
+                r.try_get(0).map_err(column("schema_name"))?,
+                r.try_get(1).map_err(column("schema_id"))?,
+            ));
         }
     }
     if exists(client, sources).await? {
@@ -232,6 +243,26 @@ async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Re
     Ok(function && triggers == names.len() as i64)
 }
 
+/// Whether any part of the capture (the function, a trigger) is installed.
+async fn capture_present(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
+    let names: Vec<String> = Capture::triggers()
+        .iter()
+        .map(|(n, _)| (*n).to_string())
+        .collect();
+    let row = timed(
+        TIMEOUT,
+        "check the capture triggers",
+        client.query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = ANY($2)) \
+                 OR to_regprocedure($3 || '()') IS NOT NULL",
+            &[&capture.table.quoted(), &names, &capture.function().quoted()],
+        ),
+    )
+    .await?;
+    row.try_get(0)
+        .map_err(Error::postgres("check the capture triggers"))
+}
+
 /// Checks `request` against the catalog and the registries and decides the capture; changes
 /// nothing. `unchanged` when the table is attached already with everything in place.
 async fn plan(
@@ -241,6 +272,16 @@ async fn plan(
 ) -> Result<Attached> {
     let shape = describe(client, &request.table).await?;
     let table = shape.table.quoted();
+    // The function body is dollar-quoted: no name in it may carry a '$'.
+    if let Some(name) = std::iter::once(shape.table.name())
+        .chain(shape.table.schema())
+        .chain(shape.key.iter().map(|k| k.name.as_str()))
+        .find(|n| n.contains('$'))
+    {
+        return Err(Error::config(format!(
+            "table {table}: {name:?} holds a '$', which lakecdc's trigger function cannot name; rename it to attach the table"
+        )));
+    }
     if shape.key.is_empty() {
         return Err(Error::config(format!(
             "table {table} has no primary key: lakecdc identifies rows by it; add one (ALTER TABLE … ADD PRIMARY KEY) and attach again"
@@ -351,6 +392,12 @@ pub async fn attach(
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&INIT_DB_LOCK]),
     )
     .await?;
+    timed(
+        TIMEOUT,
+        "set standard_conforming_strings",
+        tx.batch_execute("SET LOCAL standard_conforming_strings = on"),
+    )
+    .await?;
     let attached = plan(&tx, tables, request).await?;
     if attached.unchanged || dry_run {
         timed(TIMEOUT, "end attach", tx.rollback()).await?;
@@ -398,10 +445,11 @@ pub async fn detach(
         sources,
         touch_log,
     };
-    let installed = capture_installed(&tx, &capture).await?;
-    if dry_run || !installed {
+    // Whatever part of the capture is still there goes (every statement is `IF EXISTS`).
+    let any = capture_present(&tx, &capture).await?;
+    if dry_run || !any {
         timed(TIMEOUT, "end detach", tx.rollback()).await?;
-        return Ok(installed.then_some(capture));
+        return Ok(any.then_some(capture));
     }
     for statement in capture.detach_statements() {
         timed(TIMEOUT, "detach", tx.batch_execute(&statement)).await?;

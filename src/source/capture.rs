@@ -222,16 +222,6 @@ impl Capture {
         }
     }
 
-    /// The key columns of a row read as `alias`, comma-separated.
-    fn key_columns(&self, alias: &str) -> String {
-        let columns: Vec<String> = self
-            .key
-            .iter()
-            .map(|k| format!("{alias}.{}", ident(&k.name)))
-            .collect();
-        columns.join(", ")
-    }
-
     /// The trigger function and the four triggers (idempotent: `CREATE OR REPLACE`, and each
     /// trigger dropped if it exists before it is created).
     pub fn capture_ddl(&self) -> Vec<String> {
@@ -253,6 +243,10 @@ AS $lakecdc$
 DECLARE
     now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 BEGIN
+    -- Fired only by the triggers on {table} (a role given EXECUTE could attach it elsewhere).
+    IF TG_RELID <> {table_literal}::regclass THEN
+        RAISE EXCEPTION 'lakecdc capture of source {id} fired by another table';
+    END IF;
     IF TG_OP = 'INSERT' THEN
         {insert}
     ELSIF TG_OP = 'UPDATE' THEN
@@ -267,19 +261,27 @@ END
 $lakecdc$",
             f = self.function().quoted(),
             table = self.table.quoted(),
+            table_literal = literal(&self.table.quoted()),
             id = self.source_id,
             sources = self.sources.quoted(),
             insert = self.upsert(&new_keys),
             // The keys written are live; the keys left (a key update) are tombstones.
+            // Compared as row ids, not as keys: equal keys may have different texts (a
+            // numeric's scale), hence different hashed row ids.
             update = self.upsert(&format!(
-                "{new_keys} UNION ALL {old_keys} WHERE NOT EXISTS \
-                 (SELECT 1 FROM lakecdc_new n WHERE ({}) = ({}))",
-                self.key_columns("n"),
-                self.key_columns("o")
+                "{new_keys} UNION ALL {old_keys} WHERE {} NOT IN \
+                 (SELECT {} FROM lakecdc_new n)",
+                row_id_expr(self.source_id, &self.key, "o"),
+                row_id_expr(self.source_id, &self.key, "n")
             )),
             delete = self.upsert(&old_keys),
         );
-        let mut out = vec![function];
+        // Only the triggers call it: no role may attach it to a table of its own.
+        let revoke = format!(
+            "REVOKE ALL ON FUNCTION {}() FROM PUBLIC",
+            self.function().quoted()
+        );
+        let mut out = vec![function, revoke];
         for (name, event) in Self::triggers() {
             let (referencing, each) = match event {
                 "INSERT" => ("REFERENCING NEW TABLE AS lakecdc_new ", "STATEMENT"),
@@ -364,13 +366,29 @@ $lakecdc$",
     }
 
     /// `attach --print-sql`: the attach as one transaction a migration tool (or `psql`) runs.
-    pub fn script(&self, attached_at: i64) -> String {
+    /// The id was free when printed; the script takes `init-db`'s lock and stops unless the id
+    /// (and the name) is still free or already this table's, so two scripts printed at once, or
+    /// a schema registered in between, never share an id.
+    pub fn script(&self, attached_at: i64, registry: &TableName, lock: i64) -> String {
+        let table_schema = literal(self.table.schema().unwrap_or("public"));
+        let table_name = literal(self.table.name());
         let mut out = format!(
-            "-- lakecdc attach {}: source {} (id {}), docs/design.md §9.\nBEGIN;\n",
+            "-- lakecdc attach {}: source {} (id {}), docs/design.md §9.\nBEGIN;\n\
+             SET LOCAL standard_conforming_strings = on;\n\
+             SELECT pg_advisory_xact_lock({lock});\n",
             self.table.quoted(),
             self.name,
             self.source_id
         );
+        out.push_str(&sources_ddl(&self.sources));
+        out.push_str(";\n");
+        out.push_str(&format!(
+            "DO $guard$\nDECLARE\n    taken boolean := false;\nBEGIN\n    IF to_regclass({registry}) IS NOT NULL THEN\n        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE schema_id = $1 OR schema_name = $2)', {registry})\n            INTO taken USING {id}::smallint, {name}::text;\n    END IF;\n    IF taken OR EXISTS (SELECT 1 FROM {sources} WHERE (source_id = {id} OR name = {name})\n                  AND (table_schema, table_name) <> ({table_schema}, {table_name})) THEN\n        RAISE EXCEPTION 'lakecdc attach: source id {id} or name % was taken since this script was printed: print it again', {name};\n    END IF;\nEND\n$guard$;\n",
+            registry = literal(&registry.quoted()),
+            sources = self.sources.quoted(),
+            id = self.source_id,
+            name = literal(&self.name),
+        ));
         for statement in self.attach_statements(attached_at) {
             out.push_str(&statement);
             out.push_str(";\n");
@@ -426,12 +444,23 @@ mod tests {
             sources: TableName::parse("t", "public.lakecdc_sources").unwrap(),
             touch_log: TableName::parse("t", "public.lakecdc_touch").unwrap(),
         };
-        let s = c.script(42);
+        let s = c.script(42, &TableName::parse("t", "schema_registry").unwrap(), 7);
         assert!(
             s.starts_with("-- lakecdc attach") && s.ends_with("COMMIT;\n"),
             "{s}"
         );
-        assert!(s.contains("\nBEGIN;\n"));
+        assert!(s.contains("\nBEGIN;\nSET LOCAL standard_conforming_strings = on;\nSELECT pg_advisory_xact_lock(7);\n"));
+        assert!(
+            s.contains("RAISE EXCEPTION 'lakecdc attach: source id 103"),
+            "{s}"
+        );
+        assert!(
+            s.contains("REVOKE ALL ON FUNCTION \"shop\".\"lakecdc_capture_103\"() FROM PUBLIC")
+        );
+        assert!(
+            s.contains("IF TG_RELID <> '\"shop\".\"orders\"'::regclass THEN"),
+            "{s}"
+        );
         assert!(s.contains("CREATE OR REPLACE FUNCTION \"shop\".\"lakecdc_capture_103\"()"));
         assert!(s.contains(
             "SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off"

@@ -514,3 +514,130 @@ async fn every_column_gets_its_lake_type_recorded_with_the_source() {
         .unwrap();
     assert_eq!(recorded, report["columns"]);
 }
+
+#[tokio::test]
+async fn the_capture_cannot_be_misused_or_outlive_a_detach() {
+    let db = harness::examples_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE prices (id numeric PRIMARY KEY, v int);
+             CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id);",
+        )
+        .await
+        .unwrap();
+    let source = attach_json(&db, &["prices"])["source_id"].as_i64().unwrap();
+    // Fired from another table, the function refuses (and PUBLIC may not execute it).
+    let e = client
+        .batch_execute(&format!(
+            "CREATE TEMP TABLE decoy (id numeric);
+             CREATE TRIGGER decoy AFTER INSERT ON decoy REFERENCING NEW TABLE AS lakecdc_new
+               FOR EACH STATEMENT EXECUTE FUNCTION public.lakecdc_capture_{source}();
+             INSERT INTO decoy VALUES (1);"
+        ))
+        .await
+        .unwrap_err();
+    assert!(format!("{e:?}").contains("fired by another table"), "{e:?}");
+    let public: bool = client
+        .query_one(
+            &format!("SELECT has_function_privilege('public', 'public.lakecdc_capture_{source}()', 'EXECUTE')"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!public);
+    // A key update that changes only the key's text (a numeric's scale) moves the row id.
+    client
+        .batch_execute(
+            "INSERT INTO prices VALUES (1.0, 1); UPDATE prices SET id = 1.00 WHERE id = 1.0",
+        )
+        .await
+        .unwrap();
+    let slots: Vec<(Uuid, Option<i64>)> = client
+        .query(
+            "SELECT row_id, deleted_at FROM lakecdc_touch WHERE flushed_at = 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(slots.len(), 2, "{slots:?}");
+    assert_eq!(
+        slots.iter().filter(|(_, d)| d.is_some()).count(),
+        1,
+        "{slots:?}"
+    );
+    // Partitioned tables are refused (writes to a partition would bypass the triggers).
+    let (code, _, err) = lakecdc(&db, &["attach", "parted"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("partition"), "{err}");
+    // A capture missing a trigger is still detached whole.
+    client
+        .batch_execute("DROP TRIGGER lakecdc_capture_insert ON prices")
+        .await
+        .unwrap();
+    let (code, _, err) = lakecdc(&db, &["detach", "prices"]);
+    assert_eq!(code, 0, "{err}");
+    let left: i64 = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lakecdc%') \
+                  + (SELECT count(*) FROM pg_proc WHERE proname LIKE 'lakecdc_capture%')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn a_printed_script_whose_id_was_taken_since_stops_without_a_change() {
+    let db = harness::examples_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE a (id bigint PRIMARY KEY); CREATE TABLE b (id bigint PRIMARY KEY)",
+        )
+        .await
+        .unwrap();
+    // Both scripts are printed before either is applied: both name id 102.
+    let (_, script_a, _) = lakecdc(&db, &["attach", "a", "--print-sql"]);
+    let (_, script_b, _) = lakecdc(&db, &["attach", "b", "--print-sql"]);
+    assert!(script_a.contains("(id 102)") && script_b.contains("(id 102)"));
+    harness::apply_with_psql(&db.url, &script_a);
+    let out = std::process::Command::new(harness::psql())
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            &db.url,
+            "-c",
+            &script_b,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("was taken since this script was printed"),
+        "{err}"
+    );
+    let triggers_on_b: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'b'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(triggers_on_b, 0);
+    // Printed again, it takes the next id.
+    let (_, again, _) = lakecdc(&db, &["attach", "b", "--print-sql"]);
+    assert!(again.contains("(id 103)"), "{again}");
+    harness::apply_with_psql(&db.url, &again);
+}
