@@ -243,6 +243,56 @@ async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Re
     Ok(function && triggers == names.len() as i64)
 }
 
+/// Refuses to attach a table again with another key or other excluded columns than it was
+/// attached with: its touch log and lake hold row ids and columns of the recorded ones.
+async fn same_as_recorded(
+    client: &impl GenericClient,
+    sources: &TableName,
+    id: i16,
+    table: &str,
+    key: &[KeyColumn],
+    exclude: &[String],
+) -> Result<()> {
+    let sql = format!(
+        "SELECT key_columns, excluded_columns FROM {} WHERE source_id = $1",
+        sources.quoted()
+    );
+    let row = timed(
+        TIMEOUT,
+        "read lakecdc_sources",
+        client.query_one(&sql, &[&id]),
+    )
+    .await?;
+    let column = |c: &'static str| Error::postgres(format!("read lakecdc_sources: {c}"));
+    let recorded_key: Vec<String> = row.try_get(0).map_err(column("key_columns"))?;
+    let mut recorded_excluded: Vec<String> = row.try_get(1).map_err(column("excluded_columns"))?;
+    let current_key: Vec<String> = key.iter().map(|k| k.name.clone()).collect();
+    if recorded_key != current_key {
+        return Err(Error::config(format!(
+            "table {table} was attached with the key ({}) and its key is now ({}): its row ids would change; attach it under another --name and run init for it",
+            recorded_key.join(", "),
+            current_key.join(", ")
+        )));
+    }
+    let mut requested = exclude.to_vec();
+    recorded_excluded.sort();
+    requested.sort();
+    if recorded_excluded != requested {
+        return Err(Error::setting(
+            "exclude-columns",
+            format!(
+                "differs from what {table} was attached with ({}): a source keeps its columns; attach it under another --name to change them",
+                if recorded_excluded.is_empty() {
+                    "none".to_string()
+                } else {
+                    recorded_excluded.join(", ")
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether any part of the capture (the function, a trigger) is installed.
 async fn capture_present(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
     let names: Vec<String> = Capture::triggers()
@@ -321,7 +371,9 @@ async fn plan(
         (Some(n), Some((_, current))) if n != current => {
             return Err(Error::setting(
                 "name",
-                format!("{table} is attached already as {current:?}: detach it first to rename it"),
+                format!(
+                    "{table} is attached already as {current:?}: a source keeps its name (its lake is under its id)"
+                ),
             ));
         }
         (_, Some((_, current))) => current.clone(),
@@ -329,6 +381,9 @@ async fn plan(
         (None, None) => shape.table.name().to_string(),
     };
     check_schema_name(&name).map_err(|e| Error::setting("name", e.to_string()))?;
+    if let Some((id, _)) = &existing {
+        same_as_recorded(client, &sources, *id, &table, &shape.key, &request.exclude).await?;
+    }
     let taken = taken(client, tables, &sources).await?;
     let id = match existing {
         Some((id, _)) => id,

@@ -132,8 +132,11 @@ pub async fn change_log_index_exists(client: &impl GenericClient, t: &Tables) ->
     Ok(row.get(0))
 }
 
-/// The ids table sources hold: none before the first `attach`.
-pub(crate) async fn source_ids(client: &impl GenericClient, tables: &Tables) -> Result<Vec<i16>> {
+/// The names and ids table sources hold: none before the first `attach`.
+pub(crate) async fn sources(
+    client: &impl GenericClient,
+    tables: &Tables,
+) -> Result<Vec<(String, i16)>> {
     let sources = tables.sources();
     let exists: bool = timed(
         TIMEOUT,
@@ -145,14 +148,18 @@ pub(crate) async fn source_ids(client: &impl GenericClient, tables: &Tables) -> 
     if !exists {
         return Ok(Vec::new());
     }
-    let sql = format!("SELECT source_id FROM {}", sources.quoted());
-    Ok(
-        timed(TIMEOUT, "read lakecdc_sources", client.query(&sql, &[]))
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect(),
-    )
+    let sql = format!("SELECT name, source_id FROM {}", sources.quoted());
+    timed(TIMEOUT, "read lakecdc_sources", client.query(&sql, &[]))
+        .await?
+        .iter()
+        .map(|r| {
+            let column = |c: &'static str| Error::postgres(format!("read lakecdc_sources: {c}"));
+            Ok((
+                r.try_get(0).map_err(column("name"))?,
+                r.try_get(1).map_err(column("source_id"))?,
+            ))
+        })
+        .collect()
 }
 
 /// Creates whatever is missing and registers `schema_names` (sorted by the caller); existing
@@ -227,11 +234,11 @@ pub async fn apply(
         .collect::<Result<_>>()?
     };
     // Table sources share the schemas' ids (docs/design.md §9).
-    let sources = source_ids(&tx, t).await?;
+    let sources = sources(&tx, t).await?;
     let mut next = existing
         .iter()
+        .chain(sources.iter())
         .map(|(_, id)| *id)
-        .chain(sources.iter().copied())
         .map(|id| i32::from(id) + 1)
         .max()
         .unwrap_or(0)
@@ -249,6 +256,12 @@ pub async fn apply(
                 created: false,
             });
             continue;
+        }
+        // A schema and a table source never share a name: `--schema NAME` names one of them.
+        if sources.iter().any(|(n, _)| n == name) {
+            return Err(Error::config(format!(
+                "cannot register schema {name:?}: a table source has that name (lakecdc attach); rename the schema's files"
+            )));
         }
         let id = i16::try_from(next).map_err(|_| {
             Error::config(format!(

@@ -641,3 +641,51 @@ async fn a_printed_script_whose_id_was_taken_since_stops_without_a_change() {
     assert!(again.contains("(id 103)"), "{again}");
     harness::apply_with_psql(&db.url, &again);
 }
+
+#[tokio::test]
+async fn a_source_keeps_its_key_columns_and_name_against_later_changes() {
+    let db = harness::examples_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute("CREATE TABLE orders (id bigint PRIMARY KEY, note text, secret text)")
+        .await
+        .unwrap();
+    attach_json(&db, &["orders", "--exclude-columns", "secret"]);
+    // Other excluded columns: refused, whether attached or detached since.
+    for detached in [false, true] {
+        if detached {
+            let (code, _, err) = lakecdc(&db, &["detach", "orders"]);
+            assert_eq!(code, 0, "{err}");
+        }
+        let (code, _, err) = lakecdc(&db, &["attach", "orders"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains("--exclude-columns") && err.contains("secret"),
+            "{err}"
+        );
+    }
+    // A changed key: refused, naming both keys.
+    client
+        .batch_execute(
+            "ALTER TABLE orders DROP CONSTRAINT orders_pkey; ALTER TABLE orders ADD PRIMARY KEY (id, note)",
+        )
+        .await
+        .unwrap();
+    let (code, _, err) = lakecdc(&db, &["attach", "orders", "--exclude-columns", "secret"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("(id)") && err.contains("(id, note)"), "{err}");
+    // init-db does not register a schema under a source's name.
+    let mut client = db.client().await;
+    let e = lakecdc::source::ddl::apply(
+        &mut client,
+        &Tables::default(),
+        &["customer".into(), "orders".into()],
+        false,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("a table source has that name"),
+        "{e}"
+    );
+}
