@@ -218,8 +218,9 @@ async fn taken(
     Ok(out)
 }
 
-/// Whether the table's function and its four triggers are all in place.
-async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
+/// How much of a capture is installed: its triggers on the table, and whether its function
+/// exists.
+async fn capture_parts(client: &impl GenericClient, capture: &Capture) -> Result<(i64, bool)> {
     let names: Vec<String> = Capture::triggers()
         .iter()
         .map(|(n, _)| (*n).to_string())
@@ -228,19 +229,23 @@ async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Re
         TIMEOUT,
         "check the capture triggers",
         client.query_one(
-            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) \
-                     AND tgname = ANY($2) AND tgfoid = to_regprocedure($3 || '()')::oid), \
+            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = ANY($2)), \
                     to_regprocedure($3 || '()') IS NOT NULL",
-            &[
-                &capture.table.quoted(),
-                &names,
-                &capture.function().quoted(),
-            ],
+            &[&capture.table.quoted(), &names, &capture.function().quoted()],
         ),
     )
     .await?;
-    let (triggers, function): (i64, bool) = (row.get(0), row.get(1));
-    Ok(function && triggers == names.len() as i64)
+    let column = |c: &'static str| Error::postgres(format!("check the capture triggers: {c}"));
+    Ok((
+        row.try_get(0).map_err(column("triggers"))?,
+        row.try_get(1).map_err(column("function"))?,
+    ))
+}
+
+/// Whether the table's function and its four triggers are all in place.
+async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
+    let (triggers, function) = capture_parts(client, capture).await?;
+    Ok(function && triggers == Capture::triggers().len() as i64)
 }
 
 /// Refuses to attach a table again with another key or other excluded columns than it was
@@ -295,22 +300,8 @@ async fn same_as_recorded(
 
 /// Whether any part of the capture (the function, a trigger) is installed.
 async fn capture_present(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
-    let names: Vec<String> = Capture::triggers()
-        .iter()
-        .map(|(n, _)| (*n).to_string())
-        .collect();
-    let row = timed(
-        TIMEOUT,
-        "check the capture triggers",
-        client.query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = ANY($2)) \
-                 OR to_regprocedure($3 || '()') IS NOT NULL",
-            &[&capture.table.quoted(), &names, &capture.function().quoted()],
-        ),
-    )
-    .await?;
-    row.try_get(0)
-        .map_err(Error::postgres("check the capture triggers"))
+    let (triggers, function) = capture_parts(client, capture).await?;
+    Ok(function || triggers > 0)
 }
 
 /// Checks `request` against the catalog and the registries and decides the capture; changes
