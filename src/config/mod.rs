@@ -89,6 +89,39 @@ impl TableName {
     }
 }
 
+/// Quotes a SQL identifier (PostgreSQL and DuckDB spell it the same): `"` doubled.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Escapes a SQL string literal's content (`'` doubled; standard-conforming strings).
+pub fn sql_string(s: &str) -> String {
+    s.replace('\'', "''")
+}
+
+/// Percent-decodes `s` (RFC 3986): each `%XX` becomes its byte; `None` when a `%` is not
+/// followed by two hex digits.
+pub fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
 /// The longest schema name, in bytes: a PostgreSQL identifier's limit (`NAMEDATALEN` - 1).
 pub const SCHEMA_NAME_MAX: usize = 63;
 

@@ -262,15 +262,7 @@ pub fn schema_views<'a>(name: &str, uris: impl IntoIterator<Item = &'a str>, tem
     )
 }
 
-/// Quotes a DuckDB identifier.
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Escapes a DuckDB string literal's content.
-pub fn sql_string(s: &str) -> String {
-    s.replace('\'', "''")
-}
+pub use crate::config::{quote_ident, sql_string};
 
 #[cfg(test)]
 mod tests {

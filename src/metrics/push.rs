@@ -147,26 +147,10 @@ impl Pushgateway {
     }
 }
 
-/// `s` with each `%XX` replaced by its byte; a `%` not followed by two hex digits is refused.
+/// `s` percent-decoded; a `%` not followed by two hex digits is refused.
 fn percent_decoded(s: &str) -> std::result::Result<Vec<u8>, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or("has a '%' in its credentials that is not %XX: percent-encode them")?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    Ok(out)
+    crate::config::percent_decode(s)
+        .ok_or_else(|| "has a '%' in its credentials that is not %XX: percent-encode them".into())
 }
 
 /// An HTTP(S) connector verifying servers against the platform's CA roots.

@@ -12,7 +12,7 @@
 //! with a pinned `search_path` and names every object fully qualified, so the application's
 //! roles need no grant on the touch log and cannot redirect what the trigger writes.
 
-use crate::config::TableName;
+use crate::config::{TableName, quote_ident as ident};
 
 /// The key column types whose text form does not depend on session settings (`DateStyle`,
 /// `TimeZone`, `extra_float_digits`): a derived `row_id` must be the same in every session.
@@ -71,14 +71,9 @@ pub struct Capture {
     pub touch_log: TableName,
 }
 
-/// A quoted PostgreSQL identifier.
-pub fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 /// A PostgreSQL string literal.
 fn literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
+    format!("'{}'", crate::config::sql_string(s))
 }
 
 /// The `CREATE TABLE` of the table sources' registry.

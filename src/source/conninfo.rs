@@ -378,24 +378,7 @@ fn url_pairs(
 
 /// Percent-decodes one part of a URL.
 fn decode(v: &str, part: UrlPart) -> std::result::Result<String, ConninfoError> {
-    let bytes = v.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        if b == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or(ConninfoError::BadPercent(part))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(b);
-            i += 1;
-        }
-    }
+    let out = crate::config::percent_decode(v).ok_or(ConninfoError::BadPercent(part))?;
     String::from_utf8(out).map_err(|_| ConninfoError::NotUtf8(part))
 }
 
