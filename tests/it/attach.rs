@@ -35,6 +35,11 @@ fn attach_json(db: &TestDb, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out).unwrap()
 }
 
+/// The one number `sql` returns.
+async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
 /// The touch log: row id → [(flushed_at, changed_at, deleted_at)], oldest slot first.
 type Touches = BTreeMap<Uuid, Vec<(i64, i64, Option<i64>)>>;
 
@@ -436,14 +441,11 @@ async fn integer_keys_are_read_back_from_row_ids_that_sort_as_the_keys() {
         [-32768, -1, 0, 32767].map(|k| row_id(small, k)).to_vec()
     );
     // No key JSON is kept: the row id holds the key.
-    let kept: i64 = client
-        .query_one(
-            "SELECT count(*) FROM lakecdc_touch WHERE key IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let kept = count(
+        &client,
+        "SELECT count(*) FROM lakecdc_touch WHERE key IS NOT NULL",
+    )
+    .await;
     assert_eq!(kept, 0);
 }
 
@@ -581,15 +583,12 @@ async fn the_capture_cannot_be_misused_or_outlive_a_detach() {
         .unwrap();
     let (code, _, err) = lakecdc(&db, &["detach", "prices"]);
     assert_eq!(code, 0, "{err}");
-    let left: i64 = client
-        .query_one(
-            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lakecdc%') \
+    let left = count(
+        &client,
+        "SELECT (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lakecdc%') \
                   + (SELECT count(*) FROM pg_proc WHERE proname LIKE 'lakecdc_capture%')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    )
+    .await;
     assert_eq!(left, 0);
 }
 
@@ -627,14 +626,11 @@ async fn a_printed_script_whose_id_was_taken_since_stops_without_a_change() {
         err.contains("was taken since this script was printed"),
         "{err}"
     );
-    let triggers_on_b: i64 = client
-        .query_one(
-            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'b'::regclass",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let triggers_on_b = count(
+        &client,
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'b'::regclass",
+    )
+    .await;
     assert_eq!(triggers_on_b, 0);
     // Printed again, it takes the next id.
     let (_, again, _) = lakecdc(&db, &["attach", "b", "--print-sql"]);
