@@ -9,6 +9,8 @@
 #   scripts/bench.sh query [N]     # N entities, init + 10 flushes of N/100 changes → `lakecdc query`
 #   scripts/bench.sh matrix [N]    # init and flush in all four cases: UUIDv7/v4 ids × TLS/plain
 #   scripts/bench.sh verify-source [N]  # N entities, init + 3 flushed rounds → `verify --source`
+#   scripts/bench.sh table [N]     # flush of an N-change (default 1,000,000) table-source backlog,
+#                                  # then the capture bench
 #   scripts/bench.sh capture [N]   # a table source's triggers: N-row (default 100,000) bulk
 #                                  # INSERT and UPDATE and 10,000 one-row transactions, with and
 #                                  # without `lakecdc attach`
@@ -94,6 +96,14 @@
 # log holds one dirty slot per row. Target: bulk INSERT and UPDATE ≤ 2×; the one-row
 # transactions' ratio is reported.
 #
+# table: flush of a table source. The capture bench's 20-column table (bigint key), attached,
+# gets one INSERT … SELECT of N rows (default 1,000,000): a backlog of N dirty slots. Each of
+# RUNS runs flushes it whole (`lakecdc flush --schema t_bench --force`, a fresh local lake, the
+# slots made dirty again before the run) as a whole process under /usr/bin/time -v; the run
+# fails unless it exported and marked all N rows. Prints changes per second (rows exported over
+# the process's wall time; median, min, max) and peak RSS, then runs the capture bench.
+# Target: >= 100,000 changes/s.
+#
 # query: exports N entities (init), then 10 rounds of N/100 changes (nine in ten updates, one in
 # ten hard deletes), each flushed, to SeaweedFS, and copies the lake to a local directory. Times
 # `SELECT count(*), sum(i01) FROM wide` — the read rule over every listed copy — three ways:
@@ -121,6 +131,7 @@ PEERENV="${LAKECDC_BENCH_VENV:-/var/tmp/lakecdc-bench-venv}"
 usage() {
 	echo "usage: scripts/bench.sh flush|compact|compact-scale|init|query|verify-source [--ids v4|v7] [--sslmode disable|require] [N]" >&2
 	echo "       scripts/bench.sh capture [N]" >&2
+	echo "       scripts/bench.sh table [N]" >&2
 	echo "       scripts/bench.sh matrix [N]" >&2
 	exit 2
 }
@@ -143,7 +154,7 @@ while [ $# -gt 0 ]; do
 	esac
 done
 case "$what" in
-flush | compact | compact-scale | init | query | matrix | verify-source | capture) ;;
+flush | compact | compact-scale | init | query | matrix | verify-source | capture | table) ;;
 *) usage ;;
 esac
 if [ -z "$N" ]; then
@@ -502,6 +513,50 @@ print("capture bench: " + ("targets met" if ok else "a target is missed"))
 PY
 	rm -f "$one_row" "$results"
 	exit 0
+fi
+
+if [ "$what" = table ]; then
+	TURL="${LAKECDC_TEST_PG_URL%/*}/bench_table"
+	$PSQL "$LAKECDC_TEST_PG_URL" -c "DROP DATABASE IF EXISTS bench_table" -c "CREATE DATABASE bench_table"
+	"$BIN" -q init-db --pg-url "$TURL" >/dev/null
+	$PSQL "$TURL" -c "CREATE TABLE t_bench (id bigint PRIMARY KEY, c1 text, c2 text, c3 integer, c4 bigint,
+	      c5 numeric(12,2), c6 double precision, c7 boolean, c8 timestamptz, c9 date, c10 uuid, c11 jsonb,
+	      c12 integer[], c13 text, c14 smallint, c15 numeric(12,2), c16 text, c17 bigint, c18 timestamptz, c19 text)"
+	"$BIN" -q attach t_bench --pg-url "$TURL" >/dev/null
+	$PSQL "$TURL" -c "INSERT INTO t_bench SELECT g, 'name ' || g, md5(g::text), g % 1000, g * 7, (g % 100000) / 100.0,
+	      g / 3.0, g % 2 = 0, now(), current_date, md5(g::text)::uuid, jsonb_build_object('k', g), ARRAY[g, g + 1],
+	      'x', (g % 100)::smallint, g / 7.0, 'tag', g, now(), 'end' FROM generate_series(1, $N) g"
+	$PSQL "$TURL" -c "VACUUM ANALYZE"
+	results=$(mktemp)
+	work=$(mktemp -d)
+	for run in $(seq 1 "$RUNS"); do
+		$PSQL "$TURL" -c "UPDATE lakecdc_touch SET flushed_at = 0 WHERE flushed_at <> 0" -c "VACUUM ANALYZE lakecdc_touch"
+		rm -rf "$work/lake" && mkdir -p "$work/lake"
+		echo "bench: table flush run $run" >&2
+		read -r wall rss <<<"$(measure "$work/report.json" "$BIN" -q flush --json --schema t_bench --force \
+			--time-budget 1h --pg-url "$TURL" --lake "$work/lake" --work-dir "$work")"
+		read -r exported marked <<<"$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["schemas"][0]; print(s["rows_exported"], s["rows_marked"])' "$work/report.json")"
+		dirty=$($PSQL -At "$TURL" -c "SELECT count(*) FROM lakecdc_touch WHERE flushed_at = 0")
+		if [ "$exported" != "$N" ] || [ "$marked" != "$N" ] || [ "$dirty" != 0 ]; then
+			echo "bench: the flush exported $exported and marked $marked of $N rows, $dirty left dirty" >&2
+			exit 1
+		fi
+		echo "$wall $rss" >>"$results"
+	done
+	python3 - "$results" "$N" <<'PY'
+import statistics, sys
+runs = [tuple(float(v) for v in l.split()) for l in open(sys.argv[1])]
+n = int(sys.argv[2])
+rates = [n / w for w, _ in runs]
+rss = max(r for _, r in runs) / 1024
+m = statistics.median(rates)
+print(f"table bench: flush of a {n:,}-change backlog, 20-column table (bigint key), {len(runs)} runs")
+print(f"| changes/s median | min | max | peak RSS | target |")
+print(f"|---|---|---|---|---|")
+print(f"| {m:,.0f} | {min(rates):,.0f} | {max(rates):,.0f} | {rss:.0f} MiB | ≥ 100,000: {'PASS' if m >= 100000 else 'FAIL'} |")
+PY
+	rm -rf "$results" "$work"
+	exec "$0" capture
 fi
 
 if [ "$what" != matrix ]; then

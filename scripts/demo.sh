@@ -10,7 +10,8 @@
 # writes (updates, deletes, recreates), shows what the next flush would do (--dry-run), flushes,
 # rewrites the base ranges the deltas touch (compact), shows what gc would delete, verifies the lake
 # (against its manifest, then against PostgreSQL: verify --source --deep) and queries it
-# (`lakecdc query`); inspect shows the state in between.
+# (`lakecdc query`); inspect shows the state in between. Finally a plain table (`orders`) is
+# attached, exported and flushed into the same lake.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -131,4 +132,34 @@ say "lakecdc query   (SQL over the lake: live rows and stored copies per schema;
 UNION ALL SELECT 'order', (SELECT count(*) FROM \"order\"), (SELECT count(*) FROM \"order__history\")"
 say "lakecdc query   (a few customers)"
 "${query[@]}" "SELECT row_id, name, email, loyalty_points FROM customer ORDER BY row_id LIMIT 5"
+
+# A plain table joins the same lake: attach installs statement-level triggers (no replication
+# slot), init exports what is there, and the same cron flush exports what the application writes.
+say "a plain table: orders (bigint key), 5000 rows"
+$PSQL "$LAKECDC_PG_URL" <<'SQL'
+DROP TABLE IF EXISTS orders;
+CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL, amount numeric(12,2),
+                     status text, placed_at timestamptz DEFAULT now(), items jsonb);
+INSERT INTO orders (id, customer, amount, status, items)
+SELECT g, 'c' || (g % 700), round((random() * 500)::numeric, 2), 'placed',
+       jsonb_build_object('skus', jsonb_build_array(g % 13, g % 17))
+FROM generate_series(1, 5000) g;
+SQL
+say "lakecdc attach orders   (a table source: triggers record every touched row)"
+"$BIN" attach orders
+say "lakecdc init --schema orders   (the rows already there → base files)"
+"$BIN" -q init --schema orders
+say "the application writes: a bulk update, deletes, new orders, a key change"
+$PSQL "$LAKECDC_PG_URL" <<'SQL'
+UPDATE orders SET status = 'shipped' WHERE id % 3 = 0;
+DELETE FROM orders WHERE id % 50 = 0;
+INSERT INTO orders (id, customer, amount, status)
+SELECT g, 'new', 9.99, 'placed' FROM generate_series(5001, 5200) g;
+UPDATE orders SET id = 90001 WHERE id = 1;
+SQL
+say "lakecdc flush --schema orders --force"
+"$BIN" -q flush --schema orders --force
+say "lakecdc query   (the table's current state, from the lake)"
+"${query[@]}" "SELECT status, count(*) AS orders, sum(amount) AS amount FROM orders GROUP BY status ORDER BY status"
+$PSQL "$LAKECDC_PG_URL" -c "SELECT status, count(*) AS orders, sum(amount) AS amount FROM orders GROUP BY status ORDER BY status"
 say "done: the lake is in $LAKECDC_LAKE"

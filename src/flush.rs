@@ -41,12 +41,14 @@ pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, dir};
 use crate::source::connect::TappedClient;
-use crate::source::registry::{self, Registered};
+use crate::source::registry::{self, Kind, Registered};
 use crate::source::snapshot::{self, Selected, Snapshot};
 use crate::source::stats;
+use crate::source::table_source;
 use crate::store::delete_or_leave;
 
 mod read_ahead;
+mod table;
 
 /// A test seam called with the schema id and the batch's row ids.
 pub type Hook = Arc<dyn Fn(i16, Vec<Uuid>) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -328,9 +330,12 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
     };
     let started = Instant::now();
     let client = ctx.connector.connect().await?;
-    let registered = registry::list(&client, &ctx.tables.registry).await?;
+    let registered = registry::list_all(&client, &ctx.tables).await?;
     let targets = if opts.schemas.is_empty() {
-        let dirty = stats::dirty_schemas(&client, &ctx.tables.change_log).await?;
+        let mut dirty = stats::dirty_schemas(&client, &ctx.tables.change_log).await?;
+        dirty.extend(table_source::dirty_sources(&client, &ctx.tables).await?);
+        dirty.sort_unstable();
+        dirty.dedup();
         dirty
             .iter()
             .map(|id| {
@@ -352,19 +357,40 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
     // Pre-flight (docs/hazards.md #193): every schema's metadata resolves before any side effect.
     let mut work = Vec::with_capacity(targets.len());
     for reg in targets {
-        let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
-            Error::setting(
-                "schema-dir",
-                format!("is not set, and schema {} has rows to flush", reg.name),
-            )
-        })?;
-        let def = dir::load(dir, &reg.name)?;
+        let def = match reg.kind {
+            // A table source's columns come from the catalog (docs/design.md §9).
+            Kind::Table => None,
+            Kind::Schema => {
+                let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
+                    Error::setting(
+                        "schema-dir",
+                        format!("is not set, and schema {} has rows to flush", reg.name),
+                    )
+                })?;
+                Some(dir::load(dir, &reg.name)?)
+            }
+        };
         work.push((reg, def));
     }
     let parallelism = opts.parallelism.max(1);
     let source = &source;
     let mut schemas: Vec<SchemaReport> = stream::iter(work)
-        .map(|(reg, def)| flush_schema(ctx, opts, hooks, source, reg, def))
+        .map(|(reg, def)| async move {
+            match def {
+                Some(def) => flush_schema(ctx, opts, hooks, source, reg, def).await,
+                None => {
+                    let p = Publisher {
+                        ctx,
+                        opts,
+                        hooks,
+                        source,
+                        schema_id: reg.id,
+                    };
+                    let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
+                    table::flush(&p, &reg).instrument(span).await
+                }
+            }
+        })
         .buffer_unordered(parallelism)
         .collect()
         .await;
@@ -448,6 +474,16 @@ pub fn below_threshold(opts: &FlushOptions, count: i64, oldest: i64, now: i64) -
     opts.thresholds().below(count, oldest, now)
 }
 
+/// What publishing a batch's file needs, for a schema or a table source.
+struct Publisher<'a> {
+    ctx: &'a Context,
+    opts: &'a FlushOptions,
+    hooks: &'a FlushHooks,
+    /// The database this run reads: a lake written from another is refused.
+    source: &'a SourceGuard,
+    schema_id: i16,
+}
+
 /// One schema's flush: what every step of its batches needs.
 struct SchemaFlush<'a> {
     ctx: &'a Context,
@@ -457,6 +493,18 @@ struct SchemaFlush<'a> {
     source: &'a SourceGuard,
     def: &'a SchemaDef,
     schema_id: i16,
+}
+
+impl<'a> SchemaFlush<'a> {
+    fn publisher(&self) -> Publisher<'a> {
+        Publisher {
+            ctx: self.ctx,
+            opts: self.opts,
+            hooks: self.hooks,
+            source: self.source,
+            schema_id: self.schema_id,
+        }
+    }
 }
 
 async fn flush_locked(sf: &SchemaFlush<'_>, report: &mut SchemaReport) -> Result<()> {
@@ -637,7 +685,10 @@ async fn export_batch(
     )
     .await?;
     step_done("write parquet", t);
-    let outcome = publish(sf, snap, &local, written, ownership, report).await;
+    let outcome = sf
+        .publisher()
+        .publish(&snap.versions, &local, written, ownership, report)
+        .await;
     if let Err(e) = tokio::fs::remove_file(&local).await {
         tracing::warn!(path = %local.display(), error = %e, "could not remove local parquet file");
     }
@@ -695,96 +746,99 @@ async fn write_local(
     .map_err(Error::task("export"))?
 }
 
-/// Upload → promote → manifest → mark. An unclaimed data prefix is claimed for this manifest
-/// right before the first manifest save, so a run that fails earlier leaves no claim.
-async fn publish(
-    sf: &SchemaFlush<'_>,
-    snap: &Snapshot,
-    local: &std::path::Path,
-    written: Written,
-    ownership: &mut owner::Ownership,
-    report: &mut SchemaReport,
-) -> Result<()> {
-    let SchemaFlush {
-        ctx,
-        opts,
-        hooks,
-        schema_id,
-        ..
-    } = *sf;
-    let store = ctx.lake.store.as_ref();
-    let layout = &ctx.lake.layout;
-    let t = Instant::now();
-    let key = layout.delta_key(schema_id, Uuid::now_v7());
-    let ops = ("upload delta", "promote delta");
-    let staged = job::stage(
-        store,
-        layout,
-        ctx.clock.as_ref(),
-        schema_id,
-        local,
-        &key,
-        ops,
-    )
-    .await?;
-    report.tmp_leaked += u32::from(staged.tmp_left);
-    let put = staged.put;
-    step_done("upload and promote", t);
-    let (min, max) = row_id_range(&snap.versions);
-    let now = ctx.clock.now_ms();
-    let entry = FileEntry {
-        tier: Tier::Delta,
-        path: key.clone(),
-        row_id_min: min,
-        row_id_max: max,
-        created_min: now,
-        created_max: now,
-        size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
-        row_count: i64::try_from(written.rows).unwrap_or(i64::MAX),
-        checksum: Some(put.checksum()),
-        columns: Some(written.columns),
-        extra: Default::default(),
-    };
-    let t = Instant::now();
-    let committed = owner::claim_and_commit(
-        store,
-        layout,
-        schema_id,
-        &report.schema,
-        ownership,
-        sf.source,
-        ctx.clock.as_ref(),
-        opts.commit,
-        |m| {
-            m.files.push(entry.clone());
-            Ok(())
-        },
-    )
-    .await;
-    match committed {
-        Ok(_) => *ownership = owner::Ownership::Ours,
-        // The save may have landed and list the delta: it stays (a rerun converges).
-        Err(e @ Error::AmbiguousCommit { .. }) => return Err(e),
-        // Certainly not saved (the prefix could not be claimed, the manifest could not be read
-        // or used, or every conditional write met a newer manifest): nothing lists the delta,
-        // and gc never deletes an unlisted delta, so it goes now.
-        Err(e) => {
-            delete_or_leave(store, &key, "unlisted delta").await;
-            return Err(e);
+impl Publisher<'_> {
+    /// Upload → promote → manifest (the mark follows). An unclaimed data prefix is claimed for
+    /// this manifest right before the first manifest save, so a run that fails earlier leaves no
+    /// claim.
+    async fn publish(
+        &self,
+        versions: &[Selected],
+        local: &std::path::Path,
+        written: Written,
+        ownership: &mut owner::Ownership,
+        report: &mut SchemaReport,
+    ) -> Result<()> {
+        let Publisher {
+            ctx,
+            opts,
+            hooks,
+            schema_id,
+            ..
+        } = *self;
+        let store = ctx.lake.store.as_ref();
+        let layout = &ctx.lake.layout;
+        let t = Instant::now();
+        let key = layout.delta_key(schema_id, Uuid::now_v7());
+        let ops = ("upload delta", "promote delta");
+        let staged = job::stage(
+            store,
+            layout,
+            ctx.clock.as_ref(),
+            schema_id,
+            local,
+            &key,
+            ops,
+        )
+        .await?;
+        report.tmp_leaked += u32::from(staged.tmp_left);
+        let put = staged.put;
+        step_done("upload and promote", t);
+        let (min, max) = row_id_range(versions);
+        let now = ctx.clock.now_ms();
+        let entry = FileEntry {
+            tier: Tier::Delta,
+            path: key.clone(),
+            row_id_min: min,
+            row_id_max: max,
+            created_min: now,
+            created_max: now,
+            size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
+            row_count: i64::try_from(written.rows).unwrap_or(i64::MAX),
+            checksum: Some(put.checksum()),
+            columns: Some(written.columns),
+            extra: Default::default(),
+        };
+        let t = Instant::now();
+        let committed = owner::claim_and_commit(
+            store,
+            layout,
+            schema_id,
+            &report.schema,
+            ownership,
+            self.source,
+            ctx.clock.as_ref(),
+            opts.commit,
+            |m| {
+                m.files.push(entry.clone());
+                Ok(())
+            },
+        )
+        .await;
+        match committed {
+            Ok(_) => *ownership = owner::Ownership::Ours,
+            // The save may have landed and list the delta: it stays (a rerun converges).
+            Err(e @ Error::AmbiguousCommit { .. }) => return Err(e),
+            // Certainly not saved (the prefix could not be claimed, the manifest could not be read
+            // or used, or every conditional write met a newer manifest): nothing lists the delta,
+            // and gc never deletes an unlisted delta, so it goes now.
+            Err(e) => {
+                delete_or_leave(store, &key, "unlisted delta").await;
+                return Err(e);
+            }
         }
+        report.files.push(FileReport {
+            path: key,
+            rows: written.rows,
+            bytes: put.size,
+        });
+        report.bytes += put.size;
+        report.rows_exported += written.rows;
+        if let Some(hook) = &hooks.before_mark {
+            hook(schema_id, versions.iter().map(|v| v.row_id).collect()).await;
+        }
+        step_done("commit manifest", t);
+        Ok(())
     }
-    report.files.push(FileReport {
-        path: key,
-        rows: written.rows,
-        bytes: put.size,
-    });
-    report.bytes += put.size;
-    report.rows_exported += written.rows;
-    if let Some(hook) = &hooks.before_mark {
-        hook(schema_id, snap.versions.iter().map(|v| v.row_id).collect()).await;
-    }
-    step_done("commit manifest", t);
-    Ok(())
 }
 
 /// A mark running on its own connection while the next batch is exported.

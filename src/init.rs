@@ -45,8 +45,10 @@ use crate::report::label;
 use crate::schema::{SchemaDef, ValueType, dir};
 use crate::source::live::{self, IdRange, LivePage};
 use crate::source::lock::SchemaLock;
-use crate::source::registry::Registered;
+use crate::source::registry::{Kind, Registered};
 use crate::store::delete_or_leave;
+
+mod table;
 
 /// A test seam called by the reader after each page is handed over, with the page's last row
 /// id (the next page's cursor).
@@ -296,12 +298,18 @@ pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
     };
     let targets = job::select_schemas(ctx, &opts.schemas).await?;
     // Pre-flight (docs/hazards.md #193): every schema's metadata resolves before any side effect.
-    let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
-        Error::setting("schema-dir", "is needed by init (the attribute metadata)")
-    })?;
+    // A table source's columns come from the catalog (docs/design.md §9).
     let mut work = Vec::new();
     for reg in targets {
-        let def = dir::load(dir, &reg.name)?;
+        let def = match reg.kind {
+            Kind::Table => None,
+            Kind::Schema => {
+                let dir = ctx.schema_dir.as_deref().ok_or_else(|| {
+                    Error::setting("schema-dir", "is needed by init (the attribute metadata)")
+                })?;
+                Some(dir::load(dir, &reg.name)?)
+            }
+        };
         work.push((reg, def));
     }
     let source = &job::source_guard(ctx).await?;
@@ -309,7 +317,7 @@ pub async fn run(ctx: &Context, opts: &InitOptions) -> Result<InitReport> {
         &ctx.shutdown,
         work,
         |(reg, _)| &reg.name,
-        |(reg, def)| async move { init_schema(ctx, opts, source, &reg, &def).await },
+        |(reg, def)| async move { init_schema(ctx, opts, source, &reg, def.as_ref()).await },
         |(reg, _)| {
             let mut s = SchemaInit::new(&reg);
             s.outcome = Outcome::Stopped;
@@ -337,7 +345,7 @@ async fn init_schema(
     opts: &InitOptions,
     source: &SourceGuard,
     reg: &Registered,
-    def: &SchemaDef,
+    def: Option<&SchemaDef>,
 ) -> SchemaInit {
     let started = Instant::now();
     let mut out = SchemaInit::new(reg);
@@ -375,7 +383,7 @@ async fn export_schema(
     opts: &InitOptions,
     source: &SourceGuard,
     lock: &SchemaLock,
-    def: &SchemaDef,
+    def: Option<&SchemaDef>,
     out: &mut SchemaInit,
 ) -> Result<()> {
     let schema_id = lock.schema_id();
@@ -424,6 +432,9 @@ async fn export_schema(
         ));
         return Ok(());
     }
+    let Some(def) = def else {
+        return table::export(ctx, opts, source, lock, ownership, &deltas, out).await;
+    };
     if opts.dry_run {
         let client = ctx.connector.connect().await?;
         out.live_rows = live::count_live(&client, &ctx.tables, schema_id).await?;
@@ -435,6 +446,24 @@ async fn export_schema(
         return Ok(());
     }
     let entries = export_files(ctx, opts, schema_id, def, out).await?;
+    publish(ctx, source, lock, ownership, &deltas, entries, out).await
+}
+
+/// Lists `entries` as the whole base tier in one save, replacing every listed base and the
+/// inventoried `deltas`; a save that certainly did not land deletes them.
+async fn publish(
+    ctx: &Context,
+    source: &SourceGuard,
+    lock: &SchemaLock,
+    ownership: owner::Ownership,
+    deltas: &BTreeSet<String>,
+    entries: Vec<FileEntry>,
+    out: &mut SchemaInit,
+) -> Result<()> {
+    let schema_id = lock.schema_id();
+    let store = ctx.lake.store.as_ref();
+    let layout = &ctx.lake.layout;
+    let key = layout.manifest_key(schema_id);
     out.live_rows = i64::try_from(out.rows).unwrap_or(i64::MAX);
     // An export can run for hours: had the lock's session died meanwhile, gc could have taken
     // the lock and deleted bases uploaded long ago as orphans. Held now means held throughout

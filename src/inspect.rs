@@ -16,9 +16,9 @@ use crate::lake::manifest::{self, Manifest, Tier};
 use crate::lake::ranges;
 use crate::policy::{CompactThresholds, FlushThresholds, Plan};
 use crate::report::label;
+use crate::source::ddl;
 use crate::source::lock::{self, LockHolder};
-use crate::source::registry::Registered;
-use crate::source::{ddl, stats};
+use crate::source::registry::{Kind, Registered};
 
 /// Files, rows and bytes of one tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -226,12 +226,23 @@ async fn inspect_schema(
     compact: &CompactThresholds,
 ) -> Result<SchemaInspect> {
     let now = ctx.clock.now_ms();
-    let dirty = stats::dirty(client, &ctx.tables.change_log, reg.id).await?;
+    let dirty = crate::source::table_source::dirty_of_id(client, &ctx.tables, reg.id).await?;
     let reason = flush.below(dirty.count, dirty.oldest_changed_at, now);
-    let (flush_would_run, flush_reason) = match (dirty.count, reason) {
-        (0, _) => (false, "no dirty rows".to_string()),
-        (_, Some(why)) => (false, why),
-        (n, None) => (true, format!("{n} dirty rows reach a threshold")),
+    // A table source the lake no longer follows is refused by flush: say so, with the fix.
+    let refused = match reg.kind {
+        Kind::Table if dirty.count > 0 => {
+            crate::source::table_source::load(client, &ctx.tables, reg.id)
+                .await?
+                .check_flushable()
+                .err()
+        }
+        _ => None,
+    };
+    let (flush_would_run, flush_reason) = match (dirty.count, reason, refused) {
+        (0, _, _) => (false, "no dirty rows".to_string()),
+        (_, _, Some(e)) => (false, format!("refused: {e}")),
+        (_, Some(why), None) => (false, why),
+        (n, None, None) => (true, format!("{n} dirty rows reach a threshold")),
     };
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;

@@ -112,6 +112,15 @@ pub async fn run(ctx: &Context, opts: &RequeueOptions) -> Result<RequeueReport> 
     let [reg] = targets.as_slice() else {
         return Err(Error::setting("schema", "names no registered schema"));
     };
+    if reg.kind == crate::source::registry::Kind::Table {
+        return Err(Error::setting(
+            "schema",
+            format!(
+                "names table source {}: requeue works on schemas; an UPDATE of the rows in the table re-exports them",
+                reg.name
+            ),
+        ));
+    }
     let mut client = ctx.connector.connect().await?;
     let ids = match &opts.selection {
         Selection::Ids(ids) => ids.clone(),

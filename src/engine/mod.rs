@@ -263,6 +263,7 @@ pub fn schema_views<'a>(name: &str, uris: impl IntoIterator<Item = &'a str>, tem
 }
 
 pub use crate::config::{quote_ident, sql_string};
+pub use writer::write_lake_file;
 
 #[cfg(test)]
 mod tests {

@@ -285,6 +285,27 @@ pub(crate) fn write(
     Ok(rows as u64)
 }
 
+/// Writes lake rows that are already in their lake types (a table source's, docs/design.md
+/// §9.2: all of one schema, in `row_id` order) to a lake file at `path`. Returns the rows
+/// written.
+pub fn write_lake_file(path: &Path, batches: &[RecordBatch]) -> Result<u64> {
+    let parquet_error = |e: parquet::errors::ParquetError| Error::Parquet {
+        path: path.display().to_string(),
+        message: format!("write: {e}"),
+    };
+    let first = batches
+        .first()
+        .ok_or_else(|| Error::Invariant("a lake file of no batch".into()))?;
+    let mut writer = open_lake_writer(path, first)?;
+    let mut rows = 0u64;
+    for b in batches {
+        writer.write(b).map_err(parquet_error)?;
+        rows += b.num_rows() as u64;
+    }
+    writer.close().map_err(parquet_error)?;
+    Ok(rows)
+}
+
 /// A writer with the lake's file options and the encodings DuckDB picks for each type.
 pub(crate) fn open_lake_writer(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
     let props = lake_properties(path, &first.schema())?;

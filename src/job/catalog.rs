@@ -79,7 +79,11 @@ pub async fn lake_schemas(ctx: &Context, selectors: &[String]) -> Result<Vec<Lak
             }
         };
         all.push(LakeSchema {
-            reg: Registered { name, id },
+            reg: Registered {
+                name,
+                id,
+                kind: Default::default(),
+            },
             manifest: m.manifest,
         });
     }

@@ -67,10 +67,10 @@ pub async fn guard_of(client: &crate::source::Client, adopt: bool) -> Result<Sou
     })
 }
 
-/// The registered schemas named by `selectors` (all when empty), by id.
+/// The registered schemas and table sources named by `selectors` (all when empty), by id.
 pub async fn select_schemas(ctx: &Context, selectors: &[String]) -> Result<Vec<Registered>> {
     let client = ctx.connector.connect().await?;
-    let registered = registry::list(&client, &ctx.tables.registry).await?;
+    let registered = registry::list_all(&client, &ctx.tables).await?;
     registry::select(&registered, selectors)
 }
 

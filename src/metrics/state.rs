@@ -5,7 +5,6 @@
 use crate::error::Result;
 use crate::job::Context;
 use crate::lake::manifest::{self, Manifest, Tier};
-use crate::source::stats;
 
 /// Files and bytes of one tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,7 +43,7 @@ pub async fn gather(ctx: &Context, schemas: &[(i16, String)]) -> Result<Vec<Sche
     let layout = &ctx.lake.layout;
     let mut out = Vec::with_capacity(schemas.len());
     for (id, name) in schemas {
-        let dirty = stats::dirty(&client, &ctx.tables.change_log, *id).await?;
+        let dirty = crate::source::table_source::dirty_of_id(&client, &ctx.tables, *id).await?;
         let now = ctx.clock.now_ms();
         let loaded = manifest::load_within(
             ctx.lake.store.as_ref(),

@@ -39,13 +39,13 @@ pub struct Attached {
 
 /// The table as the catalog describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Shape {
-    table: TableName,
-    columns: Vec<SourceColumn>,
-    key: Vec<KeyColumn>,
+pub(super) struct Shape {
+    pub(super) table: TableName,
+    pub(super) columns: Vec<SourceColumn>,
+    pub(super) key: Vec<KeyColumn>,
 }
 
-async fn describe(client: &impl GenericClient, table: &TableName) -> Result<Shape> {
+pub(super) async fn describe(client: &impl GenericClient, table: &TableName) -> Result<Shape> {
     let found = timed(
         TIMEOUT,
         "find the table",
@@ -98,10 +98,13 @@ async fn describe(client: &impl GenericClient, table: &TableName) -> Result<Shap
             typmod: r.get(4),
             element: element.map(|name| (name, r.get::<_, Option<String>>(6).unwrap_or_default())),
         });
+        let name: String = r.get(0);
         SourceColumn {
-            name: r.get(0),
+            lake_name: super::capture::lake_name(&name),
+            name,
             pg_type: r.get(1),
             lake_type: lake.describe(),
+            lake,
         }
     })
     .collect();
@@ -143,7 +146,7 @@ async fn exists(client: &impl GenericClient, table: &TableName) -> Result<bool> 
 
 /// The registry of sources and the touch log, qualified with the connection's schema when the
 /// registry's name is not (the trigger function runs with a pinned `search_path`).
-async fn qualified_tables(
+pub(super) async fn qualified_tables(
     client: &impl GenericClient,
     tables: &Tables,
 ) -> Result<(TableName, TableName)> {
@@ -403,6 +406,7 @@ async fn plan(
         .into_iter()
         .filter(|c| !request.exclude.contains(&c.name))
         .collect();
+    check_lake_names(&shape.table, &columns)?;
     let capture = Capture {
         source_id: id,
         name,
@@ -419,6 +423,23 @@ async fn plan(
         unchanged,
         columns,
     })
+}
+
+/// Refuses columns whose lake names DuckDB could not tell apart (it compares names ignoring
+/// ASCII case): `Amount` and `amount`, or `pg_row_id` beside a renamed `row_id`.
+pub(super) fn check_lake_names(table: &TableName, columns: &[SourceColumn]) -> Result<()> {
+    let mut seen: std::collections::BTreeMap<String, &str> = std::collections::BTreeMap::new();
+    for c in columns {
+        if let Some(other) = seen.insert(c.lake_name.to_ascii_lowercase(), &c.name) {
+            return Err(Error::config(format!(
+                "table {}: columns {other:?} and {:?} would share the lake column {:?} (names are compared ignoring case); leave one out with --exclude-columns",
+                table.quoted(),
+                c.name,
+                c.lake_name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Attaches the table: in one transaction (serialised with `init-db`, which also hands out

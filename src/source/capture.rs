@@ -47,6 +47,25 @@ pub struct SourceColumn {
     pub pg_type: String,
     /// Its type in the lake ([`super::table_types::LakeType::describe`]).
     pub lake_type: String,
+    /// Its name in the lake: its own, unless that is a lake system column's
+    /// (`schema_id`, `row_id`, `changed_at`, `deleted_at`, `ltbase_*`, compared as DuckDB
+    /// compares names): then `pg_<name>`.
+    pub lake_name: String,
+    /// Its lake type.
+    #[serde(skip)]
+    pub lake: super::table_types::LakeType,
+}
+
+/// The lake name of a table column `name` ([`SourceColumn::lake_name`]).
+pub fn lake_name(name: &str) -> String {
+    let system = crate::schema::columns::SYSTEM_COLUMNS
+        .iter()
+        .any(|(s, _)| s.eq_ignore_ascii_case(name));
+    if system {
+        format!("pg_{name}")
+    } else {
+        name.to_string()
+    }
 }
 
 /// Everything the capture DDL of one table source is generated from. Every table name is
@@ -186,7 +205,8 @@ impl Capture {
     }
 
     /// The upsert of the dirty slots of the keys `touched` yields (`row_id`, `key`,
-    /// `deleted`), each key once (an `UPDATE`'s two sets are grouped first).
+    /// `deleted`), each key once (an `UPDATE`'s two sets are grouped first), in `row_id` order:
+    /// the order flush's mark locks slots in, so the two never deadlock.
     fn upsert(&self, touched: &str) -> String {
         let (t, id) = (self.touch_log.quoted(), self.source_id);
         format!(
@@ -197,6 +217,7 @@ impl Capture {
                CASE WHEN c.deleted THEN now_ms END,
                c.key
         FROM ({touched}) c
+        ORDER BY c.row_id
         ON CONFLICT (source_id, row_id, flushed_at) DO UPDATE
            SET changed_at = GREATEST(EXCLUDED.changed_at, t.changed_at + 1),
                deleted_at = EXCLUDED.deleted_at;"
@@ -313,7 +334,7 @@ $lakecdc$",
             self.columns
                 .iter()
                 .map(|c| {
-                    serde_json::json!({"name": c.name, "pg_type": c.pg_type, "lake_type": c.lake_type})
+                    serde_json::json!({"name": c.name, "pg_type": c.pg_type, "lake_type": c.lake_type, "lake_name": c.lake_name})
                 })
                 .collect(),
         );
@@ -435,6 +456,8 @@ mod tests {
                 name: "note".into(),
                 pg_type: "text".into(),
                 lake_type: "UTF8".into(),
+                lake_name: "note".into(),
+                lake: crate::source::table_types::LakeType::Utf8,
             }],
             sources: TableName::parse("t", "public.lakecdc_sources").unwrap(),
             touch_log: TableName::parse("t", "public.lakecdc_touch").unwrap(),

@@ -21,6 +21,8 @@ pub mod requeue;
 mod rows;
 pub mod snapshot;
 pub mod stats;
+pub mod table_rows;
+pub mod table_source;
 pub mod table_types;
 mod tls_connector;
 pub mod versions;

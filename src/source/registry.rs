@@ -8,13 +8,42 @@ use super::connect::timed;
 use crate::config::{TableName, check_schema_name};
 use crate::error::{Error, Result};
 
-/// A registered schema.
+/// A registered schema or table source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registered {
     /// The schema name.
     pub name: String,
     /// Its id.
     pub id: i16,
+    /// A forma schema or an attached table.
+    pub kind: Kind,
+}
+
+/// What a registered id exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kind {
+    /// A schema of the entity store (`schema_registry`).
+    #[default]
+    Schema,
+    /// An attached table (`lakecdc_sources`, docs/design.md §9).
+    Table,
+}
+
+/// Every registered schema and table source, by id (ids are shared, docs/design.md §9).
+pub(crate) async fn list_all(
+    client: &Client,
+    tables: &crate::config::Tables,
+) -> Result<Vec<Registered>> {
+    let mut all = list(client, &tables.registry).await?;
+    for (id, name) in super::table_source::list(client, tables).await? {
+        all.push(Registered {
+            name,
+            id,
+            kind: Kind::Table,
+        });
+    }
+    all.sort_by_key(|r| r.id);
+    Ok(all)
 }
 
 /// What reading the registry is called in errors.
@@ -49,7 +78,11 @@ pub(crate) async fn list(client: &Client, table: &TableName) -> Result<Vec<Regis
 /// A registry row, once its name passed [`check_schema_name`].
 fn checked(table: &TableName, name: String, id: i16) -> Result<Registered> {
     match check_schema_name(&name) {
-        Ok(()) => Ok(Registered { name, id }),
+        Ok(()) => Ok(Registered {
+            name,
+            id,
+            kind: Kind::Schema,
+        }),
         Err(e) => Err(Error::decode(
             READ_OP,
             format!("schema_id {id} in {}: {e}; rename it there", table.quoted()),
@@ -98,10 +131,12 @@ mod tests {
             Registered {
                 name: "a".into(),
                 id: 100,
+                kind: Kind::Schema,
             },
             Registered {
                 name: "b".into(),
                 id: 101,
+                kind: Kind::Schema,
             },
         ];
         assert_eq!(select(&all, &[]).unwrap(), all);
@@ -123,7 +158,8 @@ mod tests {
             checked(&table, "customer".into(), 100).unwrap(),
             Registered {
                 name: "customer".into(),
-                id: 100
+                id: 100,
+                kind: Kind::Schema,
             }
         );
         for (name, shown) in [

@@ -37,6 +37,7 @@ mod source;
 mod source_identity;
 mod store_conformance;
 mod support;
+mod table_source;
 mod tls;
 mod transport;
 mod verify;

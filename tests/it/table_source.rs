@@ -1,0 +1,683 @@
+//! Exporting table sources (docs/design.md §9.2): flush, init, compaction and query of attached
+//! tables with a uuid key, a bigint key and a composite (text, int) key, over every mapped type
+//! (NULLs, arrays, jsonb, numeric(12,2), timestamptz, …), checked against the table with values
+//! compared typed; a primary-key update moves the row; TRUNCATE stops flush until init; a
+//! writer committing after a batch was selected, or writing between the commit and the mark,
+//! keeps its row dirty for the next flush.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::DataType;
+use lakecdc::compact::CompactOptions;
+use lakecdc::flush::{FlushHooks, Outcome};
+use lakecdc::init::InitOptions;
+use lakecdc::query::Format;
+
+use crate::query::options;
+use crate::support::harness;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::Rng;
+
+/// A value compared typed: integers widened, floats by bits, decimals at their scale, JSON
+/// parsed, times as µs or days since 1970.
+#[derive(Debug, Clone, PartialEq)]
+enum V {
+    Null,
+    Int(i64),
+    Float(u64),
+    Bool(bool),
+    Text(String),
+    Json(serde_json::Value),
+    Bytes(Vec<u8>),
+    List(Vec<V>),
+}
+
+/// The payload columns every test table has, after its key: (name, type, how PostgreSQL
+/// renders it for the comparison).
+const COLUMNS: &[(&str, &str, &str)] = &[
+    ("i2", "smallint", "i2::int8"),
+    ("i4", "integer", "i4::int8"),
+    ("i8", "bigint", "i8"),
+    ("f4", "real", "f4::float8"),
+    ("f8", "double precision", "f8"),
+    ("amount", "numeric(12,2)", "amount::text"),
+    ("flag", "boolean", "flag"),
+    ("note", "text", "note"),
+    ("code", "varchar(20)", "code::text"),
+    ("doc", "jsonb", "doc::text"),
+    ("day", "date", "(day - date '1970-01-01')::int8"),
+    (
+        "at",
+        "timestamp",
+        "(extract(epoch FROM at) * 1000000)::int8",
+    ),
+    (
+        "at_tz",
+        "timestamptz",
+        "(extract(epoch FROM at_tz) * 1000000)::int8",
+    ),
+    ("ref", "uuid", "ref::text"),
+    ("raw", "bytea", "raw"),
+    ("tags", "text[]", "tags"),
+    ("nums", "integer[]", "nums"),
+    ("deleted_at", "bigint", "deleted_at"),
+];
+
+/// A random payload as SQL expressions (NULL one time in five per column), `g` being a
+/// `generate_series` number or any integer expression.
+fn payload_sql(r: &mut Rng, g: &str) -> String {
+    payload_exprs(r, g).join(", ")
+}
+
+/// [`payload_sql`]'s expressions, one per column of [`COLUMNS`].
+fn payload_exprs(r: &mut Rng, g: &str) -> Vec<String> {
+    let exprs = [
+        format!("({g} % 30000)::smallint"),
+        format!("({g} * 7)::int"),
+        format!("{g}::int8 * 1000003"),
+        format!("({g} / 3.0)::real"),
+        format!("{g} / 7.0::float8"),
+        format!("round(({g} * 1.37)::numeric, 2)"),
+        format!("{g} % 2 = 0"),
+        format!("'note ' || {g} || ' é\"''\\n'"),
+        format!("'c' || ({g} % 100)"),
+        format!(
+            "jsonb_build_object('g', {g}, 'tags', jsonb_build_array('a', {g}), 'nested', jsonb_build_object('x', null))"
+        ),
+        format!("date '2024-02-29' + ({g} % 1000)"),
+        format!("timestamp '2001-02-03 04:05:06.789012' + {g} * interval '1 second 1 microsecond'"),
+        format!("timestamptz '1999-12-31 23:59:59.999999+05' + {g} * interval '1 minute'"),
+        format!("md5({g}::text)::uuid"),
+        format!("decode(md5({g}::text), 'hex')"),
+        format!("ARRAY['x' || {g}, NULL, 'y']"),
+        format!("ARRAY[{g}, NULL, -{g}]::int[]"),
+        format!("{g} * 11"),
+    ];
+    exprs
+        .into_iter()
+        .map(|e| if r.chance(20) { "NULL".to_string() } else { e })
+        .collect()
+}
+
+/// A test table: its name, key columns and the SQL of a new key from an integer `g`.
+struct Table {
+    name: &'static str,
+    key_ddl: &'static str,
+    key: &'static [&'static str],
+    new_key: fn(&str) -> String,
+}
+
+const TABLES: [Table; 3] = [
+    Table {
+        name: "t_uuid",
+        key_ddl: "id uuid PRIMARY KEY",
+        key: &["id"],
+        new_key: |g| format!("md5('k' || {g})::uuid"),
+    },
+    Table {
+        name: "t_big",
+        key_ddl: "id bigint PRIMARY KEY",
+        key: &["id"],
+        new_key: |g| format!("{g}::int8 * 3 - 5000"),
+    },
+    Table {
+        name: "t_comp",
+        key_ddl: "region text, n int, PRIMARY KEY (region, n)",
+        key: &["region", "n"],
+        new_key: |g| format!("'r,' || ({g} % 7), {g}"),
+    },
+];
+
+fn create_sql(t: &Table) -> String {
+    let cols: Vec<String> = COLUMNS
+        .iter()
+        .map(|(n, ty, _)| format!("{n} {ty}"))
+        .collect();
+    format!(
+        "CREATE TABLE {} ({}, {})",
+        t.name,
+        t.key_ddl,
+        cols.join(", ")
+    )
+}
+
+fn attach(rig: &Rig, table: &str) {
+    let out = harness::bin()
+        .args(["attach", table, "--pg-url", &rig.db.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The table's rows as the comparison sees them: key text → values.
+async fn pg_state(rig: &Rig, t: &Table) -> BTreeMap<String, Vec<V>> {
+    let client = rig.db.client().await;
+    let key = t
+        .key
+        .iter()
+        .map(|k| format!("{k}::text"))
+        .collect::<Vec<_>>()
+        .join(" || '|' || ");
+    let cols: Vec<&str> = COLUMNS.iter().map(|c| c.2).collect();
+    let sql = format!("SELECT {key}, {} FROM {}", cols.join(", "), t.name);
+    let mut out = BTreeMap::new();
+    for row in client.query(&sql, &[]).await.unwrap() {
+        let mut values = Vec::new();
+        for (i, (name, _, _)) in COLUMNS.iter().enumerate() {
+            let i = i + 1;
+            let v = match *name {
+                "f4" | "f8" => row
+                    .get::<_, Option<f64>>(i)
+                    .map_or(V::Null, |f| V::Float(f.to_bits())),
+                "flag" => row.get::<_, Option<bool>>(i).map_or(V::Null, V::Bool),
+                "amount" | "note" | "code" | "ref" => {
+                    row.get::<_, Option<String>>(i).map_or(V::Null, V::Text)
+                }
+                "doc" => row
+                    .get::<_, Option<String>>(i)
+                    .map_or(V::Null, |s| V::Json(serde_json::from_str(&s).unwrap())),
+                "raw" => row.get::<_, Option<Vec<u8>>>(i).map_or(V::Null, V::Bytes),
+                "tags" => row
+                    .get::<_, Option<Vec<Option<String>>>>(i)
+                    .map_or(V::Null, |l| {
+                        V::List(l.into_iter().map(|e| e.map_or(V::Null, V::Text)).collect())
+                    }),
+                "nums" => row
+                    .get::<_, Option<Vec<Option<i32>>>>(i)
+                    .map_or(V::Null, |l| {
+                        V::List(
+                            l.into_iter()
+                                .map(|e| e.map_or(V::Null, |x| V::Int(x.into())))
+                                .collect(),
+                        )
+                    }),
+                _ => row.get::<_, Option<i64>>(i).map_or(V::Null, V::Int),
+            };
+            values.push(v);
+        }
+        out.insert(row.get::<_, String>(0), values);
+    }
+    out
+}
+
+/// One Arrow value as the comparison sees it.
+fn value(a: &dyn Array, i: usize, name: &str) -> V {
+    if a.is_null(i) {
+        return V::Null;
+    }
+    match a.data_type() {
+        DataType::Int16 => V::Int(
+            a.as_primitive::<arrow::datatypes::Int16Type>()
+                .value(i)
+                .into(),
+        ),
+        DataType::Int32 => V::Int(
+            a.as_primitive::<arrow::datatypes::Int32Type>()
+                .value(i)
+                .into(),
+        ),
+        DataType::Int64 => V::Int(a.as_primitive::<arrow::datatypes::Int64Type>().value(i)),
+        DataType::Date32 => V::Int(
+            a.as_primitive::<arrow::datatypes::Date32Type>()
+                .value(i)
+                .into(),
+        ),
+        DataType::Timestamp(_, _) => V::Int(
+            a.as_primitive::<arrow::datatypes::TimestampMicrosecondType>()
+                .value(i),
+        ),
+        DataType::Float32 => V::Float(
+            f64::from(a.as_primitive::<arrow::datatypes::Float32Type>().value(i)).to_bits(),
+        ),
+        DataType::Float64 => V::Float(
+            a.as_primitive::<arrow::datatypes::Float64Type>()
+                .value(i)
+                .to_bits(),
+        ),
+        DataType::Boolean => V::Bool(a.as_boolean().value(i)),
+        DataType::Decimal128(_, _) | DataType::Decimal64(_, _) => {
+            V::Text(arrow::util::display::array_value_to_string(a, i).unwrap())
+        }
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            let s = arrow::util::display::array_value_to_string(a, i).unwrap();
+            if name == "doc" {
+                V::Json(serde_json::from_str(&s).unwrap())
+            } else {
+                V::Text(s)
+            }
+        }
+        DataType::FixedSizeBinary(16) => V::Text(
+            uuid::Uuid::from_slice(a.as_fixed_size_binary().value(i))
+                .unwrap()
+                .to_string(),
+        ),
+        DataType::Binary => V::Bytes(a.as_binary::<i32>().value(i).to_vec()),
+        DataType::LargeBinary => V::Bytes(a.as_binary::<i64>().value(i).to_vec()),
+        DataType::List(_) => {
+            let l = a.as_list::<i32>().value(i);
+            V::List((0..l.len()).map(|j| value(l.as_ref(), j, name)).collect())
+        }
+        t => panic!("column {name}: unexpected type {t}"),
+    }
+}
+
+/// The lake's current state of source `t` read through `lakecdc query`.
+async fn lake_state(rig: &Rig, t: &Table) -> BTreeMap<String, Vec<V>> {
+    let out = rig.work.path().join(format!("{}.parquet", t.name));
+    let cache = rig.work.path().join("cache");
+    let key = t
+        .key
+        .iter()
+        .map(|k| format!("CAST(\"{k}\" AS VARCHAR)"))
+        .collect::<Vec<_>>()
+        .join(" || '|' || ");
+    let cols: Vec<String> = COLUMNS
+        .iter()
+        .map(|c| match c.0 {
+            // A column named like a system column is exported as pg_<name>.
+            "deleted_at" => "\"pg_deleted_at\"".to_string(),
+            n => format!("\"{n}\""),
+        })
+        .collect();
+    let sql = format!("SELECT {key} AS k, {} FROM {}", cols.join(", "), t.name);
+    let opts = options(rig, &sql, Format::Parquet, &out, &cache);
+    lakecdc::query::run(&rig.job_context(), &opts)
+        .await
+        .unwrap();
+    read_rows(&out)
+}
+
+fn read_rows(path: &Path) -> BTreeMap<String, Vec<V>> {
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        for i in 0..batch.num_rows() {
+            let k = batch.column(0).as_string::<i32>().value(i).to_string();
+            let values: Vec<V> = COLUMNS
+                .iter()
+                .enumerate()
+                .map(|(c, (name, _, _))| value(batch.column(c + 1).as_ref(), i, name))
+                .collect();
+            assert!(
+                out.insert(k.clone(), values).is_none(),
+                "one row per key: {k}"
+            );
+        }
+    }
+    out
+}
+
+async fn assert_equal(rig: &Rig, t: &Table, when: &str) -> usize {
+    let pg = pg_state(rig, t).await;
+    let lake = lake_state(rig, t).await;
+    let missing: Vec<&String> = pg.keys().filter(|k| !lake.contains_key(*k)).collect();
+    let extra: Vec<&String> = lake.keys().filter(|k| !pg.contains_key(*k)).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{} {when}: missing from the lake {missing:?}, only in the lake {extra:?}",
+        t.name
+    );
+    for (k, v) in &pg {
+        for ((name, _, _), (want, got)) in COLUMNS.iter().zip(v.iter().zip(&lake[k])) {
+            assert_eq!(got, want, "{} {when}: row {k} column {name}", t.name);
+        }
+    }
+    pg.len()
+}
+
+/// One random statement on `t`: single-row or bulk insert, multi-row update, a key update,
+/// delete.
+async fn random_statement(client: &tokio_postgres::Client, t: &Table, r: &mut Rng, next: &mut i64) {
+    let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+    let key_cols = t.key.join(", ");
+    let sql = match r.below(6) {
+        0 => {
+            *next += 1;
+            format!(
+                "INSERT INTO {} ({key_cols}, {}) VALUES ({}, {})",
+                t.name,
+                cols.join(", "),
+                (t.new_key)(&next.to_string()),
+                payload_sql(r, &next.to_string())
+            )
+        }
+        1 => {
+            let from = *next + 1;
+            *next += 1 + r.below(40) as i64;
+            format!(
+                "INSERT INTO {} ({key_cols}, {}) SELECT {}, {} FROM generate_series({from}, {next}) g",
+                t.name,
+                cols.join(", "),
+                (t.new_key)("g"),
+                payload_sql(r, "g")
+            )
+        }
+        2 | 3 => {
+            let m = 2 + r.below(5);
+            let set: Vec<String> = cols
+                .iter()
+                .zip(payload_exprs(r, "(i4 + 1)"))
+                .filter(|(c, _)| {
+                    matches!(
+                        **c,
+                        "note" | "amount" | "at_tz" | "tags" | "doc" | "f4" | "raw"
+                    )
+                })
+                .map(|(c, e)| format!("{c} = {e}"))
+                .collect();
+            format!(
+                "UPDATE {} SET {} WHERE abs(hashtext({}::text)) % {m} = {}",
+                t.name,
+                set.join(", "),
+                t.key[t.key.len() - 1],
+                r.below(m)
+            )
+        }
+        4 => {
+            // A key update: the old key is a delete, the new one an insert.
+            *next += 1;
+            let last = t.key[t.key.len() - 1];
+            match t.name {
+                "t_uuid" => format!(
+                    "UPDATE {0} SET id = md5('moved' || {next})::uuid WHERE id = (SELECT id FROM {0} ORDER BY id LIMIT 1)",
+                    t.name
+                ),
+                _ => format!(
+                    "UPDATE {0} SET {last} = {last} + 1000000 WHERE {last} = (SELECT min({last}) FROM {0} WHERE {last} < 1000000)",
+                    t.name
+                ),
+            }
+        }
+        _ => format!(
+            "DELETE FROM {} WHERE abs(hashtext({}::text)) % 9 = {}",
+            t.name,
+            t.key[t.key.len() - 1],
+            r.below(9)
+        ),
+    };
+    client
+        .batch_execute(&sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn flush(rig: &Rig, name: &str) -> lakecdc::flush::SchemaReport {
+    let opts = lakecdc::flush::FlushOptions {
+        schemas: vec![name.into()],
+        ..rig.opts.clone()
+    };
+    let report = lakecdc::flush::run(&rig.ctx, &opts).await.unwrap();
+    report.schemas.into_iter().next().unwrap()
+}
+
+fn init_opts(rig: &Rig, name: &str) -> InitOptions {
+    InitOptions {
+        schemas: vec![name.into()],
+        replace_delta: true,
+        max_file_rows: 10,
+        page_rows: 17,
+        work_dir: rig.opts.work_dir.clone(),
+        ..InitOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn oracle_random_statements_flush_init_compact_equal_the_tables_typed() {
+    let rig = rig(LakeKind::S3).await;
+    let client = rig.db.client().await;
+    let mut r = Rng::new(24);
+    for t in &TABLES {
+        client.batch_execute(&create_sql(t)).await.unwrap();
+        // Rows from before the attach: only init exports them.
+        let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+        client
+            .batch_execute(&format!(
+                "INSERT INTO {} ({}, {}) SELECT {}, {} FROM generate_series(1, 30) g",
+                t.name,
+                t.key.join(", "),
+                cols.join(", "),
+                (t.new_key)("g"),
+                payload_sql(&mut r, "g")
+            ))
+            .await
+            .unwrap();
+        attach(&rig, t.name);
+    }
+    for t in &TABLES {
+        let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, t.name))
+            .await
+            .unwrap();
+        assert_eq!(init.schemas[0].rows, 30, "{init:?}");
+        assert_eq!(init.schemas[0].files.len(), 3, "10 rows a file: {init:?}");
+        // Base files in row-id order with disjoint ranges (the base-tier invariant).
+        let id = init.schemas[0].schema_id;
+        let m = crate::support::oracle::manifest_json(
+            rig.store.as_ref(),
+            &format!("manifest/{id}.json"),
+        )
+        .await
+        .unwrap();
+        let mut ranges: Vec<(String, String)> = m["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["tier"] == "base")
+            .map(|f| {
+                (
+                    f["row_id_min"].as_str().unwrap().to_string(),
+                    f["row_id_max"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        ranges.sort();
+        assert_eq!(ranges.len(), 3);
+        for w in ranges.windows(2) {
+            assert!(
+                w[0].0 <= w[0].1 && w[0].1 < w[1].0,
+                "{} ranges overlap: {ranges:?}",
+                t.name
+            );
+        }
+        assert_equal(&rig, t, "after the first init").await;
+    }
+    let mut next = 100;
+    for round in 0..6 {
+        for t in &TABLES {
+            for _ in 0..8 {
+                random_statement(&client, t, &mut r, &mut next).await;
+            }
+            let f = flush(&rig, t.name).await;
+            assert_eq!(f.outcome, Outcome::Flushed, "{f:?}");
+            assert_eq!(f.rows_left_dirty, 0, "{f:?}");
+            let n = assert_equal(&rig, t, &format!("after flush {round}")).await;
+            assert!(n > 0);
+            if round == 2 {
+                let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, t.name))
+                    .await
+                    .unwrap();
+                assert_eq!(init.exit_code(), 0, "{init:?}");
+                assert_equal(&rig, t, "after init").await;
+            }
+            if round == 4 {
+                let c = lakecdc::compact::run(
+                    &rig.job_context(),
+                    &CompactOptions {
+                        schemas: vec![t.name.into()],
+                        work_dir: rig.opts.work_dir.clone(),
+                        ..CompactOptions::default()
+                    },
+                )
+                .await
+                .unwrap();
+                assert_eq!(c.exit_code(), 0, "{c:?}");
+                assert_equal(&rig, t, "after compaction").await;
+            }
+        }
+    }
+    // Nothing is left dirty, and every table's lake equals it.
+    let dirty: i64 = client
+        .query_one(
+            "SELECT count(*) FROM lakecdc_touch WHERE flushed_at = 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dirty, 0);
+}
+
+#[tokio::test]
+async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    let t = &TABLES[1];
+    client.batch_execute(&create_sql(t)).await.unwrap();
+    attach(&rig, t.name);
+    let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+    client
+        .batch_execute(&format!(
+            "INSERT INTO t_big (id, {}) SELECT g, {} FROM generate_series(1, 5) g",
+            cols.join(", "),
+            payload_sql(&mut Rng::new(1), "g")
+        ))
+        .await
+        .unwrap();
+    assert_eq!(flush(&rig, "t_big").await.rows_exported, 5);
+    client
+        .batch_execute("UPDATE t_big SET id = 50 WHERE id = 2")
+        .await
+        .unwrap();
+    let f = flush(&rig, "t_big").await;
+    assert_eq!(f.rows_exported, 2, "a tombstone and a new row: {f:?}");
+    let lake = lake_state(&rig, t).await;
+    assert!(
+        !lake.contains_key("2") && lake.contains_key("50"),
+        "{:?}",
+        lake.keys()
+    );
+    assert_equal(&rig, t, "after the key update").await;
+
+    client.batch_execute("TRUNCATE t_big").await.unwrap();
+    client
+        .batch_execute(&format!(
+            "INSERT INTO t_big (id, {}) SELECT g, {} FROM generate_series(7, 9) g",
+            cols.join(", "),
+            payload_sql(&mut Rng::new(2), "g")
+        ))
+        .await
+        .unwrap();
+    let f = flush(&rig, "t_big").await;
+    assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
+    let reason = f.reason.unwrap();
+    assert!(
+        reason.contains("truncated") && reason.contains("lakecdc init --schema t_big"),
+        "{reason}"
+    );
+    // Through the binary: exit 1 and the instruction on stderr.
+    let out = harness::bin()
+        .args([
+            "flush",
+            "--schema",
+            "t_big",
+            "--force",
+            "--pg-url",
+            &rig.db.url,
+        ])
+        .args([
+            "--lake",
+            &rig.work.path().join("lake").display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "t_big"))
+        .await
+        .unwrap();
+    assert_eq!(init.exit_code(), 0, "{init:?}");
+    assert_eq!(init.schemas[0].rows, 3);
+    // The slots written before the truncate point at rows that are gone: tombstones.
+    let f = flush(&rig, "t_big").await;
+    assert_ne!(f.outcome, Outcome::Failed, "{f:?}");
+    assert_eq!(assert_equal(&rig, t, "after init and flush").await, 3);
+    client
+        .batch_execute("UPDATE t_big SET note = 'after' WHERE id = 8")
+        .await
+        .unwrap();
+    flush(&rig, "t_big").await;
+    assert_equal(&rig, t, "after a write following the init").await;
+}
+
+#[tokio::test]
+async fn writes_racing_a_flush_stay_dirty_and_go_out_next_time() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    let t = &TABLES[2];
+    client.batch_execute(&create_sql(t)).await.unwrap();
+    attach(&rig, t.name);
+    let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+    let insert = |from: i64, to: i64| {
+        format!(
+            "INSERT INTO t_comp (region, n, {}) SELECT 'r', g, {} FROM generate_series({from}, {to}) g",
+            cols.join(", "),
+            payload_sql(&mut Rng::new(from as u64), "g")
+        )
+    };
+    client.batch_execute(&insert(1, 10)).await.unwrap();
+    // A writer whose transaction is open while the flush selects: its rows are not seen.
+    let late = rig.db.client().await;
+    late.batch_execute(&format!("BEGIN; {}", insert(11, 12)))
+        .await
+        .unwrap();
+    // A write between the manifest commit and the mark: its new version is not marked.
+    let racer = std::sync::Arc::new(rig.db.client().await);
+    let hooks = FlushHooks {
+        before_mark: Some({
+            let racer = racer.clone();
+            std::sync::Arc::new(move |_, _| {
+                let racer = racer.clone();
+                Box::pin(async move {
+                    racer
+                        .batch_execute("UPDATE t_comp SET note = 'raced' WHERE n = 3")
+                        .await
+                        .unwrap();
+                })
+            })
+        }),
+        ..FlushHooks::default()
+    };
+    let opts = lakecdc::flush::FlushOptions {
+        schemas: vec!["t_comp".into()],
+        ..rig.opts.clone()
+    };
+    let f = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
+        .await
+        .unwrap();
+    let f = &f.schemas[0];
+    assert_eq!(f.rows_exported, 10, "{f:?}");
+    assert_eq!(f.rows_left_dirty, 1, "the raced row: {f:?}");
+    late.batch_execute("COMMIT").await.unwrap();
+    let dirty: i64 = client
+        .query_one(
+            "SELECT count(*) FROM lakecdc_touch WHERE flushed_at = 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dirty, 3, "the raced row and the late writer's two");
+    let f = flush(&rig, "t_comp").await;
+    assert_eq!(f.rows_exported, 3, "{f:?}");
+    assert_eq!(f.rows_left_dirty, 0);
+    assert_eq!(assert_equal(&rig, t, "after the second flush").await, 12);
+}
