@@ -587,3 +587,84 @@ impl<'a> InitRead<'a> {
         .await
     }
 }
+
+/// `verify --source`'s read of a table source: in ONE snapshot, the dirty row ids, then every
+/// row's `(row_id, latest recorded version)` in `row_id` order, a page at a time.
+pub struct VersionRead<'a> {
+    client: &'a Client,
+}
+
+impl<'a> VersionRead<'a> {
+    /// Opens the snapshot, reads the dirty ids (sorted) and opens the cursor.
+    pub async fn open(client: &'a Client, src: &TableSource) -> Result<(Self, Vec<u128>)> {
+        timed(
+            TIMEOUT,
+            "begin version read",
+            client.batch_execute(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL idle_in_transaction_session_timeout = 0",
+            ),
+        )
+        .await?;
+        let sql = format!(
+            "SELECT row_id FROM {} WHERE source_id = $1 AND flushed_at = 0 ORDER BY row_id",
+            src.touch_log.quoted()
+        );
+        let dirty = timed(
+            TIMEOUT,
+            "read dirty row ids",
+            client.query(&sql, &[&src.id]),
+        )
+        .await?
+        .iter()
+        .map(|r| r.try_get::<_, Uuid>(0).map(|u| u.as_u128()))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(Error::postgres("read dirty row ids"))?;
+        let row_id = row_id_expr(src.id, &src.key, "s");
+        let order = match RowIdRule::of(&src.key) {
+            RowIdRule::Key | RowIdRule::Integer => format!("s.{}", ident(&src.key[0].name)),
+            RowIdRule::Hashed => "1".to_string(),
+        };
+        let declare = format!(
+            "DECLARE lakecdc_versions NO SCROLL CURSOR FOR \
+             SELECT {row_id}, COALESCE((SELECT max(p.changed_at) FROM {touch} p \
+                                         WHERE p.source_id = {id} AND p.row_id = {row_id}), 0) \
+             FROM {table} s ORDER BY {order}",
+            touch = src.touch_log.quoted(),
+            id = src.id,
+            table = src.table.quoted(),
+        );
+        timed(
+            TIMEOUT,
+            "open the version cursor",
+            client.batch_execute(&declare),
+        )
+        .await?;
+        Ok((Self { client }, dirty))
+    }
+
+    /// The next page of at most `rows` `(row_id, version)` (empty at the end).
+    pub async fn page(&self, rows: usize) -> Result<Vec<(u128, i64)>> {
+        let fetched = timed(
+            TIMEOUT,
+            "read a version page",
+            self.client
+                .query(&format!("FETCH FORWARD {rows} FROM lakecdc_versions"), &[]),
+        )
+        .await?;
+        fetched
+            .iter()
+            .map(|r| Ok((r.try_get::<_, Uuid>(0)?.as_u128(), r.try_get::<_, i64>(1)?)))
+            .collect::<std::result::Result<Vec<_>, tokio_postgres::Error>>()
+            .map_err(Error::postgres("read a version page"))
+    }
+
+    /// Ends the snapshot.
+    pub async fn close(self) -> Result<()> {
+        timed(
+            TIMEOUT,
+            "end version read",
+            self.client.batch_execute("COMMIT"),
+        )
+        .await
+    }
+}

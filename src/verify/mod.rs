@@ -255,21 +255,25 @@ async fn verify_source(
 ) -> SchemaVerify {
     let started = Instant::now();
     let mut out = SchemaVerify::new(reg);
-    if reg.kind == Kind::Table {
-        let e = Error::config(format!(
-            "verify --source does not compare table source {} with its table yet (docs/design.md §9.3); verify without --source checks its files",
-            reg.name
-        ));
-        return finished(out, Err(e), started);
-    }
     let result = job::with_lock(&ctx.connector, reg.id, async |_| {
         let Some((files, lake_source)) = source::listed(ctx, reg.id).await? else {
             out.outcome = Outcome::NoManifest;
             return Ok(());
         };
         out.files = files.len();
-        let mut check =
-            source::check(ctx, so, &opts.engine, &opts.work_dir, reg.id, def, files).await?;
+        let mut check = source::check(
+            ctx,
+            so,
+            &opts.engine,
+            &opts.work_dir,
+            reg.id,
+            match reg.kind {
+                Kind::Table => source::What::Table,
+                Kind::Schema => source::What::Schema(def),
+            },
+            files,
+        )
+        .await?;
         if let (Some(listed), Some(guard)) = (lake_source, guard) {
             let key = ctx.lake.layout.manifest_key(reg.id);
             if let Err(e) = guard.check(&key, Some(&listed)) {

@@ -29,7 +29,7 @@ use crate::lake::manifest::{self, FileEntry};
 use crate::schema::SchemaDef;
 use crate::source::live::{self, ExportedSnapshot, IdRange, SnapshotTicket};
 use crate::source::requeue::{self, Requeue, Requeued};
-use crate::source::versions;
+use crate::source::{table_source, versions};
 
 /// The most entities `--deep` reads (and exports) per page: init's default, which keeps a
 /// page with its EAV rows and its export within a few hundred MiB.
@@ -159,17 +159,35 @@ type SourceRow = (u128, i64, Option<u64>);
 
 /// Compares schema `schema_id`'s listed `files` with the source, under its lock (held by the
 /// caller). `def` is needed for `--deep`.
+/// What `verify --source` compares the lake with.
+pub(super) enum What<'a> {
+    /// A schema's entities (with its metadata for `--deep`).
+    Schema(Option<&'a SchemaDef>),
+    /// A table source's rows.
+    Table,
+}
+
 pub(super) async fn check(
     ctx: &Context,
     opts: &SourceOptions,
     engine: &EngineConfig,
     work_dir: &Path,
     schema_id: i16,
-    def: Option<&SchemaDef>,
+    what: What<'_>,
     files: Vec<FileEntry>,
 ) -> Result<SourceCheck> {
+    let (def, table) = match what {
+        What::Schema(def) => (def, false),
+        What::Table => (None, true),
+    };
     let started = Instant::now();
     let mut out = SourceCheck::default();
+    if table && (opts.deep || opts.repair) {
+        return Err(Error::config(format!(
+            "verify --source {} does not cover table sources yet (docs/design.md §9.3): compare versions with verify --source alone",
+            if opts.deep { "--deep" } else { "--repair" }
+        )));
+    }
     // Deep: the hasher is built from the columns a fresh export writes.
     let deep = match (opts.deep, def) {
         (false, _) => None,
@@ -203,6 +221,20 @@ pub(super) async fn check(
     };
     let (src_tx, mut src_rx) = mpsc::channel::<Result<Vec<SourceRow>>>(4);
     let (dirty, source, snapshot) = match deep {
+        // A table source: one snapshot on a plain connection, the rows in `row_id` order.
+        None if table => {
+            let (dirty_tx, dirty_rx) = tokio::sync::oneshot::channel();
+            let source = spawn_table(ctx, opts, schema_id, dirty_tx, src_tx);
+            match dirty_rx.await {
+                Ok(dirty) => (dirty, source, None),
+                Err(_) => {
+                    return Err(match src_rx.recv().await {
+                        Some(Err(e)) => e,
+                        _ => Error::Invariant("the source reader ended early".into()),
+                    });
+                }
+            }
+        }
         // One transaction reads the dirty ids, then the pages.
         None => {
             let (dirty_tx, dirty_rx) = tokio::sync::oneshot::channel();
@@ -414,6 +446,40 @@ fn spawn_shallow(
                 Ok(false)
             }
         }
+    })
+}
+
+/// Reads a table source's dirty ids (into `dirty`) and its rows' versions (into `tx`, in
+/// `row_id` order) in one snapshot.
+fn spawn_table(
+    ctx: &Context,
+    opts: &SourceOptions,
+    schema_id: i16,
+    dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
+    tx: mpsc::Sender<Result<Vec<SourceRow>>>,
+) -> tokio::task::JoinHandle<Result<bool>> {
+    let (tables, connector) = (ctx.tables.clone(), ctx.connector.clone());
+    let page_rows = opts.page_rows.max(1);
+    tokio::spawn(async move {
+        let read = async {
+            let client = connector.connect().await?;
+            let src = table_source::load(&client, &tables, schema_id).await?;
+            let (read, ids) = table_source::VersionRead::open(&client, &src).await?;
+            let _ = dirty.send(ids);
+            loop {
+                let page = read.page(page_rows).await?;
+                let end = page.is_empty();
+                let rows = page.into_iter().map(|(id, v)| (id, v, None)).collect();
+                if tx.send(Ok(rows)).await.is_err() || end {
+                    break;
+                }
+            }
+            read.close().await
+        };
+        if let Err(e) = read.await {
+            let _ = tx.send(Err(e)).await;
+        }
+        Ok(false)
     })
 }
 
