@@ -760,3 +760,109 @@ async fn verify_source_proves_a_table_source_and_finds_rows_changed_behind_the_c
         .unwrap();
     assert_eq!(v.schemas[0].outcome, Verified::Failed);
 }
+
+#[tokio::test]
+async fn a_new_column_appears_in_new_files_and_a_type_change_waits_for_init() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE shapes (id bigint PRIMARY KEY, qty integer, secret text, \"Deleted_At\" bigint);
+             INSERT INTO shapes SELECT g, g, 'pw' || g, g FROM generate_series(1, 4) g;",
+        )
+        .await
+        .unwrap();
+    let out = harness::bin()
+        .args([
+            "attach",
+            "shapes",
+            "--exclude-columns",
+            "secret",
+            "--pg-url",
+            &rig.db.url,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "shapes"))
+        .await
+        .unwrap();
+    assert_eq!(init.exit_code(), 0, "{init:?}");
+    let query = |sql: &str| {
+        let out = rig.work.path().join("q.parquet");
+        let opts = options(
+            &rig,
+            sql,
+            Format::Parquet,
+            &out,
+            &rig.work.path().join("cache"),
+        );
+        let ctx = rig.job_context();
+        async move {
+            lakecdc::query::run(&ctx, &opts).await.unwrap();
+            let file = std::fs::File::open(&out).unwrap();
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .unwrap()
+                    .build()
+                    .unwrap();
+            let mut rows = Vec::new();
+            for b in reader {
+                let b = b.unwrap();
+                for i in 0..b.num_rows() {
+                    rows.push(
+                        (0..b.num_columns())
+                            .map(|c| {
+                                arrow::util::display::array_value_to_string(b.column(c), i).unwrap()
+                            })
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    );
+                }
+            }
+            rows
+        }
+    };
+    // The excluded column is not in the lake; a column named like a system column is pg_<name>.
+    let columns = query(
+        "SELECT string_agg(column_name, ' ' ORDER BY column_name) FROM (DESCRIBE SELECT * FROM shapes)",
+    )
+    .await;
+    assert!(
+        columns[0].contains("pg_Deleted_At")
+            && columns[0].contains("qty")
+            && !columns[0].contains("secret"),
+        "{columns:?}"
+    );
+    // A column added later appears in new files; older rows read it as NULL.
+    client
+        .batch_execute("ALTER TABLE shapes ADD COLUMN label text; UPDATE shapes SET label = 'new' WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(flush(&rig, "shapes").await.outcome, Outcome::Flushed);
+    let rows = query("SELECT id, label FROM shapes ORDER BY id").await;
+    assert_eq!(rows, vec!["1,", "2,new", "3,", "4,"]);
+    // A type change is refused, naming the column, until init rewrites the lake.
+    client
+        .batch_execute("ALTER TABLE shapes ALTER COLUMN qty TYPE bigint; UPDATE shapes SET qty = 5000000000 WHERE id = 3")
+        .await
+        .unwrap();
+    let f = flush(&rig, "shapes").await;
+    assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
+    let reason = f.reason.unwrap();
+    assert!(
+        reason.contains("qty: INT32 → INT64") && reason.contains("init --schema shapes"),
+        "{reason}"
+    );
+    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "shapes"))
+        .await
+        .unwrap();
+    assert_eq!(init.exit_code(), 0, "{init:?}");
+    assert_eq!(flush(&rig, "shapes").await.rows_left_dirty, 0);
+    let rows = query("SELECT id, qty, label FROM shapes ORDER BY id").await;
+    assert_eq!(rows, vec!["1,1,", "2,2,new", "3,5000000000,", "4,4,"]);
+}
