@@ -230,17 +230,15 @@ async fn inspect_schema(
     let reason = flush.below(dirty.count, dirty.oldest_changed_at, now);
     // A table source the lake no longer follows is refused by flush: say so, with the fix.
     let refused = match reg.kind {
-        Kind::Table if dirty.count > 0 => {
-            crate::source::table_source::load(client, &ctx.tables, reg.id)
-                .await?
-                .check_flushable()
-                .err()
-        }
+        Kind::Table => crate::source::table_source::load(client, &ctx.tables, reg.id)
+            .await?
+            .check_flushable()
+            .err(),
         _ => None,
     };
     let (flush_would_run, flush_reason) = match (dirty.count, reason, refused) {
-        (0, _, _) => (false, "no dirty rows".to_string()),
         (_, _, Some(e)) => (false, format!("refused: {e}")),
+        (0, _, None) => (false, "no dirty rows".to_string()),
         (_, Some(why), None) => (false, why),
         (n, None, None) => (true, format!("{n} dirty rows reach a threshold")),
     };

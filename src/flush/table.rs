@@ -57,11 +57,13 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     let src = table_source::load(&client, &ctx.tables, p.schema_id).await?;
     let dirty = table_source::dirty(&client, &src).await?;
     report.dirty_rows = dirty.count;
+    // Refused even with nothing dirty: after a TRUNCATE (which records no slot) the lake still
+    // shows the rows it removed.
+    src.check_flushable()?;
     if dirty.count == 0 {
         report.outcome = Outcome::NothingToDo;
         return Ok(());
     }
-    src.check_flushable()?;
     if let Some(reason) = below_threshold(
         opts,
         dirty.count,

@@ -277,14 +277,17 @@ impl TableSource {
     }
 }
 
-/// The table sources with at least one dirty slot.
+/// The table sources flush has work on: a dirty slot, or a truncate mark (flush must say the
+/// lake no longer follows the table, even with nothing dirty: a `TRUNCATE` records no slot).
 pub async fn dirty_sources(client: &Client, tables: &Tables) -> Result<Vec<i16>> {
     let mut out = Vec::new();
-    let (_, touch_log) = qualified_tables(client, tables).await?;
+    let (sources, touch_log) = qualified_tables(client, tables).await?;
     for (id, _) in list(client, tables).await? {
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE source_id = $1 AND flushed_at = 0)",
-            touch_log.quoted()
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE source_id = $1 AND flushed_at = 0) \
+                 OR EXISTS (SELECT 1 FROM {} WHERE source_id = $1 AND needs_init_at IS NOT NULL)",
+            touch_log.quoted(),
+            sources.quoted()
         );
         let dirty: bool = timed(
             TIMEOUT,

@@ -569,6 +569,30 @@ async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
     assert_equal(&rig, t, "after the key update").await;
 
     client.batch_execute("TRUNCATE t_big").await.unwrap();
+    // Nothing is dirty after a TRUNCATE, yet a flush of every source says the lake is behind.
+    let all = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap();
+    let f = all.schemas.iter().find(|s| s.schema == "t_big").unwrap();
+    assert_eq!((f.outcome, f.dirty_rows), (Outcome::Failed, 0), "{f:?}");
+    let inspect = harness::bin()
+        .args([
+            "inspect",
+            "--json",
+            "--schema",
+            "t_big",
+            "--pg-url",
+            &rig.db.url,
+        ])
+        .args([
+            "--lake",
+            &rig.work.path().join("lake").display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        text.contains("refused: ") && text.contains("truncated"),
+        "{text}"
+    );
     client
         .batch_execute(&format!(
             "INSERT INTO t_big (id, {}) SELECT g, {} FROM generate_series(7, 9) g",
