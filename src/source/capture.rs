@@ -238,6 +238,25 @@ impl Capture {
         }
     }
 
+    /// The condition on an `UPDATE`'s old row `o` that its key was left (no new row has it).
+    /// A uuid or integer key is its own `row_id`'s content: the keys are compared (a hash
+    /// anti-join, no `row_id` computed for the rows an update kept, nearly all of them). A
+    /// hashed key is compared as row ids: equal keys may have different texts (a numeric's
+    /// scale), hence different row ids.
+    fn left_keys(&self) -> String {
+        match (RowIdRule::of(&self.key), self.key.as_slice()) {
+            (RowIdRule::Key | RowIdRule::Integer, [only]) => format!(
+                "NOT EXISTS (SELECT 1 FROM lakecdc_new n WHERE n.{k} = o.{k})",
+                k = ident(&only.name)
+            ),
+            _ => format!(
+                "{} NOT IN (SELECT {} FROM lakecdc_new n)",
+                row_id_expr(self.source_id, &self.key, "o"),
+                row_id_expr(self.source_id, &self.key, "n")
+            ),
+        }
+    }
+
     /// The trigger function and the four triggers (idempotent: `CREATE OR REPLACE`, and each
     /// trigger dropped if it exists before it is created).
     pub fn capture_ddl(&self) -> Vec<String> {
@@ -282,13 +301,9 @@ $lakecdc$",
             sources = self.sources.quoted(),
             insert = self.upsert(&new_keys),
             // The keys written are live; the keys left (a key update) are tombstones.
-            // Compared as row ids, not as keys: equal keys may have different texts (a
-            // numeric's scale), hence different hashed row ids.
             update = self.upsert(&format!(
-                "{new_keys} UNION ALL {old_keys} WHERE {} NOT IN \
-                 (SELECT {} FROM lakecdc_new n)",
-                row_id_expr(self.source_id, &self.key, "o"),
-                row_id_expr(self.source_id, &self.key, "n")
+                "{new_keys} UNION ALL {old_keys} WHERE {}",
+                self.left_keys()
             )),
             delete = self.upsert(&old_keys),
         );
