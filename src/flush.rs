@@ -517,27 +517,31 @@ async fn flush_locked(sf: &SchemaFlush<'_>, report: &mut SchemaReport) -> Result
     let conn = ctx.connector.connect_tapped().await?;
     snapshot::tune_for_lookups(&conn.client).await?;
     let dirty = stats::dirty(&conn.client, &ctx.tables.change_log, schema_id).await?;
-    report.dirty_rows = dirty.count;
-    if dirty.count == 0 {
-        report.outcome = Outcome::NothingToDo;
+    if !due(opts, dirty, ctx.clock.now_ms(), report) {
         return Ok(());
     }
-    if let Some(reason) = below_threshold(
-        opts,
-        dirty.count,
-        dirty.oldest_changed_at,
-        ctx.clock.now_ms(),
-    ) {
-        report.outcome = Outcome::BelowThreshold;
-        report.reason = Some(reason);
-        return Ok(());
-    }
-    report.outcome = Outcome::Flushed;
     let mut pending: Option<PendingMark> = None;
     let result = drain(sf, conn, &mut pending, report).await;
     // A started mark always finishes and is accounted for, whatever happened after it.
     let settled = settle_mark(pending.take(), report).await;
     result.and(settled)
+}
+
+/// Whether a schema with `dirty` rows is due now; sets the report's dirty count and outcome
+/// (nothing to do, below the thresholds with the numbers, or flushed).
+fn due(opts: &FlushOptions, dirty: stats::DirtyStats, now: i64, report: &mut SchemaReport) -> bool {
+    report.dirty_rows = dirty.count;
+    if dirty.count == 0 {
+        report.outcome = Outcome::NothingToDo;
+        return false;
+    }
+    if let Some(reason) = below_threshold(opts, dirty.count, dirty.oldest_changed_at, now) {
+        report.outcome = Outcome::BelowThreshold;
+        report.reason = Some(reason);
+        return false;
+    }
+    report.outcome = Outcome::Flushed;
+    true
 }
 
 /// Ends the drain for a stop request: `reading` when it came while the next batch was being

@@ -1130,19 +1130,14 @@ async fn finish_file(
                 .put_file(&key, &local)
                 .await
                 .map_err(Error::storage("upload base", key.clone()))?;
-            Ok(FileEntry {
-                tier: Tier::Base,
-                path: key.clone(),
-                row_id_min: min,
-                row_id_max: max,
-                created_min: now,
-                created_max: now,
-                size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
-                row_count: i64::try_from(rows).unwrap_or(i64::MAX),
-                checksum: Some(put.checksum()),
-                columns: Some(columns),
-                extra: Default::default(),
-            })
+            Ok(base_entry(
+                key.clone(),
+                (min, max),
+                rows,
+                &put,
+                columns,
+                now,
+            ))
         }
         .await;
         let _ = tokio::fs::remove_file(&local).await;
@@ -1150,4 +1145,28 @@ async fn finish_file(
         result
     });
     Ok((engine, upload_key, upload, bytes_per_row))
+}
+
+/// The manifest entry of base file `key` holding `rows` rows in `range`, uploaded as `put`.
+fn base_entry(
+    key: String,
+    (row_id_min, row_id_max): (String, String),
+    rows: u64,
+    put: &crate::store::PutResult,
+    columns: std::collections::BTreeMap<String, String>,
+    now: i64,
+) -> FileEntry {
+    FileEntry {
+        tier: Tier::Base,
+        path: key,
+        row_id_min,
+        row_id_max,
+        created_min: now,
+        created_max: now,
+        size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
+        row_count: i64::try_from(rows).unwrap_or(i64::MAX),
+        checksum: Some(put.checksum()),
+        columns: Some(columns),
+        extra: Default::default(),
+    }
 }

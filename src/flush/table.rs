@@ -12,8 +12,8 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    Outcome, Publisher, SchemaReport, below_threshold, elapsed_ms, next_flushed_at, step_done,
-    stopped,
+    Outcome, PendingMark, Publisher, SchemaReport, due, elapsed_ms, next_flushed_at, settle_mark,
+    step_done, stopped,
 };
 use crate::engine;
 use crate::error::{Error, Result};
@@ -56,25 +56,15 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     snapshot::tune_for_lookups(&client).await?;
     let src = table_source::load(&client, &ctx.tables, p.schema_id).await?;
     let dirty = table_source::dirty(&client, &src).await?;
-    report.dirty_rows = dirty.count;
     // Refused even with nothing dirty: after a TRUNCATE (which records no slot) the lake still
     // shows the rows it removed.
-    src.check_flushable()?;
-    if dirty.count == 0 {
-        report.outcome = Outcome::NothingToDo;
+    if let Err(e) = src.check_flushable() {
+        report.dirty_rows = dirty.count;
+        return Err(e);
+    }
+    if !due(opts, dirty, ctx.clock.now_ms(), report) {
         return Ok(());
     }
-    if let Some(reason) = below_threshold(
-        opts,
-        dirty.count,
-        dirty.oldest_changed_at,
-        ctx.clock.now_ms(),
-    ) {
-        report.outcome = Outcome::BelowThreshold;
-        report.reason = Some(reason);
-        return Ok(());
-    }
-    report.outcome = Outcome::Flushed;
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
     owner::check_source(store, layout, p.schema_id, p.source).await?;
     let mut ownership = owner::check_writable(store, layout, p.schema_id).await?;
@@ -140,7 +130,7 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
                 continue;
             }
             export(p, &batch, &mut ownership, report).await?;
-            settle(pending.take(), report).await?;
+            settle_mark(pending.take(), report).await?;
             let m = match &marker {
                 Some(m) => m.clone(),
                 None => {
@@ -162,21 +152,8 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     }
     .await;
     // A started mark always finishes and is accounted for, whatever happened after it.
-    let settled = settle(pending.take(), report).await;
+    let settled = settle_mark(pending.take(), report).await;
     result.and(settled)
-}
-
-/// A mark running on its own connection: (rows marked, rows exported).
-type PendingMark = tokio::task::JoinHandle<Result<(u64, u64)>>;
-
-async fn settle(pending: Option<PendingMark>, report: &mut SchemaReport) -> Result<()> {
-    let Some(task) = pending else {
-        return Ok(());
-    };
-    let (marked, exported) = task.await.map_err(Error::task("mark"))??;
-    report.rows_marked += marked;
-    report.rows_left_dirty += exported.saturating_sub(marked);
-    Ok(())
 }
 
 /// A read-ahead task, aborted when dropped unjoined (its read is read-only: what it held stays

@@ -11,11 +11,13 @@ use std::collections::BTreeSet;
 use arrow::record_batch::RecordBatch;
 use uuid::Uuid;
 
-use super::{FileReport, InitOptions, SchemaInit, delete_unlisted, publish, rows_per_file};
+use super::{
+    FileReport, InitOptions, SchemaInit, base_entry, delete_unlisted, publish, rows_per_file,
+};
 use crate::engine;
 use crate::error::{Error, Result};
 use crate::job::Context;
-use crate::lake::manifest::{FileEntry, Tier};
+use crate::lake::manifest::FileEntry;
 use crate::lake::{SourceGuard, footer, owner};
 use crate::source::lock::SchemaLock;
 use crate::source::table_source::{self, InitRead, TableSource};
@@ -168,17 +170,12 @@ async fn upload(
         bytes: put.size,
     });
     tracing::info!(schema = %src.name, key = %key, rows, bytes = put.size, "base file uploaded");
-    Ok(FileEntry {
-        tier: Tier::Base,
-        path: key,
-        row_id_min: min,
-        row_id_max: max,
-        created_min: now,
-        created_max: now,
-        size_bytes: i64::try_from(put.size).unwrap_or(i64::MAX),
-        row_count: i64::try_from(rows).unwrap_or(i64::MAX),
-        checksum: Some(put.checksum()),
-        columns: Some(columns.into_iter().collect()),
-        extra: Default::default(),
-    })
+    Ok(base_entry(
+        key,
+        (min, max),
+        rows,
+        &put,
+        columns.into_iter().collect(),
+        now,
+    ))
 }

@@ -143,6 +143,19 @@ fn create_sql(t: &Table) -> String {
     )
 }
 
+/// The insert of rows `from..=to` of `t` in one statement: the key `key` and the payload
+/// computed from the row number `g`.
+fn insert_sql(t: &Table, key: &str, from: i64, to: i64, seed: u64) -> String {
+    let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+    format!(
+        "INSERT INTO {} ({}, {}) SELECT {key}, {} FROM generate_series({from}, {to}) g",
+        t.name,
+        t.key.join(", "),
+        cols.join(", "),
+        payload_sql(&mut Rng::new(seed), "g")
+    )
+}
+
 fn attach(rig: &Rig, table: &str) {
     let out = harness::bin()
         .args(["attach", table, "--pg-url", &rig.db.url])
@@ -440,16 +453,8 @@ async fn oracle_random_statements_flush_init_compact_equal_the_tables_typed() {
     for t in &TABLES {
         client.batch_execute(&create_sql(t)).await.unwrap();
         // Rows from before the attach: only init exports them.
-        let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
         client
-            .batch_execute(&format!(
-                "INSERT INTO {} ({}, {}) SELECT {}, {} FROM generate_series(1, 30) g",
-                t.name,
-                t.key.join(", "),
-                cols.join(", "),
-                (t.new_key)("g"),
-                payload_sql(&mut r, "g")
-            ))
+            .batch_execute(&insert_sql(t, &(t.new_key)("g"), 1, 30, r.next()))
             .await
             .unwrap();
         attach(&rig, t.name);
@@ -544,13 +549,8 @@ async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
     let t = &TABLES[1];
     client.batch_execute(&create_sql(t)).await.unwrap();
     attach(&rig, t.name);
-    let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
     client
-        .batch_execute(&format!(
-            "INSERT INTO t_big (id, {}) SELECT g, {} FROM generate_series(1, 5) g",
-            cols.join(", "),
-            payload_sql(&mut Rng::new(1), "g")
-        ))
+        .batch_execute(&insert_sql(t, "g", 1, 5, 1))
         .await
         .unwrap();
     assert_eq!(flush(&rig, "t_big").await.rows_exported, 5);
@@ -594,11 +594,7 @@ async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
         "{text}"
     );
     client
-        .batch_execute(&format!(
-            "INSERT INTO t_big (id, {}) SELECT g, {} FROM generate_series(7, 9) g",
-            cols.join(", "),
-            payload_sql(&mut Rng::new(2), "g")
-        ))
+        .batch_execute(&insert_sql(t, "g", 7, 9, 2))
         .await
         .unwrap();
     let f = flush(&rig, "t_big").await;
@@ -649,14 +645,7 @@ async fn writes_racing_a_flush_stay_dirty_and_go_out_next_time() {
     let t = &TABLES[2];
     client.batch_execute(&create_sql(t)).await.unwrap();
     attach(&rig, t.name);
-    let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
-    let insert = |from: i64, to: i64| {
-        format!(
-            "INSERT INTO t_comp (region, n, {}) SELECT 'r', g, {} FROM generate_series({from}, {to}) g",
-            cols.join(", "),
-            payload_sql(&mut Rng::new(from as u64), "g")
-        )
-    };
+    let insert = |from: i64, to: i64| insert_sql(t, "'r', g", from, to, from as u64);
     client.batch_execute(&insert(1, 10)).await.unwrap();
     // A writer whose transaction is open while the flush selects: its rows are not seen.
     let late = rig.db.client().await;
@@ -715,11 +704,7 @@ async fn verify_source_proves_a_table_source_and_finds_rows_changed_behind_the_c
     client.batch_execute(&create_sql(t)).await.unwrap();
     let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
     client
-        .batch_execute(&format!(
-            "INSERT INTO t_comp (region, n, {}) SELECT 'r', g, {} FROM generate_series(1, 40) g",
-            cols.join(", "),
-            payload_sql(&mut Rng::new(5), "g")
-        ))
+        .batch_execute(&insert_sql(t, "'r', g", 1, 40, 5))
         .await
         .unwrap();
     attach(&rig, t.name);
