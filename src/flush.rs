@@ -441,29 +441,43 @@ async fn flush_schema(
         return report;
     }
     let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
-    let result = crate::job::with_lock(&ctx.connector, reg.id, async |_| {
-        let sf = SchemaFlush {
-            ctx,
-            opts,
-            hooks,
-            source,
-            def: &def,
-            schema_id: reg.id,
-        };
-        flush_locked(&sf, &mut report).await
+    let sf = SchemaFlush {
+        ctx,
+        opts,
+        hooks,
+        source,
+        def: &def,
+        schema_id: reg.id,
+    };
+    under_lock(ctx, &reg, report, started, async |report| {
+        flush_locked(&sf, report).await
     })
     .instrument(span)
     .await
-    .map(|done| {
-        if done.is_none() {
+}
+
+/// Runs `work` under the schema's lock and records how it ended in `report`: locked
+/// elsewhere, failed with its error, and the wall time.
+async fn under_lock(
+    ctx: &Context,
+    reg: &Registered,
+    mut report: SchemaReport,
+    started: Instant,
+    work: impl AsyncFnOnce(&mut SchemaReport) -> Result<()>,
+) -> SchemaReport {
+    let result =
+        crate::job::with_lock(&ctx.connector, reg.id, async |_| work(&mut report).await).await;
+    match result {
+        Ok(Some(())) => {}
+        Ok(None) => {
             report.outcome = Outcome::Locked;
             report.reason = Some("another process holds the schema lock".into());
         }
-    });
-    if let Err(e) = result {
-        tracing::error!(schema = %reg.name, error = %e.chain(), "flush failed");
-        report.outcome = Outcome::Failed;
-        report.reason = Some(e.chain());
+        Err(e) => {
+            tracing::error!(schema = %reg.name, error = %e.chain(), "flush failed");
+            report.outcome = Outcome::Failed;
+            report.reason = Some(e.chain());
+        }
     }
     report.duration_ms = elapsed_ms(started);
     report

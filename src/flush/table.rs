@@ -12,8 +12,8 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    Outcome, PendingMark, Publisher, SchemaReport, due, elapsed_ms, next_flushed_at, settle_mark,
-    step_done, stopped,
+    PendingMark, Publisher, SchemaReport, due, next_flushed_at, settle_mark, step_done, stopped,
+    under_lock,
 };
 use crate::engine;
 use crate::error::{Error, Result};
@@ -31,23 +31,10 @@ pub(super) async fn flush(p: &Publisher<'_>, reg: &Registered) -> SchemaReport {
         stopped(&mut report, false);
         return report;
     }
-    let result = crate::job::with_lock(&p.ctx.connector, reg.id, async |_| {
-        flush_locked(p, &mut report).await
+    under_lock(p.ctx, reg, report, started, async |report| {
+        flush_locked(p, report).await
     })
     .await
-    .map(|done| {
-        if done.is_none() {
-            report.outcome = Outcome::Locked;
-            report.reason = Some("another process holds the schema lock".into());
-        }
-    });
-    if let Err(e) = result {
-        tracing::error!(schema = %reg.name, error = %e.chain(), "flush failed");
-        report.outcome = Outcome::Failed;
-        report.reason = Some(e.chain());
-    }
-    report.duration_ms = elapsed_ms(started);
-    report
 }
 
 async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()> {
