@@ -117,7 +117,7 @@ pub fn touch_log_ddl(touch_log: &TableName) -> [String; 2] {
             touch_log.quoted()
         ),
         format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (source_id, changed_at) WHERE flushed_at = 0",
+            "CREATE INDEX IF NOT EXISTS {} ON {} (source_id, changed_at, row_id) WHERE flushed_at = 0",
             touch_log.derived("dirty_idx"),
             touch_log.quoted()
         ),

@@ -230,15 +230,14 @@ impl TableSource {
     }
 
     /// One batch: the oldest `$n` dirty slots after the cursor `($2, $3)` (none on the first
-    /// batch), each live one joined to its row, in `row_id` order.
+    /// batch), each live one joined to its row, in `row_id` order. The dirty index holds
+    /// `(source_id, changed_at, row_id)`, so the cursor and the order are read from it: a batch
+    /// costs its own slots, even when a bulk statement gave a million slots one version.
     fn batch_sql(&self, first: bool) -> String {
         let (cursor, limit) = if first {
             ("", "$2")
         } else {
-            (
-                " AND changed_at >= $2 AND (changed_at > $2 OR row_id > $3)",
-                "$4",
-            )
+            (" AND (changed_at, row_id) > ($2, $3)", "$4")
         };
         format!(
             "SELECT t.row_id, t.changed_at, COALESCE(t.deleted_at, 0), s.{k} IS NULL, {payload} \
