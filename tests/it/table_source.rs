@@ -156,6 +156,18 @@ fn insert_sql(t: &Table, key: &str, from: i64, to: i64, seed: u64) -> String {
     )
 }
 
+/// Runs the binary on the rig's database and local lake.
+fn run_bin(rig: &Rig, args: &[&str]) -> std::process::Output {
+    let lake = rig.work.path().join("lake");
+    harness::bin()
+        .args(args)
+        .args(["--pg-url", &rig.db.url])
+        .arg("--lake")
+        .arg(&lake)
+        .output()
+        .unwrap()
+}
+
 fn attach(rig: &Rig, table: &str) {
     let out = harness::bin()
         .args(["attach", table, "--pg-url", &rig.db.url])
@@ -573,21 +585,7 @@ async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
     let all = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap();
     let f = all.schemas.iter().find(|s| s.schema == "t_big").unwrap();
     assert_eq!((f.outcome, f.dirty_rows), (Outcome::Failed, 0), "{f:?}");
-    let inspect = harness::bin()
-        .args([
-            "inspect",
-            "--json",
-            "--schema",
-            "t_big",
-            "--pg-url",
-            &rig.db.url,
-        ])
-        .args([
-            "--lake",
-            &rig.work.path().join("lake").display().to_string(),
-        ])
-        .output()
-        .unwrap();
+    let inspect = run_bin(&rig, &["inspect", "--json", "--schema", "t_big"]);
     let text = String::from_utf8_lossy(&inspect.stdout);
     assert!(
         text.contains("refused: ") && text.contains("truncated"),
@@ -605,22 +603,10 @@ async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
         "{reason}"
     );
     // Through the binary: exit 1 and the instruction on stderr.
-    let out = harness::bin()
-        .args([
-            "flush",
-            "--schema",
-            "t_big",
-            "--force",
-            "--pg-url",
-            &rig.db.url,
-        ])
-        .args([
-            "--lake",
-            &rig.work.path().join("lake").display().to_string(),
-        ])
-        .output()
-        .unwrap();
+    let out = run_bin(&rig, &["flush", "--schema", "t_big", "--force"]);
     assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lakecdc init --schema t_big"), "{err}");
     let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "t_big"))
         .await
         .unwrap();
