@@ -56,6 +56,18 @@ pub struct SourceColumn {
     pub lake: super::table_types::LakeType,
 }
 
+/// The exported columns as `lakecdc_sources.columns` records them.
+pub fn columns_json(columns: &[SourceColumn]) -> serde_json::Value {
+    serde_json::Value::Array(
+        columns
+            .iter()
+            .map(|c| {
+                serde_json::json!({"name": c.name, "pg_type": c.pg_type, "lake_type": c.lake_type, "lake_name": c.lake_name})
+            })
+            .collect(),
+    )
+}
+
 /// The lake name of a table column `name` ([`SourceColumn::lake_name`]).
 pub fn lake_name(name: &str) -> String {
     let system = crate::schema::columns::SYSTEM_COLUMNS
@@ -345,14 +357,7 @@ $lakecdc$",
             format!("ARRAY[{}]::text[]", items.join(", "))
         };
         let key: Vec<String> = self.key.iter().map(|k| k.name.clone()).collect();
-        let columns = serde_json::Value::Array(
-            self.columns
-                .iter()
-                .map(|c| {
-                    serde_json::json!({"name": c.name, "pg_type": c.pg_type, "lake_type": c.lake_type, "lake_name": c.lake_name})
-                })
-                .collect(),
-        );
+        let columns = columns_json(&self.columns);
         format!(
             "INSERT INTO {} (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, {}::jsonb, {attached_at}) ON CONFLICT (source_id) DO NOTHING",
             self.sources.quoted(),

@@ -128,22 +128,6 @@ impl RowsBuilder {
         }
     }
 
-    /// Rows appended so far.
-    pub fn len(&self) -> usize {
-        self.rows
-    }
-
-    /// No row appended yet.
-    pub fn is_empty(&self) -> bool {
-        self.rows == 0
-    }
-
-    /// Bytes the builders hold (about): when a file is big enough.
-    pub fn memory(&self) -> usize {
-        // Builders do not report their size; the payload's raw bytes are counted as appended.
-        self.rows * (32 + 8 * self.types.len())
-    }
-
     /// Appends one lake row: `row_id`, its version and its deletion time (0 when live), then
     /// the payload from column `first_payload` of `row` on (ignored for a tombstone).
     pub fn push(

@@ -254,25 +254,28 @@ impl TableSource {
         )
     }
 
-    /// Every row of the table with its latest recorded version (0 when none was ever
-    /// recorded: the row predates the capture), in `row_id` order.
-    fn init_sql(&self) -> String {
+    /// Every row of the table (`s`): its `row_id`, its latest recorded version (0 when none
+    /// was ever recorded: the row predates the capture), then `rest`, in `row_id` order (the
+    /// key's own order for a uuid or integer key).
+    fn versions_sql(&self, rest: &str) -> String {
         let row_id = row_id_expr(self.id, &self.key, "s");
         let order = match RowIdRule::of(&self.key) {
-            // The key's order is the row ids' order.
             RowIdRule::Key | RowIdRule::Integer => format!("s.{}", ident(&self.key[0].name)),
             RowIdRule::Hashed => "1".to_string(),
         };
         format!(
             "SELECT {row_id}, COALESCE((SELECT max(p.changed_at) FROM {touch} p \
-                                        WHERE p.source_id = {id} AND p.row_id = {row_id}), 0), \
-                    0::int8, false, {payload} \
+                                        WHERE p.source_id = {id} AND p.row_id = {row_id}), 0){rest} \
              FROM {table} s ORDER BY {order}",
             touch = self.touch_log.quoted(),
             id = self.id,
-            payload = self.payload(),
             table = self.table.quoted(),
         )
+    }
+
+    /// Init's rows: [`Self::versions_sql`] with the payload, as a batch reads it.
+    fn init_sql(&self) -> String {
+        self.versions_sql(&format!(", 0::int8, false, {}", self.payload()))
     }
 }
 
@@ -327,14 +330,18 @@ pub fn row_id_range(batches: &[RecordBatch]) -> Result<Option<(Uuid, Uuid)>> {
 
 /// The source's dirty slots: how many, and the oldest version.
 pub async fn dirty(client: &Client, src: &TableSource) -> Result<DirtyStats> {
+    touch_stats(client, &src.touch_log, src.id).await
+}
+
+async fn touch_stats(client: &Client, touch_log: &TableName, id: i16) -> Result<DirtyStats> {
     let sql = format!(
         "SELECT COUNT(*), COALESCE(MIN(changed_at), 0) FROM {} WHERE source_id = $1 AND flushed_at = 0",
-        src.touch_log.quoted()
+        touch_log.quoted()
     );
     let row = timed(
         TIMEOUT,
         "read lakecdc_touch stats",
-        client.query_one(&sql, &[&src.id]),
+        client.query_one(&sql, &[&id]),
     )
     .await?;
     Ok(DirtyStats {
@@ -350,20 +357,7 @@ pub async fn dirty_of_id(client: &Client, tables: &Tables, id: i16) -> Result<Di
         return super::stats::dirty(client, &tables.change_log, id).await;
     }
     let (_, touch_log) = qualified_tables(client, tables).await?;
-    let sql = format!(
-        "SELECT COUNT(*), COALESCE(MIN(changed_at), 0) FROM {} WHERE source_id = $1 AND flushed_at = 0",
-        touch_log.quoted()
-    );
-    let row = timed(
-        TIMEOUT,
-        "read lakecdc_touch stats",
-        client.query_one(&sql, &[&id]),
-    )
-    .await?;
-    Ok(DirtyStats {
-        count: row.get(0),
-        oldest_changed_at: row.get(1),
-    })
+    touch_stats(client, &touch_log, id).await
 }
 
 /// Where the next batch starts: after this slot.
@@ -480,15 +474,7 @@ pub async fn record(
     src: &TableSource,
     clear_needs_init: Option<Option<i64>>,
 ) -> Result<()> {
-    let columns = serde_json::Value::Array(
-        src.columns
-            .iter()
-            .map(|c| {
-                serde_json::json!({"name": c.name, "pg_type": c.pg_type, "lake_type": c.lake_type, "lake_name": c.lake_name})
-            })
-            .collect(),
-    )
-    .to_string();
+    let columns = super::capture::columns_json(&src.columns).to_string();
     let sql = match clear_needs_init {
         None => format!(
             "UPDATE {} SET columns = $2::text::jsonb WHERE source_id = $1",
@@ -621,19 +607,9 @@ impl<'a> VersionRead<'a> {
         .map(|r| r.try_get::<_, Uuid>(0).map(|u| u.as_u128()))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(Error::postgres("read dirty row ids"))?;
-        let row_id = row_id_expr(src.id, &src.key, "s");
-        let order = match RowIdRule::of(&src.key) {
-            RowIdRule::Key | RowIdRule::Integer => format!("s.{}", ident(&src.key[0].name)),
-            RowIdRule::Hashed => "1".to_string(),
-        };
         let declare = format!(
-            "DECLARE lakecdc_versions NO SCROLL CURSOR FOR \
-             SELECT {row_id}, COALESCE((SELECT max(p.changed_at) FROM {touch} p \
-                                         WHERE p.source_id = {id} AND p.row_id = {row_id}), 0) \
-             FROM {table} s ORDER BY {order}",
-            touch = src.touch_log.quoted(),
-            id = src.id,
-            table = src.table.quoted(),
+            "DECLARE lakecdc_versions NO SCROLL CURSOR FOR {}",
+            src.versions_sql("")
         );
         timed(
             TIMEOUT,
