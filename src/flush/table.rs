@@ -1,10 +1,11 @@
 //! Flush of a table source (docs/design.md §9.2): the same per-batch steps as a schema's —
 //! read, write the local file, stage, commit, mark — over `lakecdc_touch` and the table.
-//! A batch is the oldest `batch_size` dirty slots after a keyset cursor, each live one joined
-//! to its row through the primary key in the same statement, so the file holds exactly the
-//! versions selected; the mark sets `flushed_at` only where the version is still the one
-//! exported. A source truncated since its last init, or with a column whose type changed,
-//! is refused until `init`.
+//! One snapshot reads the source's pending touches folded per row, each live row joined to
+//! its table row through the primary key in the same statement, a batch at a time through a
+//! cursor in `row_id` order (the run's files have disjoint ranges); the versions it hands out
+//! are reserved (the source's floor raised) before the first publish, and the mark deletes
+//! exactly the touches each published batch was read from. A source truncated since its last
+//! init, or with a column whose type changed, is refused until `init`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,8 +13,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    PendingMark, Publisher, SchemaReport, due, next_flushed_at, settle_mark, step_done, stopped,
-    under_lock,
+    PendingMark, Publisher, SchemaReport, due, settle_mark, step_done, stopped, under_lock,
 };
 use crate::engine;
 use crate::error::{Error, Result};
@@ -21,7 +21,7 @@ use crate::lake::{footer, owner};
 use crate::report::FileReport;
 use crate::source::registry::Registered;
 use crate::source::snapshot;
-use crate::source::table_source;
+use crate::source::table_source::{self, ReadKind, TableSource};
 
 /// Flushes table source `reg` under its lock.
 pub(super) async fn flush(p: &Publisher<'_>, reg: &Registered) -> SchemaReport {
@@ -43,7 +43,7 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     snapshot::tune_for_lookups(&client).await?;
     let src = table_source::load(&client, &ctx.tables, p.schema_id).await?;
     let dirty = table_source::dirty(&client, &src).await?;
-    // Refused even with nothing dirty: after a TRUNCATE (which records no slot) the lake still
+    // Refused even with nothing pending: after a TRUNCATE (which records no touch) the lake still
     // shows the rows it removed.
     if let Err(e) = src.check_flushable() {
         report.dirty_rows = dirty.count;
@@ -61,21 +61,40 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     }
     let started = Instant::now();
     let src = Arc::new(src);
-    let reader = Arc::new(client);
-    let limit = opts.batch_size;
-    // The next batch is read on the first connection while the current one is written and
-    // published; each mark runs on a second connection while the next batch is exported (at
-    // most one in flight). Batches are still committed and marked in selection order.
-    let read = |cursor| {
-        let (reader, src) = (reader.clone(), src.clone());
+    let reader = Arc::new(
+        table_source::SnapshotRead::open(Arc::new(client), src.clone(), ReadKind::Flush).await?,
+    );
+    let result = drain(p, &src, &reader, &mut ownership, started, report).await;
+    // Read-only: closing (or dropping the connection on an error) leaves what was not marked
+    // pending.
+    let closed = reader.close().await;
+    result.and(closed)
+}
+
+/// Exports the read batch by batch: the next batch is read on the read's connection while the
+/// current one is written and published; each mark runs on a second connection while the
+/// next batch is exported (at most one in flight). Batches are committed and marked in
+/// `row_id` order.
+async fn drain(
+    p: &Publisher<'_>,
+    src: &Arc<TableSource>,
+    reader: &Arc<table_source::SnapshotRead>,
+    ownership: &mut owner::Ownership,
+    started: Instant,
+    report: &mut SchemaReport,
+) -> Result<()> {
+    let (ctx, opts) = (p.ctx, p.opts);
+    let limit = usize::try_from(opts.batch_size.max(1)).unwrap_or(usize::MAX);
+    let read = || {
+        let reader = reader.clone();
         Guarded(tokio::spawn(async move {
             let t = Instant::now();
-            let batch = table_source::read_batch(&reader, &src, cursor, limit).await;
+            let batch = reader.page(limit).await;
             step_done("read table batch", t);
             batch
         }))
     };
-    let mut next = Some(read(None));
+    let mut next = Some(read());
     let mut marker: Option<Arc<tokio_postgres::Client>> = None;
     let mut pending: Option<PendingMark> = None;
     let result = async {
@@ -96,15 +115,15 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
             if n == 0 {
                 break;
             }
-            if n >= usize::try_from(limit).unwrap_or(usize::MAX) {
-                next = Some(read(batch.next));
+            if n >= limit {
+                next = Some(read());
             }
             report.batches += 1;
             if batch.gone > 0 {
                 tracing::warn!(
                     schema = %src.name,
                     rows = batch.gone,
-                    "dirty rows no longer in the table (written while detached, or truncated): exported as deleted"
+                    "touched rows no longer in the table (written while detached, or truncated): exported as deleted"
                 );
             }
             if opts.dry_run {
@@ -116,21 +135,22 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
                 report.rows_exported += n as u64;
                 continue;
             }
-            export(p, &batch, &mut ownership, report).await?;
-            settle_mark(pending.take(), report).await?;
             let m = match &marker {
                 Some(m) => m.clone(),
                 None => {
                     let c = ctx.connector.connect().await?;
                     snapshot::tune_for_lookups(&c).await?;
+                    // The versions this run hands out are reserved before anything is published.
+                    reader.reserve(&c).await?;
                     marker.insert(Arc::new(c)).clone()
                 }
             };
-            let flushed_at = next_flushed_at(ctx.clock.now_ms());
+            export(p, &batch, ownership, report).await?;
+            settle_mark(pending.take(), report).await?;
             let src = src.clone();
             pending = Some(tokio::spawn(async move {
                 let t = Instant::now();
-                let marked = table_source::mark(&m, &src, flushed_at, &batch.versions).await?;
+                let marked = table_source::mark(&m, &src, &batch.touches).await?;
                 step_done("mark", t);
                 Ok((marked, batch.versions.len() as u64))
             }));

@@ -1,7 +1,7 @@
 //! Init of a table source (docs/design.md §9.2): every row of the table, read in ONE snapshot
 //! through a cursor in `row_id` order (the key's own order for a uuid or integer key; a sort
-//! for a hashed one), each with its latest recorded version (0 when the row predates the
-//! capture), cut into base files with disjoint ranges, uploaded, and listed in one save that
+//! for a hashed one), all with one version above every version the source exported before
+//! (reserved before the save, docs/design.md §9.2), cut into base files with disjoint ranges, uploaded, and listed in one save that
 //! replaces the base tier and the inventoried deltas. After the save the source's columns are
 //! recorded as exported and its truncate mark cleared — unless a `TRUNCATE` came after the
 //! snapshot, which keeps it.
@@ -20,7 +20,7 @@ use crate::job::Context;
 use crate::lake::manifest::FileEntry;
 use crate::lake::{SourceGuard, footer, owner};
 use crate::source::lock::SchemaLock;
-use crate::source::table_source::{self, InitRead, TableSource};
+use crate::source::table_source::{self, ReadKind, SnapshotRead, TableSource};
 
 /// A file is also cut once its staged rows hold this much Arrow memory.
 const STAGED_BYTES: usize = 96 * 1024 * 1024;
@@ -36,8 +36,9 @@ pub(super) async fn export(
     out: &mut SchemaInit,
 ) -> Result<()> {
     let client = ctx.connector.connect().await?;
-    let src = table_source::load(&client, &ctx.tables, lock.schema_id()).await?;
-    let read = InitRead::open(&client, &src).await?;
+    let src =
+        std::sync::Arc::new(table_source::load(&client, &ctx.tables, lock.schema_id()).await?);
+    let read = SnapshotRead::open(std::sync::Arc::new(client), src.clone(), ReadKind::Init).await?;
     if opts.dry_run {
         out.live_rows = read.rows;
         let per_file = opts.max_file_rows.max(1);
@@ -48,7 +49,18 @@ pub(super) async fn export(
     let seen = read.needs_init_at;
     let expected = u64::try_from(read.rows).unwrap_or(0);
     let mut keys = Vec::new();
-    let written = write_files(ctx, opts, &src, &read, expected, &mut keys, out).await;
+    // A second connection: the read's is read-only.
+    let writer = match ctx.connector.connect().await {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = read.close().await;
+            return Err(e);
+        }
+    };
+    let written = match read.reserve(&writer).await {
+        Ok(()) => write_files(ctx, opts, &src, &read, expected, &mut keys, out).await,
+        Err(e) => Err(e),
+    };
     let closed = read.close().await;
     let entries = match written.and_then(|e| closed.map(|()| e)) {
         Ok(e) => e,
@@ -60,7 +72,7 @@ pub(super) async fn export(
     };
     publish(ctx, source, lock, ownership, deltas, entries, out).await?;
     // The lake now holds the table as the snapshot saw it, with today's column types.
-    table_source::record(&client, &src, Some(seen)).await
+    table_source::record(&writer, &src, Some(seen)).await
 }
 
 /// Reads every page and writes and uploads a base file per `max_file_rows` rows (or
@@ -69,7 +81,7 @@ async fn write_files(
     ctx: &Context,
     opts: &InitOptions,
     src: &TableSource,
-    read: &InitRead<'_>,
+    read: &SnapshotRead,
     expected: u64,
     keys: &mut Vec<String>,
     out: &mut SchemaInit,
@@ -86,7 +98,8 @@ async fn write_files(
         let staged_rows: usize = staged.iter().map(RecordBatch::num_rows).sum();
         let page = read
             .page(page_rows.min(file_rows.saturating_sub(staged_rows).max(1)))
-            .await?;
+            .await?
+            .rows;
         let end = page.num_rows() == 0;
         if !end {
             staged.push(page);

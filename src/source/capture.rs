@@ -1,16 +1,18 @@
-//! Change capture of a table source (docs/design.md §9): the DDL `lakecdc attach` runs in one
+//! Change capture of a table source (docs/design.md §9.1): the DDL `lakecdc attach` runs in one
 //! transaction and `--print-sql` prints. The registry of table sources (`lakecdc_sources`), the
-//! touch log (`lakecdc_touch`, `change_log`'s shape and dirty index) and, per table, one
-//! trigger function with statement-level `AFTER INSERT / UPDATE / DELETE` triggers over
-//! transition tables (one upsert per statement, whatever its row count) and a `TRUNCATE`
-//! trigger that records that the source needs `init`.
+//! touch log (`lakecdc_touch`, an append-only table without an index, and its statement
+//! sequence) and, per table, one trigger function with statement-level `AFTER INSERT / UPDATE /
+//! DELETE` triggers over transition tables (one insert per statement, whatever its row count)
+//! and a `TRUNCATE` trigger that records that the source needs `init`.
 //!
-//! Each touched row's dirty slot gets `changed_at = GREATEST(now_ms, every recorded version of
-//! the row + 1)`; a deleted row's slot is a tombstone (`deleted_at = now_ms`). An `UPDATE` is
-//! the set of keys it leaves (tombstones) and the set it writes (live): a primary-key update is
-//! a delete of the old key and an insert of the new one. The function is `SECURITY DEFINER`
-//! with a pinned `search_path` and names every object fully qualified, so the application's
-//! roles need no grant on the touch log and cannot redirect what the trigger writes.
+//! Each statement appends one touch per touched row: the row's `row_id`, the statement's
+//! sequence number and clock time, whether the row is gone, and (for a hashed key) the key. An
+//! `UPDATE` is the set of keys it leaves (gone) and the set it writes (live): a primary-key
+//! update is a delete of the old key and an insert of the new one. Nothing is looked up and no
+//! index is maintained on the application's path: flush folds the touches of a row into one
+//! version (docs/design.md §9.2). The function is `SECURITY DEFINER` with a pinned
+//! `search_path` and names every object fully qualified, so the application's roles need no
+//! grant on the touch log and cannot redirect what the trigger writes.
 
 use crate::config::{TableName, quote_ident as ident};
 
@@ -110,30 +112,35 @@ fn literal(s: &str) -> String {
 /// The `CREATE TABLE` of the table sources' registry.
 pub fn sources_ddl(sources: &TableName) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT PRIMARY KEY,\n    name TEXT UNIQUE NOT NULL,\n    kind TEXT NOT NULL DEFAULT 'table' CHECK (kind = 'table'),\n    table_schema TEXT NOT NULL,\n    table_name TEXT NOT NULL,\n    key_columns TEXT[] NOT NULL,\n    excluded_columns TEXT[] NOT NULL DEFAULT '{{}}',\n    columns JSONB NOT NULL DEFAULT '[]',\n    attached_at BIGINT NOT NULL,\n    needs_init_at BIGINT,\n    UNIQUE (table_schema, table_name)\n)",
+        "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT PRIMARY KEY,\n    name TEXT UNIQUE NOT NULL,\n    kind TEXT NOT NULL DEFAULT 'table' CHECK (kind = 'table'),\n    table_schema TEXT NOT NULL,\n    table_name TEXT NOT NULL,\n    key_columns TEXT[] NOT NULL,\n    excluded_columns TEXT[] NOT NULL DEFAULT '{{}}',\n    columns JSONB NOT NULL DEFAULT '[]',\n    attached_at BIGINT NOT NULL,\n    needs_init_at BIGINT,\n    version_floor BIGINT NOT NULL DEFAULT 0,\n    UNIQUE (table_schema, table_name)\n)",
         sources.quoted()
     )
 }
 
-/// The touch log's `CREATE TABLE` and its dirty index: `change_log`'s shape plus the row's key
-/// as JSON (`key`, NULL when the key is the `row_id`), so an export finds a derived `row_id`'s
-/// row through the primary key instead of scanning the table (docs/design.md §9). The dirty
-/// index is partial (`WHERE flushed_at = 0`): it holds only what flush selects, and the
-/// trigger's per-row version lookup can only take the primary key — with a full
-/// `(source_id, flushed_at, changed_at)` index the planner may walk every slot of the source
-/// for each row of a bulk statement on a freshly vacuumed, "empty" touch log.
+/// The touch log's `CREATE TABLE` and the sequence that numbers statements. One row per
+/// touched row per statement: `seq` orders a row's touches (statements on one row are
+/// serialized by its lock, so a later one draws a larger number), `touched_at` is the
+/// statement's clock time in ms, `deleted` whether the statement left the row gone, `key` the
+/// key as JSON (NULL when the `row_id` holds the key), so an export finds a derived `row_id`'s
+/// row through the primary key. No index: the application pays one heap append per touched
+/// row; flush reads a source's touches in one pass and deletes them by tuple address
+/// (docs/design.md §9.1). Vacuumed eagerly: it is a queue, emptied by every flush.
 pub fn touch_log_ddl(touch_log: &TableName) -> [String; 2] {
     [
         format!(
-            "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT NOT NULL,\n    row_id UUID NOT NULL,\n    flushed_at BIGINT NOT NULL DEFAULT 0,\n    changed_at BIGINT NOT NULL,\n    deleted_at BIGINT,\n    key JSONB,\n    PRIMARY KEY (source_id, row_id, flushed_at)\n)",
+            "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT NOT NULL,\n    seq BIGINT NOT NULL,\n    touched_at BIGINT NOT NULL,\n    row_id UUID NOT NULL,\n    deleted BOOLEAN NOT NULL,\n    key JSONB\n) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000)",
             touch_log.quoted()
         ),
         format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (source_id, changed_at, row_id) WHERE flushed_at = 0",
-            touch_log.derived("dirty_idx"),
-            touch_log.quoted()
+            "CREATE SEQUENCE IF NOT EXISTS {}",
+            touch_seq(touch_log).quoted()
         ),
     ]
+}
+
+/// The sequence numbering the capture's statements, beside the touch log.
+pub fn touch_seq(touch_log: &TableName) -> TableName {
+    touch_log.sibling(&format!("{}_seq", touch_log.name()))
 }
 
 /// The integer key types whose `row_id` encodes the key itself, in order.
@@ -216,23 +223,14 @@ impl Capture {
         ]
     }
 
-    /// The upsert of the dirty slots of the keys `touched` yields (`row_id`, `key`,
-    /// `deleted`), each key once (an `UPDATE`'s two sets are grouped first), in `row_id` order:
-    /// the order flush's mark locks slots in, so the two never deadlock.
-    fn upsert(&self, touched: &str) -> String {
-        let (t, id) = (self.touch_log.quoted(), self.source_id);
+    /// The append of the touches of the keys `touched` yields (`row_id`, `key`, `deleted`),
+    /// each key once (an `UPDATE`'s two sets are disjoint).
+    fn append(&self, touched: &str) -> String {
         format!(
-            "INSERT INTO {t} AS t (source_id, row_id, flushed_at, changed_at, deleted_at, key)
-        SELECT {id}, c.row_id, 0,
-               GREATEST(now_ms, COALESCE((SELECT max(p.changed_at) FROM {t} p
-                                          WHERE p.source_id = {id} AND p.row_id = c.row_id), 0) + 1),
-               CASE WHEN c.deleted THEN now_ms END,
-               c.key
-        FROM ({touched}) c
-        ORDER BY c.row_id
-        ON CONFLICT (source_id, row_id, flushed_at) DO UPDATE
-           SET changed_at = GREATEST(EXCLUDED.changed_at, t.changed_at + 1),
-               deleted_at = EXCLUDED.deleted_at;"
+            "INSERT INTO {t} (source_id, seq, touched_at, row_id, deleted, key)
+        SELECT {id}, stmt_seq, now_ms, c.row_id, c.deleted, c.key FROM ({touched}) c;",
+            t = self.touch_log.quoted(),
+            id = self.source_id,
         )
     }
 
@@ -284,15 +282,19 @@ impl Capture {
         );
         let function = format!(
             "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $lakecdc$
--- lakecdc change capture of {table} as source {id} (docs/design.md §9).
+-- lakecdc change capture of {table} as source {id} (docs/design.md §9.1).
 DECLARE
     now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    stmt_seq bigint;
 BEGIN
     -- Fired only by the triggers on {table} (a role given EXECUTE could attach it elsewhere).
     IF TG_RELID <> {table_literal}::regclass THEN
         RAISE EXCEPTION 'lakecdc capture of source {id} fired by another table';
+    END IF;
+    IF TG_OP <> 'TRUNCATE' THEN
+        stmt_seq := nextval({seq_literal}::regclass);
     END IF;
     IF TG_OP = 'INSERT' THEN
         {insert}
@@ -311,13 +313,14 @@ $lakecdc$",
             table_literal = literal(&self.table.quoted()),
             id = self.source_id,
             sources = self.sources.quoted(),
-            insert = self.upsert(&new_keys),
+            seq_literal = literal(&touch_seq(&self.touch_log).quoted()),
+            insert = self.append(&new_keys),
             // The keys written are live; the keys left (a key update) are tombstones.
-            update = self.upsert(&format!(
+            update = self.append(&format!(
                 "{new_keys} UNION ALL {old_keys} WHERE {}",
                 self.left_keys()
             )),
-            delete = self.upsert(&old_keys),
+            delete = self.append(&old_keys),
         );
         // Only the triggers call it: no role may attach it to a table of its own.
         let revoke = format!(
@@ -372,7 +375,7 @@ $lakecdc$",
     }
 
     /// Every statement of an attach, in order: the registry of sources, the touch log and its
-    /// index, the source's row, the function and the triggers.
+    /// sequence, the source's row, the function and the triggers.
     pub fn attach_statements(&self, attached_at: i64) -> Vec<String> {
         let mut out = vec![sources_ddl(&self.sources)];
         out.extend(touch_log_ddl(&self.touch_log));
@@ -500,10 +503,12 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("CREATE OR REPLACE FUNCTION \"shop\".\"lakecdc_capture_103\"()"));
+        assert!(s.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp\n"));
         assert!(s.contains(
-            "SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_seqscan = off"
+            "INSERT INTO \"public\".\"lakecdc_touch\" (source_id, seq, touched_at, row_id, deleted, key)"
         ));
-        assert!(s.contains("INSERT INTO \"public\".\"lakecdc_touch\" AS t"));
+        assert!(s.contains("stmt_seq := nextval('\"public\".\"lakecdc_touch_seq\"'::regclass);"));
+        assert!(s.contains("CREATE SEQUENCE IF NOT EXISTS \"public\".\"lakecdc_touch_seq\""));
         assert!(s.contains("ARRAY['secret''s']::text[]"), "{s}");
         assert!(
             s.contains("NULL::jsonb AS key"),

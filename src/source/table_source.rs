@@ -1,10 +1,12 @@
 //! Exporting a table source (docs/design.md §9.2): its record in `lakecdc_sources` with the
 //! table's current shape, whether it may be exported (not truncated since its last `init`, no
-//! column type changed), its dirty slots in `lakecdc_touch`, one flush batch — the oldest dirty
-//! slots after a keyset cursor and each live slot's row, read by the primary key in the SAME
-//! statement (one snapshot) — the exact-version mark, and init's read of every row in one
-//! snapshot through a cursor.
+//! column type changed), its pending touches in `lakecdc_touch`, flush's read — the touches
+//! folded per row and each live row read by the primary key in the SAME statement, one
+//! snapshot, through a cursor — the versions it hands out (never below the source's floor,
+//! which is raised before anything is published), the mark that deletes exactly the touches
+//! read, and init's read of every row in one snapshot.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
@@ -229,64 +231,61 @@ impl TableSource {
             .join(", ")
     }
 
-    /// One batch: the oldest `$n` dirty slots after the cursor `($2, $3)` (none on the first
-    /// batch), each live one joined to its row, in `row_id` order. The dirty index holds
-    /// `(source_id, changed_at, row_id)`, so the cursor and the order are read from it: a batch
-    /// costs its own slots, even when a bulk statement gave a million slots one version.
-    fn batch_sql(&self, first: bool) -> String {
-        let (cursor, limit) = if first {
-            ("", "$2")
-        } else {
-            (" AND (changed_at, row_id) > ($2, $3)", "$4")
-        };
+    /// Flush's read: the source's touches folded per row — the latest touch time, whether the
+    /// latest touch left the row gone, its key, and every touch's address and sequence number
+    /// (for the mark) — each live row joined to its table row through the primary key, in
+    /// `row_id` order. One statement: the payload is the selection's snapshot.
+    fn flush_sql(&self) -> String {
         format!(
-            "SELECT t.row_id, t.changed_at, COALESCE(t.deleted_at, 0), s.{k} IS NULL, {payload} \
-             FROM (SELECT row_id, changed_at, deleted_at, key FROM {touch} \
-                   WHERE source_id = $1 AND flushed_at = 0{cursor} \
-                   ORDER BY changed_at, row_id LIMIT {limit}) t \
-             LEFT JOIN {table} s ON t.deleted_at IS NULL AND {on} \
+            "SELECT t.row_id, t.touched_at, t.deleted, s.{k} IS NULL, t.tids, t.seqs, {payload} \
+             FROM (SELECT row_id, max(touched_at) AS touched_at, \
+                          (array_agg(deleted ORDER BY seq DESC))[1] AS deleted, \
+                          (array_agg(key ORDER BY seq DESC))[1] AS key, \
+                          array_agg(ctid) AS tids, array_agg(seq) AS seqs \
+                   FROM {touch} WHERE source_id = {id} GROUP BY row_id) t \
+             LEFT JOIN {table} s ON NOT t.deleted AND {on} \
              ORDER BY t.row_id",
             k = ident(&self.key[0].name),
             payload = self.payload(),
             touch = self.touch_log.quoted(),
+            id = self.id,
             table = self.table.quoted(),
             on = self.key_match(),
         )
     }
 
-    /// Every row of the table (`s`): its `row_id`, its latest recorded version (0 when none
-    /// was ever recorded: the row predates the capture), then `rest`, in `row_id` order (the
-    /// key's own order for a uuid or integer key).
-    fn versions_sql(&self, rest: &str) -> String {
+    /// Every row of the table (`s`): its `row_id`, then `rest`, in `row_id` order (the key's
+    /// own order for a uuid or integer key).
+    fn rows_sql(&self, rest: &str) -> String {
         let row_id = row_id_expr(self.id, &self.key, "s");
         let order = match RowIdRule::of(&self.key) {
             RowIdRule::Key | RowIdRule::Integer => format!("s.{}", ident(&self.key[0].name)),
             RowIdRule::Hashed => "1".to_string(),
         };
         format!(
-            "SELECT {row_id}, COALESCE((SELECT max(p.changed_at) FROM {touch} p \
-                                        WHERE p.source_id = {id} AND p.row_id = {row_id}), 0){rest} \
-             FROM {table} s ORDER BY {order}",
-            touch = self.touch_log.quoted(),
-            id = self.id,
+            "SELECT {row_id}{rest} FROM {table} s ORDER BY {order}",
             table = self.table.quoted(),
         )
     }
 
-    /// Init's rows: [`Self::versions_sql`] with the payload, as a batch reads it.
+    /// Init's rows: [`Self::rows_sql`] in the shape of [`Self::flush_sql`]'s (no touch time:
+    /// every row takes the read's floor).
     fn init_sql(&self) -> String {
-        self.versions_sql(&format!(", 0::int8, false, {}", self.payload()))
+        self.rows_sql(&format!(
+            ", 0::int8, false, false, NULL::tid[], NULL::int8[], {}",
+            self.payload()
+        ))
     }
 }
 
-/// The table sources flush has work on: a dirty slot, or a truncate mark (flush must say the
-/// lake no longer follows the table, even with nothing dirty: a `TRUNCATE` records no slot).
+/// The table sources flush has work on: a pending touch, or a truncate mark (flush must say the
+/// lake no longer follows the table, even with nothing pending: a `TRUNCATE` records no touch).
 pub async fn dirty_sources(client: &Client, tables: &Tables) -> Result<Vec<i16>> {
     let mut out = Vec::new();
     let (sources, touch_log) = qualified_tables(client, tables).await?;
     for (id, _) in list(client, tables).await? {
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE source_id = $1 AND flushed_at = 0) \
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE source_id = $1) \
                  OR EXISTS (SELECT 1 FROM {} WHERE source_id = $1 AND needs_init_at IS NOT NULL)",
             touch_log.quoted(),
             sources.quoted()
@@ -328,14 +327,14 @@ pub fn row_id_range(batches: &[RecordBatch]) -> Result<Option<(Uuid, Uuid)>> {
     Ok(Some((id(first, 0)?, id(last, last.num_rows() - 1)?)))
 }
 
-/// The source's dirty slots: how many, and the oldest version.
+/// The source's pending rows: how many rows have a touch, and the oldest touch time.
 pub async fn dirty(client: &Client, src: &TableSource) -> Result<DirtyStats> {
     touch_stats(client, &src.touch_log, src.id).await
 }
 
 async fn touch_stats(client: &Client, touch_log: &TableName, id: i16) -> Result<DirtyStats> {
     let sql = format!(
-        "SELECT COUNT(*), COALESCE(MIN(changed_at), 0) FROM {} WHERE source_id = $1 AND flushed_at = 0",
+        "SELECT COUNT(DISTINCT row_id), COALESCE(MIN(touched_at), 0) FROM {} WHERE source_id = $1",
         touch_log.quoted()
     );
     let row = timed(
@@ -350,7 +349,7 @@ async fn touch_stats(client: &Client, touch_log: &TableName, id: i16) -> Result<
     })
 }
 
-/// The dirty slots of id `id`, a schema's (`change_log`) or a table source's
+/// The pending rows of id `id`, a schema's (`change_log`) or a table source's
 /// (`lakecdc_touch`), for the reports that show every source alike (inspect, metrics).
 pub async fn dirty_of_id(client: &Client, tables: &Tables, id: i16) -> Result<DirtyStats> {
     if !list(client, tables).await?.iter().any(|(i, _)| *i == id) {
@@ -360,110 +359,218 @@ pub async fn dirty_of_id(client: &Client, tables: &Tables, id: i16) -> Result<Di
     touch_stats(client, &touch_log, id).await
 }
 
-/// Where the next batch starts: after this slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cursor {
-    changed_at: i64,
-    row_id: Uuid,
+/// The touches a batch was read from, for the mark: each one's address, row and sequence
+/// number.
+#[derive(Debug, Default)]
+pub struct Touches {
+    tids: Vec<Tid>,
+    row_ids: Vec<Uuid>,
+    seqs: Vec<i64>,
 }
 
-/// One batch of a table source.
+/// One page of a [`SnapshotRead`].
 #[derive(Debug)]
 pub struct Batch {
-    /// The lake rows, in `row_id` order (empty when no slot was dirty).
+    /// The lake rows, in `row_id` order (empty at the end of the read).
     pub rows: RecordBatch,
-    /// The version exported per row, for the mark.
+    /// The version exported per row.
     pub versions: Vec<Selected>,
-    /// Live slots whose row the table no longer holds (a `TRUNCATE`, writes while detached):
-    /// exported as tombstones, since that is the table's state.
+    /// The touches read (none for init's read).
+    pub touches: Touches,
+    /// Live rows the table no longer holds (a `TRUNCATE`, writes while detached): exported
+    /// as tombstones, since that is the table's state.
     pub gone: u64,
-    /// Where the next batch starts.
-    pub next: Option<Cursor>,
 }
 
-/// Reads the next batch of at most `limit` slots after `after`: slots and rows in one
-/// statement, hence one snapshot.
-pub async fn read_batch(
-    client: &Client,
-    src: &TableSource,
-    after: Option<Cursor>,
-    limit: i64,
-) -> Result<Batch> {
-    let sql = src.batch_sql(after.is_none());
-    let rows = match after {
-        None => {
-            timed(
-                TIMEOUT,
-                "read a table batch",
-                client.query(&sql, &[&src.id, &limit]),
-            )
-            .await?
-        }
-        Some(c) => {
-            timed(
-                TIMEOUT,
-                "read a table batch",
-                client.query(&sql, &[&src.id, &c.changed_at, &c.row_id, &limit]),
-            )
-            .await?
-        }
-    };
-    let mut builder = RowsBuilder::new(src.id, &src.columns, rows.len());
-    let mut versions = Vec::with_capacity(rows.len());
-    let (mut gone, mut next) = (0, after);
-    for r in &rows {
-        let column = |c: &'static str| Error::postgres(format!("read a table batch: {c}"));
-        let row_id: Uuid = r.try_get(0).map_err(column("row_id"))?;
-        let changed_at: i64 = r.try_get(1).map_err(column("changed_at"))?;
-        let mut deleted_at: i64 = r.try_get(2).map_err(column("deleted_at"))?;
-        let absent: bool = r.try_get(3).map_err(column("row"))?;
-        if deleted_at == 0 && absent {
-            gone += 1;
-            deleted_at = changed_at;
-        }
-        builder.push(row_id, changed_at, deleted_at, r, 4)?;
-        versions.push(Selected {
-            row_id,
-            changed_at,
-            tid: Tid::default(),
-        });
-        let here = Cursor { changed_at, row_id };
-        if next.is_none_or(|n| (n.changed_at, n.row_id) < (changed_at, row_id)) {
-            next = Some(here);
-        }
+/// What a [`SnapshotRead`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadKind {
+    /// Flush: the pending touches, folded per row.
+    Flush,
+    /// Init: every row of the table.
+    Init,
+}
+
+/// One snapshot of a table source read a page at a time through a cursor (bounded memory
+/// whatever the backlog or table): flush's or init's. It hands out versions: a row's is its
+/// latest touch time, never below the floor the source recorded (so it beats every version an
+/// earlier run exported, whatever the clock did); init's rows all take
+/// `max(floor, latest touch, now)`. Before anything read is published, [`Self::reserve`]
+/// raises the recorded floor above every version this read hands out (docs/design.md §9.2).
+pub struct SnapshotRead {
+    client: Arc<Client>,
+    src: Arc<TableSource>,
+    floor: i64,
+    top: i64,
+    /// `needs_init_at` as the snapshot saw it.
+    pub needs_init_at: Option<i64>,
+    /// Init: the table's rows when the snapshot was taken (for progress and the dry run).
+    pub rows: i64,
+}
+
+impl SnapshotRead {
+    /// Opens the snapshot and the cursor.
+    pub async fn open(client: Arc<Client>, src: Arc<TableSource>, kind: ReadKind) -> Result<Self> {
+        timed(
+            TIMEOUT,
+            "begin a table source read",
+            client.batch_execute(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; \
+                 SET LOCAL idle_in_transaction_session_timeout = 0; \
+                 SET LOCAL work_mem = '64MB'; SET LOCAL cursor_tuple_fraction = 1.0",
+            ),
+        )
+        .await?;
+        let rows = match kind {
+            ReadKind::Flush => "0::int8".to_string(),
+            ReadKind::Init => format!("(SELECT count(*) FROM {})", src.table.quoted()),
+        };
+        let seen = format!(
+            "SELECT version_floor, needs_init_at, \
+                    (SELECT max(touched_at) FROM {touch} WHERE source_id = $1), {rows}, \
+                    (extract(epoch FROM statement_timestamp()) * 1000)::int8 \
+             FROM {sources} WHERE source_id = $1",
+            touch = src.touch_log.quoted(),
+            sources = src.sources.quoted()
+        );
+        let row = timed(
+            TIMEOUT,
+            "read the source in the snapshot",
+            client.query_one(&seen, &[&src.id]),
+        )
+        .await?;
+        let column = |c: &'static str| Error::postgres(format!("read lakecdc_sources: {c}"));
+        let recorded: i64 = row.try_get(0).map_err(column("version_floor"))?;
+        let needs_init_at: Option<i64> = row.try_get(1).map_err(column("needs_init_at"))?;
+        let touched: Option<i64> = row.try_get(2).map_err(column("touched_at"))?;
+        let rows: i64 = row.try_get(3).map_err(column("rows"))?;
+        let now: i64 = row.try_get(4).map_err(column("now"))?;
+        let top = recorded.max(touched.unwrap_or(0)).max(1);
+        let (floor, top) = match kind {
+            ReadKind::Flush => (recorded.max(1), top),
+            ReadKind::Init => (top.max(now), top.max(now)),
+        };
+        let sql = match kind {
+            ReadKind::Flush => src.flush_sql(),
+            ReadKind::Init => src.init_sql(),
+        };
+        timed(
+            TIMEOUT,
+            "open the read cursor",
+            client.batch_execute(&format!("DECLARE lakecdc_read NO SCROLL CURSOR FOR {sql}")),
+        )
+        .await?;
+        Ok(Self {
+            client,
+            src,
+            floor,
+            top,
+            needs_init_at,
+            rows,
+        })
     }
-    Ok(Batch {
-        rows: builder.finish()?,
-        versions,
-        gone,
-        next,
-    })
+
+    /// Raises the source's recorded floor above every version this read hands out, on
+    /// `client` (not the read's own, read-only, connection). Runs before the first publish:
+    /// a run that stops after it only skips versions.
+    pub async fn reserve(&self, client: &Client) -> Result<()> {
+        let sql = format!(
+            "UPDATE {} SET version_floor = GREATEST(version_floor, $2) WHERE source_id = $1",
+            self.src.sources.quoted()
+        );
+        timed(
+            TIMEOUT,
+            "raise the version floor",
+            client.execute(&sql, &[&self.src.id, &(self.top + 1)]),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The next page of at most `rows` rows (empty at the end).
+    pub async fn page(&self, rows: usize) -> Result<Batch> {
+        let fetched = timed(
+            TIMEOUT,
+            "read a table source page",
+            self.client
+                .query(&format!("FETCH FORWARD {rows} FROM lakecdc_read"), &[]),
+        )
+        .await?;
+        let mut builder = RowsBuilder::new(self.src.id, &self.src.columns, fetched.len());
+        let mut versions = Vec::with_capacity(fetched.len());
+        let mut touches = Touches::default();
+        let mut gone = 0;
+        for r in &fetched {
+            let column =
+                |c: &'static str| Error::postgres(format!("read a table source page: {c}"));
+            let row_id: Uuid = r.try_get(0).map_err(column("row_id"))?;
+            let touched_at: i64 = r.try_get(1).map_err(column("touched_at"))?;
+            let deleted: bool = r.try_get(2).map_err(column("deleted"))?;
+            let absent: bool = r.try_get(3).map_err(column("row"))?;
+            let tids: Option<Vec<Tid>> = r.try_get(4).map_err(column("tids"))?;
+            let seqs: Option<Vec<i64>> = r.try_get(5).map_err(column("seqs"))?;
+            let version = touched_at.max(self.floor);
+            if !deleted && absent {
+                gone += 1;
+            }
+            let deleted_at = if deleted || absent { version } else { 0 };
+            builder.push(row_id, version, deleted_at, r, 6)?;
+            versions.push(Selected {
+                row_id,
+                changed_at: version,
+                tid: Tid::default(),
+            });
+            if let (Some(tids), Some(seqs)) = (tids, seqs) {
+                touches
+                    .row_ids
+                    .extend(std::iter::repeat_n(row_id, tids.len()));
+                touches.tids.extend(tids);
+                touches.seqs.extend(seqs);
+            }
+        }
+        Ok(Batch {
+            rows: builder.finish()?,
+            versions,
+            touches,
+            gone,
+        })
+    }
+
+    /// Ends the snapshot.
+    pub async fn close(&self) -> Result<()> {
+        timed(
+            TIMEOUT,
+            "end a table source read",
+            self.client.batch_execute("COMMIT"),
+        )
+        .await
+    }
 }
 
-/// The mark: `flushed_at = T` on each exported slot whose version is still the one exported,
-/// in `row_id` order (the order the capture upserts in, so the two never deadlock).
-pub async fn mark(
-    client: &Client,
-    src: &TableSource,
-    flushed_at: i64,
-    versions: &[Selected],
-) -> Result<u64> {
-    let mut sorted: Vec<&Selected> = versions.iter().collect();
-    sorted.sort_by_key(|v| v.row_id);
-    let ids: Vec<Uuid> = sorted.iter().map(|v| v.row_id).collect();
-    let at: Vec<i64> = sorted.iter().map(|v| v.changed_at).collect();
+/// The mark: deletes exactly the touches a published batch was read from, found by address
+/// and checked by row and sequence number (a touch moved since, by `VACUUM FULL`, stays: the
+/// row goes out again, the safe side). A touch written since the read is another tuple and
+/// stays pending. Returns the rows whose touches were deleted.
+pub async fn mark(client: &Client, src: &TableSource, touches: &Touches) -> Result<u64> {
     let sql = format!(
-        "UPDATE {} AS t SET flushed_at = $2 \
-         FROM unnest($3::uuid[], $4::int8[]) WITH ORDINALITY AS u(row_id, changed_at, n) \
-         WHERE t.source_id = $1 AND t.flushed_at = 0 AND t.row_id = u.row_id AND t.changed_at = u.changed_at",
+        "WITH d AS (DELETE FROM {} AS t \
+                    USING unnest($2::tid[], $3::uuid[], $4::int8[]) AS v(tid, row_id, seq) \
+                    WHERE t.ctid = v.tid AND t.source_id = $1 AND t.row_id = v.row_id AND t.seq = v.seq \
+                    RETURNING t.row_id) \
+         SELECT count(DISTINCT row_id) FROM d",
         src.touch_log.quoted()
     );
-    timed(
+    let marked: i64 = timed(
         TIMEOUT,
         "mark lakecdc_touch",
-        client.execute(&sql, &[&src.id, &flushed_at, &ids, &at]),
+        client.query_one(
+            &sql,
+            &[&src.id, &touches.tids, &touches.row_ids, &touches.seqs],
+        ),
     )
-    .await
+    .await?
+    .get(0);
+    Ok(u64::try_from(marked).unwrap_or(0))
 }
 
 /// Records the exported columns (a flush that sees a new column, an init) and, for an init,
@@ -495,154 +602,69 @@ pub async fn record(
     Ok(())
 }
 
-/// Init's read of a table source: every row in ONE snapshot, a page at a time through a
-/// cursor (bounded memory whatever the table's size).
-pub struct InitRead<'a> {
-    client: &'a Client,
-    src: &'a TableSource,
-    /// `needs_init_at` as the snapshot saw it.
-    pub needs_init_at: Option<i64>,
-    /// Rows in the table when the snapshot was taken (for progress and the dry run).
-    pub rows: i64,
-}
-
-impl<'a> InitRead<'a> {
-    /// Opens the snapshot and the cursor.
-    pub async fn open(client: &'a Client, src: &'a TableSource) -> Result<Self> {
-        timed(
-            TIMEOUT,
-            "begin init read",
-            client.batch_execute(
-                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL idle_in_transaction_session_timeout = 0",
-            ),
-        )
-        .await?;
-        let seen = format!(
-            "SELECT needs_init_at, (SELECT count(*) FROM {}) FROM {} WHERE source_id = $1",
-            src.table.quoted(),
-            src.sources.quoted()
-        );
-        let row = timed(
-            TIMEOUT,
-            "read the source in the snapshot",
-            client.query_one(&seen, &[&src.id]),
-        )
-        .await?;
-        let declare = format!(
-            "DECLARE lakecdc_init NO SCROLL CURSOR FOR {}",
-            src.init_sql()
-        );
-        timed(
-            TIMEOUT,
-            "open the init cursor",
-            client.batch_execute(&declare),
-        )
-        .await?;
-        Ok(Self {
-            client,
-            src,
-            needs_init_at: row.get(0),
-            rows: row.get(1),
-        })
-    }
-
-    /// The next page of at most `rows` rows (empty at the end).
-    pub async fn page(&self, rows: usize) -> Result<RecordBatch> {
-        let fetched = timed(
-            TIMEOUT,
-            "read an init page",
-            self.client
-                .query(&format!("FETCH FORWARD {rows} FROM lakecdc_init"), &[]),
-        )
-        .await?;
-        let mut builder = RowsBuilder::new(self.src.id, &self.src.columns, fetched.len());
-        for r in &fetched {
-            let column = |c: &'static str| Error::postgres(format!("read an init page: {c}"));
-            let row_id: Uuid = r.try_get(0).map_err(column("row_id"))?;
-            let changed_at: i64 = r.try_get(1).map_err(column("changed_at"))?;
-            builder.push(row_id, changed_at, 0, r, 4)?;
-        }
-        builder.finish()
-    }
-
-    /// Ends the snapshot.
-    pub async fn close(self) -> Result<()> {
-        timed(
-            TIMEOUT,
-            "end init read",
-            self.client.batch_execute("COMMIT"),
-        )
-        .await
-    }
-}
-
-/// `verify --source`'s read of a table source: in ONE snapshot, the dirty row ids, then every
-/// row's `(row_id, latest recorded version)` in `row_id` order, a page at a time.
-pub struct VersionRead<'a> {
+/// `verify --source`'s read of a table source: in ONE snapshot, the pending row ids, then
+/// every row's `row_id` in `row_id` order, a page at a time. The table keeps no version per
+/// row (the touches are deleted once exported): the lake's version is not compared.
+pub struct IdRead<'a> {
     client: &'a Client,
 }
 
-impl<'a> VersionRead<'a> {
-    /// Opens the snapshot, reads the dirty ids (sorted) and opens the cursor.
+impl<'a> IdRead<'a> {
+    /// Opens the snapshot, reads the pending ids (sorted) and opens the cursor.
     pub async fn open(client: &'a Client, src: &TableSource) -> Result<(Self, Vec<u128>)> {
         timed(
             TIMEOUT,
-            "begin version read",
+            "begin id read",
             client.batch_execute(
                 "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL idle_in_transaction_session_timeout = 0",
             ),
         )
         .await?;
         let sql = format!(
-            "SELECT row_id FROM {} WHERE source_id = $1 AND flushed_at = 0 ORDER BY row_id",
+            "SELECT DISTINCT row_id FROM {} WHERE source_id = $1 ORDER BY row_id",
             src.touch_log.quoted()
         );
         let dirty = timed(
             TIMEOUT,
-            "read dirty row ids",
+            "read pending row ids",
             client.query(&sql, &[&src.id]),
         )
         .await?
         .iter()
         .map(|r| r.try_get::<_, Uuid>(0).map(|u| u.as_u128()))
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(Error::postgres("read dirty row ids"))?;
+        .map_err(Error::postgres("read pending row ids"))?;
         let declare = format!(
-            "DECLARE lakecdc_versions NO SCROLL CURSOR FOR {}",
-            src.versions_sql("")
+            "DECLARE lakecdc_ids NO SCROLL CURSOR FOR {}",
+            src.rows_sql("")
         );
         timed(
             TIMEOUT,
-            "open the version cursor",
+            "open the id cursor",
             client.batch_execute(&declare),
         )
         .await?;
         Ok((Self { client }, dirty))
     }
 
-    /// The next page of at most `rows` `(row_id, version)` (empty at the end).
-    pub async fn page(&self, rows: usize) -> Result<Vec<(u128, i64)>> {
+    /// The next page of at most `rows` row ids (empty at the end).
+    pub async fn page(&self, rows: usize) -> Result<Vec<u128>> {
         let fetched = timed(
             TIMEOUT,
-            "read a version page",
+            "read an id page",
             self.client
-                .query(&format!("FETCH FORWARD {rows} FROM lakecdc_versions"), &[]),
+                .query(&format!("FETCH FORWARD {rows} FROM lakecdc_ids"), &[]),
         )
         .await?;
         fetched
             .iter()
-            .map(|r| Ok((r.try_get::<_, Uuid>(0)?.as_u128(), r.try_get::<_, i64>(1)?)))
+            .map(|r| Ok(r.try_get::<_, Uuid>(0)?.as_u128()))
             .collect::<std::result::Result<Vec<_>, tokio_postgres::Error>>()
-            .map_err(Error::postgres("read a version page"))
+            .map_err(Error::postgres("read an id page"))
     }
 
     /// Ends the snapshot.
     pub async fn close(self) -> Result<()> {
-        timed(
-            TIMEOUT,
-            "end version read",
-            self.client.batch_execute("COMMIT"),
-        )
-        .await
+        timed(TIMEOUT, "end id read", self.client.batch_execute("COMMIT")).await
     }
 }

@@ -40,14 +40,14 @@ async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get(0)
 }
 
-/// The touch log: row id → [(flushed_at, changed_at, deleted_at)], oldest slot first.
-type Touches = BTreeMap<Uuid, Vec<(i64, i64, Option<i64>)>>;
+/// The touch log: row id → [(seq, touched_at, deleted)], oldest touch first.
+type Touches = BTreeMap<Uuid, Vec<(i64, i64, bool)>>;
 
 async fn touches(client: &tokio_postgres::Client) -> Touches {
     let mut out: BTreeMap<Uuid, Vec<_>> = BTreeMap::new();
     for r in client
         .query(
-            "SELECT row_id, flushed_at, changed_at, deleted_at FROM lakecdc_touch ORDER BY row_id, changed_at",
+            "SELECT row_id, seq, touched_at, deleted FROM lakecdc_touch ORDER BY row_id, seq",
             &[],
         )
         .await
@@ -67,16 +67,14 @@ fn row_id(source_id: i16, id: i64) -> Uuid {
     Uuid::from_u128((u128::from(source_id as u16) << 112) | u128::from(flipped))
 }
 
-/// The dirty slot of a row: (changed_at, deleted_at).
-fn dirty(t: &Touches, id: Uuid) -> (i64, Option<i64>) {
-    let slots = &t[&id];
-    let d: Vec<_> = slots.iter().filter(|s| s.0 == 0).collect();
-    assert_eq!(d.len(), 1, "{slots:?}");
-    (d[0].1, d[0].2)
+/// The latest touch of a row: (seq, deleted).
+fn latest(t: &Touches, id: Uuid) -> (i64, bool) {
+    let last = t[&id].last().unwrap();
+    (last.0, last.2)
 }
 
 #[tokio::test]
-async fn statements_leave_one_dirty_slot_per_touched_row_and_a_key_update_moves_it() {
+async fn statements_append_one_touch_per_touched_row_and_a_key_update_moves_it() {
     let db = harness::examples_db().await;
     let client = db.client().await;
     client
@@ -98,18 +96,19 @@ async fn statements_leave_one_dirty_slot_per_touched_row_and_a_key_update_moves_
     assert!(touches(&client).await.is_empty(), "nothing before a write");
 
     let r: Vec<Uuid> = (1..=4).map(|i| row_id(102, i)).collect();
-    // One multi-row INSERT: one live slot per row.
+    // One multi-row INSERT: one live touch per row, all with the statement's number and time.
     client
         .batch_execute("INSERT INTO orders SELECT g, 'n', g FROM generate_series(2, 4) g")
         .await
         .unwrap();
     let t = touches(&client).await;
     assert_eq!(t.len(), 3);
+    let first = t[&r[1]][0];
     for id in &r[1..] {
-        assert_eq!(dirty(&t, *id).1, None);
+        assert_eq!(t[id], vec![first], "{t:?}");
     }
-    // Two updates of the same rows in one transaction: strictly increasing versions.
-    let before = dirty(&t, r[2]).0;
+    assert!(!first.2 && first.1 > 1_700_000_000_000, "{first:?}");
+    // Two updates of the same rows in one transaction: one touch each, in statement order.
     client
         .batch_execute(
             "BEGIN; UPDATE orders SET note = 'a' WHERE id IN (1, 3); UPDATE orders SET note = 'b' WHERE id = 3; COMMIT;",
@@ -117,40 +116,37 @@ async fn statements_leave_one_dirty_slot_per_touched_row_and_a_key_update_moves_
         .await
         .unwrap();
     let t = touches(&client).await;
-    assert!(dirty(&t, r[2]).0 >= before + 2, "{:?}", t[&r[2]]);
-    assert_eq!(dirty(&t, r[0]).1, None, "a row from before attach, updated");
-    // A flushed slot far ahead of the clock: the next version still beats it.
-    let ahead = dirty(&t, r[3]).0 + 10_000_000;
+    let seqs: Vec<i64> = t[&r[2]].iter().map(|x| x.0).collect();
+    assert_eq!(seqs.len(), 3, "{t:?}");
+    assert!(seqs[0] < seqs[1] && seqs[1] < seqs[2], "{seqs:?}");
+    assert_eq!(t[&r[0]].len(), 1, "a row from before attach, updated");
+    assert_eq!(t[&r[0]][0].0, seqs[1], "one number per statement");
+    // An update that changes nothing still touches its rows; one that matches none, none.
     client
-        .execute(
-            "UPDATE lakecdc_touch SET flushed_at = 1, changed_at = $2 WHERE row_id = $1",
-            &[&r[3], &ahead],
-        )
-        .await
-        .unwrap();
-    client
-        .batch_execute("UPDATE orders SET note = 'c' WHERE id = 4")
+        .batch_execute("UPDATE orders SET note = note WHERE id = 4; UPDATE orders SET note = 'x' WHERE id = 99")
         .await
         .unwrap();
     let t = touches(&client).await;
-    assert_eq!(dirty(&t, r[3]), (ahead + 1, None), "{:?}", t[&r[3]]);
-    // A primary-key update: the old key's slot is a tombstone, the new key's is live.
+    assert_eq!(t[&r[3]].len(), 2);
+    assert_eq!(t.values().map(Vec::len).sum::<usize>(), 7, "{t:?}");
+    // A primary-key update: the old key's touch says gone, the new key's live.
     client
         .batch_execute("UPDATE orders SET id = 40 WHERE id = 4")
         .await
         .unwrap();
     let moved = row_id(102, 40);
     let t = touches(&client).await;
-    let (version, deleted) = dirty(&t, r[3]);
-    assert!(version > ahead + 1 && deleted.is_some(), "{:?}", t[&r[3]]);
-    assert_eq!(dirty(&t, moved).1, None);
-    // A DELETE: tombstones.
+    let (gone_seq, gone) = latest(&t, r[3]);
+    assert!(gone, "{:?}", t[&r[3]]);
+    assert_eq!(latest(&t, moved), (gone_seq, false));
+    // A DELETE: gone.
     client
         .batch_execute("DELETE FROM orders WHERE id IN (2, 3)")
         .await
         .unwrap();
     let t = touches(&client).await;
-    assert!(dirty(&t, r[1]).1.is_some() && dirty(&t, r[2]).1.is_some());
+    assert!(latest(&t, r[1]).1 && latest(&t, r[2]).1);
+    assert!(!latest(&t, r[0]).1);
     // TRUNCATE records that the source needs init.
     async fn needs(c: &tokio_postgres::Client) -> Option<i64> {
         c.query_one(
@@ -556,9 +552,9 @@ async fn the_capture_cannot_be_misused_or_outlive_a_detach() {
         )
         .await
         .unwrap();
-    let slots: Vec<(Uuid, Option<i64>)> = client
+    let slots: Vec<(Uuid, bool)> = client
         .query(
-            "SELECT row_id, deleted_at FROM lakecdc_touch WHERE flushed_at = 0",
+            "SELECT row_id, deleted FROM lakecdc_touch WHERE seq = (SELECT max(seq) FROM lakecdc_touch)",
             &[],
         )
         .await
@@ -567,11 +563,7 @@ async fn the_capture_cannot_be_misused_or_outlive_a_detach() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     assert_eq!(slots.len(), 2, "{slots:?}");
-    assert_eq!(
-        slots.iter().filter(|(_, d)| d.is_some()).count(),
-        1,
-        "{slots:?}"
-    );
+    assert_eq!(slots.iter().filter(|(_, d)| *d).count(), 1, "{slots:?}");
     // Partitioned tables are refused (writes to a partition would bypass the triggers).
     let (code, _, err) = lakecdc(&db, &["attach", "parted"]);
     assert_eq!(code, 2, "{err}");
