@@ -244,7 +244,7 @@ impl Tables {
         self.registry.sibling("lakecdc_sources")
     }
 
-    /// The touch log of the table sources' triggers, beside the registry: `change_log`'s shape.
+    /// The touch log of the table sources' triggers, beside the registry (docs/design.md §9.1).
     pub fn touch_log(&self) -> TableName {
         self.registry.sibling("lakecdc_touch")
     }
