@@ -551,8 +551,8 @@ async fn oracle_random_statements_flush_init_compact_equal_the_tables_typed() {
     assert_eq!(dirty, 0);
 }
 
-#[tokio::test]
-async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
+/// A rig whose `t_big` is attached and holds rows 1..=5, flushed.
+async fn five_rows_flushed() -> (Rig, tokio_postgres::Client) {
     let rig = rig(LakeKind::Local).await;
     let client = rig.db.client().await;
     let t = &TABLES[1];
@@ -563,6 +563,13 @@ async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
         .await
         .unwrap();
     assert_eq!(flush(&rig, "t_big").await.rows_exported, 5);
+    (rig, client)
+}
+
+#[tokio::test]
+async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
+    let (rig, client) = five_rows_flushed().await;
+    let t = &TABLES[1];
     client
         .batch_execute("UPDATE t_big SET id = 50 WHERE id = 2")
         .await
@@ -894,16 +901,8 @@ async fn lake_versions(rig: &Rig) -> BTreeMap<i64, i64> {
 
 #[tokio::test]
 async fn every_export_of_a_row_beats_the_last_even_when_the_clock_goes_back() {
-    let rig = rig(LakeKind::Local).await;
-    let client = rig.db.client().await;
+    let (rig, client) = five_rows_flushed().await;
     let t = &TABLES[1];
-    client.batch_execute(&create_sql(t)).await.unwrap();
-    attach(&rig, t.name);
-    client
-        .batch_execute(&insert_sql(t, "g", 1, 5, 1))
-        .await
-        .unwrap();
-    assert_eq!(flush(&rig, t.name).await.rows_exported, 5);
     let first = lake_versions(&rig).await;
     assert_eq!(first.len(), 5);
     // Rows written again with touches dated an hour back (a clock that went back): their new
