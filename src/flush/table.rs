@@ -64,6 +64,12 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     let reader = Arc::new(
         table_source::SnapshotRead::open(Arc::new(client), src.clone(), ReadKind::Flush).await?,
     );
+    if reader.needs_init_at.is_some() {
+        // Truncated since the source was loaded: the snapshot would export the touched rows as
+        // gone and leave every other truncated row live.
+        let closed = reader.close().await;
+        return src.refuse_truncated().and(closed);
+    }
     let result = drain(p, &src, &reader, &mut ownership, started, report).await;
     // Read-only: closing (or dropping the connection on an error) leaves what was not marked
     // pending.

@@ -259,10 +259,12 @@ impl Capture {
                 "NOT EXISTS (SELECT 1 FROM lakecdc_new n WHERE n.{k} = o.{k})",
                 k = ident(&only.name)
             ),
+            // NOT EXISTS, not NOT IN: it plans as a hash anti-join that may spill, where a
+            // NOT IN subplan too large for memory is rescanned for every old row.
             _ => format!(
-                "{} NOT IN (SELECT {} FROM lakecdc_new n)",
-                row_id_expr(self.source_id, &self.key, "o"),
-                row_id_expr(self.source_id, &self.key, "n")
+                "NOT EXISTS (SELECT 1 FROM lakecdc_new n WHERE {} = {})",
+                row_id_expr(self.source_id, &self.key, "n"),
+                row_id_expr(self.source_id, &self.key, "o")
             ),
         }
     }

@@ -170,15 +170,20 @@ impl TableSource {
             .any(|c| !self.recorded.iter().any(|(n, _)| *n == c.name))
     }
 
+    /// The refusal of a source truncated since its last init.
+    pub fn refuse_truncated(&self) -> Result<()> {
+        Err(Error::config(format!(
+            "{} was truncated (a TRUNCATE records no row): the lake no longer follows it; run lakecdc init --schema {} --replace-delta to rebuild it",
+            self.table.quoted(),
+            self.name
+        )))
+    }
+
     /// Refuses a flush of a source the lake no longer follows: truncated since its last init,
     /// or a column whose type changed (old and new files would disagree).
     pub fn check_flushable(&self) -> Result<()> {
         if self.needs_init_at.is_some() {
-            return Err(Error::config(format!(
-                "{} was truncated (a TRUNCATE records no row): the lake no longer follows it; run lakecdc init --schema {} --replace-delta to rebuild it",
-                self.table.quoted(),
-                self.name
-            )));
+            return self.refuse_truncated();
         }
         let changed = self.type_changes();
         if !changed.is_empty() {
@@ -232,10 +237,22 @@ impl TableSource {
     }
 
     /// Flush's read: the source's touches folded per row — the latest touch time, whether the
-    /// latest touch left the row gone, its key, and every touch's address and sequence number
-    /// (for the mark) — each live row joined to its table row through the primary key, in
-    /// `row_id` order. One statement: the payload is the selection's snapshot.
+    /// latest touch (by `seq`) said the row is gone, its key, and every touch's address and
+    /// sequence number (for the mark) — each row looked up in the table through the primary
+    /// key, in `row_id` order. One statement: the payload is the selection's snapshot, and the
+    /// snapshot alone decides whether a row is live (a touch's `deleted` can be older than
+    /// the row's state: a deferred key check lets a later-numbered delete commit first). A
+    /// hashed key is also checked against the `row_id`: equal keys may have other texts (a
+    /// numeric's scale), hence another `row_id`.
     fn flush_sql(&self) -> String {
+        let on = match RowIdRule::of(&self.key) {
+            RowIdRule::Key | RowIdRule::Integer => self.key_match(),
+            RowIdRule::Hashed => format!(
+                "{} AND {} = t.row_id",
+                self.key_match(),
+                row_id_expr(self.id, &self.key, "s")
+            ),
+        };
         format!(
             "SELECT t.row_id, t.touched_at, t.deleted, s.{k} IS NULL, t.tids, t.seqs, {payload} \
              FROM (SELECT row_id, max(touched_at) AS touched_at, \
@@ -243,14 +260,13 @@ impl TableSource {
                           (array_agg(key ORDER BY seq DESC))[1] AS key, \
                           array_agg(ctid) AS tids, array_agg(seq) AS seqs \
                    FROM {touch} WHERE source_id = {id} GROUP BY row_id) t \
-             LEFT JOIN {table} s ON NOT t.deleted AND {on} \
+             LEFT JOIN ONLY {table} s ON {on} \
              ORDER BY t.row_id",
             k = ident(&self.key[0].name),
             payload = self.payload(),
             touch = self.touch_log.quoted(),
             id = self.id,
             table = self.table.quoted(),
-            on = self.key_match(),
         )
     }
 
@@ -263,7 +279,7 @@ impl TableSource {
             RowIdRule::Hashed => "1".to_string(),
         };
         format!(
-            "SELECT {row_id}{rest} FROM {table} s ORDER BY {order}",
+            "SELECT {row_id}{rest} FROM ONLY {table} s ORDER BY {order}",
             table = self.table.quoted(),
         )
     }
@@ -377,8 +393,9 @@ pub struct Batch {
     pub versions: Vec<Selected>,
     /// The touches read (none for init's read).
     pub touches: Touches,
-    /// Live rows the table no longer holds (a `TRUNCATE`, writes while detached): exported
-    /// as tombstones, since that is the table's state.
+    /// Rows whose latest touch left them live but that the table no longer holds (a
+    /// `TRUNCATE`, writes while detached): exported as tombstones, since that is the table's
+    /// state.
     pub gone: u64,
 }
 
@@ -423,7 +440,7 @@ impl SnapshotRead {
         .await?;
         let rows = match kind {
             ReadKind::Flush => "0::int8".to_string(),
-            ReadKind::Init => format!("(SELECT count(*) FROM {})", src.table.quoted()),
+            ReadKind::Init => format!("(SELECT count(*) FROM ONLY {})", src.table.quoted()),
         };
         let seen = format!(
             "SELECT version_floor, needs_init_at, \
@@ -513,7 +530,7 @@ impl SnapshotRead {
             if !deleted && absent {
                 gone += 1;
             }
-            let deleted_at = if deleted || absent { version } else { 0 };
+            let deleted_at = if absent { version } else { 0 };
             builder.push(row_id, version, deleted_at, r, 6)?;
             versions.push(Selected {
                 row_id,

@@ -947,3 +947,164 @@ async fn every_export_of_a_row_beats_the_last_even_when_the_clock_goes_back() {
     );
     assert_equal(&rig, t, "after a back-dated delete following init").await;
 }
+
+/// `sql` over the lake through `lakecdc query`, as CSV.
+async fn lake_csv(rig: &Rig, sql: &str) -> String {
+    let out = rig.work.path().join("out.csv");
+    let cache = rig.work.path().join("cache");
+    let opts = options(rig, sql, Format::Csv, &out, &cache);
+    lakecdc::query::run(&rig.job_context(), &opts)
+        .await
+        .unwrap();
+    std::fs::read_to_string(&out).unwrap()
+}
+
+#[tokio::test]
+async fn the_snapshot_not_the_order_of_touches_decides_whether_a_row_is_live() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE d (id bigint PRIMARY KEY DEFERRABLE INITIALLY DEFERRED, note text);
+             INSERT INTO d VALUES (1, 'old'), (2, 'two');",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "d");
+    // A writer inserts key 1 again (the deferred key check waits for its commit): its touch
+    // takes the lower number. Another deletes the old row 1 and commits first: its touch, the
+    // higher number, says gone — yet the table ends with row 1.
+    let writer = rig.db.client().await;
+    writer
+        .batch_execute("BEGIN; INSERT INTO d VALUES (1, 'new')")
+        .await
+        .unwrap();
+    client
+        .batch_execute("DELETE FROM d WHERE note = 'old'")
+        .await
+        .unwrap();
+    writer.batch_execute("COMMIT").await.unwrap();
+    // A key deleted and inserted again in one transaction, and one deleted in one flush and
+    // inserted again before the next.
+    client
+        .batch_execute(
+            "BEGIN; DELETE FROM d WHERE id = 2; INSERT INTO d VALUES (2, 'again'); COMMIT;
+             INSERT INTO d VALUES (3, 'three');",
+        )
+        .await
+        .unwrap();
+    assert_eq!(flush(&rig, "d").await.rows_exported, 3);
+    let all = "SELECT id, note FROM d ORDER BY id";
+    assert_eq!(
+        lake_csv(&rig, all).await,
+        "id,note\n1,new\n2,again\n3,three\n"
+    );
+    client
+        .batch_execute("DELETE FROM d WHERE id = 3")
+        .await
+        .unwrap();
+    flush(&rig, "d").await;
+    client
+        .batch_execute("INSERT INTO d VALUES (3, 'back')")
+        .await
+        .unwrap();
+    flush(&rig, "d").await;
+    assert_eq!(
+        lake_csv(&rig, all).await,
+        "id,note\n1,new\n2,again\n3,back\n"
+    );
+}
+
+#[tokio::test]
+async fn a_hashed_key_whose_text_changes_leaves_no_live_copy_of_its_old_row_id() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute("CREATE TABLE prices (id numeric PRIMARY KEY, v int)")
+        .await
+        .unwrap();
+    attach(&rig, "prices");
+    client
+        .batch_execute("INSERT INTO prices VALUES (1.0, 1), (2, 2)")
+        .await
+        .unwrap();
+    flush(&rig, "prices").await;
+    // 1.0 = 1.00 to the key, but the texts differ, so the row ids do: the old one is gone.
+    client
+        .batch_execute("UPDATE prices SET id = 1.00, v = 10 WHERE id = 1.0")
+        .await
+        .unwrap();
+    let f = flush(&rig, "prices").await;
+    assert_eq!(f.rows_exported, 2, "the old row id and the new: {f:?}");
+    // (An unconstrained numeric is a DOUBLE in the lake.)
+    let all = "SELECT id, v FROM prices ORDER BY v";
+    assert_eq!(lake_csv(&rig, all).await, "id,v\n2.0,2\n1.0,10\n");
+}
+
+#[tokio::test]
+async fn a_run_stopped_between_publish_and_mark_is_outranked_by_the_next() {
+    let (rig, client) = five_rows_flushed().await;
+    let t = &TABLES[1];
+    let first = lake_versions(&rig).await;
+    client
+        .batch_execute("UPDATE t_big SET note = 'published' WHERE id = 1")
+        .await
+        .unwrap();
+    // The mark fails once: the file is published, the touch stays.
+    let failing = std::sync::Arc::new(rig.db.client().await);
+    let hooks = FlushHooks {
+        before_mark: Some({
+            let failing = failing.clone();
+            std::sync::Arc::new(move |_, _| {
+                let failing = failing.clone();
+                Box::pin(async move {
+                    failing
+                        .batch_execute(
+                            "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS
+                               $$ BEGIN RAISE EXCEPTION 'mark refused'; END $$;
+                             CREATE TRIGGER no_delete BEFORE DELETE ON lakecdc_touch
+                               FOR EACH ROW EXECUTE FUNCTION no_delete();",
+                        )
+                        .await
+                        .unwrap();
+                })
+            })
+        }),
+        ..FlushHooks::default()
+    };
+    let opts = lakecdc::flush::FlushOptions {
+        schemas: vec!["t_big".into()],
+        ..rig.opts.clone()
+    };
+    let f = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
+        .await
+        .unwrap();
+    let f = &f.schemas[0];
+    assert_eq!((f.outcome, f.rows_exported), (Outcome::Failed, 1), "{f:?}");
+    let published = lake_versions(&rig).await;
+    assert!(published[&1] > first[&1]);
+    client
+        .batch_execute("DROP TRIGGER no_delete ON lakecdc_touch; DROP FUNCTION no_delete()")
+        .await
+        .unwrap();
+    // A later write dated back before the published version: its export still outranks it.
+    client
+        .batch_execute(
+            "UPDATE t_big SET note = 'final' WHERE id = 1;
+             UPDATE lakecdc_touch SET touched_at = touched_at - 3600000
+               WHERE seq = (SELECT max(seq) FROM lakecdc_touch);",
+        )
+        .await
+        .unwrap();
+    let f = flush(&rig, "t_big").await;
+    assert_eq!((f.rows_exported, f.rows_marked), (1, 1), "{f:?}");
+    let last = lake_versions(&rig).await;
+    assert!(last[&1] > published[&1], "{last:?} {published:?}");
+    assert_equal(&rig, t, "after the stopped run and the next").await;
+    let left: i64 = client
+        .query_one("SELECT count(*) FROM lakecdc_touch", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+}
