@@ -42,7 +42,9 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     let client = ctx.connector.connect().await?;
     snapshot::tune_for_lookups(&client).await?;
     let src = table_source::load(&client, &ctx.tables, p.schema_id).await?;
+    let t = Instant::now();
     let dirty = table_source::dirty(&client, &src).await?;
+    step_done("count touches", t);
     // Refused even with nothing pending: after a TRUNCATE (which records no touch) the lake still
     // shows the rows it removed.
     if let Err(e) = src.check_flushable() {
@@ -61,9 +63,12 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     }
     let started = Instant::now();
     let src = Arc::new(src);
+    let t = Instant::now();
     let reader = Arc::new(
         table_source::SnapshotRead::open(Arc::new(client), src.clone(), ReadKind::Flush).await?,
     );
+    step_done("read touches", t);
+    report.dirty_rows = reader.pending_rows();
     if reader.needs_init_at.is_some() {
         // Truncated since the source was loaded: the snapshot would export the touched rows as
         // gone and leave every other truncated row live.
@@ -71,6 +76,12 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
         return src.refuse_truncated().and(closed);
     }
     let result = drain(p, &src, &reader, &mut ownership, started, report).await;
+    if reader.more && report.reason.is_none() {
+        report.reason = Some(format!(
+            "more than {} touches were pending: the rest is left for the next run",
+            table_source::MAX_TOUCHES
+        ));
+    }
     // Read-only: closing (or dropping the connection on an error) leaves what was not marked
     // pending.
     let closed = reader.close().await;

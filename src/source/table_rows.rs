@@ -129,27 +129,27 @@ impl RowsBuilder {
     }
 
     /// Appends one lake row: `row_id`, its version and its deletion time (0 when live), then
-    /// the payload from column `first_payload` of `row` on (ignored for a tombstone).
+    /// the payload from column `first_payload` of `row` on (none for a tombstone).
     pub fn push(
         &mut self,
         row_id: uuid::Uuid,
         changed_at: i64,
         deleted_at: i64,
-        row: &Row,
+        row: Option<&Row>,
         first_payload: usize,
     ) -> Result<()> {
         self.row_ids
             .append_value(row_id.as_bytes())
-            .map_err(Error::arrow("append a row id"))?;
+            .map_err(|e| Error::arrow("append a row id")(e))?;
         self.changed.append_value(changed_at);
         self.deleted.append_value(deleted_at);
         for (i, (b, t)) in self.payload.iter_mut().zip(&self.types).enumerate() {
-            let raw = if deleted_at != 0 {
-                None
-            } else {
-                row.try_get::<_, Option<Raw>>(first_payload + i)
-                    .map_err(Error::postgres(DECODE_OP))?
-                    .map(|r| r.0)
+            let raw = match row {
+                Some(row) if deleted_at == 0 => row
+                    .try_get::<_, Option<Raw>>(first_payload + i)
+                    .map_err(|e| Error::postgres(DECODE_OP)(e))?
+                    .map(|r| r.0),
+                _ => None,
             };
             append(b.as_mut(), t, raw)?;
         }
@@ -239,7 +239,7 @@ fn append(b: &mut dyn ArrayBuilder, t: &LakeType, raw: Option<&[u8]>) -> Result<
             match raw {
                 Some(r) => b
                     .append_value(fixed::<16>(r, "uuid")?)
-                    .map_err(Error::arrow("append a uuid"))?,
+                    .map_err(|e| Error::arrow("append a uuid")(e))?,
                 None => b.append_null(),
             }
         }
@@ -312,10 +312,15 @@ fn decimal(text: &str, scale: i8) -> Result<Option<i128>> {
             "numeric {text:?} does not fit its column's DECIMAL scale {scale}"
         )));
     }
-    let unscaled = format!("{int}{frac}{}", "0".repeat(scale - frac.len()));
-    let v: i128 = unscaled
-        .parse()
-        .map_err(|e| bad(format!("numeric {text:?}: {e}")))?;
+    // The unscaled integer, digit by digit: the value's digits, then zeros up to the scale.
+    let mut v: i128 = 0;
+    let zeros = std::iter::repeat_n(b'0', scale - frac.len());
+    for d in int.bytes().chain(frac.bytes()).chain(zeros) {
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(i128::from(d - b'0')))
+            .ok_or_else(|| bad(format!("numeric {text:?} is out of range")))?;
+    }
     Ok(Some(if negative { -v } else { v }))
 }
 
@@ -368,6 +373,7 @@ mod tests {
             Some(99_999_999_999_999_999_999_999_999_999_999_999_999)
         );
         assert!(decimal("1.234", 2).is_err());
+        assert!(decimal(&"9".repeat(40), 0).is_err(), "past i128");
     }
 
     #[test]

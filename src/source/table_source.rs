@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
+use futures::TryStreamExt;
 use tokio_postgres::Client;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::attach::{describe, qualified_tables};
 use super::capture::{KeyColumn, RowIdRule, SourceColumn, row_id_expr};
-use super::connect::timed;
+use super::connect::{timed, within};
 use super::snapshot::{Selected, Tid};
 use super::stats::DirtyStats;
 use super::table_rows::{RowsBuilder, select_expr};
@@ -203,8 +205,9 @@ impl TableSource {
     fn key_match(&self) -> String {
         match (RowIdRule::of(&self.key), self.key.as_slice()) {
             (RowIdRule::Key, [only]) => format!("s.{} = t.row_id", ident(&only.name)),
+            // The row id's last 8 bytes, as hex (cheaper than editing its text form).
             (RowIdRule::Integer, [only]) => format!(
-                "s.{} = (('x' || substr(replace(t.row_id::text, '-', ''), 17))::bit(64)::int8 # (-9223372036854775807 - 1))",
+                "s.{} = (('x' || encode(substring(uuid_send(t.row_id) FROM 9), 'hex'))::bit(64)::int8 # (-9223372036854775807 - 1))",
                 ident(&only.name)
             ),
             (_, key) => {
@@ -236,36 +239,45 @@ impl TableSource {
             .join(", ")
     }
 
-    /// Flush's read: the source's touches folded per row — the latest touch time, whether the
-    /// latest touch (by `seq`) said the row is gone, its key, and every touch's address and
-    /// sequence number (for the mark) — each row looked up in the table through the primary
-    /// key, in `row_id` order. One statement: the payload is the selection's snapshot, and the
-    /// snapshot alone decides whether a row is live (a touch's `deleted` can be older than
-    /// the row's state: a deferred key check lets a later-numbered delete commit first). A
-    /// hashed key is also checked against the `row_id`: equal keys may have other texts (a
-    /// numeric's scale), hence another `row_id`.
-    fn flush_sql(&self) -> String {
-        let on = match RowIdRule::of(&self.key) {
-            RowIdRule::Key | RowIdRule::Integer => self.key_match(),
-            RowIdRule::Hashed => format!(
-                "{} AND {} = t.row_id",
+    /// Flush's first read: the source's touches, as stored (no sort, no aggregate: the export
+    /// folds them per row itself), with their addresses for the mark. A hashed key's touches
+    /// carry the key.
+    fn touches_sql(&self) -> String {
+        let key = match RowIdRule::of(&self.key) {
+            RowIdRule::Key | RowIdRule::Integer => "NULL::text",
+            RowIdRule::Hashed => "key::text",
+        };
+        format!(
+            "SELECT row_id, touched_at, deleted, ctid, {key} FROM {} WHERE source_id = {}",
+            self.touch_log.quoted(),
+            self.id
+        )
+    }
+
+    /// Flush's payload read of a batch: the rows of the given row ids (`$1`, with their keys
+    /// in `$2` for a hashed key) that the table holds, each looked up through the primary key
+    /// (the uuid key is the `row_id`; an integer key is read back from it; any other key from
+    /// its stored JSON, and the row's own `row_id` must match: equal numerics with other
+    /// texts have other row ids), in the order asked (PostgreSQL knows a function scan's
+    /// ordinality order: no sort). `ONLY`: an inheritance child's rows are not the table's.
+    fn payload_sql(&self) -> String {
+        let (ids, on) = match RowIdRule::of(&self.key) {
+            RowIdRule::Key | RowIdRule::Integer => (
+                "unnest($1::uuid[]) WITH ORDINALITY AS t(row_id, n)",
                 self.key_match(),
-                row_id_expr(self.id, &self.key, "s")
+            ),
+            RowIdRule::Hashed => (
+                "unnest($1::uuid[], $2::text[]::jsonb[]) WITH ORDINALITY AS t(row_id, key, n)",
+                format!(
+                    "{} AND {} = t.row_id",
+                    self.key_match(),
+                    row_id_expr(self.id, &self.key, "s")
+                ),
             ),
         };
         format!(
-            "SELECT t.row_id, t.touched_at, t.deleted, s.{k} IS NULL, t.tids, t.seqs, {payload} \
-             FROM (SELECT row_id, max(touched_at) AS touched_at, \
-                          (array_agg(deleted ORDER BY seq DESC))[1] AS deleted, \
-                          (array_agg(key ORDER BY seq DESC))[1] AS key, \
-                          array_agg(ctid) AS tids, array_agg(seq) AS seqs \
-                   FROM {touch} WHERE source_id = {id} GROUP BY row_id) t \
-             LEFT JOIN ONLY {table} s ON {on} \
-             ORDER BY t.row_id",
-            k = ident(&self.key[0].name),
+            "SELECT t.row_id, {payload} FROM {ids} JOIN ONLY {table} s ON {on} ORDER BY t.n",
             payload = self.payload(),
-            touch = self.touch_log.quoted(),
-            id = self.id,
             table = self.table.quoted(),
         )
     }
@@ -284,13 +296,9 @@ impl TableSource {
         )
     }
 
-    /// Init's rows: [`Self::rows_sql`] in the shape of [`Self::flush_sql`]'s (no touch time:
-    /// every row takes the read's floor).
+    /// Init's rows: [`Self::rows_sql`] with the payload.
     fn init_sql(&self) -> String {
-        self.rows_sql(&format!(
-            ", 0::int8, false, false, NULL::tid[], NULL::int8[], {}",
-            self.payload()
-        ))
+        self.rows_sql(&format!(", {}", self.payload()))
     }
 }
 
@@ -343,9 +351,24 @@ pub fn row_id_range(batches: &[RecordBatch]) -> Result<Option<(Uuid, Uuid)>> {
     Ok(Some((id(first, 0)?, id(last, last.num_rows() - 1)?)))
 }
 
-/// The source's pending rows: how many rows have a touch, and the oldest touch time.
+/// The source's pending touches, for flush's thresholds: how many (a row touched twice counts
+/// twice: no sort of the backlog just to decide whether to read it), and the oldest touch
+/// time.
 pub async fn dirty(client: &Client, src: &TableSource) -> Result<DirtyStats> {
-    touch_stats(client, &src.touch_log, src.id).await
+    let sql = format!(
+        "SELECT COUNT(*), COALESCE(MIN(touched_at), 0) FROM {} WHERE source_id = $1",
+        src.touch_log.quoted()
+    );
+    let row = timed(
+        TIMEOUT,
+        "read lakecdc_touch stats",
+        client.query_one(&sql, &[&src.id]),
+    )
+    .await?;
+    Ok(DirtyStats {
+        count: row.get(0),
+        oldest_changed_at: row.get(1),
+    })
 }
 
 async fn touch_stats(client: &Client, touch_log: &TableName, id: i16) -> Result<DirtyStats> {
@@ -375,13 +398,10 @@ pub async fn dirty_of_id(client: &Client, tables: &Tables, id: i16) -> Result<Di
     touch_stats(client, &touch_log, id).await
 }
 
-/// The touches a batch was read from, for the mark: each one's address, row and sequence
-/// number.
-#[derive(Debug, Default)]
+/// The touches a batch was read from, for the mark: their addresses.
+#[derive(Debug, Default, Clone)]
 pub struct Touches {
     tids: Vec<Tid>,
-    row_ids: Vec<Uuid>,
-    seqs: Vec<i64>,
 }
 
 /// One page of a [`SnapshotRead`].
@@ -393,9 +413,8 @@ pub struct Batch {
     pub versions: Vec<Selected>,
     /// The touches read (none for init's read).
     pub touches: Touches,
-    /// Rows whose latest touch left them live but that the table no longer holds (a
-    /// `TRUNCATE`, writes while detached): exported as tombstones, since that is the table's
-    /// state.
+    /// Rows no touch said gone that the table no longer holds (a `TRUNCATE`, writes while
+    /// detached): exported as tombstones, since that is the table's state.
     pub gone: u64,
 }
 
@@ -408,25 +427,111 @@ pub enum ReadKind {
     Init,
 }
 
-/// One snapshot of a table source read a page at a time through a cursor (bounded memory
-/// whatever the backlog or table): flush's or init's. It hands out versions: a row's is its
-/// latest touch time, never below the floor the source recorded (so it beats every version an
-/// earlier run exported, whatever the clock did); init's rows all take
-/// `max(floor, latest touch, now)`. Before anything read is published, [`Self::reserve`]
-/// raises the recorded floor above every version this read hands out (docs/design.md §9.2).
+/// The most touches one flush run reads (about 80 bytes each in memory): a larger backlog is
+/// drained over several runs.
+pub const MAX_TOUCHES: usize = 2_000_000;
+
+/// Touches fetched per round trip while a flush reads them.
+const TOUCH_PAGE: usize = 100_000;
+
+/// One touch as flush reads it: row, time, gone, address, key (a hashed key's JSON).
+type RawTouch = (Uuid, i64, bool, Tid, Option<String>);
+
+/// A row with touches, folded: its latest touch time, whether a touch said it is gone, its
+/// key (a hashed key's JSON), and where its touches are in [`Folded::touches`].
+#[derive(Debug, Clone)]
+struct Pending {
+    row_id: Uuid,
+    touched_at: i64,
+    deleted: bool,
+    key: Option<String>,
+    touches: std::ops::Range<usize>,
+}
+
+/// A flush's touches, folded per row in `row_id` order, and the next row to serve.
+#[derive(Debug, Default)]
+struct Folded {
+    rows: Vec<Pending>,
+    touches: Touches,
+    next: usize,
+}
+
+impl Folded {
+    /// Sorts the touches by row and folds them (the fold does not depend on their order).
+    fn new(mut raw: Vec<RawTouch>) -> Self {
+        raw.sort_unstable_by_key(|t| t.0);
+        let mut out = Folded::default();
+        for (i, (row_id, touched_at, deleted, tid, key)) in raw.into_iter().enumerate() {
+            match out.rows.last_mut() {
+                Some(p) if p.row_id == row_id => {
+                    p.touched_at = p.touched_at.max(touched_at);
+                    p.deleted |= deleted;
+                    p.touches.end = i + 1;
+                }
+                _ => out.rows.push(Pending {
+                    row_id,
+                    touched_at,
+                    deleted,
+                    key,
+                    touches: i..i + 1,
+                }),
+            }
+            out.touches.tids.push(tid);
+        }
+        out
+    }
+
+    /// The next `n` rows and their touches.
+    fn take(&mut self, n: usize) -> (Vec<Pending>, Touches) {
+        let end = (self.next + n).min(self.rows.len());
+        let rows = self.rows[self.next..end].to_vec();
+        self.next = end;
+        let span = match (rows.first(), rows.last()) {
+            (Some(f), Some(l)) => f.touches.start..l.touches.end,
+            _ => 0..0,
+        };
+        let touches = Touches {
+            tids: self.touches.tids[span].to_vec(),
+        };
+        (rows, touches)
+    }
+}
+
+/// How a [`SnapshotRead`] serves pages.
+enum Served {
+    /// Init: a cursor over every row.
+    Rows,
+    /// Flush: the touches read up front, folded, and the payload statement run per page.
+    Touches {
+        folded: std::sync::Mutex<Folded>,
+        payload: tokio_postgres::Statement,
+    },
+}
+
+/// One snapshot of a table source, read a page at a time: init's (every row, through a
+/// cursor: bounded memory whatever the table's size) or flush's (the source's touches — at
+/// most [`MAX_TOUCHES`] — read as stored and folded per row here, then each page's rows read
+/// through the primary key). It hands out versions: a row's is its latest touch time, never
+/// below the floor the source recorded (so it beats every version an earlier run exported,
+/// whatever the clock did); init's rows all take `max(floor, latest touch, now)`. Before
+/// anything read is published, [`Self::reserve`] raises the recorded floor above every
+/// version this read hands out (docs/design.md §9.2).
 pub struct SnapshotRead {
     client: Arc<Client>,
     src: Arc<TableSource>,
     floor: i64,
     top: i64,
+    served: Served,
     /// `needs_init_at` as the snapshot saw it.
     pub needs_init_at: Option<i64>,
     /// Init: the table's rows when the snapshot was taken (for progress and the dry run).
     pub rows: i64,
+    /// Flush: touches were left unread ([`MAX_TOUCHES`]); the next run takes them.
+    pub more: bool,
 }
 
 impl SnapshotRead {
-    /// Opens the snapshot and the cursor.
+    /// Opens the snapshot; init's cursor, or flush's read of the touches.
     pub async fn open(client: Arc<Client>, src: Arc<TableSource>, kind: ReadKind) -> Result<Self> {
         timed(
             TIMEOUT,
@@ -434,7 +539,7 @@ impl SnapshotRead {
             client.batch_execute(
                 "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; \
                  SET LOCAL idle_in_transaction_session_timeout = 0; \
-                 SET LOCAL work_mem = '64MB'; SET LOCAL cursor_tuple_fraction = 1.0",
+                 SET LOCAL cursor_tuple_fraction = 1.0",
             ),
         )
         .await?;
@@ -442,12 +547,18 @@ impl SnapshotRead {
             ReadKind::Flush => "0::int8".to_string(),
             ReadKind::Init => format!("(SELECT count(*) FROM ONLY {})", src.table.quoted()),
         };
+        // Init's versions must beat every touch; flush's top comes from the touches it reads.
+        let touched = match kind {
+            ReadKind::Flush => "NULL::int8".to_string(),
+            ReadKind::Init => format!(
+                "(SELECT max(touched_at) FROM {} WHERE source_id = $1)",
+                src.touch_log.quoted()
+            ),
+        };
         let seen = format!(
-            "SELECT version_floor, needs_init_at, \
-                    (SELECT max(touched_at) FROM {touch} WHERE source_id = $1), {rows}, \
+            "SELECT version_floor, needs_init_at, {touched}, {rows}, \
                     (extract(epoch FROM statement_timestamp()) * 1000)::int8 \
              FROM {sources} WHERE source_id = $1",
-            touch = src.touch_log.quoted(),
             sources = src.sources.quoted()
         );
         let row = timed(
@@ -463,28 +574,59 @@ impl SnapshotRead {
         let rows: i64 = row.try_get(3).map_err(column("rows"))?;
         let now: i64 = row.try_get(4).map_err(column("now"))?;
         let top = recorded.max(touched.unwrap_or(0)).max(1);
-        let (floor, top) = match kind {
+        let (floor, mut top) = match kind {
             ReadKind::Flush => (recorded.max(1), top),
             ReadKind::Init => (top.max(now), top.max(now)),
         };
-        let sql = match kind {
-            ReadKind::Flush => src.flush_sql(),
-            ReadKind::Init => src.init_sql(),
+        let (served, more) = match kind {
+            ReadKind::Init => {
+                let declare = format!(
+                    "DECLARE lakecdc_read NO SCROLL CURSOR FOR {}",
+                    src.init_sql()
+                );
+                timed(
+                    TIMEOUT,
+                    "open the read cursor",
+                    client.batch_execute(&declare),
+                )
+                .await?;
+                (Served::Rows, false)
+            }
+            ReadKind::Flush => {
+                let (raw, more) = read_touches(&client, &src).await?;
+                // The highest version this run can hand out: its latest touch read.
+                top = raw.iter().map(|t| t.1).fold(top, i64::max);
+                let payload = timed(
+                    TIMEOUT,
+                    "prepare the payload read",
+                    client.prepare(&src.payload_sql()),
+                )
+                .await?;
+                let folded = std::sync::Mutex::new(Folded::new(raw));
+                (Served::Touches { folded, payload }, more)
+            }
         };
-        timed(
-            TIMEOUT,
-            "open the read cursor",
-            client.batch_execute(&format!("DECLARE lakecdc_read NO SCROLL CURSOR FOR {sql}")),
-        )
-        .await?;
         Ok(Self {
             client,
             src,
             floor,
             top,
+            served,
             needs_init_at,
             rows,
+            more,
         })
+    }
+
+    /// Flush: the rows with a touch read (init: 0).
+    pub fn pending_rows(&self) -> i64 {
+        match &self.served {
+            Served::Rows => 0,
+            Served::Touches { folded, .. } => folded
+                .lock()
+                .map(|f| i64::try_from(f.rows.len()).unwrap_or(i64::MAX))
+                .unwrap_or(0),
+        }
     }
 
     /// Raises the source's recorded floor above every version this read hands out, on
@@ -506,44 +648,115 @@ impl SnapshotRead {
 
     /// The next page of at most `rows` rows (empty at the end).
     pub async fn page(&self, rows: usize) -> Result<Batch> {
-        let fetched = timed(
-            TIMEOUT,
-            "read a table source page",
-            self.client
-                .query(&format!("FETCH FORWARD {rows} FROM lakecdc_read"), &[]),
-        )
-        .await?;
-        let mut builder = RowsBuilder::new(self.src.id, &self.src.columns, fetched.len());
-        let mut versions = Vec::with_capacity(fetched.len());
-        let mut touches = Touches::default();
+        match &self.served {
+            Served::Rows => self.rows_page(rows).await,
+            Served::Touches { folded, payload } => {
+                let (pending, touches) = folded
+                    .lock()
+                    .map_err(|_| Error::Invariant("a table source read panicked".into()))?
+                    .take(rows);
+                self.touched_page(payload, pending, touches).await
+            }
+        }
+    }
+
+    /// A page of init's cursor, decoded as it arrives while PostgreSQL produces the rest.
+    async fn rows_page(&self, rows: usize) -> Result<Batch> {
+        const OP: &str = "read a table source page";
+        within(TIMEOUT, OP, async {
+            let params: [&(dyn ToSql + Sync); 0] = [];
+            let stream = self
+                .client
+                .query_raw(&format!("FETCH FORWARD {rows} FROM lakecdc_read"), params)
+                .await
+                .map_err(Error::postgres(OP))?;
+            futures::pin_mut!(stream);
+            let mut builder = RowsBuilder::new(self.src.id, &self.src.columns, rows);
+            let mut versions = Vec::with_capacity(rows);
+            while let Some(r) = stream.try_next().await.map_err(Error::postgres(OP))? {
+                let row_id: Uuid = r
+                    .try_get(0)
+                    .map_err(|e| Error::postgres(format!("{OP}: row_id"))(e))?;
+                builder.push(row_id, self.floor, 0, Some(&r), 1)?;
+                versions.push(Selected {
+                    row_id,
+                    changed_at: self.floor,
+                    tid: Tid::default(),
+                });
+            }
+            Ok(Batch {
+                rows: builder.finish()?,
+                versions,
+                touches: Touches::default(),
+                gone: 0,
+            })
+        })
+        .await
+    }
+
+    /// A page of flush's folded rows: their table rows read by key in the snapshot, in
+    /// `row_id` order, decoded as they arrive while PostgreSQL produces the rest; a row the
+    /// table does not hold is a tombstone (the snapshot decides, never a touch: with a deferred
+    /// key check an insert can draw its number before the delete of the key's old row).
+    async fn touched_page(
+        &self,
+        payload: &tokio_postgres::Statement,
+        pending: Vec<Pending>,
+        touches: Touches,
+    ) -> Result<Batch> {
+        const OP: &str = "read a table source page";
+        let mut builder = RowsBuilder::new(self.src.id, &self.src.columns, pending.len());
+        let mut versions = Vec::with_capacity(pending.len());
         let mut gone = 0;
-        for r in &fetched {
-            let column =
-                |c: &'static str| Error::postgres(format!("read a table source page: {c}"));
-            let row_id: Uuid = r.try_get(0).map_err(column("row_id"))?;
-            let touched_at: i64 = r.try_get(1).map_err(column("touched_at"))?;
-            let deleted: bool = r.try_get(2).map_err(column("deleted"))?;
-            let absent: bool = r.try_get(3).map_err(column("row"))?;
-            let tids: Option<Vec<Tid>> = r.try_get(4).map_err(column("tids"))?;
-            let seqs: Option<Vec<i64>> = r.try_get(5).map_err(column("seqs"))?;
-            let version = touched_at.max(self.floor);
-            if !deleted && absent {
+        let version = |p: &Pending| p.touched_at.max(self.floor);
+        let mut tombstone = |p: &Pending, builder: &mut RowsBuilder| {
+            if !p.deleted {
                 gone += 1;
             }
-            let deleted_at = if absent { version } else { 0 };
-            builder.push(row_id, version, deleted_at, r, 6)?;
+            builder.push(p.row_id, version(p), version(p), None, 1)
+        };
+        let mut next = 0;
+        if !pending.is_empty() {
+            let ids: Vec<Uuid> = pending.iter().map(|p| p.row_id).collect();
+            let keys: Vec<Option<&str>> = pending.iter().map(|p| p.key.as_deref()).collect();
+            let params: Vec<&(dyn ToSql + Sync)> = match RowIdRule::of(&self.src.key) {
+                RowIdRule::Hashed => vec![&ids, &keys],
+                RowIdRule::Key | RowIdRule::Integer => vec![&ids],
+            };
+            within(TIMEOUT, OP, async {
+                let stream = self
+                    .client
+                    .query_raw(payload, params)
+                    .await
+                    .map_err(Error::postgres(OP))?;
+                futures::pin_mut!(stream);
+                while let Some(r) = stream.try_next().await.map_err(Error::postgres(OP))? {
+                    let id: Uuid = r
+                        .try_get(0)
+                        .map_err(|e| Error::postgres(format!("{OP}: row_id"))(e))?;
+                    while pending.get(next).is_some_and(|p| p.row_id != id) {
+                        tombstone(&pending[next], &mut builder)?;
+                        next += 1;
+                    }
+                    let p = pending.get(next).ok_or_else(|| {
+                        Error::Invariant(format!("{OP}: row {id} came back out of order"))
+                    })?;
+                    builder.push(p.row_id, version(p), 0, Some(&r), 1)?;
+                    next += 1;
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        for p in &pending[next..] {
+            tombstone(p, &mut builder)?;
+        }
+        for p in &pending {
             versions.push(Selected {
-                row_id,
-                changed_at: version,
+                row_id: p.row_id,
+                changed_at: version(p),
                 tid: Tid::default(),
             });
-            if let (Some(tids), Some(seqs)) = (tids, seqs) {
-                touches
-                    .row_ids
-                    .extend(std::iter::repeat_n(row_id, tids.len()));
-                touches.tids.extend(tids);
-                touches.seqs.extend(seqs);
-            }
         }
         Ok(Batch {
             rows: builder.finish()?,
@@ -564,30 +777,91 @@ impl SnapshotRead {
     }
 }
 
-/// The mark: deletes exactly the touches a published batch was read from, found by address
-/// and checked by row and sequence number (a touch moved since, by `VACUUM FULL`, stays: the
-/// row goes out again, the safe side). A touch written since the read is another tuple and
-/// stays pending. Returns the rows whose touches were deleted.
+/// Reads the source's touches (at most [`MAX_TOUCHES`]) through a cursor; whether any were
+/// left unread.
+async fn read_touches(client: &Client, src: &TableSource) -> Result<(Vec<RawTouch>, bool)> {
+    const OP: &str = "read lakecdc_touch";
+    let declare = format!(
+        "DECLARE lakecdc_touches NO SCROLL CURSOR FOR {}",
+        src.touches_sql()
+    );
+    timed(TIMEOUT, OP, client.batch_execute(&declare)).await?;
+    let mut out: Vec<RawTouch> = Vec::new();
+    let more = loop {
+        let want = TOUCH_PAGE.min(MAX_TOUCHES - out.len());
+        let before = out.len();
+        within(TIMEOUT, OP, async {
+            let params: [&(dyn ToSql + Sync); 0] = [];
+            let stream = client
+                .query_raw(
+                    &format!("FETCH FORWARD {want} FROM lakecdc_touches"),
+                    params,
+                )
+                .await
+                .map_err(Error::postgres(OP))?;
+            futures::pin_mut!(stream);
+            while let Some(r) = stream.try_next().await.map_err(Error::postgres(OP))? {
+                let touch = (|| {
+                    Ok::<_, tokio_postgres::Error>((
+                        r.try_get(0)?,
+                        r.try_get(1)?,
+                        r.try_get(2)?,
+                        r.try_get(3)?,
+                        r.try_get(4)?,
+                    ))
+                })()
+                .map_err(Error::postgres(OP))?;
+                out.push(touch);
+            }
+            Ok(())
+        })
+        .await?;
+        if out.len() - before < want {
+            break false;
+        }
+        if out.len() >= MAX_TOUCHES {
+            break true;
+        }
+    };
+    timed(TIMEOUT, OP, client.batch_execute("CLOSE lakecdc_touches")).await?;
+    Ok((out, more))
+}
+
+/// The mark: deletes exactly the touches a published batch was read from, by address (a TID
+/// scan). It runs while the read's transaction is open: that transaction holds the touch
+/// log's lock against `VACUUM FULL` and `CLUSTER` (nothing can move a touch), and its
+/// snapshot keeps any touch deleted since from being vacuumed away (no address is reused), so
+/// each address still holds the touch that was read. A touch written since the read is
+/// another tuple and stays pending. Returns the rows whose touches were deleted. Committed
+/// without waiting for the WAL flush: a mark lost in a crash leaves touches whose rows go out
+/// again, with higher versions — a duplicate, never a loss.
 pub async fn mark(client: &Client, src: &TableSource, touches: &Touches) -> Result<u64> {
+    const OP: &str = "mark lakecdc_touch";
     let sql = format!(
-        "WITH d AS (DELETE FROM {} AS t \
-                    USING unnest($2::tid[], $3::uuid[], $4::int8[]) AS v(tid, row_id, seq) \
-                    WHERE t.ctid = v.tid AND t.source_id = $1 AND t.row_id = v.row_id AND t.seq = v.seq \
-                    RETURNING t.row_id) \
-         SELECT count(DISTINCT row_id) FROM d",
+        "DELETE FROM {} WHERE ctid = ANY($2::tid[]) AND source_id = $1 RETURNING row_id",
         src.touch_log.quoted()
     );
-    let marked: i64 = timed(
+    timed(
         TIMEOUT,
-        "mark lakecdc_touch",
-        client.query_one(
-            &sql,
-            &[&src.id, &touches.tids, &touches.row_ids, &touches.seqs],
-        ),
+        OP,
+        client.batch_execute("BEGIN; SET LOCAL synchronous_commit = off"),
     )
-    .await?
-    .get(0);
-    Ok(u64::try_from(marked).unwrap_or(0))
+    .await?;
+    let deleted = timed(TIMEOUT, OP, client.query(&sql, &[&src.id, &touches.tids])).await;
+    let finish = if deleted.is_ok() {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
+    timed(TIMEOUT, OP, client.batch_execute(finish)).await?;
+    let mut rows = deleted?
+        .iter()
+        .map(|r| r.try_get::<_, Uuid>(0))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(Error::postgres(OP))?;
+    rows.sort_unstable();
+    rows.dedup();
+    Ok(rows.len() as u64)
 }
 
 /// Records the exported columns (a flush that sees a new column, an init) and, for an init,
