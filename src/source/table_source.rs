@@ -388,6 +388,25 @@ async fn touch_stats(client: &Client, touch_log: &TableName, id: i16) -> Result<
     })
 }
 
+/// Whether the source has a pending touch, as [`dirty`]'s shape: a count of 0 or 1.
+pub async fn any_touch(client: &Client, src: &TableSource) -> Result<DirtyStats> {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE source_id = $1)",
+        src.touch_log.quoted()
+    );
+    let any: bool = timed(
+        TIMEOUT,
+        "probe lakecdc_touch",
+        client.query_one(&sql, &[&src.id]),
+    )
+    .await?
+    .get(0);
+    Ok(DirtyStats {
+        count: i64::from(any),
+        oldest_changed_at: 0,
+    })
+}
+
 /// The pending rows of id `id`, a schema's (`change_log`) or a table source's
 /// (`lakecdc_touch`), for the reports that show every source alike (inspect, metrics).
 pub async fn dirty_of_id(client: &Client, tables: &Tables, id: i16) -> Result<DirtyStats> {
@@ -430,9 +449,6 @@ pub enum ReadKind {
 /// The most touches one flush run reads (about 80 bytes each in memory): a larger backlog is
 /// drained over several runs.
 pub const MAX_TOUCHES: usize = 2_000_000;
-
-/// Touches fetched per round trip while a flush reads them.
-const TOUCH_PAGE: usize = 100_000;
 
 /// One touch as flush reads it: row, time, gone, address, key (a hashed key's JSON).
 type RawTouch = (Uuid, i64, bool, Tid, Option<String>);
@@ -777,54 +793,117 @@ impl SnapshotRead {
     }
 }
 
-/// Reads the source's touches (at most [`MAX_TOUCHES`]) through a cursor; whether any were
-/// left unread.
+/// Reads the source's touches (at most [`MAX_TOUCHES`]) as one binary `COPY` in the read's
+/// snapshot, parsed where they lie in the stream; whether any were left unread.
 async fn read_touches(client: &Client, src: &TableSource) -> Result<(Vec<RawTouch>, bool)> {
     const OP: &str = "read lakecdc_touch";
-    let declare = format!(
-        "DECLARE lakecdc_touches NO SCROLL CURSOR FOR {}",
-        src.touches_sql()
+    let sql = format!(
+        "COPY ({} LIMIT {}) TO STDOUT (FORMAT binary)",
+        src.touches_sql(),
+        MAX_TOUCHES + 1
     );
-    timed(TIMEOUT, OP, client.batch_execute(&declare)).await?;
     let mut out: Vec<RawTouch> = Vec::new();
-    let more = loop {
-        let want = TOUCH_PAGE.min(MAX_TOUCHES - out.len());
-        let before = out.len();
-        within(TIMEOUT, OP, async {
-            let params: [&(dyn ToSql + Sync); 0] = [];
-            let stream = client
-                .query_raw(
-                    &format!("FETCH FORWARD {want} FROM lakecdc_touches"),
-                    params,
-                )
-                .await
-                .map_err(Error::postgres(OP))?;
-            futures::pin_mut!(stream);
-            while let Some(r) = stream.try_next().await.map_err(Error::postgres(OP))? {
-                let touch = (|| {
-                    Ok::<_, tokio_postgres::Error>((
-                        r.try_get(0)?,
-                        r.try_get(1)?,
-                        r.try_get(2)?,
-                        r.try_get(3)?,
-                        r.try_get(4)?,
-                    ))
-                })()
-                .map_err(Error::postgres(OP))?;
-                out.push(touch);
+    within(TIMEOUT, OP, async {
+        let stream = client.copy_out(&sql).await.map_err(Error::postgres(OP))?;
+        futures::pin_mut!(stream);
+        let mut buf = bytes::BytesMut::new();
+        let mut header = false;
+        while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(OP))? {
+            buf.extend_from_slice(&chunk);
+            if !header {
+                match copy_header_len(&buf)? {
+                    Some(n) => {
+                        bytes::Buf::advance(&mut buf, n);
+                        header = true;
+                    }
+                    None => continue,
+                }
             }
-            Ok(())
-        })
-        .await?;
-        if out.len() - before < want {
-            break false;
+            while let Some((touch, used)) = parse_touch(&buf)? {
+                bytes::Buf::advance(&mut buf, used);
+                match touch {
+                    Some(t) => out.push(t),
+                    None => return Ok(()),
+                }
+            }
         }
-        if out.len() >= MAX_TOUCHES {
-            break true;
-        }
-    };
-    timed(TIMEOUT, OP, client.batch_execute("CLOSE lakecdc_touches")).await?;
+        Ok(())
+    })
+    .await?;
+    let more = out.len() > MAX_TOUCHES;
+    out.truncate(MAX_TOUCHES);
     Ok((out, more))
+}
+
+/// The length of a binary COPY stream's header, once `b` holds all of it.
+fn copy_header_len(b: &[u8]) -> Result<Option<usize>> {
+    const SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
+    if b.len() < SIGNATURE.len() + 8 {
+        return Ok(None);
+    }
+    if !b.starts_with(SIGNATURE) {
+        return Err(Error::decode(
+            "read lakecdc_touch",
+            "not a binary COPY stream",
+        ));
+    }
+    let ext = u32::from_be_bytes([b[15], b[16], b[17], b[18]]) as usize;
+    Ok((b.len() >= 19 + ext).then_some(19 + ext))
+}
+
+/// A parsed tuple of the touches' COPY stream (`None`: the end marker) and its length.
+type ParsedTouch = (Option<RawTouch>, usize);
+
+/// One touch tuple of the binary COPY stream at the start of `b` and the bytes it takes
+/// (`None` inside: the end marker); `None` when `b` does not hold all of it yet.
+fn parse_touch(b: &[u8]) -> Result<Option<ParsedTouch>> {
+    let bad =
+        |what: &str| Error::decode("read lakecdc_touch", format!("a malformed touch: {what}"));
+    if b.len() < 2 {
+        return Ok(None);
+    }
+    let fields = i16::from_be_bytes([b[0], b[1]]);
+    if fields == -1 {
+        return Ok(Some((None, 2)));
+    }
+    if fields != 5 {
+        return Err(bad("field count"));
+    }
+    let mut at = 2;
+    let mut field = || -> Option<Option<&[u8]>> {
+        let len = i32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?);
+        at += 4;
+        if len < 0 {
+            return Some(None);
+        }
+        let v = b.get(at..at + len as usize)?;
+        at += len as usize;
+        Some(Some(v))
+    };
+    let (Some(id), Some(touched), Some(deleted), Some(tid), Some(key)) =
+        (field(), field(), field(), field(), field())
+    else {
+        return Ok(None);
+    };
+    let id = id
+        .and_then(|v| Uuid::from_slice(v).ok())
+        .ok_or_else(|| bad("row_id"))?;
+    let touched = touched
+        .and_then(|v| v.try_into().ok())
+        .map(i64::from_be_bytes)
+        .ok_or_else(|| bad("touched_at"))?;
+    let deleted = matches!(deleted.ok_or_else(|| bad("deleted"))?, [1]);
+    let tid = tid
+        .and_then(|v| {
+            <Tid as tokio_postgres::types::FromSql>::from_sql(&tokio_postgres::types::Type::TID, v)
+                .ok()
+        })
+        .ok_or_else(|| bad("ctid"))?;
+    let key = key
+        .map(|v| std::str::from_utf8(v).map(str::to_string))
+        .transpose()
+        .map_err(|_| bad("key"))?;
+    Ok(Some((Some((id, touched, deleted, tid, key)), at)))
 }
 
 /// The mark: deletes exactly the touches a published batch was read from, by address (a TID
