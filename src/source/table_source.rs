@@ -355,25 +355,18 @@ pub fn row_id_range(batches: &[RecordBatch]) -> Result<Option<(Uuid, Uuid)>> {
 /// twice: no sort of the backlog just to decide whether to read it), and the oldest touch
 /// time.
 pub async fn dirty(client: &Client, src: &TableSource) -> Result<DirtyStats> {
-    let sql = format!(
-        "SELECT COUNT(*), COALESCE(MIN(touched_at), 0) FROM {} WHERE source_id = $1",
-        src.touch_log.quoted()
-    );
-    let row = timed(
-        TIMEOUT,
-        "read lakecdc_touch stats",
-        client.query_one(&sql, &[&src.id]),
-    )
-    .await?;
-    Ok(DirtyStats {
-        count: row.get(0),
-        oldest_changed_at: row.get(1),
-    })
+    touch_stats(client, &src.touch_log, src.id, "COUNT(*)").await
 }
 
-async fn touch_stats(client: &Client, touch_log: &TableName, id: i16) -> Result<DirtyStats> {
+/// `count` (of touches, or of rows) and the oldest touch time of source `id`.
+async fn touch_stats(
+    client: &Client,
+    touch_log: &TableName,
+    id: i16,
+    count: &str,
+) -> Result<DirtyStats> {
     let sql = format!(
-        "SELECT COUNT(DISTINCT row_id), COALESCE(MIN(touched_at), 0) FROM {} WHERE source_id = $1",
+        "SELECT {count}, COALESCE(MIN(touched_at), 0) FROM {} WHERE source_id = $1",
         touch_log.quoted()
     );
     let row = timed(
@@ -414,7 +407,7 @@ pub async fn dirty_of_id(client: &Client, tables: &Tables, id: i16) -> Result<Di
         return super::stats::dirty(client, &tables.change_log, id).await;
     }
     let (_, touch_log) = qualified_tables(client, tables).await?;
-    touch_stats(client, &touch_log, id).await
+    touch_stats(client, &touch_log, id, "COUNT(DISTINCT row_id)").await
 }
 
 /// The touches a batch was read from, for the mark: their addresses.
