@@ -602,7 +602,11 @@ impl SnapshotRead {
                 (Served::Rows, false)
             }
             ReadKind::Flush => {
-                let (raw, more) = read_touches(&client, &src).await?;
+                // Truncated: flush refuses the run, so the touches are not read.
+                let (raw, more) = match needs_init_at {
+                    Some(_) => (Vec::new(), false),
+                    None => read_touches(&client, &src).await?,
+                };
                 // The highest version this run can hand out: its latest touch read.
                 top = raw.iter().map(|t| t.1).fold(top, i64::max);
                 let payload = timed(

@@ -446,6 +446,30 @@ async fn flush(rig: &Rig, name: &str) -> lakecdc::flush::SchemaReport {
     report.schemas.into_iter().next().unwrap()
 }
 
+/// A flush of source `name` whose `before_mark` hook runs `sql` on another connection (a
+/// write racing the mark, or a fault planted for it).
+async fn flush_running_before_mark(
+    rig: &Rig,
+    name: &str,
+    sql: &'static str,
+) -> lakecdc::flush::FlushReport {
+    let other = std::sync::Arc::new(rig.db.client().await);
+    let hooks = FlushHooks {
+        before_mark: Some(std::sync::Arc::new(move |_, _| {
+            let other = other.clone();
+            Box::pin(async move { other.batch_execute(sql).await.unwrap() })
+        })),
+        ..FlushHooks::default()
+    };
+    let opts = lakecdc::flush::FlushOptions {
+        schemas: vec![name.into()],
+        ..rig.opts.clone()
+    };
+    lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
+        .await
+        .unwrap()
+}
+
 fn init_opts(rig: &Rig, name: &str) -> InitOptions {
     InitOptions {
         schemas: vec![name.into()],
@@ -643,29 +667,12 @@ async fn writes_racing_a_flush_stay_dirty_and_go_out_next_time() {
         .await
         .unwrap();
     // A write between the manifest commit and the mark: its new version is not marked.
-    let racer = std::sync::Arc::new(rig.db.client().await);
-    let hooks = FlushHooks {
-        before_mark: Some({
-            let racer = racer.clone();
-            std::sync::Arc::new(move |_, _| {
-                let racer = racer.clone();
-                Box::pin(async move {
-                    racer
-                        .batch_execute("UPDATE t_comp SET note = 'raced' WHERE n = 3")
-                        .await
-                        .unwrap();
-                })
-            })
-        }),
-        ..FlushHooks::default()
-    };
-    let opts = lakecdc::flush::FlushOptions {
-        schemas: vec!["t_comp".into()],
-        ..rig.opts.clone()
-    };
-    let f = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
-        .await
-        .unwrap();
+    let f = flush_running_before_mark(
+        &rig,
+        "t_comp",
+        "UPDATE t_comp SET note = 'raced' WHERE n = 3",
+    )
+    .await;
     let f = &f.schemas[0];
     assert_eq!(f.rows_exported, 10, "{f:?}");
     // The mark deletes the touches the flush read; the raced write is a touch of its own.
@@ -1051,34 +1058,15 @@ async fn a_run_stopped_between_publish_and_mark_is_outranked_by_the_next() {
         .await
         .unwrap();
     // The mark fails once: the file is published, the touch stays.
-    let failing = std::sync::Arc::new(rig.db.client().await);
-    let hooks = FlushHooks {
-        before_mark: Some({
-            let failing = failing.clone();
-            std::sync::Arc::new(move |_, _| {
-                let failing = failing.clone();
-                Box::pin(async move {
-                    failing
-                        .batch_execute(
-                            "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS
-                               $$ BEGIN RAISE EXCEPTION 'mark refused'; END $$;
-                             CREATE TRIGGER no_delete BEFORE DELETE ON lakecdc_touch
-                               FOR EACH ROW EXECUTE FUNCTION no_delete();",
-                        )
-                        .await
-                        .unwrap();
-                })
-            })
-        }),
-        ..FlushHooks::default()
-    };
-    let opts = lakecdc::flush::FlushOptions {
-        schemas: vec!["t_big".into()],
-        ..rig.opts.clone()
-    };
-    let f = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
-        .await
-        .unwrap();
+    let f = flush_running_before_mark(
+        &rig,
+        "t_big",
+        "CREATE FUNCTION no_delete() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN RAISE EXCEPTION 'mark refused'; END $$;
+         CREATE TRIGGER no_delete BEFORE DELETE ON lakecdc_touch
+           FOR EACH ROW EXECUTE FUNCTION no_delete();",
+    )
+    .await;
     let f = &f.schemas[0];
     assert_eq!((f.outcome, f.rows_exported), (Outcome::Failed, 1), "{f:?}");
     let published = lake_versions(&rig).await;
