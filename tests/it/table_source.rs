@@ -318,15 +318,20 @@ async fn lake_state(rig: &Rig, t: &Table) -> BTreeMap<String, Vec<V>> {
     read_rows(&out)
 }
 
-fn read_rows(path: &Path) -> BTreeMap<String, Vec<V>> {
+/// Every batch of the Parquet file at `path`.
+fn parquet_batches(path: &Path) -> Vec<arrow::record_batch::RecordBatch> {
     let file = std::fs::File::open(path).unwrap();
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .unwrap()
         .build()
-        .unwrap();
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn read_rows(path: &Path) -> BTreeMap<String, Vec<V>> {
     let mut out = BTreeMap::new();
-    for batch in reader {
-        let batch = batch.unwrap();
+    for batch in parquet_batches(path) {
         for i in 0..batch.num_rows() {
             let k = batch.column(0).as_string::<i32>().value(i).to_string();
             let values: Vec<V> = COLUMNS
@@ -808,15 +813,8 @@ async fn a_new_column_appears_in_new_files_and_a_type_change_waits_for_init() {
         let ctx = rig.job_context();
         async move {
             lakecdc::query::run(&ctx, &opts).await.unwrap();
-            let file = std::fs::File::open(&out).unwrap();
-            let reader =
-                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-                    .unwrap()
-                    .build()
-                    .unwrap();
             let mut rows = Vec::new();
-            for b in reader {
-                let b = b.unwrap();
+            for b in parquet_batches(&out) {
                 for i in 0..b.num_rows() {
                     rows.push(
                         (0..b.num_columns())
@@ -885,14 +883,8 @@ async fn lake_versions(rig: &Rig) -> BTreeMap<i64, i64> {
     lakecdc::query::run(&rig.job_context(), &opts)
         .await
         .unwrap();
-    let file = std::fs::File::open(&out).unwrap();
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .unwrap()
-        .build()
-        .unwrap();
     let mut versions = BTreeMap::new();
-    for batch in reader {
-        let batch = batch.unwrap();
+    for batch in parquet_batches(&out) {
         let ids = batch
             .column(0)
             .as_primitive::<arrow::datatypes::Int64Type>();
