@@ -182,6 +182,9 @@ pub struct SchemaReport {
     pub dirty_rows: i64,
     /// Batches exported (or planned).
     pub batches: u32,
+    /// Of those, a table source's dense batches, read by one key range scan rather than a
+    /// lookup per row (docs/design.md §9.2); 0 for a schema.
+    pub batches_by_range: u32,
     /// Rows written to delta files.
     pub rows_exported: u64,
     /// Rows marked flushed.
@@ -207,6 +210,7 @@ impl SchemaReport {
             reason: None,
             dirty_rows: 0,
             batches: 0,
+            batches_by_range: 0,
             rows_exported: 0,
             rows_marked: 0,
             rows_left_dirty: 0,

@@ -142,6 +142,7 @@ async fn drain(
                 next = Some(read());
             }
             report.batches += 1;
+            report.batches_by_range += u32::from(batch.by_range);
             if batch.gone > 0 {
                 tracing::warn!(
                     schema = %src.name,

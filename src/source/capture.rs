@@ -177,6 +177,23 @@ impl RowIdRule {
     }
 }
 
+/// The `row_id` of integer key `key` of source `source_id` ([`row_id_expr`]'s integer rule,
+/// computed here: flush reads a dense page by key range and matches rows to touches by it).
+pub fn integer_row_id(source_id: i16, key: i64) -> uuid::Uuid {
+    let mut b = [0u8; 16];
+    b[..2].copy_from_slice(&source_id.to_be_bytes());
+    b[8..].copy_from_slice(&((key as u64) ^ (1 << 63)).to_be_bytes());
+    uuid::Uuid::from_bytes(b)
+}
+
+/// The integer key an integer rule's `row_id` holds (its last 8 bytes, sign bit flipped back).
+pub fn integer_key(row_id: uuid::Uuid) -> i64 {
+    let b = row_id.as_bytes();
+    let mut tail = [0u8; 8];
+    tail.copy_from_slice(&b[8..]);
+    (u64::from_be_bytes(tail) ^ (1 << 63)) as i64
+}
+
 /// The `row_id` of a row of the table read as `alias` — the same expression in the trigger,
 /// init and flush (docs/design.md §9):
 /// - one `uuid` column: the key itself;
@@ -450,6 +467,22 @@ mod tests {
                 type_name: (*t).to_string(),
             })
             .collect()
+    }
+
+    #[test]
+    fn an_integer_row_id_computed_here_is_the_sql_one_and_sorts_as_the_keys_do() {
+        // The SQL rule's text for source 7: '0007000000000000' || the key, sign bit flipped.
+        let id = |k: i64| integer_row_id(7, k).to_string();
+        assert_eq!(id(1), "00070000-0000-0000-8000-000000000001");
+        assert_eq!(id(-1), "00070000-0000-0000-7fff-ffffffffffff");
+        assert_eq!(id(i64::MIN), "00070000-0000-0000-0000-000000000000");
+        let keys = [i64::MIN, -5, -1, 0, 1, 42, i64::MAX];
+        for pair in keys.windows(2) {
+            assert!(integer_row_id(7, pair[0]) < integer_row_id(7, pair[1]));
+        }
+        for k in keys {
+            assert_eq!(integer_key(integer_row_id(7, k)), k);
+        }
     }
 
     #[test]

@@ -1088,3 +1088,97 @@ async fn a_run_stopped_between_publish_and_mark_is_outranked_by_the_next() {
         .get(0);
     assert_eq!(left, 0);
 }
+
+#[tokio::test]
+async fn dense_batches_read_by_key_range_and_sparse_ones_by_lookup_export_the_same_rows() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    let uuid_of = "('00000000-0000-0000-0000-' || lpad(g::text, 12, '0'))::uuid";
+    for (table, key, id) in [("dn_int", "bigint", "g"), ("dn_uuid", "uuid", uuid_of)] {
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE {table} (id {key} PRIMARY KEY, g int NOT NULL, note text);
+                 INSERT INTO {table} SELECT {id}, g, 'old ' || g FROM generate_series(1, 300) g"
+            ))
+            .await
+            .unwrap();
+        attach(&rig, table);
+        let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, table))
+            .await
+            .unwrap();
+        assert_eq!(init.schemas[0].rows, 300);
+        // Rows 2, 4, …, 100 touched (every tenth deleted), 150, 220 and 290 far apart, 301 to
+        // 320 new; the untouched rows between them keep init's copy.
+        client
+            .batch_execute(&format!(
+                "UPDATE {table} SET note = 'new ' || g WHERE g <= 100 AND g % 2 = 0;
+                 DELETE FROM {table} WHERE g <= 100 AND g % 10 = 0;
+                 INSERT INTO {table} SELECT {id}, g, 'tail ' || g FROM generate_series(301, 320) g;
+                 UPDATE {table} SET note = 'far ' || g WHERE g IN (150, 220, 290);"
+            ))
+            .await
+            .unwrap();
+        let opts = lakecdc::flush::FlushOptions {
+            schemas: vec![table.into()],
+            batch_size: 10,
+            ..rig.opts.clone()
+        };
+        let report = lakecdc::flush::run(&rig.ctx, &opts).await.unwrap();
+        let f = &report.schemas[0];
+        assert_eq!(f.rows_exported, 73, "{f:?}");
+        // In `row_id` order, ten at a time: five pages of 2..100 (a range of at most 19 keys
+        // for 10 rows), then 150, 220, 290, 301..307 (a range of 158 keys: lookups), then
+        // 308..317 and 318..320.
+        assert_eq!((f.batches, f.batches_by_range), (8, 7), "{table}: {f:?}");
+        let all = format!("SELECT id, g, note FROM {table} ORDER BY g");
+        let want: String = client
+            .query_one(
+                &format!(
+                    "SELECT 'id,g,note' || E'\\n' || string_agg(id || ',' || g || ',' || note, E'\\n' ORDER BY g) || E'\\n' FROM {table}"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        for row in [
+            ",2,new 2\n",
+            ",3,old 3\n",
+            ",150,far 150\n",
+            ",320,tail 320\n",
+        ] {
+            assert!(want.contains(row), "{row} in {want}");
+        }
+        assert!(!want.contains(",10,"), "{want}");
+        assert_eq!(lake_csv(&rig, &all).await, want, "{table}");
+    }
+}
+
+#[tokio::test]
+async fn a_text_key_under_a_case_blind_collation_whose_case_changes_leaves_no_live_old_row() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE COLLATION IF NOT EXISTS lakecdc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+             CREATE TABLE names (id text COLLATE lakecdc_ci PRIMARY KEY, v int)",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "names");
+    client
+        .batch_execute("INSERT INTO names VALUES ('Abc', 1), ('x', 2)")
+        .await
+        .unwrap();
+    flush(&rig, "names").await;
+    // 'ABC' = 'Abc' to the key, but the texts differ, so the row ids do: the old one is gone,
+    // though a lookup of 'Abc' finds the row.
+    client
+        .batch_execute("UPDATE names SET id = 'ABC', v = 10 WHERE id = 'Abc'")
+        .await
+        .unwrap();
+    let f = flush(&rig, "names").await;
+    assert_eq!(f.rows_exported, 2, "the old row id and the new: {f:?}");
+    let all = "SELECT id, v FROM names ORDER BY v";
+    assert_eq!(lake_csv(&rig, all).await, "id,v\nx,2\nABC,10\n");
+}
