@@ -1014,30 +1014,41 @@ async fn the_snapshot_not_the_order_of_touches_decides_whether_a_row_is_live() {
     );
 }
 
-#[tokio::test]
-async fn a_hashed_key_whose_text_changes_leaves_no_live_copy_of_its_old_row_id() {
+/// Table `table` made by `create`, attached, given two rows by `insert` and flushed; then
+/// `update` gives a key an equal key of another text (so another row id): the flush exports
+/// the old row id and the new, and the lake's `SELECT id, v … ORDER BY v` is `want`.
+async fn a_key_text_change_leaves_no_live_old_row(
+    table: &str,
+    create: &str,
+    insert: &str,
+    update: &str,
+    want: &str,
+) {
     let rig = rig(LakeKind::Local).await;
     let client = rig.db.client().await;
-    client
-        .batch_execute("CREATE TABLE prices (id numeric PRIMARY KEY, v int)")
-        .await
-        .unwrap();
-    attach(&rig, "prices");
-    client
-        .batch_execute("INSERT INTO prices VALUES (1.0, 1), (2, 2)")
-        .await
-        .unwrap();
-    flush(&rig, "prices").await;
-    // 1.0 = 1.00 to the key, but the texts differ, so the row ids do: the old one is gone.
-    client
-        .batch_execute("UPDATE prices SET id = 1.00, v = 10 WHERE id = 1.0")
-        .await
-        .unwrap();
-    let f = flush(&rig, "prices").await;
+    client.batch_execute(create).await.unwrap();
+    attach(&rig, table);
+    client.batch_execute(insert).await.unwrap();
+    flush(&rig, table).await;
+    client.batch_execute(update).await.unwrap();
+    let f = flush(&rig, table).await;
     assert_eq!(f.rows_exported, 2, "the old row id and the new: {f:?}");
+    let all = format!("SELECT id, v FROM {table} ORDER BY v");
+    assert_eq!(lake_csv(&rig, &all).await, want);
+}
+
+#[tokio::test]
+async fn a_hashed_key_whose_text_changes_leaves_no_live_copy_of_its_old_row_id() {
+    // 1.0 = 1.00 to the key, but the texts differ, so the row ids do: the old one is gone.
     // (An unconstrained numeric is a DOUBLE in the lake.)
-    let all = "SELECT id, v FROM prices ORDER BY v";
-    assert_eq!(lake_csv(&rig, all).await, "id,v\n2.0,2\n1.0,10\n");
+    a_key_text_change_leaves_no_live_old_row(
+        "prices",
+        "CREATE TABLE prices (id numeric PRIMARY KEY, v int)",
+        "INSERT INTO prices VALUES (1.0, 1), (2, 2)",
+        "UPDATE prices SET id = 1.00, v = 10 WHERE id = 1.0",
+        "id,v\n2.0,2\n1.0,10\n",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1156,29 +1167,15 @@ async fn dense_batches_read_by_key_range_and_sparse_ones_by_lookup_export_the_sa
 
 #[tokio::test]
 async fn a_text_key_under_a_case_blind_collation_whose_case_changes_leaves_no_live_old_row() {
-    let rig = rig(LakeKind::Local).await;
-    let client = rig.db.client().await;
-    client
-        .batch_execute(
-            "CREATE COLLATION IF NOT EXISTS lakecdc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
-             CREATE TABLE names (id text COLLATE lakecdc_ci PRIMARY KEY, v int)",
-        )
-        .await
-        .unwrap();
-    attach(&rig, "names");
-    client
-        .batch_execute("INSERT INTO names VALUES ('Abc', 1), ('x', 2)")
-        .await
-        .unwrap();
-    flush(&rig, "names").await;
     // 'ABC' = 'Abc' to the key, but the texts differ, so the row ids do: the old one is gone,
     // though a lookup of 'Abc' finds the row.
-    client
-        .batch_execute("UPDATE names SET id = 'ABC', v = 10 WHERE id = 'Abc'")
-        .await
-        .unwrap();
-    let f = flush(&rig, "names").await;
-    assert_eq!(f.rows_exported, 2, "the old row id and the new: {f:?}");
-    let all = "SELECT id, v FROM names ORDER BY v";
-    assert_eq!(lake_csv(&rig, all).await, "id,v\nx,2\nABC,10\n");
+    a_key_text_change_leaves_no_live_old_row(
+        "names",
+        "CREATE COLLATION IF NOT EXISTS lakecdc_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+         CREATE TABLE names (id text COLLATE lakecdc_ci PRIMARY KEY, v int)",
+        "INSERT INTO names VALUES ('Abc', 1), ('x', 2)",
+        "UPDATE names SET id = 'ABC', v = 10 WHERE id = 'Abc'",
+        "id,v\nx,2\nABC,10\n",
+    )
+    .await;
 }
