@@ -144,7 +144,7 @@ pub fn touch_seq(touch_log: &TableName) -> TableName {
 }
 
 /// The integer key types whose `row_id` encodes the key itself, in order.
-const INTEGER_KEYS: &[&str] = &["smallint", "integer", "bigint"];
+pub(crate) const INTEGER_KEYS: &[&str] = &["smallint", "integer", "bigint"];
 
 /// How a source's `row_id` comes from its primary key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

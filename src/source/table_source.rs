@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use super::attach::{describe, qualified_tables};
 use super::capture::{
-    KeyColumn, RowIdRule, SourceColumn, integer_key, integer_row_id, row_id_expr,
+    INTEGER_KEYS, KeyColumn, RowIdRule, SourceColumn, integer_key, integer_row_id, row_id_expr,
 };
 use super::connect::{timed, within};
 use super::snapshot::{Selected, Tid};
@@ -296,7 +296,7 @@ impl TableSource {
                 format!("(t.key ->> '{}')", crate::config::sql_string(&k.name)),
             );
             match k.type_name.as_str() {
-                "smallint" | "integer" | "bigint" | "uuid" | "boolean" => {}
+                t if INTEGER_KEYS.contains(&t) || t == "uuid" || t == "boolean" => {}
                 "numeric" => out.push_str(&format!(" AND {col}::text = {val}")),
                 "text" | "character varying" => {
                     out.push_str(&format!(" AND {col} COLLATE \"C\" = {val} COLLATE \"C\""))
@@ -315,9 +315,9 @@ impl TableSource {
     /// An integer key's batch is a bitmap over its range (`$3`, bit `key - $1` set for each
     /// row of the batch), and PostgreSQL returns only those rows; a uuid key's range returns
     /// every row and the export skips the untouched ones. Only where the key's order is the
-    /// `row_id`'s (a uuid or integer key). The second statement counts a uuid key's rows in
-    /// the range, up to `$3`.
-    fn range_sql(&self) -> Option<(String, String)> {
+    /// `row_id`'s (a uuid or integer key). The second statement, a uuid key's only, counts
+    /// its rows in the range, up to `$3`.
+    fn range_sql(&self) -> Option<(String, Option<String>)> {
         let (key, bound, only) = match (RowIdRule::of(&self.key), self.key.as_slice()) {
             (RowIdRule::Key, [only]) => (format!("s.{}", ident(&only.name)), "uuid", String::new()),
             (RowIdRule::Integer, [only]) => {
@@ -329,12 +329,15 @@ impl TableSource {
         };
         let table = self.table.quoted();
         let within = format!("{key} BETWEEN $1::{bound} AND $2::{bound}");
+        let probe = only.is_empty().then(|| {
+            format!("SELECT count(*) FROM (SELECT FROM ONLY {table} s WHERE {within} LIMIT $3) x")
+        });
         Some((
             format!(
                 "SELECT {key}::{bound}, {payload} FROM ONLY {table} s WHERE {within}{only} ORDER BY {key}",
                 payload = self.payload(),
             ),
-            format!("SELECT count(*) FROM (SELECT FROM ONLY {table} s WHERE {within} LIMIT $3) x"),
+            probe,
         ))
     }
 
@@ -720,9 +723,9 @@ impl SnapshotRead {
                 let range = match src.range_sql() {
                     Some((read, probe)) => Some(Ranged {
                         read: prepare(&client, &read).await?,
-                        probe: match RowIdRule::of(&src.key) {
-                            RowIdRule::Key => Some(prepare(&client, &probe).await?),
-                            RowIdRule::Integer | RowIdRule::Hashed => None,
+                        probe: match probe {
+                            Some(sql) => Some(prepare(&client, &sql).await?),
+                            None => None,
                         },
                     }),
                     None => None,
@@ -836,9 +839,9 @@ impl SnapshotRead {
         .await
     }
 
-    /// Whether `pending`'s key range holds at most [`DENSE`] table rows per pending row, so
-    /// that one range scan reads the page: an integer key's range says it; a uuid key's rows
-    /// in it are counted, up to that bound.
+    /// Whether one range scan should read the page: an integer key's range spans at most
+    /// [`DENSE_INTEGER`] keys per pending row; a uuid key's holds at most [`DENSE`] table rows
+    /// per pending row (counted, up to that bound).
     async fn dense(&self, r: &Ranged, pending: &[Pending]) -> Result<bool> {
         const OP: &str = "probe a table source page";
         let (Some(first), Some(last)) = (pending.first(), pending.last()) else {

@@ -1179,3 +1179,31 @@ async fn a_text_key_under_a_case_blind_collation_whose_case_changes_leaves_no_li
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_touch_deleted_behind_the_flush_is_not_counted_as_marked() {
+    let (rig, client) = five_rows_flushed().await;
+    client
+        .batch_execute("UPDATE t_big SET note = 'again' WHERE id <= 3")
+        .await
+        .unwrap();
+    // Between the publish and the mark, something else deletes one row's touch.
+    let f = flush_running_before_mark(
+        &rig,
+        "t_big",
+        "DELETE FROM lakecdc_touch WHERE ctid = (SELECT min(ctid) FROM lakecdc_touch)",
+    )
+    .await;
+    let f = &f.schemas[0];
+    assert_eq!(
+        (f.rows_exported, f.rows_marked, f.rows_left_dirty),
+        (3, 2, 1),
+        "{f:?}"
+    );
+    let left: i64 = client
+        .query_one("SELECT count(*) FROM lakecdc_touch", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+}
