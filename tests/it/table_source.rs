@@ -572,12 +572,7 @@ async fn oracle_random_statements_flush_init_compact_equal_the_tables_typed() {
         }
     }
     // Nothing is left dirty, and every table's lake equals it.
-    let dirty: i64 = client
-        .query_one("SELECT count(*) FROM lakecdc_touch", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(dirty, 0);
+    assert_eq!(touches_pending(&client).await, 0);
 }
 
 /// A rig whose `t_big` is attached and holds rows 1..=5, flushed.
@@ -1092,12 +1087,7 @@ async fn a_run_stopped_between_publish_and_mark_is_outranked_by_the_next() {
     let last = lake_versions(&rig).await;
     assert!(last[&1] > published[&1], "{last:?} {published:?}");
     assert_equal(&rig, t, "after the stopped run and the next").await;
-    let left: i64 = client
-        .query_one("SELECT count(*) FROM lakecdc_touch", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(left, 0);
+    assert_eq!(touches_pending(&client).await, 0);
 }
 
 #[tokio::test]
@@ -1180,6 +1170,15 @@ async fn a_text_key_under_a_case_blind_collation_whose_case_changes_leaves_no_li
     .await;
 }
 
+/// The touches still in the touch log (pending, of every source).
+async fn touches_pending(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM lakecdc_touch", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 #[tokio::test]
 async fn a_touch_deleted_behind_the_flush_is_not_counted_as_marked() {
     let (rig, client) = five_rows_flushed().await;
@@ -1200,10 +1199,5 @@ async fn a_touch_deleted_behind_the_flush_is_not_counted_as_marked() {
         (3, 2, 1),
         "{f:?}"
     );
-    let left: i64 = client
-        .query_one("SELECT count(*) FROM lakecdc_touch", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(left, 0);
+    assert_eq!(touches_pending(&client).await, 0);
 }
