@@ -185,6 +185,9 @@ pub struct SchemaReport {
     /// Of those, a table source's dense batches, read by one key range scan rather than a
     /// lookup per row (docs/design.md §9.2); 0 for a schema.
     pub batches_by_range: u32,
+    /// Rows a table source with a hashed key read by their address after one scan of the
+    /// table, rather than a lookup each (a dense backlog: docs/design.md §9.2); 0 for a schema.
+    pub rows_by_address: u64,
     /// Rows written to delta files.
     pub rows_exported: u64,
     /// Rows marked flushed.
@@ -211,6 +214,7 @@ impl SchemaReport {
             dirty_rows: 0,
             batches: 0,
             batches_by_range: 0,
+            rows_by_address: 0,
             rows_exported: 0,
             rows_marked: 0,
             rows_left_dirty: 0,

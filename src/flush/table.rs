@@ -143,6 +143,7 @@ async fn drain(
             }
             report.batches += 1;
             report.batches_by_range += u32::from(batch.by_range);
+            report.rows_by_address += batch.by_address;
             if batch.gone > 0 {
                 tracing::warn!(
                     schema = %src.name,

@@ -186,6 +186,28 @@ pub fn integer_row_id(source_id: i16, key: i64) -> uuid::Uuid {
     uuid::Uuid::from_bytes(b)
 }
 
+/// The `row_id`s of a hashed key's rows from their `ROW(key…)::text` (its bytes in the
+/// database's encoding): [`row_id_expr`]'s hashed rule, computed here — flush's table scan
+/// finds a dense page's rows by it instead of a lookup per row.
+#[derive(Clone)]
+pub struct HashedRowId(md5::Md5);
+
+impl HashedRowId {
+    /// The rule of source `source_id`.
+    pub fn new(source_id: i16) -> Self {
+        use md5::Digest;
+        Self(md5::Md5::new_with_prefix(
+            format!("{source_id}:").as_bytes(),
+        ))
+    }
+
+    /// The `row_id` of the row whose key text is `key_text`.
+    pub fn of(&self, key_text: &[u8]) -> uuid::Uuid {
+        use md5::Digest;
+        uuid::Uuid::from_bytes(self.0.clone().chain_update(key_text).finalize().into())
+    }
+}
+
 /// The integer key an integer rule's `row_id` holds (its last 8 bytes, sign bit flipped back).
 pub fn integer_key(row_id: uuid::Uuid) -> i64 {
     let b = row_id.as_bytes();
@@ -210,17 +232,17 @@ pub fn row_id_expr(source_id: i16, key: &[KeyColumn], alias: &str) -> String {
             source_id,
             ident(&only.name)
         ),
-        _ => {
-            let fields: Vec<String> = key
-                .iter()
-                .map(|k| format!("{alias}.{}", ident(&k.name)))
-                .collect();
-            format!(
-                "md5('{source_id}:' || ROW({})::text)::uuid",
-                fields.join(", ")
-            )
-        }
+        _ => format!("md5('{source_id}:' || {})::uuid", key_text_expr(key, alias)),
     }
+}
+
+/// `ROW(key…)::text` of the row read as `alias`: the text a hashed key's `row_id` hashes.
+pub fn key_text_expr(key: &[KeyColumn], alias: &str) -> String {
+    let fields: Vec<String> = key
+        .iter()
+        .map(|k| format!("{alias}.{}", ident(&k.name)))
+        .collect();
+    format!("ROW({})::text", fields.join(", "))
 }
 
 impl Capture {
@@ -467,6 +489,20 @@ mod tests {
                 type_name: (*t).to_string(),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_hashed_row_id_computed_here_is_the_sql_one() {
+        // PostgreSQL: SELECT md5('7:' || ROW('k1'::text)::text)::uuid,
+        //                    md5('7:' || ROW('a b'::text, 3)::text)::uuid
+        assert_eq!(
+            HashedRowId::new(7).of(b"(k1)").to_string(),
+            "952b9d7d-c37d-6b43-0ae9-8c17d529f4ed"
+        );
+        assert_eq!(
+            HashedRowId::new(7).of(br#"("a b",3)"#).to_string(),
+            "d67570dd-1b32-f0c8-ec76-c00bf1fe7842"
+        );
     }
 
     #[test]

@@ -17,7 +17,8 @@ use uuid::Uuid;
 
 use super::attach::{describe, qualified_tables};
 use super::capture::{
-    INTEGER_KEYS, KeyColumn, RowIdRule, SourceColumn, integer_key, integer_row_id, row_id_expr,
+    HashedRowId, INTEGER_KEYS, KeyColumn, RowIdRule, SourceColumn, integer_key, integer_row_id,
+    key_text_expr, row_id_expr,
 };
 use super::connect::{timed, within};
 use super::snapshot::{Selected, Tid};
@@ -282,6 +283,28 @@ impl TableSource {
         )
     }
 
+    /// Flush's scan of a hashed key's table for a dense backlog: every row's address and the
+    /// text its `row_id` hashes, in heap order (one sequential read instead of a key lookup
+    /// per touched row: docs/design.md §9.2).
+    fn scan_sql(&self) -> String {
+        format!(
+            "COPY (SELECT s.ctid, {} FROM ONLY {} s) TO STDOUT (FORMAT binary)",
+            key_text_expr(&self.key, "s"),
+            self.table.quoted()
+        )
+    }
+
+    /// Flush's payload read of a scanned page: the rows at the addresses `$2` (each a TID
+    /// scan: no index descent), with their row ids `$1`, in the order asked.
+    fn address_sql(&self) -> String {
+        format!(
+            "SELECT t.row_id, {payload} FROM unnest($1::uuid[], $2::tid[]) WITH ORDINALITY AS t(row_id, at, n) \
+             JOIN ONLY {table} s ON s.ctid = t.at ORDER BY t.n",
+            payload = self.payload(),
+            table = self.table.quoted(),
+        )
+    }
+
     /// The condition, after the key lookup, that the row's key has the very text the touch
     /// recorded (so its `row_id` is the touch's): equal numerics may differ in scale, equal
     /// texts under a nondeterministic collation in bytes. Compared field by field, byte for
@@ -491,6 +514,8 @@ pub struct Batch {
     pub gone: u64,
     /// Read by one key range scan (a dense flush page), not by key lookups.
     pub by_range: bool,
+    /// Rows read by their address, found by flush's table scan, not by key lookups.
+    pub by_address: u64,
 }
 
 /// What a [`SnapshotRead`] reads.
@@ -518,6 +543,8 @@ struct Pending {
     deleted: bool,
     key: Option<String>,
     touches: std::ops::Range<usize>,
+    /// Where flush's table scan found the row in the snapshot (a hashed key's dense backlog).
+    at: Option<Tid>,
 }
 
 /// A flush's touches, folded per row in `row_id` order, and the next row to serve.
@@ -546,6 +573,7 @@ impl Folded {
                     deleted,
                     key,
                     touches: i..i + 1,
+                    at: None,
                 }),
             }
             out.touches.tids.push(tid);
@@ -580,7 +608,21 @@ enum Served {
         folded: std::sync::Mutex<Folded>,
         payload: tokio_postgres::Statement,
         range: Option<Ranged>,
+        /// The read by address, when the table was scanned ([`SnapshotRead::scan`]).
+        by_address: Option<tokio_postgres::Statement>,
     },
+}
+
+/// How one page of flush's folded rows is read.
+#[derive(Clone, Copy)]
+enum Read<'a> {
+    /// A lookup per row by key ([`TableSource::payload_sql`]).
+    Lookup,
+    /// One key range scan ([`TableSource::range_sql`]).
+    Range(&'a tokio_postgres::Statement),
+    /// The rows the table scan found by their address ([`TableSource::address_sql`]), the
+    /// others by key.
+    Address(&'a tokio_postgres::Statement),
 }
 
 /// Flush's range read of dense pages ([`TableSource::range_sql`]).
@@ -599,6 +641,11 @@ const DENSE: usize = 3;
 /// per touched row: PostgreSQL skips the untouched rows itself (a bitmap test, nothing sent),
 /// about a tenth of a lookup each.
 const DENSE_INTEGER: usize = 8;
+
+/// A hashed key's table is scanned once (its addresses and key texts, in heap order) when the
+/// backlog's rows are at least this share of the table's: a scanned row costs about a
+/// seventh of a key lookup, and a row read by its address about half of one.
+const SCAN_SHARE: f64 = 0.25;
 
 /// The number of keys from `first`'s integer key to `last`'s, when a bitmap over them can be
 /// addressed (`int4` bit numbers).
@@ -730,12 +777,17 @@ impl SnapshotRead {
                     }),
                     None => None,
                 };
-                let folded = std::sync::Mutex::new(Folded::new(raw));
+                let mut folded = Folded::new(raw);
+                let by_address = match Self::scan(&client, &src, &mut folded.rows).await? {
+                    true => Some(prepare(&client, &src.address_sql()).await?),
+                    false => None,
+                };
                 (
                     Served::Touches {
-                        folded,
+                        folded: std::sync::Mutex::new(folded),
                         payload,
                         range,
+                        by_address,
                     },
                     more,
                 )
@@ -751,6 +803,61 @@ impl SnapshotRead {
             rows,
             more,
         })
+    }
+
+    /// A hashed key's dense backlog: when the pending rows are at least [`SCAN_SHARE`] of the
+    /// table's (as last analysed), reads every row's address and key text in the snapshot
+    /// and records, in `pending` (sorted by `row_id`), where each pending row is; whether it
+    /// scanned. A row the scan did not find is looked up by key as before (a row the table
+    /// no longer holds, or one whose key text the session renders otherwise): the scan only
+    /// saves lookups, it never decides that a row is gone. Only where the key text's bytes
+    /// are the database's (UTF8 or SQL_ASCII), since `md5` hashes those.
+    async fn scan(client: &Client, src: &TableSource, pending: &mut [Pending]) -> Result<bool> {
+        const OP: &str = "scan a table source";
+        if RowIdRule::of(&src.key) != RowIdRule::Hashed || pending.is_empty() {
+            return Ok(false);
+        }
+        let row = timed(
+            TIMEOUT,
+            OP,
+            client.query_one(
+                "SELECT c.reltuples::float8, current_setting('server_encoding') \
+                 FROM pg_class c WHERE c.oid = to_regclass($1)",
+                &[&src.table.quoted()],
+            ),
+        )
+        .await?;
+        let rows: f64 = row.try_get(0).map_err(Error::postgres(OP))?;
+        let encoding: String = row.try_get(1).map_err(Error::postgres(OP))?;
+        // Never analysed (-1): unknown, no scan.
+        if rows < 0.0
+            || (pending.len() as f64) < rows * SCAN_SHARE
+            || !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII")
+        {
+            return Ok(false);
+        }
+        let index: std::collections::HashMap<Uuid, usize> = pending
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.row_id, i))
+            .collect();
+        let hashed = HashedRowId::new(src.id);
+        copy_each(
+            client,
+            OP,
+            &src.scan_sql(),
+            |[at, text]: [Option<&[u8]>; 2]| {
+                let bad = |what: &str| Error::decode(OP, format!("a malformed row: {what}"));
+                let at = at.and_then(tid).ok_or_else(|| bad("ctid"))?;
+                let id = hashed.of(text.ok_or_else(|| bad("key text"))?);
+                if let Some(&i) = index.get(&id) {
+                    pending[i].at = Some(at);
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(true)
     }
 
     /// Flush: the rows with a touch read (init: 0).
@@ -789,6 +896,7 @@ impl SnapshotRead {
                 folded,
                 payload,
                 range,
+                by_address,
             } => {
                 let (pending, touches) = folded
                     .lock()
@@ -799,7 +907,12 @@ impl SnapshotRead {
                     None => false,
                 };
                 let range = range.as_ref().filter(|_| dense).map(|r| &r.read);
-                self.touched_page(payload, range, pending, touches).await
+                let read = match (range, by_address) {
+                    (Some(range), _) => Read::Range(range),
+                    (None, Some(by_address)) => Read::Address(by_address),
+                    (None, None) => Read::Lookup,
+                };
+                self.touched_page(payload, read, pending, touches).await
             }
         }
     }
@@ -834,6 +947,7 @@ impl SnapshotRead {
                 touches: Touches::default(),
                 gone: 0,
                 by_range: false,
+                by_address: 0,
             })
         })
         .await
@@ -867,14 +981,15 @@ impl SnapshotRead {
     }
 
     /// A page of flush's folded rows: their table rows read in the snapshot — by key, or,
-    /// with `range`, every row of the page's key range, the untouched ones skipped — in
-    /// `row_id` order, decoded as they arrive while PostgreSQL produces the rest; a row the
-    /// table does not hold is a tombstone (the snapshot decides, never a touch: with a deferred
-    /// key check an insert can draw its number before the delete of the key's old row).
+    /// with a range read, every row of the page's key range, the untouched ones skipped, or,
+    /// after the table scan, by address — in `row_id` order, decoded as they arrive while
+    /// PostgreSQL produces the rest; a row the table does not hold is a tombstone (the
+    /// snapshot decides, never a touch: with a deferred key check an insert can draw its
+    /// number before the delete of the key's old row).
     async fn touched_page(
         &self,
         payload: &tokio_postgres::Statement,
-        range: Option<&tokio_postgres::Statement>,
+        read: Read<'_>,
         pending: Vec<Pending>,
         touches: Touches,
     ) -> Result<Batch> {
@@ -884,7 +999,30 @@ impl SnapshotRead {
         let mut versions = Vec::with_capacity(pending.len());
         let mut gone = 0;
         let version = |p: &Pending| p.touched_at.max(self.floor);
-        let mut tombstone = |p: &Pending, builder: &mut RowsBuilder| {
+        // After a scan, the rows it did not find are looked up by key first (few: rows gone
+        // since their touch) and merged in as their turn comes.
+        let (looked, by_address) = match read {
+            Read::Address(_) => {
+                let missed: Vec<&Pending> = pending.iter().filter(|p| p.at.is_none()).collect();
+                let found = (pending.len() - missed.len()) as u64;
+                (self.looked_up(payload, &missed).await?, found)
+            }
+            _ => (Vec::new(), 0),
+        };
+        let mut looked = looked.into_iter().peekable();
+        // A row no read of the page returned: the one its key found, or a tombstone.
+        let mut settle = |p: &Pending, builder: &mut RowsBuilder| {
+            let mine =
+                |r: &tokio_postgres::Row| r.try_get::<_, Uuid>(0).is_ok_and(|id| id == p.row_id);
+            if let Some(r) = looked.next_if(mine) {
+                return builder.push(p.row_id, version(p), 0, Some(&r), 1);
+            }
+            if p.at.is_some() {
+                return Err(Error::Invariant(format!(
+                    "{OP}: row {} found by the table scan was not read at its address",
+                    p.row_id
+                )));
+            }
             if !p.deleted {
                 gone += 1;
             }
@@ -895,9 +1033,10 @@ impl SnapshotRead {
             let ids: Vec<Uuid>;
             let keys: Vec<Option<&str>>;
             let ints: Vec<i64>;
+            let ats: Vec<Tid>;
             let bounds: (i64, i64, Vec<u8>);
-            let (statement, params): (_, Vec<&(dyn ToSql + Sync)>) = match (range, rule) {
-                (Some(range), RowIdRule::Integer) => {
+            let (statement, params): (_, Vec<&(dyn ToSql + Sync)>) = match (read, rule) {
+                (Read::Range(range), RowIdRule::Integer) => {
                     bounds = (
                         integer_key(first.row_id),
                         integer_key(last.row_id),
@@ -905,8 +1044,14 @@ impl SnapshotRead {
                     );
                     (range, vec![&bounds.0, &bounds.1, &bounds.2])
                 }
-                (Some(range), _) => (range, vec![&first.row_id, &last.row_id]),
-                (None, rule) => {
+                (Read::Range(range), _) => (range, vec![&first.row_id, &last.row_id]),
+                (Read::Address(by_address), _) => {
+                    let found = pending.iter().filter(|p| p.at.is_some());
+                    ids = found.clone().map(|p| p.row_id).collect();
+                    ats = found.filter_map(|p| p.at).collect();
+                    (by_address, vec![&ids, &ats])
+                }
+                (Read::Lookup, rule) => {
                     ids = pending.iter().map(|p| p.row_id).collect();
                     match rule {
                         RowIdRule::Key => (payload, vec![&ids]),
@@ -921,6 +1066,7 @@ impl SnapshotRead {
                     }
                 }
             };
+            let ranged = matches!(read, Read::Range(_));
             within(TIMEOUT, OP, async {
                 let stream = self
                     .client
@@ -930,14 +1076,14 @@ impl SnapshotRead {
                 futures::pin_mut!(stream);
                 let row_id = |e| Error::postgres(format!("{OP}: row_id"))(e);
                 while let Some(r) = stream.try_next().await.map_err(Error::postgres(OP))? {
-                    let id = match (range, rule) {
-                        (Some(_), RowIdRule::Integer) => {
+                    let id = match (ranged, rule) {
+                        (true, RowIdRule::Integer) => {
                             integer_row_id(self.src.id, r.try_get(0).map_err(row_id)?)
                         }
                         _ => r.try_get::<_, Uuid>(0).map_err(row_id)?,
                     };
                     while pending.get(next).is_some_and(|p| p.row_id < id) {
-                        tombstone(&pending[next], &mut builder)?;
+                        settle(&pending[next], &mut builder)?;
                         next += 1;
                     }
                     match pending.get(next) {
@@ -946,7 +1092,7 @@ impl SnapshotRead {
                             next += 1;
                         }
                         // An untouched row of a uuid key's range.
-                        _ if range.is_some() => {}
+                        _ if ranged => {}
                         _ => {
                             return Err(Error::Invariant(format!(
                                 "{OP}: row {id} came back out of order"
@@ -959,7 +1105,12 @@ impl SnapshotRead {
             .await?;
         }
         for p in &pending[next..] {
-            tombstone(p, &mut builder)?;
+            settle(p, &mut builder)?;
+        }
+        if looked.next().is_some() {
+            return Err(Error::Invariant(format!(
+                "{OP}: a row looked up by key came back out of order"
+            )));
         }
         for p in &pending {
             versions.push(Selected {
@@ -973,8 +1124,29 @@ impl SnapshotRead {
             versions,
             touches,
             gone,
-            by_range: range.is_some(),
+            by_range: matches!(read, Read::Range(_)),
+            by_address,
         })
+    }
+
+    /// The table rows of hashed-key rows `rows` (in `row_id` order), each looked up by key:
+    /// [`TableSource::payload_sql`], collected.
+    async fn looked_up(
+        &self,
+        payload: &tokio_postgres::Statement,
+        rows: &[&Pending],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = rows.iter().map(|p| p.row_id).collect();
+        let keys: Vec<Option<&str>> = rows.iter().map(|p| p.key.as_deref()).collect();
+        timed(
+            TIMEOUT,
+            "read a table source page",
+            self.client.query(payload, &[&ids, &keys]),
+        )
+        .await
     }
 
     /// Ends the snapshot.
@@ -1003,30 +1175,8 @@ async fn read_touches(client: &Client, src: &TableSource) -> Result<(Vec<RawTouc
         MAX_TOUCHES + 1
     );
     let mut out: Vec<RawTouch> = Vec::new();
-    within(TIMEOUT, OP, async {
-        let stream = client.copy_out(&sql).await.map_err(Error::postgres(OP))?;
-        futures::pin_mut!(stream);
-        let mut buf = bytes::BytesMut::new();
-        let mut header = false;
-        while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(OP))? {
-            buf.extend_from_slice(&chunk);
-            if !header {
-                match copy_header_len(&buf)? {
-                    Some(n) => {
-                        bytes::Buf::advance(&mut buf, n);
-                        header = true;
-                    }
-                    None => continue,
-                }
-            }
-            while let Some((touch, used)) = parse_touch(&buf)? {
-                bytes::Buf::advance(&mut buf, used);
-                match touch {
-                    Some(t) => out.push(t),
-                    None => return Ok(()),
-                }
-            }
-        }
+    copy_each(client, OP, &sql, |fields| {
+        out.push(decode_touch(fields)?);
         Ok(())
     })
     .await?;
@@ -1035,56 +1185,109 @@ async fn read_touches(client: &Client, src: &TableSource) -> Result<(Vec<RawTouc
     Ok((out, more))
 }
 
+/// Streams the binary `COPY … TO STDOUT` `sql`, handing each tuple's `N` fields (`None`: NULL)
+/// to `each` where they lie in the stream.
+async fn copy_each<const N: usize>(
+    client: &Client,
+    op: &'static str,
+    sql: &str,
+    mut each: impl FnMut([Option<&[u8]>; N]) -> Result<()>,
+) -> Result<()> {
+    within(TIMEOUT, op, async {
+        let stream = client.copy_out(sql).await.map_err(Error::postgres(op))?;
+        futures::pin_mut!(stream);
+        let mut buf = bytes::BytesMut::new();
+        let mut header = false;
+        while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
+            buf.extend_from_slice(&chunk);
+            if !header {
+                match copy_header_len(op, &buf)? {
+                    Some(n) => {
+                        bytes::Buf::advance(&mut buf, n);
+                        header = true;
+                    }
+                    None => continue,
+                }
+            }
+            while let Some((tuple, used)) = copy_tuple::<N>(op, &buf)? {
+                let end = match tuple {
+                    Some(fields) => {
+                        each(fields)?;
+                        false
+                    }
+                    None => true,
+                };
+                bytes::Buf::advance(&mut buf, used);
+                if end {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
 /// The length of a binary COPY stream's header, once `b` holds all of it.
-fn copy_header_len(b: &[u8]) -> Result<Option<usize>> {
+fn copy_header_len(op: &'static str, b: &[u8]) -> Result<Option<usize>> {
     const SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
     if b.len() < SIGNATURE.len() + 8 {
         return Ok(None);
     }
     if !b.starts_with(SIGNATURE) {
-        return Err(Error::decode(
-            "read lakecdc_touch",
-            "not a binary COPY stream",
-        ));
+        return Err(Error::decode(op, "not a binary COPY stream"));
     }
     let ext = u32::from_be_bytes([b[15], b[16], b[17], b[18]]) as usize;
     Ok((b.len() >= 19 + ext).then_some(19 + ext))
 }
 
-/// A parsed tuple of the touches' COPY stream (`None`: the end marker) and its length.
-type ParsedTouch = (Option<RawTouch>, usize);
+/// A tuple's fields (`None` inside: the end marker) and the bytes it takes.
+type CopyTuple<'b, const N: usize> = (Option<[Option<&'b [u8]>; N]>, usize);
 
-/// One touch tuple of the binary COPY stream at the start of `b` and the bytes it takes
-/// (`None` inside: the end marker); `None` when `b` does not hold all of it yet.
-fn parse_touch(b: &[u8]) -> Result<Option<ParsedTouch>> {
-    let bad =
-        |what: &str| Error::decode("read lakecdc_touch", format!("a malformed touch: {what}"));
+/// The tuple of `N` fields of a binary COPY stream at the start of `b`; `None` when `b` does
+/// not hold all of it yet.
+fn copy_tuple<'b, const N: usize>(
+    op: &'static str,
+    b: &'b [u8],
+) -> Result<Option<CopyTuple<'b, N>>> {
     if b.len() < 2 {
         return Ok(None);
     }
-    let fields = i16::from_be_bytes([b[0], b[1]]);
-    if fields == -1 {
+    let count = i16::from_be_bytes([b[0], b[1]]);
+    if count == -1 {
         return Ok(Some((None, 2)));
     }
-    if fields != 5 {
-        return Err(bad("field count"));
+    if usize::try_from(count).ok() != Some(N) {
+        return Err(Error::decode(op, "a malformed tuple: field count"));
     }
     let mut at = 2;
-    let mut field = || -> Option<Option<&[u8]>> {
-        let len = i32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?);
+    let mut fields = [None; N];
+    for field in &mut fields {
+        let Some(len) = b.get(at..at + 4) else {
+            return Ok(None);
+        };
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
         at += 4;
-        if len < 0 {
-            return Some(None);
+        if let Ok(len) = usize::try_from(len) {
+            let Some(v) = b.get(at..at + len) else {
+                return Ok(None);
+            };
+            at += len;
+            *field = Some(v);
         }
-        let v = b.get(at..at + len as usize)?;
-        at += len as usize;
-        Some(Some(v))
-    };
-    let (Some(id), Some(touched), Some(deleted), Some(tid), Some(key)) =
-        (field(), field(), field(), field(), field())
-    else {
-        return Ok(None);
-    };
+    }
+    Ok(Some((Some(fields), at)))
+}
+
+/// A binary `tid`.
+fn tid(v: &[u8]) -> Option<Tid> {
+    <Tid as tokio_postgres::types::FromSql>::from_sql(&tokio_postgres::types::Type::TID, v).ok()
+}
+
+/// One touch of the touches' COPY stream.
+fn decode_touch([id, touched, deleted, at, key]: [Option<&[u8]>; 5]) -> Result<RawTouch> {
+    let bad =
+        |what: &str| Error::decode("read lakecdc_touch", format!("a malformed touch: {what}"));
     let id = id
         .and_then(|v| Uuid::from_slice(v).ok())
         .ok_or_else(|| bad("row_id"))?;
@@ -1093,17 +1296,12 @@ fn parse_touch(b: &[u8]) -> Result<Option<ParsedTouch>> {
         .map(i64::from_be_bytes)
         .ok_or_else(|| bad("touched_at"))?;
     let deleted = matches!(deleted.ok_or_else(|| bad("deleted"))?, [1]);
-    let tid = tid
-        .and_then(|v| {
-            <Tid as tokio_postgres::types::FromSql>::from_sql(&tokio_postgres::types::Type::TID, v)
-                .ok()
-        })
-        .ok_or_else(|| bad("ctid"))?;
+    let at = at.and_then(tid).ok_or_else(|| bad("ctid"))?;
     let key = key
         .map(|v| std::str::from_utf8(v).map(str::to_string))
         .transpose()
         .map_err(|_| bad("key"))?;
-    Ok(Some((Some((id, touched, deleted, tid, key)), at)))
+    Ok((id, touched, deleted, at, key))
 }
 
 /// The mark: deletes exactly the touches a published batch was read from, by address (a TID
@@ -1254,6 +1452,7 @@ mod tests {
                 deleted: false,
                 key: None,
                 touches: 0..0,
+                at: None,
             })
             .collect()
     }
