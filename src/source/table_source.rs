@@ -202,9 +202,9 @@ impl TableSource {
         Ok(())
     }
 
-    /// The condition joining the touch-log slot `t` to its row `s` by the primary key: the
+    /// The condition joining the asked row `t` to its table row `s` by the primary key: the
     /// uuid key is the `row_id`, an integer key is read back from it, any other key from the
-    /// slot's stored key (docs/design.md §9.1).
+    /// key stored with its touch `k` (docs/design.md §9.1).
     fn key_match(&self) -> String {
         match (RowIdRule::of(&self.key), self.key.as_slice()) {
             (RowIdRule::Key, [only]) => format!("s.{} = t.row_id", ident(&only.name)),
@@ -222,7 +222,7 @@ impl TableSource {
                         };
                         (
                             format!("s.{}", ident(&k.name)),
-                            format!("(t.key ->> '{}')::{ty}", crate::config::sql_string(&k.name)),
+                            format!("(k.key ->> '{}')::{ty}", crate::config::sql_string(&k.name)),
                         )
                     })
                     .unzip();
@@ -240,39 +240,42 @@ impl TableSource {
     }
 
     /// Flush's first read: the source's touches, as stored (no sort, no aggregate: the export
-    /// folds them per row itself), with their addresses for the mark. A hashed key's touches
-    /// carry the key.
+    /// folds them per row itself), with their addresses for the mark and, for a hashed key,
+    /// the lookup of its stored key ([`Self::payload_sql`]).
     fn touches_sql(&self) -> String {
-        let key = match RowIdRule::of(&self.key) {
-            RowIdRule::Key | RowIdRule::Integer => "NULL::text",
-            RowIdRule::Hashed => "key::text",
-        };
         format!(
-            "SELECT row_id, touched_at, deleted, ctid, {key} FROM {} WHERE source_id = {}",
+            "SELECT row_id, touched_at, deleted, ctid FROM {} WHERE source_id = {}",
             self.touch_log.quoted(),
             self.id
         )
     }
 
-    /// Flush's payload read of a batch: the rows of the given row ids (`$1`, with their keys
-    /// in `$2` for an integer or hashed key) that the table holds, each looked up through the
-    /// primary key (the uuid key is the `row_id`; an integer key is read back from it; any
-    /// other key from its stored JSON, and the row's key must have the touch's text:
+    /// Flush's payload read of a batch: the rows of the given row ids (`$1`; `$2`: an integer
+    /// key's keys, or a hashed key's touch addresses) that the table holds, each looked up
+    /// through the primary key (the uuid key is the `row_id`; an integer key is read back from
+    /// it; any other key from the JSON stored with the touch at `$2`, in the snapshot, and the
+    /// row's key must have the touch's text:
     /// [`Self::same_key_text`]), in the order asked (PostgreSQL knows a function
     /// scan's ordinality order: no sort). `ONLY`: an inheritance child's rows are not the
     /// table's.
     fn payload_sql(&self) -> String {
         let (ids, on) = match RowIdRule::of(&self.key) {
             RowIdRule::Key => (
-                "unnest($1::uuid[]) WITH ORDINALITY AS t(row_id, n)",
+                "unnest($1::uuid[]) WITH ORDINALITY AS t(row_id, n)".to_string(),
                 self.key_match(),
             ),
             RowIdRule::Integer => (
-                "unnest($1::uuid[], $2::int8[]) WITH ORDINALITY AS t(row_id, k, n)",
+                "unnest($1::uuid[], $2::int8[]) WITH ORDINALITY AS t(row_id, k, n)".to_string(),
                 self.key_match(),
             ),
+            // The key stored with one of the row's touches, read at the touch's address in
+            // the snapshot (a TID scan): no key is sent to lakecdc and back.
             RowIdRule::Hashed => (
-                "unnest($1::uuid[], $2::text[]::jsonb[]) WITH ORDINALITY AS t(row_id, key, n)",
+                format!(
+                    "unnest($1::uuid[], $2::tid[]) WITH ORDINALITY AS t(row_id, at, n) \
+                     JOIN {log} k ON k.ctid = t.at AND k.row_id = t.row_id",
+                    log = self.touch_log.quoted()
+                ),
                 format!("{}{}", self.key_match(), self.same_key_text()),
             ),
         };
@@ -316,7 +319,7 @@ impl TableSource {
         for k in &self.key {
             let (col, val) = (
                 format!("s.{}", ident(&k.name)),
-                format!("(t.key ->> '{}')", crate::config::sql_string(&k.name)),
+                format!("(k.key ->> '{}')", crate::config::sql_string(&k.name)),
             );
             match k.type_name.as_str() {
                 t if INTEGER_KEYS.contains(&t) || t == "uuid" || t == "boolean" => {}
@@ -531,17 +534,18 @@ pub enum ReadKind {
 /// drained over several runs.
 pub const MAX_TOUCHES: usize = 2_000_000;
 
-/// One touch as flush reads it: row, time, gone, address, key (a hashed key's JSON).
-type RawTouch = (Uuid, i64, bool, Tid, Option<String>);
+/// One touch as flush reads it: row, time, gone, address.
+type RawTouch = (Uuid, i64, bool, Tid);
 
-/// A row with touches, folded: its latest touch time, whether a touch said it is gone, its
-/// key (a hashed key's JSON), and where its touches are in [`Folded::touches`].
+/// A row with touches, folded: its latest touch time, whether a touch said it is gone, the
+/// address of its first touch (where a hashed key's lookup reads the key), and where its
+/// touches are in [`Folded::touches`].
 #[derive(Debug, Clone)]
 struct Pending {
     row_id: Uuid,
     touched_at: i64,
     deleted: bool,
-    key: Option<String>,
+    first: Tid,
     touches: std::ops::Range<usize>,
     /// Where flush's table scan found the row in the snapshot (a hashed key's dense backlog).
     at: Option<Tid>,
@@ -560,7 +564,7 @@ impl Folded {
     fn new(mut raw: Vec<RawTouch>) -> Self {
         raw.sort_unstable_by_key(|t| t.0);
         let mut out = Folded::default();
-        for (i, (row_id, touched_at, deleted, tid, key)) in raw.into_iter().enumerate() {
+        for (i, (row_id, touched_at, deleted, tid)) in raw.into_iter().enumerate() {
             match out.rows.last_mut() {
                 Some(p) if p.row_id == row_id => {
                     p.touched_at = p.touched_at.max(touched_at);
@@ -571,7 +575,7 @@ impl Folded {
                     row_id,
                     touched_at,
                     deleted,
-                    key,
+                    first: tid,
                     touches: i..i + 1,
                     at: None,
                 }),
@@ -1031,7 +1035,7 @@ impl SnapshotRead {
         let mut next = 0;
         if let (Some(first), Some(last)) = (pending.first(), pending.last()) {
             let ids: Vec<Uuid>;
-            let keys: Vec<Option<&str>>;
+            let firsts: Vec<Tid>;
             let ints: Vec<i64>;
             let ats: Vec<Tid>;
             let bounds: (i64, i64, Vec<u8>);
@@ -1060,8 +1064,8 @@ impl SnapshotRead {
                             (payload, vec![&ids, &ints])
                         }
                         RowIdRule::Hashed => {
-                            keys = pending.iter().map(|p| p.key.as_deref()).collect();
-                            (payload, vec![&ids, &keys])
+                            firsts = pending.iter().map(|p| p.first).collect();
+                            (payload, vec![&ids, &firsts])
                         }
                     }
                 }
@@ -1139,12 +1143,11 @@ impl SnapshotRead {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<Uuid> = rows.iter().map(|p| p.row_id).collect();
-        let keys: Vec<Option<&str>> = rows.iter().map(|p| p.key.as_deref()).collect();
+        let (ids, firsts): (Vec<Uuid>, Vec<Tid>) = rows.iter().map(|p| (p.row_id, p.first)).unzip();
         timed(
             TIMEOUT,
             "read a table source page",
-            self.client.query(payload, &[&ids, &keys]),
+            self.client.query(payload, &[&ids, &firsts]),
         )
         .await
     }
@@ -1285,7 +1288,7 @@ fn tid(v: &[u8]) -> Option<Tid> {
 }
 
 /// One touch of the touches' COPY stream.
-fn decode_touch([id, touched, deleted, at, key]: [Option<&[u8]>; 5]) -> Result<RawTouch> {
+fn decode_touch([id, touched, deleted, at]: [Option<&[u8]>; 4]) -> Result<RawTouch> {
     let bad =
         |what: &str| Error::decode("read lakecdc_touch", format!("a malformed touch: {what}"));
     let id = id
@@ -1297,11 +1300,7 @@ fn decode_touch([id, touched, deleted, at, key]: [Option<&[u8]>; 5]) -> Result<R
         .ok_or_else(|| bad("touched_at"))?;
     let deleted = matches!(deleted.ok_or_else(|| bad("deleted"))?, [1]);
     let at = at.and_then(tid).ok_or_else(|| bad("ctid"))?;
-    let key = key
-        .map(|v| std::str::from_utf8(v).map(str::to_string))
-        .transpose()
-        .map_err(|_| bad("key"))?;
-    Ok((id, touched, deleted, at, key))
+    Ok((id, touched, deleted, at))
 }
 
 /// The mark: deletes exactly the touches a published batch was read from, by address (a TID
@@ -1450,7 +1449,7 @@ mod tests {
                 row_id: integer_row_id(source, *k),
                 touched_at: 1,
                 deleted: false,
-                key: None,
+                first: Tid::default(),
                 touches: 0..0,
                 at: None,
             })
