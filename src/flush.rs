@@ -107,6 +107,9 @@ pub struct FlushOptions {
     pub max_batches: Option<u32>,
     /// Start no batch after this much time.
     pub time_budget: Duration,
+    /// The most row bytes a table source's scan keeps at once (docs/design.md §9.2): a larger
+    /// backlog is read in several passes.
+    pub scan_memory: u64,
     /// Plan only: lock, stats and selection, nothing written.
     pub dry_run: bool,
     /// Where local Parquet files are written.
@@ -140,6 +143,7 @@ impl Default for FlushOptions {
             window_batches: WINDOW_BATCHES,
             max_batches: None,
             time_budget: Duration::from_secs(50),
+            scan_memory: 256 << 20,
             dry_run: false,
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),
@@ -185,9 +189,11 @@ pub struct SchemaReport {
     /// Of those, a table source's dense batches, read by one key range scan rather than a
     /// lookup per row (docs/design.md §9.2); 0 for a schema.
     pub batches_by_range: u32,
-    /// Rows a table source with a hashed key read by their address after one scan of the
-    /// table, rather than a lookup each (a dense backlog: docs/design.md §9.2); 0 for a schema.
-    pub rows_by_address: u64,
+    /// Rows of a table source with a hashed key that its table scans read (rather than a
+    /// lookup per row: docs/design.md §9.2); 0 for a schema.
+    pub rows_by_scan: u64,
+    /// The table scans (passes over the whole table) those took.
+    pub table_scans: u32,
     /// Rows written to delta files.
     pub rows_exported: u64,
     /// Rows marked flushed.
@@ -214,7 +220,8 @@ impl SchemaReport {
             dirty_rows: 0,
             batches: 0,
             batches_by_range: 0,
-            rows_by_address: 0,
+            rows_by_scan: 0,
+            table_scans: 0,
             rows_exported: 0,
             rows_marked: 0,
             rows_left_dirty: 0,

@@ -446,6 +446,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 window_batches: crate::flush::WINDOW_BATCHES,
                 max_batches: s.number("max-batches")?,
                 time_budget: duration(s, "time-budget")?,
+                scan_memory: size(s, "scan-memory")?,
                 dry_run,
                 work_dir,
                 engine,

@@ -251,6 +251,12 @@ pub const SETTINGS: &[Setting] = &[
     of(&[Flush], "max-batches", "LAKECDC_MAX_BATCHES", None),
     of(&[Flush], "time-budget", "LAKECDC_TIME_BUDGET", Some("50s")),
     of(
+        &[Flush],
+        "scan-memory",
+        "LAKECDC_SCAN_MEMORY",
+        Some("256MiB"),
+    ),
+    of(
         &[Verify],
         "parallelism",
         "LAKECDC_VERIFY_PARALLELISM",

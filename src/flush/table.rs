@@ -71,7 +71,14 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     let src = Arc::new(src);
     let t = Instant::now();
     let reader = Arc::new(
-        table_source::SnapshotRead::open(Arc::new(client), src.clone(), ReadKind::Flush).await?,
+        table_source::SnapshotRead::open(
+            Arc::new(client),
+            src.clone(),
+            ReadKind::Flush {
+                scan_memory: usize::try_from(opts.scan_memory).unwrap_or(usize::MAX),
+            },
+        )
+        .await?,
     );
     step_done("read touches", t);
     report.dirty_rows = reader.pending_rows();
@@ -143,7 +150,8 @@ async fn drain(
             }
             report.batches += 1;
             report.batches_by_range += u32::from(batch.by_range);
-            report.rows_by_address += batch.by_address;
+            report.rows_by_scan += batch.by_scan;
+            report.table_scans += batch.scans;
             if batch.gone > 0 {
                 tracing::warn!(
                     schema = %src.name,

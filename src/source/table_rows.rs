@@ -138,20 +138,52 @@ impl RowsBuilder {
         row: Option<&Row>,
         first_payload: usize,
     ) -> Result<()> {
+        self.push_with(row_id, changed_at, deleted_at, |i| match row {
+            Some(row) => Ok(row
+                .try_get::<_, Option<Raw>>(first_payload + i)
+                .map_err(|e| Error::postgres(DECODE_OP)(e))?
+                .map(|r| r.0)),
+            None => Ok(None),
+        })
+    }
+
+    /// [`Self::push`] from a binary `COPY` tuple's payload fields (`None`: NULL), in
+    /// [`select_expr`]'s form.
+    pub fn push_fields(
+        &mut self,
+        row_id: uuid::Uuid,
+        changed_at: i64,
+        fields: &[Option<&[u8]>],
+    ) -> Result<()> {
+        if fields.len() != self.types.len() {
+            return Err(bad(format!(
+                "{} fields for {} columns",
+                fields.len(),
+                self.types.len()
+            )));
+        }
+        self.push_with(row_id, changed_at, 0, |i| Ok(fields[i]))
+    }
+
+    /// Appends one lake row whose payload column `i` is `raw(i)` (read only for a live row).
+    fn push_with<'r>(
+        &mut self,
+        row_id: uuid::Uuid,
+        changed_at: i64,
+        deleted_at: i64,
+        mut raw: impl FnMut(usize) -> Result<Option<&'r [u8]>>,
+    ) -> Result<()> {
         self.row_ids
             .append_value(row_id.as_bytes())
             .map_err(|e| Error::arrow("append a row id")(e))?;
         self.changed.append_value(changed_at);
         self.deleted.append_value(deleted_at);
         for (i, (b, t)) in self.payload.iter_mut().zip(&self.types).enumerate() {
-            let raw = match row {
-                Some(row) if deleted_at == 0 => row
-                    .try_get::<_, Option<Raw>>(first_payload + i)
-                    .map_err(|e| Error::postgres(DECODE_OP)(e))?
-                    .map(|r| r.0),
+            let value = match deleted_at {
+                0 => raw(i)?,
                 _ => None,
             };
-            append(b.as_mut(), t, raw)?;
+            append(b.as_mut(), t, value)?;
         }
         self.rows += 1;
         Ok(())

@@ -6,6 +6,7 @@
 //! which is raised before anything is published), the mark that deletes exactly the touches
 //! read, and init's read of every row in one snapshot.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -286,25 +287,15 @@ impl TableSource {
         )
     }
 
-    /// Flush's scan of a hashed key's table for a dense backlog: every row's address and the
-    /// text its `row_id` hashes, in heap order (one sequential read instead of a key lookup
-    /// per touched row: docs/design.md §9.2).
+    /// Flush's scan of a hashed key's table for a dense backlog ([`Scan`]): every row's key
+    /// text (what its `row_id` hashes) and payload, in heap order — one sequential read
+    /// instead of a key lookup per touched row (docs/design.md §9.2).
     fn scan_sql(&self) -> String {
         format!(
-            "COPY (SELECT s.ctid, {} FROM ONLY {} s) TO STDOUT (FORMAT binary)",
+            "COPY (SELECT {}, {} FROM ONLY {} s) TO STDOUT (FORMAT binary)",
             key_text_expr(&self.key, "s"),
+            self.payload(),
             self.table.quoted()
-        )
-    }
-
-    /// Flush's payload read of a scanned page: the rows at the addresses `$2` (each a TID
-    /// scan: no index descent), with their row ids `$1`, in the order asked.
-    fn address_sql(&self) -> String {
-        format!(
-            "SELECT t.row_id, {payload} FROM unnest($1::uuid[], $2::tid[]) WITH ORDINALITY AS t(row_id, at, n) \
-             JOIN ONLY {table} s ON s.ctid = t.at ORDER BY t.n",
-            payload = self.payload(),
-            table = self.table.quoted(),
         )
     }
 
@@ -517,15 +508,20 @@ pub struct Batch {
     pub gone: u64,
     /// Read by one key range scan (a dense flush page), not by key lookups.
     pub by_range: bool,
-    /// Rows read by their address, found by flush's table scan, not by key lookups.
-    pub by_address: u64,
+    /// Rows read by flush's table scan ([`Scan`]), not by key lookups.
+    pub by_scan: u64,
+    /// The table scans run for this page.
+    pub scans: u32,
 }
 
 /// What a [`SnapshotRead`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadKind {
     /// Flush: the pending touches, folded per row.
-    Flush,
+    Flush {
+        /// The most row bytes a table scan keeps at once ([`Scan`]).
+        scan_memory: usize,
+    },
     /// Init: every row of the table.
     Init,
 }
@@ -546,9 +542,7 @@ struct Pending {
     touched_at: i64,
     deleted: bool,
     first: Tid,
-    touches: std::ops::Range<usize>,
-    /// Where flush's table scan found the row in the snapshot (a hashed key's dense backlog).
-    at: Option<Tid>,
+    touches: Range<usize>,
 }
 
 /// A flush's touches, folded per row in `row_id` order, and the next row to serve.
@@ -577,7 +571,6 @@ impl Folded {
                     deleted,
                     first: tid,
                     touches: i..i + 1,
-                    at: None,
                 }),
             }
             out.touches.tids.push(tid);
@@ -585,10 +578,11 @@ impl Folded {
         out
     }
 
-    /// The next `n` rows and their touches.
-    fn take(&mut self, n: usize) -> (Vec<Pending>, Touches) {
+    /// The next `n` rows, the index of the first, and their touches.
+    fn take(&mut self, n: usize) -> (Vec<Pending>, usize, Touches) {
+        let start = self.next;
         let end = (self.next + n).min(self.rows.len());
-        let rows = self.rows[self.next..end].to_vec();
+        let rows = self.rows[start..end].to_vec();
         self.next = end;
         let span = match (rows.first(), rows.last()) {
             (Some(f), Some(l)) => f.touches.start..l.touches.end,
@@ -598,7 +592,7 @@ impl Folded {
             tids: self.touches.tids[span].to_vec(),
             rows: rows.len() as u64,
         };
-        (rows, touches)
+        (rows, start, touches)
     }
 }
 
@@ -612,21 +606,41 @@ enum Served {
         folded: std::sync::Mutex<Folded>,
         payload: tokio_postgres::Statement,
         range: Option<Ranged>,
-        /// The read by address, when the table was scanned ([`SnapshotRead::scan`]).
-        by_address: Option<tokio_postgres::Statement>,
+        /// The table scan of a hashed key's dense backlog.
+        scan: Option<tokio::sync::Mutex<Scan>>,
     },
 }
 
 /// How one page of flush's folded rows is read.
-#[derive(Clone, Copy)]
 enum Read<'a> {
     /// A lookup per row by key ([`TableSource::payload_sql`]).
     Lookup,
     /// One key range scan ([`TableSource::range_sql`]).
     Range(&'a tokio_postgres::Statement),
-    /// The rows the table scan found by their address ([`TableSource::address_sql`]), the
-    /// others by key.
-    Address(&'a tokio_postgres::Statement),
+    /// The tuples the table scan kept, per row of the page ([`Scan`]); the rows without one
+    /// by key.
+    Scanned(Vec<Option<Box<[u8]>>>),
+}
+
+/// Flush's scan of a hashed key's dense backlog (docs/design.md §9.2): the table read once per
+/// pass, in heap order ([`TableSource::scan_sql`]), each pass keeping the binary tuples of
+/// the pending rows of a range of the backlog (in `row_id` order) — as many as
+/// its budget (`--scan-memory`) holds — for the pages to take. A pending row the scan did not keep is read
+/// by key as before: the scan only saves lookups, it never decides that a row is gone.
+struct Scan {
+    /// The pending rows' ids, in `row_id` order (the folded rows').
+    ids: Vec<Uuid>,
+    /// The backlog's rows the last pass covered: `[lo, hi)`.
+    lo: usize,
+    hi: usize,
+    /// The tuples it kept, by backlog index minus `lo`.
+    kept: Vec<Option<Box<[u8]>>>,
+    /// Whether another pass may run: the last covered enough rows to pay for its read.
+    more: bool,
+    /// The fewest rows a pass must cover to pay (a share of the table's).
+    least: usize,
+    /// The most tuple bytes a pass keeps.
+    budget: usize,
 }
 
 /// Flush's range read of dense pages ([`TableSource::range_sql`]).
@@ -646,9 +660,9 @@ const DENSE: usize = 3;
 /// about a tenth of a lookup each.
 const DENSE_INTEGER: usize = 8;
 
-/// A hashed key's table is scanned once (its addresses and key texts, in heap order) when the
-/// backlog's rows are at least this share of the table's: a scanned row costs about a
-/// seventh of a key lookup, and a row read by its address about half of one.
+/// A hashed key's table is scanned ([`Scan`]) when the backlog's rows are at least this share
+/// of the table's (as last analysed): a row the scan sends and skips costs PostgreSQL about a
+/// fifth of a key lookup, and a row it keeps saves one.
 const SCAN_SHARE: f64 = 0.25;
 
 /// The number of keys from `first`'s integer key to `last`'s, when a bitmap over them can be
@@ -676,6 +690,127 @@ fn key_bitmap(pending: &[Pending]) -> Vec<u8> {
         }
     }
     bits
+}
+
+impl Scan {
+    /// The scan of a hashed key's backlog `pending`, when it pays: the backlog's rows are at
+    /// least [`SCAN_SHARE`] of the table's as last analysed (a table never analysed is not
+    /// scanned), and `md5` hashes the key text's bytes as lakecdc receives them (the
+    /// database's encoding is UTF8 or SQL_ASCII).
+    async fn planned(
+        client: &Client,
+        src: &TableSource,
+        pending: &[Pending],
+        budget: usize,
+    ) -> Result<Option<Self>> {
+        const OP: &str = "plan a table source scan";
+        if RowIdRule::of(&src.key) != RowIdRule::Hashed || pending.is_empty() {
+            return Ok(None);
+        }
+        let row = timed(
+            TIMEOUT,
+            OP,
+            client.query_one(
+                "SELECT c.reltuples::float8, current_setting('server_encoding') \
+                 FROM pg_class c WHERE c.oid = to_regclass($1)",
+                &[&src.table.quoted()],
+            ),
+        )
+        .await?;
+        let rows: f64 = row.try_get(0).map_err(Error::postgres(OP))?;
+        let encoding: String = row.try_get(1).map_err(Error::postgres(OP))?;
+        let least = rows * SCAN_SHARE;
+        if rows < 0.0
+            || (pending.len() as f64) < least
+            || !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII")
+        {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            ids: pending.iter().map(|p| p.row_id).collect(),
+            lo: 0,
+            hi: 0,
+            kept: Vec::new(),
+            more: true,
+            least: least as usize,
+            budget,
+        }))
+    }
+
+    /// The tuples of backlog rows `start..start + n` (a page; `None`: not kept), running the
+    /// next pass when the page reaches past the last one's rows; and the passes run.
+    async fn take(
+        &mut self,
+        client: &Client,
+        src: &TableSource,
+        start: usize,
+        n: usize,
+    ) -> Result<(Vec<Option<Box<[u8]>>>, u32)> {
+        let mut out = Vec::with_capacity(n);
+        let mut passes = 0;
+        for i in start..start + n {
+            if i >= self.hi && self.more {
+                self.pass(client, src, i).await?;
+                passes += 1;
+            }
+            out.push(match i.checked_sub(self.lo) {
+                Some(k) if i < self.hi => self.kept.get_mut(k).and_then(Option::take),
+                _ => None,
+            });
+        }
+        Ok((out, passes))
+    }
+
+    /// One pass: reads the table and keeps the tuples of the backlog's rows from `lo` on, as
+    /// many as its budget (`--scan-memory`) holds (the lowest `row_id`s: the pages take them in order).
+    async fn pass(&mut self, client: &Client, src: &TableSource, lo: usize) -> Result<()> {
+        const OP: &str = "scan a table source";
+        let mut hi = self.ids.len();
+        let mut kept: Vec<Option<Box<[u8]>>> = std::iter::repeat_with(|| None)
+            .take(hi.saturating_sub(lo))
+            .collect();
+        let ids = &self.ids;
+        let hashed = HashedRowId::new(src.id);
+        let (mut bytes, budget) = (0usize, self.budget);
+        copy_tuples(
+            client,
+            OP,
+            &src.scan_sql(),
+            1 + src.columns.len(),
+            |tuple, fields| {
+                let text = fields
+                    .first()
+                    .cloned()
+                    .flatten()
+                    .ok_or_else(|| Error::decode(OP, "a malformed row: no key text"))?;
+                let id = hashed.of(&tuple[text]);
+                let Some(k) = ids
+                    .get(lo..hi)
+                    .and_then(|range| range.binary_search(&id).ok())
+                else {
+                    return Ok(());
+                };
+                bytes += tuple.len();
+                kept[k] = Some(tuple.into());
+                // Over the budget: the highest rows are left to the next pass (one row at
+                // least is kept, so passes always move on).
+                if bytes > budget {
+                    while bytes > budget / 4 * 3 && hi > lo + 1 {
+                        hi -= 1;
+                        if let Some(t) = kept[hi - lo].take() {
+                            bytes -= t.len();
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        kept.truncate(hi - lo);
+        self.more = hi - lo >= self.least;
+        (self.lo, self.hi, self.kept) = (lo, hi, kept);
+        Ok(())
+    }
 }
 
 /// One snapshot of a table source, read a page at a time: init's (every row, through a
@@ -714,12 +849,12 @@ impl SnapshotRead {
         )
         .await?;
         let rows = match kind {
-            ReadKind::Flush => "0::int8".to_string(),
+            ReadKind::Flush { .. } => "0::int8".to_string(),
             ReadKind::Init => format!("(SELECT count(*) FROM ONLY {})", src.table.quoted()),
         };
         // Init's versions must beat every touch; flush's top comes from the touches it reads.
         let touched = match kind {
-            ReadKind::Flush => "NULL::int8".to_string(),
+            ReadKind::Flush { .. } => "NULL::int8".to_string(),
             ReadKind::Init => format!(
                 "(SELECT max(touched_at) FROM {} WHERE source_id = $1)",
                 src.touch_log.quoted()
@@ -745,7 +880,7 @@ impl SnapshotRead {
         let now: i64 = row.try_get(4).map_err(column("now"))?;
         let top = recorded.max(touched.unwrap_or(0)).max(1);
         let (floor, mut top) = match kind {
-            ReadKind::Flush => (recorded.max(1), top),
+            ReadKind::Flush { .. } => (recorded.max(1), top),
             ReadKind::Init => (top.max(now), top.max(now)),
         };
         let (served, more) = match kind {
@@ -762,7 +897,7 @@ impl SnapshotRead {
                 .await?;
                 (Served::Rows, false)
             }
-            ReadKind::Flush => {
+            ReadKind::Flush { scan_memory } => {
                 // Truncated: flush refuses the run, so the touches are not read.
                 let (raw, more) = match needs_init_at {
                     Some(_) => (Vec::new(), false),
@@ -781,17 +916,16 @@ impl SnapshotRead {
                     }),
                     None => None,
                 };
-                let mut folded = Folded::new(raw);
-                let by_address = match Self::scan(&client, &src, &mut folded.rows).await? {
-                    true => Some(prepare(&client, &src.address_sql()).await?),
-                    false => None,
-                };
+                let folded = Folded::new(raw);
+                let scan = Scan::planned(&client, &src, &folded.rows, scan_memory)
+                    .await?
+                    .map(tokio::sync::Mutex::new);
                 (
                     Served::Touches {
                         folded: std::sync::Mutex::new(folded),
                         payload,
                         range,
-                        by_address,
+                        scan,
                     },
                     more,
                 )
@@ -807,61 +941,6 @@ impl SnapshotRead {
             rows,
             more,
         })
-    }
-
-    /// A hashed key's dense backlog: when the pending rows are at least [`SCAN_SHARE`] of the
-    /// table's (as last analysed), reads every row's address and key text in the snapshot
-    /// and records, in `pending` (sorted by `row_id`), where each pending row is; whether it
-    /// scanned. A row the scan did not find is looked up by key as before (a row the table
-    /// no longer holds, or one whose key text the session renders otherwise): the scan only
-    /// saves lookups, it never decides that a row is gone. Only where the key text's bytes
-    /// are the database's (UTF8 or SQL_ASCII), since `md5` hashes those.
-    async fn scan(client: &Client, src: &TableSource, pending: &mut [Pending]) -> Result<bool> {
-        const OP: &str = "scan a table source";
-        if RowIdRule::of(&src.key) != RowIdRule::Hashed || pending.is_empty() {
-            return Ok(false);
-        }
-        let row = timed(
-            TIMEOUT,
-            OP,
-            client.query_one(
-                "SELECT c.reltuples::float8, current_setting('server_encoding') \
-                 FROM pg_class c WHERE c.oid = to_regclass($1)",
-                &[&src.table.quoted()],
-            ),
-        )
-        .await?;
-        let rows: f64 = row.try_get(0).map_err(Error::postgres(OP))?;
-        let encoding: String = row.try_get(1).map_err(Error::postgres(OP))?;
-        // Never analysed (-1): unknown, no scan.
-        if rows < 0.0
-            || (pending.len() as f64) < rows * SCAN_SHARE
-            || !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII")
-        {
-            return Ok(false);
-        }
-        let index: std::collections::HashMap<Uuid, usize> = pending
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.row_id, i))
-            .collect();
-        let hashed = HashedRowId::new(src.id);
-        copy_each(
-            client,
-            OP,
-            &src.scan_sql(),
-            |[at, text]: [Option<&[u8]>; 2]| {
-                let bad = |what: &str| Error::decode(OP, format!("a malformed row: {what}"));
-                let at = at.and_then(tid).ok_or_else(|| bad("ctid"))?;
-                let id = hashed.of(text.ok_or_else(|| bad("key text"))?);
-                if let Some(&i) = index.get(&id) {
-                    pending[i].at = Some(at);
-                }
-                Ok(())
-            },
-        )
-        .await?;
-        Ok(true)
     }
 
     /// Flush: the rows with a touch read (init: 0).
@@ -900,9 +979,9 @@ impl SnapshotRead {
                 folded,
                 payload,
                 range,
-                by_address,
+                scan,
             } => {
-                let (pending, touches) = folded
+                let (pending, start, touches) = folded
                     .lock()
                     .map_err(|_| Error::Invariant("a table source read panicked".into()))?
                     .take(rows);
@@ -911,12 +990,21 @@ impl SnapshotRead {
                     None => false,
                 };
                 let range = range.as_ref().filter(|_| dense).map(|r| &r.read);
-                let read = match (range, by_address) {
-                    (Some(range), _) => Read::Range(range),
-                    (None, Some(by_address)) => Read::Address(by_address),
-                    (None, None) => Read::Lookup,
+                let (read, scans) = match (range, scan) {
+                    (Some(range), _) => (Read::Range(range), 0),
+                    (None, Some(scan)) => {
+                        let (tuples, scans) = scan
+                            .lock()
+                            .await
+                            .take(&self.client, &self.src, start, pending.len())
+                            .await?;
+                        (Read::Scanned(tuples), scans)
+                    }
+                    (None, None) => (Read::Lookup, 0),
                 };
-                self.touched_page(payload, read, pending, touches).await
+                let mut batch = self.touched_page(payload, read, pending, touches).await?;
+                batch.scans = scans;
+                Ok(batch)
             }
         }
     }
@@ -951,7 +1039,8 @@ impl SnapshotRead {
                 touches: Touches::default(),
                 gone: 0,
                 by_range: false,
-                by_address: 0,
+                by_scan: 0,
+                scans: 0,
             })
         })
         .await
@@ -1003,15 +1092,24 @@ impl SnapshotRead {
         let mut versions = Vec::with_capacity(pending.len());
         let mut gone = 0;
         let version = |p: &Pending| p.touched_at.max(self.floor);
-        // After a scan, the rows it did not find are looked up by key first (few: rows gone
+        let (range, scanned) = match read {
+            Read::Lookup => (None, None),
+            Read::Range(range) => (Some(range), None),
+            Read::Scanned(tuples) => (None, Some(tuples)),
+        };
+        // After a scan, the rows it did not keep are looked up by key first (few: rows gone
         // since their touch) and merged in as their turn comes.
-        let (looked, by_address) = match read {
-            Read::Address(_) => {
-                let missed: Vec<&Pending> = pending.iter().filter(|p| p.at.is_none()).collect();
-                let found = (pending.len() - missed.len()) as u64;
-                (self.looked_up(payload, &missed).await?, found)
+        let (looked, by_scan) = match &scanned {
+            Some(tuples) => {
+                let missed: Vec<&Pending> = pending
+                    .iter()
+                    .zip(tuples)
+                    .filter_map(|(p, t)| t.is_none().then_some(p))
+                    .collect();
+                let kept = (pending.len() - missed.len()) as u64;
+                (self.looked_up(payload, &missed).await?, kept)
             }
-            _ => (Vec::new(), 0),
+            None => (Vec::new(), 0),
         };
         let mut looked = looked.into_iter().peekable();
         // A row no read of the page returned: the one its key found, or a tombstone.
@@ -1021,26 +1119,36 @@ impl SnapshotRead {
             if let Some(r) = looked.next_if(mine) {
                 return builder.push(p.row_id, version(p), 0, Some(&r), 1);
             }
-            if p.at.is_some() {
-                return Err(Error::Invariant(format!(
-                    "{OP}: row {} found by the table scan was not read at its address",
-                    p.row_id
-                )));
-            }
             if !p.deleted {
                 gone += 1;
             }
             builder.push(p.row_id, version(p), version(p), None, 1)
         };
         let mut next = 0;
-        if let (Some(first), Some(last)) = (pending.first(), pending.last()) {
+        if let Some(tuples) = scanned {
+            let mut fields = Vec::new();
+            let n = 1 + self.src.columns.len();
+            for (p, tuple) in pending.iter().zip(tuples) {
+                match tuple {
+                    Some(t) => {
+                        copy_tuple(OP, &t, n, &mut fields)?;
+                        let values: Vec<Option<&[u8]>> = fields[1..]
+                            .iter()
+                            .map(|r| r.clone().map(|r| &t[r]))
+                            .collect();
+                        builder.push_fields(p.row_id, version(p), &values)?;
+                    }
+                    None => settle(p, &mut builder)?,
+                }
+            }
+            next = pending.len();
+        } else if let (Some(first), Some(last)) = (pending.first(), pending.last()) {
             let ids: Vec<Uuid>;
             let firsts: Vec<Tid>;
             let ints: Vec<i64>;
-            let ats: Vec<Tid>;
             let bounds: (i64, i64, Vec<u8>);
-            let (statement, params): (_, Vec<&(dyn ToSql + Sync)>) = match (read, rule) {
-                (Read::Range(range), RowIdRule::Integer) => {
+            let (statement, params): (_, Vec<&(dyn ToSql + Sync)>) = match (range, rule) {
+                (Some(range), RowIdRule::Integer) => {
                     bounds = (
                         integer_key(first.row_id),
                         integer_key(last.row_id),
@@ -1048,14 +1156,8 @@ impl SnapshotRead {
                     );
                     (range, vec![&bounds.0, &bounds.1, &bounds.2])
                 }
-                (Read::Range(range), _) => (range, vec![&first.row_id, &last.row_id]),
-                (Read::Address(by_address), _) => {
-                    let found = pending.iter().filter(|p| p.at.is_some());
-                    ids = found.clone().map(|p| p.row_id).collect();
-                    ats = found.filter_map(|p| p.at).collect();
-                    (by_address, vec![&ids, &ats])
-                }
-                (Read::Lookup, rule) => {
+                (Some(range), _) => (range, vec![&first.row_id, &last.row_id]),
+                (None, rule) => {
                     ids = pending.iter().map(|p| p.row_id).collect();
                     match rule {
                         RowIdRule::Key => (payload, vec![&ids]),
@@ -1070,7 +1172,7 @@ impl SnapshotRead {
                     }
                 }
             };
-            let ranged = matches!(read, Read::Range(_));
+            let ranged = range.is_some();
             within(TIMEOUT, OP, async {
                 let stream = self
                     .client
@@ -1128,8 +1230,9 @@ impl SnapshotRead {
             versions,
             touches,
             gone,
-            by_range: matches!(read, Read::Range(_)),
-            by_address,
+            by_range: range.is_some(),
+            by_scan,
+            scans: 0,
         })
     }
 
@@ -1196,34 +1299,46 @@ async fn copy_each<const N: usize>(
     sql: &str,
     mut each: impl FnMut([Option<&[u8]>; N]) -> Result<()>,
 ) -> Result<()> {
+    copy_tuples(client, op, sql, N, |tuple, fields| {
+        each(std::array::from_fn(|i| {
+            fields[i].clone().map(|r| &tuple[r])
+        }))
+    })
+    .await
+}
+
+/// Streams the binary `COPY … TO STDOUT` `sql` of `n` columns, handing each tuple — its bytes,
+/// and where each field lies in them (`None`: NULL) — to `each` where it lies in the stream.
+async fn copy_tuples(
+    client: &Client,
+    op: &'static str,
+    sql: &str,
+    n: usize,
+    mut each: impl FnMut(&[u8], &[Option<Range<usize>>]) -> Result<()>,
+) -> Result<()> {
     within(TIMEOUT, op, async {
         let stream = client.copy_out(sql).await.map_err(Error::postgres(op))?;
         futures::pin_mut!(stream);
         let mut buf = bytes::BytesMut::new();
         let mut header = false;
+        let mut fields = Vec::with_capacity(n);
         while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
             buf.extend_from_slice(&chunk);
             if !header {
                 match copy_header_len(op, &buf)? {
-                    Some(n) => {
-                        bytes::Buf::advance(&mut buf, n);
+                    Some(len) => {
+                        bytes::Buf::advance(&mut buf, len);
                         header = true;
                     }
                     None => continue,
                 }
             }
-            while let Some((tuple, used)) = copy_tuple::<N>(op, &buf)? {
-                let end = match tuple {
-                    Some(fields) => {
-                        each(fields)?;
-                        false
-                    }
-                    None => true,
-                };
-                bytes::Buf::advance(&mut buf, used);
-                if end {
+            while let Some(used) = copy_tuple(op, &buf, n, &mut fields)? {
+                if used == TRAILER {
                     return Ok(());
                 }
+                each(&buf[..used], &fields)?;
+                bytes::Buf::advance(&mut buf, used);
             }
         }
         Ok(())
@@ -1244,42 +1359,46 @@ fn copy_header_len(op: &'static str, b: &[u8]) -> Result<Option<usize>> {
     Ok((b.len() >= 19 + ext).then_some(19 + ext))
 }
 
-/// A tuple's fields (`None` inside: the end marker) and the bytes it takes.
-type CopyTuple<'b, const N: usize> = (Option<[Option<&'b [u8]>; N]>, usize);
+/// What [`copy_tuple`] returns for the stream's end marker (no tuple is this short).
+const TRAILER: usize = 1;
 
-/// The tuple of `N` fields of a binary COPY stream at the start of `b`; `None` when `b` does
-/// not hold all of it yet.
-fn copy_tuple<'b, const N: usize>(
+/// The length of the tuple of `n` fields at the start of `b` ([`TRAILER`] for the end marker),
+/// with where each field lies in it in `fields` (`None`: NULL); `None` when `b` does not hold
+/// all of it yet.
+fn copy_tuple(
     op: &'static str,
-    b: &'b [u8],
-) -> Result<Option<CopyTuple<'b, N>>> {
+    b: &[u8],
+    n: usize,
+    fields: &mut Vec<Option<Range<usize>>>,
+) -> Result<Option<usize>> {
     if b.len() < 2 {
         return Ok(None);
     }
     let count = i16::from_be_bytes([b[0], b[1]]);
     if count == -1 {
-        return Ok(Some((None, 2)));
+        return Ok(Some(TRAILER));
     }
-    if usize::try_from(count).ok() != Some(N) {
+    if usize::try_from(count).ok() != Some(n) {
         return Err(Error::decode(op, "a malformed tuple: field count"));
     }
+    fields.clear();
     let mut at = 2;
-    let mut fields = [None; N];
-    for field in &mut fields {
+    for _ in 0..n {
         let Some(len) = b.get(at..at + 4) else {
             return Ok(None);
         };
         let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
         at += 4;
-        if let Ok(len) = usize::try_from(len) {
-            let Some(v) = b.get(at..at + len) else {
-                return Ok(None);
-            };
-            at += len;
-            *field = Some(v);
+        match usize::try_from(len) {
+            Ok(len) if b.len() >= at + len => {
+                fields.push(Some(at..at + len));
+                at += len;
+            }
+            Ok(_) => return Ok(None),
+            Err(_) => fields.push(None),
         }
     }
-    Ok(Some((Some(fields), at)))
+    Ok(Some(at))
 }
 
 /// A binary `tid`.
@@ -1451,7 +1570,6 @@ mod tests {
                 deleted: false,
                 first: Tid::default(),
                 touches: 0..0,
-                at: None,
             })
             .collect()
     }

@@ -1224,7 +1224,7 @@ async fn pg_csv(
 }
 
 #[tokio::test]
-async fn a_hashed_key_backlog_found_by_one_table_scan_exports_the_snapshot() {
+async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     let rig = rig(LakeKind::Local).await;
     let client = rig.db.client().await;
     client
@@ -1254,7 +1254,7 @@ async fn a_hashed_key_backlog_found_by_one_table_scan_exports_the_snapshot() {
         .await
         .unwrap()
         .get(0);
-    // Touched and still there: every one is found by the scan.
+    // Touched and still there: every one is read by a scan.
     let live: i64 = client
         .query_one(
             "SELECT count(*) FROM sc WHERE n % 2 = 0 OR n % 7 = 0 OR n > 400",
@@ -1265,9 +1265,8 @@ async fn a_hashed_key_backlog_found_by_one_table_scan_exports_the_snapshot() {
         .get(0);
     let (columns, row, order) = ("id,n,note", "id || ',' || n || ',' || note", "n");
     let snapshot = pg_csv(&client, "sc", columns, row, order).await;
-    // Once the first batch is published, every row is rewritten elsewhere and the old
-    // versions vacuumed where nothing holds them: the read's snapshot holds them at the
-    // addresses the scan found.
+    // Once the first batch is published, some rows are rewritten and the old versions
+    // vacuumed where nothing holds them: the later passes still read the snapshot's.
     let other = std::sync::Arc::new(rig.db.client().await);
     let once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hooks = FlushHooks {
@@ -1285,9 +1284,12 @@ async fn a_hashed_key_backlog_found_by_one_table_scan_exports_the_snapshot() {
         })),
         ..FlushHooks::default()
     };
+    // About 45 bytes a row: a pass keeps at most 8 KiB, at least 100 rows (a quarter of the
+    // table: fewer would not pay for another pass).
     let opts = lakecdc::flush::FlushOptions {
         schemas: vec!["sc".into()],
         batch_size: 25,
+        scan_memory: 8 << 10,
         ..rig.opts.clone()
     };
     let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
@@ -1295,7 +1297,8 @@ async fn a_hashed_key_backlog_found_by_one_table_scan_exports_the_snapshot() {
         .unwrap();
     let f = &report.schemas[0];
     assert_eq!(f.rows_exported, pending as u64, "{f:?}");
-    assert_eq!(f.rows_by_address, live as u64, "{f:?}");
+    assert_eq!(f.rows_by_scan, live as u64, "{f:?}");
+    assert!((2..=4).contains(&f.table_scans), "{f:?}");
     let all = format!("SELECT {columns} FROM sc ORDER BY {order}");
     for row in [
         ",2,new 2\n",
@@ -1309,9 +1312,23 @@ async fn a_hashed_key_backlog_found_by_one_table_scan_exports_the_snapshot() {
     assert_eq!(lake_csv(&rig, &all).await, snapshot, "the snapshot's state");
     // The late updates are a small backlog: looked up by key, no scan.
     let f = flush(&rig, "sc").await;
-    assert_eq!(f.rows_by_address, 0, "{f:?}");
+    assert_eq!((f.rows_by_scan, f.table_scans), (0, 0), "{f:?}");
     assert!(f.rows_exported > 0, "{f:?}");
     let now = pg_csv(&client, "sc", columns, row, order).await;
     assert!(now.contains(",5,old 5 late\n"), "{now}");
     assert_eq!(lake_csv(&rig, &all).await, now, "the table's state");
+    // A pass that can keep one row only does not pay: one scan, then lookups.
+    client
+        .batch_execute("UPDATE sc SET note = 'last ' || n")
+        .await
+        .unwrap();
+    let opts = lakecdc::flush::FlushOptions {
+        scan_memory: 1,
+        ..opts
+    };
+    let f = &lakecdc::flush::run(&rig.ctx, &opts).await.unwrap().schemas[0];
+    assert_eq!((f.rows_by_scan, f.table_scans), (1, 1), "{f:?}");
+    let last = pg_csv(&client, "sc", columns, row, order).await;
+    assert!(last.contains(",5,last 5\n"), "{last}");
+    assert_eq!(lake_csv(&rig, &all).await, last, "the table's state");
 }
