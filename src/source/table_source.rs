@@ -624,9 +624,9 @@ enum Read<'a> {
 
 /// Flush's scan of a hashed key's dense backlog (docs/design.md §9.2): the table read once per
 /// pass, in heap order ([`TableSource::scan_sql`]), each pass keeping the binary tuples of
-/// the pending rows of a range of the backlog (in `row_id` order) — as many as
-/// its budget (`--scan-memory`) holds — for the pages to take. A pending row the scan did not keep is read
-/// by key as before: the scan only saves lookups, it never decides that a row is gone.
+/// the pending rows of a range of the backlog (in `row_id` order) — as many as its budget
+/// (`--scan-memory`) holds — for the pages to take. A pending row the scan did not keep is
+/// read by key as before: the scan only saves lookups, it never decides that a row is gone.
 struct Scan {
     /// The pending rows' ids, in `row_id` order (the folded rows').
     ids: Vec<Uuid>,
@@ -661,9 +661,9 @@ const DENSE: usize = 3;
 const DENSE_INTEGER: usize = 8;
 
 /// A hashed key's table is scanned ([`Scan`]) when the backlog's rows are at least this share
-/// of the table's (as last analysed): a row the scan sends and skips costs PostgreSQL about a
-/// fifth of a key lookup, and a row it keeps saves one.
-const SCAN_SHARE: f64 = 0.25;
+/// of the table's (as last analysed): a row the scan sends costs PostgreSQL about a third of
+/// a key lookup (3.5 µs against 10 µs, docs/benchmarks.md), and a row it keeps saves one.
+const SCAN_SHARE: f64 = 1.0 / 3.0;
 
 /// The number of keys from `first`'s integer key to `last`'s, when a bitmap over them can be
 /// addressed (`int4` bit numbers).
@@ -762,7 +762,8 @@ impl Scan {
     }
 
     /// One pass: reads the table and keeps the tuples of the backlog's rows from `lo` on, as
-    /// many as its budget (`--scan-memory`) holds (the lowest `row_id`s: the pages take them in order).
+    /// many as its budget (`--scan-memory`) holds (the lowest `row_id`s: the pages take them
+    /// in order).
     async fn pass(&mut self, client: &Client, src: &TableSource, lo: usize) -> Result<()> {
         const OP: &str = "scan a table source";
         let mut hi = self.ids.len();

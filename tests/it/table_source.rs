@@ -1284,8 +1284,9 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
         })),
         ..FlushHooks::default()
     };
-    // About 45 bytes a row: a pass keeps at most 8 KiB, at least 100 rows (a quarter of the
-    // table: fewer would not pay for another pass).
+    // About 45 bytes a row: a pass keeps at most 8 KiB (about 140 rows, with the deleted
+    // rows between them more than 133: a third of the table, fewer would not pay for another
+    // pass).
     let opts = lakecdc::flush::FlushOptions {
         schemas: vec!["sc".into()],
         batch_size: 25,
