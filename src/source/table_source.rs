@@ -607,7 +607,7 @@ enum Served {
         payload: tokio_postgres::Statement,
         range: Option<Ranged>,
         /// The table scan of a hashed key's dense backlog.
-        scan: Option<tokio::sync::Mutex<Scan>>,
+        scan: Option<Box<tokio::sync::Mutex<Scan>>>,
     },
 }
 
@@ -920,7 +920,7 @@ impl SnapshotRead {
                 let folded = Folded::new(raw);
                 let scan = Scan::planned(&client, &src, &folded.rows, scan_memory)
                     .await?
-                    .map(tokio::sync::Mutex::new);
+                    .map(|scan| Box::new(tokio::sync::Mutex::new(scan)));
                 (
                     Served::Touches {
                         folded: std::sync::Mutex::new(folded),
