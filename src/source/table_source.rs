@@ -635,7 +635,8 @@ struct Scan {
     hi: usize,
     /// The tuples it kept, by backlog index minus `lo`.
     kept: Vec<Option<Box<[u8]>>>,
-    /// Whether another pass may run: the last covered enough rows to pay for its read.
+    /// Whether another pass may run: the last covered enough rows, and enough are left, to
+    /// pay for its read.
     more: bool,
     /// The fewest rows a pass must cover to pay (a share of the table's).
     least: usize,
@@ -664,6 +665,10 @@ const DENSE_INTEGER: usize = 8;
 /// of the table's (as last analysed): a row the scan sends costs PostgreSQL about a third of
 /// a key lookup (3.5 µs against 10 µs, docs/benchmarks.md), and a row it keeps saves one.
 const SCAN_SHARE: f64 = 1.0 / 3.0;
+
+/// A table larger than this (as last analysed) is never scanned: one pass must end well
+/// within the read's timeout, whatever the width of the rows.
+const SCAN_TABLE_BYTES: i64 = 8 << 30;
 
 /// The number of keys from `first`'s integer key to `last`'s, when a bitmap over them can be
 /// addressed (`int4` bit numbers).
@@ -695,8 +700,8 @@ fn key_bitmap(pending: &[Pending]) -> Vec<u8> {
 impl Scan {
     /// The scan of a hashed key's backlog `pending`, when it pays: the backlog's rows are at
     /// least [`SCAN_SHARE`] of the table's as last analysed (a table never analysed is not
-    /// scanned), and `md5` hashes the key text's bytes as lakecdc receives them (the
-    /// database's encoding is UTF8 or SQL_ASCII).
+    /// scanned) and the table is at most [`SCAN_TABLE_BYTES`], and `md5` hashes the key
+    /// text's bytes as lakecdc receives them (the database's encoding is UTF8 or SQL_ASCII).
     async fn planned(
         client: &Client,
         src: &TableSource,
@@ -711,7 +716,8 @@ impl Scan {
             TIMEOUT,
             OP,
             client.query_one(
-                "SELECT c.reltuples::float8, current_setting('server_encoding') \
+                "SELECT c.reltuples::float8, current_setting('server_encoding'), \
+                        c.relpages::int8 * current_setting('block_size')::int8 \
                  FROM pg_class c WHERE c.oid = to_regclass($1)",
                 &[&src.table.quoted()],
             ),
@@ -719,8 +725,10 @@ impl Scan {
         .await?;
         let rows: f64 = row.try_get(0).map_err(Error::postgres(OP))?;
         let encoding: String = row.try_get(1).map_err(Error::postgres(OP))?;
+        let bytes: i64 = row.try_get(2).map_err(Error::postgres(OP))?;
         let least = rows * SCAN_SHARE;
         if rows < 0.0
+            || bytes > SCAN_TABLE_BYTES
             || (pending.len() as f64) < least
             || !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII")
         {
@@ -796,7 +804,7 @@ impl Scan {
                 // Over the budget: the highest rows are left to the next pass (one row at
                 // least is kept, so passes always move on).
                 if bytes > budget {
-                    while bytes > budget / 4 * 3 && hi > lo + 1 {
+                    while bytes > budget && hi > lo + 1 {
                         hi -= 1;
                         if let Some(t) = kept[hi - lo].take() {
                             bytes -= t.len();
@@ -808,7 +816,9 @@ impl Scan {
         )
         .await?;
         kept.truncate(hi - lo);
-        self.more = hi - lo >= self.least;
+        // Another pass pays when this one covered enough rows and enough are left; the rest
+        // is looked up.
+        self.more = hi - lo >= self.least && self.ids.len() - hi >= self.least;
         (self.lo, self.hi, self.kept) = (lo, hi, kept);
         Ok(())
     }

@@ -1132,25 +1132,24 @@ async fn dense_batches_read_by_key_range_and_sparse_ones_by_lookup_export_the_sa
         // 308..317 and 318..320.
         assert_eq!((f.batches, f.batches_by_range), (8, 7), "{table}: {f:?}");
         let all = format!("SELECT id, g, note FROM {table} ORDER BY g");
-        let want: String = client
-            .query_one(
-                &format!(
-                    "SELECT 'id,g,note' || E'\\n' || string_agg(id || ',' || g || ',' || note, E'\\n' ORDER BY g) || E'\\n' FROM {table}"
-                ),
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        for row in [
-            ",2,new 2\n",
-            ",3,old 3\n",
-            ",150,far 150\n",
-            ",320,tail 320\n",
-        ] {
-            assert!(want.contains(row), "{row} in {want}");
-        }
-        assert!(!want.contains(",10,"), "{want}");
+        let want = pg_csv(
+            &client,
+            table,
+            "id,g,note",
+            "id || ',' || g || ',' || note",
+            "g",
+        )
+        .await;
+        holds(
+            &want,
+            &[
+                ",2,new 2\n",
+                ",3,old 3\n",
+                ",150,far 150\n",
+                ",320,tail 320\n",
+            ],
+            ",10,",
+        );
         assert_eq!(lake_csv(&rig, &all).await, want, "{table}");
     }
 }
@@ -1202,6 +1201,14 @@ async fn a_touch_deleted_behind_the_flush_is_not_counted_as_marked() {
     assert_eq!(touches_pending(&client).await, 0);
 }
 
+/// Asserts that CSV `csv` has each of `rows` and not `gone`.
+fn holds(csv: &str, rows: &[&str], gone: &str) {
+    for row in rows {
+        assert!(csv.contains(row), "{row} in {csv}");
+    }
+    assert!(!csv.contains(gone), "{gone} in {csv}");
+}
+
 /// `SELECT …` over table `table` in PostgreSQL as `lakecdc query` prints it in CSV: the
 /// header `columns`, then each row's `row` expression, in `order`.
 async fn pg_csv(
@@ -1230,7 +1237,7 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     client
         .batch_execute(
             "CREATE TABLE sc (id text, n int, note text, PRIMARY KEY (id, n));
-             INSERT INTO sc SELECT 'k' || g, g, 'old ' || g FROM generate_series(1, 400) g;",
+             INSERT INTO sc SELECT 'k' || g, g, 'old ' || g FROM generate_series(1, 3000) g;",
         )
         .await
         .unwrap();
@@ -1238,35 +1245,65 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "sc"))
         .await
         .unwrap();
-    // Analysed, so flush knows the table's size: the backlog below is half of it.
+    // Analysed, so flush knows the table's size: the backlog below is most of it.
     client.batch_execute("ANALYZE sc").await.unwrap();
     client
         .batch_execute(
             "UPDATE sc SET note = 'new ' || n WHERE n % 2 = 0;
              DELETE FROM sc WHERE n % 10 = 0;
              UPDATE sc SET id = id || 'x' WHERE n % 7 = 0;
-             INSERT INTO sc SELECT 'k' || g, g, 'tail ' || g FROM generate_series(401, 420) g;",
+             INSERT INTO sc SELECT 'k' || g, g, 'tail ' || g FROM generate_series(3001, 3020) g;",
         )
         .await
         .unwrap();
-    let pending: i64 = client
-        .query_one("SELECT count(DISTINCT row_id) FROM lakecdc_touch", &[])
-        .await
-        .unwrap()
-        .get(0);
-    // Touched and still there: every one is read by a scan.
-    let live: i64 = client
-        .query_one(
-            "SELECT count(*) FROM sc WHERE n % 2 = 0 OR n % 7 = 0 OR n > 400",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let count = async |sql: &str| -> u64 {
+        let n: i64 = client.query_one(sql, &[]).await.unwrap().get(0);
+        n as u64
+    };
+    let pending = count("SELECT count(DISTINCT row_id) FROM lakecdc_touch").await;
+    // Touched and still there: every one is read by the scan.
+    let live = count("SELECT count(*) FROM sc WHERE n % 2 = 0 OR n % 7 = 0 OR n > 3000").await;
     let (columns, row, order) = ("id,n,note", "id || ',' || n || ',' || note", "n");
+    let all = format!("SELECT {columns} FROM sc ORDER BY {order}");
     let snapshot = pg_csv(&client, "sc", columns, row, order).await;
-    // Once the first batch is published, some rows are rewritten and the old versions
-    // vacuumed where nothing holds them: the later passes still read the snapshot's.
+    let opts = lakecdc::flush::FlushOptions {
+        schemas: vec!["sc".into()],
+        batch_size: 100,
+        ..rig.opts.clone()
+    };
+    let f = &lakecdc::flush::run(&rig.ctx, &opts).await.unwrap().schemas[0];
+    assert_eq!(f.rows_exported, pending, "{f:?}");
+    assert_eq!((f.rows_by_scan, f.table_scans), (live, 1), "{f:?}");
+    holds(
+        &snapshot,
+        &[
+            ",2,new 2\n",
+            ",3,old 3\n",
+            "k7x,7,old 7\n",
+            ",3001,tail 3001\n",
+        ],
+        ",10,",
+    );
+    assert_eq!(lake_csv(&rig, &all).await, snapshot, "the snapshot's state");
+    // A small backlog: looked up by key, no scan.
+    client
+        .batch_execute("UPDATE sc SET note = note || ' late' WHERE n % 5 = 0")
+        .await
+        .unwrap();
+    let f = flush(&rig, "sc").await;
+    assert_eq!((f.rows_by_scan, f.table_scans), (0, 0), "{f:?}");
+    let now = pg_csv(&client, "sc", columns, row, order).await;
+    assert!(now.contains(",5,old 5 late\n"), "{now}");
+    assert_eq!(lake_csv(&rig, &all).await, now, "the table's state");
+    // Every row: about 47 bytes each, 64 KiB a pass (some 1,400 rows, more than the third of
+    // the table a pass must cover): two passes (what they did not keep is looked up).
+    // Once the first batch is published, rows are rewritten and the old versions vacuumed
+    // where nothing holds them: the second pass still reads the snapshot's.
+    client
+        .batch_execute("UPDATE sc SET note = 'last ' || n")
+        .await
+        .unwrap();
+    let snapshot = pg_csv(&client, "sc", columns, row, order).await;
     let other = std::sync::Arc::new(rig.db.client().await);
     let once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hooks = FlushHooks {
@@ -1275,7 +1312,7 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
             Box::pin(async move {
                 if !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
                     other
-                        .batch_execute("UPDATE sc SET note = note || ' late' WHERE n % 5 = 0")
+                        .batch_execute("UPDATE sc SET note = 'later ' || n WHERE n % 3 = 0")
                         .await
                         .unwrap();
                     other.batch_execute("VACUUM sc").await.unwrap();
@@ -1284,52 +1321,35 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
         })),
         ..FlushHooks::default()
     };
-    // About 45 bytes a row: a pass keeps at most 8 KiB (about 140 rows, with the deleted
-    // rows between them more than 133: a third of the table, fewer would not pay for another
-    // pass).
-    let opts = lakecdc::flush::FlushOptions {
-        schemas: vec!["sc".into()],
-        batch_size: 25,
-        scan_memory: 8 << 10,
-        ..rig.opts.clone()
+    let small = lakecdc::flush::FlushOptions {
+        scan_memory: 64 << 10,
+        ..opts.clone()
     };
-    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
+    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &small, &hooks)
         .await
         .unwrap();
     let f = &report.schemas[0];
-    assert_eq!(f.rows_exported, pending as u64, "{f:?}");
-    assert_eq!(f.rows_by_scan, live as u64, "{f:?}");
-    assert!((2..=4).contains(&f.table_scans), "{f:?}");
-    let all = format!("SELECT {columns} FROM sc ORDER BY {order}");
-    for row in [
-        ",2,new 2\n",
-        ",3,old 3\n",
-        "k7x,7,old 7\n",
-        ",401,tail 401\n",
-    ] {
-        assert!(snapshot.contains(row), "{row} in {snapshot}");
-    }
-    assert!(!snapshot.contains(",10,"), "{snapshot}");
+    let rows = count("SELECT count(*) FROM sc").await;
+    assert_eq!((f.rows_exported, f.table_scans), (rows, 2), "{f:?}");
+    assert!(f.rows_by_scan > rows / 2 && f.rows_by_scan <= rows, "{f:?}");
+    assert!(snapshot.contains(",3,last 3\n"), "{snapshot}");
     assert_eq!(lake_csv(&rig, &all).await, snapshot, "the snapshot's state");
-    // The late updates are a small backlog: looked up by key, no scan.
-    let f = flush(&rig, "sc").await;
-    assert_eq!((f.rows_by_scan, f.table_scans), (0, 0), "{f:?}");
-    assert!(f.rows_exported > 0, "{f:?}");
+    flush(&rig, "sc").await;
     let now = pg_csv(&client, "sc", columns, row, order).await;
-    assert!(now.contains(",5,old 5 late\n"), "{now}");
+    assert!(now.contains(",3,later 3\n"), "{now}");
     assert_eq!(lake_csv(&rig, &all).await, now, "the table's state");
-    // A pass that can keep one row only does not pay: one scan, then lookups.
+    // A pass that can keep one row only does not pay for another: one scan, then lookups.
     client
-        .batch_execute("UPDATE sc SET note = 'last ' || n")
+        .batch_execute("UPDATE sc SET note = 'end ' || n")
         .await
         .unwrap();
-    let opts = lakecdc::flush::FlushOptions {
+    let tiny = lakecdc::flush::FlushOptions {
         scan_memory: 1,
         ..opts
     };
-    let f = &lakecdc::flush::run(&rig.ctx, &opts).await.unwrap().schemas[0];
+    let f = &lakecdc::flush::run(&rig.ctx, &tiny).await.unwrap().schemas[0];
     assert_eq!((f.rows_by_scan, f.table_scans), (1, 1), "{f:?}");
-    let last = pg_csv(&client, "sc", columns, row, order).await;
-    assert!(last.contains(",5,last 5\n"), "{last}");
-    assert_eq!(lake_csv(&rig, &all).await, last, "the table's state");
+    let end = pg_csv(&client, "sc", columns, row, order).await;
+    assert!(end.contains(",5,end 5\n"), "{end}");
+    assert_eq!(lake_csv(&rig, &all).await, end, "the table's state");
 }
