@@ -1266,6 +1266,12 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     let (columns, row, order) = ("id,n,note", "id || ',' || n || ',' || note", "n");
     let all = format!("SELECT {columns} FROM sc ORDER BY {order}");
     let snapshot = pg_csv(&client, "sc", columns, row, order).await;
+    // The lake holds the table's state, which has row `has`.
+    let lake_is_table = async |has: &str| {
+        let now = pg_csv(&client, "sc", columns, row, order).await;
+        assert!(now.contains(has), "{has} in {now}");
+        assert_eq!(lake_csv(&rig, &all).await, now, "the table's state");
+    };
     let opts = lakecdc::flush::FlushOptions {
         schemas: vec!["sc".into()],
         batch_size: 100,
@@ -1292,9 +1298,7 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
         .unwrap();
     let f = flush(&rig, "sc").await;
     assert_eq!((f.rows_by_scan, f.table_scans), (0, 0), "{f:?}");
-    let now = pg_csv(&client, "sc", columns, row, order).await;
-    assert!(now.contains(",5,old 5 late\n"), "{now}");
-    assert_eq!(lake_csv(&rig, &all).await, now, "the table's state");
+    lake_is_table(",5,old 5 late\n").await;
     // Every row: about 47 bytes each, 64 KiB a pass (some 1,400 rows, more than the third of
     // the table a pass must cover): two passes (what they did not keep is looked up).
     // Once the first batch is published, rows are rewritten and the old versions vacuumed
@@ -1335,9 +1339,7 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     assert!(snapshot.contains(",3,last 3\n"), "{snapshot}");
     assert_eq!(lake_csv(&rig, &all).await, snapshot, "the snapshot's state");
     flush(&rig, "sc").await;
-    let now = pg_csv(&client, "sc", columns, row, order).await;
-    assert!(now.contains(",3,later 3\n"), "{now}");
-    assert_eq!(lake_csv(&rig, &all).await, now, "the table's state");
+    lake_is_table(",3,later 3\n").await;
     // A pass that can keep one row only does not pay for another: one scan, then lookups.
     client
         .batch_execute("UPDATE sc SET note = 'end ' || n")
@@ -1349,7 +1351,5 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     };
     let f = &lakecdc::flush::run(&rig.ctx, &tiny).await.unwrap().schemas[0];
     assert_eq!((f.rows_by_scan, f.table_scans), (1, 1), "{f:?}");
-    let end = pg_csv(&client, "sc", columns, row, order).await;
-    assert!(end.contains(",5,end 5\n"), "{end}");
-    assert_eq!(lake_csv(&rig, &all).await, end, "the table's state");
+    lake_is_table(",5,end 5\n").await;
 }
