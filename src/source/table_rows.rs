@@ -147,13 +147,14 @@ impl RowsBuilder {
         })
     }
 
-    /// [`Self::push`] from a binary `COPY` tuple's payload fields (`None`: NULL), in
-    /// [`select_expr`]'s form.
+    /// [`Self::push`] from a binary `COPY` tuple `tuple` whose payload fields lie at `fields`
+    /// (`None`: NULL), in [`select_expr`]'s form.
     pub fn push_fields(
         &mut self,
         row_id: uuid::Uuid,
         changed_at: i64,
-        fields: &[Option<&[u8]>],
+        tuple: &[u8],
+        fields: &[Option<std::ops::Range<usize>>],
     ) -> Result<()> {
         if fields.len() != self.types.len() {
             return Err(bad(format!(
@@ -162,7 +163,12 @@ impl RowsBuilder {
                 self.types.len()
             )));
         }
-        self.push_with(row_id, changed_at, 0, |i| Ok(fields[i]))
+        self.push_with(row_id, changed_at, 0, |i| {
+            fields[i]
+                .clone()
+                .map(|r| tuple.get(r).ok_or_else(|| bad("a field past its tuple")))
+                .transpose()
+        })
     }
 
     /// Appends one lake row whose payload column `i` is `raw(i)` (read only for a live row).

@@ -22,6 +22,7 @@ use super::capture::{
     key_text_expr, row_id_expr,
 };
 use super::connect::{timed, within};
+use super::copy_decoder::COPY_SIGNATURE;
 use super::snapshot::{Selected, Tid};
 use super::stats::DirtyStats;
 use super::table_rows::{RowsBuilder, select_expr};
@@ -803,12 +804,10 @@ impl Scan {
                 kept[k] = Some(tuple.into());
                 // Over the budget: the highest rows are left to the next pass (one row at
                 // least is kept, so passes always move on).
-                if bytes > budget {
-                    while bytes > budget && hi > lo + 1 {
-                        hi -= 1;
-                        if let Some(t) = kept[hi - lo].take() {
-                            bytes -= t.len();
-                        }
+                while bytes > budget && hi > lo + 1 {
+                    hi -= 1;
+                    if let Some(t) = kept[hi - lo].take() {
+                        bytes -= t.len();
                     }
                 }
                 Ok(())
@@ -1143,11 +1142,8 @@ impl SnapshotRead {
                 match tuple {
                     Some(t) => {
                         copy_tuple(OP, &t, n, &mut fields)?;
-                        let values: Vec<Option<&[u8]>> = fields[1..]
-                            .iter()
-                            .map(|r| r.clone().map(|r| &t[r]))
-                            .collect();
-                        builder.push_fields(p.row_id, version(p), &values)?;
+                        // The key text first, then the payload.
+                        builder.push_fields(p.row_id, version(p), &t, &fields[1..])?;
                     }
                     None => settle(p, &mut builder)?,
                 }
@@ -1344,10 +1340,10 @@ async fn copy_tuples(
                     None => continue,
                 }
             }
-            while let Some(used) = copy_tuple(op, &buf, n, &mut fields)? {
-                if used == TRAILER {
+            while let Some(item) = copy_tuple(op, &buf, n, &mut fields)? {
+                let CopyItem::Tuple(used) = item else {
                     return Ok(());
-                }
+                };
                 each(&buf[..used], &fields)?;
                 bytes::Buf::advance(&mut buf, used);
             }
@@ -1359,35 +1355,38 @@ async fn copy_tuples(
 
 /// The length of a binary COPY stream's header, once `b` holds all of it.
 fn copy_header_len(op: &'static str, b: &[u8]) -> Result<Option<usize>> {
-    const SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
-    if b.len() < SIGNATURE.len() + 8 {
+    if b.len() < COPY_SIGNATURE.len() + 8 {
         return Ok(None);
     }
-    if !b.starts_with(SIGNATURE) {
+    if !b.starts_with(COPY_SIGNATURE) {
         return Err(Error::decode(op, "not a binary COPY stream"));
     }
     let ext = u32::from_be_bytes([b[15], b[16], b[17], b[18]]) as usize;
     Ok((b.len() >= 19 + ext).then_some(19 + ext))
 }
 
-/// What [`copy_tuple`] returns for the stream's end marker (no tuple is this short).
-const TRAILER: usize = 1;
+/// What starts a binary COPY stream's bytes, after its header.
+enum CopyItem {
+    /// A tuple of this many bytes.
+    Tuple(usize),
+    /// The end marker.
+    End,
+}
 
-/// The length of the tuple of `n` fields at the start of `b` ([`TRAILER`] for the end marker),
-/// with where each field lies in it in `fields` (`None`: NULL); `None` when `b` does not hold
-/// all of it yet.
+/// The tuple of `n` fields at the start of `b` (or the end marker), with where each field lies
+/// in it in `fields` (`None`: NULL); `None` when `b` does not hold all of it yet.
 fn copy_tuple(
     op: &'static str,
     b: &[u8],
     n: usize,
     fields: &mut Vec<Option<Range<usize>>>,
-) -> Result<Option<usize>> {
+) -> Result<Option<CopyItem>> {
     if b.len() < 2 {
         return Ok(None);
     }
     let count = i16::from_be_bytes([b[0], b[1]]);
     if count == -1 {
-        return Ok(Some(TRAILER));
+        return Ok(Some(CopyItem::End));
     }
     if usize::try_from(count).ok() != Some(n) {
         return Err(Error::decode(op, "a malformed tuple: field count"));
@@ -1409,7 +1408,7 @@ fn copy_tuple(
             Err(_) => fields.push(None),
         }
     }
-    Ok(Some(at))
+    Ok(Some(CopyItem::Tuple(at)))
 }
 
 /// A binary `tid`.
