@@ -43,6 +43,8 @@ use crate::lake::{SourceGuard, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, ValueType, dir};
+pub use crate::source::heap_read::ReadOrder;
+use crate::source::heap_read::{self, HeapPlan};
 use crate::source::live::{self, IdRange, LivePage};
 use crate::source::lock::SchemaLock;
 use crate::source::registry::{Kind, Registered};
@@ -73,8 +75,11 @@ pub struct InitOptions {
     pub max_file_rows: u64,
     /// Rows per keyset page.
     pub page_rows: i64,
-    /// Connections reading disjoint row-id ranges at once.
+    /// Connections reading disjoint row-id ranges (or heap ranges) at once.
     pub readers: u32,
+    /// Row-id order (keyset pages) or heap order (row-id buckets); `Auto` picks by the row
+    /// ids' correlation with the heap's order.
+    pub read_order: ReadOrder,
     /// Count and estimate only.
     pub dry_run: bool,
     /// Local Parquet files and DuckDB spill files.
@@ -96,6 +101,7 @@ impl std::fmt::Debug for InitOptions {
             .field("target_file_size", &self.target_file_size)
             .field("max_file_rows", &self.max_file_rows)
             .field("page_rows", &self.page_rows)
+            .field("read_order", &self.read_order)
             .field("dry_run", &self.dry_run)
             .finish_non_exhaustive()
     }
@@ -120,6 +126,7 @@ impl Default for InitOptions {
             max_file_rows: 200_000,
             page_rows: 50_000,
             readers: 2,
+            read_order: ReadOrder::Auto,
             dry_run: false,
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),
@@ -175,6 +182,10 @@ pub struct SchemaInit {
     pub duration_ms: u64,
     /// Rows per second.
     pub rows_per_s: f64,
+    /// The live rows were read in heap order into row-id buckets (in a dry run: would be).
+    pub heap_order: bool,
+    /// Bytes a heap-order read spilled to scratch disk (the live rows' binary size).
+    pub scratch_bytes: u64,
 }
 
 impl SchemaInit {
@@ -201,6 +212,8 @@ impl SchemaInit {
             replaced_deltas: 0,
             duration_ms: 0,
             rows_per_s: 0.0,
+            heap_order: false,
+            scratch_bytes: 0,
         }
     }
 }
@@ -442,6 +455,10 @@ async fn export_schema(
         let per_file = rows_per_file(opts, per_row);
         let live = u64::try_from(out.live_rows).unwrap_or(0);
         out.estimated_files = live.div_ceil(per_file).max(1);
+        if let Some(plan) = heap_plan(ctx, opts, &client, schema_id, def, live).await? {
+            out.heap_order = true;
+            out.estimated_files = out.estimated_files.max(plan.buckets() as u64);
+        }
         out.bytes = live * per_row;
         return Ok(());
     }
@@ -596,7 +613,13 @@ async fn export_files(
             tracing::warn!(schema_id, error = %e.chain(), "no row estimate for init's progress");
             0
         });
+    let estimate = u64::try_from(estimate).unwrap_or(0);
+    let heap = heap_plan(ctx, opts, &client, schema_id, def, estimate).await?;
     drop(client);
+    if let Some(plan) = heap {
+        out.heap_order = true;
+        return export_heap(ctx, opts, schema_id, def, plan, estimate, out).await;
+    }
     let snapshot = live::ExportedSnapshot::export(&ctx.connector).await?;
     let readers: Vec<Guarded<()>> = (ranges.iter().copied().enumerate())
         .map(|(reader, range)| {
@@ -614,13 +637,126 @@ async fn export_files(
     };
     // On success every reader has reported its range done; on failure dropping them aborts
     // any read still in flight.
-    let estimate = u64::try_from(estimate).unwrap_or(0);
     let (result, released) = tokio::join!(
         stage_and_upload(ctx, opts, schema_id, def, &mut reads, estimate, out),
         released
     );
     drop(readers);
     released.and(result)
+}
+
+/// Heap bytes per row-id bucket of a heap-order read: each bucket is loaded whole and becomes
+/// one file, so this bounds a loaded bucket's Arrow memory (below [`STAGED_BYTES_PER_FILE`],
+/// leaving room for a sample's uneven cuts).
+const HEAP_BUCKET_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The heap-order read of this schema, if init reads it so (`--read-order`).
+async fn heap_plan(
+    ctx: &Context,
+    opts: &InitOptions,
+    client: &crate::source::Client,
+    schema_id: i16,
+    def: &SchemaDef,
+    estimate: u64,
+) -> Result<Option<HeapPlan>> {
+    let bucket_rows = rows_per_file(opts, estimated_row_bytes(def));
+    let chunk_rows = u64::try_from(opts.page_rows.max(1)).unwrap_or(1);
+    heap_read::plan(
+        client,
+        &ctx.tables,
+        schema_id,
+        opts.read_order,
+        estimate,
+        bucket_rows,
+        HEAP_BUCKET_BYTES,
+        chunk_rows,
+    )
+    .await
+}
+
+/// A heap-order read (docs/design.md §4.2): the readers scan the tables' heap ranges in one
+/// exported snapshot into row-id buckets spilled to the scratch directory; then each bucket
+/// is loaded, sorted and staged as one reader's single page, in row-id order, while the files
+/// before it are written and uploaded. Page hooks run after each heap range a reader reads.
+async fn export_heap(
+    ctx: &Context,
+    opts: &InitOptions,
+    schema_id: i16,
+    def: &SchemaDef,
+    plan: HeapPlan,
+    estimate: u64,
+    out: &mut SchemaInit,
+) -> Result<Vec<FileEntry>> {
+    let started = Instant::now();
+    let snapshot = live::ExportedSnapshot::export(&ctx.connector).await?;
+    let tickets = (0..opts.readers.max(1))
+        .map(|_| snapshot.ticket())
+        .collect();
+    let released = snapshot.release();
+    let (hook, shutdown) = (opts.page_hook(), ctx.shutdown.clone());
+    let after_chunk = move || {
+        let (hook, shutdown) = (hook.clone(), shutdown.clone());
+        async move {
+            if let Some(h) = &hook {
+                h(Uuid::nil()).await;
+            }
+            // init publishes all or nothing: a stop ends the read at once.
+            if shutdown.is_requested() {
+                return Err(Error::Stopped);
+            }
+            Ok(())
+        }
+    };
+    let read = heap_read::read_buckets(
+        &ctx.connector,
+        tickets,
+        &ctx.tables,
+        def,
+        schema_id,
+        &plan,
+        &opts.work_dir,
+        after_chunk,
+    );
+    let (spilled, released) = tokio::join!(read, released);
+    let spilled = std::sync::Arc::new(released.and(spilled)?);
+    out.scratch_bytes = spilled.bytes();
+    let buckets = spilled.buckets();
+    tracing::info!(
+        schema_id,
+        buckets,
+        scratch_bytes = out.scratch_bytes,
+        read_ms = started.elapsed().as_millis() as u64,
+        "init read the heap into row-id buckets"
+    );
+    // One bucket is loaded while the Stager writes the ones before it.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Read>>(1);
+    let loader = Guarded(tokio::spawn(async move {
+        for bucket in 0..buckets {
+            let s = spilled.clone();
+            let page = tokio::task::spawn_blocking(move || s.load(bucket))
+                .await
+                .map_err(Error::task("load a row-id bucket"))
+                .and_then(|p| p);
+            let sent = match page {
+                Ok(Some(page)) => tx.send(Ok(Read::Page(bucket, page))).await,
+                Ok(None) => Ok(()),
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            if sent.is_err() || tx.send(Ok(Read::Done(bucket))).await.is_err() {
+                return;
+            }
+        }
+    }));
+    let mut reads = Reads {
+        rx,
+        readers: buckets,
+    };
+    let result = stage_and_upload(ctx, opts, schema_id, def, &mut reads, estimate, out).await;
+    drop(loader);
+    result
 }
 
 /// Reader `reader`: reads its row-id range in keyset pages, all in the exported snapshot of

@@ -462,6 +462,10 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 max_file_rows: s.number("max-file-rows")?.unwrap_or_default(),
                 page_rows: at_least_one(s, "page-rows")?,
                 readers: s.number::<u32>("readers")?.unwrap_or(1).max(1),
+                read_order: s
+                    .text("read-order")?
+                    .parse()
+                    .map_err(|why: String| Error::setting("read-order", why))?,
                 dry_run,
                 work_dir,
                 engine,

@@ -143,12 +143,16 @@ enum Command {
         /// Most rows in one base file (bounds the rows held in memory at once).
         #[arg(long)]
         max_file_rows: Option<String>,
-        /// Rows read per keyset page.
+        /// Rows read per keyset page (per heap range, in heap order).
         #[arg(long)]
         page_rows: Option<String>,
-        /// Connections reading disjoint row-id ranges at once.
+        /// Connections reading disjoint row-id ranges (or heap ranges) at once.
         #[arg(long)]
         readers: Option<String>,
+        /// How live rows are read: row-id (keyset pages), heap (heap ranges into row-id
+        /// buckets, spilled to --work-dir), or auto (heap when the ids are not in heap order).
+        #[arg(long)]
+        read_order: Option<String>,
         /// Count live rows and estimate files and bytes; write nothing.
         #[arg(long)]
         dry_run: bool,

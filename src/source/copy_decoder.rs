@@ -2,6 +2,8 @@
 //! out one tuple each the same way): tuples are decoded where they lie in the wire bytes and
 //! appended to a [`BatchBuilder`]; only an incomplete tuple is kept for the next message.
 
+use std::ops::Range;
+
 use bytes::Buf;
 
 use super::rows::BatchBuilder;
@@ -145,4 +147,62 @@ pub(super) fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<(usi
         used += end;
         rows += 1;
     }
+}
+
+/// The length of a binary COPY stream's header, once `b` holds all of it.
+pub(super) fn copy_header_len(op: &'static str, b: &[u8]) -> Result<Option<usize>> {
+    if b.len() < COPY_SIGNATURE.len() + 8 {
+        return Ok(None);
+    }
+    if !b.starts_with(COPY_SIGNATURE) {
+        return Err(Error::decode(op, "not a binary COPY stream"));
+    }
+    let ext = u32::from_be_bytes([b[15], b[16], b[17], b[18]]) as usize;
+    Ok((b.len() >= 19 + ext).then_some(19 + ext))
+}
+
+/// What starts a binary COPY stream's bytes, after its header.
+pub(super) enum CopyItem {
+    /// A tuple of this many bytes.
+    Tuple(usize),
+    /// The end marker.
+    End,
+}
+
+/// The tuple of `n` fields at the start of `b` (or the end marker), with where each field lies
+/// in it in `fields` (`None`: NULL); `None` when `b` does not hold all of it yet.
+pub(super) fn copy_tuple(
+    op: &'static str,
+    b: &[u8],
+    n: usize,
+    fields: &mut Vec<Option<Range<usize>>>,
+) -> Result<Option<CopyItem>> {
+    if b.len() < 2 {
+        return Ok(None);
+    }
+    let count = i16::from_be_bytes([b[0], b[1]]);
+    if count == -1 {
+        return Ok(Some(CopyItem::End));
+    }
+    if usize::try_from(count).ok() != Some(n) {
+        return Err(Error::decode(op, "a malformed tuple: field count"));
+    }
+    fields.clear();
+    let mut at = 2;
+    for _ in 0..n {
+        let Some(len) = b.get(at..at + 4) else {
+            return Ok(None);
+        };
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        at += 4;
+        match usize::try_from(len) {
+            Ok(len) if b.len() >= at + len => {
+                fields.push(Some(at..at + len));
+                at += len;
+            }
+            Ok(_) => return Ok(None),
+            Err(_) => fields.push(None),
+        }
+    }
+    Ok(Some(CopyItem::Tuple(at)))
 }

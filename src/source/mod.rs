@@ -12,6 +12,7 @@ mod copy_decoder;
 pub mod copy_tap;
 pub mod ddl;
 mod decoding;
+pub mod heap_read;
 mod identity;
 pub mod live;
 pub(crate) mod lock;

@@ -22,7 +22,7 @@ use super::capture::{
     key_text_expr, row_id_expr,
 };
 use super::connect::{timed, within};
-use super::copy_decoder::COPY_SIGNATURE;
+use super::copy_decoder::{CopyItem, copy_header_len, copy_tuple};
 use super::snapshot::{Selected, Tid};
 use super::stats::DirtyStats;
 use super::table_rows::{RowsBuilder, select_expr};
@@ -1351,64 +1351,6 @@ async fn copy_tuples(
         Ok(())
     })
     .await
-}
-
-/// The length of a binary COPY stream's header, once `b` holds all of it.
-fn copy_header_len(op: &'static str, b: &[u8]) -> Result<Option<usize>> {
-    if b.len() < COPY_SIGNATURE.len() + 8 {
-        return Ok(None);
-    }
-    if !b.starts_with(COPY_SIGNATURE) {
-        return Err(Error::decode(op, "not a binary COPY stream"));
-    }
-    let ext = u32::from_be_bytes([b[15], b[16], b[17], b[18]]) as usize;
-    Ok((b.len() >= 19 + ext).then_some(19 + ext))
-}
-
-/// What starts a binary COPY stream's bytes, after its header.
-enum CopyItem {
-    /// A tuple of this many bytes.
-    Tuple(usize),
-    /// The end marker.
-    End,
-}
-
-/// The tuple of `n` fields at the start of `b` (or the end marker), with where each field lies
-/// in it in `fields` (`None`: NULL); `None` when `b` does not hold all of it yet.
-fn copy_tuple(
-    op: &'static str,
-    b: &[u8],
-    n: usize,
-    fields: &mut Vec<Option<Range<usize>>>,
-) -> Result<Option<CopyItem>> {
-    if b.len() < 2 {
-        return Ok(None);
-    }
-    let count = i16::from_be_bytes([b[0], b[1]]);
-    if count == -1 {
-        return Ok(Some(CopyItem::End));
-    }
-    if usize::try_from(count).ok() != Some(n) {
-        return Err(Error::decode(op, "a malformed tuple: field count"));
-    }
-    fields.clear();
-    let mut at = 2;
-    for _ in 0..n {
-        let Some(len) = b.get(at..at + 4) else {
-            return Ok(None);
-        };
-        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
-        at += 4;
-        match usize::try_from(len) {
-            Ok(len) if b.len() >= at + len => {
-                fields.push(Some(at..at + len));
-                at += len;
-            }
-            Ok(_) => return Ok(None),
-            Err(_) => fields.push(None),
-        }
-    }
-    Ok(Some(CopyItem::Tuple(at)))
 }
 
 /// A binary `tid`.

@@ -140,19 +140,7 @@ where
         // Ranges of heap pages holding about `page_rows` rows each, read by `readers`
         // connections at once (the others import this transaction's snapshot), each taking
         // every `readers`-th range.
-        let step = ((pages as f64) * (page_rows as f64) / tuples)
-            .ceil()
-            .max(1.0) as i64;
-        let mut ranges = Vec::new();
-        let mut start = 0i64;
-        while start + step < pages {
-            ranges.push(format!(
-                "ctid >= '({start},0)'::tid AND ctid < '({},0)'::tid",
-                start + step
-            ));
-            start += step;
-        }
-        ranges.push(format!("ctid >= '({start},0)'::tid"));
+        let ranges = super::heap_read::page_ranges(pages, tuples, page_rows as f64);
         let sql = |range: &String| {
             format!("SELECT ltbase_row_id, ltbase_updated_at FROM {t} WHERE {filter} AND {range}")
         };

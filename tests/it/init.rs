@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use futures::FutureExt;
-use lakecdc::init::{InitOptions, Outcome};
+use lakecdc::init::{InitOptions, Outcome, ReadOrder};
 use lakecdc::lake::KeyKind;
 use lakecdc::store::ObjectStore;
 
@@ -21,6 +21,8 @@ fn opts(rig: &Rig) -> InitOptions {
         work_dir: rig.opts.work_dir.clone(),
         page_rows: 25,
         max_file_rows: 60,
+        // Tests of heap order say so (`auto` reads these small tables in row-id order).
+        read_order: ReadOrder::RowId,
         ..InitOptions::default()
     }
 }
@@ -50,95 +52,102 @@ async fn base_paths(rig: &Rig) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn init_exports_exactly_the_live_rows_and_flush_continues_from_there() {
-    let mut rig = rig(LakeKind::S3).await;
-    let mut r = Rng::new(41);
-    rig.seed(100, &mut r).await;
-    for _ in 0..120 {
-        rig.writer.random_op(&mut r).await;
-    }
-    // Two readers (the default), each staging several files.
-    let progress = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let o = InitOptions {
-        max_file_rows: 30,
-        progress: Some(Arc::new({
-            let progress = progress.clone();
-            move |_, done, total| progress.lock().unwrap().push((done, total))
-        })),
-        ..opts(&rig)
-    };
-    assert_eq!(o.readers, 2);
-    let report = init(&rig, &o).await;
-    let s = &report.schemas[0];
-    assert_eq!(s.outcome, Outcome::Exported, "{s:?}");
-    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
-    assert_eq!(s.rows as usize, live);
-    assert_eq!(s.live_rows as usize, live);
-    // Progress counts every row once; while reading, its total (the planner's estimate) stays
-    // above the rows done, and a last call says reading is over.
-    let progress = progress.lock().unwrap().clone();
-    let (last, reading) = progress.split_last().unwrap();
-    assert!(reading.windows(2).all(|w| w[0].0 < w[1].0), "{progress:?}");
-    assert!(
-        reading.iter().all(|(done, total)| total > done),
-        "{progress:?}"
-    );
-    assert_eq!(*last, (live as u64, live as u64));
-    assert!(
-        s.files.len() >= 4,
-        "small files force several per reader: {s:?}"
-    );
-    let compared = oracle::assert_live_rows(&rig.writer, rig.store.as_ref(), MANIFEST).await;
-    assert_eq!(compared, live);
-    let layout = rig.ctx.lake.layout.clone();
-    for p in base_paths(&rig).await {
-        assert!(
-            matches!(
-                layout.classify(&p),
-                KeyKind::InitBase {
-                    schema_id: 100,
-                    file: Some(_),
-                    ..
-                }
-            ),
-            "{p}"
-        );
-    }
-    // Each file is sorted by row_id, its recorded range is its rows' true range, and no two
-    // files' ranges overlap (a file holds one reader's consecutive pages).
-    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
-        .await
-        .unwrap();
-    let mut seen = BTreeSet::new();
-    let mut ranges = Vec::new();
-    for f in m["files"].as_array().unwrap() {
-        let path = f["path"].as_str().unwrap();
-        let rows = oracle::read_parquet(rig.store.get_bytes(path).await.unwrap().bytes);
-        assert!(
-            rows.windows(2).all(|w| w[0].0 < w[1].0),
-            "{path} not sorted"
-        );
-        assert_eq!(f["row_id_min"].as_str().unwrap(), rows[0].0.to_string());
-        assert_eq!(
-            f["row_id_max"].as_str().unwrap(),
-            rows[rows.len() - 1].0.to_string()
-        );
-        ranges.push((rows[0].0, rows[rows.len() - 1].0));
-        for (id, _) in rows {
-            assert!(seen.insert(id), "{id} is in two base files");
+    // Both read orders: keyset pages in row-id order, and heap ranges into row-id buckets.
+    for order in [ReadOrder::RowId, ReadOrder::Heap] {
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(41);
+        rig.seed(100, &mut r).await;
+        for _ in 0..120 {
+            rig.writer.random_op(&mut r).await;
         }
+        // Two readers (the default), each staging several files.
+        let progress = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let o = InitOptions {
+            max_file_rows: 30,
+            read_order: order,
+            progress: Some(Arc::new({
+                let progress = progress.clone();
+                move |_, done, total| progress.lock().unwrap().push((done, total))
+            })),
+            ..opts(&rig)
+        };
+        assert_eq!(o.readers, 2);
+        let report = init(&rig, &o).await;
+        let s = &report.schemas[0];
+        assert_eq!(s.outcome, Outcome::Exported, "{s:?}");
+        assert_eq!(s.heap_order, order == ReadOrder::Heap, "{s:?}");
+        // A heap-order read spilled the live rows to scratch disk, and says how much.
+        assert_eq!(s.scratch_bytes > 0, order == ReadOrder::Heap, "{s:?}");
+        let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+        assert_eq!(s.rows as usize, live);
+        assert_eq!(s.live_rows as usize, live);
+        // Progress counts every row once; while reading, its total (the planner's estimate) stays
+        // above the rows done, and a last call says reading is over.
+        let progress = progress.lock().unwrap().clone();
+        let (last, reading) = progress.split_last().unwrap();
+        assert!(reading.windows(2).all(|w| w[0].0 < w[1].0), "{progress:?}");
+        assert!(
+            reading.iter().all(|(done, total)| total > done),
+            "{progress:?}"
+        );
+        assert_eq!(*last, (live as u64, live as u64));
+        assert!(
+            s.files.len() >= 4,
+            "small files force several per reader: {s:?}"
+        );
+        let compared = oracle::assert_live_rows(&rig.writer, rig.store.as_ref(), MANIFEST).await;
+        assert_eq!(compared, live);
+        let layout = rig.ctx.lake.layout.clone();
+        for p in base_paths(&rig).await {
+            assert!(
+                matches!(
+                    layout.classify(&p),
+                    KeyKind::InitBase {
+                        schema_id: 100,
+                        file: Some(_),
+                        ..
+                    }
+                ),
+                "{p}"
+            );
+        }
+        // Each file is sorted by row_id, its recorded range is its rows' true range, and no two
+        // files' ranges overlap (a file holds one reader's consecutive pages).
+        let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+            .await
+            .unwrap();
+        let mut seen = BTreeSet::new();
+        let mut ranges = Vec::new();
+        for f in m["files"].as_array().unwrap() {
+            let path = f["path"].as_str().unwrap();
+            let rows = oracle::read_parquet(rig.store.get_bytes(path).await.unwrap().bytes);
+            assert!(
+                rows.windows(2).all(|w| w[0].0 < w[1].0),
+                "{path} not sorted"
+            );
+            assert_eq!(f["row_id_min"].as_str().unwrap(), rows[0].0.to_string());
+            assert_eq!(
+                f["row_id_max"].as_str().unwrap(),
+                rows[rows.len() - 1].0.to_string()
+            );
+            ranges.push((rows[0].0, rows[rows.len() - 1].0));
+            for (id, _) in rows {
+                assert!(seen.insert(id), "{id} is in two base files");
+            }
+        }
+        assert_eq!(seen.len(), live);
+        ranges.sort();
+        for w in ranges.windows(2) {
+            assert!(w[0].1 < w[1].0, "base files overlap in row-id range: {w:?}");
+        }
+        // After further writes, flush on top keeps the oracle.
+        for _ in 0..60 {
+            rig.writer.random_op(&mut r).await;
+        }
+        rig.flush().await;
+        let (_, dirty) = rig.assert_oracle().await;
+        assert_eq!(dirty, 0);
     }
-    assert_eq!(seen.len(), live);
-    ranges.sort();
-    for w in ranges.windows(2) {
-        assert!(w[0].1 < w[1].0, "base files overlap in row-id range: {w:?}");
-    }
-    // After further writes, flush on top keeps the oracle.
-    for _ in 0..60 {
-        rig.writer.random_op(&mut r).await;
-    }
-    rig.flush().await;
-    let (_, dirty) = rig.assert_oracle().await;
-    assert_eq!(dirty, 0);
 }
 
 #[tokio::test]
@@ -217,51 +226,54 @@ async fn a_base_and_a_delta_of_the_same_version_are_identical() {
 
 #[tokio::test]
 async fn rows_deleted_below_the_cursor_never_drop_live_rows_above_it() {
-    // docs/hazards.md #462
-    let mut rig = rig(LakeKind::S3).await;
-    let mut r = Rng::new(462);
-    let mut ids = rig.seed(120, &mut r).await;
-    ids.sort();
-    let victims: Vec<_> = ids[..10].to_vec();
-    let writer = rig.second_writer().await;
-    let (w2, v2) = (writer.clone(), victims.clone());
-    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let f2 = fired.clone();
-    // One reader: the victims are then exactly the rows below its cursor after page 1.
-    let mut o = InitOptions {
-        readers: 1,
-        ..opts(&rig)
-    };
-    o.after_page = Some(Arc::new(move |_| {
-        let (w, v, f) = (w2.clone(), v2.clone(), f2.clone());
-        async move {
-            if !f.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                let mut w = w.lock().await;
-                for id in v {
-                    w.hard_delete(id).await;
+    for order in [ReadOrder::RowId, ReadOrder::Heap] {
+        // docs/hazards.md #462
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(462);
+        let mut ids = rig.seed(120, &mut r).await;
+        ids.sort();
+        let victims: Vec<_> = ids[..10].to_vec();
+        let writer = rig.second_writer().await;
+        let (w2, v2) = (writer.clone(), victims.clone());
+        let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f2 = fired.clone();
+        // One reader: the victims are then exactly the rows below its cursor after page 1.
+        let mut o = InitOptions {
+            readers: 1,
+            read_order: order,
+            ..opts(&rig)
+        };
+        o.after_page = Some(Arc::new(move |_| {
+            let (w, v, f) = (w2.clone(), v2.clone(), f2.clone());
+            async move {
+                if !f.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let mut w = w.lock().await;
+                    for id in v {
+                        w.hard_delete(id).await;
+                    }
                 }
             }
+            .boxed()
+        }));
+        let report = init(&rig, &o).await;
+        assert!(fired.load(std::sync::atomic::Ordering::SeqCst));
+        let lake = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+        for id in &ids[10..] {
+            assert!(
+                lake.contains_key(id),
+                "live row {id} above the cursor was dropped"
+            );
         }
-        .boxed()
-    }));
-    let report = init(&rig, &o).await;
-    assert!(fired.load(std::sync::atomic::Ordering::SeqCst));
-    let lake = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
-    for id in &ids[10..] {
-        assert!(
-            lake.contains_key(id),
-            "live row {id} above the cursor was dropped"
+        assert_eq!(
+            report.schemas[0].rows, 120,
+            "the deleted rows had been read in page 1"
         );
+        // The deletes reach the lake with the next flush.
+        rig.take_model(&writer).await;
+        rig.flush().await;
+        let (compared, dirty) = rig.assert_oracle().await;
+        assert_eq!((compared, dirty), (110, 0));
     }
-    assert_eq!(
-        report.schemas[0].rows, 120,
-        "the deleted rows had been read in page 1"
-    );
-    // The deletes reach the lake with the next flush.
-    rig.take_model(&writer).await;
-    rig.flush().await;
-    let (compared, dirty) = rig.assert_oracle().await;
-    assert_eq!((compared, dirty), (110, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -453,33 +465,185 @@ async fn a_failed_init_keeps_the_published_base_and_leaves_no_new_object() {
     }
 }
 
+/// Files named like a heap-order read's spill files anywhere under `dir`.
+fn spill_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(spill_files(&p));
+        } else if e.file_name().to_string_lossy().starts_with("heap-") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_heap_order_init_publishes_nothing_and_leaves_no_object_or_spill_file() {
+    use lakecdc::store::fault::{Action, Op};
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    for case in [
+        "second upload",
+        "a reader session ends after a range",
+        "a reader panics",
+        "a stop request",
+    ] {
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(78);
+        rig.seed(100, &mut r).await;
+        let first = init(&rig, &opts(&rig)).await;
+        assert_eq!(first.schemas[0].outcome, Outcome::Exported, "{case}");
+        let manifest = oracle::manifest_json(rig.store.as_ref(), MANIFEST).await;
+        let before = rig.keys("data/100/").await;
+        for _ in 0..40 {
+            rig.writer.random_op(&mut r).await;
+        }
+        // Statistics split the tables into ranges of a page or two, so a reader reads several.
+        rig.writer.client.batch_execute("ANALYZE").await.unwrap();
+        let heap = InitOptions {
+            page_rows: 10,
+            max_file_rows: 20,
+            read_order: ReadOrder::Heap,
+            ..opts(&rig)
+        };
+        let mut o = heap.clone();
+        let calls = Arc::new(AtomicU32::new(0));
+        match case {
+            "second upload" => rig
+                .store
+                .arm(Op::PutFile, Some("data/100/"), 2, Action::Fail),
+            "a reader session ends after a range" => {
+                let (url, calls) = (rig.db.url.clone(), calls.clone());
+                o.after_page = Some(Arc::new(move |_| {
+                    let (url, first) = (url.clone(), calls.fetch_add(1, SeqCst) == 0);
+                    async move {
+                        if first {
+                            let c = crate::support::harness::pg_client(&url).await;
+                            let ended = c
+                                .query_one(
+                                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                                     WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                                     AND state = 'idle in transaction' AND query LIKE 'COPY%'",
+                                    &[],
+                                )
+                                .await
+                                .unwrap()
+                                .get::<_, i64>(0);
+                            assert!(ended >= 1, "no reader was idle after its range");
+                        }
+                    }
+                    .boxed()
+                }));
+            }
+            "a reader panics" => {
+                let calls = calls.clone();
+                o.after_page = Some(Arc::new(move |_| {
+                    let first = calls.fetch_add(1, SeqCst) == 0;
+                    async move {
+                        if first {
+                            panic!("reader dies")
+                        }
+                    }
+                    .boxed()
+                }));
+            }
+            _ => {
+                assert_eq!(case, "a stop request");
+                let (stop, calls) = (rig.ctx.shutdown.clone(), calls.clone());
+                o.after_page = Some(Arc::new(move |_| {
+                    if calls.fetch_add(1, SeqCst) == 1 {
+                        stop.request();
+                    }
+                    async {}.boxed()
+                }));
+            }
+        }
+        let report = init(&rig, &o).await;
+        let s = &report.schemas[0];
+        let expected = if case == "a stop request" {
+            Outcome::Stopped
+        } else {
+            Outcome::Failed
+        };
+        assert_eq!(s.outcome, expected, "{case}: {s:?}");
+        assert!(s.heap_order, "{case}");
+        assert_eq!((s.files.len(), s.rows), (0, 0), "{case}");
+        if case == "a reader panics" {
+            let reason = s.reason.as_deref().unwrap_or_default();
+            assert!(reason.contains("heap range reader"), "{reason}");
+        }
+        if case == "second upload" {
+            assert!(
+                s.reason
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("data/100/")
+            );
+        }
+        rig.ctx.shutdown = lakecdc::shutdown::Shutdown::new();
+        assert_eq!(
+            oracle::manifest_json(rig.store.as_ref(), MANIFEST).await,
+            manifest,
+            "{case}: a failed init changed the manifest"
+        );
+        assert_eq!(rig.keys("data/100/").await, before, "{case}: objects left");
+        assert_eq!(
+            spill_files(&rig.opts.work_dir),
+            Vec::<std::path::PathBuf>::new(),
+            "{case}"
+        );
+        // A clean rerun publishes the new state.
+        let report = init(&rig, &heap).await;
+        assert_eq!(report.schemas[0].outcome, Outcome::Exported, "{case}");
+        let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+        assert_eq!(
+            oracle::assert_live_rows(&rig.writer, rig.store.as_ref(), MANIFEST).await,
+            live,
+            "{case}"
+        );
+        assert!(
+            report.schemas[0].files.len() >= 4,
+            "{case}: {:?}",
+            report.schemas[0]
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_schema_without_live_rows_publishes_a_zero_row_base() {
-    // docs/hazards.md #519
-    let mut rig = rig(LakeKind::S3).await;
-    let mut r = Rng::new(519);
-    let ids = rig.seed(3, &mut r).await;
-    for id in ids {
-        rig.writer.hard_delete(id).await;
+    for order in [ReadOrder::RowId, ReadOrder::Heap] {
+        // docs/hazards.md #519
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(519);
+        let ids = rig.seed(3, &mut r).await;
+        for id in ids {
+            rig.writer.hard_delete(id).await;
+        }
+        let o = InitOptions {
+            read_order: order,
+            ..opts(&rig)
+        };
+        let report = init(&rig, &o).await;
+        assert_eq!(report.schemas[0].outcome, Outcome::Exported);
+        assert_eq!(report.schemas[0].heap_order, order == ReadOrder::Heap);
+        let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+            .await
+            .unwrap();
+        let files = m["files"].as_array().unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(
+            (files[0]["tier"].as_str(), files[0]["row_count"].as_i64()),
+            (Some("base"), Some(0))
+        );
+        assert!(matches!(
+            rig.ctx
+                .lake
+                .layout
+                .classify(files[0]["path"].as_str().unwrap()),
+            KeyKind::MergedBase { .. }
+        ));
     }
-    let report = init(&rig, &opts(&rig)).await;
-    assert_eq!(report.schemas[0].outcome, Outcome::Exported);
-    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
-        .await
-        .unwrap();
-    let files = m["files"].as_array().unwrap();
-    assert_eq!(files.len(), 1);
-    assert_eq!(
-        (files[0]["tier"].as_str(), files[0]["row_count"].as_i64()),
-        (Some("base"), Some(0))
-    );
-    assert!(matches!(
-        rig.ctx
-            .lake
-            .layout
-            .classify(files[0]["path"].as_str().unwrap()),
-        KeyKind::MergedBase { .. }
-    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -738,6 +902,21 @@ async fn dry_run_counts_and_estimates_without_writing() {
     let s = &report.schemas[0];
     assert_eq!((s.live_rows, s.estimated_files), (30, 1));
     assert!(s.bytes > 0);
+    assert!(!s.heap_order, "no statistics: row-id order");
+    // The plan says a heap-order read, and its buckets, as the run would.
+    let report = init(
+        &rig,
+        &InitOptions {
+            dry_run: true,
+            read_order: ReadOrder::Heap,
+            max_file_rows: 10,
+            ..opts(&rig)
+        },
+    )
+    .await;
+    let s = &report.schemas[0];
+    assert!(s.heap_order);
+    assert_eq!((s.live_rows, s.estimated_files), (30, 3));
     assert!(rig.store.writes().is_empty());
 }
 
@@ -997,11 +1176,12 @@ fn live_versions(w: &Writer) -> std::collections::BTreeMap<uuid::Uuid, i64> {
         .collect()
 }
 
-/// Runs init with three readers and pages of 10 rows; after the first page any reader hands
-/// over, `during` runs once on a second writer session. Returns the live rows and versions
+/// Runs init (`order`) with three readers and pages of 10 rows; after the first page (or heap
+/// range) any reader hands over, `during` runs once on a second writer session. Returns the live rows and versions
 /// just before `during` ran, the shared writer, and the report.
 async fn init_with_writes_during_export(
     rig: &Rig,
+    order: ReadOrder,
     during: impl Fn(Arc<tokio::sync::Mutex<Writer>>) -> futures::future::BoxFuture<'static, ()>
     + Send
     + Sync
@@ -1019,6 +1199,7 @@ async fn init_with_writes_during_export(
         readers: 3,
         page_rows: 10,
         max_file_rows: 40,
+        read_order: order,
         ..opts(rig)
     };
     o.after_page = Some(Arc::new(move |_| {
@@ -1051,86 +1232,96 @@ async fn lake_versions(rig: &Rig) -> std::collections::BTreeMap<uuid::Uuid, i64>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn init_over_random_ids_exports_its_snapshot_while_rows_are_deleted_and_inserted() {
-    // docs/hazards.md #462 (made moot by the single snapshot) and #210
-    let mut rig = rig(LakeKind::S3).await;
-    let mut r = Rng::new(2001);
-    // Random (UUIDv4-like) ids, inserted in random order.
-    let ids = rig.seed(240, &mut r).await;
-    assert!(
-        ids.windows(2).filter(|w| w[0] > w[1]).count() > 60,
-        "the ids are not in insertion order"
-    );
-    let (before, writer, report) = init_with_writes_during_export(&rig, |w| {
-        async move {
-            let mut w = w.lock().await;
-            let mut r = Rng::new(77);
-            let live: Vec<_> = live_versions(&w).into_keys().collect();
-            // Deletes all over the id space (most of them in pages not read yet), hard and
-            // soft, and inserts and updates.
-            for (i, id) in live.iter().enumerate() {
-                if i % 8 == 0 {
-                    w.hard_delete(*id).await;
-                } else if i % 11 == 3 {
-                    w.soft_delete(*id).await;
-                } else if i % 13 == 5 {
-                    w.update(*id, Customer::random(&mut r)).await;
+    for order in [ReadOrder::RowId, ReadOrder::Heap] {
+        // docs/hazards.md #462 (made moot by the single snapshot) and #210
+        let mut rig = rig(LakeKind::S3).await;
+        let mut r = Rng::new(2001);
+        // Random (UUIDv4-like) ids, inserted in random order.
+        let ids = rig.seed(240, &mut r).await;
+        assert!(
+            ids.windows(2).filter(|w| w[0] > w[1]).count() > 60,
+            "the ids are not in insertion order"
+        );
+        // Statistics give a heap-order read ranges of a page or two: the readers take turns.
+        rig.writer.client.batch_execute("ANALYZE").await.unwrap();
+        let (before, writer, report) = init_with_writes_during_export(&rig, order, |w| {
+            async move {
+                let mut w = w.lock().await;
+                let mut r = Rng::new(77);
+                let live: Vec<_> = live_versions(&w).into_keys().collect();
+                // Deletes all over the id space (most of them in pages not read yet), hard and
+                // soft, and inserts and updates.
+                for (i, id) in live.iter().enumerate() {
+                    if i % 8 == 0 {
+                        w.hard_delete(*id).await;
+                    } else if i % 11 == 3 {
+                        w.soft_delete(*id).await;
+                    } else if i % 13 == 5 {
+                        w.update(*id, Customer::random(&mut r)).await;
+                    }
+                }
+                for _ in 0..25 {
+                    w.create(r.uuid(), Customer::random(&mut r)).await;
                 }
             }
-            for _ in 0..25 {
-                w.create(r.uuid(), Customer::random(&mut r)).await;
-            }
-        }
-        .boxed()
-    })
-    .await;
-    // The lake holds exactly the state of the snapshot: no row deleted during the export is
-    // missing, no row inserted during it is there, every version is the snapshot's.
-    assert_eq!(lake_versions(&rig).await, before);
-    assert_eq!(report.schemas[0].rows, before.len() as u64);
-    // Then flush brings the writes made during the export.
-    rig.take_model(&writer).await;
-    assert_ne!(
-        live_versions(&rig.writer),
-        before,
-        "the writes changed the source"
-    );
-    rig.flush().await;
-    let (compared, dirty) = rig.assert_oracle().await;
-    assert_eq!(dirty, 0);
-    assert_eq!(compared, live_versions(&rig.writer).len());
-    assert_eq!(lake_versions(&rig).await, live_versions(&rig.writer));
+            .boxed()
+        })
+        .await;
+        assert_eq!(report.schemas[0].heap_order, order == ReadOrder::Heap);
+        // The lake holds exactly the state of the snapshot: no row deleted during the export is
+        // missing, no row inserted during it is there, every version is the snapshot's.
+        assert_eq!(lake_versions(&rig).await, before);
+        assert_eq!(report.schemas[0].rows, before.len() as u64);
+        // Then flush brings the writes made during the export.
+        rig.take_model(&writer).await;
+        assert_ne!(
+            live_versions(&rig.writer),
+            before,
+            "the writes changed the source"
+        );
+        rig.flush().await;
+        let (compared, dirty) = rig.assert_oracle().await;
+        assert_eq!(dirty, 0);
+        assert_eq!(compared, live_versions(&rig.writer).len());
+        assert_eq!(lake_versions(&rig).await, live_versions(&rig.writer));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_init_reader_reads_the_same_exported_snapshot() {
-    let mut rig = rig(LakeKind::Local).await;
-    let mut r = Rng::new(2002);
-    rig.seed(180, &mut r).await;
-    // After the first page any reader hands over, every live row gets a new version and some
-    // go: the other readers have not started most of their ranges yet. Read in snapshots of
-    // their own, they would export the new versions there.
-    let (before, _writer, report) = init_with_writes_during_export(&rig, |w| {
-        async move {
-            let mut w = w.lock().await;
-            let mut r = Rng::new(78);
-            let live: Vec<_> = live_versions(&w).into_keys().collect();
-            for (i, id) in live.iter().enumerate() {
-                if i % 10 == 0 {
-                    w.hard_delete(*id).await;
-                } else {
-                    w.update(*id, Customer::random(&mut r)).await;
+    for order in [ReadOrder::RowId, ReadOrder::Heap] {
+        let mut rig = rig(LakeKind::Local).await;
+        let mut r = Rng::new(2002);
+        rig.seed(180, &mut r).await;
+        // Statistics give a heap-order read ranges of a page or two: the readers take turns.
+        rig.writer.client.batch_execute("ANALYZE").await.unwrap();
+        // After the first page any reader hands over, every live row gets a new version and some
+        // go: the other readers have not started most of their ranges yet. Read in snapshots of
+        // their own, they would export the new versions there.
+        let (before, _writer, report) = init_with_writes_during_export(&rig, order, |w| {
+            async move {
+                let mut w = w.lock().await;
+                let mut r = Rng::new(78);
+                let live: Vec<_> = live_versions(&w).into_keys().collect();
+                for (i, id) in live.iter().enumerate() {
+                    if i % 10 == 0 {
+                        w.hard_delete(*id).await;
+                    } else {
+                        w.update(*id, Customer::random(&mut r)).await;
+                    }
                 }
             }
-        }
-        .boxed()
-    })
-    .await;
-    assert!(
-        report.schemas[0].files.len() >= 3,
-        "the readers wrote several files: {:?}",
-        report.schemas[0].files
-    );
-    assert_eq!(lake_versions(&rig).await, before);
+            .boxed()
+        })
+        .await;
+        assert!(
+            report.schemas[0].files.len() >= 3,
+            "the readers wrote several files: {:?}",
+            report.schemas[0].files
+        );
+        assert_eq!(report.schemas[0].heap_order, order == ReadOrder::Heap);
+        assert_eq!(lake_versions(&rig).await, before);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

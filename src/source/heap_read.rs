@@ -1,0 +1,824 @@
+//! Reading a schema's live entities for init in heap order (docs/design.md §4.2, "Heap-order
+//! reads").
+//!
+//! Keyset pages walk the `ltbase_row_id` index and fetch the heap in index order. With time-ordered
+//! ids that order is the heap's own; with random ids (UUIDv4, imported or hashed keys) every page
+//! lands on heap pages all over the table, and each EAV heap page is read again by nearly every
+//! page query. A heap-order read instead scans both tables once, by ranges of heap pages (TID
+//! range scans), in the one exported snapshot every reader imports, and routes each tuple by its
+//! row id into one of a few row-id buckets, cut at quantiles of a sample of the ids so that each
+//! holds about a file. Buckets are spilled to the run's private scratch directory as the raw
+//! binary COPY tuples, appended in chunks; once the whole snapshot is read, each bucket is read
+//! back, decoded, sorted by row id and handed on as one sorted page, so base files keep disjoint,
+//! sorted row-id ranges. Memory stays bounded (a chunk buffer per bucket while reading, about a
+//! file's rows per loaded bucket); scratch disk is the live rows' binary size, and is reported.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use futures::TryStreamExt;
+use tokio_postgres::{Client, Transaction};
+use uuid::Uuid;
+
+use super::Connector;
+use super::READ_TIMEOUT as TIMEOUT;
+use super::connect::{TappedClient, timed, within};
+use super::copy_decoder::{CopyItem, copy_header_len, copy_tuple, decode_tuples};
+use super::copy_tap::{self, CopySink, CopyTap, SharedSink};
+use super::live::{LivePage, SnapshotTicket, begin_in, eav_select, tune_for_pages};
+use super::rows::{BatchBuilder, bound_columns};
+use crate::config::Tables;
+use crate::error::{Error, Result};
+use crate::schema::{SchemaDef, SlotType};
+
+/// How init reads a schema's live entities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadOrder {
+    /// Heap order when the row ids are not in heap order (the planner's correlation of
+    /// `ltbase_row_id` below [`HEAP_CORRELATION`]), for a schema of at least [`HEAP_MIN_ROWS`]
+    /// live rows holding at least a quarter of the entity table; row-id order otherwise.
+    #[default]
+    Auto,
+    /// Keyset pages in row-id order.
+    RowId,
+    /// Heap-order reads into row-id buckets.
+    Heap,
+}
+
+impl std::str::FromStr for ReadOrder {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "row-id" => Ok(Self::RowId),
+            "heap" => Ok(Self::Heap),
+            other => Err(format!(
+                "unknown read order {other:?}: use auto, row-id or heap"
+            )),
+        }
+    }
+}
+
+/// Below this absolute correlation between `ltbase_row_id` and the heap's order (from
+/// `pg_stats`), `auto` reads in heap order. Time-ordered ids inserted as they are made measure
+/// above 0.99; random ones near 0.
+pub const HEAP_CORRELATION: f64 = 0.9;
+
+/// `auto` reads in heap order from this many live rows: below it, random heap reads cost
+/// little (the table is mostly cached) and keyset pages need no scratch disk.
+pub const HEAP_MIN_ROWS: f64 = 100_000.0;
+
+/// Whether `auto` reads `live` rows of a table of `tuples` rows in heap order, given the
+/// planner's `correlation` of `ltbase_row_id` with the heap's order (`None`: no statistics).
+fn auto_heap(correlation: Option<f64>, tuples: f64, live: f64) -> bool {
+    let scattered = correlation.is_some_and(|c| c.abs() < HEAP_CORRELATION);
+    // A small schema of a large table is cheaper to read by its index.
+    scattered && live >= HEAP_MIN_ROWS && live >= tuples * 0.25
+}
+
+/// Ids sampled per bucket to place the cuts (at least [`MIN_SAMPLE`] in all).
+const SAMPLE_PER_BUCKET: f64 = 500.0;
+const MIN_SAMPLE: f64 = 20_000.0;
+
+/// Bytes of spill buffers per spill file, shared by its buckets (each gets 64 KiB to 1 MiB).
+const SPILL_BUFFERS: usize = 16 * 1024 * 1024;
+
+/// What a heap-order read does: the bucket cuts and the page ranges each table is read in.
+#[derive(Debug, Clone)]
+pub struct HeapPlan {
+    /// Bucket `i` holds the row ids in `[cuts[i-1], cuts[i])` (the first from 0, the last
+    /// without bound).
+    cuts: Arc<[u128]>,
+    /// `ctid` conditions, in heap order, covering every page of each table.
+    entity_chunks: Vec<String>,
+    eav_chunks: Vec<String>,
+}
+
+impl HeapPlan {
+    /// Number of row-id buckets (files, about).
+    pub fn buckets(&self) -> usize {
+        self.cuts.len() + 1
+    }
+}
+
+/// The bucket of row id `id`.
+fn bucket_of(cuts: &[u128], id: u128) -> usize {
+    cuts.partition_point(|c| *c <= id)
+}
+
+/// Sizes of the entity and EAV tables, and the row id's correlation with the heap's order.
+struct Sizes {
+    entity_pages: i64,
+    entity_tuples: f64,
+    entity_bytes: f64,
+    eav_pages: i64,
+    eav_tuples: f64,
+    eav_bytes: f64,
+    correlation: Option<f64>,
+}
+
+async fn sizes(client: &Client, tables: &Tables) -> Result<Sizes> {
+    let (e, v) = (tables.entity.quoted(), tables.eav.quoted());
+    let size = |t: &str| {
+        format!(
+            "(SELECT (pg_relation_size(c.oid) / current_setting('block_size')::int)::int8, \
+                     GREATEST(c.reltuples, 0)::float8, pg_relation_size(c.oid)::float8 \
+              FROM pg_class c WHERE c.oid = '{t}'::regclass)"
+        )
+    };
+    let sql = format!(
+        "SELECT e.*, v.*, (SELECT s.correlation::float8 FROM pg_stats s JOIN pg_class c \
+                ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace \
+                AND n.nspname = s.schemaname \
+              WHERE c.oid = '{e}'::regclass AND s.attname = 'ltbase_row_id' LIMIT 1) \
+         FROM {} AS e(pages, tuples, bytes), {} AS v(pages, tuples, bytes)",
+        size(&e),
+        size(&v)
+    );
+    let row = timed(
+        TIMEOUT,
+        "read the tables' sizes",
+        client.query_one(&sql, &[]),
+    )
+    .await?;
+    Ok(Sizes {
+        entity_pages: row.get(0),
+        entity_tuples: row.get(1),
+        entity_bytes: row.get(2),
+        eav_pages: row.get(3),
+        eav_tuples: row.get(4),
+        eav_bytes: row.get(5),
+        correlation: row.get(6),
+    })
+}
+
+/// Decides how init reads schema `schema_id` (estimated `estimate` live rows) and, for a
+/// heap-order read, plans it: about `bucket_rows` rows and at most `bucket_bytes` of the
+/// tables' bytes per bucket, chunks of about `chunk_rows` rows. `None`: read in row-id order.
+#[allow(clippy::too_many_arguments)]
+pub async fn plan(
+    client: &Client,
+    tables: &Tables,
+    schema_id: i16,
+    order: ReadOrder,
+    estimate: u64,
+    bucket_rows: u64,
+    bucket_bytes: u64,
+    chunk_rows: u64,
+) -> Result<Option<HeapPlan>> {
+    if order == ReadOrder::RowId {
+        return Ok(None);
+    }
+    let s = sizes(client, tables).await?;
+    let est = estimate as f64;
+    if order == ReadOrder::Auto && !auto_heap(s.correlation, s.entity_tuples, est) {
+        return Ok(None);
+    }
+    let buckets = |live: f64| {
+        let share = if s.entity_tuples > 0.0 {
+            (live / s.entity_tuples).min(1.0)
+        } else {
+            1.0
+        };
+        let bytes = (s.entity_bytes + s.eav_bytes) * share;
+        (live / bucket_rows.max(1) as f64)
+            .max(bytes / bucket_bytes.max(1) as f64)
+            .ceil()
+            .max(1.0) as usize
+    };
+    // The sample also counts the live rows (exactly, for a table without statistics, which
+    // is sampled whole): the planner's estimate of a table never analysed can be far off.
+    let (ids, pct) = sample_ids(client, tables, schema_id, buckets(est), s.entity_tuples).await?;
+    let live = ids.len() as f64 * 100.0 / pct;
+    let cuts = quantile_cuts(&ids, buckets(live));
+    let chunk_rows = chunk_rows.max(1) as f64;
+    Ok(Some(HeapPlan {
+        cuts: cuts.into(),
+        entity_chunks: page_ranges(s.entity_pages, s.entity_tuples, chunk_rows),
+        eav_chunks: page_ranges(s.eav_pages, s.eav_tuples, chunk_rows),
+    }))
+}
+
+/// `ctid` conditions splitting a table of `pages` pages and `tuples` rows into ranges of
+/// about `chunk_rows` rows; the last range is open-ended, so together they cover every page
+/// the table has when it is read (a row any snapshot sees lies on one).
+pub(super) fn page_ranges(pages: i64, tuples: f64, chunk_rows: f64) -> Vec<String> {
+    let step = if tuples > 0.0 {
+        ((pages as f64) * chunk_rows / tuples).ceil().max(1.0) as i64
+    } else {
+        pages.max(1)
+    };
+    let mut ranges = Vec::new();
+    let mut start = 0i64;
+    while start + step < pages {
+        ranges.push(format!(
+            "ctid >= '({start},0)'::tid AND ctid < '({},0)'::tid",
+            start + step
+        ));
+        start += step;
+    }
+    ranges.push(format!("ctid >= '({start},0)'::tid"));
+    ranges
+}
+
+/// A page sample of the schema's live row ids (`TABLESAMPLE SYSTEM`: whole heap pages, cheap
+/// whatever the table's size), large enough to cut about `buckets` buckets of similar size,
+/// sorted, and the percentage of the table's pages it read.
+async fn sample_ids(
+    client: &Client,
+    tables: &Tables,
+    schema_id: i16,
+    buckets: usize,
+    tuples: f64,
+) -> Result<(Vec<u128>, f64)> {
+    let want = (buckets as f64 * SAMPLE_PER_BUCKET).max(MIN_SAMPLE);
+    let pct = if tuples > 0.0 {
+        (100.0 * want / tuples).clamp(0.001, 100.0)
+    } else {
+        100.0
+    };
+    let sql = format!(
+        "SELECT ltbase_row_id FROM {} TABLESAMPLE SYSTEM ({pct:.6}) REPEATABLE (462) \
+         WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL",
+        tables.entity.quoted()
+    );
+    let rows = timed(TIMEOUT, "sample row ids", client.query(&sql, &[&schema_id])).await?;
+    let mut ids: Vec<u128> = rows
+        .iter()
+        .map(|r| r.try_get::<_, Uuid>(0).map(|u| u.as_u128()))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(Error::postgres("read the sampled row ids"))?;
+    ids.sort_unstable();
+    Ok((ids, pct))
+}
+
+/// Cuts at the `i/buckets` quantiles of the sorted `ids`, strictly increasing (fewer when the
+/// sample is too small to tell them apart).
+fn quantile_cuts(ids: &[u128], buckets: usize) -> Vec<u128> {
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let mut cuts: Vec<u128> = (1..buckets).map(|i| ids[i * ids.len() / buckets]).collect();
+    cuts.dedup();
+    cuts.retain(|c| *c > 0);
+    cuts
+}
+
+/// One reader's tuples of one table, bucket by bucket, in an append-only scratch file: each
+/// bucket's tuples are buffered and appended as a chunk when the buffer fills.
+struct Spill {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    /// Per bucket: its chunks (offset, length) in the file.
+    chunks: Vec<Vec<(u64, usize)>>,
+    bufs: Vec<Vec<u8>>,
+    cap: usize,
+    rows: Vec<u64>,
+}
+
+impl Spill {
+    fn create(path: PathBuf, buckets: usize) -> Result<Self> {
+        let file = crate::scratch::create_file(&path).map_err(|source| Error::Io {
+            op: "create a spill file",
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self {
+            path,
+            file,
+            len: 0,
+            chunks: vec![Vec::new(); buckets],
+            bufs: vec![Vec::new(); buckets],
+            cap: (SPILL_BUFFERS / buckets.max(1)).clamp(64 * 1024, 1024 * 1024),
+            rows: vec![0; buckets],
+        })
+    }
+
+    fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        move |source| Error::Io {
+            op,
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn push(&mut self, bucket: usize, tuple: &[u8]) -> Result<()> {
+        self.rows[bucket] += 1;
+        self.bufs[bucket].extend_from_slice(tuple);
+        if self.bufs[bucket].len() >= self.cap {
+            self.write(bucket)?;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, bucket: usize) -> Result<()> {
+        let n = self.bufs[bucket].len();
+        if n == 0 {
+            return Ok(());
+        }
+        let written = self.file.write_all(&self.bufs[bucket]);
+        written.map_err(|source| Error::Io {
+            op: "write a spill file",
+            path: self.path.clone(),
+            source,
+        })?;
+        self.chunks[bucket].push((self.len, n));
+        self.len += n as u64;
+        self.bufs[bucket].clear();
+        Ok(())
+    }
+
+    /// Appends every buffered tuple and frees the buffers.
+    fn finish(&mut self) -> Result<()> {
+        for b in 0..self.bufs.len() {
+            self.write(b)?;
+        }
+        self.bufs = Vec::new();
+        self.file.flush().map_err(self.io("write a spill file"))
+    }
+
+    /// Hands the chunks of `bucket`, read back in order, to `each` (one buffer, reused).
+    fn each_chunk(&self, bucket: usize, mut each: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let chunks = &self.chunks[bucket];
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let file = File::open(&self.path).map_err(self.io("open a spill file"))?;
+        let mut buf = Vec::new();
+        for &(offset, len) in chunks {
+            buf.resize(len, 0);
+            file.read_exact_at(&mut buf, offset)
+                .map_err(self.io("read a spill file"))?;
+            each(&buf)?;
+        }
+        Ok(())
+    }
+
+    /// The tuples of `bucket`, read back.
+    #[cfg(test)]
+    fn bucket(&self, bucket: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.each_chunk(bucket, |c| {
+            out.extend_from_slice(c);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+impl Drop for Spill {
+    /// A spill file is the run's scratch: it goes with its bucket index, on success or failure.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A binary COPY stream's tuples routed by their first field (the row id) into a [`Spill`]:
+/// the sink a reader's connection tap feeds, or the reader itself when it has no tap.
+struct Router {
+    op: &'static str,
+    cuts: Arc<[u128]>,
+    fields: usize,
+    spill: Spill,
+    /// An incomplete header or tuple, waiting for the next bytes.
+    buf: Vec<u8>,
+    header: bool,
+    ended: bool,
+    error: Option<Error>,
+}
+
+impl Router {
+    /// Routes the complete tuples at the front of `data`; returns the bytes they took. Only
+    /// a tuple's length and its first field are looked at: the values are decoded when the
+    /// bucket is loaded.
+    fn route(&mut self, data: &[u8]) -> Result<usize> {
+        let mut used = 0;
+        loop {
+            let t = &data[used..];
+            let Some(count) = t.get(..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
+                return Ok(used);
+            };
+            if count == -1 {
+                self.ended = true;
+                return Ok(used + 2);
+            }
+            if usize::try_from(count).ok() != Some(self.fields) {
+                return Err(Error::decode(self.op, "a malformed tuple: field count"));
+            }
+            // The row id: a 16-byte first field.
+            match t.get(2..6) {
+                None => return Ok(used),
+                Some(len) if len != 16i32.to_be_bytes() => {
+                    return Err(Error::decode(self.op, "a row id that is not 16 bytes"));
+                }
+                Some(_) => {}
+            }
+            let Some(id) = t.get(6..22) else {
+                return Ok(used);
+            };
+            let id = u128::from_be_bytes(<[u8; 16]>::try_from(id).unwrap_or_default());
+            let mut at = 22;
+            for _ in 1..self.fields {
+                let Some(len) = t.get(at..at + 4) else {
+                    return Ok(used);
+                };
+                let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+                at += 4 + usize::try_from(len).unwrap_or(0);
+            }
+            if t.len() < at {
+                return Ok(used);
+            }
+            self.spill.push(bucket_of(&self.cuts, id), &t[..at])?;
+            used += at;
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) -> Result<()> {
+        if self.ended {
+            return Err(Error::decode(
+                self.op,
+                "data after the end of a COPY stream",
+            ));
+        }
+        if self.header && self.buf.is_empty() {
+            let used = self.route(chunk)?;
+            self.buf.extend_from_slice(&chunk[used..]);
+            return Ok(());
+        }
+        self.buf.extend_from_slice(chunk);
+        if !self.header {
+            match copy_header_len(self.op, &self.buf)? {
+                Some(len) => {
+                    self.buf.drain(..len);
+                    self.header = true;
+                }
+                None => return Ok(()),
+            }
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let used = self.route(&buf);
+        self.buf = buf;
+        self.buf.drain(..used?);
+        Ok(())
+    }
+
+    /// The stream ended: it must have ended exactly at its end marker. Ready for the next.
+    fn end_stream(&mut self) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        if !self.ended || !self.buf.is_empty() {
+            return Err(Error::decode(
+                self.op,
+                format!(
+                    "binary COPY stream ended early ({} bytes left)",
+                    self.buf.len()
+                ),
+            ));
+        }
+        (self.header, self.ended) = (false, false);
+        Ok(())
+    }
+}
+
+impl CopySink for Router {
+    fn copy_data(&mut self, bytes: &[u8]) {
+        if self.error.is_none()
+            && let Err(e) = self.feed(bytes)
+        {
+            self.error = Some(e);
+        }
+    }
+}
+
+/// Runs the binary `COPY (query) TO STDOUT` and routes its tuples with `router`, taken from the
+/// connection's tap when it has one.
+async fn copy_routed(
+    tx: &Transaction<'_>,
+    tap: &CopyTap,
+    router: &Arc<Mutex<Router>>,
+    query: &str,
+) -> Result<()> {
+    let op = copy_tap::lock(router).op;
+    let sql = format!("COPY ({query}) TO STDOUT (FORMAT binary)");
+    let read = async {
+        let sink: SharedSink = router.clone();
+        let armed = tap.arm(sink);
+        let stream = tx
+            .copy_out(sql.as_str())
+            .await
+            .map_err(Error::postgres(op))?;
+        futures::pin_mut!(stream);
+        while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
+            copy_tap::lock(router).copy_data(&chunk);
+        }
+        drop(armed);
+        Ok(())
+    };
+    within(TIMEOUT, op, read).await?;
+    copy_tap::lock(router).end_stream()
+}
+
+/// Every reader's spilled tuples, by bucket: what [`read_buckets`] read.
+pub struct Spilled {
+    entity: Vec<Spill>,
+    eav: Vec<Spill>,
+    bound: Vec<(String, SlotType)>,
+}
+
+impl Spilled {
+    /// Number of buckets.
+    pub fn buckets(&self) -> usize {
+        self.entity.first().map_or(0, |s| s.rows.len())
+    }
+
+    /// Bytes of scratch disk the spill files take.
+    pub fn bytes(&self) -> u64 {
+        self.entity.iter().chain(&self.eav).map(|s| s.len).sum()
+    }
+
+    /// Bucket `bucket`'s live entities sorted by row id, with their EAV rows, as one page;
+    /// `None` when it holds no entity. Reads its scratch files (blocking). The entity tuples
+    /// are read whole, ordered by row id and decoded in that order (the columns are built once,
+    /// already sorted); the EAV tuples, which need no order, are decoded chunk by chunk.
+    pub fn load(&self, bucket: usize) -> Result<Option<LivePage>> {
+        const OP: &str = "read back a spill file";
+        let rows: u64 = self.entity.iter().map(|s| s.rows[bucket]).sum();
+        if rows == 0 {
+            return Ok(None);
+        }
+        let mut raw = Vec::new();
+        for s in &self.entity {
+            s.each_chunk(bucket, |c| {
+                raw.extend_from_slice(c);
+                Ok(())
+            })?;
+        }
+        let fields = 4 + self.bound.len();
+        let mut order: Vec<(u128, usize, usize)> = Vec::with_capacity(rows as usize);
+        let mut ranges = Vec::with_capacity(fields);
+        let mut at = 0;
+        while at < raw.len() {
+            let Some(CopyItem::Tuple(len)) = copy_tuple(OP, &raw[at..], fields, &mut ranges)?
+            else {
+                return Err(Error::decode(OP, "a spilled tuple is cut short"));
+            };
+            let id = ranges[0]
+                .clone()
+                .and_then(|r| <[u8; 16]>::try_from(&raw[at..][r]).ok())
+                .ok_or_else(|| Error::decode(OP, "a row id that is not 16 bytes"))?;
+            order.push((u128::from_be_bytes(id), at, at + len));
+            at += len;
+        }
+        order.sort_unstable_by_key(|t| t.0);
+        let mut entities = BatchBuilder::entities(&self.bound, order.len());
+        for &(_, from, to) in &order {
+            let (used, n, _) = decode_tuples(&raw[from..to], &mut entities)?;
+            if (used, n) != (to - from, 1) {
+                return Err(Error::decode(OP, "a spilled tuple did not decode whole"));
+            }
+        }
+        drop(raw);
+        let eav_rows: u64 = self.eav.iter().map(|s| s.rows[bucket]).sum();
+        let mut eav = BatchBuilder::eav(usize::try_from(eav_rows).unwrap_or(0));
+        for s in &self.eav {
+            s.each_chunk(bucket, |data| {
+                let (used, _, end) = decode_tuples(data, &mut eav)?;
+                if used != data.len() || end {
+                    return Err(Error::decode(OP, "a spilled chunk is not whole tuples"));
+                }
+                Ok(())
+            })?;
+        }
+        let (first, last) = match (order.first(), order.last()) {
+            (Some(f), Some(l)) => (Uuid::from_u128(f.0), Uuid::from_u128(l.0)),
+            _ => return Err(Error::Invariant("a loaded bucket has no row ids".into())),
+        };
+        let entities = entities.finish()?;
+        Ok(Some(LivePage {
+            rows: entities.num_rows(),
+            entities,
+            eav: eav.finish()?,
+            first,
+            last,
+        }))
+    }
+}
+
+/// Reads the schema's live entities and their EAV rows by `plan`'s page ranges, on `readers`
+/// tapped connections each in the exported snapshot of its ticket (from `ticket`), routing the
+/// tuples into buckets spilled to files in `dir`. `after_chunk` runs after each range a reader
+/// has read (an error stops the read).
+#[allow(clippy::too_many_arguments)]
+pub async fn read_buckets<F, Fut>(
+    connector: &Connector,
+    tickets: Vec<SnapshotTicket>,
+    tables: &Tables,
+    schema: &SchemaDef,
+    schema_id: i16,
+    plan: &HeapPlan,
+    dir: &Path,
+    after_chunk: F,
+) -> Result<Spilled>
+where
+    F: Fn() -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send,
+{
+    let bound = bound_columns(schema);
+    let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
+    let entity_sql = |range: &String| {
+        format!(
+            "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
+             FROM {} WHERE {range} AND ltbase_schema_id = {schema_id} AND ltbase_deleted_at IS NULL",
+            tables.entity.quoted()
+        )
+    };
+    let eav_sql = |range: &String| {
+        format!(
+            "{} WHERE {range} AND schema_id = {schema_id}",
+            eav_select(tables, schema)
+        )
+    };
+    let readers = tickets.len().max(1);
+    let buckets = plan.buckets();
+    let router = |op, fields, path| -> Result<Arc<Mutex<Router>>> {
+        Ok(Arc::new(Mutex::new(Router {
+            op,
+            cuts: plan.cuts.clone(),
+            fields,
+            spill: Spill::create(path, buckets)?,
+            buf: Vec::new(),
+            header: false,
+            ended: false,
+            error: None,
+        })))
+    };
+    let reads = tickets.into_iter().enumerate().map(|(k, ticket)| {
+        let entity_queries: Vec<String> = (plan.entity_chunks.iter().skip(k).step_by(readers))
+            .map(entity_sql)
+            .collect();
+        let eav_queries: Vec<String> = (plan.eav_chunks.iter().skip(k).step_by(readers))
+            .map(eav_sql)
+            .collect();
+        let routers = (
+            router(
+                "read entity heap range",
+                4 + bound.len(),
+                dir.join(format!("heap-{schema_id}-{k}-entity")),
+            ),
+            router(
+                "read eav heap range",
+                5,
+                dir.join(format!("heap-{schema_id}-{k}-eav")),
+            ),
+        );
+        let (after_chunk, connector) = (after_chunk.clone(), connector.clone());
+        async move {
+            let (entity, eav) = (routers.0?, routers.1?);
+            let mut conn = connector.connect_tapped().await?;
+            tune_for_pages(&conn.client).await?;
+            let TappedClient { client, tap } = &mut conn;
+            let tx = begin_in(client, ticket).await?;
+            for (router, queries) in [(&entity, entity_queries), (&eav, eav_queries)] {
+                for q in queries {
+                    copy_routed(&tx, tap, router, &q).await?;
+                    after_chunk().await?;
+                }
+            }
+            timed(TIMEOUT, "end reader snapshot", tx.commit()).await?;
+            let take = |r: Arc<Mutex<Router>>| -> Result<Spill> {
+                let mut r = Arc::try_unwrap(r)
+                    .map_err(|_| Error::Invariant("a spill router is still shared".into()))?
+                    .into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                r.spill.finish()?;
+                Ok(r.spill)
+            };
+            Ok::<_, Error>((take(entity)?, take(eav)?))
+        }
+    });
+    // Each reader is a task of its own: a reader that panics fails the read (and dropping the
+    // set aborts the others).
+    let mut set = tokio::task::JoinSet::new();
+    let mut spills: Vec<Option<(Spill, Spill)>> = (0..readers).map(|_| None).collect();
+    for (k, read) in reads.enumerate() {
+        set.spawn(async move { (k, read.await) });
+    }
+    while let Some(done) = set.join_next().await {
+        let (k, read) = done.map_err(Error::task("heap range reader"))?;
+        spills[k] = Some(read?);
+    }
+    let (entity, eav) = spills.into_iter().flatten().unzip();
+    Ok(Spilled { entity, eav, bound })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantile_cuts_split_a_sample_evenly_and_strictly() {
+        let ids: Vec<u128> = (1..=1000).collect();
+        assert_eq!(quantile_cuts(&ids, 4), vec![251, 501, 751]);
+        assert_eq!(quantile_cuts(&[5, 5, 5, 5], 4), vec![5]);
+        assert!(quantile_cuts(&[], 4).is_empty());
+        assert_eq!(bucket_of(&[251, 501, 751], 250), 0);
+        assert_eq!(bucket_of(&[251, 501, 751], 251), 1);
+        assert_eq!(bucket_of(&[251, 501, 751], u128::MAX), 3);
+    }
+
+    #[test]
+    fn auto_reads_large_schemas_of_scattered_ids_in_heap_order() {
+        // Random ids (correlation near 0), time-ordered ones (near 1), no statistics.
+        assert!(auto_heap(Some(0.01), 1e6, 1e6));
+        assert!(auto_heap(Some(-0.5), 1e6, 3e5));
+        assert!(!auto_heap(Some(0.995), 1e6, 1e6));
+        assert!(!auto_heap(Some(-0.95), 1e6, 1e6));
+        assert!(!auto_heap(None, 1e6, 1e6));
+        // A small schema, or a small share of a large table: index reads.
+        assert!(!auto_heap(Some(0.0), 5e4, 5e4));
+        assert!(!auto_heap(Some(0.0), 1e7, 1e6));
+    }
+
+    #[test]
+    fn page_ranges_cover_every_page_and_end_open() {
+        assert_eq!(
+            page_ranges(10, 1000.0, 300.0),
+            vec![
+                "ctid >= '(0,0)'::tid AND ctid < '(3,0)'::tid",
+                "ctid >= '(3,0)'::tid AND ctid < '(6,0)'::tid",
+                "ctid >= '(6,0)'::tid AND ctid < '(9,0)'::tid",
+                "ctid >= '(9,0)'::tid",
+            ]
+        );
+        assert_eq!(page_ranges(0, 0.0, 300.0), vec!["ctid >= '(0,0)'::tid"]);
+    }
+
+    #[test]
+    fn a_router_spills_tuples_by_bucket_across_split_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let tuple = |id: u128, v: &[u8]| {
+            let mut t = 2i16.to_be_bytes().to_vec();
+            t.extend(16i32.to_be_bytes());
+            t.extend(id.to_be_bytes());
+            t.extend((v.len() as i32).to_be_bytes());
+            t.extend(v);
+            t
+        };
+        let mut stream = super::super::copy_decoder::COPY_SIGNATURE.to_vec();
+        stream.extend([0u8; 8]);
+        let tuples = [
+            tuple(7, b"a"),
+            tuple(300, b"bb"),
+            tuple(9, b""),
+            tuple(1000, b"c"),
+        ];
+        for t in &tuples {
+            stream.extend(t);
+        }
+        stream.extend((-1i16).to_be_bytes());
+        let router = |name: &str| Router {
+            op: "test",
+            cuts: vec![100, 500].into(),
+            fields: 2,
+            spill: Spill::create(dir.path().join(name), 3).unwrap(),
+            buf: Vec::new(),
+            header: false,
+            ended: false,
+            error: None,
+        };
+        let mut r = router("s");
+        // Every split point, one byte at a time at worst.
+        for piece in stream.chunks(3) {
+            r.copy_data(piece);
+        }
+        r.end_stream().unwrap();
+        r.spill.finish().unwrap();
+        assert_eq!(r.spill.rows, vec![2, 1, 1]);
+        assert_eq!(
+            r.spill.bucket(0).unwrap(),
+            [&tuples[0][..], &tuples[2][..]].concat()
+        );
+        assert_eq!(r.spill.bucket(1).unwrap(), tuples[1]);
+        assert_eq!(r.spill.bucket(2).unwrap(), tuples[3]);
+        // A stream cut short is an error, not a short bucket.
+        r.copy_data(&stream[..40]);
+        assert!(r.end_stream().is_err());
+        // A row id that is not 16 bytes is refused.
+        let mut r = router("t");
+        let mut bad = stream[..19].to_vec();
+        bad.extend(2i16.to_be_bytes());
+        bad.extend(4i32.to_be_bytes());
+        bad.extend([0u8; 4]);
+        bad.extend(0i32.to_be_bytes());
+        bad.extend((-1i16).to_be_bytes());
+        r.copy_data(&bad);
+        let e = r.end_stream().unwrap_err().to_string();
+        assert!(e.contains("not 16 bytes"), "{e}");
+    }
+}
