@@ -184,7 +184,8 @@ pub struct SchemaInit {
     pub rows_per_s: f64,
     /// The live rows were read in heap order into row-id buckets (in a dry run: would be).
     pub heap_order: bool,
-    /// Bytes a heap-order read spilled to scratch disk (the live rows' binary size).
+    /// Bytes a heap-order read spilled to scratch disk (the live rows' binary size; in a dry
+    /// run, the estimate: the schema's share of the tables' bytes).
     pub scratch_bytes: u64,
 }
 
@@ -266,6 +267,13 @@ impl InitReport {
                 s.duration_ms,
                 s.rows_per_s
             ));
+            if s.heap_order {
+                out.push_str(&format!(
+                    "    read in heap order into row-id buckets; {}{} bytes of scratch disk\n",
+                    if self.dry_run { "about " } else { "" },
+                    s.scratch_bytes
+                ));
+            }
             if let Some(r) = &s.reason {
                 out.push_str(&format!("    {}\n", crate::report::printable(r, false)));
             }
@@ -458,6 +466,7 @@ async fn export_schema(
         if let Some(plan) = heap_plan(ctx, opts, &client, schema_id, def, live).await? {
             out.heap_order = true;
             out.estimated_files = out.estimated_files.max(plan.buckets() as u64);
+            out.scratch_bytes = plan.scratch_estimate();
         }
         out.bytes = live * per_row;
         return Ok(());

@@ -96,12 +96,19 @@ pub struct HeapPlan {
     /// `ctid` conditions, in heap order, covering every page of each table.
     entity_chunks: Vec<String>,
     eav_chunks: Vec<String>,
+    /// The schema's share of the two tables' bytes: about what the spill will take.
+    table_bytes: u64,
 }
 
 impl HeapPlan {
     /// Number of row-id buckets (files, about).
     pub fn buckets(&self) -> usize {
         self.cuts.len() + 1
+    }
+
+    /// About the scratch disk the read will take: the schema's share of the tables' bytes.
+    pub fn scratch_estimate(&self) -> u64 {
+        self.table_bytes
     }
 }
 
@@ -178,15 +185,17 @@ pub async fn plan(
     if order == ReadOrder::Auto && !auto_heap(s.correlation, s.entity_tuples, est) {
         return Ok(None);
     }
-    let buckets = |live: f64| {
+    let bytes = |live: f64| {
         let share = if s.entity_tuples > 0.0 {
             (live / s.entity_tuples).min(1.0)
         } else {
             1.0
         };
-        let bytes = (s.entity_bytes + s.eav_bytes) * share;
+        (s.entity_bytes + s.eav_bytes) * share
+    };
+    let buckets = |live: f64| {
         (live / bucket_rows.max(1) as f64)
-            .max(bytes / bucket_bytes.max(1) as f64)
+            .max(bytes(live) / bucket_bytes.max(1) as f64)
             .ceil()
             .max(1.0) as usize
     };
@@ -200,6 +209,7 @@ pub async fn plan(
         cuts: cuts.into(),
         entity_chunks: page_ranges(s.entity_pages, s.entity_tuples, chunk_rows),
         eav_chunks: page_ranges(s.eav_pages, s.eav_tuples, chunk_rows),
+        table_bytes: bytes(live) as u64,
     }))
 }
 

@@ -917,6 +917,12 @@ async fn dry_run_counts_and_estimates_without_writing() {
     let s = &report.schemas[0];
     assert!(s.heap_order);
     assert_eq!((s.live_rows, s.estimated_files), (30, 3));
+    assert!(s.scratch_bytes > 0, "{s:?}");
+    let text = report.to_text();
+    assert!(
+        text.contains("read in heap order into row-id buckets; about "),
+        "{text}"
+    );
     assert!(rig.store.writes().is_empty());
 }
 
