@@ -78,24 +78,37 @@ pub(super) async fn copy_into(
     query: &str,
     into: BatchBuilder,
 ) -> Result<(BatchBuilder, usize)> {
-    let sql = format!("COPY ({query}) TO STDOUT (FORMAT binary)");
     let decoding = Decoding::shared(op, CopyDecoder::default(), into);
+    copy_to_sink(tx, tap, op, query, &decoding).await?;
+    copy_tap::lock(&decoding).finish()
+}
+
+/// Runs `COPY (query) TO STDOUT (FORMAT binary)` and hands its data to `sink`: through the
+/// connection's `tap` when it has one, else from tokio-postgres's messages (under the
+/// statement time limit). The sink checks what it was given once this returns.
+pub(super) async fn copy_to_sink<S: CopySink + 'static>(
+    tx: &Transaction<'_>,
+    tap: &CopyTap,
+    op: &'static str,
+    query: &str,
+    sink: &Arc<Mutex<S>>,
+) -> Result<()> {
+    let sql = format!("COPY ({query}) TO STDOUT (FORMAT binary)");
     let read = async {
-        let armed = tap.arm(decoding.clone());
+        let armed = tap.arm(sink.clone());
         let stream = tx
             .copy_out(sql.as_str())
             .await
             .map_err(Error::postgres(op))?;
         futures::pin_mut!(stream);
         while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
-            copy_tap::lock(&decoding).copy_data(&chunk);
+            copy_tap::lock(sink).copy_data(&chunk);
         }
         // The stream has ended: the tap passed CopyDone on only after the data before it.
         drop(armed);
         Ok(())
     };
-    within(TIMEOUT, op, read).await?;
-    copy_tap::lock(&decoding).finish()
+    within(TIMEOUT, op, read).await
 }
 
 /// A statement's rows being decoded into a batch: binary COPY data or binary DataRow payloads

@@ -19,15 +19,15 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use futures::TryStreamExt;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
 use super::Connector;
 use super::READ_TIMEOUT as TIMEOUT;
-use super::connect::{TappedClient, timed, within};
+use super::connect::{TappedClient, timed};
 use super::copy_decoder::{CopyItem, copy_header_len, copy_tuple, decode_tuples};
-use super::copy_tap::{self, CopySink, CopyTap, SharedSink};
+use super::copy_tap::{self, CopySink, CopyTap};
+use super::decoding::copy_to_sink;
 use super::live::{LivePage, SnapshotTicket, begin_in, eav_select, tune_for_pages};
 use super::rows::{BatchBuilder, bound_columns};
 use crate::config::Tables;
@@ -506,8 +506,7 @@ impl CopySink for Router {
     }
 }
 
-/// Runs the binary `COPY (query) TO STDOUT` and routes its tuples with `router`, taken from the
-/// connection's tap when it has one.
+/// Runs the binary `COPY (query) TO STDOUT` and routes its tuples with `router`.
 async fn copy_routed(
     tx: &Transaction<'_>,
     tap: &CopyTap,
@@ -515,22 +514,7 @@ async fn copy_routed(
     query: &str,
 ) -> Result<()> {
     let op = copy_tap::lock(router).op;
-    let sql = format!("COPY ({query}) TO STDOUT (FORMAT binary)");
-    let read = async {
-        let sink: SharedSink = router.clone();
-        let armed = tap.arm(sink);
-        let stream = tx
-            .copy_out(sql.as_str())
-            .await
-            .map_err(Error::postgres(op))?;
-        futures::pin_mut!(stream);
-        while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
-            copy_tap::lock(router).copy_data(&chunk);
-        }
-        drop(armed);
-        Ok(())
-    };
-    within(TIMEOUT, op, read).await?;
+    copy_to_sink(tx, tap, op, query, router).await?;
     copy_tap::lock(router).end_stream()
 }
 
