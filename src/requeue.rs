@@ -1,10 +1,11 @@
-//! `lakecdc requeue`: makes the next flush re-export chosen rows of one schema (docs/design.md
-//! §10), following the writer contract ([`crate::source::requeue`]): a row present in the
-//! source gets a bumped version and a dirty slot, so its re-export wins over every copy in the
-//! lake; a row absent from the source gets a tombstone slot. Values are never touched. Rows are
-//! chosen by id (`--row-id`), by a file of ids (`--ids-from`, one per line, `#` comments) or by
-//! a predicate over the entity table (`--where`, run read-only). `--dry-run` lists what would
-//! be requeued.
+//! `lakecdc requeue`: makes the next flush re-export chosen rows of one schema or table source
+//! (docs/design.md §10). A schema follows the writer contract ([`crate::source::requeue`]): a
+//! row present in the source gets a bumped version and a dirty slot, so its re-export wins over
+//! every copy in the lake; a row absent from the source gets a tombstone slot. A table source
+//! gets touches ([`crate::source::table_requeue`]). Values are never touched. Rows are chosen
+//! by id (`--row-id`), by a file of ids (`--ids-from`, one per line, `#` comments) or by a
+//! predicate over the entity table or the source's table (`--where`, run read-only).
+//! `--dry-run` lists what would be requeued.
 
 use std::path::{Path, PathBuf};
 
@@ -13,7 +14,9 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::job::{self, Context};
+use crate::lake::current::listed_copies;
 use crate::source::requeue::{self, Requeue, Requeued};
+use crate::source::{table_requeue, table_source};
 
 /// How the rows are chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,33 +115,54 @@ pub async fn run(ctx: &Context, opts: &RequeueOptions) -> Result<RequeueReport> 
     let [reg] = targets.as_slice() else {
         return Err(Error::setting("schema", "names no registered schema"));
     };
-    if reg.kind == crate::source::registry::Kind::Table {
-        return Err(Error::setting(
-            "schema",
-            format!(
-                "names table source {}: requeue works on schemas; an UPDATE of the rows in the table re-exports them",
-                reg.name
-            ),
-        ));
-    }
     let mut client = ctx.connector.connect().await?;
-    let ids = match &opts.selection {
-        Selection::Ids(ids) => ids.clone(),
-        Selection::File(path) => read_ids(path)?,
-        Selection::Where(predicate) => {
+    // A table source is requeued through its touch log (docs/design.md §10).
+    let table = match reg.kind {
+        crate::source::registry::Kind::Table => {
+            Some(table_source::load(&client, &ctx.tables, reg.id).await?)
+        }
+        crate::source::registry::Kind::Schema => None,
+    };
+    let ids = match (&opts.selection, &table) {
+        (Selection::Ids(ids), _) => ids.clone(),
+        (Selection::File(path), _) => read_ids(path)?,
+        (Selection::Where(predicate), None) => {
             requeue::select_where(&mut client, &ctx.tables, reg.id, predicate).await?
         }
+        (Selection::Where(predicate), Some(src)) => {
+            table_requeue::select_where(&mut client, src, predicate).await?
+        }
     };
-    let rows: Vec<Requeue> = ids
+    let mut rows: Vec<Requeue> = ids
         .iter()
         .map(|id| Requeue {
             row_id: *id,
             floor: 0,
         })
         .collect();
+    if table.is_some() {
+        // A table keeps no history of its rows: the lake is it. Each row's floor is its
+        // lake copy's version, so a row the table no longer holds but the lake does is
+        // requeued as a tombstone above that copy (docs/design.md §10).
+        rows.sort_unstable();
+        rows.dedup();
+        if let Some((files, _)) = job::listed(ctx, reg.id).await? {
+            let ids: Vec<u128> = rows.iter().map(|r| r.row_id.as_u128()).collect();
+            let copies = listed_copies(ctx.lake.store.clone(), &files, &ids).await?;
+            for (r, copy) in rows.iter_mut().zip(copies) {
+                if let Some((version, _)) = copy {
+                    r.floor = version;
+                }
+            }
+        }
+    }
     let now = ctx.clock.now_ms();
-    let mut done =
-        requeue::requeue(&mut client, &ctx.tables, reg.id, &rows, now, opts.dry_run).await?;
+    let mut done = match &table {
+        Some(src) => table_requeue::requeue(&mut client, src, &rows, now, opts.dry_run).await?,
+        None => {
+            requeue::requeue(&mut client, &ctx.tables, reg.id, &rows, now, opts.dry_run).await?
+        }
+    };
     let report = RequeueReport {
         schema_id: reg.id,
         schema: reg.name.clone(),

@@ -14,11 +14,9 @@ use uuid::Uuid;
 
 use crate::error::Result;
 use crate::job::Context;
-use crate::lake::current::CurrentState;
+use crate::lake::current::{CurrentState, listed_copies};
 use crate::lake::manifest::{FileEntry, Tier};
-use crate::lake::ranges::parse_key;
 use crate::source::requeue::Requeue;
-use crate::source::versions;
 use crate::store::ObjectMeta;
 
 /// The largest unlisted delta gc reads: far above what one flush batch writes. A larger one is
@@ -80,45 +78,13 @@ pub(super) async fn settle(
         }
     }
     rows.sort_unstable();
-    // The newest listed copy of each orphan row, from the listed files whose range can hold
-    // one of them.
-    let (lo, hi) = match (rows.first(), rows.last()) {
-        (Some(a), Some(b)) => (a.0, b.0),
-        _ => (u128::MAX, 0),
-    };
-    let overlapping: Vec<FileEntry> = files
-        .iter()
-        .filter(|f| {
-            let min = parse_key(&f.row_id_min).unwrap_or(0);
-            let max = parse_key(&f.row_id_max).unwrap_or(u128::MAX);
-            lo <= hi && min <= hi && max >= lo
-        })
-        .cloned()
-        .collect();
-    let mut listed: Vec<Option<(i64, bool)>> = vec![None; rows.len()];
-    if !rows.is_empty() {
-        let mut state = CurrentState::new(ctx.lake.store.clone(), overlapping, None);
-        let mut next = 0;
-        loop {
-            let chunk = state.next_chunk(64 * 1024).await?;
-            if chunk.is_empty() {
-                break;
-            }
-            for c in chunk {
-                while rows.get(next).is_some_and(|r| r.0 < c.row_id) {
-                    next += 1;
-                }
-                let mut j = next;
-                while rows.get(j).is_some_and(|r| r.0 == c.row_id) {
-                    listed[j] = Some((c.changed_at, c.tombstone));
-                    j += 1;
-                }
-            }
-        }
-    }
+    // The newest listed copy of each orphan row.
+    let sorted: Vec<u128> = rows.iter().map(|r| r.0).collect();
+    let listed = listed_copies(ctx.lake.store.clone(), files, &sorted).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| Uuid::from_u128(r.0)).collect();
     let client = ctx.connector.connect().await?;
-    let dirty = versions::dirty_among(&client, &ctx.tables, schema_id, &ids).await?;
+    let dirty =
+        crate::source::requeue::pending_among(&client, &ctx.tables, schema_id, &ids).await?;
     let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
     for (r, l) in rows.iter().zip(&listed) {
         let (id, version, tombstone, i) = *r;

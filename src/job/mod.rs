@@ -67,6 +67,35 @@ pub async fn guard_of(client: &crate::source::Client, adopt: bool) -> Result<Sou
     })
 }
 
+/// Loads the manifest's listed files of `schema_id`, or `None` without a manifest; a path that
+/// is not a data file of the schema is refused (docs/hazards.md S1).
+pub async fn listed(
+    ctx: &Context,
+    schema_id: i16,
+) -> Result<
+    Option<(
+        Vec<crate::lake::manifest::FileEntry>,
+        Option<SourceIdentity>,
+    )>,
+> {
+    let layout = &ctx.lake.layout;
+    let key = layout.manifest_key(schema_id);
+    let Some(l) = crate::lake::manifest::load_within(
+        ctx.lake.store.as_ref(),
+        &key,
+        schema_id,
+        layout.limits(),
+    )
+    .await?
+    else {
+        return Ok(None);
+    };
+    if let Some(foreign) = l.manifest.foreign_path(layout) {
+        return Err(foreign.refusal(&key, "remove the entry"));
+    }
+    Ok(Some((l.manifest.files, l.manifest.source)))
+}
+
 /// The registered schemas and table sources named by `selectors` (all when empty), by id.
 pub async fn select_schemas(ctx: &Context, selectors: &[String]) -> Result<Vec<Registered>> {
     let client = ctx.connector.connect().await?;

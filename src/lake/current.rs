@@ -22,6 +22,49 @@ use super::streamed::{self, Source};
 use crate::error::{Error, Result};
 use crate::store::ObjectStore;
 
+/// The current copy — version and whether it is a tombstone — of each of `ids` (sorted, may
+/// repeat) among the listed `files`, read from the files whose listed range can hold one of
+/// them; `None` for an id no file holds. Used to find what the lake says of a few rows (gc's
+/// unlisted deltas, a table source's requeue).
+pub async fn listed_copies(
+    store: Arc<dyn ObjectStore>,
+    files: &[FileEntry],
+    ids: &[u128],
+) -> Result<Vec<Option<(i64, bool)>>> {
+    let mut listed: Vec<Option<(i64, bool)>> = vec![None; ids.len()];
+    let (Some(&lo), Some(&hi)) = (ids.first(), ids.last()) else {
+        return Ok(listed);
+    };
+    let overlapping: Vec<FileEntry> = files
+        .iter()
+        .filter(|f| {
+            let min = parse_key(&f.row_id_min).unwrap_or(0);
+            let max = parse_key(&f.row_id_max).unwrap_or(u128::MAX);
+            lo <= hi && min <= hi && max >= lo
+        })
+        .cloned()
+        .collect();
+    let mut state = CurrentState::new(store, overlapping, None);
+    let mut next = 0;
+    loop {
+        let chunk = state.next_chunk(64 * 1024).await?;
+        if chunk.is_empty() || next >= ids.len() {
+            break;
+        }
+        for c in chunk {
+            while ids.get(next).is_some_and(|r| *r < c.row_id) {
+                next += 1;
+            }
+            let mut j = next;
+            while ids.get(j).is_some_and(|r| *r == c.row_id) {
+                listed[j] = Some((c.changed_at, c.tombstone));
+                j += 1;
+            }
+        }
+    }
+    Ok(listed)
+}
+
 /// A row's current copy among the listed files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Current {

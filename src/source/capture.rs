@@ -245,6 +245,21 @@ pub fn key_text_expr(key: &[KeyColumn], alias: &str) -> String {
     format!("ROW({})::text", fields.join(", "))
 }
 
+/// The key of a row read as `alias`, as the touch log stores it: JSON of the key columns by
+/// name for a hashed key (flush finds the row through it), NULL when the `row_id` holds the key.
+pub fn key_json_expr(key: &[KeyColumn], alias: &str) -> String {
+    match RowIdRule::of(key) {
+        RowIdRule::Key | RowIdRule::Integer => "NULL::jsonb".to_string(),
+        RowIdRule::Hashed => {
+            let fields: Vec<String> = key
+                .iter()
+                .map(|k| format!("{}, {alias}.{}", literal(&k.name), ident(&k.name)))
+                .collect();
+            format!("jsonb_build_object({})", fields.join(", "))
+        }
+    }
+}
+
 impl Capture {
     /// The trigger function, in the table's schema.
     pub fn function(&self) -> TableName {
@@ -271,20 +286,6 @@ impl Capture {
             t = self.touch_log.quoted(),
             id = self.source_id,
         )
-    }
-
-    /// The key of a row read as `alias`, as JSON: NULL when the `row_id` holds the key.
-    fn key_json(&self, alias: &str) -> String {
-        match (RowIdRule::of(&self.key), self.key.as_slice()) {
-            (RowIdRule::Key | RowIdRule::Integer, _) => "NULL::jsonb".to_string(),
-            (RowIdRule::Hashed, key) => {
-                let fields: Vec<String> = key
-                    .iter()
-                    .map(|k| format!("{}, {alias}.{}", literal(&k.name), ident(&k.name)))
-                    .collect();
-                format!("jsonb_build_object({})", fields.join(", "))
-            }
-        }
     }
 
     /// The condition on an `UPDATE`'s old row `o` that its key was left (no new row has it).
@@ -314,12 +315,12 @@ impl Capture {
         let new_keys = format!(
             "SELECT {} AS row_id, {} AS key, false AS deleted FROM lakecdc_new n",
             row_id_expr(self.source_id, &self.key, "n"),
-            self.key_json("n")
+            key_json_expr(&self.key, "n")
         );
         let old_keys = format!(
             "SELECT {} AS row_id, {} AS key, true AS deleted FROM lakecdc_old o",
             row_id_expr(self.source_id, &self.key, "o"),
-            self.key_json("o")
+            key_json_expr(&self.key, "o")
         );
         let function = format!(
             "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger

@@ -22,6 +22,7 @@ pub mod requeue;
 mod rows;
 pub mod snapshot;
 pub mod stats;
+pub mod table_requeue;
 pub mod table_rows;
 pub mod table_source;
 pub mod table_types;

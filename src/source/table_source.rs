@@ -159,6 +159,11 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
 }
 
 impl TableSource {
+    /// The touch log (`lakecdc_touch`) the source's capture appends to.
+    pub(crate) fn touch_log(&self) -> &TableName {
+        &self.touch_log
+    }
+
     /// Columns whose lake type differs from the recorded one: `name: was → now`.
     pub fn type_changes(&self) -> Vec<String> {
         self.columns
@@ -246,7 +251,7 @@ impl TableSource {
     /// the lookup of its stored key ([`Self::payload_sql`]).
     fn touches_sql(&self) -> String {
         format!(
-            "SELECT row_id, touched_at, deleted, ctid FROM {} WHERE source_id = {}",
+            "SELECT row_id, touched_at, deleted, ctid, key IS NOT NULL FROM {} WHERE source_id = {}",
             self.touch_log.quoted(),
             self.id
         )
@@ -531,18 +536,20 @@ pub enum ReadKind {
 /// drained over several runs.
 pub const MAX_TOUCHES: usize = 2_000_000;
 
-/// One touch as flush reads it: row, time, gone, address.
-type RawTouch = (Uuid, i64, bool, Tid);
+/// One touch as flush reads it: row, time, gone, address, and whether it carries a key (every
+/// touch of a capture does; a requeued tombstone of a row the table no longer holds may not).
+type RawTouch = (Uuid, i64, bool, Tid, bool);
 
 /// A row with touches, folded: its latest touch time, whether a touch said it is gone, the
-/// address of its first touch (where a hashed key's lookup reads the key), and where its
-/// touches are in [`Folded::touches`].
+/// address of a touch carrying its key when one does (where a hashed key's lookup reads the
+/// key), and where its touches are in [`Folded::touches`].
 #[derive(Debug, Clone)]
 struct Pending {
     row_id: Uuid,
     touched_at: i64,
     deleted: bool,
     first: Tid,
+    keyed: bool,
     touches: Range<usize>,
 }
 
@@ -559,18 +566,24 @@ impl Folded {
     fn new(mut raw: Vec<RawTouch>) -> Self {
         raw.sort_unstable_by_key(|t| t.0);
         let mut out = Folded::default();
-        for (i, (row_id, touched_at, deleted, tid)) in raw.into_iter().enumerate() {
+        for (i, (row_id, touched_at, deleted, tid, keyed)) in raw.into_iter().enumerate() {
             match out.rows.last_mut() {
                 Some(p) if p.row_id == row_id => {
                     p.touched_at = p.touched_at.max(touched_at);
                     p.deleted |= deleted;
                     p.touches.end = i + 1;
+                    // A keyless touch (a requeued tombstone) must not hide the key another
+                    // touch carries: the row may be back (docs/design.md §10).
+                    if keyed && !p.keyed {
+                        (p.first, p.keyed) = (tid, true);
+                    }
                 }
                 _ => out.rows.push(Pending {
                     row_id,
                     touched_at,
                     deleted,
                     first: tid,
+                    keyed,
                     touches: i..i + 1,
                 }),
             }
@@ -1359,7 +1372,7 @@ fn tid(v: &[u8]) -> Option<Tid> {
 }
 
 /// One touch of the touches' COPY stream.
-fn decode_touch([id, touched, deleted, at]: [Option<&[u8]>; 4]) -> Result<RawTouch> {
+fn decode_touch([id, touched, deleted, at, keyed]: [Option<&[u8]>; 5]) -> Result<RawTouch> {
     let bad =
         |what: &str| Error::decode("read lakecdc_touch", format!("a malformed touch: {what}"));
     let id = id
@@ -1371,7 +1384,8 @@ fn decode_touch([id, touched, deleted, at]: [Option<&[u8]>; 4]) -> Result<RawTou
         .ok_or_else(|| bad("touched_at"))?;
     let deleted = matches!(deleted.ok_or_else(|| bad("deleted"))?, [1]);
     let at = at.and_then(tid).ok_or_else(|| bad("ctid"))?;
-    Ok((id, touched, deleted, at))
+    let keyed = matches!(keyed.ok_or_else(|| bad("key"))?, [1]);
+    Ok((id, touched, deleted, at, keyed))
 }
 
 /// The mark: deletes exactly the touches a published batch was read from, by address (a TID
@@ -1521,9 +1535,33 @@ mod tests {
                 touched_at: 1,
                 deleted: false,
                 first: Tid::default(),
+                keyed: false,
                 touches: 0..0,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_rows_lookup_reads_the_key_of_a_touch_that_carries_one() {
+        let id = Uuid::from_u128(7);
+        let at = |n: u8| tid(&[0, 0, 0, 0, 0, n]).unwrap();
+        // A keyless tombstone first (a requeue), then the capture's touches with the key.
+        let folded = Folded::new(vec![
+            (id, 5, true, at(1), false),
+            (id, 6, false, at(2), true),
+            (id, 7, false, at(3), true),
+        ]);
+        let [p] = folded.rows.as_slice() else {
+            panic!("{:?}", folded.rows)
+        };
+        assert_eq!(
+            (p.first, p.keyed, p.touched_at, p.deleted),
+            (at(2), true, 7, true)
+        );
+        assert_eq!(p.touches, 0..3);
+        // Only keyless touches: the first is read (and finds no key: a tombstone).
+        let folded = Folded::new(vec![(id, 5, true, at(4), false)]);
+        assert_eq!((folded.rows[0].first, folded.rows[0].keyed), (at(4), false));
     }
 
     #[test]

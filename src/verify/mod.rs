@@ -256,7 +256,7 @@ async fn verify_source(
     let started = Instant::now();
     let mut out = SchemaVerify::new(reg);
     let result = job::with_lock(&ctx.connector, reg.id, async |_| {
-        let Some((files, lake_source)) = source::listed(ctx, reg.id).await? else {
+        let Some((files, lake_source)) = job::listed(ctx, reg.id).await? else {
             out.outcome = Outcome::NoManifest;
             return Ok(());
         };

@@ -25,7 +25,7 @@ use crate::engine::{Driver, Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::job::Context;
 use crate::lake::current::{Current, CurrentState, RowHasher};
-use crate::lake::manifest::{self, FileEntry};
+use crate::lake::manifest::FileEntry;
 use crate::schema::SchemaDef;
 use crate::source::live::{self, ExportedSnapshot, IdRange, SnapshotTicket};
 use crate::source::requeue::{self, Requeue, Requeued};
@@ -186,11 +186,10 @@ pub(super) async fn check(
     };
     let started = Instant::now();
     let mut out = SourceCheck::default();
-    if table && (opts.deep || opts.repair) {
-        return Err(Error::config(format!(
-            "verify --source {} does not cover table sources yet (docs/design.md §9.3): compare versions with verify --source alone",
-            if opts.deep { "--deep" } else { "--repair" }
-        )));
+    if table && opts.deep {
+        return Err(Error::config(
+            "verify --source --deep does not cover table sources yet (docs/design.md §9.3): compare rows with verify --source (and --repair) alone",
+        ));
     }
     // Deep: the hasher is built from the columns a fresh export writes.
     let deep = match (opts.deep, def) {
@@ -325,7 +324,7 @@ pub(super) async fn check(
         let mut client = ctx.connector.connect().await?;
         let now = ctx.clock.now_ms();
         out.repaired = Some(
-            requeue::requeue(
+            requeue::requeue_source(
                 &mut client,
                 &ctx.tables,
                 schema_id,
@@ -741,23 +740,4 @@ fn export_page(
     })();
     let _ = std::fs::remove_file(path);
     read
-}
-
-/// Loads the manifest's listed files of `schema_id`, or `None` without a manifest; a path that
-/// is not a data file of the schema is refused (docs/hazards.md S1).
-pub(super) async fn listed(
-    ctx: &Context,
-    schema_id: i16,
-) -> Result<Option<(Vec<FileEntry>, Option<crate::lake::SourceIdentity>)>> {
-    let layout = &ctx.lake.layout;
-    let key = layout.manifest_key(schema_id);
-    let Some(l) =
-        manifest::load_within(ctx.lake.store.as_ref(), &key, schema_id, layout.limits()).await?
-    else {
-        return Ok(None);
-    };
-    if let Some(foreign) = l.manifest.foreign_path(layout) {
-        return Err(foreign.refusal(&key, "remove the entry"));
-    }
-    Ok(Some((l.manifest.files, l.manifest.source)))
 }
