@@ -432,7 +432,7 @@ async fn collect(
         let mut client = ctx.connector.connect().await?;
         let now = ctx.clock.now_ms();
         out.repaired = Some(
-            crate::source::requeue::requeue_source(
+            crate::source::repair::requeue_source(
                 &mut client,
                 &ctx.tables,
                 schema_id,

@@ -83,8 +83,7 @@ pub(super) async fn settle(
     let listed = listed_copies(ctx.lake.store.clone(), files, &sorted).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| Uuid::from_u128(r.0)).collect();
     let client = ctx.connector.connect().await?;
-    let dirty =
-        crate::source::requeue::pending_among(&client, &ctx.tables, schema_id, &ids).await?;
+    let dirty = crate::source::repair::pending_among(&client, &ctx.tables, schema_id, &ids).await?;
     let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
     for (r, l) in rows.iter().zip(&listed) {
         let (id, version, tombstone, i) = *r;

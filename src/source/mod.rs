@@ -18,6 +18,7 @@ pub mod live;
 pub(crate) mod lock;
 mod plain_socket;
 pub(crate) mod registry;
+pub mod repair;
 pub mod requeue;
 mod rows;
 pub mod snapshot;

@@ -51,50 +51,6 @@ impl Requeued {
     }
 }
 
-/// Requeues `rows` of source `id`, a schema (dirty `change_log` slots, [`requeue`]) or a
-/// table source (touches, [`super::table_requeue::requeue`]), as the registry says it is.
-pub async fn requeue_source(
-    client: &mut Client,
-    tables: &Tables,
-    id: i16,
-    rows: &[Requeue],
-    now_ms: i64,
-    dry_run: bool,
-) -> Result<Requeued> {
-    match table_source_of(client, tables, id).await? {
-        Some(src) => super::table_requeue::requeue(client, &src, rows, now_ms, dry_run).await,
-        None => requeue(client, tables, id, rows, now_ms, dry_run).await,
-    }
-}
-
-/// The ids among `ids` that the next flush of source `id` exports anyway: a schema's dirty
-/// slots, a table source's pending touches.
-pub async fn pending_among(
-    client: &Client,
-    tables: &Tables,
-    id: i16,
-    ids: &[Uuid],
-) -> Result<std::collections::BTreeSet<u128>> {
-    match table_source_of(client, tables, id).await? {
-        Some(src) => super::table_requeue::pending_among(client, &src, ids).await,
-        None => super::versions::dirty_among(client, tables, id, ids).await,
-    }
-}
-
-/// Table source `id` when `id` names one (ids are shared with the schemas').
-async fn table_source_of(
-    client: &Client,
-    tables: &Tables,
-    id: i16,
-) -> Result<Option<super::table_source::TableSource>> {
-    let sources = super::table_source::list(client, tables).await?;
-    if sources.iter().any(|(s, _)| *s == id) {
-        Ok(Some(super::table_source::load(client, tables, id).await?))
-    } else {
-        Ok(None)
-    }
-}
-
 /// Requeues `rows` of `schema_id` (duplicates merged, the highest floor kept) at `now_ms`, one
 /// transaction per [`CHUNK`]; with `dry_run` only classifies them.
 pub async fn requeue(

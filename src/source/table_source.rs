@@ -1457,6 +1457,25 @@ pub async fn record(
     Ok(())
 }
 
+/// The source's pending row ids (with a touch), sorted, in the client's transaction: rows the
+/// next flush exports, which `verify --source` does not judge.
+pub async fn pending_ids(client: &Client, src: &TableSource) -> Result<Vec<u128>> {
+    let sql = format!(
+        "SELECT DISTINCT row_id FROM {} WHERE source_id = $1 ORDER BY row_id",
+        src.touch_log.quoted()
+    );
+    timed(
+        TIMEOUT,
+        "read pending row ids",
+        client.query(&sql, &[&src.id]),
+    )
+    .await?
+    .iter()
+    .map(|r| r.try_get::<_, Uuid>(0).map(|u| u.as_u128()))
+    .collect::<std::result::Result<Vec<_>, _>>()
+    .map_err(Error::postgres("read pending row ids"))
+}
+
 /// `verify --source`'s read of a table source: in ONE snapshot, the pending row ids, then
 /// every row's `row_id` in `row_id` order, a page at a time. The table keeps no version per
 /// row (the touches are deleted once exported): the lake's version is not compared.
@@ -1475,20 +1494,7 @@ impl<'a> IdRead<'a> {
             ),
         )
         .await?;
-        let sql = format!(
-            "SELECT DISTINCT row_id FROM {} WHERE source_id = $1 ORDER BY row_id",
-            src.touch_log.quoted()
-        );
-        let dirty = timed(
-            TIMEOUT,
-            "read pending row ids",
-            client.query(&sql, &[&src.id]),
-        )
-        .await?
-        .iter()
-        .map(|r| r.try_get::<_, Uuid>(0).map(|u| u.as_u128()))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(Error::postgres("read pending row ids"))?;
+        let dirty = pending_ids(client, src).await?;
         let declare = format!(
             "DECLARE lakecdc_ids NO SCROLL CURSOR FOR {}",
             src.rows_sql("")

@@ -28,7 +28,7 @@ use crate::lake::current::{Current, CurrentState, RowHasher};
 use crate::lake::manifest::FileEntry;
 use crate::schema::SchemaDef;
 use crate::source::live::{self, ExportedSnapshot, IdRange, SnapshotTicket};
-use crate::source::requeue::{self, Requeue, Requeued};
+use crate::source::requeue::{Requeue, Requeued};
 use crate::source::{table_source, versions};
 
 /// The most entities `--deep` reads (and exports) per page: init's default, which keeps a
@@ -186,14 +186,14 @@ pub(super) async fn check(
     };
     let started = Instant::now();
     let mut out = SourceCheck::default();
-    if table && opts.deep {
-        return Err(Error::config(
-            "verify --source --deep does not cover table sources yet (docs/design.md §9.3): compare rows with verify --source (and --repair) alone",
-        ));
-    }
     // Deep: the hasher is built from the columns a fresh export writes.
+    let table_deep = match (opts.deep, table) {
+        (true, true) => Some(TableDeep::open(ctx, work_dir, schema_id).await?),
+        _ => None,
+    };
     let deep = match (opts.deep, def) {
         (false, _) => None,
+        (true, _) if table => None,
         (true, Some(def)) => Some(Deep::open(engine, work_dir, def, schema_id).await?),
         (true, None) => {
             return Err(Error::setting(
@@ -202,7 +202,10 @@ pub(super) async fn check(
             ));
         }
     };
-    let hasher = deep.as_ref().map(|d| d.hasher.clone());
+    let hasher = deep
+        .as_ref()
+        .map(|d| d.hasher.clone())
+        .or_else(|| table_deep.as_ref().map(|d| d.hasher.clone()));
     // The lake's side needs nothing from the source: it starts first.
     // Up to 16 chunks (1M rows, 48 MiB) ahead: a source read in heap order arrives only once
     // complete, and the lake is read meanwhile.
@@ -227,7 +230,7 @@ pub(super) async fn check(
         // A table source: one snapshot on a plain connection, the rows in `row_id` order.
         None if table => {
             let (dirty_tx, dirty_rx) = tokio::sync::oneshot::channel();
-            let source = spawn_table(ctx, opts, schema_id, dirty_tx, src_tx);
+            let source = spawn_table(ctx, opts, schema_id, table_deep, dirty_tx, src_tx);
             match dirty_rx.await {
                 Ok(dirty) => (dirty, source, None),
                 Err(_) => {
@@ -324,7 +327,7 @@ pub(super) async fn check(
         let mut client = ctx.connector.connect().await?;
         let now = ctx.clock.now_ms();
         out.repaired = Some(
-            requeue::requeue_source(
+            crate::source::repair::requeue_source(
                 &mut client,
                 &ctx.tables,
                 schema_id,
@@ -453,11 +456,13 @@ fn spawn_shallow(
 }
 
 /// Reads a table source's pending ids (into `dirty`) and its rows' ids (into `tx`, in
-/// `row_id` order, with [`ANY_VERSION`]) in one snapshot.
+/// `row_id` order, with [`ANY_VERSION`]) in one snapshot; with `deep`, its rows as init
+/// exports them, each with its values' hash.
 fn spawn_table(
     ctx: &Context,
     opts: &SourceOptions,
     schema_id: i16,
+    deep: Option<TableDeep>,
     dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
     tx: mpsc::Sender<Result<Vec<SourceRow>>>,
 ) -> tokio::task::JoinHandle<Result<bool>> {
@@ -467,6 +472,9 @@ fn spawn_table(
         let read = async {
             let client = connector.connect().await?;
             let src = table_source::load(&client, &tables, schema_id).await?;
+            if let Some(deep) = deep {
+                return deep.read(client, src, page_rows, dirty, &tx).await;
+            }
             let (read, ids) = table_source::IdRead::open(&client, &src).await?;
             let _ = dirty.send(ids);
             loop {
@@ -700,6 +708,110 @@ impl Deep {
     }
 }
 
+/// `--deep`'s side of a table source: its rows read as init reads them (one snapshot, `row_id`
+/// order), each page written as init writes a file and read back, then hashed, so both sides
+/// hash values of the same types.
+struct TableDeep {
+    dir: std::path::PathBuf,
+    hasher: Arc<RowHasher>,
+}
+
+impl TableDeep {
+    /// The hasher of the columns a fresh export of source `id` writes.
+    async fn open(ctx: &Context, work_dir: &Path, id: i16) -> Result<Self> {
+        let client = ctx.connector.connect().await?;
+        let src = table_source::load(&client, &ctx.tables, id).await?;
+        let empty = table_source::empty_rows(&src)?;
+        let dir = work_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let batches = round_trip(&dir, &empty)?;
+            let schema = batches
+                .first()
+                .map(RecordBatch::schema)
+                .ok_or_else(|| Error::Invariant("a written page read back no schema".into()))?;
+            Ok(Self {
+                hasher: Arc::new(RowHasher::leaving_out(
+                    &schema,
+                    &[
+                        "ltbase_created_at",
+                        "ltbase_updated_at",
+                        "ltbase_deleted_at",
+                    ],
+                )?),
+                dir,
+            })
+        })
+        .await
+        .map_err(Error::task("prepare the deep comparison"))?
+    }
+
+    /// Reads the pending ids (into `dirty`) and every row, hashed, (into `tx`) in one snapshot.
+    async fn read(
+        self,
+        client: tokio_postgres::Client,
+        src: table_source::TableSource,
+        page_rows: usize,
+        dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
+        tx: &mpsc::Sender<Result<Vec<SourceRow>>>,
+    ) -> Result<()> {
+        let (client, src) = (Arc::new(client), Arc::new(src));
+        let read = table_source::SnapshotRead::open(
+            client.clone(),
+            src.clone(),
+            table_source::ReadKind::Init,
+        )
+        .await?;
+        // The same transaction, hence the same snapshot, as the rows.
+        let _ = dirty.send(table_source::pending_ids(&client, &src).await?);
+        let me = Arc::new(self);
+        loop {
+            let page = read.page(page_rows.min(DEEP_PAGE_ROWS)).await?.rows;
+            if page.num_rows() == 0 {
+                let _ = tx.send(Ok(Vec::new())).await;
+                break;
+            }
+            let deep = me.clone();
+            let hashed = tokio::task::spawn_blocking(move || deep.hash_page(&page))
+                .await
+                .map_err(Error::task("hash a source page"))??;
+            if tx.send(Ok(hashed)).await.is_err() {
+                break;
+            }
+        }
+        read.close().await
+    }
+
+    /// One page written as a lake file and read back: each row's id and values' hash.
+    fn hash_page(&self, page: &RecordBatch) -> Result<Vec<SourceRow>> {
+        let mut out = Vec::with_capacity(page.num_rows());
+        for b in round_trip(&self.dir, page)? {
+            let ids = b
+                .column_by_name("row_id")
+                .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
+                .ok_or_else(|| {
+                    Error::Invariant("a written page's row_id has another type".into())
+                })?;
+            for (i, h) in self.hasher.hash(&b)?.into_iter().enumerate() {
+                let id: [u8; 16] = ids.value(i).try_into().map_err(|_| {
+                    Error::Invariant("a written page's row_id has another width".into())
+                })?;
+                out.push((u128::from_be_bytes(id), ANY_VERSION, Some(h)));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Writes `batch` as a table source's lake file (in `dir`, removed afterwards) and reads it
+/// back.
+fn round_trip(dir: &Path, batch: &RecordBatch) -> Result<Vec<RecordBatch>> {
+    let path = dir.join(format!("verify-{}.parquet", Uuid::new_v4()));
+    let read = crate::engine::write_lake_file(&path, std::slice::from_ref(batch))
+        .and_then(|_| read_back(&path));
+    let _ = std::fs::remove_file(&path);
+    read
+}
+
 /// Exports `page` as init would (to `path`, removed afterwards) and reads the file back.
 fn export_page(
     engine: &Engine,
@@ -715,29 +827,34 @@ fn export_page(
         entities: &entities,
         eav: &eav,
     };
-    let read = (|| {
-        engine.export(def, schema_id, Driver::Entities, inputs, path)?;
-        let io = |source| Error::Io {
-            op: "read back an exported page",
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-            .and_then(|b| b.with_batch_size(8192).build())
-            .map_err(|e| Error::Parquet {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            })?;
-        let schema = reader.schema();
-        let mut batches: Vec<RecordBatch> = reader
-            .collect::<std::result::Result<_, _>>()
-            .map_err(Error::arrow("read back an exported page"))?;
-        if batches.is_empty() {
-            batches.push(RecordBatch::new_empty(schema));
-        }
-        Ok(batches)
-    })();
+    let read = engine
+        .export(def, schema_id, Driver::Entities, inputs, path)
+        .and_then(|_| read_back(path));
     let _ = std::fs::remove_file(path);
     read
+}
+
+/// Every batch of the Parquet file at `path` (one empty batch with its schema when it holds
+/// no row).
+fn read_back(path: &Path) -> Result<Vec<RecordBatch>> {
+    let io = |source| Error::Io {
+        op: "read back an exported page",
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.with_batch_size(8192).build())
+        .map_err(|e| Error::Parquet {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+    let schema = reader.schema();
+    let mut batches: Vec<RecordBatch> = reader
+        .collect::<std::result::Result<_, _>>()
+        .map_err(Error::arrow("read back an exported page"))?;
+    if batches.is_empty() {
+        batches.push(RecordBatch::new_empty(schema));
+    }
+    Ok(batches)
 }

@@ -758,11 +758,20 @@ async fn verify_source_proves_a_table_source_and_finds_rows_changed_behind_the_c
         (1, 1),
         "{check:?}"
     );
-    // --deep is refused for a table source, naming what works.
+    // --deep compares values too: the same two rows, and no value divergence.
     let v = lakecdc::verify::run(&rig.job_context(), &verify(true))
         .await
         .unwrap();
-    assert_eq!(v.schemas[0].outcome, Verified::Failed);
+    let check = v.schemas[0].source.as_ref().unwrap();
+    assert_eq!(
+        (
+            check.extra.count,
+            check.missing.count,
+            check.values.as_ref().unwrap().count
+        ),
+        (1, 1, 0),
+        "{check:?}"
+    );
 }
 
 #[tokio::test]
@@ -1356,13 +1365,23 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
 
 /// `verify --source` of source `name` (with `--repair` when asked).
 async fn verify_table(rig: &Rig, name: &str, repair: bool) -> lakecdc::verify::SchemaVerify {
+    verify_table_deep(rig, name, false, repair).await
+}
+
+/// `verify --source` of source `name`, `--deep` and `--repair` when asked.
+async fn verify_table_deep(
+    rig: &Rig,
+    name: &str,
+    deep: bool,
+    repair: bool,
+) -> lakecdc::verify::SchemaVerify {
     use lakecdc::verify::{SourceOptions, VerifyOptions};
     let opts = VerifyOptions {
         schemas: vec![name.into()],
         parallelism: 2,
         work_dir: rig.opts.work_dir.clone(),
         source: Some(SourceOptions {
-            deep: false,
+            deep,
             repair,
             max_ids: 100,
             page_rows: 7,
@@ -1607,4 +1626,55 @@ async fn gc_settles_a_table_sources_orphan_by_its_touches_and_repair_requeues_lo
     let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
     assert!(report.schemas[0].lost.is_empty(), "{report:?}");
     assert_eq!(report.exit_code(), 0);
+}
+
+#[tokio::test]
+async fn verify_deep_compares_a_table_sources_values_typed_and_repair_puts_them_right() {
+    use lakecdc::verify::Outcome as Verified;
+    let rig = rig(LakeKind::S3).await;
+    let client = rig.db.client().await;
+    let mut r = Rng::new(2024);
+    for t in &TABLES {
+        client.batch_execute(&create_sql(t)).await.unwrap();
+        client
+            .batch_execute(&insert_sql(t, &(t.new_key)("g"), 1, 25, r.next()))
+            .await
+            .unwrap();
+        attach(&rig, t.name);
+        lakecdc::init::run(&rig.job_context(), &init_opts(&rig, t.name))
+            .await
+            .unwrap();
+        // Rows written through the capture and flushed: files of both writers compared.
+        let mut next = 100;
+        for _ in 0..6 {
+            random_statement(&client, t, &mut r, &mut next).await;
+        }
+        flush(&rig, t.name).await;
+        let v = verify_table_deep(&rig, t.name, true, false).await;
+        assert_eq!(v.outcome, Verified::Intact, "{}: {v:?}", t.name);
+        let check = v.source.as_ref().unwrap();
+        assert_eq!(check.values.as_ref().unwrap().count, 0, "{check:?}");
+        assert!(check.rows_compared > 20, "{check:?}");
+        // Values changed behind the capture: a text, a numeric, an array, a NULL.
+        client
+            .batch_execute(&format!(
+                "SET session_replication_role = replica; \
+                 UPDATE {t} SET note = 'behind', amount = 1.25, tags = '{{x,y}}', doc = NULL \
+                 WHERE ctid IN (SELECT ctid FROM {t} LIMIT 2); RESET session_replication_role",
+                t = t.name
+            ))
+            .await
+            .unwrap();
+        let shallow = verify_table(&rig, t.name, false).await;
+        assert_eq!(shallow.outcome, Verified::Intact, "versions cannot see it");
+        let v = verify_table_deep(&rig, t.name, true, true).await;
+        assert_eq!(v.outcome, Verified::Diverged, "{v:?}");
+        let check = v.source.as_ref().unwrap();
+        assert_eq!(check.values.as_ref().unwrap().count, 2, "{check:?}");
+        assert_eq!(check.repaired.as_ref().unwrap().live.len(), 2, "{check:?}");
+        flush(&rig, t.name).await;
+        assert_equal(&rig, t, "after the deep repair").await;
+        let v = verify_table_deep(&rig, t.name, true, false).await;
+        assert_eq!(v.outcome, Verified::Intact, "{v:?}");
+    }
 }
