@@ -110,6 +110,10 @@ pub struct FlushOptions {
     /// The most row bytes a table source's scan keeps at once (docs/design.md §9.2): a larger
     /// backlog is read in several passes.
     pub scan_memory: u64,
+    /// The most touches one read of a table source holds (about 80 bytes each): a larger
+    /// backlog is read again, in a new snapshot, once they are exported and marked, within the
+    /// time budget.
+    pub max_touches: usize,
     /// Plan only: lock, stats and selection, nothing written.
     pub dry_run: bool,
     /// Where local Parquet files are written.
@@ -144,6 +148,7 @@ impl Default for FlushOptions {
             max_batches: None,
             time_budget: Duration::from_secs(50),
             scan_memory: 256 << 20,
+            max_touches: crate::source::table_source::MAX_TOUCHES,
             dry_run: false,
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),

@@ -447,6 +447,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 max_batches: s.number("max-batches")?,
                 time_budget: duration(s, "time-budget")?,
                 scan_memory: size(s, "scan-memory")?,
+                max_touches: crate::source::table_source::MAX_TOUCHES,
                 dry_run,
                 work_dir,
                 engine,

@@ -69,36 +69,50 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     }
     let started = Instant::now();
     let src = Arc::new(src);
-    let t = Instant::now();
-    let reader = Arc::new(
-        table_source::SnapshotRead::open(
-            Arc::new(client),
-            src.clone(),
-            ReadKind::Flush {
-                scan_memory: usize::try_from(opts.scan_memory).unwrap_or(usize::MAX),
-            },
-        )
-        .await?,
-    );
-    step_done("read touches", t);
-    report.dirty_rows = reader.pending_rows();
-    if reader.needs_init_at.is_some() {
-        // Truncated since the source was loaded: the snapshot would export the touched rows as
-        // gone and leave every other truncated row live.
+    let client = Arc::new(client);
+    report.dirty_rows = 0;
+    // A backlog larger than one read holds is read again, in a new snapshot, once the first
+    // read's rows are exported and marked: its touches are gone by then.
+    loop {
+        let t = Instant::now();
+        let reader = Arc::new(
+            table_source::SnapshotRead::open(
+                client.clone(),
+                src.clone(),
+                ReadKind::Flush {
+                    scan_memory: usize::try_from(opts.scan_memory).unwrap_or(usize::MAX),
+                    max_touches: opts.max_touches.max(1),
+                },
+            )
+            .await?,
+        );
+        step_done("read touches", t);
+        report.dirty_rows = report.dirty_rows.saturating_add(reader.pending_rows());
+        if reader.needs_init_at.is_some() {
+            // Truncated since the source was loaded: the snapshot would export the touched
+            // rows as gone and leave every other truncated row live.
+            let closed = reader.close().await;
+            return src.refuse_truncated().and(closed);
+        }
+        let result = drain(p, &src, &reader, &mut ownership, started, report).await;
+        // Read-only: closing (or dropping the connection on an error) leaves what was not
+        // marked pending.
         let closed = reader.close().await;
-        return src.refuse_truncated().and(closed);
+        result.and(closed)?;
+        let cut_short = report.reason.is_some() || ctx.shutdown.is_requested();
+        if !reader.more || cut_short {
+            break;
+        }
+        if opts.dry_run {
+            // Nothing was marked: a new read would plan the same rows again.
+            report.reason = Some(format!(
+                "more than {} touches are pending: a run reads them {} at a time",
+                opts.max_touches, opts.max_touches
+            ));
+            break;
+        }
     }
-    let result = drain(p, &src, &reader, &mut ownership, started, report).await;
-    if reader.more && report.reason.is_none() {
-        report.reason = Some(format!(
-            "more than {} touches were pending: the rest is left for the next run",
-            table_source::MAX_TOUCHES
-        ));
-    }
-    // Read-only: closing (or dropping the connection on an error) leaves what was not marked
-    // pending.
-    let closed = reader.close().await;
-    result.and(closed)
+    Ok(())
 }
 
 /// Exports the read batch by batch: the next batch is read on the read's connection while the

@@ -527,13 +527,15 @@ pub enum ReadKind {
     Flush {
         /// The most row bytes a table scan keeps at once ([`Scan`]).
         scan_memory: usize,
+        /// The most touches the read holds ([`MAX_TOUCHES`] by default).
+        max_touches: usize,
     },
     /// Init: every row of the table.
     Init,
 }
 
-/// The most touches one flush run reads (about 80 bytes each in memory): a larger backlog is
-/// drained over several runs.
+/// The most touches one flush read holds by default (about 80 bytes each in memory): a larger
+/// backlog is read again, in a new snapshot, once these are exported and marked.
 pub const MAX_TOUCHES: usize = 2_000_000;
 
 /// One touch as flush reads it: row, time, gone, address, and whether it carries a key (every
@@ -854,7 +856,7 @@ pub struct SnapshotRead {
     pub needs_init_at: Option<i64>,
     /// Init: the table's rows when the snapshot was taken (for progress and the dry run).
     pub rows: i64,
-    /// Flush: touches were left unread ([`MAX_TOUCHES`]); the next run takes them.
+    /// Flush: touches were left unread (past the read's `max_touches`): a new read takes them.
     pub more: bool,
 }
 
@@ -920,11 +922,14 @@ impl SnapshotRead {
                 .await?;
                 (Served::Rows, false)
             }
-            ReadKind::Flush { scan_memory } => {
+            ReadKind::Flush {
+                scan_memory,
+                max_touches,
+            } => {
                 // Truncated: flush refuses the run, so the touches are not read.
                 let (raw, more) = match needs_init_at {
                     Some(_) => (Vec::new(), false),
-                    None => read_touches(&client, &src).await?,
+                    None => read_touches(&client, &src, max_touches).await?,
                 };
                 // The highest version this run can hand out: its latest touch read.
                 top = raw.iter().map(|t| t.1).fold(top, i64::max);
@@ -1291,14 +1296,18 @@ async fn prepare(client: &Client, sql: &str) -> Result<tokio_postgres::Statement
     timed(TIMEOUT, "prepare a table source read", client.prepare(sql)).await
 }
 
-/// Reads the source's touches (at most [`MAX_TOUCHES`]) as one binary `COPY` in the read's
-/// snapshot, parsed where they lie in the stream; whether any were left unread.
-async fn read_touches(client: &Client, src: &TableSource) -> Result<(Vec<RawTouch>, bool)> {
+/// Reads the source's touches (at most `max`) as one binary `COPY` in the read's snapshot,
+/// parsed where they lie in the stream; whether any were left unread.
+async fn read_touches(
+    client: &Client,
+    src: &TableSource,
+    max: usize,
+) -> Result<(Vec<RawTouch>, bool)> {
     const OP: &str = "read lakecdc_touch";
     let sql = format!(
         "COPY ({} LIMIT {}) TO STDOUT (FORMAT binary)",
         src.touches_sql(),
-        MAX_TOUCHES + 1
+        max.saturating_add(1)
     );
     let mut out: Vec<RawTouch> = Vec::new();
     copy_each(client, OP, &sql, |fields| {
@@ -1306,8 +1315,8 @@ async fn read_touches(client: &Client, src: &TableSource) -> Result<(Vec<RawTouc
         Ok(())
     })
     .await?;
-    let more = out.len() > MAX_TOUCHES;
-    out.truncate(MAX_TOUCHES);
+    let more = out.len() > max;
+    out.truncate(max);
     Ok((out, more))
 }
 

@@ -1678,3 +1678,55 @@ async fn verify_deep_compares_a_table_sources_values_typed_and_repair_puts_them_
         assert_eq!(v.outcome, Verified::Intact, "{v:?}");
     }
 }
+
+#[tokio::test]
+async fn a_backlog_larger_than_one_read_is_read_again_in_the_same_run() {
+    let (rig, client) = five_rows_flushed().await;
+    let t = &TABLES[1];
+    client
+        .batch_execute(&insert_sql(t, "g", 6, 40, 3))
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "UPDATE t_big SET note = 'twice' WHERE id BETWEEN 1 AND 20; \
+             UPDATE t_big SET amount = 2.50 WHERE id % 3 = 0; DELETE FROM t_big WHERE id = 7",
+        )
+        .await
+        .unwrap();
+    let touches = touches_pending(&client).await;
+    assert!(touches > 50, "{touches}");
+    let opts = |dry_run: bool| lakecdc::flush::FlushOptions {
+        schemas: vec!["t_big".into()],
+        max_touches: 7,
+        batch_size: 3,
+        dry_run,
+        ..rig.opts.clone()
+    };
+    // A dry run plans one read and says the rest needs more.
+    let dry = lakecdc::flush::run(&rig.ctx, &opts(true)).await.unwrap();
+    let d = &dry.schemas[0];
+    assert!(
+        d.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("more than 7 touches"),
+        "{d:?}"
+    );
+    assert!(d.rows_exported <= 7, "{d:?}");
+    assert_eq!(touches_pending(&client).await, touches);
+    // One run reads seven touches at a time until none is left.
+    let run = lakecdc::flush::run(&rig.ctx, &opts(false)).await.unwrap();
+    let f = &run.schemas[0];
+    assert_eq!(
+        (f.outcome, f.reason.as_deref()),
+        (Outcome::Flushed, None),
+        "{f:?}"
+    );
+    assert!(f.rows_exported >= 40, "{f:?}");
+    assert_eq!(touches_pending(&client).await, 0);
+    assert_eq!(
+        assert_equal(&rig, t, "after one run of many reads").await,
+        39
+    );
+}
