@@ -51,6 +51,14 @@ impl Requeued {
     }
 }
 
+/// `rows` sorted by id, each id once with its highest floor.
+pub(super) fn merged(rows: &[Requeue]) -> Vec<Requeue> {
+    let mut rows = rows.to_vec();
+    rows.sort_by(|a, b| a.row_id.cmp(&b.row_id).then(b.floor.cmp(&a.floor)));
+    rows.dedup_by_key(|r| r.row_id);
+    rows
+}
+
 /// Requeues `rows` of `schema_id` (duplicates merged, the highest floor kept) at `now_ms`, one
 /// transaction per [`CHUNK`]; with `dry_run` only classifies them.
 pub async fn requeue(
@@ -61,9 +69,7 @@ pub async fn requeue(
     now_ms: i64,
     dry_run: bool,
 ) -> Result<Requeued> {
-    let mut rows = rows.to_vec();
-    rows.sort_by(|a, b| a.row_id.cmp(&b.row_id).then(b.floor.cmp(&a.floor)));
-    rows.dedup_by_key(|r| r.row_id);
+    let rows = merged(rows);
     let mut out = Requeued::default();
     for chunk in rows.chunks(CHUNK) {
         out.extend(requeue_chunk(client, tables, schema_id, chunk, now_ms, dry_run).await?);
@@ -175,6 +181,20 @@ pub async fn select_where(
     schema_id: i16,
     predicate: &str,
 ) -> Result<Vec<Uuid>> {
+    let sql = format!(
+        "SELECT ltbase_row_id FROM {} WHERE ltbase_schema_id = $1 AND ({predicate}) ORDER BY ltbase_row_id",
+        tables.entity.quoted()
+    );
+    ids_read_only(client, &sql, &[&schema_id]).await
+}
+
+/// The row ids statement `sql` (a `--where` selection) returns, run alone in a read-only
+/// transaction that is rolled back.
+pub(super) async fn ids_read_only(
+    client: &mut Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Uuid>> {
     let op = "select rows to requeue (--where)";
     let tx = timed(
         TIMEOUT,
@@ -182,11 +202,10 @@ pub async fn select_where(
         client.build_transaction().read_only(true).start(),
     )
     .await?;
-    let sql = format!(
-        "SELECT ltbase_row_id FROM {} WHERE ltbase_schema_id = $1 AND ({predicate}) ORDER BY ltbase_row_id",
-        tables.entity.quoted()
-    );
-    let rows = timed(TIMEOUT, op, tx.query(&sql, &[&schema_id])).await?;
+    let rows = timed(TIMEOUT, op, tx.query(sql, params)).await?;
     timed(TIMEOUT, op, tx.rollback()).await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    rows.iter()
+        .map(|r| r.try_get(0))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(Error::postgres(op))
 }

@@ -96,9 +96,7 @@ pub async fn requeue(
     now_ms: i64,
     dry_run: bool,
 ) -> Result<Requeued> {
-    let mut rows = rows.to_vec();
-    rows.sort_by(|a, b| a.row_id.cmp(&b.row_id).then(b.floor.cmp(&a.floor)));
-    rows.dedup_by_key(|r| r.row_id);
+    let rows = super::requeue::merged(rows);
     let ids: Vec<Uuid> = rows.iter().map(|r| r.row_id).collect();
     let present = present(client, src, &ids).await?;
     let mut out = Requeued::default();
@@ -159,21 +157,12 @@ pub async fn select_where(
     src: &TableSource,
     predicate: &str,
 ) -> Result<Vec<Uuid>> {
-    const OP: &str = "select rows to requeue (--where)";
-    let tx = timed(
-        TIMEOUT,
-        OP,
-        client.build_transaction().read_only(true).start(),
-    )
-    .await?;
     let sql = format!(
         "SELECT {} AS row_id FROM ONLY {} WHERE ({predicate}) ORDER BY 1",
         row_id_expr(src.id, &src.key, &ident(src.table.name())),
         src.table.quoted()
     );
-    let rows = timed(TIMEOUT, OP, tx.query(&sql, &[])).await?;
-    timed(TIMEOUT, OP, tx.rollback()).await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    super::requeue::ids_read_only(client, &sql, &[]).await
 }
 
 /// The ids among `ids` with a pending touch: rows the next flush exports anyway.

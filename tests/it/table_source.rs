@@ -1408,6 +1408,27 @@ fn requeue_bin(rig: &Rig, name: &str, args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// Creates `t`, fills it with rows 1..=`rows` (payload from `seed`), attaches it and exports it
+/// with init.
+async fn attached_and_exported(
+    rig: &Rig,
+    client: &tokio_postgres::Client,
+    t: &Table,
+    rows: i64,
+    seed: u64,
+) {
+    client.batch_execute(&create_sql(t)).await.unwrap();
+    client
+        .batch_execute(&insert_sql(t, &(t.new_key)("g"), 1, rows, seed))
+        .await
+        .unwrap();
+    attach(rig, t.name);
+    let init = lakecdc::init::run(&rig.job_context(), &init_opts(rig, t.name))
+        .await
+        .unwrap();
+    assert_eq!(init.exit_code(), 0, "{init:?}");
+}
+
 #[tokio::test]
 async fn repair_and_requeue_put_a_table_source_right_with_every_key_rule() {
     use lakecdc::verify::Outcome as Verified;
@@ -1415,16 +1436,7 @@ async fn repair_and_requeue_put_a_table_source_right_with_every_key_rule() {
     let client = rig.db.client().await;
     let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
     for (n, t) in TABLES.iter().enumerate() {
-        client.batch_execute(&create_sql(t)).await.unwrap();
-        client
-            .batch_execute(&insert_sql(t, &(t.new_key)("g"), 1, 20, 40 + n as u64))
-            .await
-            .unwrap();
-        attach(&rig, t.name);
-        let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, t.name))
-            .await
-            .unwrap();
-        assert_eq!(init.exit_code(), 0, "{init:?}");
+        attached_and_exported(&rig, &client, t, 20, 40 + n as u64).await;
         let key_of = |g: i64| {
             // The key's columns of row `g`, as a WHERE condition.
             let exprs = (t.new_key)(&g.to_string());
@@ -1635,15 +1647,7 @@ async fn verify_deep_compares_a_table_sources_values_typed_and_repair_puts_them_
     let client = rig.db.client().await;
     let mut r = Rng::new(2024);
     for t in &TABLES {
-        client.batch_execute(&create_sql(t)).await.unwrap();
-        client
-            .batch_execute(&insert_sql(t, &(t.new_key)("g"), 1, 25, r.next()))
-            .await
-            .unwrap();
-        attach(&rig, t.name);
-        lakecdc::init::run(&rig.job_context(), &init_opts(&rig, t.name))
-            .await
-            .unwrap();
+        attached_and_exported(&rig, &client, t, 25, r.next()).await;
         // Rows written through the capture and flushed: files of both writers compared.
         let mut next = 100;
         for _ in 0..6 {
