@@ -57,15 +57,12 @@ use crate::store::{ObjectStore, delete_or_leave};
 
 /// Compact runs with the shared lake-job context.
 pub use crate::job::Context;
-pub use crate::job::{available_bytes, check_work_dir_space};
+pub use crate::job::{FreeSpace, available_bytes, check_work_dir_space};
 pub use crate::policy::{CompactThresholds, Decision, Plan};
 
 /// A test seam called after the new files are staged, before the manifest save; only
 /// [`run_with_hook`] (the `testing` feature) takes one.
 pub type Hook = Arc<dyn Fn(i16) -> BoxFuture<'static, ()> + Send + Sync>;
-
-/// Measures the free bytes of the file system holding a directory (for an unprivileged user).
-pub type FreeSpace = fn(&Path) -> std::io::Result<u64>;
 
 /// Compact options (defaults as in docs/design.md §4.3).
 #[derive(Debug, Clone)]

@@ -84,6 +84,9 @@ pub struct InitOptions {
     pub dry_run: bool,
     /// Local Parquet files and DuckDB spill files.
     pub work_dir: PathBuf,
+    /// Measures the work dir's free space before a heap-order read spills to it
+    /// ([`job::available_bytes`] by default); `None` leaves it unmeasured.
+    pub free_space: Option<job::FreeSpace>,
     /// DuckDB settings.
     pub engine: EngineConfig,
     /// Test seam between pages (the `testing` feature only: docs/security.md).
@@ -129,6 +132,7 @@ impl Default for InitOptions {
             read_order: ReadOrder::Auto,
             dry_run: false,
             work_dir: std::env::temp_dir(),
+            free_space: Some(job::available_bytes),
             engine: EngineConfig::default(),
             #[cfg(any(test, feature = "testing"))]
             after_page: None,
@@ -670,7 +674,7 @@ async fn heap_plan(
 ) -> Result<Option<HeapPlan>> {
     let bucket_rows = rows_per_file(opts, estimated_row_bytes(def));
     let chunk_rows = u64::try_from(opts.page_rows.max(1)).unwrap_or(1);
-    heap_read::plan(
+    let Some(plan) = heap_read::plan(
         client,
         &ctx.tables,
         schema_id,
@@ -680,7 +684,48 @@ async fn heap_plan(
         HEAP_BUCKET_BYTES,
         chunk_rows,
     )
-    .await
+    .await?
+    else {
+        return Ok(None);
+    };
+    // The spill holds about the schema's share of both tables; the files being written from
+    // it take two more at most (docs/design.md §4.2).
+    let Some(measure) = opts.free_space else {
+        return Ok(Some(plan));
+    };
+    let spill = plan.scratch_estimate();
+    let needed = spill.saturating_add(opts.target_file_size.saturating_mul(2).min(spill));
+    let free = measure(&opts.work_dir).map_err(|source| Error::Io {
+        op: "measure free space of work dir",
+        path: opts.work_dir.clone(),
+        source,
+    })?;
+    if heap_fits(opts, needed, free)? {
+        return Ok(Some(plan));
+    }
+    tracing::warn!(
+        schema_id,
+        needed,
+        free,
+        work_dir = %opts.work_dir.display(),
+        "not enough free space for a heap-order read: reading in row-id order"
+    );
+    Ok(None)
+}
+
+/// Whether a heap-order read whose spill and files need `needed` bytes of the work dir's
+/// `free` ones goes ahead: `auto` falls back to row-id order (no scratch disk: slower with
+/// random ids, never out of space); an explicit `--read-order heap` is refused.
+fn heap_fits(opts: &InitOptions, needed: u64, free: u64) -> Result<bool> {
+    if opts.read_order == ReadOrder::Heap {
+        job::check_work_dir_space(
+            &opts.work_dir,
+            "a heap-order read (its spill; --read-order row-id needs none)",
+            needed,
+            free,
+        )?;
+    }
+    Ok(needed <= free)
 }
 
 /// A heap-order read (docs/design.md §4.2): the readers scan the tables' heap ranges in one
@@ -1313,5 +1358,34 @@ fn base_entry(
         checksum: Some(put.checksum()),
         columns: Some(columns),
         extra: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heap_order_read_without_room_falls_back_unless_asked_for() {
+        let opts = |read_order| InitOptions {
+            read_order,
+            ..InitOptions::default()
+        };
+        assert!(heap_fits(&opts(ReadOrder::Auto), 100, 100).unwrap());
+        assert!(!heap_fits(&opts(ReadOrder::Auto), 101, 100).unwrap());
+        assert!(heap_fits(&opts(ReadOrder::Heap), 100, 100).unwrap());
+        let err = heap_fits(&opts(ReadOrder::Heap), 101, 100).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NoSpace {
+                    needed: 101,
+                    free: 100,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--read-order row-id"), "{err}");
     }
 }

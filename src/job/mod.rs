@@ -176,6 +176,9 @@ pub fn available_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(s.f_bavail.saturating_mul(s.f_frsize))
 }
 
+/// Measures the free bytes of the file system holding a directory (for an unprivileged user).
+pub type FreeSpace = fn(&Path) -> std::io::Result<u64>;
+
 /// Refuses a step that needs `needed` bytes in `dir` when the file system has only `free`
 /// left: running out halfway would fail the step anyway, and take the host's disk with it
 /// (docs/hazards.md S2).

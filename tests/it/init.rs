@@ -927,6 +927,32 @@ async fn dry_run_counts_and_estimates_without_writing() {
 }
 
 #[tokio::test]
+async fn a_heap_order_read_asked_for_without_room_for_its_spill_is_refused_before_reading() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(2);
+    rig.seed(30, &mut r).await;
+    let no_room: lakecdc::job::FreeSpace = |_| Ok(1);
+    let report = lakecdc::init::run(
+        &rig.ctx,
+        &InitOptions {
+            read_order: ReadOrder::Heap,
+            free_space: Some(no_room),
+            ..opts(&rig)
+        },
+    )
+    .await;
+    let text = match report {
+        Ok(r) => format!("{:?}", r.schemas[0]),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        text.contains("heap-order read") && text.contains("--read-order row-id"),
+        "{text}"
+    );
+    assert!(rig.store.writes().is_empty(), "nothing was written");
+}
+
+#[tokio::test]
 async fn rows_joined_in_rust_give_the_same_base_as_the_pivot_query() {
     // docs/hazards.md #210: a base written from rows joined by `assemble` (what `export` does) is
     // the file the export query writes from the same pages — columns, types, values, order.
