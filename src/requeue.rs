@@ -133,19 +133,18 @@ pub async fn run(ctx: &Context, opts: &RequeueOptions) -> Result<RequeueReport> 
             table_requeue::select_where(&mut client, src, predicate).await?
         }
     };
-    let mut rows: Vec<Requeue> = ids
+    let chosen: Vec<Requeue> = ids
         .iter()
         .map(|id| Requeue {
             row_id: *id,
             floor: 0,
         })
         .collect();
+    let mut rows = requeue::merged(&chosen);
     if table.is_some() {
         // A table keeps no history of its rows: the lake is it. Each row's floor is its
         // lake copy's version, so a row the table no longer holds but the lake does is
         // requeued as a tombstone above that copy (docs/design.md §10).
-        rows.sort_unstable();
-        rows.dedup();
         if let Some((files, _)) = job::listed(ctx, reg.id).await? {
             let ids: Vec<u128> = rows.iter().map(|r| r.row_id.as_u128()).collect();
             let copies = listed_copies(ctx.lake.store.clone(), &files, &ids).await?;

@@ -52,7 +52,7 @@ impl Requeued {
 }
 
 /// `rows` sorted by id, each id once with its highest floor.
-pub(super) fn merged(rows: &[Requeue]) -> Vec<Requeue> {
+pub(crate) fn merged(rows: &[Requeue]) -> Vec<Requeue> {
     let mut rows = rows.to_vec();
     rows.sort_by(|a, b| a.row_id.cmp(&b.row_id).then(b.floor.cmp(&a.floor)));
     rows.dedup_by_key(|r| r.row_id);

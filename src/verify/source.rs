@@ -470,11 +470,12 @@ fn spawn_table(
     let page_rows = opts.page_rows.max(1);
     tokio::spawn(async move {
         let read = async {
+            // Deep: the connection and the source it was prepared with.
+            if let Some(deep) = deep {
+                return deep.read(page_rows, dirty, &tx).await;
+            }
             let client = connector.connect().await?;
             let src = table_source::load(&client, &tables, schema_id).await?;
-            if let Some(deep) = deep {
-                return deep.read(client, src, page_rows, dirty, &tx).await;
-            }
             let (read, ids) = table_source::IdRead::open(&client, &src).await?;
             let _ = dirty.send(ids);
             loop {
@@ -714,6 +715,9 @@ impl Deep {
 struct TableDeep {
     dir: std::path::PathBuf,
     hasher: Arc<RowHasher>,
+    /// The connection the rows are read on, and the source as loaded on it.
+    client: tokio_postgres::Client,
+    src: table_source::TableSource,
 }
 
 impl TableDeep {
@@ -723,38 +727,46 @@ impl TableDeep {
         let src = table_source::load(&client, &ctx.tables, id).await?;
         let empty = table_source::empty_rows(&src)?;
         let dir = work_dir.to_path_buf();
-        tokio::task::spawn_blocking(move || {
+        let (hasher, dir) = tokio::task::spawn_blocking(move || {
             let batches = round_trip(&dir, &empty)?;
             let schema = batches
                 .first()
                 .map(RecordBatch::schema)
                 .ok_or_else(|| Error::Invariant("a written page read back no schema".into()))?;
-            Ok(Self {
-                hasher: Arc::new(RowHasher::leaving_out(
-                    &schema,
-                    &[
-                        "ltbase_created_at",
-                        "ltbase_updated_at",
-                        "ltbase_deleted_at",
-                    ],
-                )?),
-                dir,
-            })
+            let hasher = RowHasher::leaving_out(
+                &schema,
+                &[
+                    "ltbase_created_at",
+                    "ltbase_updated_at",
+                    "ltbase_deleted_at",
+                ],
+            )?;
+            Ok::<_, Error>((Arc::new(hasher), dir))
         })
         .await
-        .map_err(Error::task("prepare the deep comparison"))?
+        .map_err(Error::task("prepare the deep comparison"))??;
+        Ok(Self {
+            dir,
+            hasher,
+            client,
+            src,
+        })
     }
 
     /// Reads the pending ids (into `dirty`) and every row, hashed, (into `tx`) in one snapshot.
     async fn read(
         self,
-        client: tokio_postgres::Client,
-        src: table_source::TableSource,
         page_rows: usize,
         dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
         tx: &mpsc::Sender<Result<Vec<SourceRow>>>,
     ) -> Result<()> {
-        let (client, src) = (Arc::new(client), Arc::new(src));
+        let Self {
+            dir,
+            hasher,
+            client,
+            src,
+        } = self;
+        let (client, src, dir) = (Arc::new(client), Arc::new(src), Arc::new(dir));
         let read = table_source::SnapshotRead::open(
             client.clone(),
             src.clone(),
@@ -763,15 +775,14 @@ impl TableDeep {
         .await?;
         // The same transaction, hence the same snapshot, as the rows.
         let _ = dirty.send(table_source::pending_ids(&client, &src).await?);
-        let me = Arc::new(self);
         loop {
             let page = read.page(page_rows.min(DEEP_PAGE_ROWS)).await?.rows;
             if page.num_rows() == 0 {
                 let _ = tx.send(Ok(Vec::new())).await;
                 break;
             }
-            let deep = me.clone();
-            let hashed = tokio::task::spawn_blocking(move || deep.hash_page(&page))
+            let (dir, hasher) = (dir.clone(), hasher.clone());
+            let hashed = tokio::task::spawn_blocking(move || hash_table_page(&dir, &hasher, &page))
                 .await
                 .map_err(Error::task("hash a source page"))??;
             if tx.send(Ok(hashed)).await.is_err() {
@@ -780,26 +791,25 @@ impl TableDeep {
         }
         read.close().await
     }
+}
 
-    /// One page written as a lake file and read back: each row's id and values' hash.
-    fn hash_page(&self, page: &RecordBatch) -> Result<Vec<SourceRow>> {
-        let mut out = Vec::with_capacity(page.num_rows());
-        for b in round_trip(&self.dir, page)? {
-            let ids = b
-                .column_by_name("row_id")
-                .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
-                .ok_or_else(|| {
-                    Error::Invariant("a written page's row_id has another type".into())
-                })?;
-            for (i, h) in self.hasher.hash(&b)?.into_iter().enumerate() {
-                let id: [u8; 16] = ids.value(i).try_into().map_err(|_| {
-                    Error::Invariant("a written page's row_id has another width".into())
-                })?;
-                out.push((u128::from_be_bytes(id), ANY_VERSION, Some(h)));
-            }
+/// One table source page written as a lake file (in `dir`) and read back: each row's id and
+/// values' hash.
+fn hash_table_page(dir: &Path, hasher: &RowHasher, page: &RecordBatch) -> Result<Vec<SourceRow>> {
+    let mut out = Vec::with_capacity(page.num_rows());
+    for b in round_trip(dir, page)? {
+        let ids = b
+            .column_by_name("row_id")
+            .and_then(|c| c.as_any().downcast_ref::<FixedSizeBinaryArray>())
+            .ok_or_else(|| Error::Invariant("a written page's row_id has another type".into()))?;
+        for (i, h) in hasher.hash(&b)?.into_iter().enumerate() {
+            let id: [u8; 16] = ids.value(i).try_into().map_err(|_| {
+                Error::Invariant("a written page's row_id has another width".into())
+            })?;
+            out.push((u128::from_be_bytes(id), ANY_VERSION, Some(h)));
         }
-        Ok(out)
     }
+    Ok(out)
 }
 
 /// Writes `batch` as a table source's lake file (in `dir`, removed afterwards) and reads it
