@@ -1,8 +1,11 @@
 //! Settling unlisted deltas (docs/design.md §4.4): a delta that no manifest lists is the
 //! leftover of a flush whose manifest save was ambiguous (or failed after landing). Each of its
 //! rows is **covered** when the listed state holds that row at a version at least the
-//! orphan's, when the row is dirty in `change_log` (the next flush brings a newer copy), or
-//! when the orphan's copy is a tombstone and the listed state has the row deleted or absent.
+//! orphan's, when the row is pending at its source (the next flush brings a newer copy),
+//! when the orphan's copy is a tombstone and the listed state has the row deleted or absent,
+//! or when the listed state has the row deleted or absent and the source no longer holds it
+//! (the orphan's live copy is stale: the deletion went out and a compaction or an init
+//! dropped its tombstone).
 //! An orphan whose rows are all covered loses nothing when deleted; one holding a row that is
 //! not covered is **lost data**: its rows are reported (and requeued by `gc --repair`). An
 //! orphan that cannot be read is left for a person.
@@ -84,15 +87,35 @@ pub(super) async fn settle(
     let ids: Vec<Uuid> = rows.iter().map(|r| Uuid::from_u128(r.0)).collect();
     let client = ctx.connector.connect().await?;
     let dirty = crate::source::repair::pending_among(&client, &ctx.tables, schema_id, &ids).await?;
-    let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
-    for (r, l) in rows.iter().zip(&listed) {
-        let (id, version, tombstone, i) = *r;
-        let covered = dirty.contains(&id)
+    let covered_by_lake = |(r, l): (&OrphanRow, &Option<(i64, bool)>)| {
+        let (id, version, tombstone, _) = *r;
+        dirty.contains(&id)
             || match l {
                 Some((v, t)) => *v >= version || (tombstone && *t),
                 None => tombstone,
-            };
-        if covered {
+            }
+    };
+    // A live copy of a row the lake has absent or deleted is stale when the source no longer
+    // holds the row either: its deletion was exported, then dropped by a compaction or an init
+    // (which keep no tombstones in bases). Asked after the pending rows, so a row deleted in
+    // between is pending and its tombstone goes out; one inserted in between shows as lost,
+    // a false alarm the next gc clears.
+    let gone_from_lake: Vec<Uuid> = rows
+        .iter()
+        .zip(&listed)
+        .filter(|(r, l)| !covered_by_lake((r, l)) && l.is_none_or(|(_, t)| t))
+        .map(|(r, _)| Uuid::from_u128(r.0))
+        .collect();
+    let live = if gone_from_lake.is_empty() {
+        Default::default()
+    } else {
+        crate::source::repair::live_among(&client, &ctx.tables, schema_id, &gone_from_lake).await?
+    };
+    let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
+    for (r, l) in rows.iter().zip(&listed) {
+        let (id, version, _, i) = *r;
+        let stale = l.is_none_or(|(_, t)| t) && !live.contains(&id);
+        if covered_by_lake((r, l)) || stale {
             continue;
         }
         let d = lost[i].get_or_insert_with(|| LostDelta {

@@ -40,6 +40,20 @@ pub async fn pending_among(
     }
 }
 
+/// The ids among `ids` that source `id` holds live right now: a schema's entity rows not
+/// soft-deleted, a table source's rows.
+pub async fn live_among(
+    client: &Client,
+    tables: &Tables,
+    id: i16,
+    ids: &[Uuid],
+) -> Result<std::collections::BTreeSet<u128>> {
+    match table_source_of(client, tables, id).await? {
+        Some(src) => super::table_requeue::live_among(client, &src, ids).await,
+        None => super::versions::live_among(client, tables, id, ids).await,
+    }
+}
+
 /// Table source `id` when `id` names one (ids are shared with the schemas').
 async fn table_source_of(
     client: &Client,

@@ -183,6 +183,23 @@ pub async fn pending_among(
     Ok(rows.iter().map(|r| r.get::<_, Uuid>(0).as_u128()).collect())
 }
 
+/// The ids among `ids` the table holds right now. For a hashed key this reads the whole
+/// table (see [`present`]); gc's settling asks only about the few rows the lake no longer holds.
+pub async fn live_among(
+    client: &Client,
+    src: &TableSource,
+    ids: &[Uuid],
+) -> Result<BTreeSet<u128>> {
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    Ok(present(client, src, &sorted)
+        .await?
+        .into_keys()
+        .map(|id| id.as_u128())
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -277,3 +277,30 @@ pub async fn dirty_among(
     }
     Ok(out)
 }
+
+/// The ids among `ids` that schema `schema_id` holds live right now (an entity row not
+/// soft-deleted). gc's settling asks it about rows the lake no longer holds (docs/design.md
+/// §4.4).
+pub async fn live_among(
+    client: &tokio_postgres::Client,
+    tables: &Tables,
+    schema_id: i16,
+    ids: &[uuid::Uuid],
+) -> Result<std::collections::BTreeSet<RowId>> {
+    let sql = format!(
+        "SELECT ltbase_row_id FROM {} WHERE ltbase_schema_id = $1 AND ltbase_row_id = ANY($2) \
+         AND ltbase_deleted_at IS NULL",
+        tables.entity.quoted()
+    );
+    let mut out = std::collections::BTreeSet::new();
+    for chunk in ids.chunks(10_000) {
+        let rows = timed(
+            TIMEOUT,
+            "read live row ids",
+            client.query(&sql, &[&schema_id, &chunk]),
+        )
+        .await?;
+        out.extend(rows.iter().map(|r| r.get::<_, uuid::Uuid>(0).as_u128()));
+    }
+    Ok(out)
+}

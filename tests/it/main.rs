@@ -11,6 +11,7 @@ mod compact;
 mod compact_faults;
 mod compact_ranges;
 mod copy_tap;
+mod crash;
 mod deploy;
 mod docs;
 mod doctor;

@@ -1,0 +1,255 @@
+//! SIGKILLs at random moments (docs/hazards.md L63): the binary's flush (of a schema and of table
+//! sources), ranged compaction, init, gc and `verify --source --repair` are killed, alone or a
+//! flush and a compaction at once, at a random point of their run, between random writes to an
+//! entity schema and to tables with a uuid, a bigint and a composite key. Whatever was cut short,
+//! the next flush catches up and the lake then equals PostgreSQL (the schema by its model, each
+//! table typed through `query`), every listed file is intact, gc finds no loss and leaves only
+//! listed objects, and a full compaction keeps it all.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use lakecdc::store::ObjectStore;
+
+use crate::support::harness;
+use crate::support::oracle;
+use crate::support::rig::{LakeKind, Rig, rig};
+use crate::support::writer::Rng;
+use crate::table_source::{
+    TABLES, assert_equal, attach, create_sql, insert_sql, random_statement, touches_pending,
+};
+
+const MANIFEST: &str = "manifest/100.json";
+const ROUNDS: usize = 60;
+
+/// The binary on the rig's database and S3 lake.
+fn command(rig: &Rig, args: &[String]) -> std::process::Command {
+    let bucket = rig
+        .store
+        .describe()
+        .trim_start_matches("s3://")
+        .trim_end_matches('/')
+        .to_string();
+    let mut cmd = harness::bin();
+    cmd.args(args)
+        .args(["-q", "--pg-url", &rig.db.url])
+        .args(["--lake", &format!("s3://{bucket}")])
+        .args(["--s3-path-style", "--s3-endpoint", &harness::s3_endpoint()])
+        .arg("--schema-dir")
+        .arg(harness::examples_dir())
+        .stdout(std::process::Stdio::null());
+    cmd
+}
+
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(String::from).collect()
+}
+
+/// A job of the random phase: its kind (which keys the learnt run length) and arguments.
+fn random_job(r: &mut Rng, work: &std::path::Path) -> Vec<(&'static str, Vec<String>)> {
+    let work = work.display().to_string();
+    let flush = (
+        "flush",
+        words(&format!("flush --force --batch-size 9 --work-dir {work}")),
+    );
+    let compact = |r: &mut Rng| {
+        let ratio = ["0", "0.05", "0.5"][r.below(3) as usize];
+        (
+            "compact",
+            words(&format!(
+                "compact --max-deltas 1 --dirty-ratio {ratio} --target-base-size 8KiB --work-dir {work}"
+            )),
+        )
+    };
+    match r.below(100) {
+        0..=29 => vec![flush],
+        30..=41 => vec![(
+            "flush one table",
+            words(&format!(
+                "flush --force --schema t_comp --batch-size 5 --work-dir {work}"
+            )),
+        )],
+        42..=59 => vec![compact(r)],
+        60..=71 => vec![flush, compact(r)],
+        72..=81 => {
+            let source = ["customer", "t_uuid", "t_big", "t_comp"][r.below(4) as usize];
+            vec![(
+                "init",
+                words(&format!(
+                    "init --schema {source} --replace-delta --max-file-rows 25 --page-rows 11 --work-dir {work}"
+                )),
+            )]
+        }
+        // Young orphans wait out the grace: this gc settles, records sightings and deletes
+        // retired files past it, which a kill may cut short too.
+        82..=91 => vec![("gc", words("gc --grace 10m"))],
+        _ => vec![(
+            "verify --source --repair",
+            words(&format!("verify --source --repair --work-dir {work}")),
+        )],
+    }
+}
+
+/// Runs `cmd` to its end; its stderr on failure.
+fn run_to_end(rig: &Rig, args: &str) {
+    let out = command(rig, &words(args)).output().unwrap();
+    assert!(
+        out.status.success(),
+        "lakecdc {args}: exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The schema's and every table's lake equal PostgreSQL, nothing is pending, and every listed
+/// file's bytes match its recorded hash.
+async fn assert_lake_equals_postgres(rig: &Rig, when: &str) {
+    let (compared, dirty) = oracle::assert_matches(&rig.writer, rig.store.as_ref(), MANIFEST).await;
+    assert_eq!(dirty, 0, "{when}: the schema has dirty rows");
+    assert!(compared > 0, "{when}");
+    for t in &TABLES {
+        assert_equal(rig, t, when).await;
+    }
+    assert_eq!(touches_pending(&rig.writer.client).await, 0, "{when}");
+    run_to_end(rig, "verify");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkills_at_random_moments_lose_nothing() {
+    let mut rig = rig(LakeKind::S3).await;
+    let work = rig.work.path().join("runs");
+    std::fs::create_dir(&work).unwrap();
+    let client = rig.db.client().await;
+    // LAKECDC_CRASH_SEED replays another sequence of writes, jobs and kill moments.
+    let seed = std::env::var("LAKECDC_CRASH_SEED").map_or(63, |s| s.parse().unwrap());
+    let mut r = Rng::new(seed);
+    rig.seed(60, &mut r).await;
+    for (i, t) in TABLES.iter().enumerate() {
+        client.batch_execute(&create_sql(t)).await.unwrap();
+        client
+            .batch_execute(&insert_sql(t, &(t.new_key)("g"), 1, 40, 7 + i as u64))
+            .await
+            .unwrap();
+        attach(&rig, t.name);
+    }
+    // The lake starts equal to PostgreSQL: what is in the tables from before the attach is
+    // exported by init, so that `verify --source` finds nothing but what a kill could cause.
+    run_to_end(&rig, &format!("init --work-dir {}", work.display()));
+    run_to_end(
+        &rig,
+        &format!("flush --force --work-dir {}", work.display()),
+    );
+    assert_lake_equals_postgres(&rig, "before the kills").await;
+    // Each kind of job runs once to its end first, which gives its length; later ones are
+    // killed at a uniformly random moment within 1.2 times that.
+    let mut lengths: BTreeMap<&str, Duration> = BTreeMap::new();
+    let mut next = 1_000;
+    let (mut killed, mut finished) = (0, 0);
+    for round in 0..ROUNDS {
+        for _ in 0..4 {
+            rig.writer.random_op(&mut r).await;
+        }
+        for t in &TABLES {
+            for _ in 0..2 {
+                random_statement(&client, t, &mut r, &mut next).await;
+            }
+        }
+        let jobs = random_job(&mut r, &work);
+        let start = Instant::now();
+        let mut children = Vec::new();
+        for (kind, args) in &jobs {
+            let log = work.join(format!("round-{round}-{}.stderr", kind.replace(' ', "-")));
+            let child = command(&rig, args)
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            let kill_at = lengths
+                .get(kind)
+                .map(|d| d.mul_f64(1.2 * (r.below(1000) as f64) / 1000.0));
+            children.push((*kind, child, kill_at, log));
+        }
+        for (kind, mut child, kill_at, log) in children {
+            let status = loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    break Some(status);
+                }
+                if kill_at.is_some_and(|at| start.elapsed() >= at) {
+                    child.kill().unwrap();
+                    child.wait().unwrap();
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            };
+            match status {
+                None => killed += 1,
+                Some(status) => {
+                    finished += 1;
+                    lengths
+                        .entry(kind)
+                        .and_modify(|d| *d = (*d).max(start.elapsed()))
+                        .or_insert(start.elapsed());
+                    // A run alone ends well; a flush and a compaction at once may not (one
+                    // waits on or conflicts with the other), which is an error line, not a loss.
+                    assert!(
+                        status.success() || jobs.len() > 1,
+                        "round {round}: lakecdc {kind} exited {status}: {}",
+                        std::fs::read_to_string(&log).unwrap()
+                    );
+                }
+            }
+        }
+    }
+    eprintln!(
+        "seed {seed}: {killed} runs killed, {finished} ran to their end; lengths {lengths:?}"
+    );
+    assert!(killed >= ROUNDS / 2, "{killed} kills in {ROUNDS} rounds");
+
+    // What every killed run left behind, the next runs put right.
+    run_to_end(
+        &rig,
+        &format!("flush --force --work-dir {}", work.display()),
+    );
+    assert_lake_equals_postgres(&rig, "after the kills and a flush").await;
+    run_to_end(&rig, "verify --source");
+
+    // gc finds no loss and leaves only what the manifests list.
+    let (clock, gctx, mut gopts) = rig.gc_on_a_manual_clock();
+    gopts.schemas.clear();
+    for pass in 0..2 {
+        let gc = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+        assert_eq!(gc.exit_code(), 0, "gc pass {pass}: {gc:?}");
+        clock.advance(20 * 60 * 1000);
+    }
+    assert_lake_equals_postgres(&rig, "after gc").await;
+    let mut listed = std::collections::BTreeSet::new();
+    for key in rig.keys("manifest/").await {
+        if !key.ends_with(".json") || key.contains(".history/") {
+            continue;
+        }
+        if let Some(m) = oracle::manifest_json(rig.store.as_ref(), &key).await {
+            for f in m["files"].as_array().unwrap() {
+                listed.insert(f["path"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    let stray: Vec<String> = rig
+        .keys("data/")
+        .await
+        .into_iter()
+        .filter(|k| !listed.contains(k) && !k.ends_with("/_owner.json"))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "objects no manifest lists after gc: {stray:?}"
+    );
+
+    // A full compaction of every source keeps every row.
+    run_to_end(
+        &rig,
+        &format!(
+            "compact --max-deltas 0 --dirty-ratio 0 --target-base-size 8KiB --work-dir {}",
+            work.display()
+        ),
+    );
+    assert_lake_equals_postgres(&rig, "after a full compaction").await;
+}
