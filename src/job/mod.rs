@@ -156,13 +156,29 @@ pub async fn each_until_stopped<I, T, F: std::future::Future<Output = T>>(
 
 /// The run's private scratch directory under `work_dir` (docs/security.md, "Local files"), and
 /// `engine` set to spill inside it. Every local file of the run goes in the directory, which is
-/// removed when the returned [`Scratch`] drops.
+/// removed when the returned [`Scratch`] drops; the directories killed runs left in `work_dir`
+/// are removed first (docs/hazards.md L64).
 pub(crate) fn scratch(work_dir: &Path, engine: &EngineConfig) -> Result<(Scratch, EngineConfig)> {
     let scratch = Scratch::create(work_dir).map_err(|source| Error::Io {
         op: "create a private scratch directory in",
         path: work_dir.to_path_buf(),
         source,
     })?;
+    // Ours is locked now: what the sweep removes is only what killed runs left behind.
+    match crate::scratch::sweep_leftovers(work_dir) {
+        Ok(swept) if swept.dirs > 0 => tracing::warn!(
+            work_dir = %work_dir.display(),
+            dirs = swept.dirs,
+            bytes = swept.bytes,
+            "removed the scratch directories of runs killed before their cleanup"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            work_dir = %work_dir.display(),
+            error = %e,
+            "could not look for scratch directories left by killed runs"
+        ),
+    }
     let engine = EngineConfig {
         temp_directory: Some(scratch.spill_dir()),
         ..engine.clone()

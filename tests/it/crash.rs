@@ -229,7 +229,19 @@ async fn kills_lose_nothing(kind: LakeKind) {
     );
     assert!(killed >= ROUNDS / 2, "{killed} kills in {ROUNDS} rounds");
 
-    // What every killed run left behind, the next runs put right.
+    // What every killed run left behind, the next runs put right, their scratch directories
+    // included (docs/hazards.md L64).
+    let left_over = || -> Vec<String> {
+        std::fs::read_dir(&work)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("lakecdc-"))
+            .collect()
+    };
+    assert!(
+        !left_over().is_empty(),
+        "no killed run left a scratch directory"
+    );
     run_to_end(
         &rig,
         &format!("flush --force --work-dir {}", work.display()),
@@ -277,4 +289,9 @@ async fn kills_lose_nothing(kind: LakeKind) {
         ),
     );
     assert_lake_equals_postgres(&rig, "after a full compaction").await;
+    assert_eq!(
+        left_over(),
+        Vec::<String>::new(),
+        "scratch left by killed runs"
+    );
 }
