@@ -9,15 +9,15 @@
 //!
 //! A run killed before its cleanup (SIGKILL, the OOM killer, a host crash) leaves its
 //! directory behind, and a heap-order init's spill alone can be the size of the schema. Each
-//! run holds an exclusive lock on `<dir>/.lock` for its life; the kernel drops it when the
-//! process dies, so the next run in the same `--work-dir` removes every directory of its own
-//! (same owner, mode 0700, `lakecdc-` name) whose lock it can take ([`sweep_leftovers`]).
+//! run holds an exclusive lock on `<dir>/.lakecdc-scratch.lock` for its life; the kernel drops
+//! it when the process dies, so the next run in the same `--work-dir` removes every directory
+//! of the exact shape it makes itself (same owner, mode 0700, `lakecdc-` and six random
+//! characters, a `spill` subdirectory) whose lock it can take ([`sweep_leftovers`]).
 
 use std::fs::{DirBuilder, File, OpenOptions, Permissions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
 
 /// Mode of the scratch directory and of the spill directory inside it.
 pub const DIR_MODE: u32 = 0o700;
@@ -25,12 +25,12 @@ pub const DIR_MODE: u32 = 0o700;
 pub const FILE_MODE: u32 = 0o600;
 const SPILL: &str = "spill";
 const PREFIX: &str = "lakecdc-";
-/// The file each run holds an exclusive lock on while its directory is in use.
-const LOCK: &str = ".lock";
-/// A directory without a lock file belongs to a run only in the instant between its creation
-/// and its lock (or to a release from before the lock); one unchanged for this long is left
-/// over.
-const UNLOCKED_AGE: Duration = Duration::from_secs(24 * 3600);
+/// The random characters after [`PREFIX`] in a scratch directory's name.
+const RANDOM_CHARS: usize = 6;
+/// The file each run holds an exclusive lock on while its directory is in use. It gets this
+/// name only once locked, so a directory holding it unlocked is a dead run's.
+const LOCK: &str = ".lakecdc-scratch.lock";
+const LOCK_UNNAMED: &str = ".lakecdc-scratch.lock-new";
 
 /// A private scratch directory for one run, removed (with everything in it) on drop.
 #[derive(Debug)]
@@ -41,16 +41,25 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// Creates `<parent>/lakecdc-<random>` (mode 0700), locks its `.lock` and creates its
-    /// `spill` subdirectory.
+    /// Creates `<parent>/lakecdc-<random>` (mode 0700), its `spill` subdirectory and its
+    /// lock file, locked before it gets its name. Where the file system has no locks, the
+    /// directory goes without one (and no later run ever takes it for a dead run's).
     pub fn create(parent: &Path) -> io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix(PREFIX)
+            .rand_bytes(RANDOM_CHARS)
             .permissions(Permissions::from_mode(DIR_MODE))
             .tempdir_in(parent)?;
-        let lock = create_file(&dir.path().join(LOCK))?;
-        lock.try_lock().map_err(io::Error::from)?;
         create_dir(&dir.path().join(SPILL))?;
+        let unnamed = dir.path().join(LOCK_UNNAMED);
+        let lock = create_file(&unnamed)?;
+        match lock.try_lock() {
+            Ok(()) => std::fs::rename(&unnamed, dir.path().join(LOCK))?,
+            Err(e) => {
+                tracing::warn!(dir = %dir.path().display(), error = %io::Error::from(e), "no lock on the scratch directory (the file system has none?): a run killed now leaves it behind");
+                std::fs::remove_file(&unnamed)?;
+            }
+        }
         Ok(Self { dir, _lock: lock })
     }
 
@@ -90,17 +99,23 @@ pub struct Leftovers {
 }
 
 /// Removes the scratch directories under `parent` that runs killed before their cleanup left
-/// behind: directories named `lakecdc-…`, owned by this user, mode 0700 (as [`Scratch::create`]
-/// makes them; never a link, never another user's), whose `.lock` no live run holds — or,
-/// without a lock file, unchanged for [`UNLOCKED_AGE`]. The lock is held while removing, so
-/// two runs never sweep one directory at once. A directory that cannot be judged or removed
-/// is left as it is.
+/// behind: directories of exactly the shape [`Scratch::create`] makes — named `lakecdc-` and
+/// six letters or digits, owned by this user, mode 0700, holding `spill` and the lock file
+/// (never a link, never another user's, never a directory without the lock) — whose lock no
+/// live run holds. The lock is held while removing, so two runs never sweep one directory at
+/// once. Nothing is swept in a parent that others may write to without the sticky bit (they
+/// could rename a directory of ours into the shape). A directory that cannot be judged or
+/// removed is left as it is.
 pub fn sweep_leftovers(parent: &Path) -> io::Result<Leftovers> {
     let uid = rustix::process::geteuid().as_raw();
     let mut out = Leftovers::default();
+    let parent_mode = std::fs::metadata(parent)?.mode();
+    if parent_mode & 0o022 != 0 && parent_mode & 0o1000 == 0 {
+        return Ok(out);
+    }
     for entry in std::fs::read_dir(parent)? {
         let Ok(entry) = entry else { continue };
-        if !entry.file_name().to_string_lossy().starts_with(PREFIX) {
+        if !is_scratch_name(&entry.file_name()) {
             continue;
         }
         // The entry's own metadata: a link is a link, never its target.
@@ -109,30 +124,31 @@ pub fn sweep_leftovers(parent: &Path) -> io::Result<Leftovers> {
             continue;
         }
         let dir = entry.path();
-        let _held = match File::open(dir.join(LOCK)) {
-            Ok(lock) => match lock.try_lock() {
-                Ok(()) => Some(lock),
-                Err(_) => continue,
-            },
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let unchanged = meta
-                    .modified()
-                    .ok()
-                    .and_then(|m| SystemTime::now().duration_since(m).ok());
-                if unchanged.is_none_or(|age| age < UNLOCKED_AGE) {
-                    continue;
-                }
-                None
-            }
-            Err(_) => continue,
+        if !std::fs::symlink_metadata(dir.join(SPILL)).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        let Ok(lock) = File::open(dir.join(LOCK)) else {
+            continue;
         };
+        if lock.try_lock().is_err() {
+            continue;
+        }
         let bytes = tree_bytes(&dir);
         if std::fs::remove_dir_all(&dir).is_ok() {
             out.dirs += 1;
             out.bytes += bytes;
         }
+        drop(lock);
     }
     Ok(out)
+}
+
+/// Whether `name` is `lakecdc-` and [`RANDOM_CHARS`] ASCII letters or digits, as
+/// [`Scratch::create`] names its directories.
+fn is_scratch_name(name: &std::ffi::OsStr) -> bool {
+    name.to_str()
+        .and_then(|n| n.strip_prefix(PREFIX))
+        .is_some_and(|r| r.len() == RANDOM_CHARS && r.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
 /// The bytes of the files under `dir`, links not followed.
@@ -184,11 +200,12 @@ mod tests {
         assert!(!gone.exists());
     }
 
-    /// A directory as a killed run leaves it: `lakecdc-<name>`, 0700, a `.lock` nobody holds
-    /// (unless `lock` is false) and a file of `bytes` bytes.
+    /// A directory as a killed run leaves it: `lakecdc-<name>`, 0700, `spill`, the lock file
+    /// nobody holds (unless `lock` is false) and a file of `bytes` bytes.
     fn left_over(parent: &Path, name: &str, lock: bool, bytes: usize) -> PathBuf {
         let dir = parent.join(format!("{PREFIX}{name}"));
         create_dir(&dir).unwrap();
+        create_dir(&dir.join(SPILL)).unwrap();
         if lock {
             create_file(&dir.join(LOCK)).unwrap();
         }
@@ -201,24 +218,21 @@ mod tests {
         let parent = tempfile::tempdir().unwrap();
         let p = parent.path();
         let live = Scratch::create(p).unwrap();
+        assert!(is_scratch_name(live.path().file_name().unwrap()));
+        assert!(live.path().join(LOCK).exists());
         create_file(&live.path().join("staged.parquet")).unwrap();
-        let killed = left_over(p, "killed", true, 1000);
-        // Without a lock file: fresh (a run between its mkdir and its lock) or a day old.
-        let fresh = left_over(p, "fresh", false, 10);
-        let old = left_over(p, "old", false, 20);
-        File::open(&old)
-            .unwrap()
-            .set_modified(SystemTime::now() - UNLOCKED_AGE - Duration::from_secs(60))
-            .unwrap();
-        // Not made by lakecdc: another name, an open mode, a link to a directory that looks
-        // left over.
-        let other = parent.path().join("other");
-        create_dir(&other).unwrap();
-        let open = left_over(p, "open", true, 10);
+        let killed = left_over(p, "k1ll3d", true, 1000);
+        let killed_too = left_over(p, "Ab12Cd", true, 20);
+        // Not a dead run's: no lock file (a run before its lock has its name, or a user's
+        // directory), a name of another shape (a user's `lakecdc-lake`), an open mode, a
+        // link to a directory that looks left over.
+        let unlocked = left_over(p, "n0lock", false, 10);
+        let named = left_over(p, "lake", true, 10);
+        let open = left_over(p, "0pen00", true, 10);
         std::fs::set_permissions(&open, Permissions::from_mode(0o755)).unwrap();
         let target = tempfile::tempdir().unwrap();
-        let victim = left_over(target.path(), "victim", true, 10);
-        std::os::unix::fs::symlink(&victim, p.join(format!("{PREFIX}link"))).unwrap();
+        let victim = left_over(target.path(), "v1ct1m", true, 10);
+        std::os::unix::fs::symlink(&victim, p.join(format!("{PREFIX}l1nk00"))).unwrap();
 
         let swept = sweep_leftovers(p).unwrap();
         assert_eq!(
@@ -228,13 +242,12 @@ mod tests {
                 bytes: 1020
             }
         );
-        assert!(!killed.exists() && !old.exists());
+        assert!(!killed.exists() && !killed_too.exists());
         for kept in [
             live.path(),
-            &fresh,
-            &other,
+            &unlocked,
+            &named,
             &open,
-            &victim,
             &victim.join("x.parquet"),
         ] {
             assert!(kept.exists(), "{} was removed", kept.display());
@@ -242,6 +255,20 @@ mod tests {
         assert!(live.path().join("staged.parquet").exists());
         // The live run's lock is held until it drops; then its directory goes with it.
         assert_eq!(sweep_leftovers(p).unwrap(), Leftovers::default());
+    }
+
+    #[test]
+    fn nothing_is_swept_where_others_may_rename_directories() {
+        let parent = tempfile::tempdir().unwrap();
+        let p = parent.path();
+        let killed = left_over(p, "k1ll3d", true, 10);
+        std::fs::set_permissions(p, Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(sweep_leftovers(p).unwrap(), Leftovers::default());
+        assert!(killed.exists());
+        // With the sticky bit (a shared /tmp) others cannot rename what is ours.
+        std::fs::set_permissions(p, Permissions::from_mode(0o1777)).unwrap();
+        assert_eq!(sweep_leftovers(p).unwrap().dirs, 1);
+        assert!(!killed.exists());
     }
 
     #[test]

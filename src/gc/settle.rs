@@ -109,7 +109,14 @@ pub(super) async fn settle(
     let live = if gone_from_lake.is_empty() {
         Default::default()
     } else {
-        crate::source::repair::live_among(&client, &ctx.tables, schema_id, &gone_from_lake).await?
+        // Unanswered (a hashed key's table scan timing out, the table gone), every such row
+        // counts as live: reported lost, never deleted on a guess.
+        crate::source::repair::live_among(&client, &ctx.tables, schema_id, &gone_from_lake)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(schema_id, error = %e.chain(), "could not ask the source which rows it still holds; their orphans are kept");
+                gone_from_lake.iter().map(|id| id.as_u128()).collect()
+            })
     };
     let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
     for (r, l) in rows.iter().zip(&listed) {
