@@ -20,8 +20,10 @@
 //! The real run then executes it: (4) delete the due orphans (a failed delete is kept for the
 //! next run), (5) save the sightings with a conditional write, (6) drop the retired paths whose
 //! objects are gone from the manifest (a conditional commit), (7) delete the manifest history
-//! copies past the retention. A crash between steps leaves deleted objects that nothing lists
-//! and sightings that are at most one run old: the next run repeats what is left.
+//! copies past the retention, (8) undo the writes killed runs left unfinished more than an
+//! hour ago (S3 multipart uploads, a local lake's temporary files). A crash between steps
+//! leaves deleted objects that nothing lists and sightings that are at most one run old: the
+//! next run repeats what is left.
 //!
 //! Manifest history (time travel, docs/design.md §3.5): a retired file is kept while its
 //! retirement is younger than the larger of the grace and the history retention
@@ -128,6 +130,9 @@ pub struct SchemaGc {
     pub history_deleted: Vec<String>,
     /// Manifest history copies kept (after the deletions).
     pub history_kept: usize,
+    /// Writes killed runs started and never finished, undone (or, in a dry run, to undo): S3
+    /// multipart uploads aborted, a local lake's temporary files removed (docs/hazards.md L38).
+    pub abandoned: Vec<String>,
     /// Why the schema was refused or failed.
     pub reason: Option<String>,
     /// Wall time in milliseconds.
@@ -228,6 +233,12 @@ impl GcReport {
             for k in &s.history_deleted {
                 out.push_str(&format!(
                     "    {verb} history copy {}\n",
+                    crate::report::printable(k, false)
+                ));
+            }
+            for k in &s.abandoned {
+                out.push_str(&format!(
+                    "    {verb} abandoned write {}\n",
                     crate::report::printable(k, false)
                 ));
             }
@@ -399,7 +410,14 @@ struct GcPlan {
     retired_absent: BTreeSet<String>,
     /// Manifest history copies past the retention: deleted.
     history: history::Prune,
+    /// Writes started before [`ABANDONED_AGE`] (and the grace) and never finished: undone.
+    abandoned: Vec<crate::store::AbandonedWrite>,
 }
+
+/// How old an unfinished write must be before gc undoes it (and at least the grace): no
+/// upload of one file takes this long, and one aborted anyway fails its run, which publishes
+/// nothing.
+const ABANDONED_AGE: Duration = Duration::from_secs(3600);
 
 impl GcPlan {
     fn refused(why: String) -> Self {
@@ -460,6 +478,12 @@ async fn collect(
         .cloned()
         .collect();
     out.history_kept = plan.history.kept + (plan.history.due.len() - out.history_deleted.len());
+    out.abandoned = plan
+        .abandoned
+        .iter()
+        .map(|w| w.key.clone())
+        .filter(|k| !failed.contains(k))
+        .collect();
     out.deleted = plan
         .due
         .into_iter()
@@ -585,7 +609,58 @@ async fn plan(
         .cloned()
         .collect();
     plan.history = history::prune_plan(store, layout, schema_id, now).await?;
+    plan.abandoned = abandoned(ctx, schema_id, now, opts.grace).await;
     Ok(plan)
+}
+
+/// The writes under the schema's data prefix and beside its manifest that a killed run
+/// started before the grace and [`ABANDONED_AGE`] and nobody finished.
+async fn abandoned(
+    ctx: &Context,
+    schema_id: i16,
+    now: i64,
+    grace: Duration,
+) -> Vec<crate::store::AbandonedWrite> {
+    let store = ctx.lake.store.as_ref();
+    let layout = &ctx.lake.layout;
+    let age = i64::try_from(grace.max(ABANDONED_AGE).as_millis()).unwrap_or(i64::MAX);
+    let manifest_key = layout.manifest_key(schema_id);
+    let mut prefixes = vec![layout.schema_prefix(schema_id)];
+    // A local lake's manifest writes leave their temporary files beside it (not at the lake's
+    // root, which would walk every schema's files); S3 manifests are never multipart.
+    if store.is_local()
+        && let Some((dir, _)) = manifest_key.rsplit_once('/')
+    {
+        prefixes.push(format!("{dir}/"));
+    }
+    let mut out = Vec::new();
+    for prefix in prefixes {
+        // Housekeeping: a store that cannot list them (no permission for it, a server
+        // without the operation) does not fail the run.
+        let found = match store.abandoned_writes(&prefix).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(prefix, error = %e, "could not list unfinished writes; none undone (a bucket lifecycle rule can abort them: docs/operations.md)");
+                continue;
+            }
+        };
+        // Only writes of this schema's own keys (an upload to a key of another shape is
+        // another writer's), or a local lake's temporaries, named by the store alone.
+        let ours = |w: &crate::store::AbandonedWrite| {
+            let local_temporary = store.is_local()
+                && w.key
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with(".lakecdc-tmp-"));
+            local_temporary || layout.classify(&w.key).schema_id() == Some(schema_id)
+        };
+        out.extend(
+            found
+                .into_iter()
+                .filter(|w| ours(w) && now.saturating_sub(w.started_ms) >= age),
+        );
+    }
+    out
 }
 
 /// Steps 4–7: delete the due orphans, save the sightings (conditionally), drop the retired
@@ -631,6 +706,12 @@ async fn execute(ctx: &Context, schema_id: i16, plan: &GcPlan) -> Result<Vec<Str
         if let Err(source) = store.delete(key).await {
             tracing::warn!(key, error = %source, "gc could not delete a manifest history copy; retried next run");
             failed.push(key.clone());
+        }
+    }
+    for w in &plan.abandoned {
+        if let Err(source) = store.remove_abandoned(w).await {
+            tracing::warn!(key = %w.key, error = %source, "gc could not undo an abandoned write; retried next run");
+            failed.push(w.key.clone());
         }
     }
     Ok(failed)

@@ -284,6 +284,17 @@ impl ObjectStore for FaultStore {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
         self.run(Op::List, prefix, self.inner.list(prefix)).await
     }
+
+    async fn abandoned_writes(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<super::AbandonedWrite>, StoreError> {
+        self.inner.abandoned_writes(prefix).await
+    }
+
+    async fn remove_abandoned(&self, write: &super::AbandonedWrite) -> Result<(), StoreError> {
+        self.inner.remove_abandoned(write).await
+    }
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ use rustix::fs::{AtFlags, Dir, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::{
-    Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError, copy_hashing,
-    range_within,
+    AbandonedWrite, Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError,
+    copy_hashing, range_within,
 };
 
 const OWN_PREFIX: &str = ".lakecdc-";
@@ -404,13 +404,24 @@ const MAX_LIST_DEPTH: usize = 16;
 /// neither reported nor followed: it is logged, naming its key, and skipped. So is a directory
 /// more than [`MAX_LIST_DEPTH`] levels down.
 fn walk(dir: OwnedFd, rel: &str, out: &mut Vec<(String, fs::Metadata)>) -> Result<(), StoreError> {
-    walk_within(dir, rel, MAX_LIST_DEPTH, out)
+    walk_within(dir, rel, MAX_LIST_DEPTH, Found::Objects, out)
 }
+
+/// What a walk collects: the lake's objects, or the temporary files of unfinished writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Found {
+    Objects,
+    Temporaries,
+}
+
+/// The name of every temporary file [`LocalStore`]'s writes make.
+const TMP_PREFIX: &str = ".lakecdc-tmp-";
 
 fn walk_within(
     dir: OwnedFd,
     rel: &str,
     depth: usize,
+    found: Found,
     out: &mut Vec<(String, fs::Metadata)>,
 ) -> Result<(), StoreError> {
     let mut entries = Dir::new(dir).map_err(sys)?;
@@ -422,7 +433,12 @@ fn walk_within(
             continue;
         }
         let name = String::from_utf8_lossy(bytes);
-        if name.starts_with(OWN_PREFIX) {
+        let temporary = name.starts_with(TMP_PREFIX);
+        if name.starts_with(OWN_PREFIX) && !(temporary && found == Found::Temporaries) {
+            continue;
+        }
+        // A temporary's key must name it exactly, to remove it.
+        if temporary && std::str::from_utf8(bytes).is_err() {
             continue;
         }
         let key = if rel.is_empty() {
@@ -440,13 +456,13 @@ fn walk_within(
                 key,
                 "symbolic link in the local lake: neither listed nor followed; remove it"
             );
-        } else if meta.is_dir() {
+        } else if meta.is_dir() && !temporary {
             match rustix::fs::openat(here, raw, DIR_FLAGS, Mode::empty()) {
                 Ok(_) if depth == 0 => tracing::warn!(
                     key,
                     "directory nested deeper than lakecdc writes: not listed; remove it"
                 ),
-                Ok(sub) => walk_within(sub, &key, depth - 1, out)?,
+                Ok(sub) => walk_within(sub, &key, depth - 1, found, out)?,
                 Err(Errno::NOENT) => {}
                 Err(Errno::NOTDIR | Errno::LOOP) => tracing::warn!(
                     key,
@@ -454,7 +470,7 @@ fn walk_within(
                 ),
                 Err(e) => return Err(sys(e)),
             }
-        } else if meta.is_file() {
+        } else if meta.is_file() && (found == Found::Objects || temporary) {
             out.push((key, meta));
         }
     }
@@ -647,6 +663,72 @@ impl ObjectStore for LocalStore {
                 .collect();
             out.sort_by(|a, b| a.key.cmp(&b.key));
             Ok(out)
+        })
+        .await
+    }
+
+    async fn abandoned_writes(&self, prefix: &str) -> Result<Vec<AbandonedWrite>, StoreError> {
+        let prefix = prefix.to_string();
+        self.blocking(move |s| {
+            // The temporaries of the directory `prefix` names (and those below it).
+            let dir_part = prefix.trim_end_matches('/');
+            if !dir_part.is_empty() {
+                validate_key(dir_part)?;
+            }
+            let root = s.open_root()?;
+            let what = format!("lake prefix {prefix}");
+            let Some(dir) = open_dirs(root.as_fd(), dir_part, &what, false)? else {
+                return Ok(Vec::new());
+            };
+            let mut found = Vec::new();
+            walk_within(
+                dir,
+                dir_part,
+                MAX_LIST_DEPTH,
+                Found::Temporaries,
+                &mut found,
+            )?;
+            Ok(found
+                .into_iter()
+                .map(|(key, m)| {
+                    let meta = meta_of(key, &m);
+                    AbandonedWrite {
+                        started_ms: meta.last_modified_ms,
+                        bytes: Some(meta.size),
+                        handle: String::new(),
+                        key: meta.key,
+                    }
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn remove_abandoned(&self, write: &AbandonedWrite) -> Result<(), StoreError> {
+        let key = write.key.clone();
+        self.blocking(move |s| {
+            let (dirs, name) = split_key(&key);
+            if !name.starts_with(TMP_PREFIX) || name.contains('/') {
+                return Err(StoreError::InvalidKey {
+                    reason: "only a write's temporary file is removed as abandoned",
+                });
+            }
+            if !dirs.is_empty() {
+                validate_key(dirs)?;
+            }
+            let root = s.open_root()?;
+            let Some(dir) = open_dirs(root.as_fd(), dirs, &key_label(&key), false)? else {
+                return Ok(());
+            };
+            match lstat_at(dir.as_fd(), name)? {
+                Some(m) if m.is_file() => {
+                    match rustix::fs::unlinkat(&dir, name, AtFlags::empty()) {
+                        Ok(()) | Err(Errno::NOENT) => Ok(()),
+                        Err(e) => Err(sys(e)),
+                    }
+                }
+                _ => Ok(()),
+            }
         })
         .await
     }
@@ -909,6 +991,78 @@ mod tests {
             .map(|m| m.key)
             .collect();
         assert_eq!(keys, ["data/100/a.parquet"]);
+    }
+
+    #[tokio::test]
+    async fn a_killed_writes_temporary_is_found_and_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        store
+            .put_bytes(
+                "data/100/a.parquet",
+                Bytes::from_static(b"a"),
+                PutMode::Overwrite,
+            )
+            .await
+            .unwrap();
+        // What a write killed between its temporary file and its rename leaves, one level
+        // down too; a link named like one, reaching outside; the store's own lock.
+        let tmp = format!("{TMP_PREFIX}0190");
+        std::fs::create_dir_all(dir.path().join("data/100/_tmp")).unwrap();
+        std::fs::write(dir.path().join("data/100").join(&tmp), b"half").unwrap();
+        std::fs::write(dir.path().join("data/100/_tmp").join(&tmp), b"halfway").unwrap();
+        let victim = outside.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        symlink(
+            &victim,
+            dir.path().join(format!("data/100/{TMP_PREFIX}link")),
+        )
+        .unwrap();
+        let found = store.abandoned_writes("data/100/").await.unwrap();
+        let mut keys: Vec<(String, Option<u64>)> =
+            found.iter().map(|w| (w.key.clone(), w.bytes)).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                (format!("data/100/{tmp}"), Some(4)),
+                (format!("data/100/_tmp/{tmp}"), Some(7)),
+            ]
+        );
+        assert!(found.iter().all(|w| w.started_ms > 0));
+        // Invisible to listings, as before.
+        let listed: Vec<String> = store
+            .list("data/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        assert_eq!(listed, ["data/100/a.parquet"]);
+        for w in &found {
+            store.remove_abandoned(w).await.unwrap();
+            store.remove_abandoned(w).await.unwrap();
+        }
+        assert!(store.abandoned_writes("data/").await.unwrap().is_empty());
+        // Only a temporary's name is ever removed this way, and a link is not followed.
+        let object = AbandonedWrite {
+            key: "data/100/a.parquet".into(),
+            started_ms: 0,
+            bytes: None,
+            handle: String::new(),
+        };
+        assert!(store.remove_abandoned(&object).await.is_err());
+        let link = AbandonedWrite {
+            key: format!("data/100/{TMP_PREFIX}link"),
+            ..object
+        };
+        store.remove_abandoned(&link).await.unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(
+            store.get_bytes("data/100/a.parquet").await.unwrap().bytes,
+            &b"a"[..]
+        );
     }
 
     #[tokio::test]

@@ -276,6 +276,34 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
 
     /// Every object whose key starts with `prefix`, in key order.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError>;
+
+    /// Writes under `prefix` that were started and never finished nor undone — a process
+    /// killed mid-write leaves them, invisible to [`ObjectStore::list`]: an S3 multipart upload
+    /// never completed or aborted, a local lake's hidden temporary file. None by default.
+    async fn abandoned_writes(&self, prefix: &str) -> Result<Vec<AbandonedWrite>, StoreError> {
+        let _ = prefix;
+        Ok(Vec::new())
+    }
+
+    /// Undoes one of [`ObjectStore::abandoned_writes`] (aborts the upload, removes the file);
+    /// one already gone succeeds.
+    async fn remove_abandoned(&self, write: &AbandonedWrite) -> Result<(), StoreError> {
+        let _ = write;
+        Ok(())
+    }
+}
+
+/// A write a killed process started and nobody finished (docs/hazards.md L38).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbandonedWrite {
+    /// The key being written (S3), or the temporary file's path under the lake (local).
+    pub key: String,
+    /// When it started, in ms since the epoch (the upload's initiation, the file's mtime).
+    pub started_ms: i64,
+    /// The bytes it holds, where the store says (a local file's size).
+    pub bytes: Option<u64>,
+    /// The store's handle on it (an S3 upload id).
+    pub handle: String,
 }
 
 /// Deletes `key`, logging instead of failing when it cannot: what is left (`what`) is an

@@ -25,8 +25,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{
-    Download, GetResult, MULTIPART_THRESHOLD, ObjectMeta, ObjectStore, PutMode, PutResult,
-    StoreError, range_end,
+    AbandonedWrite, Download, GetResult, MULTIPART_THRESHOLD, ObjectMeta, ObjectStore, PutMode,
+    PutResult, StoreError, range_end,
 };
 
 /// Size of each multipart part.
@@ -766,6 +766,75 @@ impl ObjectStore for S3Store {
         }
         out.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(out)
+    }
+
+    async fn abandoned_writes(&self, prefix: &str) -> Result<Vec<AbandonedWrite>, StoreError> {
+        let op = "list multipart uploads";
+        let mut out = Vec::new();
+        let (mut key_marker, mut id_marker) = (None::<String>, None::<String>);
+        loop {
+            let page = self
+                .client
+                .list_multipart_uploads()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_key_marker(key_marker.clone())
+                .set_upload_id_marker(id_marker.clone())
+                .send()
+                .await
+                .map_err(|e| classify(e, op, &self.bucket, self.limits))?;
+            for u in page.uploads() {
+                // An upload whose start the server does not say is never judged old.
+                let (Some(key), Some(id), Some(started_ms)) = (
+                    u.key(),
+                    u.upload_id(),
+                    u.initiated().and_then(|t| t.to_millis().ok()),
+                ) else {
+                    continue;
+                };
+                out.push(AbandonedWrite {
+                    key: key.to_string(),
+                    started_ms,
+                    bytes: None,
+                    handle: id.to_string(),
+                });
+            }
+            let next = (
+                page.next_key_marker().map(str::to_string),
+                page.next_upload_id_marker().map(str::to_string),
+            );
+            if page.is_truncated() != Some(true) {
+                return Ok(out);
+            }
+            if next.0.is_none() || next == (key_marker, id_marker) {
+                // A truncated page that does not move on: what was listed is what is known.
+                tracing::warn!(
+                    prefix,
+                    "the listing of multipart uploads does not advance; the rest is left for the next run"
+                );
+                return Ok(out);
+            }
+            (key_marker, id_marker) = next;
+        }
+    }
+
+    async fn remove_abandoned(&self, write: &AbandonedWrite) -> Result<(), StoreError> {
+        let aborted = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&write.key)
+            .upload_id(&write.handle)
+            .send()
+            .await;
+        match aborted {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("NoSuchUpload") => Ok(()),
+            Err(e) => match classify(e, "abort multipart upload", &self.bucket, self.limits) {
+                StoreError::NotFound => Ok(()),
+                other => Err(other),
+            },
+        }
     }
 }
 

@@ -448,3 +448,97 @@ async fn a_data_prefix_belongs_to_one_manifest() {
         "{report:?}"
     );
 }
+
+/// Leaves what a run killed mid-write leaves in the rig's lake under `data/100/`: an S3
+/// multipart upload never completed (and another writer's, to a key of no lakecdc shape), or
+/// a local lake's temporary file. Returns its key (and the other writer's).
+async fn killed_write(rig: &Rig, kind: &LakeKind) -> (String, Option<String>) {
+    match kind {
+        LakeKind::S3 => {
+            let bucket = rig.store.describe();
+            let s3 = lakecdc::store::s3::S3Store::connect(&crate::support::harness::s3_options(
+                bucket.trim_start_matches("s3://").trim_end_matches('/'),
+            ))
+            .await;
+            // A flush's staging key: what lakecdc uploads in parts.
+            let key = format!("data/100/_tmp/{}.parquet", Uuid::new_v4());
+            let foreign = "data/100/exports/notes.bin".to_string();
+            for key in [&key, &foreign] {
+                let up = s3
+                    .client()
+                    .create_multipart_upload()
+                    .bucket(s3.bucket())
+                    .key(key)
+                    .send()
+                    .await
+                    .unwrap();
+                s3.client()
+                    .upload_part()
+                    .bucket(s3.bucket())
+                    .key(key)
+                    .upload_id(up.upload_id().unwrap())
+                    .part_number(1)
+                    .body(vec![7u8; 1024].into())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            (key, Some(foreign))
+        }
+        LakeKind::Local => {
+            let key = "data/100/.lakecdc-tmp-killed";
+            std::fs::write(rig.work.path().join("lake").join(key), vec![7u8; 1024]).unwrap();
+            (key.to_string(), None)
+        }
+    }
+}
+
+#[tokio::test]
+async fn writes_killed_runs_left_unfinished_are_undone_past_an_hour() {
+    for s3 in [true, false] {
+        let kind = || if s3 { LakeKind::S3 } else { LakeKind::Local };
+        let mut rig = rig(kind()).await;
+        let mut r = Rng::new(3105);
+        rig.seed(10, &mut r).await;
+        assert!(!rig.flush().await.failed());
+        let (key, foreign) = killed_write(&rig, &kind()).await;
+        let unfinished = || async {
+            let mut keys: Vec<String> = rig
+                .store
+                .abandoned_writes("data/100/")
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|w| w.key)
+                .collect();
+            keys.sort();
+            keys
+        };
+        let mut all: Vec<String> = std::iter::once(key.clone())
+            .chain(foreign.clone())
+            .collect();
+        all.sort();
+        assert_eq!(unfinished().await, all);
+        let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+        let gctx = ctx(&rig, clock.clone());
+        // Younger than an hour: it may still be a live run's.
+        let report = lakecdc::gc::run(&gctx, &opts(false)).await.unwrap();
+        assert!(report.schemas[0].abandoned.is_empty(), "{report:?}");
+        clock.advance(61 * MIN);
+        let dry = lakecdc::gc::run(&gctx, &opts(true)).await.unwrap();
+        assert_eq!(dry.schemas[0].abandoned, [key.as_str()], "{dry:?}");
+        assert!(
+            dry.to_text().contains("abandoned write"),
+            "{}",
+            dry.to_text()
+        );
+        assert_eq!(unfinished().await, all, "a dry run undid it");
+        let report = lakecdc::gc::run(&gctx, &opts(false)).await.unwrap();
+        let s = &report.schemas[0];
+        assert_eq!(s.abandoned, [key.as_str()], "{report:?}");
+        assert_eq!((s.outcome, report.exit_code()), (Some(Outcome::Clean), 0));
+        // Another writer's upload is not lakecdc's to abort.
+        assert_eq!(unfinished().await, foreign.into_iter().collect::<Vec<_>>());
+        rig.assert_oracle().await;
+    }
+}
