@@ -5,7 +5,8 @@
 //! the jobs run. Whatever was cut short,
 //! the next flush catches up and the lake then equals PostgreSQL (the schema by its model, each
 //! table typed through `query`), every listed file is intact, gc finds no loss and leaves only
-//! listed objects, and a full compaction keeps it all.
+//! listed objects and no unfinished write, no scratch directory is left, and a full compaction
+//! keeps it all.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -252,12 +253,20 @@ async fn kills_lose_nothing(kind: LakeKind) {
     // gc finds no loss and leaves only what the manifests list.
     let (clock, gctx, mut gopts) = rig.gc_on_a_manual_clock();
     gopts.schemas.clear();
+    // Past the grace and the hour after which unfinished writes are undone.
     for pass in 0..2 {
         let gc = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
         assert_eq!(gc.exit_code(), 0, "gc pass {pass}: {gc:?}");
-        clock.advance(20 * 60 * 1000);
+        clock.advance(61 * 60 * 1000);
     }
     assert_lake_equals_postgres(&rig, "after gc").await;
+    for prefix in ["data/", "manifest/"] {
+        let unfinished = rig.store.abandoned_writes(prefix).await.unwrap();
+        assert!(
+            unfinished.is_empty(),
+            "unfinished writes after gc: {unfinished:?}"
+        );
+    }
     let mut listed = std::collections::BTreeSet::new();
     for key in rig.keys("manifest/").await {
         if !key.ends_with(".json") || key.contains(".history/") {
