@@ -265,14 +265,21 @@ pub async fn dirty_among(
         "SELECT row_id FROM {} WHERE schema_id = $1 AND flushed_at = 0 AND row_id = ANY($2)",
         tables.change_log.quoted()
     );
+    ids_among(client, &sql, "read dirty row ids", schema_id, ids).await
+}
+
+/// The row ids `sql` (`$1` the schema id, `$2` a chunk of `ids`) returns, asked in chunks of
+/// 10,000 ids.
+async fn ids_among(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    op: &'static str,
+    schema_id: i16,
+    ids: &[uuid::Uuid],
+) -> Result<std::collections::BTreeSet<RowId>> {
     let mut out = std::collections::BTreeSet::new();
     for chunk in ids.chunks(10_000) {
-        let rows = timed(
-            TIMEOUT,
-            "read dirty row ids",
-            client.query(&sql, &[&schema_id, &chunk]),
-        )
-        .await?;
+        let rows = timed(TIMEOUT, op, client.query(sql, &[&schema_id, &chunk])).await?;
         out.extend(rows.iter().map(|r| r.get::<_, uuid::Uuid>(0).as_u128()));
     }
     Ok(out)
@@ -292,15 +299,5 @@ pub async fn live_among(
          AND ltbase_deleted_at IS NULL",
         tables.entity.quoted()
     );
-    let mut out = std::collections::BTreeSet::new();
-    for chunk in ids.chunks(10_000) {
-        let rows = timed(
-            TIMEOUT,
-            "read live row ids",
-            client.query(&sql, &[&schema_id, &chunk]),
-        )
-        .await?;
-        out.extend(rows.iter().map(|r| r.get::<_, uuid::Uuid>(0).as_u128()));
-    }
-    Ok(out)
+    ids_among(client, &sql, "read live row ids", schema_id, ids).await
 }

@@ -156,6 +156,25 @@ impl LocalStore {
         Ok((file, meta))
     }
 
+    /// What a walk of directory `dir_part` (of `prefix`) finds: nothing when it is missing.
+    fn walk_prefix(
+        &self,
+        prefix: &str,
+        dir_part: &str,
+        found: Found,
+    ) -> Result<Vec<(String, fs::Metadata)>, StoreError> {
+        if !dir_part.is_empty() {
+            validate_key(dir_part)?;
+        }
+        let root = self.open_root()?;
+        let what = format!("lake prefix {prefix}");
+        let mut out = Vec::new();
+        if let Some(dir) = open_dirs(root.as_fd(), dir_part, &what, false)? {
+            walk_within(dir, dir_part, MAX_LIST_DEPTH, found, &mut out)?;
+        }
+        Ok(out)
+    }
+
     /// Writes `fill`'s output to a temp file (mode 0640) in `p`'s directory, fsyncs it,
     /// renames it over the key and fsyncs the directory. Returns `fill`'s result and the new
     /// object's etag.
@@ -400,13 +419,6 @@ fn meta_of(key: String, m: &fs::Metadata) -> ObjectMeta {
 /// per level (docs/hazards.md L27).
 const MAX_LIST_DEPTH: usize = 16;
 
-/// Collects the regular files beneath `dir`, whose keys start with `rel`. A symbolic link is
-/// neither reported nor followed: it is logged, naming its key, and skipped. So is a directory
-/// more than [`MAX_LIST_DEPTH`] levels down.
-fn walk(dir: OwnedFd, rel: &str, out: &mut Vec<(String, fs::Metadata)>) -> Result<(), StoreError> {
-    walk_within(dir, rel, MAX_LIST_DEPTH, Found::Objects, out)
-}
-
 /// What a walk collects: the lake's objects, or the temporary files of unfinished writes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Found {
@@ -417,6 +429,10 @@ enum Found {
 /// The name of every temporary file [`LocalStore`]'s writes make.
 const TMP_PREFIX: &str = ".lakecdc-tmp-";
 
+/// Collects the regular files (with [`Found::Temporaries`], only the store's temporary files)
+/// beneath `dir`, whose keys start with `rel`. A symbolic link is
+/// neither reported nor followed: it is logged, naming its key, and skipped. So is a directory
+/// more than [`MAX_LIST_DEPTH`] levels down.
 fn walk_within(
     dir: OwnedFd,
     rel: &str,
@@ -646,16 +662,7 @@ impl ObjectStore for LocalStore {
         let prefix = prefix.to_string();
         self.blocking(move |s| {
             let dir_part = prefix.rfind('/').map(|i| &prefix[..i]).unwrap_or("");
-            if !dir_part.is_empty() {
-                validate_key(dir_part)?;
-            }
-            let root = s.open_root()?;
-            let what = format!("lake prefix {prefix}");
-            let Some(dir) = open_dirs(root.as_fd(), dir_part, &what, false)? else {
-                return Ok(Vec::new());
-            };
-            let mut found = Vec::new();
-            walk(dir, dir_part, &mut found)?;
+            let found = s.walk_prefix(&prefix, dir_part, Found::Objects)?;
             let mut out: Vec<ObjectMeta> = found
                 .into_iter()
                 .filter(|(k, _)| k.starts_with(&prefix))
@@ -672,22 +679,7 @@ impl ObjectStore for LocalStore {
         self.blocking(move |s| {
             // The temporaries of the directory `prefix` names (and those below it).
             let dir_part = prefix.trim_end_matches('/');
-            if !dir_part.is_empty() {
-                validate_key(dir_part)?;
-            }
-            let root = s.open_root()?;
-            let what = format!("lake prefix {prefix}");
-            let Some(dir) = open_dirs(root.as_fd(), dir_part, &what, false)? else {
-                return Ok(Vec::new());
-            };
-            let mut found = Vec::new();
-            walk_within(
-                dir,
-                dir_part,
-                MAX_LIST_DEPTH,
-                Found::Temporaries,
-                &mut found,
-            )?;
+            let found = s.walk_prefix(&prefix, dir_part, Found::Temporaries)?;
             Ok(found
                 .into_iter()
                 .map(|(key, m)| {

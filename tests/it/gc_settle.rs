@@ -42,6 +42,23 @@ async fn lake_with_orphan(seed: u64) -> (Rig, Rng, String) {
     (rig, r, orphans[0].clone())
 }
 
+/// One compaction of the customer schema that must succeed.
+async fn compact(rig: &Rig, max_deltas: usize, dirty_ratio: f64) {
+    let compact = lakecdc::compact::run(
+        &rig.job_context(),
+        &lakecdc::compact::CompactOptions {
+            schemas: vec!["customer".into()],
+            work_dir: rig.opts.work_dir.clone(),
+            max_deltas,
+            dirty_ratio,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(compact.exit_code(), 0, "{compact:?}");
+}
+
 #[tokio::test]
 async fn an_orphan_whose_rows_went_out_again_is_deleted_past_the_grace() {
     let (rig, _, orphan) = lake_with_orphan(3101).await;
@@ -142,18 +159,7 @@ async fn gc_right_after_a_compaction_exits_zero() {
         rig.writer.random_op(&mut r).await;
     }
     assert!(!rig.flush().await.failed());
-    let compact = lakecdc::compact::run(
-        &rig.job_context(),
-        &lakecdc::compact::CompactOptions {
-            schemas: vec!["customer".into()],
-            work_dir: rig.opts.work_dir.clone(),
-            max_deltas: 1,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(compact.exit_code(), 0, "{compact:?}");
+    compact(&rig, 1, 0.05).await;
     let retired = crate::support::oracle::retired_paths(rig.store.as_ref(), MANIFEST).await;
     assert!(!retired.is_empty());
     let (_, gctx, gopts) = rig.gc_on_a_manual_clock();
@@ -184,19 +190,7 @@ async fn an_orphans_copy_of_a_row_deleted_since_and_compacted_away_is_not_lost()
         rig.writer.hard_delete(id).await;
     }
     assert!(!rig.flush().await.failed());
-    let compact = lakecdc::compact::run(
-        &rig.job_context(),
-        &lakecdc::compact::CompactOptions {
-            schemas: vec!["customer".into()],
-            work_dir: rig.opts.work_dir.clone(),
-            max_deltas: 0,
-            dirty_ratio: 0.0,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(compact.exit_code(), 0, "{compact:?}");
+    compact(&rig, 0, 0.0).await;
     let state = crate::support::oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
     assert!(state.is_empty(), "{state:?}");
     // The orphan's live copies are stale, not lost: it waits out its grace and goes.
