@@ -975,14 +975,13 @@ mod tests {
         }
         std::fs::create_dir_all(&deep).unwrap();
         std::fs::write(deep.join("z.parquet"), b"z").unwrap();
-        let keys: Vec<String> = store
-            .list("data/")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| m.key)
-            .collect();
-        assert_eq!(keys, ["data/100/a.parquet"]);
+        assert_eq!(listed_keys(&store, "data/").await, ["data/100/a.parquet"]);
+    }
+
+    /// The keys `store` lists under `prefix`.
+    async fn listed_keys(store: &LocalStore, prefix: &str) -> Vec<String> {
+        let listed = store.list(prefix).await.unwrap();
+        listed.into_iter().map(|m| m.key).collect()
     }
 
     #[tokio::test]
@@ -1024,14 +1023,7 @@ mod tests {
         );
         assert!(found.iter().all(|w| w.started_ms > 0));
         // Invisible to listings, as before.
-        let listed: Vec<String> = store
-            .list("data/")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|m| m.key)
-            .collect();
-        assert_eq!(listed, ["data/100/a.parquet"]);
+        assert_eq!(listed_keys(&store, "data/").await, ["data/100/a.parquet"]);
         for w in &found {
             store.remove_abandoned(w).await.unwrap();
             store.remove_abandoned(w).await.unwrap();
