@@ -84,6 +84,20 @@ pub(super) async fn store(lake: &Result<Lake, Error>, clock: &dyn Clock) -> Stor
             ),
         );
     }
+    // gc undoes the uploads killed runs left unfinished (docs/operations.md): it needs to
+    // list them, which the round trip's rights do not cover.
+    if round_trip.status == super::check::Status::Ok
+        && let Err(e) = store.abandoned_writes(prefix).await
+    {
+        round_trip = Check::warn(
+            Kind::RoundTrip,
+            format!(
+                "{}; unfinished uploads under {prefix:?} cannot be listed: {e}",
+                round_trip.detail
+            ),
+            "grant s3:ListBucketMultipartUploads and s3:AbortMultipartUpload on the lake, so that gc aborts the uploads killed runs leave; or add a bucket lifecycle rule aborting incomplete multipart uploads after a day",
+        );
+    }
     let conditional = match &report.conditional {
         Some(c) => conditional_check(c),
         None => Check::skip(Kind::ConditionalWrites, not_reached),

@@ -33,6 +33,8 @@ pub enum Op {
     Delete,
     /// `list` (the recorded key is the prefix)
     List,
+    /// `abandoned_writes` (the recorded key is the prefix)
+    ListUnfinished,
 }
 
 impl Op {
@@ -289,7 +291,12 @@ impl ObjectStore for FaultStore {
         &self,
         prefix: &str,
     ) -> Result<Vec<super::AbandonedWrite>, StoreError> {
-        self.inner.abandoned_writes(prefix).await
+        self.run(
+            Op::ListUnfinished,
+            prefix,
+            self.inner.abandoned_writes(prefix),
+        )
+        .await
     }
 
     async fn remove_abandoned(&self, write: &super::AbandonedWrite) -> Result<(), StoreError> {

@@ -307,6 +307,20 @@ async fn a_store_accepting_create_over_an_existing_key_fails_the_conditional_wri
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lake_whose_unfinished_uploads_cannot_be_listed_warns_in_the_round_trip() {
+    let rig = flushed_rig().await;
+    rig.store
+        .arm(Op::ListUnfinished, Some("_doctor/"), 1, Action::Fail);
+    let report = doctor(&inputs(&rig, rig.db.connector(), rig.store.clone())).await;
+    assert_checks(&report, &[(Kind::RoundTrip, Status::Warn)]);
+    let c = report.get(Kind::RoundTrip).unwrap();
+    assert!(c.detail.contains("unfinished uploads"), "{}", c.detail);
+    assert!(c.fix.contains("s3:ListBucketMultipartUploads"), "{}", c.fix);
+    assert!(c.fix.contains("lifecycle rule"), "{}", c.fix);
+    assert_no_probe_left(&rig).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_fails_the_lake_check_and_skips_what_needs_the_lake() {
     let rig = flushed_rig().await;
     let bucket = format!(

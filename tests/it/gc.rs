@@ -542,3 +542,23 @@ async fn writes_killed_runs_left_unfinished_are_undone_past_an_hour() {
         rig.assert_oracle().await;
     }
 }
+
+#[tokio::test]
+async fn gc_carries_on_when_unfinished_writes_cannot_be_listed() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(3106);
+    rig.seed(10, &mut r).await;
+    assert!(!rig.flush().await.failed());
+    rig.store.arm(Op::ListUnfinished, None, 1, Action::Fail);
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let report = lakecdc::gc::run(&ctx(&rig, clock), &opts(false))
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert!(s.abandoned.is_empty(), "{report:?}");
+    assert_eq!((s.outcome, report.exit_code()), (Some(Outcome::Clean), 0));
+    assert!(
+        rig.store.calls().iter().any(|c| c.op == Op::ListUnfinished),
+        "gc never asked"
+    );
+}
