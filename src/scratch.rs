@@ -12,7 +12,7 @@
 //! run holds an exclusive lock on `<dir>/.lakecdc-scratch.lock` for its life; the kernel drops
 //! it when the process dies, so the next run in the same `--work-dir` removes every directory
 //! of the exact shape it makes itself (same owner, mode 0700, `lakecdc-` and six random
-//! characters, a `spill` subdirectory) whose lock it can take ([`sweep_leftovers`]).
+//! characters, the lock file) whose lock it can take ([`sweep_leftovers`]).
 
 use std::fs::{DirBuilder, File, OpenOptions, Permissions};
 use std::io;
@@ -100,10 +100,10 @@ pub struct Leftovers {
 
 /// Removes the scratch directories under `parent` that runs killed before their cleanup left
 /// behind: directories of exactly the shape [`Scratch::create`] makes — named `lakecdc-` and
-/// six letters or digits, owned by this user, mode 0700, holding `spill` and the lock file
-/// (never a link, never another user's, never a directory without the lock) — whose lock no
-/// live run holds. The lock is held while removing, so two runs never sweep one directory at
-/// once. Nothing is swept in a parent that others may write to without the sticky bit (they
+/// six letters or digits, owned by this user, mode 0700, holding the lock file (never a link,
+/// never another user's, never a directory without the lock) — whose lock no live run holds.
+/// The lock is held while removing, and the lock file goes last, so two runs never sweep one
+/// directory at once and a sweep killed halfway leaves a directory the next one takes. Nothing is swept in a parent that others may write to without the sticky bit (they
 /// could rename a directory of ours into the shape). A directory that cannot be judged or
 /// removed is left as it is.
 pub fn sweep_leftovers(parent: &Path) -> io::Result<Leftovers> {
@@ -124,9 +124,6 @@ pub fn sweep_leftovers(parent: &Path) -> io::Result<Leftovers> {
             continue;
         }
         let dir = entry.path();
-        if !std::fs::symlink_metadata(dir.join(SPILL)).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
         let Ok(lock) = File::open(dir.join(LOCK)) else {
             continue;
         };
@@ -134,13 +131,30 @@ pub fn sweep_leftovers(parent: &Path) -> io::Result<Leftovers> {
             continue;
         }
         let bytes = tree_bytes(&dir);
-        if std::fs::remove_dir_all(&dir).is_ok() {
+        if remove_locked(&dir).is_ok() {
             out.dirs += 1;
             out.bytes += bytes;
         }
         drop(lock);
     }
     Ok(out)
+}
+
+/// Removes `dir`'s contents, then its lock file, then `dir`.
+fn remove_locked(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name() == LOCK {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    std::fs::remove_file(dir.join(LOCK))?;
+    std::fs::remove_dir(dir)
 }
 
 /// Whether `name` is `lakecdc-` and [`RANDOM_CHARS`] ASCII letters or digits, as
@@ -223,6 +237,10 @@ mod tests {
         create_file(&live.path().join("staged.parquet")).unwrap();
         let killed = left_over(p, "k1ll3d", true, 1000);
         let killed_too = left_over(p, "Ab12Cd", true, 20);
+        // A sweep killed halfway: only the lock file is left.
+        let half_swept = left_over(p, "h4lf00", true, 0);
+        std::fs::remove_dir_all(half_swept.join(SPILL)).unwrap();
+        std::fs::remove_file(half_swept.join("x.parquet")).unwrap();
         // Not a dead run's: no lock file (a run before its lock has its name, or a user's
         // directory), a name of another shape (a user's `lakecdc-lake`), an open mode, a
         // link to a directory that looks left over.
@@ -238,11 +256,11 @@ mod tests {
         assert_eq!(
             swept,
             Leftovers {
-                dirs: 2,
+                dirs: 3,
                 bytes: 1020
             }
         );
-        assert!(!killed.exists() && !killed_too.exists());
+        assert!(!killed.exists() && !killed_too.exists() && !half_swept.exists());
         for kept in [
             live.path(),
             &unlocked,
