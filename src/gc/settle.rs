@@ -86,7 +86,9 @@ pub(super) async fn settle(
     let listed = listed_copies(ctx.lake.store.clone(), files, &sorted).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| Uuid::from_u128(r.0)).collect();
     let client = ctx.connector.connect().await?;
-    let dirty = crate::source::repair::pending_among(&client, &ctx.tables, schema_id, &ids).await?;
+    // The registry is read once for both questions asked of the source.
+    let source = crate::source::repair::Source::of(&client, &ctx.tables, schema_id).await?;
+    let dirty = source.pending_among(&client, &ctx.tables, &ids).await?;
     let covered_by_lake = |(r, l): (&OrphanRow, &Option<(i64, bool)>)| {
         let (id, version, tombstone, _) = *r;
         dirty.contains(&id)
@@ -111,7 +113,8 @@ pub(super) async fn settle(
     } else {
         // Unanswered (a hashed key's table scan timing out, the table gone), every such row
         // counts as live: reported lost, never deleted on a guess.
-        crate::source::repair::live_among(&client, &ctx.tables, schema_id, &gone_from_lake)
+        source
+            .live_among(&client, &ctx.tables, &gone_from_lake)
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(schema_id, error = %e.chain(), "could not ask the source which rows it still holds; their orphans are kept");
