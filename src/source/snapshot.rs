@@ -19,7 +19,7 @@ use super::decoding::{Decoding, begin_snapshot, stream_into};
 use super::live::eav_select;
 use super::rows::{BatchBuilder, bound_columns};
 use crate::config::Tables;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::schema::batch::change_log;
 use crate::schema::{SchemaDef, SlotType};
 
@@ -94,6 +94,10 @@ pub struct Snapshot {
     pub eav: RecordBatch,
     /// The version exported for each row, for the mark step.
     pub versions: Vec<Selected>,
+    /// Whether the entity and EAV rows were read by the batch's row-id range
+    /// ([`RANGE_DENSITY`]): they may then hold rows of the range that are not the batch's,
+    /// which the export's join drops.
+    pub by_range: bool,
 }
 
 /// Tunes a connection that reads batches by row id and marks them by `ctid`. The statements
@@ -122,10 +126,36 @@ pub struct BatchStatements {
     after: Statement,
     by_id: Statement,
     entities: Statement,
+    /// The batch's entity rows by row-id range (`$2 ..= $3`): see [`Payload::Range`].
+    entities_range: Statement,
+    /// Counts the schema's entities in a row-id range, up to a limit (`$4`).
+    probe: Statement,
     /// The bound slot columns the entity read returns.
     bound: Vec<(String, SlotType)>,
     /// `None` when the schema has no EAV attribute.
     eav: Option<Statement>,
+    /// The EAV rows of a row-id range; `None` when the schema has no EAV attribute.
+    eav_range: Option<Statement>,
+}
+
+/// A batch is read by its row-id range rather than by its ids when the range holds at most
+/// this many of the schema's entities per slot: a range is one index descent and a walk along
+/// neighbouring leaves, where `= ANY` descends the index once per id — about three times the
+/// statement's time for the entity read (docs/design.md §4.1). The rows of the range that are
+/// not the batch's are read, sent and dropped by the join, so the bound also bounds that waste
+/// and the batch's memory.
+pub const RANGE_DENSITY: usize = 2;
+
+/// How a batch's entity and EAV rows are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Payload {
+    /// By the batch's ids (`= ANY`).
+    Ids,
+    /// By the row-id range from the batch's lowest id to its highest: every entity of the
+    /// schema in it, and its EAV rows. The export's join takes the batch's rows and drops the
+    /// others (a slot's row is in its range), exactly as it drops the rows of ids the read
+    /// returns that are not the batch's.
+    Range(Uuid, Uuid),
 }
 
 impl BatchStatements {
@@ -153,10 +183,16 @@ impl BatchStatements {
         );
         let bound = bound_columns(schema);
         let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
-        let entities = format!(
+        let entity = tables.entity.quoted();
+        let entities_from = format!(
             "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
-             FROM {} WHERE ltbase_schema_id = $1 AND ltbase_row_id = ANY($2)",
-            tables.entity.quoted()
+             FROM {entity} WHERE ltbase_schema_id = $1 AND "
+        );
+        let entities = format!("{entities_from}ltbase_row_id = ANY($2)");
+        let entities_range = format!("{entities_from}ltbase_row_id BETWEEN $2 AND $3");
+        let probe = format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {entity} WHERE ltbase_schema_id = $1 \
+             AND ltbase_row_id BETWEEN $2 AND $3 LIMIT $4) AS r"
         );
         // Every EAV row of the batch's entities: the pivot picks the schema's attributes by id
         // and ignores others. An `attr_id = ANY(..)` condition here would make the index scan
@@ -165,21 +201,28 @@ impl BatchStatements {
             "{} WHERE schema_id = $1 AND row_id = ANY($2)",
             eav_select(tables, schema)
         );
+        let eav_range = format!(
+            "{} WHERE schema_id = $1 AND row_id BETWEEN $2 AND $3",
+            eav_select(tables, schema)
+        );
+        let prepare = |sql: String, op: &'static str| async move {
+            timed(TIMEOUT, op, client.prepare(&sql)).await
+        };
         Ok(Self {
             first: timed(TIMEOUT, "prepare change_log read", client.prepare(&first)).await?,
             after: timed(TIMEOUT, "prepare change_log read", client.prepare(&after)).await?,
             by_id: timed(TIMEOUT, "prepare change_log read", client.prepare(&by_id)).await?,
-            entities: timed(
-                TIMEOUT,
-                "prepare entity_main read",
-                client.prepare(&entities),
-            )
-            .await?,
+            entities: prepare(entities, "prepare entity_main read").await?,
+            entities_range: prepare(entities_range, "prepare entity_main read").await?,
+            probe: prepare(probe, "prepare entity_main probe").await?,
             bound,
-            eav: if schema.has_eav() {
-                Some(timed(TIMEOUT, "prepare eav_data read", client.prepare(&eav)).await?)
-            } else {
-                None
+            eav: match schema.has_eav() {
+                true => Some(prepare(eav, "prepare eav_data read").await?),
+                false => None,
+            },
+            eav_range: match schema.has_eav() {
+                true => Some(prepare(eav_range, "prepare eav_data read").await?),
+                false => None,
             },
         })
     }
@@ -252,15 +295,6 @@ pub async fn read_chunk<F: std::future::Future<Output = ()>>(
     let ids: Vec<Uuid> = chunk.iter().map(|s| s.row_id).collect();
     let params: [&(dyn ToSql + Sync); 3] = [&schema_id, &tids, &ids];
     let slots = timed(TIMEOUT, "select batch", tx.query(&stmts.by_id, &params)).await?;
-    // Only for this transaction, so that the payload statements' cached generic plans (made
-    // at their first run, which is always here) are bitmap scans; the window selection keeps
-    // its ordered index scan.
-    timed(
-        TIMEOUT,
-        "tune snapshot",
-        tx.batch_execute("SET LOCAL enable_indexscan = off"),
-    )
-    .await?;
     let snapshot = read_payload(&conn.tap, tx, stmts, schema_id, slots, before_payload).await?;
     Ok(snapshot)
 }
@@ -277,6 +311,7 @@ async fn read_payload<F: std::future::Future<Output = ()>>(
     let selected = selected(&slots);
     before_payload(&selected).await;
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
+    let payload = choose_payload(&tx, stmts, schema_id, &ids).await?;
     let entities = Decoding::shared(
         "read entity_main",
         CopyDecoder::data_rows(),
@@ -297,10 +332,17 @@ async fn read_payload<F: std::future::Future<Output = ()>>(
         sinks.push(eav.clone());
     }
     let armed = tap.arm_for(Divert::DataRows, sinks);
-    let params: [&(dyn ToSql + Sync); 2] = [&schema_id, &ids];
-    let entity_read = stream_into(&tx, "read entity_main", &stmts.entities, &params, &entities);
+    let (params, entity_stmt, eav_stmt): (Vec<&(dyn ToSql + Sync)>, _, _) = match &payload {
+        Payload::Ids => (vec![&schema_id, &ids], &stmts.entities, &stmts.eav),
+        Payload::Range(lo, hi) => (
+            vec![&schema_id, lo, hi],
+            &stmts.entities_range,
+            &stmts.eav_range,
+        ),
+    };
+    let entity_read = stream_into(&tx, "read entity_main", entity_stmt, &params, &entities);
     let eav_read = async {
-        match &stmts.eav {
+        match eav_stmt {
             None => Ok(()),
             Some(stmt) => stream_into(&tx, "read eav_data", stmt, &params, &eav).await,
         }
@@ -311,12 +353,66 @@ async fn read_payload<F: std::future::Future<Output = ()>>(
     let (entities, _) = copy_tap::lock(&entities).finish()?;
     let (eav, _) = copy_tap::lock(&eav).finish()?;
     let snapshot = Snapshot {
+        by_range: payload != Payload::Ids,
         versions: selected,
         change_log: change_log_batch(&slots)?,
         entities: entities.finish()?,
         eav: eav.finish()?,
     };
     Ok(snapshot)
+}
+
+/// How the payload of the batch `ids` is read: by its row-id range when that range holds at
+/// most [`RANGE_DENSITY`] of the schema's entities per id (counted, up to that bound, in the
+/// batch's snapshot `tx`), else by the ids. The choice only decides the cost: either read
+/// returns every row of the batch.
+async fn choose_payload(
+    tx: &tokio_postgres::Transaction<'_>,
+    stmts: &BatchStatements,
+    schema_id: i16,
+    ids: &[Uuid],
+) -> Result<Payload> {
+    let (lo, hi) = match (ids.iter().min(), ids.iter().max()) {
+        (Some(lo), Some(hi)) => (lo, hi),
+        _ => (&Uuid::nil(), &Uuid::nil()),
+    };
+    const OP: &str = "count a batch's row-id range";
+    let payload = if ids.len() < 2 {
+        Payload::Ids
+    } else {
+        // The count's cached generic plan (made at its first run, which is always here) must
+        // be an index-only scan, which stops at the limit: a bitmap scan would first walk the
+        // whole range, however sparse the batch.
+        tune(tx, "SET LOCAL enable_bitmapscan = off").await?;
+        let most = i64::try_from(ids.len().saturating_mul(RANGE_DENSITY)).unwrap_or(i64::MAX);
+        let limit = most.saturating_add(1);
+        let row = timed(
+            TIMEOUT,
+            OP,
+            tx.query_one(&stmts.probe, &[&schema_id, lo, hi, &limit]),
+        )
+        .await?;
+        let in_range: i64 = row.try_get(0).map_err(Error::postgres(OP))?;
+        match in_range <= most {
+            true => Payload::Range(*lo, *hi),
+            false => Payload::Ids,
+        }
+    };
+    // Only for this transaction, so that the payload statements' cached generic plans (made
+    // at their first run, which is always here) are bitmap scans: each heap page is visited
+    // once, in physical order, whatever the id order. The window selection keeps its ordered
+    // index scan.
+    tune(
+        tx,
+        "SET LOCAL enable_bitmapscan = on; SET LOCAL enable_indexscan = off",
+    )
+    .await?;
+    Ok(payload)
+}
+
+/// Sets planner options for the rest of the snapshot's transaction.
+async fn tune(tx: &tokio_postgres::Transaction<'_>, settings: &str) -> Result<()> {
+    timed(TIMEOUT, "tune snapshot", tx.batch_execute(settings)).await
 }
 
 /// The mark step (`flushed_at = T`) on its own connection, its statement prepared once.

@@ -1494,6 +1494,120 @@ async fn slots_joined_in_rust_give_the_same_delta_as_the_pivot_query() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dense_batch_is_read_by_its_row_id_range_and_exports_only_its_own_rows() {
+    // docs/design.md §4.1: a batch whose row-id range holds at most RANGE_DENSITY entities per
+    // slot is read by that range (one index descent) instead of by its ids (one descent per
+    // id). The range brings rows that are not the batch's; the delta must hold exactly the
+    // batch's rows, the same file as from the batch's own rows.
+    use arrow::array::{Array, BooleanArray, FixedSizeBinaryArray};
+    use arrow::record_batch::RecordBatch;
+    use lakecdc::engine::Driver;
+    use lakecdc::engine::export::Inputs;
+    use lakecdc::engine::{Engine, EngineConfig};
+    use lakecdc::source::snapshot::{self, RANGE_DENSITY, Selected};
+
+    assert_eq!(
+        RANGE_DENSITY, 2,
+        "the chunks below are cut for a density of 2"
+    );
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(2300);
+    rig.seed(60, &mut r).await;
+    let def = lakecdc::schema::dir::load(&harness::examples_dir(), "customer").unwrap();
+    let mut conn = rig.ctx.connector.connect_tapped().await.unwrap();
+    snapshot::tune_for_lookups(&conn.client).await.unwrap();
+    let stmts = snapshot::BatchStatements::prepare(&conn.client, &rig.ctx.tables, &def)
+        .await
+        .unwrap();
+    let mut slots = snapshot::select(&conn.client, &stmts, CUSTOMER, 10_000, None)
+        .await
+        .unwrap();
+    assert_eq!(slots.len(), 60, "every seeded row is dirty");
+    slots.sort_by_key(|s| s.row_id);
+    let every = |k: usize| -> Vec<Selected> { slots.iter().step_by(k).copied().collect() };
+    let ids_of =
+        |chunk: &[Selected]| -> BTreeSet<Uuid> { chunk.iter().map(|s| s.row_id).collect() };
+
+    // Every other slot: 30 slots whose range holds 59 entities (at most 2 per slot).
+    let half = every(2);
+    let snap = snapshot::read_chunk(&mut conn, &stmts, CUSTOMER, &half, |_| async {})
+        .await
+        .unwrap();
+    assert!(snap.by_range, "a dense batch is read by its range");
+    assert_eq!(
+        snap.entities.num_rows(),
+        59,
+        "the range's entities, not only the batch's"
+    );
+    assert_eq!(ids_of(&snap.versions), ids_of(&half));
+
+    // Every third slot (20 slots, 58 entities in range) and a single slot: read by id.
+    for (chunk, rows) in [(every(3), 20), (every(60), 1)] {
+        let sparse = snapshot::read_chunk(&mut conn, &stmts, CUSTOMER, &chunk, |_| async {})
+            .await
+            .unwrap();
+        assert!(!sparse.by_range, "{} slots", chunk.len());
+        assert_eq!(sparse.entities.num_rows(), rows);
+    }
+
+    // The range's extra rows change nothing: the file equals the one written from the
+    // batch's own entity and EAV rows, and holds exactly the batch's rows.
+    let wanted = ids_of(&half);
+    let own = |b: &RecordBatch| -> RecordBatch {
+        let ids = b
+            .column(0)
+            .as_any()
+            .downcast_ref::<FixedSizeBinaryArray>()
+            .unwrap();
+        let keep: BooleanArray = (0..ids.len())
+            .map(|i| Some(wanted.contains(&Uuid::from_slice(ids.value(i)).unwrap())))
+            .collect();
+        arrow::compute::filter_record_batch(b, &keep).unwrap()
+    };
+    let (entities, eav) = (own(&snap.entities), own(&snap.eav));
+    assert_eq!(entities.num_rows(), 30);
+    assert!(eav.num_rows() > 0 && eav.num_rows() < snap.eav.num_rows());
+    let engine = Engine::open(&EngineConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (ranged, exact) = (
+        dir.path().join("range.parquet"),
+        dir.path().join("own.parquet"),
+    );
+    let n = engine
+        .export(
+            &def,
+            CUSTOMER,
+            Driver::ChangeLog,
+            Inputs {
+                change_log: std::slice::from_ref(&snap.change_log),
+                entities: std::slice::from_ref(&snap.entities),
+                eav: std::slice::from_ref(&snap.eav),
+            },
+            &ranged,
+        )
+        .unwrap();
+    engine
+        .export(
+            &def,
+            CUSTOMER,
+            Driver::ChangeLog,
+            Inputs {
+                change_log: std::slice::from_ref(&snap.change_log),
+                entities: std::slice::from_ref(&entities),
+                eav: std::slice::from_ref(&eav),
+            },
+            &exact,
+        )
+        .unwrap();
+    assert_eq!(n, 30);
+    oracle::assert_same_file(&ranged, &exact);
+    let rows = oracle::read_parquet(std::fs::read(&ranged).unwrap().into());
+    let exported: BTreeSet<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+    assert_eq!(exported, wanted);
+    assert!(rows.iter().all(|(_, row)| row.deleted_at == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batches_read_ahead_come_out_in_selection_order_each_row_once() {
     // Batch k+1 is read on a second connection while batch k is still being read. With
     // windows of one batch, however the reads interleave, file k holds exactly the k-th run of
