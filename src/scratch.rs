@@ -12,7 +12,8 @@
 //! run holds an exclusive lock on `<dir>/.lakecdc-scratch.lock` for its life; the kernel drops
 //! it when the process dies, so the next run in the same `--work-dir` removes every directory
 //! of the exact shape it makes itself (same owner, mode 0700, `lakecdc-` and six random
-//! characters, the lock file) whose lock it can take ([`sweep_leftovers`]).
+//! characters, the lock file) whose lock it can take ([`sweep_leftovers`]), and, once an hour
+//! old, those a run was killed making (nothing in them but what precedes the lock).
 
 use std::fs::{DirBuilder, File, OpenOptions, Permissions};
 use std::io;
@@ -125,6 +126,10 @@ pub fn sweep_leftovers(parent: &Path) -> io::Result<Leftovers> {
         }
         let dir = entry.path();
         let Ok(lock) = File::open(dir.join(LOCK)) else {
+            // A run killed while making its directory, before the lock had its name.
+            if unfinished_and_stale(&meta) && remove_unfinished(&dir).is_ok() {
+                out.dirs += 1;
+            }
             continue;
         };
         if lock.try_lock().is_err() {
@@ -138,6 +143,47 @@ pub fn sweep_leftovers(parent: &Path) -> io::Result<Leftovers> {
         drop(lock);
     }
     Ok(out)
+}
+
+/// A directory without a lock file is taken for a run killed while making it only after
+/// this long: [`Scratch::create`] names its lock microseconds after making the directory.
+const UNFINISHED_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Whether a scratch-shaped directory without a lock file was last changed more than
+/// [`UNFINISHED_AGE`] ago.
+fn unfinished_and_stale(meta: &std::fs::Metadata) -> bool {
+    meta.modified()
+        .ok()
+        .and_then(|m| m.elapsed().ok())
+        .is_some_and(|age| age > UNFINISHED_AGE)
+}
+
+/// Removes a directory a run was killed making: only what [`Scratch::create`] puts in it
+/// before the lock gets its name — an empty `spill` directory and an empty unnamed lock file
+/// — may be in it. Anything else (a file with data, a link, another name) leaves it as it is:
+/// no data is ever removed without a lock taken.
+fn remove_unfinished(dir: &Path) -> io::Result<()> {
+    let unexpected = || io::Error::other("not an unfinished scratch directory");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let (name, kind) = (entry.file_name(), entry.file_type()?);
+        let empty_file = || entry.metadata().is_ok_and(|m| m.len() == 0);
+        match name.to_str() {
+            Some(SPILL) if kind.is_dir() => {}
+            Some(LOCK_UNNAMED) if kind.is_file() && empty_file() => {}
+            _ => return Err(unexpected()),
+        }
+        found.push((entry.path(), kind.is_dir()));
+    }
+    for (path, is_dir) in found {
+        match is_dir {
+            // Fails unless empty: a spill directory holding anything stays.
+            true => std::fs::remove_dir(path)?,
+            false => std::fs::remove_file(path)?,
+        }
+    }
+    std::fs::remove_dir(dir)
 }
 
 /// Removes `dir`'s contents, then its lock file, then `dir`.
@@ -273,6 +319,53 @@ mod tests {
         assert!(live.path().join("staged.parquet").exists());
         // The live run's lock is held until it drops; then its directory goes with it.
         assert_eq!(sweep_leftovers(p).unwrap(), Leftovers::default());
+    }
+
+    #[test]
+    fn a_directory_killed_before_its_lock_was_named_is_swept_once_an_hour_old() {
+        let parent = tempfile::tempdir().unwrap();
+        let p = parent.path();
+        // As `Scratch::create` leaves it when killed before the rename: `spill`, and maybe the
+        // unnamed lock file, both empty.
+        let unfinished = |name: &str, unnamed_lock: bool| {
+            let dir = p.join(format!("{PREFIX}{name}"));
+            create_dir(&dir).unwrap();
+            create_dir(&dir.join(SPILL)).unwrap();
+            if unnamed_lock {
+                create_file(&dir.join(LOCK_UNNAMED)).unwrap();
+            }
+            dir
+        };
+        let age = |dir: &Path, secs: u64| {
+            let then = std::time::SystemTime::now() - std::time::Duration::from_secs(secs);
+            File::open(dir).unwrap().set_modified(then).unwrap();
+        };
+        let old = unfinished("0ld000", true);
+        let old_bare = unfinished("0ld001", false);
+        let fresh = unfinished("fr3sh0", true);
+        // Old, but holding what a run only writes once locked: never removed without a lock.
+        let with_data = unfinished("d4t400", false);
+        std::fs::write(with_data.join("x.parquet"), b"rows").unwrap();
+        let with_spill = unfinished("sp1ll0", false);
+        std::fs::write(with_spill.join(SPILL).join("s"), b"rows").unwrap();
+        let written_lock = unfinished("l0ck00", false);
+        std::fs::write(written_lock.join(LOCK_UNNAMED), b"x").unwrap();
+        for dir in [&old, &old_bare, &with_data, &with_spill, &written_lock] {
+            age(dir, 2 * 3600);
+        }
+        age(&fresh, 60);
+
+        let swept = sweep_leftovers(p).unwrap();
+        assert_eq!(swept, Leftovers { dirs: 2, bytes: 0 });
+        assert!(!old.exists() && !old_bare.exists());
+        for kept in [
+            fresh.join(LOCK_UNNAMED),
+            with_data.join("x.parquet"),
+            with_spill.join(SPILL).join("s"),
+            written_lock.join(LOCK_UNNAMED),
+        ] {
+            assert!(kept.exists(), "{} was removed", kept.display());
+        }
     }
 
     #[test]
