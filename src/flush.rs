@@ -191,8 +191,9 @@ pub struct SchemaReport {
     pub dirty_rows: i64,
     /// Batches exported (or planned).
     pub batches: u32,
-    /// Of those, a table source's dense batches, read by one key range scan rather than a
-    /// lookup per row (docs/design.md §9.2); 0 for a schema.
+    /// Of those, the dense batches read by one range rather than a lookup per row: a
+    /// schema's by its row-id range (docs/design.md §4.1), a table source's by one key range
+    /// scan (§9.2).
     pub batches_by_range: u32,
     /// Rows of a table source with a hashed key that its table scans read (rather than a
     /// lookup per row: docs/design.md §9.2); 0 for a schema.
@@ -683,6 +684,7 @@ async fn drain(
                 report.rows_exported += slots.len() as u64;
             }
             read_ahead::Fetched::Read(snap) => {
+                report.batches_by_range += u32::from(snap.by_range);
                 engine = Some(export_batch(sf, &snap, engine, owned, report).await?);
                 settle_mark(pending.take(), report).await?;
                 let mc = match &marker {

@@ -1605,6 +1605,18 @@ async fn a_dense_batch_is_read_by_its_row_id_range_and_exports_only_its_own_rows
     let exported: BTreeSet<Uuid> = rows.iter().map(|(id, _)| *id).collect();
     assert_eq!(exported, wanted);
     assert!(rows.iter().all(|(_, row)| row.deleted_at == 0));
+
+    // A whole flush of the seeded backlog (batches of 40): two dense batches, read by range; the lake
+    // equals the writer's rows.
+    let report = rig.flush().await;
+    let s = only(&report);
+    assert_eq!(
+        (s.batches, s.batches_by_range, s.rows_exported),
+        (2, 2, 60),
+        "{s:?}"
+    );
+    let (compared, dirty) = oracle::assert_matches(&rig.writer, rig.store.as_ref(), MANIFEST).await;
+    assert_eq!((compared, dirty), (60, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
