@@ -382,7 +382,7 @@ SQL
 
 # One forced flush of the whole backlog with sslmode $1 into lake $2, its report to file $3.
 # Fails unless it exported every dirty slot and left none dirty; prints "seconds RSS-KiB
-# rows-exported files MiB".
+# rows-exported files MiB batches-by-range".
 flush_once() {
 	local ssl="$1" lake="$2" report="$3" url="$PGURL?sslmode=$1" mark backlog res dirty
 	backlog=$($PSQL "$PGURL" -At -c "SELECT count(*) FROM change_log WHERE flushed_at = 0")
@@ -398,7 +398,7 @@ s = json.load(open(report))["schemas"][0]
 if s["outcome"] != "flushed" or s["rows_exported"] != backlog or s["rows_left_dirty"] != 0 or dirty != 0:
     sys.exit(f"bench: FAILED: a backlog of {backlog}; flush {s['outcome']}, {s.get('rows_exported')} rows exported, "
              f"{s.get('rows_left_dirty')} left dirty by its report, {dirty} dirty slots in change_log")
-print(res, s["rows_exported"], len(s["files"]), f"{s['bytes'] / 2**20:.1f}")
+print(res, s["rows_exported"], len(s["files"]), f"{s['bytes'] / 2**20:.1f}", s["batches_by_range"])
 PY
 }
 
@@ -904,7 +904,7 @@ print()
 for ids in ("v7", "v4"):
     i, f = init[ids, "require"][0], flush[ids, "require"][0]
     print(f"{ids}: init {int(float(i[4]))} files, {i[5]} MiB; flush {int(float(f[2]))} rows, "
-          f"{int(float(f[3]))} files, {f[4]} MiB")
+          f"{int(float(f[3]))} files, {f[4]} MiB, {int(float(f[5]))} batches read by row-id range")
 PY
 	rm -rf "$work"
 	exit 0
@@ -1166,7 +1166,7 @@ fi
 
 work=$(mktemp -d)
 res=$(flush_once "$SSLMODE" s3://bench/lake "$work/report.json")
-read -r flush rss_kb exported files mib <<<"$res"
+read -r flush rss_kb exported files mib by_range <<<"$res"
 # lakecdc's own CPU (user + system): steadier than wall time on a shared machine.
 cpu=$(awk -F: '/(User|System) time \(seconds\)/ {sum += $2} END {printf "%.2f", sum}' "$work/report.json.time")
 
@@ -1174,11 +1174,12 @@ t0=$(now)
 "$BIN" -q flush --json >/dev/null
 idle=$(secs "$t0" "$(now)")
 
-python3 - "$exported" "$floor" "$flush" "$rss_kb" "$idle" "$cpu" "$files" "$mib" "$IDS" "$SSLMODE" <<'PY'
+python3 - "$exported" "$floor" "$flush" "$rss_kb" "$idle" "$cpu" "$files" "$mib" "$IDS" "$SSLMODE" "$by_range" <<'PY'
 import sys
 n, floor, flush, rss_kb, idle, cpu = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
-files, mib, ids, ssl = sys.argv[7:]
-print(f"flush bench: {n} changes ({ids} row ids, sslmode={ssl}), all exported, none left dirty; {files} files, {mib} MiB")
+files, mib, ids, ssl, by_range = sys.argv[7:]
+print(f"flush bench: {n} changes ({ids} row ids, sslmode={ssl}), all exported, none left dirty; {files} files "
+      f"({by_range} read by their row-id range), {mib} MiB")
 print(f"  read floor (COPY binary entity_main + eav_data): {floor:.2f} s")
 print(f"  lakecdc flush --force:                          {flush:.2f} s  = {n / flush:,.0f} changes/s (target >= 100,000)")
 print(f"  ratio flush / read floor:                       {flush / floor:.2f}")
