@@ -153,7 +153,11 @@ impl Windows {
     async fn take(&mut self, plan: &Plan, conn: &Conn) -> Result<Option<Vec<Selected>>> {
         if self.cut.is_empty() && !self.exhausted {
             let t = Instant::now();
-            let limit = window_rows(plan.batch_size, plan.window_batches);
+            // No more slots than the run may export (`--max-batches`).
+            let batches = plan
+                .max_batches
+                .map_or(plan.window_batches, |m| m.min(plan.window_batches));
+            let limit = window_rows(plan.batch_size, batches);
             let window = snapshot::select(
                 &conn.conn.client,
                 &conn.stmts,
@@ -171,8 +175,8 @@ impl Windows {
     }
 }
 
-/// The most slots one window selects beyond a single batch: the selection's rows are held
-/// (as driver rows, then as slots) until the window is cut.
+/// The most slots one window selects beyond a single batch: the window's slots (about 40
+/// bytes each; the selection streams into them) are held until its batches are taken.
 const WINDOW_MAX_ROWS: i64 = 200_000;
 
 /// Slots per window: `window_batches` batches, at most [`WINDOW_MAX_ROWS`] unless one batch is

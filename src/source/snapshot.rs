@@ -7,12 +7,13 @@
 
 use arrow::record_batch::RecordBatch;
 use bytes::BufMut;
+use futures::TryStreamExt;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{Client, GenericClient, Row, Statement};
+use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 
 use super::READ_TIMEOUT as TIMEOUT;
-use super::connect::{TappedClient, timed};
+use super::connect::{TappedClient, timed, within};
 use super::copy_decoder::CopyDecoder;
 use super::copy_tap::{self, Divert, SharedSink};
 use super::decoding::{Decoding, begin_snapshot, stream_into};
@@ -239,39 +240,44 @@ pub async fn select(
     limit: i64,
     after: Option<Selected>,
 ) -> Result<Vec<Selected>> {
-    let slots = select_slots(client, stmts, schema_id, limit, after).await?;
-    Ok(selected(&slots))
-}
-
-/// The slot rows (`row_id, changed_at, deleted_at, ctid`) of the next selection.
-async fn select_slots(
-    client: &impl GenericClient,
-    stmts: &BatchStatements,
-    schema_id: i16,
-    limit: i64,
-    after: Option<Selected>,
-) -> Result<Vec<Row>> {
-    timed(TIMEOUT, "select batch", async {
-        match after {
-            None => client.query(&stmts.first, &[&schema_id, &limit]).await,
-            Some(a) => {
-                let params: [&(dyn ToSql + Sync); 4] =
-                    [&schema_id, &limit, &a.changed_at, &a.row_id];
-                client.query(&stmts.after, &params).await
-            }
+    const OP: &str = "select batch";
+    let (statement, params): (_, Vec<&(dyn ToSql + Sync)>) = match &after {
+        None => (&stmts.first, vec![&schema_id, &limit]),
+        Some(a) => (
+            &stmts.after,
+            vec![&schema_id, &limit, &a.changed_at, &a.row_id],
+        ),
+    };
+    // Streamed into slots as the rows arrive: a window holds up to a million slots, which as
+    // driver rows would take several times their size.
+    let read = async {
+        let stream = client
+            .query_raw(statement, params.iter().map(|p| *p as &dyn ToSql))
+            .await
+            .map_err(Error::postgres(OP))?;
+        futures::pin_mut!(stream);
+        let mut out = Vec::with_capacity(usize::try_from(limit.clamp(0, 65_536)).unwrap_or(0));
+        while let Some(row) = stream.try_next().await.map_err(Error::postgres(OP))? {
+            out.push(slot_of(&row).map_err(Error::postgres(OP))?);
         }
-    })
-    .await
+        Ok(out)
+    };
+    within(TIMEOUT, OP, read).await
 }
 
-fn selected(slots: &[Row]) -> Vec<Selected> {
+/// A slot row (`row_id, changed_at, deleted_at, ctid`) as a [`Selected`].
+fn slot_of(row: &Row) -> std::result::Result<Selected, tokio_postgres::Error> {
+    Ok(Selected {
+        row_id: row.try_get(0)?,
+        changed_at: row.try_get(1)?,
+        tid: row.try_get(3)?,
+    })
+}
+
+fn selected(slots: &[Row]) -> Result<Vec<Selected>> {
     slots
         .iter()
-        .map(|r| Selected {
-            row_id: r.get(0),
-            changed_at: r.get(1),
-            tid: r.get(3),
-        })
+        .map(|r| slot_of(r).map_err(Error::postgres("select batch")))
         .collect()
 }
 
@@ -308,7 +314,7 @@ async fn read_payload<F: std::future::Future<Output = ()>>(
     slots: Vec<Row>,
     before_payload: impl FnOnce(&[Selected]) -> F,
 ) -> Result<Snapshot> {
-    let selected = selected(&slots);
+    let selected = selected(&slots)?;
     before_payload(&selected).await;
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
     let payload = choose_payload(&tx, stmts, schema_id, &ids).await?;
