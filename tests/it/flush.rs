@@ -1573,32 +1573,18 @@ async fn a_dense_batch_is_read_by_its_row_id_range_and_exports_only_its_own_rows
         dir.path().join("range.parquet"),
         dir.path().join("own.parquet"),
     );
-    let n = engine
-        .export(
-            &def,
-            CUSTOMER,
-            Driver::ChangeLog,
-            Inputs {
-                change_log: std::slice::from_ref(&snap.change_log),
-                entities: std::slice::from_ref(&snap.entities),
-                eav: std::slice::from_ref(&snap.eav),
-            },
-            &ranged,
-        )
-        .unwrap();
-    engine
-        .export(
-            &def,
-            CUSTOMER,
-            Driver::ChangeLog,
-            Inputs {
-                change_log: std::slice::from_ref(&snap.change_log),
-                entities: std::slice::from_ref(&entities),
-                eav: std::slice::from_ref(&eav),
-            },
-            &exact,
-        )
-        .unwrap();
+    let export = |entities: &RecordBatch, eav: &RecordBatch, path: &std::path::Path| {
+        let inputs = Inputs {
+            change_log: std::slice::from_ref(&snap.change_log),
+            entities: std::slice::from_ref(entities),
+            eav: std::slice::from_ref(eav),
+        };
+        engine
+            .export(&def, CUSTOMER, Driver::ChangeLog, inputs, path)
+            .unwrap()
+    };
+    let n = export(&snap.entities, &snap.eav, &ranged);
+    export(&entities, &eav, &exact);
     assert_eq!(n, 30);
     oracle::assert_same_file(&ranged, &exact);
     let rows = oracle::read_parquet(std::fs::read(&ranged).unwrap().into());
