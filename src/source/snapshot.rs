@@ -248,8 +248,8 @@ pub async fn select(
             vec![&schema_id, &limit, &a.changed_at, &a.row_id],
         ),
     };
-    // Streamed into slots as the rows arrive: a window holds up to a million slots, which as
-    // driver rows would take several times their size.
+    // Streamed into slots as the rows arrive: a window's slots as driver rows would take
+    // several times their size.
     let read = async {
         let stream = client
             .query_raw(statement, params.iter().map(|p| *p as &dyn ToSql))
@@ -378,31 +378,28 @@ async fn choose_payload(
     schema_id: i16,
     ids: &[Uuid],
 ) -> Result<Payload> {
-    let (lo, hi) = match (ids.iter().min(), ids.iter().max()) {
-        (Some(lo), Some(hi)) => (lo, hi),
-        _ => (&Uuid::nil(), &Uuid::nil()),
-    };
     const OP: &str = "count a batch's row-id range";
-    let payload = if ids.len() < 2 {
-        Payload::Ids
-    } else {
-        // The count's cached generic plan (made at its first run, which is always here) must
-        // be an index-only scan, which stops at the limit: a bitmap scan would first walk the
-        // whole range, however sparse the batch.
-        tune(tx, "SET LOCAL enable_bitmapscan = off").await?;
-        let most = i64::try_from(ids.len().saturating_mul(RANGE_DENSITY)).unwrap_or(i64::MAX);
-        let limit = most.saturating_add(1);
-        let row = timed(
-            TIMEOUT,
-            OP,
-            tx.query_one(&stmts.probe, &[&schema_id, lo, hi, &limit]),
-        )
-        .await?;
-        let in_range: i64 = row.try_get(0).map_err(Error::postgres(OP))?;
-        match in_range <= most {
-            true => Payload::Range(*lo, *hi),
-            false => Payload::Ids,
+    let payload = match (ids.iter().min(), ids.iter().max()) {
+        (Some(&lo), Some(&hi)) if ids.len() >= 2 => {
+            // The count's plan must be an index-only scan, which stops at the limit: a bitmap
+            // scan would first walk the whole range, however sparse the batch. Set before
+            // every count, as its cached plan may be made again (after an ANALYZE) at any run.
+            tune(tx, "SET LOCAL enable_bitmapscan = off").await?;
+            let most = i64::try_from(ids.len().saturating_mul(RANGE_DENSITY)).unwrap_or(i64::MAX);
+            let limit = most.saturating_add(1);
+            let row = timed(
+                TIMEOUT,
+                OP,
+                tx.query_one(&stmts.probe, &[&schema_id, &lo, &hi, &limit]),
+            )
+            .await?;
+            let in_range: i64 = row.try_get(0).map_err(Error::postgres(OP))?;
+            match in_range <= most {
+                true => Payload::Range(lo, hi),
+                false => Payload::Ids,
+            }
         }
+        _ => Payload::Ids,
     };
     // Only for this transaction, so that the payload statements' cached generic plans (made
     // at their first run, which is always here) are bitmap scans: each heap page is visited

@@ -280,7 +280,10 @@ async fn ids_among(
     let mut out = std::collections::BTreeSet::new();
     for chunk in ids.chunks(10_000) {
         let rows = timed(TIMEOUT, op, client.query(sql, &[&schema_id, &chunk])).await?;
-        out.extend(rows.iter().map(|r| r.get::<_, uuid::Uuid>(0).as_u128()));
+        for r in &rows {
+            let id: uuid::Uuid = r.try_get(0).map_err(crate::error::Error::postgres(op))?;
+            out.insert(id.as_u128());
+        }
     }
     Ok(out)
 }

@@ -561,4 +561,6 @@ async fn gc_carries_on_when_unfinished_writes_cannot_be_listed() {
         rig.store.calls().iter().any(|c| c.op == Op::ListUnfinished),
         "gc never asked"
     );
+    // Nothing of the lake was touched.
+    rig.assert_oracle().await;
 }
