@@ -21,7 +21,7 @@
 #   --sslmode require|disable   the sslmode of lakecdc's and the peer's connections: TLS without
 #                               server verification (default) or plain TCP (env LAKECDC_BENCH_SSLMODE)
 # LAKECDC_BENCH_EXPORT_MEMORY (2GB) is the --memory-limit of init and flush and the peer's
-# DuckDB memory_limit; LAKECDC_BENCH_RUNS (3, at least 3) the matrix's runs per case.
+# DuckDB memory_limit; LAKECDC_BENCH_RUNS (3, at least 3) the runs per case of the matrix, table and compact-scale.
 #
 # The schema is bench/schemas' `wide`: every attribute kind — bound text, numbers, a date as epoch
 # ms, a datetime as ISO 8601 text, bools as 1/0 and as text, a UUID; in eav_data a number, text, a
@@ -54,8 +54,9 @@
 # /usr/bin/time -v, polling `du -sb` of its work dir every 0.05 s for the peak scratch disk:
 # (a) R = 0.05, the updates spread evenly over a tenth of the bases (the contiguous run, by
 # row-id range, holding the most rows); (b) R = 0.05, every 100th entity by row_id; (c) R = 0,
-# the same change as (b): every base rewritten. Prints per case seconds, rows/s (the report's
-# rows_in), peak RSS, peak scratch and the report's files_in, files_out, bases_rewritten,
+# the same change as (b): every base rewritten. The three cases run RUNS times, in turn (a, b, c,
+# a, b, c, …). Prints per case the median seconds and rows/s (the report's rows_in) with min and
+# max, the largest peak RSS and peak scratch and the report's files_in, files_out, bases_rewritten,
 # bases_kept ("?" when absent; the plan's figure, marked so, when only the plan has it).
 # Targets: time(a)/time(c) ≤ 0.15, time(b)/time(c) ≤ 0.10, peak RSS ≤ 512 MiB and peak scratch
 # ≤ 2 × T in every case, each printed PASS or FAIL; (c)'s rows/s is to be compared with the
@@ -1013,10 +1014,10 @@ PY
 		WHERE k % 100 = 0)"
 
 	# One case: the saved manifest put back, the entities SQL condition $3 selects updated and
-	# flushed, then one compaction with --dirty-ratio $2 timed; appends "label exit-code
-	# seconds peak-RSS-KiB peak-scratch-bytes" to $work/results.
+	# flushed, then one compaction with --dirty-ratio $2 timed, run $4; appends "label run
+	# exit-code seconds peak-RSS-KiB peak-scratch-bytes" to $work/results.
 	compact_case() {
-		local label="$1" ratio="$2" rows="$3" dirty scratch t0 t1 rc=0
+		local label="$1" ratio="$2" rows="$3" run="$4" dirty scratch t0 t1 rc=0
 		"${S3CURL[@]}" -X PUT -T "$work/manifest.json" "$manifest_url" >/dev/null
 		echo "bench: case ($label): updating $U entities and flushing them" >&2
 		update_rows "$rows"
@@ -1026,44 +1027,48 @@ PY
 			exit 1
 		fi
 		"$BIN" -q flush --force --time-budget 1h --work-dir "$work" >/dev/null
-		scratch="$work/scratch-$label"
+		scratch="$work/scratch-$label-$run"
 		mkdir "$scratch"
 		watch_du "$scratch" "$scratch.peak" "$scratch.stop" &
 		poller=$!
-		echo "bench: case ($label): lakecdc compact --dirty-ratio $ratio" >&2
+		echo "bench: case ($label), run $run: lakecdc compact --dirty-ratio $ratio" >&2
 		t0=$(now)
-		/usr/bin/time -v -o "$work/$label.time" "$BIN" -q compact --json --work-dir "$scratch" \
-			--target-base-size "$T" --dirty-ratio "$ratio" "${max_deltas[@]}" >"$work/$label.json" || rc=$?
+		/usr/bin/time -v -o "$work/$label-$run.time" "$BIN" -q compact --json --work-dir "$scratch" \
+			--target-base-size "$T" --dirty-ratio "$ratio" "${max_deltas[@]}" >"$work/$label-$run.json" || rc=$?
 		t1=$(now)
 		touch "$scratch.stop"
 		wait "$poller"
 		poller=""
-		[ "$rc" = 0 ] || echo "bench: FAILED: lakecdc compact exited $rc in case ($label)" >&2
-		echo "$label $rc $(secs "$t0" "$t1") $(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); v = $2}
-			END {print (v == "" ? "?" : v)}' "$work/$label.time") $(cat "$scratch.peak")" >>"$work/results"
+		[ "$rc" = 0 ] || echo "bench: FAILED: lakecdc compact exited $rc in case ($label), run $run" >&2
+		echo "$label $run $rc $(secs "$t0" "$t1") $(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); v = $2}
+			END {print (v == "" ? "?" : v)}' "$work/$label-$run.time") $(cat "$scratch.peak")" >>"$work/results"
+		rm -rf "$scratch"
 	}
-	compact_case a 0.05 "$rows_a"
-	compact_case b 0.05 "$rows_b"
-	compact_case c 0 "$rows_b"
+	for run in $(seq 1 "$RUNS"); do
+		compact_case a 0.05 "$rows_a" "$run"
+		compact_case b 0.05 "$rows_b" "$run"
+		compact_case c 0 "$rows_b" "$run"
+	done
 	# Every session (lakecdc's and psql's) used the sslmode.
 	check_ssl "$mark" "$SSLMODE"
 
 	status=0
 	python3 - "$work" "$N" "$U" "$T" "$IDS" "$SSLMODE" "$init_secs" "$lake" "${max_deltas[*]}" \
 		"$a_first" "$a_last" "$a_rows" "$T_init" "$max_rows" "$page_rows" <<'PY' || status=$?
-import json, sys
+import json, statistics, sys
 (work, n, u, t, ids, ssl, init_secs, lake, max_deltas, a_first, a_last, a_rows, t_init, max_rows,
  page_rows) = sys.argv[1:]
 n, u, t, a_rows, t_init = int(n), int(u), int(t), int(a_rows), int(t_init)
-cases = {}
+runs = {}
 for line in open(f"{work}/results"):
-    label, rc, secs, rss_kb, scratch = line.split()
+    label, run, rc, secs, rss_kb, scratch = line.split()
     try:
-        s = json.load(open(f"{work}/{label}.json"))["schemas"][0]
+        s = json.load(open(f"{work}/{label}-{run}.json"))["schemas"][0]
     except (OSError, ValueError, KeyError, IndexError):
         s = {}
-    cases[label] = dict(rc=int(rc), secs=float(secs), rss=None if rss_kb == "?" else int(rss_kb) / 1024,
-                        scratch=int(scratch) / 2**20, s=s)
+    runs.setdefault(label, []).append(dict(
+        rc=int(rc), secs=float(secs), rss=None if rss_kb == "?" else int(rss_kb) / 1024,
+        scratch=int(scratch) / 2**20, s=s))
 what = {
     "a": f"(a) {u:,} rows in bases {a_first}-{a_last} by row-id range ({a_rows:,} rows), --dirty-ratio 0.05",
     "b": f"(b) {u:,} rows, every 100th by row_id, --dirty-ratio 0.05",
@@ -1080,49 +1085,62 @@ print(f"compact-scale bench: {n:,} entities ({ids} row ids, sslmode={ssl}), "
 print(f"  lake: init (--target-file-size {t_init} --max-file-rows {max_rows} --page-rows {page_rows}) in "
       f"{float(init_secs):.2f} s, then 3 flushes of {n // 1000:,} updates: {lake}")
 print(f"  each case: the saved manifest put back, {u:,} entities updated (writer contract) and flushed, "
-      f"then one `lakecdc compact --json --target-base-size {t} --dirty-ratio R {max_deltas or '(no --max-deltas)'}`")
-for label, c in cases.items():
-    s = c["s"]
+      f"then one `lakecdc compact --json --target-base-size {t} --dirty-ratio R {max_deltas or '(no --max-deltas)'}`; "
+      f"{len(next(iter(runs.values()), []))} runs of each, in turn; median (min-max)")
+cases = {}
+for label, rs in runs.items():
+    ok = [r for r in rs if r["rc"] == 0]
+    s = (ok or rs)[0]["s"]
     rows_in = s.get("rows_in")
-    rate = f"{rows_in / c['secs']:,.0f}" if isinstance(rows_in, int) and c["secs"] > 0 else "?"
+    secs = [r["secs"] for r in ok]
+    rates = [rows_in / x for x in secs if x > 0] if isinstance(rows_in, int) else []
+    cases[label] = dict(
+        failed=len(ok) != len(rs), secs=statistics.median(secs) if secs else None,
+        rss=max((r["rss"] for r in ok if r["rss"] is not None), default=None),
+        scratch=max((r["scratch"] for r in ok), default=None), s=s, rate=statistics.median(rates) if rates else None)
     plan = s.get("plan") or {}
-    if c["rc"] != 0:
-        outcome = f"FAILED: lakecdc compact exited {c['rc']}"
+    if not ok:
+        outcome = f"FAILED: lakecdc compact exited {rs[0]['rc']}"
     else:
         outcome = (f"outcome {s.get('outcome', '?')}, plan {plan.get('decision', '?')} "
-                   f"({plan.get('base_files', '?')} bases, {plan.get('delta_files', '?')} deltas)")
-    rss = "?" if c["rss"] is None else f"{c['rss']:.0f}"
+                   f"({plan.get('base_files', '?')} bases, {plan.get('delta_files', '?')} deltas)"
+                   + (f"; {len(rs) - len(ok)} of {len(rs)} runs FAILED" if len(ok) != len(rs) else ""))
     print(f"  {what[label]}: {outcome}")
-    print(f"      {c['secs']:.2f} s, {rate} rows/s (rows_in {field(s, 'rows_in')}), peak RSS {rss} MiB, "
-          f"peak scratch {c['scratch']:.1f} MiB; files_in {field(s, 'files_in')}, files_out {field(s, 'files_out')}, "
-          f"bases_rewritten {field(s, 'bases_rewritten')}, bases_kept {field(s, 'bases_kept')}")
+    if ok:
+        c = cases[label]
+        rss = "?" if c["rss"] is None else f"{c['rss']:.0f}"
+        rate = (f"{c['rate']:,.0f} ({min(rates):,.0f}-{max(rates):,.0f})" if rates else "?")
+        print(f"      {c['secs']:.2f} s ({min(secs):.2f}-{max(secs):.2f}), {rate} rows/s (rows_in {field(s, 'rows_in')}), "
+              f"peak RSS {rss} MiB, peak scratch {c['scratch']:.1f} MiB; files_in {field(s, 'files_in')}, "
+              f"files_out {field(s, 'files_out')}, bases_rewritten {field(s, 'bases_rewritten')}, "
+              f"bases_kept {field(s, 'bases_kept')}")
 def check(name, ok):
     print(f"  {name}: {'PASS' if ok else 'FAIL'}")
-ok_runs = {k: c for k, c in cases.items() if c["rc"] == 0}
+ok_runs = {k: c for k, c in cases.items() if c["secs"] is not None}
 for label, target in (("a", 0.15), ("b", 0.10)):
     if label in ok_runs and "c" in ok_runs:
         r = cases[label]["secs"] / cases["c"]["secs"]
-        check(f"time({label})/time(c) = {r:.3f} (target <= {target:.2f})", r <= target)
+        check(f"time({label})/time(c) = {r:.3f} of the medians (target <= {target:.2f})", r <= target)
         if not cases[label]["s"].get("files_in"):
             print(f"    note: ({label}) compacted nothing (plan {(cases[label]['s'].get('plan') or {}).get('decision', '?')}): "
                   f"its deltas stay listed")
     else:
         check(f"time({label})/time(c) = ? (a run failed; target <= {target:.2f})", False)
 for label, c in cases.items():
-    if c["rc"] != 0 or c["rss"] is None:
+    if label not in ok_runs or c["rss"] is None:
         check(f"({label}) peak RSS ? MiB (the run failed; target <= 512)", False)
     else:
         check(f"({label}) peak RSS {c['rss']:.0f} MiB (target <= 512)", c["rss"] <= 512)
 for label, c in cases.items():
-    if c["rc"] != 0:
+    if label not in ok_runs:
         check(f"({label}) peak scratch ? MiB (the run failed; target <= 2 x T = {2 * t / 2**20:.1f} MiB)", False)
     else:
         check(f"({label}) peak scratch {c['scratch']:.1f} MiB (target <= 2 x T = {2 * t / 2**20:.1f} MiB)",
               c["scratch"] * 2**20 <= 2 * t)
 print("  compare (c) rows/s with `scripts/bench.sh compact` (target ≥ 2×)")
-if len(ok_runs) != len(cases):
+if any(c["failed"] for c in cases.values()):
     sys.exit(f"compact-scale bench: FAILED: lakecdc compact failed in case "
-             f"{', '.join(k for k, c in cases.items() if c['rc'] != 0)}")
+             f"{', '.join(k for k, c in cases.items() if c['failed'])}")
 PY
 	rm -rf "$work"
 	exit "$status"

@@ -11,12 +11,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
+use aws_runtime::auth::PayloadSigningOverride;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::Region;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart};
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextMut;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
 use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
 use bytes::Bytes;
@@ -385,6 +391,30 @@ impl S3Store {
     }
 }
 
+/// Signs a request with the SHA-256 of its body that lakecdc computed already, for the
+/// manifest (docs/design.md §3.3): the signer would otherwise hash every uploaded byte a second
+/// time. The payload stays signed: a server that checks signed payloads (AWS S3 does) refuses
+/// a body other than the one whose hash the manifest records.
+#[derive(Debug)]
+struct SignedPayload(String);
+
+impl Intercept for SignedPayload {
+    fn name(&self) -> &'static str {
+        "SignedPayload"
+    }
+
+    fn modify_before_signing(
+        &self,
+        _context: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        cfg.interceptor_state()
+            .store_put(PayloadSigningOverride::Precomputed(self.0.clone()));
+        Ok(())
+    }
+}
+
 async fn read_chunk(file: &mut tokio::fs::File, max: usize) -> std::io::Result<Bytes> {
     let mut buf = Vec::with_capacity(max);
     while buf.len() < max {
@@ -565,16 +595,15 @@ impl ObjectStore for S3Store {
                 true
             }
         };
-        let sent = if conditional {
-            req.customize()
-                .config_override(
-                    aws_sdk_s3::config::Builder::default().retry_config(RetryConfig::disabled()),
-                )
-                .send()
-                .await
-        } else {
-            req.send().await
-        };
+        let mut req = req
+            .customize()
+            .interceptor(SignedPayload(hex::encode(sha256)));
+        if conditional {
+            req = req.config_override(
+                aws_sdk_s3::config::Builder::default().retry_config(RetryConfig::disabled()),
+            );
+        }
+        let sent = req.send().await;
         let out = sent.map_err(|e| classify_conditional(e, &mode, &self.bucket, self.limits))?;
         Ok(PutResult {
             size,
