@@ -1019,7 +1019,7 @@ PY
 	compact_case() {
 		local label="$1" ratio="$2" rows="$3" run="$4" dirty scratch t0 t1 rc=0
 		"${S3CURL[@]}" -X PUT -T "$work/manifest.json" "$manifest_url" >/dev/null
-		echo "bench: case ($label): updating $U entities and flushing them" >&2
+		echo "bench: case ($label), run $run: updating $U entities and flushing them" >&2
 		update_rows "$rows"
 		dirty=$($PSQL "$LAKECDC_PG_URL" -At -c "SELECT count(*) FROM change_log WHERE schema_id = 100 AND flushed_at = 0")
 		if [ "$dirty" -ne "$U" ]; then
@@ -1093,7 +1093,9 @@ for label, rs in runs.items():
     s = (ok or rs)[0]["s"]
     rows_in = s.get("rows_in")
     secs = [r["secs"] for r in ok]
-    rates = [rows_in / x for x in secs if x > 0] if isinstance(rows_in, int) else []
+    # Each run's own rows over its own time.
+    rates = [r["s"]["rows_in"] / r["secs"] for r in ok
+             if isinstance(r["s"].get("rows_in"), int) and r["secs"] > 0]
     cases[label] = dict(
         failed=len(ok) != len(rs), secs=statistics.median(secs) if secs else None,
         rss=max((r["rss"] for r in ok if r["rss"] is not None), default=None),

@@ -4,14 +4,13 @@
 //! (`PUT` for a success, `POST` without the success time for a failure).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
 use crate::support::harness;
+use crate::support::http::{Request, recording_server};
 use crate::support::rig::{LakeKind, Rig, rig};
 use crate::support::writer::{Customer, Rng};
 
@@ -352,62 +351,11 @@ async fn a_failed_run_moves_last_run_but_not_last_success() {
     );
 }
 
-/// One request a test Pushgateway received.
-#[derive(Debug, Clone)]
-struct Received {
-    method: String,
-    path: String,
-    content_type: String,
-    body: String,
-}
-
 /// A test Pushgateway on a local port: records each request and answers `status`.
-fn pushgateway(status: u16) -> (String, Arc<Mutex<Vec<Received>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let seen = got.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let mut reader = BufReader::new(stream);
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            let mut parts = line.split_whitespace();
-            let (method, path) = (
-                parts.next().unwrap().to_string(),
-                parts.next().unwrap().to_string(),
-            );
-            let (mut length, mut content_type) = (0usize, String::new());
-            loop {
-                let mut h = String::new();
-                reader.read_line(&mut h).unwrap();
-                let h = h.trim_end();
-                if h.is_empty() {
-                    break;
-                }
-                let (k, v) = h.split_once(':').unwrap();
-                match k.to_ascii_lowercase().as_str() {
-                    "content-length" => length = v.trim().parse().unwrap(),
-                    "content-type" => content_type = v.trim().to_string(),
-                    _ => {}
-                }
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            seen.lock().unwrap().push(Received {
-                method,
-                path,
-                content_type,
-                body: String::from_utf8(body).unwrap(),
-            });
-            let answer = format!(
-                "HTTP/1.1 {status} X\r\ncontent-length: 4\r\nconnection: close\r\n\r\nnope"
-            );
-            reader.get_mut().write_all(answer.as_bytes()).unwrap();
-        }
-    });
-    (url, got)
+fn pushgateway(status: u16) -> (String, Arc<Mutex<Vec<Request>>>) {
+    recording_server(format!(
+        "HTTP/1.1 {status} X\r\ncontent-length: 4\r\nconnection: close\r\n\r\nnope"
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,11 +389,14 @@ async fn a_pushgateway_receives_the_same_metrics() {
         ("PUT", path)
     );
     assert!(
-        got[0].content_type.starts_with("text/plain; version=0.0.4"),
+        got[0]
+            .header("content-type")
+            .unwrap_or_default()
+            .starts_with("text/plain; version=0.0.4"),
         "{:?}",
         got[0]
     );
-    let pushed = parse(&got[0].body);
+    let pushed = parse(std::str::from_utf8(&got[0].body).unwrap());
     let c = [("command", "flush")];
     assert_eq!(value(&pushed, "lakecdc_run_exit_code", &c), 0.0);
     assert_eq!(
@@ -462,7 +413,7 @@ async fn a_pushgateway_receives_the_same_metrics() {
         (got[1].method.as_str(), got[1].path.as_str()),
         ("POST", path)
     );
-    let failed = parse(&got[1].body);
+    let failed = parse(std::str::from_utf8(&got[1].body).unwrap());
     assert_eq!(value(&failed, "lakecdc_run_exit_code", &c), 1.0);
     assert!(
         !failed.contains_key("lakecdc_last_success_timestamp_seconds"),

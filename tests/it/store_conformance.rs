@@ -9,6 +9,7 @@ use lakecdc::store::{ObjectStore, PutMode, StoreError, sha256};
 use sha2::{Digest, Sha256};
 
 use crate::support::harness;
+use crate::support::http::recording_server;
 
 async fn basic_operations(store: &dyn ObjectStore) {
     // put / get / head
@@ -505,67 +506,15 @@ async fn an_object_copied_part_by_part_is_the_same_object() {
     );
 }
 
-/// One request as a recording server saw it: lower-cased header names and values, and the body.
-type Seen = (Vec<(String, String)>, Vec<u8>);
-
-/// A server that answers every request `200 OK` with an etag, recording it.
-async fn recording_server() -> (
-    std::net::SocketAddr,
-    Arc<std::sync::Mutex<Vec<Seen>>>,
-    tokio::task::JoinHandle<()>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let record = seen.clone();
-    let server = tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let head_end = loop {
-                let n = s.read(&mut chunk).await.unwrap();
-                assert!(n > 0, "the client closed before its request's head ended");
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break i + 4;
-                }
-            };
-            let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
-            let headers: Vec<(String, String)> = head
-                .lines()
-                .skip(1)
-                .filter_map(|l| l.split_once(':'))
-                .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-                .collect();
-            let len: usize = headers
-                .iter()
-                .find(|(k, _)| k == "content-length")
-                .map_or(0, |(_, v)| v.parse().unwrap());
-            let mut body = buf[head_end..].to_vec();
-            while body.len() < len {
-                let n = s.read(&mut chunk).await.unwrap();
-                assert!(n > 0, "the client closed before its body ended");
-                body.extend_from_slice(&chunk[..n]);
-            }
-            record.lock().unwrap().push((headers, body));
-            s.write_all(
-                b"HTTP/1.1 200 OK\r\nETag: \"e\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            )
-            .await
-            .unwrap();
-        }
-    });
-    (addr, seen, server)
-}
-
 #[tokio::test]
 async fn an_s3_upload_is_signed_with_the_checksum_the_manifest_records() {
     // docs/design.md §3.3: the signer is handed lakecdc's own SHA-256 of the body instead of
     // hashing it again; the hash it signs must be exactly the body's, whatever the put mode.
-    let (addr, seen, server) = recording_server().await;
+    let (url, seen) = recording_server(
+        "HTTP/1.1 200 OK\r\nETag: \"e\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into(),
+    );
     let mut opts = harness::s3_options("recorded");
-    opts.endpoint = Some(format!("http://{addr}"));
+    opts.endpoint = Some(url);
     let store = lakecdc::store::s3::S3Store::connect(&opts).await;
     let body: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
     let mut results = Vec::new();
@@ -581,18 +530,17 @@ async fn an_s3_upload_is_signed_with_the_checksum_the_manifest_records() {
                 .unwrap(),
         );
     }
-    server.abort();
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 3, "one request per put");
-    for ((headers, got), put) in seen.iter().zip(&results) {
+    for (request, put) in seen.iter().zip(&results) {
         let header = |name: &str| {
-            headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_else(|| panic!("no {name} header in {headers:?}"))
+            request
+                .header(name)
+                .unwrap_or_else(|| panic!("no {name} header in {:?}", request.headers))
         };
-        assert_eq!(got, &body, "the body arrives whole");
+        assert_eq!(request.method, "PUT");
+        assert_eq!(request.path, "/recorded/a/one.bin?x-id=PutObject");
+        assert_eq!(request.body, body, "the body arrives whole");
         assert_eq!(put.sha256, sha256(&body));
         assert_eq!(header("x-amz-content-sha256"), hex::encode(sha256(&body)));
         let auth = header("authorization");
