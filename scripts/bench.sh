@@ -102,7 +102,8 @@
 # rows come in random key order), N rows, every row updated — read by table scans; (4) the same
 # over a plain connection (`sslmode=disable`; the others use TLS, each run checks which from
 # the server log); (5) a text key, 4N rows, every 4th row updated — the adverse case: a
-# quarter of the table, each row read by a key lookup in random key order. Each backlog is N
+# quarter of the table, in random key order, read by scans that send only the touched rows
+# (a row a pass cannot keep is looked up by key). Each backlog is N
 # touched rows; each of RUNS runs flushes it whole (`lakecdc flush --schema t_bench --force`, a
 # fresh local lake) as a whole process under /usr/bin/time -v; a run fails unless it exported
 # and marked all N rows and left no touch. Prints per case the batches read by key range, the

@@ -305,6 +305,26 @@ impl TableSource {
         )
     }
 
+    /// Flush's scan of a hashed key's table for one pass over a sparse backlog ([`Scan`]): like
+    /// [`Self::scan_sql`], but only the rows whose key a touch with a `row_id` in `lo..=hi`
+    /// recorded — a hash semi-join of the table against the touch log's keys, in the read's
+    /// snapshot — so PostgreSQL reads the table once and sends the pass's rows only
+    /// (docs/design.md §9.2). A superset at most: lakecdc still matches every row it receives
+    /// to the backlog by its `row_id`.
+    fn touched_scan_sql(&self, lo: Uuid, hi: Uuid) -> String {
+        format!(
+            "COPY (SELECT {}, {} FROM ONLY {} s WHERE EXISTS (SELECT FROM {} k \
+             WHERE k.source_id = {} AND k.row_id BETWEEN '{lo}' AND '{hi}' AND {})) \
+             TO STDOUT (FORMAT binary)",
+            key_text_expr(&self.key, "s"),
+            self.payload(),
+            self.table.quoted(),
+            self.touch_log.quoted(),
+            self.id,
+            self.key_match(),
+        )
+    }
+
     /// The condition, after the key lookup, that the row's key has the very text the touch
     /// recorded (so its `row_id` is the touch's): equal numerics may differ in scale, equal
     /// texts under a nondeterministic collation in bytes. Compared field by field, byte for
@@ -638,11 +658,13 @@ enum Read<'a> {
     Scanned(Vec<Option<Box<[u8]>>>),
 }
 
-/// Flush's scan of a hashed key's dense backlog (docs/design.md §9.2): the table read once per
-/// pass, in heap order ([`TableSource::scan_sql`]), each pass keeping the binary tuples of
-/// the pending rows of a range of the backlog (in `row_id` order) — as many as its budget
-/// (`--scan-memory`) holds — for the pages to take. A pending row the scan did not keep is
-/// read by key as before: the scan only saves lookups, it never decides that a row is gone.
+/// Flush's scan of a hashed key's backlog (docs/design.md §9.2): the table read once per pass,
+/// in heap order, each pass keeping the binary tuples of the pending rows of a range of the
+/// backlog (in `row_id` order) — as many as its budget (`--scan-memory`) holds — for the pages
+/// to take. A pass that covers most of the table's rows reads every row
+/// ([`TableSource::scan_sql`]); any other only the rows its touches name
+/// ([`TableSource::touched_scan_sql`]). A pending row the scan did not keep is read by key as
+/// before: the scan only saves lookups, it never decides that a row is gone.
 struct Scan {
     /// The pending rows' ids, in `row_id` order (the folded rows').
     ids: Vec<Uuid>,
@@ -654,8 +676,12 @@ struct Scan {
     /// Whether another pass may run: the last covered enough rows, and enough are left, to
     /// pay for its read.
     more: bool,
-    /// The fewest rows a pass must cover to pay (a share of the table's).
-    least: usize,
+    /// The table's rows, as last analysed.
+    table_rows: f64,
+    /// The expected size of one row's tuple as the scan sends it.
+    row_bytes: usize,
+    /// The expected size of one row's key (its columns' average widths).
+    key_bytes: usize,
     /// The most tuple bytes a pass keeps.
     budget: usize,
 }
@@ -677,10 +703,19 @@ const DENSE: usize = 3;
 /// about a tenth of a lookup each.
 const DENSE_INTEGER: usize = 8;
 
-/// A hashed key's table is scanned ([`Scan`]) when the backlog's rows are at least this share
-/// of the table's (as last analysed): a row the scan sends costs PostgreSQL about a third of
-/// a key lookup (3.5 µs against 10 µs, docs/benchmarks.md), and a row it keeps saves one.
-const SCAN_SHARE: f64 = 1.0 / 3.0;
+/// A pass of a hashed key's table scan ([`Scan`]) pays when it covers at least this share of
+/// the table's rows (as last analysed): PostgreSQL reads and probes a table row in about a
+/// twentieth of a key lookup's time (0.8 µs against 19 µs, docs/benchmarks.md), and every
+/// row the pass keeps saves one lookup.
+const SCAN_SHARE: f64 = 1.0 / 16.0;
+
+/// A pass covering at least this share of the table's rows reads them all: sending the rows
+/// it does not need then costs less than matching every row against the touches' keys.
+const SCAN_ALL_SHARE: f64 = 0.5;
+
+/// The bytes PostgreSQL's hash of a pass's keys takes per key beyond the key itself (a hash
+/// entry and its tuple header; about 60 measured).
+const KEY_HASH_OVERHEAD: usize = 64;
 
 /// A table larger than this (as last analysed) is never scanned: one pass must end well
 /// within the read's timeout, whatever the width of the rows.
@@ -714,9 +749,9 @@ fn key_bitmap(pending: &[Pending]) -> Vec<u8> {
 }
 
 impl Scan {
-    /// The scan of a hashed key's backlog `pending`, when it pays: the backlog's rows are at
-    /// least [`SCAN_SHARE`] of the table's as last analysed (a table never analysed is not
-    /// scanned) and the table is at most [`SCAN_TABLE_BYTES`], and `md5` hashes the key
+    /// The scan of a hashed key's backlog `pending`, when its first pass pays: it covers at
+    /// least [`SCAN_SHARE`] of the table's rows as last analysed (a table never analysed is
+    /// not scanned), the table is at most [`SCAN_TABLE_BYTES`], and `md5` hashes the key
     /// text's bytes as lakecdc receives them (the database's encoding is UTF8 or SQL_ASCII).
     async fn planned(
         client: &Client,
@@ -728,37 +763,69 @@ impl Scan {
         if RowIdRule::of(&src.key) != RowIdRule::Hashed || pending.is_empty() {
             return Ok(None);
         }
+        let names = |cols: Vec<&str>| cols.into_iter().map(str::to_string).collect::<Vec<_>>();
         let row = timed(
             TIMEOUT,
             OP,
             client.query_one(
                 "SELECT c.reltuples::float8, current_setting('server_encoding'), \
-                        c.relpages::int8 * current_setting('block_size')::int8 \
-                 FROM pg_class c WHERE c.oid = to_regclass($1)",
-                &[&src.table.quoted()],
+                        c.relpages::int8 * current_setting('block_size')::int8, \
+                        (SELECT sum(s.avg_width)::int8 FROM pg_stats s WHERE s.schemaname = n.nspname \
+                            AND s.tablename = c.relname AND s.attname = ANY($2)), \
+                        (SELECT sum(s.avg_width)::int8 FROM pg_stats s WHERE s.schemaname = n.nspname \
+                            AND s.tablename = c.relname AND s.attname = ANY($3)) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = to_regclass($1)",
+                &[
+                    &src.table.quoted(),
+                    &names(src.columns.iter().map(|c| c.name.as_str()).collect()),
+                    &names(src.key.iter().map(|k| k.name.as_str()).collect()),
+                ],
             ),
         )
         .await?;
         let rows: f64 = row.try_get(0).map_err(Error::postgres(OP))?;
         let encoding: String = row.try_get(1).map_err(Error::postgres(OP))?;
         let bytes: i64 = row.try_get(2).map_err(Error::postgres(OP))?;
-        let least = rows * SCAN_SHARE;
-        if rows < 0.0
+        let payload: Option<i64> = row.try_get(3).map_err(Error::postgres(OP))?;
+        let key: Option<i64> = row.try_get(4).map_err(Error::postgres(OP))?;
+        if rows <= 0.0
             || bytes > SCAN_TABLE_BYTES
-            || (pending.len() as f64) < least
             || !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII")
         {
             return Ok(None);
         }
-        Ok(Some(Self {
+        // A binary tuple: a field count, then each field's length and bytes (the key text,
+        // then the payload); without statistics, the heap's bytes per row.
+        let row_bytes = match (payload, key) {
+            (Some(p), Some(k)) => 2 + 4 * (src.columns.len() + 1) + (p + k + 2).max(0) as usize,
+            _ => (bytes as f64 / rows) as usize,
+        };
+        let scan = Self {
             ids: pending.iter().map(|p| p.row_id).collect(),
             lo: 0,
             hi: 0,
             kept: Vec::new(),
             more: true,
-            least: least as usize,
+            table_rows: rows,
+            row_bytes: row_bytes.max(1),
+            key_bytes: key.unwrap_or(16).max(0) as usize,
             budget,
-        }))
+        };
+        Ok(scan.pays(scan.rows_from(0)).then_some(scan))
+    }
+
+    /// The backlog's rows a pass from row `lo` can keep, by its budget and the expected size of
+    /// a row.
+    fn rows_from(&self, lo: usize) -> usize {
+        (self.budget / self.row_bytes)
+            .max(1)
+            .min(self.ids.len().saturating_sub(lo))
+    }
+
+    /// Whether a pass that covers `rows` of the backlog pays for its read of the table.
+    fn pays(&self, rows: usize) -> bool {
+        rows as f64 >= self.table_rows * SCAN_SHARE
     }
 
     /// The tuples of backlog rows `start..start + n` (a page; `None`: not kept), running the
@@ -787,55 +854,96 @@ impl Scan {
 
     /// One pass: reads the table and keeps the tuples of the backlog's rows from `lo` on, as
     /// many as its budget (`--scan-memory`) holds (the lowest `row_id`s: the pages take them
-    /// in order).
+    /// in order). A pass that covers most of the table's rows reads all of them; any other,
+    /// only the rows of its range's touches.
     async fn pass(&mut self, client: &Client, src: &TableSource, lo: usize) -> Result<()> {
         const OP: &str = "scan a table source";
-        let mut hi = self.ids.len();
+        let planned = self.rows_from(lo);
+        let every_row = planned as f64 >= self.table_rows * SCAN_ALL_SHARE;
+        let (sql, mut hi) = match (every_row, self.ids.get(lo), self.ids.get(lo + planned - 1)) {
+            (false, Some(first), Some(last)) => (src.touched_scan_sql(*first, *last), lo + planned),
+            _ => (src.scan_sql(), self.ids.len()),
+        };
         let mut kept: Vec<Option<Box<[u8]>>> = std::iter::repeat_with(|| None)
             .take(hi.saturating_sub(lo))
             .collect();
         let ids = &self.ids;
         let hashed = HashedRowId::new(src.id);
         let (mut bytes, budget) = (0usize, self.budget);
-        copy_tuples(
+        // The read's session is tuned for key lookups (no sequential scans, no hash joins):
+        // this statement is a sequential read and a hash join of the pass's keys, run by this
+        // backend alone, with the memory to hold the keys' hash (so the table's rows are not
+        // spilled to temporary files by batch).
+        let hash =
+            (planned * (self.key_bytes + KEY_HASH_OVERHEAD)).clamp(4 << 20, budget.max(4 << 20));
+        let tuned = planner_settings(
             client,
-            OP,
-            &src.scan_sql(),
-            1 + src.columns.len(),
-            |tuple, fields| {
-                let text = fields
-                    .first()
-                    .cloned()
-                    .flatten()
-                    .ok_or_else(|| Error::decode(OP, "a malformed row: no key text"))?;
-                let id = hashed.of(&tuple[text]);
-                let Some(k) = ids
-                    .get(lo..hi)
-                    .and_then(|range| range.binary_search(&id).ok())
-                else {
-                    return Ok(());
-                };
-                bytes += tuple.len();
-                kept[k] = Some(tuple.into());
-                // Over the budget: the highest rows are left to the next pass (one row at
-                // least is kept, so passes always move on).
-                while bytes > budget && hi > lo + 1 {
-                    hi -= 1;
-                    if let Some(t) = kept[hi - lo].take() {
-                        bytes -= t.len();
-                    }
-                }
-                Ok(())
-            },
+            &[
+                ("enable_seqscan", "on".to_string()),
+                ("enable_hashjoin", "on".to_string()),
+                ("max_parallel_workers_per_gather", "0".to_string()),
+                ("work_mem", format!("{}kB", hash >> 10)),
+            ],
         )
         .await?;
+        copy_tuples(client, OP, &sql, 1 + src.columns.len(), |tuple, fields| {
+            let text = fields
+                .first()
+                .cloned()
+                .flatten()
+                .ok_or_else(|| Error::decode(OP, "a malformed row: no key text"))?;
+            let id = hashed.of(&tuple[text]);
+            let Some(k) = ids
+                .get(lo..hi)
+                .and_then(|range| range.binary_search(&id).ok())
+            else {
+                return Ok(());
+            };
+            bytes += tuple.len();
+            kept[k] = Some(tuple.into());
+            // Over the budget: the highest rows are left to the next pass (one row at
+            // least is kept, so passes always move on).
+            while bytes > budget && hi > lo + 1 {
+                hi -= 1;
+                if let Some(t) = kept[hi - lo].take() {
+                    bytes -= t.len();
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        planner_settings(client, &tuned).await?;
         kept.truncate(hi - lo);
         // Another pass pays when this one covered enough rows and enough are left; the rest
         // is looked up.
-        self.more = hi - lo >= self.least && self.ids.len() - hi >= self.least;
+        self.more = self.pays(hi - lo) && self.pays(self.ids.len() - hi);
         (self.lo, self.hi, self.kept) = (lo, hi, kept);
         Ok(())
     }
+}
+
+/// Sets planner settings `(name, value)` for the rest of the read's transaction; returns what
+/// they were, to set them back.
+async fn planner_settings<V: AsRef<str>>(
+    client: &Client,
+    settings: &[(&'static str, V)],
+) -> Result<Vec<(&'static str, String)>> {
+    const OP: &str = "set the scan's planner settings";
+    let mut was = Vec::with_capacity(settings.len());
+    for (name, value) in settings {
+        let row = timed(
+            TIMEOUT,
+            OP,
+            client.query_one(
+                "SELECT current_setting($1), set_config($1, $2, true)",
+                &[name, &value.as_ref()],
+            ),
+        )
+        .await?;
+        let old: String = row.try_get(0).map_err(Error::postgres(OP))?;
+        was.push((*name, old));
+    }
+    Ok(was)
 }
 
 /// One snapshot of a table source, read a page at a time: init's (every row, through a

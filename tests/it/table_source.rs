@@ -1305,16 +1305,36 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
         ",10,",
     );
     assert_eq!(lake_csv(&rig, &all).await, snapshot, "the snapshot's state");
-    // A small backlog: looked up by key, no scan.
+    // A small backlog (under a sixteenth of the table): looked up by key, no scan.
     client
-        .batch_execute("UPDATE sc SET note = note || ' late' WHERE n % 5 = 0")
+        .batch_execute("UPDATE sc SET note = note || ' late' WHERE n % 25 = 0")
         .await
         .unwrap();
     let f = flush(&rig, "sc").await;
     assert_eq!((f.rows_by_scan, f.table_scans), (0, 0), "{f:?}");
-    lake_is_table(",5,old 5 late\n").await;
-    // Every row: about 47 bytes each, 64 KiB a pass (some 1,400 rows, more than the third of
-    // the table a pass must cover): two passes (what they did not keep is looked up).
+    lake_is_table(",25,old 25 late\n").await;
+    // A sparse one (a fifth of the table): one scan that sends the touched rows only, every
+    // one of them kept; a row deleted and one whose key changed among them.
+    client
+        .batch_execute(
+            "UPDATE sc SET note = note || ' sparse' WHERE n % 5 = 1;
+             DELETE FROM sc WHERE n = 11;
+             UPDATE sc SET id = id || 'y' WHERE n = 16;",
+        )
+        .await
+        .unwrap();
+    let live = count("SELECT count(*) FROM sc WHERE n % 5 = 1").await;
+    let f = flush(&rig, "sc").await;
+    assert_eq!(f.rows_exported, live + 2, "{f:?}");
+    assert_eq!((f.rows_by_scan, f.table_scans), (live, 1), "{f:?}");
+    lake_is_table("k16y,16,new 16 sparse\n").await;
+    assert!(
+        !lake_csv(&rig, &all).await.contains(",11,"),
+        "the deleted row is gone"
+    );
+    // Every row: about 47 bytes each, 64 KiB a pass (some 1,400 rows, under half the table,
+    // so each pass sends its own range's rows only): two passes (what they did not keep is
+    // looked up).
     // Once the first batch is published, rows are rewritten and the old versions vacuumed
     // where nothing holds them: the second pass still reads the snapshot's.
     client
@@ -1354,7 +1374,7 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     assert_eq!(lake_csv(&rig, &all).await, snapshot, "the snapshot's state");
     flush(&rig, "sc").await;
     lake_is_table(",3,later 3\n").await;
-    // A pass that can keep one row only does not pay for another: one scan, then lookups.
+    // A pass that can keep one row only does not pay for its read: no scan, lookups.
     client
         .batch_execute("UPDATE sc SET note = 'end ' || n")
         .await
@@ -1364,7 +1384,7 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
         ..opts
     };
     let f = &lakecdc::flush::run(&rig.ctx, &tiny).await.unwrap().schemas[0];
-    assert_eq!((f.rows_by_scan, f.table_scans), (1, 1), "{f:?}");
+    assert_eq!((f.rows_by_scan, f.table_scans), (0, 0), "{f:?}");
     lake_is_table(",5,end 5\n").await;
 }
 
