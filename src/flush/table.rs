@@ -71,22 +71,46 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     let src = Arc::new(src);
     let client = Arc::new(client);
     report.dirty_rows = 0;
+    // A second connection for the pages' reads by key, opened once a backlog needs it.
+    let mut second: Option<Arc<tokio_postgres::Client>> = None;
     // A backlog larger than one read holds is read again, in a new snapshot, once the first
     // read's rows are exported and marked: its touches are gone by then.
     loop {
         let t = Instant::now();
-        let reader = Arc::new(
-            table_source::SnapshotRead::open(
-                client.clone(),
-                src.clone(),
-                ReadKind::Flush {
-                    scan_memory: usize::try_from(opts.scan_memory).unwrap_or(usize::MAX),
-                    max_touches: opts.max_touches.max(1),
-                },
-            )
-            .await?,
-        );
+        let mut read = table_source::SnapshotRead::open(
+            client.clone(),
+            src.clone(),
+            ReadKind::Flush {
+                scan_memory: usize::try_from(opts.scan_memory).unwrap_or(usize::MAX),
+                max_touches: opts.max_touches.max(1),
+            },
+        )
+        .await?;
         step_done("read touches", t);
+        // More than one page read by key or range: two connections in the read's snapshot
+        // read pages at once (docs/design.md §9.2); without a second connection (a
+        // connection limit) the pages take turns on the first.
+        if read.takes_connections() && read.pending_rows() > opts.batch_size.max(1) {
+            if second.is_none() {
+                second = match ctx.connector.connect().await {
+                    Ok(c) => match snapshot::tune_for_lookups(&c).await {
+                        Ok(()) => Some(Arc::new(c)),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "a second read connection could not be tuned; reading on one");
+                            None
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a second read connection could not be opened; reading on one");
+                        None
+                    }
+                };
+            }
+            if let Some(c) = &second {
+                read.add_connection(c.clone()).await?;
+            }
+        }
+        let reader = Arc::new(read);
         report.dirty_rows = report.dirty_rows.saturating_add(reader.pending_rows());
         if reader.needs_init_at.is_some() {
             // Truncated since the source was loaded: the snapshot would export the touched
@@ -115,10 +139,11 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     Ok(())
 }
 
-/// Exports the read batch by batch: the next batch is read on the read's connection while the
-/// current one is written and published; each mark runs on a second connection while the
-/// next batch is exported (at most one in flight). Batches are committed and marked in
-/// `row_id` order.
+/// Exports the read batch by batch: the next batches are read (as many at once as the read has
+/// connections, [`table_source::SnapshotRead::parallel_pages`]) while the current one is
+/// written and published; each mark runs on a connection of its own while the next batch is
+/// exported (at most one in flight). Batches are taken, committed and marked in `row_id`
+/// order.
 async fn drain(
     p: &Publisher<'_>,
     src: &Arc<TableSource>,
@@ -129,20 +154,24 @@ async fn drain(
 ) -> Result<()> {
     let (ctx, opts) = (p.ctx, p.opts);
     let limit = usize::try_from(opts.batch_size.max(1)).unwrap_or(usize::MAX);
-    let read = || {
-        let reader = reader.clone();
-        Guarded(tokio::spawn(async move {
+    // Taken here, in order; read in a task.
+    let read = || -> Result<Guarded> {
+        let (reader, page) = (reader.clone(), reader.take(limit)?);
+        Ok(Guarded(tokio::spawn(async move {
             let t = Instant::now();
-            let batch = reader.page(limit).await;
+            let batch = reader.read(page).await;
             step_done("read table batch", t);
             batch
-        }))
+        })))
     };
-    let mut next = Some(read());
+    let mut next = std::collections::VecDeque::new();
     let mut marker: Option<Arc<tokio_postgres::Client>> = None;
     let mut pending: Option<PendingMark> = None;
     let result = async {
-        while let Some(reading) = next.take() {
+        for _ in 0..reader.parallel_pages().max(1) {
+            next.push_back(read()?);
+        }
+        while let Some(reading) = next.pop_front() {
             if ctx.shutdown.is_requested() {
                 stopped(report, false);
                 break;
@@ -160,7 +189,7 @@ async fn drain(
                 break;
             }
             if n >= limit {
-                next = Some(read());
+                next.push_back(read()?);
             }
             report.batches += 1;
             report.batches_by_range += u32::from(batch.by_range);

@@ -640,11 +640,49 @@ enum Served {
     /// range read when the page is dense.
     Touches {
         folded: std::sync::Mutex<Folded>,
-        payload: tokio_postgres::Statement,
-        range: Option<Ranged>,
+        /// The read's connections in its snapshot: its own first, then any added
+        /// ([`SnapshotRead::add_connection`]); a page reads on whichever is free.
+        conns: Vec<tokio::sync::Mutex<PageConn>>,
         /// The table scan of a hashed key's dense backlog.
         scan: Option<Box<tokio::sync::Mutex<Scan>>>,
     },
+}
+
+/// One connection of a flush read, in the read's snapshot, with its page statements prepared.
+struct PageConn {
+    client: Arc<Client>,
+    /// The lookup by key ([`TableSource::payload_sql`]).
+    payload: tokio_postgres::Statement,
+    /// The range read of dense pages, for a key whose order is the `row_id`'s.
+    range: Option<Ranged>,
+}
+
+impl PageConn {
+    async fn prepare(client: Arc<Client>, src: &TableSource) -> Result<Self> {
+        let payload = prepare(&client, &src.payload_sql()).await?;
+        let range = match src.range_sql() {
+            Some((read, probe)) => Some(Ranged {
+                read: prepare(&client, &read).await?,
+                probe: match probe {
+                    Some(sql) => Some(prepare(&client, &sql).await?),
+                    None => None,
+                },
+            }),
+            None => None,
+        };
+        Ok(Self {
+            client,
+            payload,
+            range,
+        })
+    }
+}
+
+/// The rows of one page, taken from a [`SnapshotRead`] in page order ([`SnapshotRead::take`])
+/// and read by [`SnapshotRead::read`], on whichever connection is free.
+pub struct Page {
+    rows: usize,
+    taken: Option<(Vec<Pending>, usize, Touches)>,
 }
 
 /// How one page of flush's folded rows is read.
@@ -1041,17 +1079,7 @@ impl SnapshotRead {
                 };
                 // The highest version this run can hand out: its latest touch read.
                 top = raw.iter().map(|t| t.1).fold(top, i64::max);
-                let payload = prepare(&client, &src.payload_sql()).await?;
-                let range = match src.range_sql() {
-                    Some((read, probe)) => Some(Ranged {
-                        read: prepare(&client, &read).await?,
-                        probe: match probe {
-                            Some(sql) => Some(prepare(&client, &sql).await?),
-                            None => None,
-                        },
-                    }),
-                    None => None,
-                };
+                let conn = PageConn::prepare(client.clone(), &src).await?;
                 let folded = Folded::new(raw);
                 let scan = Scan::planned(&client, &src, &folded.rows, scan_memory)
                     .await?
@@ -1059,8 +1087,7 @@ impl SnapshotRead {
                 (
                     Served::Touches {
                         folded: std::sync::Mutex::new(folded),
-                        payload,
-                        range,
+                        conns: vec![tokio::sync::Mutex::new(conn)],
                         scan,
                     },
                     more,
@@ -1109,40 +1136,114 @@ impl SnapshotRead {
 
     /// The next page of at most `rows` rows (empty at the end).
     pub async fn page(&self, rows: usize) -> Result<Batch> {
-        match &self.served {
-            Served::Rows => self.rows_page(rows).await,
-            Served::Touches {
-                folded,
-                payload,
-                range,
-                scan,
-            } => {
-                let (pending, start, touches) = folded
+        let page = self.take(rows)?;
+        self.read(page).await
+    }
+
+    /// The next page's rows (at most `rows`), taken in page order: pages read concurrently
+    /// ([`Self::read`]) still hold consecutive slices of the backlog, in `row_id` order.
+    pub fn take(&self, rows: usize) -> Result<Page> {
+        let taken = match &self.served {
+            Served::Rows => None,
+            Served::Touches { folded, .. } => Some(
+                folded
                     .lock()
                     .map_err(|_| Error::Invariant("a table source read panicked".into()))?
-                    .take(rows);
-                let dense = match range {
-                    Some(r) => self.dense(r, &pending).await?,
+                    .take(rows),
+            ),
+        };
+        Ok(Page { rows, taken })
+    }
+
+    /// Reads page `page` on a free connection of the read.
+    pub async fn read(&self, page: Page) -> Result<Batch> {
+        match (&self.served, page.taken) {
+            (Served::Touches { conns, scan, .. }, Some((pending, start, touches))) => {
+                let conn = match conns.iter().find_map(|c| c.try_lock().ok()) {
+                    Some(free) => free,
+                    None => match conns.first() {
+                        Some(c) => c.lock().await,
+                        None => return Err(Error::Invariant("a read without a connection".into())),
+                    },
+                };
+                let dense = match &conn.range {
+                    Some(r) => self.dense(&conn.client, r, &pending).await?,
                     None => false,
                 };
-                let range = range.as_ref().filter(|_| dense).map(|r| &r.read);
+                let range = conn.range.as_ref().filter(|_| dense).map(|r| &r.read);
                 let (read, scans) = match (range, scan) {
                     (Some(range), _) => (Read::Range(range), 0),
                     (None, Some(scan)) => {
                         let (tuples, scans) = scan
                             .lock()
                             .await
-                            .take(&self.client, &self.src, start, pending.len())
+                            .take(&conn.client, &self.src, start, pending.len())
                             .await?;
                         (Read::Scanned(tuples), scans)
                     }
                     (None, None) => (Read::Lookup, 0),
                 };
-                let mut batch = self.touched_page(payload, read, pending, touches).await?;
+                let mut batch = self.touched_page(&conn, read, pending, touches).await?;
                 batch.scans = scans;
                 Ok(batch)
             }
+            _ => self.rows_page(page.rows).await,
         }
+    }
+
+    /// How many pages can be read at once: one per connection of a flush read by key or range;
+    /// one when a table scan serves the pages (they take its passes' tuples in order).
+    pub fn parallel_pages(&self) -> usize {
+        match &self.served {
+            Served::Touches {
+                conns, scan: None, ..
+            } => conns.len(),
+            _ => 1,
+        }
+    }
+
+    /// Whether [`Self::add_connection`] would use another connection: a flush read by key or
+    /// range.
+    pub fn takes_connections(&self) -> bool {
+        matches!(&self.served, Served::Touches { scan: None, .. })
+    }
+
+    /// Adds `client` (tuned for lookups, no transaction open) to the read: it opens a read-only
+    /// transaction in the read's very snapshot (`pg_export_snapshot`, `SET TRANSACTION
+    /// SNAPSHOT`) and prepares the page statements, so pages are read on both at once
+    /// (docs/design.md §9.2). Ended by [`Self::close`].
+    pub async fn add_connection(&mut self, client: Arc<Client>) -> Result<()> {
+        const OP: &str = "share a table source read's snapshot";
+        let Served::Touches {
+            conns, scan: None, ..
+        } = &mut self.served
+        else {
+            return Ok(());
+        };
+        let row = timed(
+            TIMEOUT,
+            OP,
+            self.client.query_one("SELECT pg_export_snapshot()", &[]),
+        )
+        .await?;
+        let id: String = row.try_get(0).map_err(Error::postgres(OP))?;
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(Error::Invariant(format!("{OP}: snapshot id {id:?}")));
+        }
+        timed(
+            TIMEOUT,
+            OP,
+            client.batch_execute(&format!(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; \
+                 SET TRANSACTION SNAPSHOT '{id}'; \
+                 SET LOCAL idle_in_transaction_session_timeout = 0"
+            )),
+        )
+        .await?;
+        conns.push(tokio::sync::Mutex::new(
+            PageConn::prepare(client, &self.src).await?,
+        ));
+        Ok(())
     }
 
     /// A page of init's cursor, decoded as it arrives while PostgreSQL produces the rest.
@@ -1185,7 +1286,7 @@ impl SnapshotRead {
     /// Whether one range scan should read the page: an integer key's range spans at most
     /// [`DENSE_INTEGER`] keys per pending row; a uuid key's holds at most [`DENSE`] table rows
     /// per pending row (counted, up to that bound).
-    async fn dense(&self, r: &Ranged, pending: &[Pending]) -> Result<bool> {
+    async fn dense(&self, client: &Client, r: &Ranged, pending: &[Pending]) -> Result<bool> {
         const OP: &str = "probe a table source page";
         let (Some(first), Some(last)) = (pending.first(), pending.last()) else {
             return Ok(false);
@@ -1199,8 +1300,7 @@ impl SnapshotRead {
                 let row = timed(
                     TIMEOUT,
                     OP,
-                    self.client
-                        .query_one(probe, &[&first.row_id, &last.row_id, &limit]),
+                    client.query_one(probe, &[&first.row_id, &last.row_id, &limit]),
                 )
                 .await?;
                 let rows: i64 = row.try_get(0).map_err(Error::postgres(OP))?;
@@ -1217,7 +1317,7 @@ impl SnapshotRead {
     /// number before the delete of the key's old row).
     async fn touched_page(
         &self,
-        payload: &tokio_postgres::Statement,
+        conn: &PageConn,
         read: Read<'_>,
         pending: Vec<Pending>,
         touches: Touches,
@@ -1243,7 +1343,7 @@ impl SnapshotRead {
                     .filter_map(|(p, t)| t.is_none().then_some(p))
                     .collect();
                 let kept = (pending.len() - missed.len()) as u64;
-                (self.looked_up(payload, &missed).await?, kept)
+                (self.looked_up(conn, &missed).await?, kept)
             }
             None => (Vec::new(), 0),
         };
@@ -1293,21 +1393,21 @@ impl SnapshotRead {
                 (None, rule) => {
                     ids = pending.iter().map(|p| p.row_id).collect();
                     match rule {
-                        RowIdRule::Key => (payload, vec![&ids]),
+                        RowIdRule::Key => (&conn.payload, vec![&ids]),
                         RowIdRule::Integer => {
                             ints = ids.iter().map(|id| integer_key(*id)).collect();
-                            (payload, vec![&ids, &ints])
+                            (&conn.payload, vec![&ids, &ints])
                         }
                         RowIdRule::Hashed => {
                             firsts = pending.iter().map(|p| p.first).collect();
-                            (payload, vec![&ids, &firsts])
+                            (&conn.payload, vec![&ids, &firsts])
                         }
                     }
                 }
             };
             let ranged = range.is_some();
             within(TIMEOUT, OP, async {
-                let stream = self
+                let stream = conn
                     .client
                     .query_raw(statement, params)
                     .await
@@ -1373,7 +1473,7 @@ impl SnapshotRead {
     /// [`TableSource::payload_sql`], collected.
     async fn looked_up(
         &self,
-        payload: &tokio_postgres::Statement,
+        conn: &PageConn,
         rows: &[&Pending],
     ) -> Result<Vec<tokio_postgres::Row>> {
         if rows.is_empty() {
@@ -1383,13 +1483,24 @@ impl SnapshotRead {
         timed(
             TIMEOUT,
             "read a table source page",
-            self.client.query(payload, &[&ids, &firsts]),
+            conn.client.query(&conn.payload, &[&ids, &firsts]),
         )
         .await
     }
 
-    /// Ends the snapshot.
+    /// Ends the snapshot, on every connection of the read.
     pub async fn close(&self) -> Result<()> {
+        if let Served::Touches { conns, .. } = &self.served {
+            for conn in conns.iter().skip(1) {
+                let client = conn.lock().await.client.clone();
+                timed(
+                    TIMEOUT,
+                    "end a table source read",
+                    client.batch_execute("COMMIT"),
+                )
+                .await?;
+            }
+        }
         timed(
             TIMEOUT,
             "end a table source read",

@@ -1388,6 +1388,95 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     lake_is_table(",5,end 5\n").await;
 }
 
+#[tokio::test]
+async fn pages_read_by_key_on_two_connections_share_the_reads_snapshot() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE two (id text PRIMARY KEY, n int NOT NULL, note text)
+                 WITH (autovacuum_enabled = false);
+             INSERT INTO two SELECT 'k' || g, g, 'old ' || g FROM generate_series(1, 1000) g;",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "two");
+    lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "two"))
+        .await
+        .unwrap();
+    // Never analysed (no autovacuum either): no scan, every page looked up by key.
+    client
+        .batch_execute(
+            "UPDATE two SET note = 'new ' || n WHERE n % 3 <> 0; DELETE FROM two WHERE n % 10 = 0;",
+        )
+        .await
+        .unwrap();
+    let (columns, row, order) = ("id,n,note", "id || ',' || n || ',' || note", "n");
+    let all = format!("SELECT {columns} FROM two ORDER BY {order}");
+    let snapshot = pg_csv(&client, "two", columns, row, order).await;
+    let pending: i64 = client
+        .query_one("SELECT count(DISTINCT row_id) FROM lakecdc_touch", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Before the first mark: count the sessions holding a snapshot (the read's connections),
+    // then rewrite every row and vacuum, so a page read outside the snapshot would see it.
+    let other = std::sync::Arc::new(rig.db.client().await);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None::<i64>));
+    let (o, s) = (other.clone(), seen.clone());
+    let hooks = FlushHooks {
+        before_mark: Some(std::sync::Arc::new(move |_, _| {
+            let (other, seen) = (o.clone(), s.clone());
+            Box::pin(async move {
+                if seen.lock().unwrap().is_some() {
+                    return;
+                }
+                let n: i64 = other
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                         AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                *seen.lock().unwrap() = Some(n);
+                other
+                    .batch_execute("UPDATE two SET note = 'later ' || n")
+                    .await
+                    .unwrap();
+                other.batch_execute("VACUUM two").await.unwrap();
+            })
+        })),
+        ..FlushHooks::default()
+    };
+    let opts = lakecdc::flush::FlushOptions {
+        schemas: vec!["two".into()],
+        batch_size: 50,
+        ..rig.opts.clone()
+    };
+    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
+        .await
+        .unwrap();
+    let f = &report.schemas[0];
+    assert_eq!(f.rows_exported as i64, pending, "{f:?}");
+    assert_eq!((f.rows_by_scan, f.table_scans), (0, 0), "{f:?}");
+    assert_eq!(i64::from(f.batches), (pending + 49) / 50, "{f:?}");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some(2),
+        "the read and its second connection"
+    );
+    assert!(snapshot.contains("k2,2,new 2\n") && !snapshot.contains(",10,"));
+    assert_eq!(lake_csv(&rig, &all).await, snapshot, "the snapshot's state");
+    // The rewrite goes out next.
+    let f = flush(&rig, "two").await;
+    assert_eq!(f.rows_exported, 900, "{f:?}");
+    let now = pg_csv(&client, "two", columns, row, order).await;
+    assert!(now.contains("k2,2,later 2\n"), "{now}");
+    assert_eq!(lake_csv(&rig, &all).await, now, "the table's state");
+}
+
 /// `verify --source` of source `name` (with `--repair` when asked).
 async fn verify_table(rig: &Rig, name: &str, repair: bool) -> lakecdc::verify::SchemaVerify {
     verify_table_deep(rig, name, false, repair).await
