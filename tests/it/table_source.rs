@@ -1342,23 +1342,12 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
         .await
         .unwrap();
     let snapshot = pg_csv(&client, "sc", columns, row, order).await;
-    let other = std::sync::Arc::new(rig.db.client().await);
-    let once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let hooks = FlushHooks {
-        before_mark: Some(std::sync::Arc::new(move |_, _| {
-            let (other, once) = (other.clone(), once.clone());
-            Box::pin(async move {
-                if !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                    other
-                        .batch_execute("UPDATE sc SET note = 'later ' || n WHERE n % 3 = 0")
-                        .await
-                        .unwrap();
-                    other.batch_execute("VACUUM sc").await.unwrap();
-                }
-            })
-        })),
-        ..FlushHooks::default()
-    };
+    let (hooks, _) = rewrite_before_first_mark(
+        rig.db.client().await,
+        None,
+        "UPDATE sc SET note = 'later ' || n WHERE n % 3 = 0",
+        "sc",
+    );
     let small = lakecdc::flush::FlushOptions {
         scan_memory: 64 << 10,
         ..opts.clone()
@@ -1386,6 +1375,42 @@ async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     let f = &lakecdc::flush::run(&rig.ctx, &tiny).await.unwrap().schemas[0];
     assert_eq!((f.rows_by_scan, f.table_scans), (0, 0), "{f:?}");
     lake_is_table(",5,end 5\n").await;
+}
+
+/// Flush hooks whose first `before_mark` runs, on `other`, the count `probe` (kept in the
+/// returned cell), then `write` and a `VACUUM` of `table`: rows rewritten, and their old
+/// versions reclaimed where nothing holds them, behind a running read.
+fn rewrite_before_first_mark(
+    other: tokio_postgres::Client,
+    probe: Option<&'static str>,
+    write: &'static str,
+    table: &'static str,
+) -> (FlushHooks, std::sync::Arc<std::sync::Mutex<Option<i64>>>) {
+    let other = std::sync::Arc::new(other);
+    let once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let cell = seen.clone();
+    let hooks = FlushHooks {
+        before_mark: Some(std::sync::Arc::new(move |_, _| {
+            let (other, once, seen) = (other.clone(), once.clone(), seen.clone());
+            Box::pin(async move {
+                if once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                if let Some(probe) = probe {
+                    let n: i64 = other.query_one(probe, &[]).await.unwrap().get(0);
+                    *seen.lock().unwrap() = Some(n);
+                }
+                other.batch_execute(write).await.unwrap();
+                other
+                    .batch_execute(&format!("VACUUM {table}"))
+                    .await
+                    .unwrap();
+            })
+        })),
+        ..FlushHooks::default()
+    };
+    (hooks, cell)
 }
 
 #[tokio::test]
@@ -1421,35 +1446,15 @@ async fn pages_read_by_key_on_two_connections_share_the_reads_snapshot() {
         .get(0);
     // Before the first mark: count the sessions holding a snapshot (the read's connections),
     // then rewrite every row and vacuum, so a page read outside the snapshot would see it.
-    let other = std::sync::Arc::new(rig.db.client().await);
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(None::<i64>));
-    let (o, s) = (other.clone(), seen.clone());
-    let hooks = FlushHooks {
-        before_mark: Some(std::sync::Arc::new(move |_, _| {
-            let (other, seen) = (o.clone(), s.clone());
-            Box::pin(async move {
-                if seen.lock().unwrap().is_some() {
-                    return;
-                }
-                let n: i64 = other
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                         AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                *seen.lock().unwrap() = Some(n);
-                other
-                    .batch_execute("UPDATE two SET note = 'later ' || n")
-                    .await
-                    .unwrap();
-                other.batch_execute("VACUUM two").await.unwrap();
-            })
-        })),
-        ..FlushHooks::default()
-    };
+    let (hooks, seen) = rewrite_before_first_mark(
+        rig.db.client().await,
+        Some(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL",
+        ),
+        "UPDATE two SET note = 'later ' || n",
+        "two",
+    );
     let opts = lakecdc::flush::FlushOptions {
         schemas: vec!["two".into()],
         batch_size: 50,
