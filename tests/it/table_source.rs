@@ -1244,21 +1244,27 @@ async fn pg_csv(
         .get(0)
 }
 
+/// Runs `sql` (creating and filling table `name`), attaches the table and inits its lake.
+async fn loaded(rig: &Rig, client: &tokio_postgres::Client, sql: &str, name: &str) {
+    client.batch_execute(sql).await.unwrap();
+    attach(rig, name);
+    lakecdc::init::run(&rig.job_context(), &init_opts(rig, name))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_hashed_key_backlog_read_by_table_scans_exports_the_snapshot() {
     let rig = rig(LakeKind::Local).await;
     let client = rig.db.client().await;
-    client
-        .batch_execute(
-            "CREATE TABLE sc (id text, n int, note text, PRIMARY KEY (id, n));
-             INSERT INTO sc SELECT 'k' || g, g, 'old ' || g FROM generate_series(1, 3000) g;",
-        )
-        .await
-        .unwrap();
-    attach(&rig, "sc");
-    lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "sc"))
-        .await
-        .unwrap();
+    loaded(
+        &rig,
+        &client,
+        "CREATE TABLE sc (id text, n int, note text, PRIMARY KEY (id, n));
+         INSERT INTO sc SELECT 'k' || g, g, 'old ' || g FROM generate_series(1, 3000) g;",
+        "sc",
+    )
+    .await;
     // Analysed, so flush knows the table's size: the backlog below is most of it.
     client.batch_execute("ANALYZE sc").await.unwrap();
     client
@@ -1417,18 +1423,15 @@ fn rewrite_before_first_mark(
 async fn pages_read_by_key_on_two_connections_share_the_reads_snapshot() {
     let rig = rig(LakeKind::Local).await;
     let client = rig.db.client().await;
-    client
-        .batch_execute(
-            "CREATE TABLE two (id text PRIMARY KEY, n int NOT NULL, note text)
-                 WITH (autovacuum_enabled = false);
-             INSERT INTO two SELECT 'k' || g, g, 'old ' || g FROM generate_series(1, 1000) g;",
-        )
-        .await
-        .unwrap();
-    attach(&rig, "two");
-    lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "two"))
-        .await
-        .unwrap();
+    loaded(
+        &rig,
+        &client,
+        "CREATE TABLE two (id text PRIMARY KEY, n int NOT NULL, note text)
+             WITH (autovacuum_enabled = false);
+         INSERT INTO two SELECT 'k' || g, g, 'old ' || g FROM generate_series(1, 1000) g;",
+        "two",
+    )
+    .await;
     // Never analysed (no autovacuum either): no scan, every page looked up by key.
     client
         .batch_execute(
