@@ -898,7 +898,8 @@ impl Scan {
         const OP: &str = "scan a table source";
         let planned = self.rows_from(lo);
         let every_row = planned as f64 >= self.table_rows * SCAN_ALL_SHARE;
-        let (sql, mut hi) = match (every_row, self.ids.get(lo), self.ids.get(lo + planned - 1)) {
+        let last = (lo + planned).saturating_sub(1);
+        let (sql, mut hi) = match (every_row, self.ids.get(lo), self.ids.get(last)) {
             (false, Some(first), Some(last)) => (src.touched_scan_sql(*first, *last), lo + planned),
             _ => (src.scan_sql(), self.ids.len()),
         };
@@ -912,8 +913,9 @@ impl Scan {
         // this statement is a sequential read and a hash join of the pass's keys, run by this
         // backend alone, with the memory to hold the keys' hash (so the table's rows are not
         // spilled to temporary files by batch).
-        let hash =
-            (planned * (self.key_bytes + KEY_HASH_OVERHEAD)).clamp(4 << 20, budget.max(4 << 20));
+        let hash = planned
+            .saturating_mul(self.key_bytes.saturating_add(KEY_HASH_OVERHEAD))
+            .clamp(4 << 20, budget.max(4 << 20));
         let tuned = planner_settings(
             client,
             &[
