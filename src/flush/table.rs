@@ -71,7 +71,9 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     let src = Arc::new(src);
     let client = Arc::new(client);
     report.dirty_rows = 0;
-    // A second connection for the pages' reads by key, opened once a backlog needs it.
+    // The marks' connection, and a second one for the pages' reads by key, opened once a
+    // backlog needs them — the marks' first, so under a connection limit the reads share one.
+    let mut marker: Option<Arc<tokio_postgres::Client>> = None;
     let mut second: Option<Arc<tokio_postgres::Client>> = None;
     // A backlog larger than one read holds is read again, in a new snapshot, once the first
     // read's rows are exported and marked: its touches are gone by then.
@@ -91,23 +93,25 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
         // read pages at once (docs/design.md §9.2); without a second connection (a
         // connection limit) the pages take turns on the first.
         if read.takes_connections() && read.pending_rows() > opts.batch_size.max(1) {
-            if second.is_none() {
-                second = match ctx.connector.connect().await {
-                    Ok(c) => match snapshot::tune_for_lookups(&c).await {
-                        Ok(()) => Some(Arc::new(c)),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "a second read connection could not be tuned; reading on one");
-                            None
-                        }
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a second read connection could not be opened; reading on one");
-                        None
-                    }
-                };
+            if marker.is_none() && !opts.dry_run {
+                marker = Some(tuned_connection(&ctx.connector).await?);
             }
-            if let Some(c) = &second {
-                read.add_connection(c.clone()).await?;
+            if second.is_none() {
+                second = tuned_connection(&ctx.connector)
+                    .await
+                    .inspect_err(|e| {
+                        tracing::warn!(error = %e, "a second read connection could not be opened; reading on one");
+                    })
+                    .ok();
+            }
+            if let Some(c) = second.clone()
+                && let Err(e) = read.add_connection(c).await
+            {
+                // The second connection's side failed (its transaction, its statements): it is
+                // closed, the read goes on on one. A failure of the read's own connection fails
+                // its next statement.
+                tracing::warn!(error = %e, "a second read connection could not share the read's snapshot; reading on one");
+                second = None;
             }
         }
         let reader = Arc::new(read);
@@ -118,7 +122,16 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
             let closed = reader.close().await;
             return src.refuse_truncated().and(closed);
         }
-        let result = drain(p, &src, &reader, &mut ownership, started, report).await;
+        let result = drain(
+            p,
+            &src,
+            &reader,
+            &mut marker,
+            &mut ownership,
+            started,
+            report,
+        )
+        .await;
         // Read-only: closing (or dropping the connection on an error) leaves what was not
         // marked pending.
         let closed = reader.close().await;
@@ -148,6 +161,7 @@ async fn drain(
     p: &Publisher<'_>,
     src: &Arc<TableSource>,
     reader: &Arc<table_source::SnapshotRead>,
+    marker: &mut Option<Arc<tokio_postgres::Client>>,
     ownership: &mut owner::Ownership,
     started: Instant,
     report: &mut SchemaReport,
@@ -165,7 +179,7 @@ async fn drain(
         })))
     };
     let mut next = std::collections::VecDeque::new();
-    let mut marker: Option<Arc<tokio_postgres::Client>> = None;
+    let mut reserved = false;
     let mut pending: Option<PendingMark> = None;
     let result = async {
         for _ in 0..reader.parallel_pages().max(1) {
@@ -211,16 +225,15 @@ async fn drain(
                 report.rows_exported += n as u64;
                 continue;
             }
-            let m = match &marker {
+            let m = match marker {
                 Some(m) => m.clone(),
-                None => {
-                    let c = ctx.connector.connect().await?;
-                    snapshot::tune_for_lookups(&c).await?;
-                    // The versions this run hands out are reserved before anything is published.
-                    reader.reserve(&c).await?;
-                    marker.insert(Arc::new(c)).clone()
-                }
+                None => marker.insert(tuned_connection(&ctx.connector).await?).clone(),
             };
+            if !reserved {
+                // The versions this read hands out are reserved before anything is published.
+                reader.reserve(&m).await?;
+                reserved = true;
+            }
             export(p, &batch, ownership, report).await?;
             settle_mark(pending.take(), report).await?;
             let src = src.clone();
@@ -237,6 +250,15 @@ async fn drain(
     // A started mark always finishes and is accounted for, whatever happened after it.
     let settled = settle_mark(pending.take(), report).await;
     result.and(settled)
+}
+
+/// A connection tuned for lookups by id and address (the marks', a second read's).
+async fn tuned_connection(
+    connector: &crate::source::Connector,
+) -> Result<Arc<tokio_postgres::Client>> {
+    let c = connector.connect().await?;
+    snapshot::tune_for_lookups(&c).await?;
+    Ok(Arc::new(c))
 }
 
 /// A read-ahead task, aborted when dropped unjoined (its read is read-only: what it held stays

@@ -809,9 +809,9 @@ impl Scan {
                 "SELECT c.reltuples::float8, current_setting('server_encoding'), \
                         c.relpages::int8 * current_setting('block_size')::int8, \
                         (SELECT sum(s.avg_width)::int8 FROM pg_stats s WHERE s.schemaname = n.nspname \
-                            AND s.tablename = c.relname AND s.attname = ANY($2)), \
+                            AND s.tablename = c.relname AND NOT s.inherited AND s.attname = ANY($2)), \
                         (SELECT sum(s.avg_width)::int8 FROM pg_stats s WHERE s.schemaname = n.nspname \
-                            AND s.tablename = c.relname AND s.attname = ANY($3)) \
+                            AND s.tablename = c.relname AND NOT s.inherited AND s.attname = ANY($3)) \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE c.oid = to_regclass($1)",
                 &[
