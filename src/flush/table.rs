@@ -71,8 +71,9 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     let src = Arc::new(src);
     let client = Arc::new(client);
     report.dirty_rows = 0;
-    // The marks' connection, and a second one for the pages' reads by key, opened once a
-    // backlog needs them — the marks' first, so under a connection limit the reads share one.
+    // The marks' connection, opened once a read has rows to mark, and a second one for the
+    // pages' reads by key, once a backlog needs it — the marks' first, so under a connection
+    // limit the reads share one.
     let mut marker: Option<Arc<tokio_postgres::Client>> = None;
     let mut second: Option<Arc<tokio_postgres::Client>> = None;
     // A backlog larger than one read holds is read again, in a new snapshot, once the first
@@ -89,13 +90,20 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
         )
         .await?;
         step_done("read touches", t);
+        report.dirty_rows = report.dirty_rows.saturating_add(read.pending_rows());
+        if read.needs_init_at.is_some() {
+            // Truncated since the source was loaded: the snapshot would export the touched
+            // rows as gone and leave every other truncated row live.
+            let closed = read.close().await;
+            return src.refuse_truncated().and(closed);
+        }
+        if marker.is_none() && !opts.dry_run && read.pending_rows() > 0 {
+            marker = Some(tuned_connection(&ctx.connector).await?);
+        }
         // More than one page read by key or range: two connections in the read's snapshot
         // read pages at once (docs/design.md §9.2); without a second connection (a
         // connection limit) the pages take turns on the first.
         if read.takes_connections() && read.pending_rows() > opts.batch_size.max(1) {
-            if marker.is_none() && !opts.dry_run {
-                marker = Some(tuned_connection(&ctx.connector).await?);
-            }
             if second.is_none() {
                 second = tuned_connection(&ctx.connector)
                     .await
@@ -115,18 +123,11 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
             }
         }
         let reader = Arc::new(read);
-        report.dirty_rows = report.dirty_rows.saturating_add(reader.pending_rows());
-        if reader.needs_init_at.is_some() {
-            // Truncated since the source was loaded: the snapshot would export the touched
-            // rows as gone and leave every other truncated row live.
-            let closed = reader.close().await;
-            return src.refuse_truncated().and(closed);
-        }
         let result = drain(
             p,
             &src,
             &reader,
-            &mut marker,
+            marker.as_ref(),
             &mut ownership,
             started,
             report,
@@ -161,7 +162,7 @@ async fn drain(
     p: &Publisher<'_>,
     src: &Arc<TableSource>,
     reader: &Arc<table_source::SnapshotRead>,
-    marker: &mut Option<Arc<tokio_postgres::Client>>,
+    marker: Option<&Arc<tokio_postgres::Client>>,
     ownership: &mut owner::Ownership,
     started: Instant,
     report: &mut SchemaReport,
@@ -225,10 +226,9 @@ async fn drain(
                 report.rows_exported += n as u64;
                 continue;
             }
-            let m = match marker {
-                Some(m) => m.clone(),
-                None => marker.insert(tuned_connection(&ctx.connector).await?).clone(),
-            };
+            let m = marker
+                .cloned()
+                .ok_or_else(|| Error::Invariant("a table flush without its marks' connection".into()))?;
             if !reserved {
                 // The versions this read hands out are reserved before anything is published.
                 reader.reserve(&m).await?;

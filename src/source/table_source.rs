@@ -801,7 +801,6 @@ impl Scan {
         if RowIdRule::of(&src.key) != RowIdRule::Hashed || pending.is_empty() {
             return Ok(None);
         }
-        let names = |cols: Vec<&str>| cols.into_iter().map(str::to_string).collect::<Vec<_>>();
         let row = timed(
             TIMEOUT,
             OP,
@@ -816,8 +815,8 @@ impl Scan {
                  WHERE c.oid = to_regclass($1)",
                 &[
                     &src.table.quoted(),
-                    &names(src.columns.iter().map(|c| c.name.as_str()).collect()),
-                    &names(src.key.iter().map(|k| k.name.as_str()).collect()),
+                    &src.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+                    &src.key.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
                 ],
             ),
         )
@@ -962,28 +961,35 @@ impl Scan {
     }
 }
 
-/// Sets planner settings `(name, value)` for the rest of the read's transaction; returns what
-/// they were, to set them back.
+/// Sets planner settings `(name, value)` for the rest of the read's transaction, in one
+/// statement after one that reads them; returns what they were, to set them back.
 async fn planner_settings<V: AsRef<str>>(
     client: &Client,
     settings: &[(&'static str, V)],
 ) -> Result<Vec<(&'static str, String)>> {
     const OP: &str = "set the scan's planner settings";
-    let mut was = Vec::with_capacity(settings.len());
-    for (name, value) in settings {
-        let row = timed(
-            TIMEOUT,
-            OP,
-            client.query_one(
-                "SELECT current_setting($1), set_config($1, $2, true)",
-                &[name, &value.as_ref()],
-            ),
-        )
-        .await?;
-        let old: String = row.try_get(0).map_err(Error::postgres(OP))?;
-        was.push((*name, old));
-    }
-    Ok(was)
+    let names: Vec<&str> = settings.iter().map(|(n, _)| *n).collect();
+    let values: Vec<&str> = settings.iter().map(|(_, v)| v.as_ref()).collect();
+    let row = timed(
+        TIMEOUT,
+        OP,
+        client.query_one(
+            "SELECT array_agg(current_setting(n) ORDER BY i) FROM unnest($1::text[]) WITH ORDINALITY AS t(n, i)",
+            &[&names],
+        ),
+    )
+    .await?;
+    let was: Vec<String> = row.try_get(0).map_err(Error::postgres(OP))?;
+    timed(
+        TIMEOUT,
+        OP,
+        client.execute(
+            "SELECT set_config(n, v, true) FROM unnest($1::text[], $2::text[]) AS t(n, v)",
+            &[&names, &values],
+        ),
+    )
+    .await?;
+    Ok(names.into_iter().zip(was).collect())
 }
 
 /// One snapshot of a table source, read a page at a time: init's (every row, through a
