@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use futures::{StreamExt, stream};
+use futures::{FutureExt, StreamExt, stream};
 use serde::Serialize;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -47,6 +47,7 @@ use crate::source::stats;
 use crate::source::table_source;
 use crate::store::delete_or_leave;
 
+mod heap_pass;
 mod read_ahead;
 mod table;
 
@@ -80,6 +81,7 @@ impl std::fmt::Debug for FlushHooks {
 
 pub use crate::job::Context;
 pub use crate::policy::FlushThresholds;
+pub use crate::source::heap_read::ReadOrder;
 
 /// Batches cut from one selection window by default: a batch then spans a twentieth of the
 /// window's row-id range (docs/design.md §4.1).
@@ -114,6 +116,9 @@ pub struct FlushOptions {
     /// backlog is read again, in a new snapshot, once they are exported and marked, within the
     /// time budget.
     pub max_touches: usize,
+    /// How a large backlog of scattered row ids is read: by windows of lookups, or by heap
+    /// passes (docs/design.md §4.1, "Heap passes").
+    pub read_order: ReadOrder,
     /// Plan only: lock, stats and selection, nothing written.
     pub dry_run: bool,
     /// Where local Parquet files are written.
@@ -149,6 +154,7 @@ impl Default for FlushOptions {
             time_budget: Duration::from_secs(50),
             scan_memory: 256 << 20,
             max_touches: crate::source::table_source::MAX_TOUCHES,
+            read_order: ReadOrder::Auto,
             dry_run: false,
             work_dir: std::env::temp_dir(),
             engine: EngineConfig::default(),
@@ -195,10 +201,10 @@ pub struct SchemaReport {
     /// schema's by its row-id range (docs/design.md §4.1), a table source's by one key range
     /// scan (§9.2).
     pub batches_by_range: u32,
-    /// Rows of a table source with a hashed key that its table scans read (rather than a
-    /// lookup per row: docs/design.md §9.2); 0 for a schema.
+    /// Rows read by table scans rather than a lookup per row: a schema's heap passes
+    /// (docs/design.md §4.1), a table source's scans of a hashed key's backlog (§9.2).
     pub rows_by_scan: u64,
-    /// The table scans (passes over the whole table) those took.
+    /// The table scans (passes over the whole tables) those took.
     pub table_scans: u32,
     /// Rows written to delta files.
     pub rows_exported: u64,
@@ -607,26 +613,21 @@ async fn drain(
     let SchemaFlush {
         ctx,
         opts,
-        hooks,
         def,
         schema_id,
         ..
     } = *sf;
     let started = Instant::now();
-    let plan = read_ahead::Plan {
-        connector: ctx.connector.clone(),
-        tables: ctx.tables.clone(),
-        def: def.clone(),
-        schema_id,
-        batch_size: opts.batch_size,
-        window_batches: opts.window_batches,
-        dry_run: opts.dry_run,
-        max_batches: opts.max_batches,
-        before_payload: hooks.before_export.clone(),
-        before_second_connection: hooks.before_second_connection.clone(),
+    // A stop during a heap pass's scan ends the run with nothing of the pass exported.
+    let mut reads = match Reads::open(sf, conn, Some(report.dirty_rows), report).await {
+        Err(Error::Stopped) => {
+            stopped(report, true);
+            return Ok(());
+        }
+        reads => reads?,
     };
-    let mut reads = read_ahead::ReadAhead::start(plan, conn).await?;
     let mut engine: Option<Engine> = None;
+    let mut staged: Option<Staged> = None;
     // Whose data prefix this is, read before the first batch (see `publish`).
     let mut ownership: Option<owner::Ownership> = None;
     let mut marker: Option<Arc<snapshot::Marker>> = None;
@@ -642,15 +643,60 @@ async fn drain(
                 Some("batch or time budget reached; the rest is left for the next run".into());
             break;
         }
+        if let Reads::Pass { pass, .. } = &reads
+            && pass.slots_left() == 0
+        {
+            // The pass's last batch is published and its mark lands first: the next selection
+            // would pick its slots again.
+            if let Some(st) = staged.take() {
+                publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await?;
+            }
+            settle_mark(pending.take(), report).await?;
+            match reads.after_pass(sf, report).await {
+                Ok(Some(next)) => reads = next,
+                Ok(None) => break,
+                Err(Error::Stopped) => {
+                    stopped(report, true);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+            continue;
+        }
+        // The batch written last is published while the next one is written, if the next
+        // one is read already; otherwise it is published first, so a slow read delays no
+        // commit (docs/design.md §4.1, "The drain").
+        let mut next = None;
+        if let Some(st) = staged.take() {
+            match reads.next().now_or_never() {
+                Some(fetched) => {
+                    next = Some(fetched);
+                    staged = Some(st);
+                }
+                None => {
+                    publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await?
+                }
+            }
+        }
         // A stop request while the next batch is still being read ends the run now: the read
         // is read-only, and what it held stays dirty for the next run.
-        let next = tokio::select! {
-            biased;
-            () = ctx.shutdown.requested() => {
+        let next = match next {
+            Some(fetched) => fetched,
+            None => tokio::select! {
+                biased;
+                () = ctx.shutdown.requested() => {
+                    stopped(report, true);
+                    break;
+                }
+                next = reads.next() => next,
+            },
+        };
+        let next = match next {
+            Err(Error::Stopped) => {
                 stopped(report, true);
                 break;
             }
-            next = reads.next() => next?,
+            next => next?,
         };
         let Some(batch) = next else {
             break;
@@ -666,14 +712,11 @@ async fn drain(
         // So does a manifest written from another database (docs/design.md §4.9); its load
         // also makes a plan fail on a manifest the run could not commit to (malformed, another
         // schema's stamp, too large).
-        let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-        let owned = match &mut ownership {
-            Some(o) => o,
-            None => {
-                owner::check_source(store, layout, schema_id, sf.source).await?;
-                ownership.insert(owner::check_writable(store, layout, schema_id).await?)
-            }
-        };
+        if ownership.is_none() {
+            let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
+            owner::check_source(store, layout, schema_id, sf.source).await?;
+            ownership = Some(owner::check_writable(store, layout, schema_id).await?);
+        }
         match batch {
             read_ahead::Fetched::Planned(slots) => {
                 report.files.push(FileReport {
@@ -684,55 +727,208 @@ async fn drain(
                 report.rows_exported += slots.len() as u64;
             }
             read_ahead::Fetched::Read(snap) => {
-                report.batches_by_range += u32::from(snap.by_range);
-                engine = Some(export_batch(sf, &snap, engine, owned, report).await?);
-                settle_mark(pending.take(), report).await?;
-                let mc = match &marker {
-                    Some(m) => m.clone(),
-                    None => {
-                        let c = ctx.connector.connect().await?;
-                        let m = Arc::new(snapshot::Marker::new(c, &ctx.tables).await?);
-                        marker = Some(m.clone());
-                        m
+                match &reads {
+                    Reads::Pass { .. } => report.rows_by_scan += snap.versions.len() as u64,
+                    Reads::Windows(_) => report.batches_by_range += u32::from(snap.by_range),
+                }
+                let file = LocalFile(
+                    opts.work_dir
+                        .join(format!("lakecdc-{}.parquet", Uuid::new_v4())),
+                );
+                let t = Instant::now();
+                let writing =
+                    write_local(opts, def.clone(), schema_id, &snap, engine.take(), &file.0);
+                // The batch before is published meanwhile; the write is awaited whatever
+                // happens, so no file outlives the run.
+                let published = match staged.take() {
+                    Some(st) => {
+                        publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await
                     }
+                    None => Ok(()),
                 };
-                *pending = Some(start_mark(ctx, &mc, schema_id, snap.versions));
+                let written = writing.await.map_err(Error::task("export")).and_then(|w| w);
+                step_done("write parquet", t);
+                published?;
+                let (e, written) = written?;
+                engine = Some(e);
+                staged = Some(Staged {
+                    versions: snap.versions,
+                    file,
+                    written,
+                });
             }
         }
+    }
+    // The batch in progress completes: the stop or budget came after it was written.
+    if let Some(st) = staged.take() {
+        publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await?;
     }
     Ok(())
 }
 
-/// Steps 2–5 for one batch. Returns the engine for reuse.
-async fn export_batch(
-    sf: &SchemaFlush<'_>,
-    snap: &Snapshot,
-    engine: Option<Engine>,
-    ownership: &mut owner::Ownership,
-    report: &mut SchemaReport,
-) -> Result<Engine> {
-    let (opts, def, schema_id) = (sf.opts, sf.def, sf.schema_id);
-    let file_id = Uuid::new_v4();
-    let local = opts.work_dir.join(format!("lakecdc-{file_id}.parquet"));
-    let t = Instant::now();
-    let (engine, written) = write_local(
-        opts,
-        def.clone(),
-        schema_id,
-        snap.clone(),
-        engine,
-        local.clone(),
-    )
-    .await?;
-    step_done("write parquet", t);
-    let outcome = sf
-        .publisher()
-        .publish(&snap.versions, &local, written, ownership, report)
-        .await;
-    if let Err(e) = tokio::fs::remove_file(&local).await {
-        tracing::warn!(path = %local.display(), error = %e, "could not remove local parquet file");
+/// A local Parquet file of this run, removed when dropped: once published, or when the run
+/// fails or stops before publishing it.
+struct LocalFile(PathBuf);
+
+impl Drop for LocalFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.0)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.0.display(), error = %e, "could not remove local parquet file");
+        }
     }
-    outcome.map(|()| engine)
+}
+
+/// A batch written to its local file, not yet published.
+struct Staged {
+    versions: Vec<Selected>,
+    file: LocalFile,
+    written: Written,
+}
+
+/// Publishes a written batch (steps 3–4) and starts its mark (step 5) once the mark before
+/// it has settled; the mark connection is opened at the first mark.
+async fn publish_staged(
+    sf: &SchemaFlush<'_>,
+    st: Staged,
+    ownership: &mut Option<owner::Ownership>,
+    marker: &mut Option<Arc<snapshot::Marker>>,
+    pending: &mut Option<PendingMark>,
+    report: &mut SchemaReport,
+) -> Result<()> {
+    let ctx = sf.ctx;
+    let owned = ownership.as_mut().ok_or_else(|| {
+        Error::Invariant("a batch published before the prefix was checked".into())
+    })?;
+    let Staged {
+        versions,
+        file,
+        written,
+    } = st;
+    sf.publisher()
+        .publish(&versions, &file.0, written, owned, report)
+        .await?;
+    drop(file);
+    settle_mark(pending.take(), report).await?;
+    let mc = match marker {
+        Some(m) => m.clone(),
+        None => {
+            let c = ctx.connector.connect().await?;
+            marker
+                .insert(Arc::new(snapshot::Marker::new(c, &ctx.tables).await?))
+                .clone()
+        }
+    };
+    *pending = Some(start_mark(ctx, &mc, sf.schema_id, versions));
+    Ok(())
+}
+
+/// Where a schema's batches come from: heap passes while the backlog calls for them
+/// ([`heap_pass`]), then selection windows ([`read_ahead`]).
+enum Reads {
+    /// A heap pass, with the connection the next pass or the windows read on.
+    Pass {
+        pass: Box<heap_pass::HeapPass>,
+        conn: TappedClient,
+        /// The pass took as many slots as a pass may: more may call for another.
+        full: bool,
+    },
+    /// Windows of batches read ahead.
+    Windows(read_ahead::ReadAhead),
+}
+
+impl Reads {
+    /// A heap pass over the schema's oldest `dirty` slots (counted on `conn` when `None`) if
+    /// the backlog and the tables call for one (docs/design.md §4.1), else the windows.
+    async fn open(
+        sf: &SchemaFlush<'_>,
+        conn: TappedClient,
+        dirty: Option<i64>,
+        report: &mut SchemaReport,
+    ) -> Result<Self> {
+        let (ctx, opts, schema_id) = (sf.ctx, sf.opts, sf.schema_id);
+        let dirty = match dirty {
+            Some(d) => d,
+            None => {
+                stats::dirty(&conn.client, &ctx.tables.change_log, schema_id)
+                    .await?
+                    .count
+            }
+        };
+        let budget = opts
+            .max_batches
+            .map(|m| i64::from(m.saturating_sub(report.batches)).saturating_mul(opts.batch_size));
+        let slots = u64::try_from(budget.map_or(dirty, |b| b.min(dirty))).unwrap_or(0);
+        if slots > 0 {
+            let plan = heap_pass::PassPlan {
+                ctx,
+                tables: &ctx.tables,
+                def: sf.def,
+                schema_id,
+                order: opts.read_order,
+                batch_size: opts.batch_size,
+                slots,
+                dry_run: opts.dry_run,
+                work_dir: &opts.work_dir,
+                before_export: sf.hooks.before_export.clone(),
+            };
+            if let Some(pass) = heap_pass::HeapPass::start(&plan, &conn.client).await? {
+                report.table_scans += 1;
+                let full = pass.slots_left() as u64 >= heap_pass::PASS_SLOTS;
+                return Ok(Self::Pass {
+                    pass: Box::new(pass),
+                    conn,
+                    full,
+                });
+            }
+        }
+        let plan = read_ahead::Plan {
+            connector: ctx.connector.clone(),
+            tables: ctx.tables.clone(),
+            def: sf.def.clone(),
+            schema_id,
+            batch_size: opts.batch_size,
+            window_batches: opts.window_batches,
+            dry_run: opts.dry_run,
+            max_batches: opts.max_batches,
+            before_payload: sf.hooks.before_export.clone(),
+            before_second_connection: sf.hooks.before_second_connection.clone(),
+        };
+        Ok(Self::Windows(
+            read_ahead::ReadAhead::start(plan, conn).await?,
+        ))
+    }
+
+    /// What follows a finished pass (its last mark settled): another pass or the windows;
+    /// `None` ends a dry run, whose windows would plan the pass's slots again.
+    async fn after_pass(
+        self,
+        sf: &SchemaFlush<'_>,
+        report: &mut SchemaReport,
+    ) -> Result<Option<Self>> {
+        let Self::Pass { conn, full, .. } = self else {
+            return Ok(Some(self));
+        };
+        if sf.opts.dry_run {
+            return Ok(None);
+        }
+        // After a pass that took every dirty slot, what is dirty now was written since: the
+        // windows take it.
+        let dirty = match full {
+            true => None,
+            false => Some(0),
+        };
+        Self::open(sf, conn, dirty, report).await.map(Some)
+    }
+
+    /// The next batch, or `None` when no slot is left.
+    async fn next(&mut self) -> Result<Option<read_ahead::Fetched>> {
+        match self {
+            Self::Pass { pass, .. } => pass.next().await,
+            Self::Windows(reads) => reads.next().await,
+        }
+    }
 }
 
 /// What the local file holds.
@@ -741,15 +937,18 @@ struct Written {
     columns: std::collections::BTreeMap<String, String>,
 }
 
-async fn write_local(
+/// Step 2: starts writing `snap`'s delta file at `path` (blocking, on its own thread), on
+/// `engine` or a new one; the task hands the engine back.
+fn write_local(
     opts: &FlushOptions,
     def: SchemaDef,
     schema_id: i16,
-    snap: Snapshot,
+    snap: &Snapshot,
     engine: Option<Engine>,
-    path: PathBuf,
-) -> Result<(Engine, Written)> {
+    path: &std::path::Path,
+) -> tokio::task::JoinHandle<Result<(Engine, Written)>> {
     let cfg = opts.engine.clone();
+    let (snap, path) = (snap.clone(), path.to_path_buf());
     tokio::task::spawn_blocking(move || {
         let engine = match engine {
             Some(e) => e,
@@ -782,8 +981,6 @@ async fn write_local(
             },
         ))
     })
-    .await
-    .map_err(Error::task("export"))?
 }
 
 impl Publisher<'_> {

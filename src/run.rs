@@ -409,6 +409,13 @@ fn size(s: &Resolved, key: &str) -> Result<u64> {
     parse_size(key, s.text(key)?)
 }
 
+/// `--read-order` of init and flush.
+fn read_order(s: &Resolved) -> Result<crate::init::ReadOrder> {
+    s.text("read-order")?
+        .parse()
+        .map_err(|why: String| Error::setting("read-order", why))
+}
+
 fn flush_thresholds(s: &Resolved) -> Result<FlushThresholds> {
     Ok(FlushThresholds {
         min_records: s.number("min-records")?.unwrap_or_default(),
@@ -448,6 +455,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 time_budget: duration(s, "time-budget")?,
                 scan_memory: size(s, "scan-memory")?,
                 max_touches: crate::source::table_source::MAX_TOUCHES,
+                read_order: read_order(s)?,
                 dry_run,
                 work_dir,
                 engine,
@@ -463,10 +471,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 max_file_rows: s.number("max-file-rows")?.unwrap_or_default(),
                 page_rows: at_least_one(s, "page-rows")?,
                 readers: s.number::<u32>("readers")?.unwrap_or(1).max(1),
-                read_order: s
-                    .text("read-order")?
-                    .parse()
-                    .map_err(|why: String| Error::setting("read-order", why))?,
+                read_order: read_order(s)?,
                 dry_run,
                 work_dir,
                 engine,

@@ -186,6 +186,14 @@ enum Command {
         /// Start no new batch after this long (keeps a per-minute cron from overlapping itself).
         #[arg(long)]
         time_budget: Option<String>,
+        /// How a large backlog of scattered row ids is read: row-id (lookups by id, batch by
+        /// batch), heap (one scan of both tables per pass, spilled to --work-dir), or auto.
+        #[arg(long)]
+        read_order: Option<String>,
+        /// The most row bytes a table source's scan keeps at once (a larger backlog takes
+        /// more passes over the table).
+        #[arg(long)]
+        scan_memory: Option<String>,
         /// Show what would be flushed; write nothing anywhere.
         #[arg(long)]
         dry_run: bool,

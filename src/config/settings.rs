@@ -356,7 +356,12 @@ pub const SETTINGS: &[Setting] = &[
     ),
     of(&[Init], "page-rows", "LAKECDC_PAGE_ROWS", Some("50000")),
     of(&[Init], "readers", "LAKECDC_READERS", Some("2")),
-    of(&[Init], "read-order", "LAKECDC_READ_ORDER", Some("auto")),
+    of(
+        &[Init, Flush],
+        "read-order",
+        "LAKECDC_READ_ORDER",
+        Some("auto"),
+    ),
 ];
 
 /// The setting `key` of `command`.

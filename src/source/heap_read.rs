@@ -19,19 +19,24 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use arrow::record_batch::RecordBatch;
+use futures::TryStreamExt;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
 use super::Connector;
 use super::READ_TIMEOUT as TIMEOUT;
-use super::connect::{TappedClient, timed};
+use super::connect::{TappedClient, timed, within};
 use super::copy_decoder::{CopyItem, copy_header_len, copy_tuple, decode_tuples};
 use super::copy_tap::{self, CopySink, CopyTap};
 use super::decoding::copy_to_sink;
 use super::live::{LivePage, SnapshotTicket, begin_in, eav_select, tune_for_pages};
 use super::rows::{BatchBuilder, bound_columns};
+use super::snapshot::Selected;
 use crate::config::Tables;
 use crate::error::{Error, Result};
+use crate::schema::batch::change_log;
 use crate::schema::{SchemaDef, SlotType};
 
 /// How init reads a schema's live entities.
@@ -98,6 +103,8 @@ pub struct HeapPlan {
     eav_chunks: Vec<String>,
     /// The schema's share of the two tables' bytes: about what the spill will take.
     table_bytes: u64,
+    /// Only live entities (init); a flush pass reads deleted ones too (their tombstones).
+    live_only: bool,
 }
 
 impl HeapPlan {
@@ -210,7 +217,124 @@ pub async fn plan(
         entity_chunks: page_ranges(s.entity_pages, s.entity_tuples, chunk_rows),
         eav_chunks: page_ranges(s.eav_pages, s.eav_tuples, chunk_rows),
         table_bytes: bytes(live) as u64,
+        live_only: true,
     }))
+}
+
+/// A flush pass reads in heap order from this share of the entity table's rows: it reads
+/// every row of both tables, so it reads at most this many times the rows it exports.
+pub const PASS_SHARE: f64 = 0.25;
+
+/// The entity and EAV tables' sizes and the row id's order, from which a flush decides how it
+/// reads a pass of dirty slots (docs/design.md §4.1, "Heap passes").
+pub struct TableShape(Sizes);
+
+impl TableShape {
+    /// Reads the tables' sizes and `ltbase_row_id`'s correlation from the catalog.
+    pub async fn read(client: &Client, tables: &Tables) -> Result<Self> {
+        Ok(Self(sizes(client, tables).await?))
+    }
+
+    /// Whether a flush pass of `slots` dirty slots reads in heap order: always for
+    /// [`ReadOrder::Heap`], never for [`ReadOrder::RowId`]; for `auto`, when the row ids are
+    /// scattered over the heap and the pass holds at least [`HEAP_MIN_ROWS`] slots and
+    /// [`PASS_SHARE`] of the entity table's rows.
+    pub fn heap_pass(&self, order: ReadOrder, slots: u64) -> bool {
+        let s = &self.0;
+        match order {
+            ReadOrder::RowId => false,
+            ReadOrder::Heap => true,
+            ReadOrder::Auto => {
+                let slots = slots as f64;
+                s.correlation.is_some_and(|c| c.abs() < HEAP_CORRELATION)
+                    && slots >= HEAP_MIN_ROWS
+                    && slots >= s.entity_tuples * PASS_SHARE
+            }
+        }
+    }
+
+    /// About the scratch disk a flush pass takes: every row of both tables.
+    pub fn pass_scratch(&self) -> u64 {
+        (self.0.entity_bytes + self.0.eav_bytes) as u64
+    }
+
+    /// The heap-order read of a flush pass whose batches hold the row ids from each of
+    /// `cuts` to the next (the first batch from 0): every row of both tables, deleted
+    /// entities included, in chunks of about `chunk_rows` rows.
+    pub fn pass_plan(&self, cuts: Vec<u128>, chunk_rows: u64) -> HeapPlan {
+        let s = &self.0;
+        let chunk_rows = chunk_rows.max(1) as f64;
+        HeapPlan {
+            cuts: cuts.into(),
+            entity_chunks: page_ranges(s.entity_pages, s.entity_tuples, chunk_rows),
+            eav_chunks: page_ranges(s.eav_pages, s.eav_tuples, chunk_rows),
+            table_bytes: self.pass_scratch(),
+            live_only: false,
+        }
+    }
+}
+
+/// A dirty slot of a flush pass, with its tombstone time.
+#[derive(Debug, Clone, Copy)]
+pub struct PassSlot {
+    /// The slot and the version it carries in the pass's snapshot.
+    pub slot: Selected,
+    /// `change_log.deleted_at`.
+    pub deleted_at: Option<i64>,
+}
+
+/// Selects the oldest `limit` dirty slots of `schema_id` (by `changed_at, row_id`, as a
+/// window would), in the exported snapshot of `ticket`: the versions a flush pass exports,
+/// seen at the instant its heap readers read the payload.
+pub async fn dirty_slots_in(
+    client: &mut Client,
+    ticket: SnapshotTicket,
+    tables: &Tables,
+    schema_id: i16,
+    limit: i64,
+) -> Result<Vec<PassSlot>> {
+    const OP: &str = "select a pass's dirty slots";
+    let sql = format!(
+        "SELECT row_id, changed_at, deleted_at, ctid FROM {} WHERE schema_id = $1 \
+         AND flushed_at = 0 ORDER BY changed_at, row_id LIMIT $2",
+        tables.change_log.quoted()
+    );
+    let tx = begin_in(client, ticket).await?;
+    let read = async {
+        let params: [&(dyn ToSql + Sync); 2] = [&schema_id, &limit];
+        let stream = tx
+            .query_raw(sql.as_str(), params.iter().map(|p| *p as &dyn ToSql))
+            .await
+            .map_err(Error::postgres(OP))?;
+        futures::pin_mut!(stream);
+        let mut out = Vec::with_capacity(usize::try_from(limit.clamp(0, 1 << 20)).unwrap_or(0));
+        while let Some(row) = stream.try_next().await.map_err(Error::postgres(OP))? {
+            let slot = Selected {
+                row_id: row.try_get(0).map_err(Error::postgres(OP))?,
+                changed_at: row.try_get(1).map_err(Error::postgres(OP))?,
+                tid: row.try_get(3).map_err(Error::postgres(OP))?,
+            };
+            let deleted_at = row.try_get(2).map_err(Error::postgres(OP))?;
+            out.push(PassSlot { slot, deleted_at });
+        }
+        Ok(out)
+    };
+    let slots = within(TIMEOUT, OP, read).await?;
+    timed(TIMEOUT, "end the pass's selection", tx.commit()).await?;
+    Ok(slots)
+}
+
+/// The `change_log` batch of `slots` (`row_id, changed_at, deleted_at`), as a batch read
+/// returns it.
+pub fn change_log_of(slots: &[PassSlot]) -> Result<RecordBatch> {
+    let mut b = BatchBuilder::new(&change_log::COLUMNS, slots.len());
+    for s in slots {
+        b.builders[0].push_binary(Some(s.slot.row_id.as_bytes()))?;
+        b.builders[1].push_binary(Some(&s.slot.changed_at.to_be_bytes()))?;
+        let deleted = s.deleted_at.map(i64::to_be_bytes);
+        b.builders[2].push_binary(deleted.as_ref().map(|d| &d[..]))?;
+    }
+    b.finish()
 }
 
 /// `ctid` conditions splitting a table of `pages` pages and `tuples` rows into ranges of
@@ -625,10 +749,14 @@ where
 {
     let bound = bound_columns(schema);
     let select_cols: String = bound.iter().map(|(c, _)| format!(", {c}")).collect();
+    let live = match plan.live_only {
+        true => " AND ltbase_deleted_at IS NULL",
+        false => "",
+    };
     let entity_sql = |range: &String| {
         format!(
             "SELECT ltbase_row_id, ltbase_created_at, ltbase_updated_at, ltbase_deleted_at{select_cols} \
-             FROM {} WHERE {range} AND ltbase_schema_id = {schema_id} AND ltbase_deleted_at IS NULL",
+             FROM {} WHERE {range} AND ltbase_schema_id = {schema_id}{live}",
             tables.entity.quoted()
         )
     };
@@ -737,6 +865,36 @@ mod tests {
         // A small schema, or a small share of a large table: index reads.
         assert!(!auto_heap(Some(0.0), 5e4, 5e4));
         assert!(!auto_heap(Some(0.0), 1e7, 1e6));
+    }
+
+    #[test]
+    fn a_flush_pass_reads_the_heap_for_a_large_share_of_scattered_ids() {
+        let shape = |correlation| {
+            TableShape(Sizes {
+                entity_pages: 1000,
+                entity_tuples: 1e6,
+                entity_bytes: 8e6,
+                eav_pages: 4000,
+                eav_tuples: 4e6,
+                eav_bytes: 3.2e7,
+                correlation,
+            })
+        };
+        let (random, ordered) = (shape(Some(0.002)), shape(Some(0.999)));
+        assert!(random.heap_pass(ReadOrder::Auto, 1_000_000));
+        assert!(random.heap_pass(ReadOrder::Auto, 250_000));
+        // Under a quarter of the table: lookups read less than the scan would.
+        assert!(!random.heap_pass(ReadOrder::Auto, 249_999));
+        // Time-ordered ids are read by ranges; no statistics, no scan.
+        assert!(!ordered.heap_pass(ReadOrder::Auto, 1_000_000));
+        assert!(!shape(None).heap_pass(ReadOrder::Auto, 1_000_000));
+        // The setting wins either way.
+        assert!(ordered.heap_pass(ReadOrder::Heap, 1));
+        assert!(!random.heap_pass(ReadOrder::RowId, 1_000_000));
+        let plan = random.pass_plan(vec![10, 20], 500_000);
+        assert_eq!(plan.buckets(), 3);
+        assert!(!plan.live_only, "a pass reads deleted entities' rows too");
+        assert_eq!((plan.entity_chunks.len(), plan.eav_chunks.len()), (2, 8));
     }
 
     #[test]

@@ -1,0 +1,266 @@
+//! A flush pass in heap order: a large backlog of scattered row ids read by scanning the
+//! tables once (docs/design.md §4.1, "Heap passes").
+//!
+//! Batch reads look their rows up by id. With random ids (UUIDv4, imported data) each batch's
+//! rows lie on heap pages all over the entity and EAV tables, so a backlog that covers much of
+//! the table reads every heap page again for nearly every batch. A pass instead selects the
+//! oldest dirty slots (up to [`PASS_SLOTS`]) in one exported snapshot, sorts them by row id and
+//! cuts them into batches exactly as windows are cut; two readers then scan both tables'
+//! heaps in that snapshot and spill every row into the bucket of the batch whose row-id range
+//! holds it (`source::heap_read`). Each batch is then loaded from its bucket and exported,
+//! committed and marked like any other: the slots and the payload come from the same
+//! snapshot (docs/hazards.md #45), the mark still checks each slot's version, and the export's
+//! join drops the rows of a bucket that are not its batch's.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::task::JoinHandle;
+
+use super::read_ahead::Fetched;
+use super::{Hook, step_done};
+use crate::config::Tables;
+use crate::error::{Error, Result};
+use crate::job::{self, Context};
+use crate::schema::SchemaDef;
+use crate::source::Client;
+use crate::source::heap_read::{self, PassSlot, ReadOrder, Spilled, TableShape};
+use crate::source::live::{self, LivePage};
+use crate::source::snapshot::Snapshot;
+
+/// The most dirty slots one pass selects (about 48 bytes each while the pass lasts); a larger
+/// backlog takes further passes or windows.
+pub(super) const PASS_SLOTS: u64 = 2_000_000;
+
+/// Rows per heap range a reader reads in one statement.
+const CHUNK_ROWS: u64 = 100_000;
+
+/// Readers scanning the heap at once.
+const READERS: usize = 2;
+
+/// What a pass needs from the flush of one schema.
+pub(super) struct PassPlan<'a> {
+    pub ctx: &'a Context,
+    pub tables: &'a Tables,
+    pub def: &'a SchemaDef,
+    pub schema_id: i16,
+    pub order: ReadOrder,
+    pub batch_size: i64,
+    /// The most slots the pass may take: the dirty ones, at most the run's batch budget.
+    pub slots: u64,
+    pub dry_run: bool,
+    pub work_dir: &'a Path,
+    /// Called with the pass's row ids between its selection and its heap read (a test seam).
+    pub before_export: Option<Hook>,
+}
+
+/// A pass whose heap is read: its batches, loaded from the spill one ahead of the export.
+pub(super) struct HeapPass {
+    batches: VecDeque<Vec<PassSlot>>,
+    spilled: Option<Arc<Spilled>>,
+    def: SchemaDef,
+    /// The next bucket to load, and the load in flight.
+    bucket: usize,
+    loading: Option<JoinHandle<Result<Option<LivePage>>>>,
+    /// Rows of the scanned tables spilled to scratch disk.
+    pub scratch_bytes: u64,
+}
+
+impl HeapPass {
+    /// Decides whether the next `plan.slots` slots are read as a heap pass and, if so,
+    /// selects them and reads the heap (a dry run only selects). `None`: read by windows.
+    pub(super) async fn start(plan: &PassPlan<'_>, client: &Client) -> Result<Option<Self>> {
+        let pass = plan.slots.min(PASS_SLOTS);
+        let shape = TableShape::read(client, plan.tables).await?;
+        if !shape.heap_pass(plan.order, pass) || !fits(plan, shape.pass_scratch())? {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let snapshot = live::ExportedSnapshot::export(&plan.ctx.connector).await?;
+        let tickets: Vec<_> = (0..=READERS).map(|_| snapshot.ticket()).collect();
+        let released = snapshot.release();
+        let read = Self::read(plan, &shape, tickets, pass);
+        let (pass, released) = tokio::join!(read, released);
+        let pass = released.and(pass)?;
+        tracing::info!(
+            schema_id = plan.schema_id,
+            batches = pass.batches.len(),
+            scratch_bytes = pass.scratch_bytes,
+            read_ms = started.elapsed().as_millis() as u64,
+            "flush read a pass in heap order"
+        );
+        Ok(Some(pass))
+    }
+
+    /// Selects the pass's slots and reads its buckets, every ticket's reader in the same
+    /// snapshot.
+    async fn read(
+        plan: &PassPlan<'_>,
+        shape: &TableShape,
+        mut tickets: Vec<live::SnapshotTicket>,
+        pass: u64,
+    ) -> Result<Self> {
+        let ticket = tickets
+            .pop()
+            .ok_or_else(|| Error::Invariant("a pass without a snapshot ticket".into()))?;
+        let t = Instant::now();
+        let mut selector = plan.ctx.connector.connect().await?;
+        let limit = i64::try_from(pass).unwrap_or(i64::MAX);
+        let mut slots =
+            heap_read::dirty_slots_in(&mut selector, ticket, plan.tables, plan.schema_id, limit)
+                .await?;
+        drop(selector);
+        step_done("select pass", t);
+        if let Some(hook) = &plan.before_export {
+            hook(
+                plan.schema_id,
+                slots.iter().map(|s| s.slot.row_id).collect(),
+            )
+            .await;
+        }
+        slots.sort_unstable_by_key(|s| s.slot.row_id);
+        let size = usize::try_from(plan.batch_size.max(1)).unwrap_or(usize::MAX);
+        let batches: VecDeque<Vec<PassSlot>> = slots.chunks(size).map(<[_]>::to_vec).collect();
+        drop(slots);
+        if plan.dry_run {
+            return Ok(Self {
+                batches,
+                spilled: None,
+                def: plan.def.clone(),
+                bucket: 0,
+                loading: None,
+                scratch_bytes: 0,
+            });
+        }
+        let cuts: Vec<u128> = batches
+            .iter()
+            .skip(1)
+            .filter_map(|b| b.first().map(|s| s.slot.row_id.as_u128()))
+            .collect();
+        let heap = shape.pass_plan(cuts, CHUNK_ROWS);
+        let shutdown = plan.ctx.shutdown.clone();
+        let after_chunk = move || {
+            let shutdown = shutdown.clone();
+            // A stop ends the read at once: nothing of the pass is exported yet.
+            async move {
+                match shutdown.is_requested() {
+                    true => Err(Error::Stopped),
+                    false => Ok(()),
+                }
+            }
+        };
+        let t = Instant::now();
+        let spilled = heap_read::read_buckets(
+            &plan.ctx.connector,
+            tickets,
+            plan.tables,
+            plan.def,
+            plan.schema_id,
+            &heap,
+            plan.work_dir,
+            after_chunk,
+        )
+        .await?;
+        step_done("read pass heap", t);
+        Ok(Self {
+            batches,
+            scratch_bytes: spilled.bytes(),
+            spilled: Some(Arc::new(spilled)),
+            def: plan.def.clone(),
+            bucket: 0,
+            loading: None,
+        })
+    }
+
+    /// Slots the pass has yet to hand out.
+    pub(super) fn slots_left(&self) -> usize {
+        self.batches.iter().map(Vec::len).sum()
+    }
+
+    /// The next batch in row-id order, or `None` when the pass is done. The bucket after it
+    /// starts loading at once. Cancel-safe: a call dropped while its bucket loads leaves the
+    /// batch and the load for the next call.
+    pub(super) async fn next(&mut self) -> Result<Option<Fetched>> {
+        let Some(spilled) = self.spilled.clone() else {
+            return Ok(self
+                .batches
+                .pop_front()
+                .map(|slots| Fetched::Planned(slots.iter().map(|s| s.slot).collect())));
+        };
+        if self.batches.is_empty() {
+            return Ok(None);
+        }
+        if self.loading.is_none() {
+            self.loading = Some(self.load(&spilled));
+        }
+        let Some(loading) = &mut self.loading else {
+            return Err(Error::Invariant("a pass bucket without its load".into()));
+        };
+        let page = loading.await.map_err(Error::task("load a pass bucket"));
+        self.loading = None;
+        let page = page??;
+        let Some(slots) = self.batches.pop_front() else {
+            return Ok(None);
+        };
+        if !self.batches.is_empty() {
+            self.loading = Some(self.load(&spilled));
+        }
+        let page = match page {
+            Some(page) => page,
+            None => live::empty_live_page(&self.def)?,
+        };
+        let snapshot = Snapshot {
+            change_log: heap_read::change_log_of(&slots)?,
+            entities: page.entities,
+            eav: page.eav,
+            versions: slots.iter().map(|s| s.slot).collect(),
+            by_range: true,
+        };
+        Ok(Some(Fetched::Read(snapshot)))
+    }
+
+    /// Starts loading the next bucket (blocking file reads and decoding).
+    fn load(&mut self, spilled: &Arc<Spilled>) -> JoinHandle<Result<Option<LivePage>>> {
+        let (s, bucket) = (spilled.clone(), self.bucket);
+        self.bucket += 1;
+        tokio::task::spawn_blocking(move || s.load(bucket))
+    }
+}
+
+/// Whether the work dir has room for a pass's spill of `needed` bytes: `auto` reads by windows
+/// instead (no scratch disk), an explicit `--read-order heap` is refused.
+fn fits(plan: &PassPlan<'_>, needed: u64) -> Result<bool> {
+    let free = job::available_bytes(plan.work_dir).map_err(|source| Error::Io {
+        op: "measure free space of work dir",
+        path: plan.work_dir.to_path_buf(),
+        source,
+    })?;
+    if plan.order == ReadOrder::Heap {
+        job::check_work_dir_space(
+            plan.work_dir,
+            "a flush heap pass (its spill; --read-order row-id needs none)",
+            needed,
+            free,
+        )?;
+    }
+    if needed > free {
+        tracing::warn!(
+            schema_id = plan.schema_id,
+            needed,
+            free,
+            work_dir = %plan.work_dir.display(),
+            "not enough free space for a heap pass: reading by windows"
+        );
+    }
+    Ok(needed <= free)
+}
+
+impl Drop for HeapPass {
+    fn drop(&mut self) {
+        if let Some(l) = &self.loading {
+            l.abort();
+        }
+    }
+}
