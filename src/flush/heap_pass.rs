@@ -108,9 +108,17 @@ impl HeapPass {
         let t = Instant::now();
         let mut selector = plan.ctx.connector.connect().await?;
         let limit = i64::try_from(pass).unwrap_or(i64::MAX);
-        let mut slots =
-            heap_read::dirty_slots_in(&mut selector, ticket, plan.tables, plan.schema_id, limit)
-                .await?;
+        // Only a pass that cannot take every dirty slot needs the oldest ones.
+        let oldest = plan.slots > pass;
+        let mut slots = heap_read::dirty_slots_in(
+            &mut selector,
+            ticket,
+            plan.tables,
+            plan.schema_id,
+            limit,
+            oldest,
+        )
+        .await?;
         drop(selector);
         step_done("select pass", t);
         if let Some(hook) = &plan.before_export {

@@ -283,20 +283,26 @@ pub struct PassSlot {
     pub deleted_at: Option<i64>,
 }
 
-/// Selects the oldest `limit` dirty slots of `schema_id` (by `changed_at, row_id`, as a
-/// window would), in the exported snapshot of `ticket`: the versions a flush pass exports,
-/// seen at the instant its heap readers read the payload.
+/// Selects `limit` dirty slots of `schema_id` in the exported snapshot of `ticket`: the
+/// versions a flush pass exports, seen at the instant its heap readers read the payload. The
+/// oldest ones (by `changed_at, row_id`, as a window would) when `oldest`; any ones otherwise
+/// (a pass that takes every dirty slot needs no order: it sorts them by row id).
 pub async fn dirty_slots_in(
     client: &mut Client,
     ticket: SnapshotTicket,
     tables: &Tables,
     schema_id: i16,
     limit: i64,
+    oldest: bool,
 ) -> Result<Vec<PassSlot>> {
     const OP: &str = "select a pass's dirty slots";
+    let order = match oldest {
+        true => " ORDER BY changed_at, row_id",
+        false => "",
+    };
     let sql = format!(
         "SELECT row_id, changed_at, deleted_at, ctid FROM {} WHERE schema_id = $1 \
-         AND flushed_at = 0 ORDER BY changed_at, row_id LIMIT $2",
+         AND flushed_at = 0{order} LIMIT $2",
         tables.change_log.quoted()
     );
     let tx = begin_in(client, ticket).await?;
