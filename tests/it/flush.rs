@@ -222,32 +222,7 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
         let (a, b) = (ids[0], ids[1]);
         let newcomer = r.uuid();
         let writer = rig.second_writer().await;
-        let w2 = writer.clone();
-        let hook = Rig::hook(move || {
-            let w = w2.clone();
-            async move {
-                let mut w = w.lock().await;
-                if w.rows.contains_key(&newcomer) {
-                    return; // only the first batch
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                let mut r = Rng::new(7);
-                w.update(a, Customer::random(&mut r)).await;
-                w.hard_delete(b).await;
-                w.create(newcomer, Customer::random(&mut r)).await;
-            }
-            .boxed()
-        });
-        let hooks = match window {
-            "before_export" => FlushHooks {
-                before_export: Some(hook),
-                ..Default::default()
-            },
-            _ => FlushHooks {
-                before_mark: Some(hook),
-                ..Default::default()
-            },
-        };
+        let hooks = rewrite_once(window, writer.clone(), (a, b, newcomer));
         let (before_a, before_b) = (rig.writer.rows[&a].clone(), rig.writer.rows[&b].clone());
         let report = rig.flush_with(&hooks).await;
         assert_eq!(only(&report).outcome, Outcome::Flushed);
@@ -262,17 +237,7 @@ async fn writes_inside_the_flush_window_stay_dirty_and_converge() {
             oracle::read_parquet(rig.store.get_bytes(first).await.unwrap().bytes)
                 .into_iter()
                 .collect();
-        for (id, model) in [(a, &before_a), (b, &before_b)] {
-            let row = &rows[&id];
-            assert_eq!(
-                (row.changed_at, row.deleted_at),
-                (model.version, 0),
-                "{window}: {id}"
-            );
-            for (col, want) in model.value.expected() {
-                assert_eq!(row.columns.get(col), Some(&want), "{window}: {id} {col}");
-            }
-        }
+        assert_as_before(&rows, [(a, &before_a), (b, &before_b)], window);
         assert_eq!(rig.assert_oracle().await, (8, 3), "{window}");
         let report = rig.flush().await;
         assert_eq!(only(&report).rows_left_dirty, 0);
@@ -300,31 +265,7 @@ async fn a_heap_pass_exports_its_snapshot_and_the_windows_catch_up_in_the_same_r
         let (a, b) = (ids[0], ids[1]);
         let newcomer = r.uuid();
         let writer = rig.second_writer().await;
-        let w2 = writer.clone();
-        let hook = Rig::hook(move || {
-            let w = w2.clone();
-            async move {
-                let mut w = w.lock().await;
-                if w.rows.contains_key(&newcomer) {
-                    return; // only once
-                }
-                let mut r = Rng::new(7);
-                w.update(a, Customer::random(&mut r)).await;
-                w.hard_delete(b).await;
-                w.create(newcomer, Customer::random(&mut r)).await;
-            }
-            .boxed()
-        });
-        let hooks = match window {
-            "before_export" => FlushHooks {
-                before_export: Some(hook),
-                ..Default::default()
-            },
-            _ => FlushHooks {
-                before_mark: Some(hook),
-                ..Default::default()
-            },
-        };
+        let hooks = rewrite_once(window, writer.clone(), (a, b, newcomer));
         // A dry run plans the pass's batches the run then exports, and writes nothing.
         let plan = lakecdc::flush::run(
             &rig.ctx,
@@ -373,17 +314,7 @@ async fn a_heap_pass_exports_its_snapshot_and_the_windows_catch_up_in_the_same_r
         }
         assert_eq!(pass_rows.len(), 30, "{window}");
         assert!(!pass_rows.contains_key(&newcomer), "{window}");
-        for (id, model) in [(a, &before_a), (b, &before_b)] {
-            let row = &pass_rows[&id];
-            assert_eq!(
-                (row.changed_at, row.deleted_at),
-                (model.version, 0),
-                "{window}: {id}"
-            );
-            for (col, want) in model.value.expected() {
-                assert_eq!(row.columns.get(col), Some(&want), "{window}: {id} {col}");
-            }
-        }
+        assert_as_before(&pass_rows, [(a, &before_a), (b, &before_b)], window);
         // The run converged: nothing dirty, the lake equals the database.
         let (compared, dirty) = rig.assert_oracle().await;
         assert_eq!((compared, dirty), (30, 0), "{window}");
@@ -2191,4 +2122,57 @@ async fn dirty_in_selection_order(rig: &Rig) -> Vec<Uuid> {
         .iter()
         .map(|row| row.get(0))
         .collect()
+}
+
+/// Hooks that once, at `window` (`before_export` or `before_mark`), update `a`, hard-delete
+/// `b` and create `newcomer` through `writer`.
+fn rewrite_once(
+    window: &str,
+    writer: Arc<tokio::sync::Mutex<Writer>>,
+    (a, b, newcomer): (Uuid, Uuid, Uuid),
+) -> FlushHooks {
+    let hook = Rig::hook(move || {
+        let w = writer.clone();
+        async move {
+            let mut w = w.lock().await;
+            if w.rows.contains_key(&newcomer) {
+                return; // only once
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut r = Rng::new(7);
+            w.update(a, Customer::random(&mut r)).await;
+            w.hard_delete(b).await;
+            w.create(newcomer, Customer::random(&mut r)).await;
+        }
+        .boxed()
+    });
+    match window {
+        "before_export" => FlushHooks {
+            before_export: Some(hook),
+            ..Default::default()
+        },
+        _ => FlushHooks {
+            before_mark: Some(hook),
+            ..Default::default()
+        },
+    }
+}
+
+/// Asserts each row of `models` is in `rows` live, at its model's version and values.
+fn assert_as_before<const N: usize>(
+    rows: &BTreeMap<Uuid, oracle::LakeRow>,
+    models: [(Uuid, &crate::support::writer::ModelRow); N],
+    window: &str,
+) {
+    for (id, model) in models {
+        let row = &rows[&id];
+        assert_eq!(
+            (row.changed_at, row.deleted_at),
+            (model.version, 0),
+            "{window}: {id}"
+        );
+        for (col, want) in model.value.expected() {
+            assert_eq!(row.columns.get(col), Some(&want), "{window}: {id} {col}");
+        }
+    }
 }
