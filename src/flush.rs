@@ -696,7 +696,15 @@ async fn drain(
                 stopped(report, true);
                 break;
             }
-            next => next?,
+            Err(e) => {
+                // The batch written before the failed read is complete: it is published (and
+                // marked) before the run fails.
+                if let Some(st) = staged.take() {
+                    publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await?;
+                }
+                return Err(e);
+            }
+            Ok(next) => next,
         };
         let Some(batch) = next else {
             break;
