@@ -12,7 +12,6 @@
 //! snapshot (docs/hazards.md #45), the mark still checks each slot's version, and the export's
 //! join drops the rows of a bucket that are not its batch's.
 
-use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,7 +57,11 @@ pub(super) struct PassPlan<'a> {
 
 /// A pass whose heap is read: its batches, loaded from the spill one ahead of the export.
 pub(super) struct HeapPass {
-    batches: VecDeque<Vec<PassSlot>>,
+    /// The pass's slots in row-id order; batch `i` is the `i`-th run of `size` of them.
+    slots: Vec<PassSlot>,
+    size: usize,
+    /// Slots handed out so far (whole batches).
+    taken: usize,
     spilled: Option<Arc<Spilled>>,
     def: SchemaDef,
     /// The next bucket to load, and the load in flight.
@@ -86,7 +89,7 @@ impl HeapPass {
         let pass = released.and(pass)?;
         tracing::info!(
             schema_id = plan.schema_id,
-            batches = pass.batches.len(),
+            batches = pass.slots.len().div_ceil(pass.size),
             scratch_bytes = pass.scratch_bytes,
             read_ms = started.elapsed().as_millis() as u64,
             "flush read a pass in heap order"
@@ -130,11 +133,11 @@ impl HeapPass {
         }
         slots.sort_unstable_by_key(|s| s.slot.row_id);
         let size = usize::try_from(plan.batch_size.max(1)).unwrap_or(usize::MAX);
-        let batches: VecDeque<Vec<PassSlot>> = slots.chunks(size).map(<[_]>::to_vec).collect();
-        drop(slots);
         if plan.dry_run {
             return Ok(Self {
-                batches,
+                slots,
+                size,
+                taken: 0,
                 spilled: None,
                 def: plan.def.clone(),
                 bucket: 0,
@@ -142,10 +145,12 @@ impl HeapPass {
                 scratch_bytes: 0,
             });
         }
-        let cuts: Vec<u128> = batches
+        // Batch i's rows go to bucket i: the cuts are each later batch's first row id.
+        let cuts: Vec<u128> = slots
             .iter()
+            .step_by(size)
             .skip(1)
-            .filter_map(|b| b.first().map(|s| s.slot.row_id.as_u128()))
+            .map(|s| s.slot.row_id.as_u128())
             .collect();
         let heap = shape.pass_plan(cuts, CHUNK_ROWS);
         let shutdown = plan.ctx.shutdown.clone();
@@ -173,7 +178,9 @@ impl HeapPass {
         .await?;
         step_done("read pass heap", t);
         Ok(Self {
-            batches,
+            slots,
+            size,
+            taken: 0,
             scratch_bytes: spilled.bytes(),
             spilled: Some(Arc::new(spilled)),
             def: plan.def.clone(),
@@ -184,22 +191,27 @@ impl HeapPass {
 
     /// Slots the pass has yet to hand out.
     pub(super) fn slots_left(&self) -> usize {
-        self.batches.iter().map(Vec::len).sum()
+        self.slots.len().saturating_sub(self.taken)
+    }
+
+    /// The next batch's slots, taken.
+    fn take(&mut self) -> &[PassSlot] {
+        let from = self.taken.min(self.slots.len());
+        self.taken = from.saturating_add(self.size).min(self.slots.len());
+        &self.slots[from..self.taken]
     }
 
     /// The next batch in row-id order, or `None` when the pass is done. The bucket after it
     /// starts loading at once. Cancel-safe: a call dropped while its bucket loads leaves the
     /// batch and the load for the next call.
     pub(super) async fn next(&mut self) -> Result<Option<Fetched>> {
-        let Some(spilled) = self.spilled.clone() else {
-            return Ok(self
-                .batches
-                .pop_front()
-                .map(|slots| Fetched::Planned(slots.iter().map(|s| s.slot).collect())));
-        };
-        if self.batches.is_empty() {
+        if self.slots_left() == 0 {
             return Ok(None);
         }
+        let Some(spilled) = self.spilled.clone() else {
+            let slots = self.take().iter().map(|s| s.slot).collect();
+            return Ok(Some(Fetched::Planned(slots)));
+        };
         if self.loading.is_none() {
             self.loading = Some(self.load(&spilled));
         }
@@ -209,23 +221,21 @@ impl HeapPass {
         let page = loading.await.map_err(Error::task("load a pass bucket"));
         self.loading = None;
         let page = page??;
-        let Some(slots) = self.batches.pop_front() else {
-            return Ok(None);
-        };
-        if !self.batches.is_empty() {
-            self.loading = Some(self.load(&spilled));
-        }
         let page = match page {
             Some(page) => page,
             None => live::empty_live_page(&self.def)?,
         };
+        let slots = self.take();
         let snapshot = Snapshot {
-            change_log: heap_read::change_log_of(&slots)?,
+            change_log: heap_read::change_log_of(slots)?,
             entities: page.entities,
             eav: page.eav,
             versions: slots.iter().map(|s| s.slot).collect(),
             by_range: true,
         };
+        if self.slots_left() > 0 {
+            self.loading = Some(self.load(&spilled));
+        }
         Ok(Some(Fetched::Read(snapshot)))
     }
 
