@@ -619,7 +619,7 @@ async fn drain(
     } = *sf;
     let started = Instant::now();
     // A stop during a heap pass's scan ends the run with nothing of the pass exported.
-    let mut reads = match Reads::open(sf, conn, Some(report.dirty_rows), report).await {
+    let mut reads = match Reads::open(sf, conn, report.dirty_rows, report).await {
         Err(Error::Stopped) => {
             stopped(report, true);
             return Ok(());
@@ -734,7 +734,7 @@ async fn drain(
                 });
                 report.rows_exported += slots.len() as u64;
             }
-            read_ahead::Fetched::Read(snap) => {
+            read_ahead::Fetched::Read(mut snap) => {
                 match &reads {
                     Reads::Pass { .. } => report.rows_by_scan += snap.versions.len() as u64,
                     Reads::Windows(_) => report.batches_by_range += u32::from(snap.by_range),
@@ -744,8 +744,16 @@ async fn drain(
                         .join(format!("lakecdc-{}.parquet", Uuid::new_v4())),
                 );
                 let t = Instant::now();
-                let writing =
-                    write_local(opts, def.clone(), schema_id, &snap, engine.take(), &file.0);
+                let versions = std::mem::take(&mut snap.versions);
+                let writing = write_local(
+                    opts,
+                    def.clone(),
+                    schema_id,
+                    snap,
+                    versions.len(),
+                    engine.take(),
+                    &file.0,
+                );
                 // The batch before is published meanwhile; the write is awaited whatever
                 // happens, so no file outlives the run.
                 let published = match staged.take() {
@@ -760,7 +768,7 @@ async fn drain(
                 let (e, written) = written?;
                 engine = Some(e);
                 staged = Some(Staged {
-                    versions: snap.versions,
+                    versions,
                     file,
                     written,
                 });
@@ -847,27 +855,20 @@ enum Reads {
 }
 
 impl Reads {
-    /// A heap pass over the schema's oldest `dirty` slots (counted on `conn` when `None`) if
-    /// the backlog and the tables call for one (docs/design.md §4.1), else the windows.
+    /// A heap pass over the schema's oldest of `dirty` slots if the backlog and the tables
+    /// call for one (docs/design.md §4.1), else the windows.
     async fn open(
         sf: &SchemaFlush<'_>,
         conn: TappedClient,
-        dirty: Option<i64>,
+        dirty: i64,
         report: &mut SchemaReport,
     ) -> Result<Self> {
         let (ctx, opts, schema_id) = (sf.ctx, sf.opts, sf.schema_id);
-        let dirty = match dirty {
-            Some(d) => d,
-            None => {
-                stats::dirty(&conn.client, &ctx.tables.change_log, schema_id)
-                    .await?
-                    .count
-            }
-        };
         let budget = opts
             .max_batches
             .map(|m| i64::from(m.saturating_sub(report.batches)).saturating_mul(opts.batch_size));
         let slots = u64::try_from(budget.map_or(dirty, |b| b.min(dirty))).unwrap_or(0);
+        let dirty = u64::try_from(dirty).unwrap_or(0);
         if slots > 0 {
             let plan = heap_pass::PassPlan {
                 ctx,
@@ -876,6 +877,7 @@ impl Reads {
                 schema_id,
                 order: opts.read_order,
                 batch_size: opts.batch_size,
+                dirty,
                 slots,
                 dry_run: opts.dry_run,
                 work_dir: &opts.work_dir,
@@ -891,6 +893,12 @@ impl Reads {
                 });
             }
         }
+        Self::windows(sf, conn).await
+    }
+
+    /// Selection windows read ahead on `conn`.
+    async fn windows(sf: &SchemaFlush<'_>, conn: TappedClient) -> Result<Self> {
+        let (ctx, opts, schema_id) = (sf.ctx, sf.opts, sf.schema_id);
         let plan = read_ahead::Plan {
             connector: ctx.connector.clone(),
             tables: ctx.tables.clone(),
@@ -922,11 +930,14 @@ impl Reads {
             return Ok(None);
         }
         // After a pass that took every dirty slot, what is dirty now was written since: the
-        // windows take it.
-        let dirty = match full {
-            true => None,
-            false => Some(0),
-        };
+        // windows take it. After a full pass the rest of the backlog is weighed again.
+        if !full {
+            return Self::windows(sf, conn).await.map(Some);
+        }
+        let (change_log, schema_id) = (&sf.ctx.tables.change_log, sf.schema_id);
+        let dirty = stats::dirty(&conn.client, change_log, schema_id)
+            .await?
+            .count;
         Self::open(sf, conn, dirty, report).await.map(Some)
     }
 
@@ -945,18 +956,19 @@ struct Written {
     columns: std::collections::BTreeMap<String, String>,
 }
 
-/// Step 2: starts writing `snap`'s delta file at `path` (blocking, on its own thread), on
-/// `engine` or a new one; the task hands the engine back.
+/// Step 2: starts writing `snap`'s delta file of its `slots` slots at `path` (blocking, on its
+/// own thread), on `engine` or a new one; the task hands the engine back.
 fn write_local(
     opts: &FlushOptions,
     def: SchemaDef,
     schema_id: i16,
-    snap: &Snapshot,
+    snap: Snapshot,
+    slots: usize,
     engine: Option<Engine>,
     path: &std::path::Path,
 ) -> tokio::task::JoinHandle<Result<(Engine, Written)>> {
     let cfg = opts.engine.clone();
-    let (snap, path) = (snap.clone(), path.to_path_buf());
+    let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let engine = match engine {
             Some(e) => e,
@@ -974,11 +986,10 @@ fn write_local(
             &path,
         )?;
         let info = footer::check_file(&path)?;
-        if u64::try_from(info.row_count).ok() != Some(rows) || rows != snap.versions.len() as u64 {
+        if u64::try_from(info.row_count).ok() != Some(rows) || rows != slots as u64 {
             return Err(Error::Invariant(format!(
                 "export wrote {rows} rows ({} in the footer) for {} slots",
-                info.row_count,
-                snap.versions.len()
+                info.row_count, slots
             )));
         }
         Ok((

@@ -700,7 +700,7 @@ async fn heap_plan(
         path: opts.work_dir.clone(),
         source,
     })?;
-    if heap_fits(opts, needed, free)? {
+    if job::spill_fits(opts.read_order, &opts.work_dir, HEAP_STEP, needed, free)? {
         return Ok(Some(plan));
     }
     tracing::warn!(
@@ -713,20 +713,8 @@ async fn heap_plan(
     Ok(None)
 }
 
-/// Whether a heap-order read whose spill and files need `needed` bytes of the work dir's
-/// `free` ones goes ahead: `auto` falls back to row-id order (no scratch disk: slower with
-/// random ids, never out of space); an explicit `--read-order heap` is refused.
-fn heap_fits(opts: &InitOptions, needed: u64, free: u64) -> Result<bool> {
-    if opts.read_order == ReadOrder::Heap {
-        job::check_work_dir_space(
-            &opts.work_dir,
-            "a heap-order read (its spill; --read-order row-id needs none)",
-            needed,
-            free,
-        )?;
-    }
-    Ok(needed <= free)
-}
+/// What a refused `--read-order heap` names as needing the room.
+const HEAP_STEP: &str = "a heap-order read (its spill; --read-order row-id needs none)";
 
 /// A heap-order read (docs/design.md §4.2): the readers scan the tables' heap ranges in one
 /// exported snapshot into row-id buckets spilled to the scratch directory; then each bucket
@@ -1367,14 +1355,12 @@ mod tests {
 
     #[test]
     fn a_heap_order_read_without_room_falls_back_unless_asked_for() {
-        let opts = |read_order| InitOptions {
-            read_order,
-            ..InitOptions::default()
-        };
-        assert!(heap_fits(&opts(ReadOrder::Auto), 100, 100).unwrap());
-        assert!(!heap_fits(&opts(ReadOrder::Auto), 101, 100).unwrap());
-        assert!(heap_fits(&opts(ReadOrder::Heap), 100, 100).unwrap());
-        let err = heap_fits(&opts(ReadOrder::Heap), 101, 100).unwrap_err();
+        let dir = std::path::Path::new("/work");
+        let heap_fits = |order, needed| job::spill_fits(order, dir, HEAP_STEP, needed, 100);
+        assert!(heap_fits(ReadOrder::Auto, 100).unwrap());
+        assert!(!heap_fits(ReadOrder::Auto, 101).unwrap());
+        assert!(heap_fits(ReadOrder::Heap, 100).unwrap());
+        let err = heap_fits(ReadOrder::Heap, 101).unwrap_err();
         assert!(
             matches!(
                 err,

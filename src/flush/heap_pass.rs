@@ -47,6 +47,8 @@ pub(super) struct PassPlan<'a> {
     pub schema_id: i16,
     pub order: ReadOrder,
     pub batch_size: i64,
+    /// The schema's dirty slots.
+    pub dirty: u64,
     /// The most slots the pass may take: the dirty ones, at most the run's batch budget.
     pub slots: u64,
     pub dry_run: bool,
@@ -64,8 +66,7 @@ pub(super) struct HeapPass {
     taken: usize,
     spilled: Option<Arc<Spilled>>,
     def: SchemaDef,
-    /// The next bucket to load, and the load in flight.
-    bucket: usize,
+    /// The load of the next batch's bucket, in flight.
     loading: Option<JoinHandle<Result<Option<LivePage>>>>,
     /// Rows of the scanned tables spilled to scratch disk.
     pub scratch_bytes: u64,
@@ -111,8 +112,9 @@ impl HeapPass {
         let t = Instant::now();
         let mut selector = plan.ctx.connector.connect().await?;
         let limit = i64::try_from(pass).unwrap_or(i64::MAX);
-        // Only a pass that cannot take every dirty slot needs the oldest ones.
-        let oldest = plan.slots > pass;
+        // Only a pass that cannot take every dirty slot (bounded by PASS_SLOTS or the batch
+        // budget) needs the oldest ones.
+        let oldest = pass < plan.dirty;
         let mut slots = heap_read::dirty_slots_in(
             &mut selector,
             ticket,
@@ -140,7 +142,6 @@ impl HeapPass {
                 taken: 0,
                 spilled: None,
                 def: plan.def.clone(),
-                bucket: 0,
                 loading: None,
                 scratch_bytes: 0,
             });
@@ -184,7 +185,6 @@ impl HeapPass {
             scratch_bytes: spilled.bytes(),
             spilled: Some(Arc::new(spilled)),
             def: plan.def.clone(),
-            bucket: 0,
             loading: None,
         })
     }
@@ -239,10 +239,10 @@ impl HeapPass {
         Ok(Some(Fetched::Read(snapshot)))
     }
 
-    /// Starts loading the next bucket (blocking file reads and decoding).
-    fn load(&mut self, spilled: &Arc<Spilled>) -> JoinHandle<Result<Option<LivePage>>> {
-        let (s, bucket) = (spilled.clone(), self.bucket);
-        self.bucket += 1;
+    /// Starts loading the bucket of the next batch to take (blocking file reads and decoding):
+    /// batch `i` is bucket `i`.
+    fn load(&self, spilled: &Arc<Spilled>) -> JoinHandle<Result<Option<LivePage>>> {
+        let (s, bucket) = (spilled.clone(), self.taken / self.size);
         tokio::task::spawn_blocking(move || s.load(bucket))
     }
 }
@@ -255,15 +255,9 @@ fn fits(plan: &PassPlan<'_>, needed: u64) -> Result<bool> {
         path: plan.work_dir.to_path_buf(),
         source,
     })?;
-    if plan.order == ReadOrder::Heap {
-        job::check_work_dir_space(
-            plan.work_dir,
-            "a flush heap pass (its spill; --read-order row-id needs none)",
-            needed,
-            free,
-        )?;
-    }
-    if needed > free {
+    let step = "a flush heap pass (its spill; --read-order row-id needs none)";
+    let fits = job::spill_fits(plan.order, plan.work_dir, step, needed, free)?;
+    if !fits {
         tracing::warn!(
             schema_id = plan.schema_id,
             needed,
@@ -272,7 +266,7 @@ fn fits(plan: &PassPlan<'_>, needed: u64) -> Result<bool> {
             "not enough free space for a heap pass: reading by windows"
         );
     }
-    Ok(needed <= free)
+    Ok(fits)
 }
 
 impl Drop for HeapPass {

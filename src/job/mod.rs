@@ -209,3 +209,20 @@ pub fn check_work_dir_space(dir: &Path, step: &'static str, needed: u64, free: u
     }
     Ok(())
 }
+
+/// Whether a heap-order read (init's, or a flush heap pass) whose spill and files need
+/// `needed` bytes of `dir`'s `free` ones goes ahead: `auto` falls back to reading by row id
+/// (no scratch disk: slower with random ids, never out of space); an explicit
+/// `--read-order heap` is refused, naming `step`.
+pub fn spill_fits(
+    order: crate::source::heap_read::ReadOrder,
+    dir: &Path,
+    step: &'static str,
+    needed: u64,
+    free: u64,
+) -> Result<bool> {
+    if order == crate::source::heap_read::ReadOrder::Heap {
+        check_work_dir_space(dir, step, needed, free)?;
+    }
+    Ok(needed <= free)
+}

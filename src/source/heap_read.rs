@@ -33,7 +33,7 @@ use super::copy_tap::{self, CopySink, CopyTap};
 use super::decoding::copy_to_sink;
 use super::live::{LivePage, SnapshotTicket, begin_in, eav_select, tune_for_pages};
 use super::rows::{BatchBuilder, bound_columns};
-use super::snapshot::Selected;
+use super::snapshot::{Selected, dirty_slots_sql, slot_of};
 use crate::config::Tables;
 use crate::error::{Error, Result};
 use crate::schema::batch::change_log;
@@ -296,15 +296,7 @@ pub async fn dirty_slots_in(
     oldest: bool,
 ) -> Result<Vec<PassSlot>> {
     const OP: &str = "select a pass's dirty slots";
-    let order = match oldest {
-        true => " ORDER BY changed_at, row_id",
-        false => "",
-    };
-    let sql = format!(
-        "SELECT row_id, changed_at, deleted_at, ctid FROM {} WHERE schema_id = $1 \
-         AND flushed_at = 0{order} LIMIT $2",
-        tables.change_log.quoted()
-    );
+    let sql = dirty_slots_sql(tables, oldest);
     let tx = begin_in(client, ticket).await?;
     let read = async {
         let params: [&(dyn ToSql + Sync); 2] = [&schema_id, &limit];
@@ -315,11 +307,7 @@ pub async fn dirty_slots_in(
         futures::pin_mut!(stream);
         let mut out = Vec::with_capacity(usize::try_from(limit.clamp(0, 1 << 20)).unwrap_or(0));
         while let Some(row) = stream.try_next().await.map_err(Error::postgres(OP))? {
-            let slot = Selected {
-                row_id: row.try_get(0).map_err(Error::postgres(OP))?,
-                changed_at: row.try_get(1).map_err(Error::postgres(OP))?,
-                tid: row.try_get(3).map_err(Error::postgres(OP))?,
-            };
+            let slot = slot_of(&row).map_err(Error::postgres(OP))?;
             let deleted_at = row.try_get(2).map_err(Error::postgres(OP))?;
             out.push(PassSlot { slot, deleted_at });
         }

@@ -163,10 +163,7 @@ impl BatchStatements {
     /// Prepares the slot, entity and EAV reads for `schema` on `client`.
     pub async fn prepare(client: &Client, tables: &Tables, schema: &SchemaDef) -> Result<Self> {
         let cl = tables.change_log.quoted();
-        let first = format!(
-            "SELECT row_id, changed_at, deleted_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
-             ORDER BY changed_at, row_id LIMIT $2"
-        );
+        let first = dirty_slots_sql(tables, true);
         let after = format!(
             "SELECT row_id, changed_at, deleted_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
              AND changed_at >= $3 AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
@@ -265,8 +262,23 @@ pub async fn select(
     within(TIMEOUT, OP, read).await
 }
 
+/// Up to `$2` dirty slots of schema `$1` as slot rows (`row_id, changed_at, deleted_at,
+/// ctid`): the oldest first (by `changed_at, row_id`, the selection order) when `oldest`, in
+/// any order otherwise.
+pub(super) fn dirty_slots_sql(tables: &Tables, oldest: bool) -> String {
+    let order = match oldest {
+        true => " ORDER BY changed_at, row_id",
+        false => "",
+    };
+    format!(
+        "SELECT row_id, changed_at, deleted_at, ctid FROM {} WHERE schema_id = $1 \
+         AND flushed_at = 0{order} LIMIT $2",
+        tables.change_log.quoted()
+    )
+}
+
 /// A slot row (`row_id, changed_at, deleted_at, ctid`) as a [`Selected`].
-fn slot_of(row: &Row) -> std::result::Result<Selected, tokio_postgres::Error> {
+pub(super) fn slot_of(row: &Row) -> std::result::Result<Selected, tokio_postgres::Error> {
     Ok(Selected {
         row_id: row.try_get(0)?,
         changed_at: row.try_get(1)?,
