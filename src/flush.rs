@@ -62,7 +62,8 @@ pub struct FlushHooks {
     pub before_export: Option<Hook>,
     /// After the manifest commit, before the mark.
     pub before_mark: Option<Hook>,
-    /// Before a second read connection is opened (called with no row ids).
+    /// Before a second read connection is opened, and before a heap pass opens its sessions
+    /// (called with no row ids).
     pub before_second_connection: Option<Hook>,
 }
 
@@ -882,6 +883,7 @@ impl Reads {
                 dry_run: opts.dry_run,
                 work_dir: &opts.work_dir,
                 before_export: sf.hooks.before_export.clone(),
+                before_sessions: sf.hooks.before_second_connection.clone(),
             };
             if let Some(pass) = heap_pass::HeapPass::start(&plan, &conn.client).await? {
                 report.table_scans += 1;

@@ -730,10 +730,9 @@ async fn export_heap(
     out: &mut SchemaInit,
 ) -> Result<Vec<FileEntry>> {
     let started = Instant::now();
+    let readers = heap_read::open_readers(&ctx.connector, opts.readers.max(1) as usize).await?;
     let snapshot = live::ExportedSnapshot::export(&ctx.connector).await?;
-    let tickets = (0..opts.readers.max(1))
-        .map(|_| snapshot.ticket())
-        .collect();
+    let tickets = readers.iter().map(|_| snapshot.ticket()).collect();
     let released = snapshot.release();
     let (hook, shutdown) = (opts.page_hook(), ctx.shutdown.clone());
     let after_chunk = move || {
@@ -750,7 +749,7 @@ async fn export_heap(
         }
     };
     let read = heap_read::read_buckets(
-        &ctx.connector,
+        readers,
         tickets,
         &ctx.tables,
         def,

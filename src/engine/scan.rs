@@ -161,7 +161,9 @@ impl<const PARALLEL: bool> VTab for ArrowScan<PARALLEL> {
             claimed
         };
         match claimed {
-            Some(chunk) => record_batch_to_duckdb_data_chunk(&chunk.project(&init.columns)?, output)?,
+            Some(chunk) => {
+                record_batch_to_duckdb_data_chunk(&chunk.project(&init.columns)?, output)?
+            }
             None => output.set_len(0),
         }
         Ok(())
@@ -271,9 +273,11 @@ mod tests {
         // No column read at all: DuckDB asks for one and counts its rows.
         let count: i64 = engine
             .conn
-            .query_row(&format!("SELECT count(*) FROM {}", reg.scan_sql()), [], |r| {
-                r.get(0)
-            })
+            .query_row(
+                &format!("SELECT count(*) FROM {}", reg.scan_sql()),
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
         assert_eq!(count, 3005);
     }

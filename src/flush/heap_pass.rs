@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::job::{self, Context};
 use crate::schema::SchemaDef;
 use crate::source::Client;
+use crate::source::connect::TappedClient;
 use crate::source::heap_read::{self, PassSlot, ReadOrder, Spilled, TableShape};
 use crate::source::live::{self, LivePage};
 use crate::source::snapshot::Snapshot;
@@ -55,6 +56,8 @@ pub(super) struct PassPlan<'a> {
     pub work_dir: &'a Path,
     /// Called with the pass's row ids between its selection and its heap read (a test seam).
     pub before_export: Option<Hook>,
+    /// Called before the pass opens its sessions (a test seam).
+    pub before_sessions: Option<Hook>,
 }
 
 /// A pass whose heap is read: its batches, loaded from the spill one ahead of the export.
@@ -82,10 +85,13 @@ impl HeapPass {
             return Ok(None);
         }
         let started = Instant::now();
-        let snapshot = live::ExportedSnapshot::export(&plan.ctx.connector).await?;
+        let Some(sessions) = Sessions::open(plan).await? else {
+            return Ok(None);
+        };
+        let snapshot = live::ExportedSnapshot::export_on(sessions.exporter).await?;
         let tickets: Vec<_> = (0..=READERS).map(|_| snapshot.ticket()).collect();
         let released = snapshot.release();
-        let read = Self::read(plan, &shape, tickets, pass);
+        let read = Self::read(plan, &shape, sessions.readers, tickets, pass);
         let (pass, released) = tokio::join!(read, released);
         let pass = released.and(pass)?;
         tracing::info!(
@@ -103,6 +109,7 @@ impl HeapPass {
     async fn read(
         plan: &PassPlan<'_>,
         shape: &TableShape,
+        mut readers: Vec<TappedClient>,
         mut tickets: Vec<live::SnapshotTicket>,
         pass: u64,
     ) -> Result<Self> {
@@ -110,21 +117,18 @@ impl HeapPass {
             .pop()
             .ok_or_else(|| Error::Invariant("a pass without a snapshot ticket".into()))?;
         let t = Instant::now();
-        let mut selector = plan.ctx.connector.connect().await?;
+        // The selection runs on the first reader's session, before it reads.
+        let selector = &mut readers
+            .first_mut()
+            .ok_or_else(|| Error::Invariant("a pass without a reader".into()))?
+            .client;
         let limit = i64::try_from(pass).unwrap_or(i64::MAX);
         // Only a pass that cannot take every dirty slot (bounded by PASS_SLOTS or the batch
         // budget) needs the oldest ones.
         let oldest = pass < plan.dirty;
-        let mut slots = heap_read::dirty_slots_in(
-            &mut selector,
-            ticket,
-            plan.tables,
-            plan.schema_id,
-            limit,
-            oldest,
-        )
-        .await?;
-        drop(selector);
+        let mut slots =
+            heap_read::dirty_slots_in(selector, ticket, plan.tables, plan.schema_id, limit, oldest)
+                .await?;
         step_done("select pass", t);
         if let Some(hook) = &plan.before_export {
             hook(
@@ -167,7 +171,7 @@ impl HeapPass {
         };
         let t = Instant::now();
         let spilled = heap_read::read_buckets(
-            &plan.ctx.connector,
+            readers,
             tickets,
             plan.tables,
             plan.def,
@@ -249,6 +253,45 @@ impl HeapPass {
 
 /// Whether the work dir has room for a pass's spill of `needed` bytes: `auto` reads by windows
 /// instead (no scratch disk), an explicit `--read-order heap` is refused.
+/// The sessions a pass opens besides the run's own: the snapshot's exporter and the heap
+/// readers (the first also selects the pass's slots).
+struct Sessions {
+    exporter: Client,
+    readers: Vec<TappedClient>,
+}
+
+impl Sessions {
+    /// Opens them all before anything is read. When one cannot be opened (a connection limit,
+    /// a database refusing connections), `--read-order auto` reads by windows instead, on the
+    /// run's own connections, with a warning (`None`); an explicit `heap` fails the run.
+    async fn open(plan: &PassPlan<'_>) -> Result<Option<Self>> {
+        let connector = &plan.ctx.connector;
+        if let Some(hook) = &plan.before_sessions {
+            hook(plan.schema_id, Vec::new()).await;
+        }
+        let opened = async {
+            Ok::<_, Error>(Self {
+                exporter: connector.connect().await?,
+                readers: heap_read::open_readers(connector, READERS).await?,
+            })
+        }
+        .await;
+        match opened {
+            Ok(sessions) => Ok(Some(sessions)),
+            Err(e) if plan.order == ReadOrder::Auto => {
+                tracing::warn!(
+                    schema_id = plan.schema_id,
+                    error = %e,
+                    "a heap pass could not open its {} connections: reading by windows",
+                    READERS + 1
+                );
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 fn fits(plan: &PassPlan<'_>, needed: u64) -> Result<bool> {
     let free = job::available_bytes(plan.work_dir).map_err(|source| Error::Io {
         op: "measure free space of work dir",

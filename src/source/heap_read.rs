@@ -722,13 +722,26 @@ impl Spilled {
     }
 }
 
-/// Reads the schema's live entities and their EAV rows by `plan`'s page ranges, on `readers`
-/// tapped connections each in the exported snapshot of its ticket (from `ticket`), routing the
-/// tuples into buckets spilled to files in `dir`. `after_chunk` runs after each range a reader
-/// has read (an error stops the read).
+/// Opens and tunes `n` tapped connections for [`read_buckets`]. A reader opens its session
+/// before the snapshot is exported, so that a connection limit is met before anything is read
+/// (a flush then reads by windows instead, docs/design.md §4.1).
+pub async fn open_readers(connector: &Connector, n: usize) -> Result<Vec<TappedClient>> {
+    let mut readers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let conn = connector.connect_tapped().await?;
+        tune_for_pages(&conn.client).await?;
+        readers.push(conn);
+    }
+    Ok(readers)
+}
+
+/// Reads the schema's live entities and their EAV rows by `plan`'s page ranges, on the
+/// `readers` ([`open_readers`]), each in the exported snapshot of its ticket (one ticket per
+/// reader), routing the tuples into buckets spilled to files in `dir`. `after_chunk` runs after
+/// each range a reader has read (an error stops the read).
 #[allow(clippy::too_many_arguments)]
 pub async fn read_buckets<F, Fut>(
-    connector: &Connector,
+    readers: Vec<TappedClient>,
     tickets: Vec<SnapshotTicket>,
     tables: &Tables,
     schema: &SchemaDef,
@@ -760,7 +773,15 @@ where
             eav_select(tables, schema)
         )
     };
-    let readers = tickets.len().max(1);
+    if readers.len() != tickets.len() || readers.is_empty() {
+        return Err(Error::Invariant(format!(
+            "a heap read of {} readers with {} snapshot tickets",
+            readers.len(),
+            tickets.len()
+        )));
+    }
+    let conns = readers;
+    let readers = tickets.len();
     let buckets = plan.buckets();
     let router = |op, fields, path| -> Result<Arc<Mutex<Router>>> {
         Ok(Arc::new(Mutex::new(Router {
@@ -774,50 +795,52 @@ where
             error: None,
         })))
     };
-    let reads = tickets.into_iter().enumerate().map(|(k, ticket)| {
-        let entity_queries: Vec<String> = (plan.entity_chunks.iter().skip(k).step_by(readers))
-            .map(entity_sql)
-            .collect();
-        let eav_queries: Vec<String> = (plan.eav_chunks.iter().skip(k).step_by(readers))
-            .map(eav_sql)
-            .collect();
-        let routers = (
-            router(
-                "read entity heap range",
-                4 + bound.len(),
-                dir.join(format!("heap-{schema_id}-{k}-entity")),
-            ),
-            router(
-                "read eav heap range",
-                5,
-                dir.join(format!("heap-{schema_id}-{k}-eav")),
-            ),
-        );
-        let (after_chunk, connector) = (after_chunk.clone(), connector.clone());
-        async move {
-            let (entity, eav) = (routers.0?, routers.1?);
-            let mut conn = connector.connect_tapped().await?;
-            tune_for_pages(&conn.client).await?;
-            let TappedClient { client, tap } = &mut conn;
-            let tx = begin_in(client, ticket).await?;
-            for (router, queries) in [(&entity, entity_queries), (&eav, eav_queries)] {
-                for q in queries {
-                    copy_routed(&tx, tap, router, &q).await?;
-                    after_chunk().await?;
+    let reads = conns
+        .into_iter()
+        .zip(tickets)
+        .enumerate()
+        .map(|(k, (mut conn, ticket))| {
+            let entity_queries: Vec<String> = (plan.entity_chunks.iter().skip(k).step_by(readers))
+                .map(entity_sql)
+                .collect();
+            let eav_queries: Vec<String> = (plan.eav_chunks.iter().skip(k).step_by(readers))
+                .map(eav_sql)
+                .collect();
+            let routers = (
+                router(
+                    "read entity heap range",
+                    4 + bound.len(),
+                    dir.join(format!("heap-{schema_id}-{k}-entity")),
+                ),
+                router(
+                    "read eav heap range",
+                    5,
+                    dir.join(format!("heap-{schema_id}-{k}-eav")),
+                ),
+            );
+            let after_chunk = after_chunk.clone();
+            async move {
+                let (entity, eav) = (routers.0?, routers.1?);
+                let TappedClient { client, tap } = &mut conn;
+                let tx = begin_in(client, ticket).await?;
+                for (router, queries) in [(&entity, entity_queries), (&eav, eav_queries)] {
+                    for q in queries {
+                        copy_routed(&tx, tap, router, &q).await?;
+                        after_chunk().await?;
+                    }
                 }
+                timed(TIMEOUT, "end reader snapshot", tx.commit()).await?;
+                let take = |r: Arc<Mutex<Router>>| -> Result<Spill> {
+                    let mut r = Arc::try_unwrap(r)
+                        .map_err(|_| Error::Invariant("a spill router is still shared".into()))?
+                        .into_inner()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    r.spill.finish()?;
+                    Ok(r.spill)
+                };
+                Ok::<_, Error>((take(entity)?, take(eav)?))
             }
-            timed(TIMEOUT, "end reader snapshot", tx.commit()).await?;
-            let take = |r: Arc<Mutex<Router>>| -> Result<Spill> {
-                let mut r = Arc::try_unwrap(r)
-                    .map_err(|_| Error::Invariant("a spill router is still shared".into()))?
-                    .into_inner()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                r.spill.finish()?;
-                Ok(r.spill)
-            };
-            Ok::<_, Error>((take(entity)?, take(eav)?))
-        }
-    });
+        });
     // Each reader is a task of its own: a reader that panics fails the read (and dropping the
     // set aborts the others).
     let mut set = tokio::task::JoinSet::new();

@@ -134,7 +134,12 @@ pub struct SnapshotTicket {
 impl ExportedSnapshot {
     /// Exports a snapshot on a session of its own.
     pub async fn export(connector: &Connector) -> Result<Self> {
-        let mut client = connector.connect().await?;
+        Self::export_on(connector.connect().await?).await
+    }
+
+    /// Exports a snapshot on `client`, a session opened for it (it idles in the exporting
+    /// transaction until every ticket is dropped, then ends).
+    pub async fn export_on(mut client: Client) -> Result<Self> {
         let (id_tx, id_rx) = tokio::sync::oneshot::channel::<String>();
         let (imported, mut waiting) = tokio::sync::mpsc::channel::<()>(1);
         let holder = tokio::spawn(async move {

@@ -1932,6 +1932,137 @@ async fn without_a_second_connection_batches_are_read_one_after_the_other() {
     assert_eq!((compared, dirty), (120, 0));
 }
 
+/// Flush hooks whose first `before_second_connection` call makes the rig's database refuse new
+/// connections and whose second call allows them again; the count of calls.
+fn refusing_connections_once(
+    rig: &Rig,
+    admin: Arc<tokio_postgres::Client>,
+) -> (FlushHooks, Arc<std::sync::atomic::AtomicUsize>) {
+    let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let hooks = FlushHooks {
+        before_second_connection: Some(Rig::hook(move || {
+            let first = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+            let sql = format!("ALTER DATABASE {db} ALLOW_CONNECTIONS {}", !first);
+            let admin = admin.clone();
+            async move { admin.batch_execute(&sql).await.unwrap() }.boxed()
+        })),
+        ..FlushHooks::default()
+    };
+    (hooks, calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_heap_pass_that_cannot_open_its_connections_fails_before_reading_and_a_rerun_converges() {
+    // docs/design.md §4.1, "Heap passes": the pass opens its sessions before it exports a
+    // snapshot. Asked for explicitly (--read-order heap), a refused connection fails the run
+    // with the server's reason, nothing published or marked; the next run flushes everything.
+    let mut rig = rig(LakeKind::S3).await;
+    rig.opts.read_order = ReadOrder::Heap;
+    let mut r = Rng::new(5330);
+    rig.seed(30, &mut r).await;
+    let admin = Arc::new(harness::pg_client(&harness::pg_admin_url()).await);
+    let (hooks, calls) = refusing_connections_once(&rig, admin.clone());
+    let report = rig.flush_with(&hooks).await;
+    let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
+    admin
+        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
+        .await
+        .unwrap();
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("not currently accepting connections"),
+        "{s:?}"
+    );
+    assert_eq!(
+        (s.table_scans, s.batches, s.rows_exported, s.rows_marked),
+        (0, 0, 0, 0),
+        "{s:?}"
+    );
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(
+        rig.store.list("data/").await.unwrap().is_empty(),
+        "nothing is uploaded"
+    );
+    assert_eq!(dirty_in_selection_order(&rig).await.len(), 30);
+    let again = rig.flush().await;
+    let s = only(&again);
+    assert_eq!(
+        (s.table_scans, s.rows_by_scan, s.rows_marked),
+        (1, 30, 30),
+        "{s:?}"
+    );
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (30, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_automatic_heap_pass_without_its_connections_reads_by_windows() {
+    // docs/design.md §4.1, "Heap passes": a backlog of scattered ids large enough for `auto` to
+    // choose a pass (100,000 random ids, all of them dirty); the database refuses the pass's
+    // sessions, so the run reads by windows on its own connection instead, and every row is
+    // exported and marked.
+    let rig = rig(LakeKind::Local).await;
+    rig.writer
+        .client
+        .batch_execute(
+            "INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, \
+             ltbase_updated_at, text_01) \
+             SELECT 100, gen_random_uuid(), 1000 + i, 1000 + i, 'c' || i \
+             FROM generate_series(1, 100000) AS i; \
+             INSERT INTO change_log (schema_id, row_id, changed_at) \
+             SELECT 100, ltbase_row_id, ltbase_updated_at FROM entity_main; \
+             ANALYZE entity_main; ANALYZE change_log;",
+        )
+        .await
+        .unwrap();
+    let admin = Arc::new(harness::pg_client(&harness::pg_admin_url()).await);
+    let (hooks, calls) = refusing_connections_once(&rig, admin.clone());
+    let opts = FlushOptions {
+        batch_size: 25_000,
+        ..rig.opts.clone()
+    };
+    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
+        .await
+        .unwrap();
+    let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
+    admin
+        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
+        .await
+        .unwrap();
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Flushed, "{s:?}");
+    assert_eq!(
+        (
+            s.table_scans,
+            s.rows_by_scan,
+            s.rows_exported,
+            s.rows_marked,
+            s.rows_left_dirty
+        ),
+        (0, 0, 100_000, 100_000, 0),
+        "{s:?}"
+    );
+    // The pass's sessions, then the windows' second read connection.
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let mut exported = 0;
+    for f in &s.files {
+        let rows = oracle::read_parquet(rig.store.get_bytes(&f.path).await.unwrap().bytes);
+        assert!(
+            rows.iter().map(|(id, _)| *id).is_sorted(),
+            "a file is sorted by row id"
+        );
+        exported += rows.len();
+    }
+    assert_eq!(exported, 100_000);
+    assert!(dirty_in_selection_order(&rig).await.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
     // docs/hazards.md #554: application batch writers lock rows in (schema_id, row_id) order; a mark
