@@ -354,13 +354,7 @@ async fn a_heap_pass_bounded_by_the_batch_budget_takes_the_oldest_slots() {
         (1, 20, 2),
         "{s:?}"
     );
-    let mut exported = Vec::new();
-    for f in &s.files {
-        let rows = oracle::read_parquet(rig.store.get_bytes(&f.path).await.unwrap().bytes);
-        let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
-        assert!(ids.is_sorted(), "a file is sorted by row id");
-        exported.extend(ids);
-    }
+    let mut exported = ids_of_sorted_files(&rig, &s.files).await;
     exported.sort();
     let mut oldest = order[..20].to_vec();
     oldest.sort();
@@ -1932,6 +1926,27 @@ async fn without_a_second_connection_batches_are_read_one_after_the_other() {
     assert_eq!((compared, dirty), (120, 0));
 }
 
+/// The row ids of `files`, read from the lake, each file checked to be sorted by row id.
+async fn ids_of_sorted_files(rig: &Rig, files: &[lakecdc::flush::FileReport]) -> Vec<Uuid> {
+    let mut exported = Vec::new();
+    for f in files {
+        let rows = oracle::read_parquet(rig.store.get_bytes(&f.path).await.unwrap().bytes);
+        let ids: Vec<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+        assert!(ids.is_sorted(), "a file is sorted by row id");
+        exported.extend(ids);
+    }
+    exported
+}
+
+/// Lets the rig's database accept connections again.
+async fn allow_connections(rig: &Rig, admin: &tokio_postgres::Client) {
+    let db = rig.db.url.rsplit_once('/').unwrap().1;
+    admin
+        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
+        .await
+        .unwrap();
+}
+
 /// Flush hooks whose first `before_second_connection` call makes the rig's database refuse new
 /// connections and whose second call allows them again; the count of calls.
 fn refusing_connections_once(
@@ -1965,11 +1980,7 @@ async fn a_heap_pass_that_cannot_open_its_connections_fails_before_reading_and_a
     let admin = Arc::new(harness::pg_client(&harness::pg_admin_url()).await);
     let (hooks, calls) = refusing_connections_once(&rig, admin.clone());
     let report = rig.flush_with(&hooks).await;
-    let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
-    admin
-        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
-        .await
-        .unwrap();
+    allow_connections(&rig, &admin).await;
     let s = only(&report);
     assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
     assert!(
@@ -2030,11 +2041,7 @@ async fn an_automatic_heap_pass_without_its_connections_reads_by_windows() {
     let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
         .await
         .unwrap();
-    let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
-    admin
-        .batch_execute(&format!("ALTER DATABASE {db} ALLOW_CONNECTIONS true"))
-        .await
-        .unwrap();
+    allow_connections(&rig, &admin).await;
     let s = only(&report);
     assert_eq!(s.outcome, Outcome::Flushed, "{s:?}");
     assert_eq!(
@@ -2050,16 +2057,7 @@ async fn an_automatic_heap_pass_without_its_connections_reads_by_windows() {
     );
     // The pass's sessions, then the windows' second read connection.
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
-    let mut exported = 0;
-    for f in &s.files {
-        let rows = oracle::read_parquet(rig.store.get_bytes(&f.path).await.unwrap().bytes);
-        assert!(
-            rows.iter().map(|(id, _)| *id).is_sorted(),
-            "a file is sorted by row id"
-        );
-        exported += rows.len();
-    }
-    assert_eq!(exported, 100_000);
+    assert_eq!(ids_of_sorted_files(&rig, &s.files).await.len(), 100_000);
     assert!(dirty_in_selection_order(&rig).await.is_empty());
 }
 
