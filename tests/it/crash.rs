@@ -81,8 +81,16 @@ fn random_job(r: &mut Rng, work: &std::path::Path) -> Vec<(&'static str, Vec<Str
             )),
         )
     };
+    // A flush in heap passes (docs/design.md §4.1): killed in its scan, its spill or its drain.
+    let heap_flush = (
+        "flush in heap passes",
+        words(&format!(
+            "flush --force --batch-size 9 --read-order heap --work-dir {work}"
+        )),
+    );
     match r.below(100) {
-        0..=29 => vec![flush],
+        0..=17 => vec![flush],
+        18..=29 => vec![heap_flush],
         30..=41 => vec![(
             "flush one table",
             words(&format!(
