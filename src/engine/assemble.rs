@@ -75,7 +75,10 @@ pub fn assemble(
 #[derive(Default)]
 struct Attributes {
     order: Vec<(i16, Shape)>,
-    slot: std::collections::HashMap<i16, usize>,
+    /// Each attribute's index in `order`, by attribute id less `first`: looked up for every
+    /// EAV row, so a direct index rather than a hash.
+    slot: Vec<Option<usize>>,
+    first: i16,
 }
 
 /// How an attribute's EAV rows become its value.
@@ -106,10 +109,28 @@ impl Attributes {
                 ValueType::List => Shape::List(a.items_type.unwrap_or(ValueType::Text)),
                 t => Shape::Scalar(t),
             };
-            attrs.slot.insert(a.id, attrs.order.len());
             attrs.order.push((a.id, shape));
         }
+        let ids = || attrs.order.iter().map(|(id, _)| i32::from(*id));
+        let (first, last) = (ids().min().unwrap_or(0), ids().max().unwrap_or(-1));
+        let mut slot = vec![None; usize::try_from(last - first + 1).unwrap_or(0)];
+        for (k, id) in ids().enumerate() {
+            if let Some(s) = usize::try_from(id - first)
+                .ok()
+                .and_then(|i| slot.get_mut(i))
+            {
+                *s = Some(k);
+            }
+        }
+        attrs.slot = slot;
+        attrs.first = i16::try_from(first).unwrap_or(0);
         attrs
+    }
+
+    /// The index in `order` of attribute `id`, if the schema has it.
+    fn slot_of(&self, id: i16) -> Option<usize> {
+        let at = usize::try_from(i32::from(id) - i32::from(self.first)).ok()?;
+        self.slot.get(at).copied().flatten()
     }
 }
 
@@ -132,14 +153,27 @@ pub fn assemble_slots(
     if sorted.windows(2).any(|w| w[0] >= w[1]) {
         return Ok(None);
     }
+    // Each slot's entity row, by a merge of both in row-id order (no hash per row: the
+    // entity rows often come sorted already).
     let entity_keys = keys(ids(entities)?);
-    let mut by_key = std::collections::HashMap::with_capacity(entity_keys.len());
-    for (i, k) in entity_keys.iter().enumerate() {
-        if by_key.insert(*k, index(i)?).is_some() {
-            return Ok(None);
-        }
+    let mut by_key: Vec<u32> = (0..index(entity_keys.len())?).collect();
+    if !entity_keys.is_sorted() {
+        by_key.sort_unstable_by_key(|&i| entity_keys[i as usize]);
     }
-    let matched: UInt32Array = sorted.iter().map(|k| by_key.get(k).copied()).collect();
+    let key_at = |j: usize| by_key.get(j).map(|&i| entity_keys[i as usize]);
+    if (1..by_key.len()).any(|j| key_at(j - 1) == key_at(j)) {
+        return Ok(None);
+    }
+    let mut j = 0;
+    let matched: UInt32Array = sorted
+        .iter()
+        .map(|k| {
+            while key_at(j).is_some_and(|e| e < *k) {
+                j += 1;
+            }
+            (key_at(j) == Some(*k)).then(|| by_key[j])
+        })
+        .collect();
     let Some(eav) = gather_eav(&attrs, eav, &sorted)? else {
         return Ok(None);
     };
@@ -224,7 +258,7 @@ fn gather_eav(
     // one) is tried before a binary search.
     let mut hint = 0;
     for (e, id) in eav_ids.value_data().chunks_exact(16).enumerate() {
-        let Some(&slot) = attrs.slot.get(&attr_ids.value(e)) else {
+        let Some(slot) = attrs.slot_of(attr_ids.value(e)) else {
             continue; // not an attribute of this schema: the pivot ignores it too
         };
         let k = key(id);
@@ -356,7 +390,7 @@ fn ids(batch: &RecordBatch) -> Result<&FixedSizeBinaryArray> {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{AsArray, Float64Array, StringArray};
+    use arrow::array::{AsArray, Float64Array, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Float64Type};
 
     use super::*;
@@ -410,6 +444,112 @@ mod tests {
                 attr(8, ValueType::Numeric, None),
             ],
         }
+    }
+
+    /// A batch of 16-byte ids (column 0) and an Int64 `n` per row.
+    fn keyed(name: &str, rows: &[(u128, i64)]) -> RecordBatch {
+        let ids: Vec<[u8; 16]> = rows.iter().map(|r| r.0.to_be_bytes()).collect();
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new(name, DataType::FixedSizeBinary(16), false),
+                Field::new(format!("{name}_n"), DataType::Int64, false),
+            ])),
+            vec![
+                Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter()).unwrap()),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn each_slot_gets_its_entity_row_in_row_id_order_whatever_order_either_came_in() {
+        let schema = SchemaDef {
+            name: "t".into(),
+            attributes: Vec::new(),
+        };
+        let slots = keyed("row_id", &[(30, 3), (10, 1), (20, 2), (50, 5)]);
+        // Unsorted entity rows; 90 is no slot's (dropped), 30 has none (a hard delete: NULL).
+        let entities = keyed(
+            "ltbase_row_id",
+            &[(50, 500), (20, 200), (90, 900), (10, 100)],
+        );
+        // An EAV row of no attribute of the schema: ignored.
+        let none = eav(&[(10, 99, Some(""), Some("x"), None)]);
+        let rows = assemble_slots(&schema, &slots, &entities, &none)
+            .unwrap()
+            .unwrap();
+        let n = |c: &str| -> Vec<Option<i64>> {
+            rows.column_by_name(c)
+                .unwrap()
+                .as_primitive::<arrow::datatypes::Int64Type>()
+                .iter()
+                .collect()
+        };
+        assert_eq!(n("row_id_n"), [Some(1), Some(2), Some(3), Some(5)]);
+        assert_eq!(
+            n("ltbase_row_id_n"),
+            [Some(100), Some(200), None, Some(500)]
+        );
+        // Sorted entity rows give the same.
+        let sorted = keyed(
+            "ltbase_row_id",
+            &[(10, 100), (20, 200), (50, 500), (90, 900)],
+        );
+        let again = assemble_slots(&schema, &slots, &sorted, &none)
+            .unwrap()
+            .unwrap();
+        assert_eq!(again, rows);
+        // Two entity rows, or two slots, of one id: only the pivot defines the result.
+        let twice = keyed("ltbase_row_id", &[(20, 200), (10, 100), (20, 201)]);
+        assert!(
+            assemble_slots(&schema, &slots, &twice, &none)
+                .unwrap()
+                .is_none()
+        );
+        let two_slots = keyed("row_id", &[(10, 1), (10, 2)]);
+        assert!(
+            assemble_slots(&schema, &two_slots, &sorted, &none)
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn an_attribute_is_found_by_its_id_whatever_the_ids_range() {
+        let attr = |id: i16| Attribute {
+            name: format!("a{id}"),
+            id,
+            value_type: ValueType::Text,
+            items_type: None,
+            binding: None,
+            column: format!("a{id}"),
+        };
+        let of = |ids: &[i16]| {
+            Attributes::of(&SchemaDef {
+                name: "t".into(),
+                attributes: ids.iter().map(|&id| attr(id)).collect(),
+            })
+        };
+        let a = of(&[9, -3, i16::MAX, 4]);
+        let found: Vec<Option<usize>> = [9, -3, i16::MAX, 4, 5, -4, i16::MIN, 0]
+            .iter()
+            .map(|&id| a.slot_of(id))
+            .collect();
+        assert_eq!(
+            found,
+            [Some(0), Some(1), Some(2), Some(3), None, None, None, None]
+        );
+        let extremes = of(&[i16::MIN, i16::MAX]);
+        assert_eq!(
+            (
+                extremes.slot_of(i16::MIN),
+                extremes.slot_of(i16::MAX),
+                extremes.slot_of(0)
+            ),
+            (Some(0), Some(1), None)
+        );
+        assert_eq!(of(&[]).slot_of(0), None);
     }
 
     /// An EAV row: `(row key, attr_id, array_indices, value_text, value_numeric)`.
