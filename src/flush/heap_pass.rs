@@ -251,8 +251,6 @@ impl HeapPass {
     }
 }
 
-/// Whether the work dir has room for a pass's spill of `needed` bytes: `auto` reads by windows
-/// instead (no scratch disk), an explicit `--read-order heap` is refused.
 /// The sessions a pass opens besides the run's own: the snapshot's exporter and the heap
 /// readers (the first also selects the pass's slots).
 struct Sessions {
@@ -292,6 +290,8 @@ impl Sessions {
     }
 }
 
+/// Whether the work dir has room for a pass's spill of `needed` bytes: `auto` reads by windows
+/// instead (no scratch disk), an explicit `--read-order heap` is refused.
 fn fits(plan: &PassPlan<'_>, needed: u64) -> Result<bool> {
     let free = job::available_bytes(plan.work_dir).map_err(|source| Error::Io {
         op: "measure free space of work dir",

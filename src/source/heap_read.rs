@@ -780,8 +780,7 @@ where
             tickets.len()
         )));
     }
-    let conns = readers;
-    let readers = tickets.len();
+    let n = readers.len();
     let buckets = plan.buckets();
     let router = |op, fields, path| -> Result<Arc<Mutex<Router>>> {
         Ok(Arc::new(Mutex::new(Router {
@@ -795,15 +794,15 @@ where
             error: None,
         })))
     };
-    let reads = conns
+    let reads = readers
         .into_iter()
         .zip(tickets)
         .enumerate()
         .map(|(k, (mut conn, ticket))| {
-            let entity_queries: Vec<String> = (plan.entity_chunks.iter().skip(k).step_by(readers))
+            let entity_queries: Vec<String> = (plan.entity_chunks.iter().skip(k).step_by(n))
                 .map(entity_sql)
                 .collect();
-            let eav_queries: Vec<String> = (plan.eav_chunks.iter().skip(k).step_by(readers))
+            let eav_queries: Vec<String> = (plan.eav_chunks.iter().skip(k).step_by(n))
                 .map(eav_sql)
                 .collect();
             let routers = (
@@ -844,7 +843,7 @@ where
     // Each reader is a task of its own: a reader that panics fails the read (and dropping the
     // set aborts the others).
     let mut set = tokio::task::JoinSet::new();
-    let mut spills: Vec<Option<(Spill, Spill)>> = (0..readers).map(|_| None).collect();
+    let mut spills: Vec<Option<(Spill, Spill)>> = (0..n).map(|_| None).collect();
     for (k, read) in reads.enumerate() {
         set.spawn(async move { (k, read.await) });
     }
