@@ -386,11 +386,14 @@ async fn compact_schema(
                 backoff.wait(out.attempts + 1).await;
             }
             Err(PassError::Retry(why)) => {
+                let error = format!("gave up after {} passes: {why}", out.attempts);
+                tracing::error!(schema = %reg.name, error, "compaction failed");
                 out.outcome = Outcome::Failed;
-                out.error = Some(format!("gave up after {} passes: {why}", out.attempts));
+                out.error = Some(error);
                 break;
             }
             Err(PassError::Fail(e)) => {
+                tracing::error!(schema = %reg.name, error = %e.chain(), "compaction failed");
                 out.outcome = Outcome::Failed;
                 out.error = Some(e.chain());
                 break;

@@ -287,7 +287,10 @@ pub enum Error {
 
     /// The session holding a schema's lock ended while a job worked under it; what the job
     /// prepared was not published.
-    #[error("the lock of schema {schema_id} was lost (its session ended); nothing was published")]
+    #[error(
+        "the lock of schema {schema_id} was lost (its session ended); what was prepared under it \
+         was not published, and a rerun takes it up"
+    )]
     LockLost {
         /// The schema.
         schema_id: i16,

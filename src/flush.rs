@@ -41,6 +41,7 @@ pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, dir};
 use crate::source::connect::TappedClient;
+use crate::source::lock::SchemaLock;
 use crate::source::registry::{self, Kind, Registered};
 use crate::source::snapshot::{self, Selected, Snapshot};
 use crate::source::stats;
@@ -407,15 +408,10 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
             match def {
                 Some(def) => flush_schema(ctx, opts, hooks, source, reg, def).await,
                 None => {
-                    let p = Publisher {
-                        ctx,
-                        opts,
-                        hooks,
-                        source,
-                        schema_id: reg.id,
-                    };
                     let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
-                    table::flush(&p, &reg).instrument(span).await
+                    table::flush(ctx, opts, hooks, source, &reg)
+                        .instrument(span)
+                        .await
                 }
             }
         })
@@ -469,15 +465,16 @@ async fn flush_schema(
         return report;
     }
     let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
-    let sf = SchemaFlush {
-        ctx,
-        opts,
-        hooks,
-        source,
-        def: &def,
-        schema_id: reg.id,
-    };
-    under_lock(ctx, &reg, report, started, async |report| {
+    under_lock(ctx, &reg, report, started, async |lock, report| {
+        let sf = SchemaFlush {
+            ctx,
+            opts,
+            hooks,
+            source,
+            def: &def,
+            schema_id: reg.id,
+            lock,
+        };
         flush_locked(&sf, report).await
     })
     .instrument(span)
@@ -491,10 +488,12 @@ async fn under_lock(
     reg: &Registered,
     mut report: SchemaReport,
     started: Instant,
-    work: impl AsyncFnOnce(&mut SchemaReport) -> Result<()>,
+    work: impl AsyncFnOnce(&SchemaLock, &mut SchemaReport) -> Result<()>,
 ) -> SchemaReport {
-    let result =
-        crate::job::with_lock(&ctx.connector, reg.id, async |_| work(&mut report).await).await;
+    let result = crate::job::with_lock(&ctx.connector, reg.id, async |lock| {
+        work(lock, &mut report).await
+    })
+    .await;
     match result {
         Ok(Some(())) => {}
         Ok(None) => {
@@ -524,6 +523,8 @@ struct Publisher<'a> {
     /// The database this run reads: a lake written from another is refused.
     source: &'a SourceGuard,
     schema_id: i16,
+    /// The schema's lock: a batch is published only while its session is open.
+    lock: &'a SchemaLock,
 }
 
 /// One schema's flush: what every step of its batches needs.
@@ -535,6 +536,7 @@ struct SchemaFlush<'a> {
     source: &'a SourceGuard,
     def: &'a SchemaDef,
     schema_id: i16,
+    lock: &'a SchemaLock,
 }
 
 impl<'a> SchemaFlush<'a> {
@@ -545,6 +547,7 @@ impl<'a> SchemaFlush<'a> {
             hooks: self.hooks,
             source: self.source,
             schema_id: self.schema_id,
+            lock: self.lock,
         }
     }
 }
@@ -1057,6 +1060,12 @@ impl Publisher<'_> {
             extra: Default::default(),
         };
         let t = Instant::now();
+        // Published only under the lock: once its session is gone another run may be
+        // flushing the schema (docs/hazards.md L68). Nothing lists the delta yet.
+        if let Err(e) = self.lock.ensure_open() {
+            delete_or_leave(store, &key, "unlisted delta").await;
+            return Err(e);
+        }
         let committed = owner::claim_and_commit(
             store,
             layout,

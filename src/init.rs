@@ -389,6 +389,7 @@ async fn init_schema(
             out.reason = Some("stop requested during the export; nothing was published (what was uploaded is deleted); run init again".into());
         }
         Err(e) => {
+            tracing::error!(schema = %reg.name, error = %e.chain(), "init failed");
             out.outcome = Outcome::Failed;
             out.reason = Some(e.chain());
         }

@@ -13,26 +13,41 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    PendingMark, Publisher, SchemaReport, due, settle_mark, step_done, stopped, under_lock,
+    Context, FlushHooks, FlushOptions, PendingMark, Publisher, SchemaReport, due, settle_mark,
+    step_done, stopped, under_lock,
 };
 use crate::engine;
 use crate::error::{Error, Result};
-use crate::lake::{footer, owner};
+use crate::lake::{SourceGuard, footer, owner};
 use crate::report::FileReport;
 use crate::source::registry::Registered;
 use crate::source::snapshot;
 use crate::source::table_source::{self, ReadKind, TableSource};
 
 /// Flushes table source `reg` under its lock.
-pub(super) async fn flush(p: &Publisher<'_>, reg: &Registered) -> SchemaReport {
+pub(super) async fn flush(
+    ctx: &Context,
+    opts: &FlushOptions,
+    hooks: &FlushHooks,
+    source: &SourceGuard,
+    reg: &Registered,
+) -> SchemaReport {
     let started = Instant::now();
     let mut report = SchemaReport::new(reg);
-    if p.ctx.shutdown.is_requested() {
+    if ctx.shutdown.is_requested() {
         stopped(&mut report, false);
         return report;
     }
-    under_lock(p.ctx, reg, report, started, async |report| {
-        flush_locked(p, report).await
+    under_lock(ctx, reg, report, started, async |lock, report| {
+        let p = Publisher {
+            ctx,
+            opts,
+            hooks,
+            source,
+            schema_id: reg.id,
+            lock,
+        };
+        flush_locked(&p, report).await
     })
     .await
 }

@@ -331,6 +331,7 @@ async fn gc_schema(
         Ok(Some(())) => {}
         Ok(None) => out.outcome = Some(Outcome::Locked),
         Err(e) => {
+            tracing::error!(schema = %reg.name, error = %e.chain(), "gc failed");
             out.outcome = Some(Outcome::Failed);
             out.reason = Some(e.chain());
         }

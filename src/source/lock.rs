@@ -85,6 +85,21 @@ impl SchemaLock {
         })
     }
 
+    /// Errs once the lock's session is known to be gone (the server ended it, or its
+    /// connection closed): the lock went with it. Asks nothing of the server, so a flush
+    /// checks it before every batch it publishes; [`Self::ensure_held`] asks.
+    pub fn ensure_open(&self) -> Result<()> {
+        if self.client.is_closed() {
+            return Err(Error::LockLost {
+                schema_id: self.schema_id,
+                source: Box::new(Error::LockNotHeld {
+                    backend_pid: self.backend_pid,
+                }),
+            });
+        }
+        Ok(())
+    }
+
     /// The lock's own connection (for work that must run inside the lock's session).
     pub fn client(&self) -> &Client {
         &self.client

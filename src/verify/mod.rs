@@ -296,6 +296,7 @@ fn finished(mut out: SchemaVerify, result: Result<Option<()>>, started: Instant)
         Ok(Some(())) => {}
         Ok(None) => out.outcome = Outcome::Locked,
         Err(e) => {
+            tracing::error!(schema = %out.schema, error = %e.chain(), "verify failed");
             out.outcome = Outcome::Failed;
             out.error = Some(e.chain());
         }

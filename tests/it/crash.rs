@@ -171,15 +171,50 @@ async fn assert_lake_equals_postgres(rig: &Rig, when: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkills_at_random_moments_lose_nothing() {
-    kills_lose_nothing(LakeKind::S3).await;
+    kills_lose_nothing(LakeKind::S3, Cut::Sigkill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkills_at_random_moments_lose_nothing_in_a_local_lake() {
-    kills_lose_nothing(LakeKind::Local).await;
+    kills_lose_nothing(LakeKind::Local, Cut::Sigkill).await;
 }
 
-async fn kills_lose_nothing(kind: LakeKind) {
+/// The database ends the runs' sessions at random moments (`pg_terminate_backend`, as an
+/// administrator, a failover or a pooler would): each run ends by itself with an error line and
+/// an exit code, never a hang or a panic, removes its own scratch directory, and leaves nothing
+/// the next runs cannot put right (docs/hazards.md L68).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_ended_by_the_database_at_random_moments_lose_nothing() {
+    kills_lose_nothing(LakeKind::S3, Cut::Sessions).await;
+}
+
+/// How a round cuts its runs short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// SIGKILL the process: no cleanup at all.
+    Sigkill,
+    /// End every lakecdc session on the database; the process carries on by itself.
+    Sessions,
+}
+
+/// A run that ended by itself after its sessions were ended must end in at most this.
+const ENDS_WITHIN: Duration = Duration::from_secs(60);
+
+/// Ends every session of lakecdc's runs on the database; how many there were.
+async fn end_sessions(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = 'lakecdc' \
+             AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
     let mut rig = rig(kind).await;
     let work = rig.work.path().join("runs");
     std::fs::create_dir(&work).unwrap();
@@ -219,6 +254,8 @@ async fn kills_lose_nothing(kind: LakeKind) {
     let mut lengths: BTreeMap<&str, Duration> = BTreeMap::new();
     let mut next = 1_000;
     let (mut killed, mut finished) = (0, 0);
+    // The error line of each run cut short by the database (a sample of what an operator sees).
+    let mut errors = std::collections::BTreeSet::new();
     for round in 0..ROUNDS {
         for _ in 0..4 {
             rig.writer.random_op(&mut r).await;
@@ -242,28 +279,70 @@ async fn kills_lose_nothing(kind: LakeKind) {
                 (*d).min(Duration::from_secs(3))
                     .mul_f64(1.2 * (r.below(1000) as f64) / 1000.0)
             });
-            children.push((*kind, child, kill_at, log));
+            children.push((*kind, child, kill_at, log, None::<(Instant, i64)>));
         }
         // The application keeps writing while the jobs run (a write every few milliseconds
         // of the run): commits land before, during and after each job's snapshot and mark.
         let mut running: Vec<_> = children.into_iter().map(Some).collect();
         while running.iter().any(Option::is_some) {
             for slot in &mut running {
-                let Some((kind, child, kill_at, log)) = slot else {
+                let Some((kind, child, kill_at, log, ended_at)) = slot else {
                     continue;
                 };
                 let status = if let Some(status) = child.try_wait().unwrap() {
                     Some(status)
-                } else if kill_at.is_some_and(|at| start.elapsed() >= at) {
-                    child.kill().unwrap();
-                    child.wait().unwrap();
-                    None
+                } else if ended_at.is_none() && kill_at.is_some_and(|at| start.elapsed() >= at) {
+                    match cut {
+                        Cut::Sigkill => {
+                            child.kill().unwrap();
+                            child.wait().unwrap();
+                            None
+                        }
+                        Cut::Sessions => {
+                            *ended_at = Some((Instant::now(), end_sessions(&client).await));
+                            continue;
+                        }
+                    }
                 } else {
+                    if let Some((at, _)) = ended_at
+                        && at.elapsed() > ENDS_WITHIN
+                    {
+                        child.kill().unwrap();
+                        panic!(
+                            "round {round}: lakecdc {kind} still runs {ENDS_WITHIN:?} after its \
+                             sessions were ended: {}",
+                            std::fs::read_to_string(log).unwrap()
+                        );
+                    }
                     continue;
                 };
-                match status {
-                    None => killed += 1,
-                    Some(status) => {
+                match (status, *ended_at) {
+                    (None, _) => killed += 1,
+                    (Some(status), Some((_, sessions))) => {
+                        // Cut short by the database: an exit code and an error line of its
+                        // own, never a signal or a panic.
+                        killed += usize::from(sessions > 0);
+                        let stderr = std::fs::read_to_string(&log).unwrap();
+                        assert!(
+                            status.code().is_some() && !stderr.contains("panicked"),
+                            "round {round}: lakecdc {kind} exited {status}: {stderr}"
+                        );
+                        // A failed schema's `ERROR … failed` log line, or the run's own
+                        // `lakecdc: error:` line.
+                        let error_line =
+                            |l: &&str| l.contains("ERROR ") || l.contains("lakecdc: error:");
+                        if let Some(line) = stderr.lines().find(error_line) {
+                            // Without its timestamp.
+                            let line = line.split_once(' ').map_or(line, |(_, rest)| rest);
+                            errors.insert(format!("{kind} exited {status}: {line}"));
+                        }
+                        assert!(
+                            status.success() || stderr.lines().any(|l| error_line(&l)),
+                            "round {round}: lakecdc {kind} exited {status} without an error \
+                             line: {stderr}"
+                        );
+                    }
+                    (Some(status), None) => {
                         finished += 1;
                         lengths.insert(*kind, start.elapsed());
                         // A run alone ends well; a flush and a compaction at once may not (one
@@ -295,14 +374,24 @@ async fn kills_lose_nothing(kind: LakeKind) {
         "seed {seed}: {killed} runs killed, {finished} ran to their end, {rounds_leaving_scratch} \
          rounds left a scratch directory; lengths {lengths:?}"
     );
+    for e in &errors {
+        eprintln!("  {e}");
+    }
     assert!(killed >= ROUNDS / 2, "{killed} kills in {ROUNDS} rounds");
 
-    // What every killed run left behind, the next runs put right, their scratch directories
-    // included (docs/hazards.md L64).
-    assert!(
-        rounds_leaving_scratch > 0,
-        "no killed run left a scratch directory"
-    );
+    match cut {
+        // What every killed run left behind, the next runs put right, their scratch
+        // directories included (docs/hazards.md L64).
+        Cut::Sigkill => assert!(
+            rounds_leaving_scratch > 0,
+            "no killed run left a scratch directory"
+        ),
+        // A run that failed by itself removed its own.
+        Cut::Sessions => assert_eq!(
+            rounds_leaving_scratch, 0,
+            "a run whose sessions were ended left its scratch directory"
+        ),
+    }
     until_killed_sessions_end(&client).await;
     run_to_end(
         &rig,

@@ -2311,3 +2311,101 @@ fn assert_as_before<const N: usize>(
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flush_whose_lock_session_ends_publishes_no_further_batch_and_a_rerun_converges() {
+    // docs/hazards.md L68: the database ends the session holding the schema's lock while the
+    // run reads its third batch. From then on another run may take the lock and flush the
+    // schema, so no further batch is published: its staged delta is deleted, its rows stay
+    // dirty, and the run fails naming the lost lock. What was published before stays listed
+    // and marked; the next run exports the rest.
+    let mut rig = rig(LakeKind::S3).await;
+    rig.opts.batch_size = 40;
+    rig.opts.window_batches = 1;
+    let mut r = Rng::new(6801);
+    rig.seed(200, &mut r).await;
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ended = Arc::new(std::sync::Mutex::new(None::<i32>));
+    let url = rig.db.url.clone();
+    let (counted, holder) = (calls.clone(), ended.clone());
+    let hooks = FlushHooks {
+        before_export: Some(Rig::hook(move || {
+            let (counted, holder, url) = (counted.clone(), holder.clone(), url.clone());
+            async move {
+                if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) != 2 {
+                    return;
+                }
+                let admin = harness::pg_client(&url).await;
+                let pid: i32 = admin
+                    .query_one(
+                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                         AND objsubid = 2 AND objid = 100 AND database = \
+                         (SELECT oid FROM pg_database WHERE datname = current_database())",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                admin
+                    .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                    .await
+                    .unwrap();
+                // Gone on the server; the run's client sees its connection close at once.
+                while admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                        &[&pid],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0)
+                    > 0
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                *holder.lock().unwrap() = Some(pid);
+            }
+            .boxed()
+        })),
+        ..Default::default()
+    };
+    let report = rig.flush_with(&hooks).await;
+    assert!(
+        ended.lock().unwrap().is_some(),
+        "the hook ended the lock's session"
+    );
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    let reason = s.reason.as_deref().unwrap();
+    assert!(
+        reason.contains("the lock of schema 100 was lost") && reason.contains("no longer holds"),
+        "{reason}"
+    );
+    // Only listed deltas are left (the unpublished one was deleted, no staging object is
+    // left), each listed batch is marked, and every other row is still dirty.
+    let listed = rig.listed().await;
+    assert!(
+        listed.len() < 5,
+        "no batch is published after the lock is lost: {listed:?}"
+    );
+    assert_eq!(rig.keys("data/").await, listed);
+    let mut exported = BTreeSet::new();
+    for key in &listed {
+        let bytes = rig.store.get_bytes(key).await.unwrap().bytes;
+        for (id, _) in oracle::read_parquet(bytes) {
+            assert!(exported.insert(id), "{id} exported twice");
+        }
+    }
+    assert_eq!(s.rows_marked as usize, exported.len(), "{s:?}");
+    let dirty: BTreeSet<Uuid> = dirty_in_selection_order(&rig).await.into_iter().collect();
+    assert_eq!(dirty.len(), 200 - exported.len());
+    assert!(dirty.is_disjoint(&exported));
+
+    let again = rig.flush().await;
+    let s = only(&again);
+    assert_eq!(s.outcome, Outcome::Flushed, "{s:?}");
+    assert_eq!(s.rows_marked as usize, dirty.len(), "{s:?}");
+    let (compared, left) = rig.assert_oracle().await;
+    assert_eq!((compared, left), (200, 0));
+}
