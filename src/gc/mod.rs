@@ -50,6 +50,7 @@ use crate::lake::manifest::FileEntry;
 use crate::lake::{Capped, KeyKind, Layout, SourceGuard, read_capped};
 use crate::lake::{history, manifest, owner};
 use crate::report::label;
+use crate::source::lock::SchemaLock;
 use crate::source::registry::Registered;
 use crate::store::PutMode;
 
@@ -323,8 +324,8 @@ async fn gc_schema(
         schema: reg.name.clone(),
         ..SchemaGc::default()
     };
-    let result = job::with_lock(&ctx.connector, reg.id, async |_| {
-        collect(ctx, opts, source, reg.id, &mut out).await
+    let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
+        collect(ctx, opts, source, lock, reg.id, &mut out).await
     })
     .await;
     match result {
@@ -433,10 +434,14 @@ async fn collect(
     ctx: &Context,
     opts: &GcOptions,
     source: &SourceGuard,
+    lock: &SchemaLock,
     schema_id: i16,
     out: &mut SchemaGc,
 ) -> Result<()> {
     let mut plan = plan(ctx, opts, source, schema_id).await?;
+    // The plan was made under the lock; it is acted on only while the lock's session is
+    // still open (docs/hazards.md L68).
+    lock.ensure_open()?;
     if let Some(why) = plan.refused.take() {
         out.outcome = Some(Outcome::Refused);
         out.reason = Some(why);

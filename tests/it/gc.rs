@@ -564,3 +564,86 @@ async fn gc_carries_on_when_unfinished_writes_cannot_be_listed() {
     // Nothing of the lake was touched.
     rig.assert_oracle().await;
 }
+
+#[tokio::test]
+async fn a_gc_whose_lock_session_ends_deletes_nothing_and_a_rerun_does() {
+    // docs/hazards.md L68: the database ends the session holding the schema's lock while gc
+    // lists the prefix. Its plan is not acted on: the orphan past its grace stays, no sighting
+    // is written, and the schema fails naming the lost lock. The next run deletes it.
+    use lakecdc::store::fault::Gate;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(6802);
+    rig.seed(10, &mut r).await;
+    rig.flush().await;
+    let orphan = rig.ctx.lake.layout.merged_base_key(100, Uuid::now_v7());
+    put(rig.store.as_ref(), &orphan).await;
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let gc = ctx(&rig, clock.clone());
+    // Sighted now, past its grace 16 minutes later.
+    lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    clock.advance(16 * MIN);
+    let state_key = rig.ctx.lake.layout.gc_state_key(100);
+    let state_before = rig.store.get_bytes(&state_key).await.unwrap().bytes;
+
+    let gate = Gate::new();
+    rig.store
+        .arm(Op::List, Some("data/100/"), 1, Action::Pause(gate.clone()));
+    let run = {
+        let gc = ctx(&rig, clock.clone());
+        tokio::spawn(async move { lakecdc::gc::run(&gc, &opts(false)).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), gate.wait_reached())
+        .await
+        .expect("gc never listed the prefix");
+    let admin = rig.db.client().await;
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND objsubid = 2 AND objid = 100 AND database = \
+             (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    while admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        > 0
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.release();
+    let report = run.await.unwrap().unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Some(Outcome::Failed), "{s:?}");
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("the lock of schema 100 was lost"),
+        "{s:?}"
+    );
+    assert!(s.deleted.is_empty(), "{s:?}");
+    rig.store.head(&orphan).await.unwrap();
+    assert_eq!(
+        rig.store.get_bytes(&state_key).await.unwrap().bytes,
+        state_before
+    );
+
+    let report = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    assert_eq!(report.schemas[0].deleted, std::slice::from_ref(&orphan));
+    assert!(rig.store.head(&orphan).await.unwrap_err().is_not_found());
+    let (compared, dirty) = rig.assert_oracle().await;
+    assert_eq!((compared, dirty), (10, 0));
+}
