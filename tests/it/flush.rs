@@ -2335,35 +2335,7 @@ async fn a_flush_whose_lock_session_ends_publishes_no_further_batch_and_a_rerun_
                 if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) != 2 {
                     return;
                 }
-                let admin = harness::pg_client(&url).await;
-                let pid: i32 = admin
-                    .query_one(
-                        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                         AND objsubid = 2 AND objid = 100 AND database = \
-                         (SELECT oid FROM pg_database WHERE datname = current_database())",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                admin
-                    .execute("SELECT pg_terminate_backend($1)", &[&pid])
-                    .await
-                    .unwrap();
-                // Gone on the server; the run's client sees its connection close at once.
-                while admin
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-                        &[&pid],
-                    )
-                    .await
-                    .unwrap()
-                    .get::<_, i64>(0)
-                    > 0
-                {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                let pid = harness::end_lock_session(&url, 100).await;
                 *holder.lock().unwrap() = Some(pid);
             }
             .boxed()

@@ -595,34 +595,7 @@ async fn a_gc_whose_lock_session_ends_deletes_nothing_and_a_rerun_does() {
     tokio::time::timeout(Duration::from_secs(30), gate.wait_reached())
         .await
         .expect("gc never listed the prefix");
-    let admin = rig.db.client().await;
-    let pid: i32 = admin
-        .query_one(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND objsubid = 2 AND objid = 100 AND database = \
-             (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    admin
-        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap();
-    while admin
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-            &[&pid],
-        )
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        > 0
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    crate::support::harness::end_lock_session(&rig.db.url, 100).await;
     gate.release();
     let report = run.await.unwrap().unwrap();
     let s = &report.schemas[0];

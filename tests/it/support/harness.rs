@@ -271,6 +271,41 @@ pub async fn pg_client(url: &str) -> tokio_postgres::Client {
         .unwrap()
 }
 
+/// Ends the session holding schema `schema_id`'s lock on the database of `url`, as an
+/// administrator would (`pg_terminate_backend`), and returns its pid once the server has let it
+/// go and a moment has passed for the run's client to see its connection close.
+pub async fn end_lock_session(url: &str, schema_id: i16) -> i32 {
+    let admin = pg_client(url).await;
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND objsubid = 2 AND objid = $1::int4::oid AND database = \
+             (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&i32::from(schema_id)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    while admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        > 0
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    pid
+}
+
 /// The TLS and authentication fixtures of the test cluster (see `scripts/services.sh`).
 pub struct PgFixtures {
     /// Loopback address the server listens on.
