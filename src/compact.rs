@@ -387,15 +387,13 @@ async fn compact_schema(
             }
             Err(PassError::Retry(why)) => {
                 let error = format!("gave up after {} passes: {why}", out.attempts);
-                tracing::error!(schema = %reg.name, error, "compaction failed");
                 out.outcome = Outcome::Failed;
-                out.error = Some(error);
+                out.error = Some(job::failed("compaction", &reg.name, error));
                 break;
             }
             Err(PassError::Fail(e)) => {
-                tracing::error!(schema = %reg.name, error = %e.chain(), "compaction failed");
                 out.outcome = Outcome::Failed;
-                out.error = Some(e.chain());
+                out.error = Some(job::failed("compaction", &reg.name, e.chain()));
                 break;
             }
         }

@@ -501,9 +501,8 @@ async fn under_lock(
             report.reason = Some("another process holds the schema lock".into());
         }
         Err(e) => {
-            tracing::error!(schema = %reg.name, error = %e.chain(), "flush failed");
             report.outcome = Outcome::Failed;
-            report.reason = Some(e.chain());
+            report.reason = Some(job::failed("flush", &reg.name, e.chain()));
         }
     }
     report.duration_ms = elapsed_ms(started);

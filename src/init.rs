@@ -389,9 +389,8 @@ async fn init_schema(
             out.reason = Some("stop requested during the export; nothing was published (what was uploaded is deleted); run init again".into());
         }
         Err(e) => {
-            tracing::error!(schema = %reg.name, error = %e.chain(), "init failed");
             out.outcome = Outcome::Failed;
-            out.reason = Some(e.chain());
+            out.reason = Some(job::failed("init", &reg.name, e.chain()));
         }
     }
     let secs = started.elapsed().as_secs_f64();

@@ -332,9 +332,8 @@ async fn gc_schema(
         Ok(Some(())) => {}
         Ok(None) => out.outcome = Some(Outcome::Locked),
         Err(e) => {
-            tracing::error!(schema = %reg.name, error = %e.chain(), "gc failed");
             out.outcome = Some(Outcome::Failed);
-            out.reason = Some(e.chain());
+            out.reason = Some(job::failed("gc", &reg.name, e.chain()));
         }
     }
     out.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -439,14 +438,14 @@ async fn collect(
     out: &mut SchemaGc,
 ) -> Result<()> {
     let mut plan = plan(ctx, opts, source, schema_id).await?;
-    // The plan was made under the lock; it is acted on only while the lock's session is
-    // still open (docs/hazards.md L68).
-    lock.ensure_open()?;
     if let Some(why) = plan.refused.take() {
         out.outcome = Some(Outcome::Refused);
         out.reason = Some(why);
         return Ok(());
     }
+    // The plan was made under the lock; it is acted on (requeues, deletes, sightings) only
+    // while the lock's session is still open (docs/hazards.md L68).
+    lock.ensure_open()?;
     out.unlisted_deltas = std::mem::take(&mut plan.unlisted_deltas);
     out.lost = std::mem::take(&mut plan.lost);
     if opts.repair && !out.lost.is_empty() {

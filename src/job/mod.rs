@@ -121,6 +121,13 @@ pub async fn with_lock<T>(
     out.map(Some)
 }
 
+/// Logs that `job` failed for `schema` — the error line a quiet (`-q`) run still prints on
+/// stderr — and returns `reason` for the schema's report.
+pub(crate) fn failed(job: &str, schema: &str, reason: String) -> String {
+    tracing::error!(schema, error = %reason, "{job} failed");
+    reason
+}
+
 /// Runs `work` for each selected schema, in id order; after a stop request the remaining
 /// schemas are reported by `stopped` ([`each_until_stopped`]).
 pub async fn each_schema<T, F: std::future::Future<Output = T>>(

@@ -75,14 +75,9 @@ impl SchemaLock {
             .await
             .and_then(|h| match h {
                 Some(h) if h.pid == self.backend_pid => Ok(()),
-                _ => Err(Error::LockNotHeld {
-                    backend_pid: self.backend_pid,
-                }),
+                _ => Err(self.not_held()),
             });
-        held.map_err(|e| Error::LockLost {
-            schema_id: self.schema_id,
-            source: Box::new(e),
-        })
+        held.map_err(|e| self.lost(e))
     }
 
     /// Errs once the lock's session is known to be gone (the server ended it, or its
@@ -90,14 +85,23 @@ impl SchemaLock {
     /// checks it before every batch it publishes; [`Self::ensure_held`] asks.
     pub fn ensure_open(&self) -> Result<()> {
         if self.client.is_closed() {
-            return Err(Error::LockLost {
-                schema_id: self.schema_id,
-                source: Box::new(Error::LockNotHeld {
-                    backend_pid: self.backend_pid,
-                }),
-            });
+            return Err(self.lost(self.not_held()));
         }
         Ok(())
+    }
+
+    fn not_held(&self) -> Error {
+        Error::LockNotHeld {
+            backend_pid: self.backend_pid,
+        }
+    }
+
+    /// The lock is gone, because of `source`.
+    fn lost(&self, source: Error) -> Error {
+        Error::LockLost {
+            schema_id: self.schema_id,
+            source: Box::new(source),
+        }
     }
 
     /// The lock's own connection (for work that must run inside the lock's session).

@@ -296,9 +296,8 @@ fn finished(mut out: SchemaVerify, result: Result<Option<()>>, started: Instant)
         Ok(Some(())) => {}
         Ok(None) => out.outcome = Outcome::Locked,
         Err(e) => {
-            tracing::error!(schema = %out.schema, error = %e.chain(), "verify failed");
             out.outcome = Outcome::Failed;
-            out.error = Some(e.chain());
+            out.error = Some(job::failed("verify", &out.schema, e.chain()));
         }
     }
     out.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);

@@ -118,6 +118,10 @@ fn random_job(r: &mut Rng, work: &std::path::Path) -> Vec<(&'static str, Vec<Str
     }
 }
 
+/// The sessions of lakecdc's runs on the test's database (`FROM … WHERE …`).
+const RUNS_SESSIONS: &str = "FROM pg_stat_activity WHERE datname = current_database() \
+     AND application_name = 'lakecdc' AND pid <> pg_backend_pid()";
+
 /// Waits (at most 30 s) until no session of a killed run is left on the database. A killed
 /// run's backend may still be finishing a statement, and so still hold its source's lock, when
 /// the next run starts; that run would find the source locked and skip it (an error line, not a
@@ -126,11 +130,7 @@ async fn until_killed_sessions_end(client: &tokio_postgres::Client) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let left: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                 AND application_name = 'lakecdc' AND pid <> pg_backend_pid()",
-                &[],
-            )
+            .query_one(&format!("SELECT count(*) {RUNS_SESSIONS}"), &[])
             .await
             .unwrap()
             .get(0);
@@ -205,9 +205,7 @@ const ENDS_WITHIN: Duration = Duration::from_secs(60);
 async fn end_sessions(client: &tokio_postgres::Client) -> i64 {
     client
         .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE datname = current_database() AND application_name = 'lakecdc' \
-             AND pid <> pg_backend_pid()",
+            &format!("SELECT count(pg_terminate_backend(pid)) {RUNS_SESSIONS}"),
             &[],
         )
         .await
@@ -397,11 +395,19 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
             rounds_leaving_scratch > 0,
             "no killed run left a scratch directory"
         ),
-        // A run that failed by itself removed its own.
-        Cut::Sessions => assert_eq!(
-            rounds_leaving_scratch, 0,
-            "a run whose sessions were ended left its scratch directory"
-        ),
+        // A run that failed by itself removed its own, and the cut runs did fail (with the
+        // error lines printed above), not merely outlive the sessions.
+        Cut::Sessions => {
+            assert_eq!(
+                rounds_leaving_scratch, 0,
+                "a run whose sessions were ended left its scratch directory"
+            );
+            assert!(
+                errors.len() >= 5,
+                "only {} runs failed when their sessions were ended",
+                errors.len()
+            );
+        }
     }
     until_killed_sessions_end(&client).await;
     run_to_end(
