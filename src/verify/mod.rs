@@ -255,13 +255,13 @@ async fn verify_source(
 ) -> SchemaVerify {
     let started = Instant::now();
     let mut out = SchemaVerify::new(reg);
-    let result = job::with_lock(&ctx.connector, reg.id, async |_| {
+    let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
         let Some((files, lake_source)) = job::listed(ctx, reg.id).await? else {
             out.outcome = Outcome::NoManifest;
             return Ok(());
         };
         out.files = files.len();
-        let mut check = source::check(
+        let (mut check, divergent) = source::check(
             ctx,
             so,
             &opts.engine,
@@ -283,7 +283,11 @@ async fn verify_source(
         if check.divergent() > 0 {
             out.outcome = Outcome::Diverged;
         }
-        out.source = Some(check);
+        // The comparison stays in the report even when the repair cannot be made.
+        let check = out.source.insert(check);
+        if so.repair {
+            source::repair(ctx, lock, &divergent, check).await?;
+        }
         Ok(())
     })
     .await;

@@ -28,6 +28,7 @@ use crate::lake::current::{Current, CurrentState, RowHasher};
 use crate::lake::manifest::FileEntry;
 use crate::schema::SchemaDef;
 use crate::source::live::{self, ExportedSnapshot, IdRange, SnapshotTicket};
+use crate::source::lock::SchemaLock;
 use crate::source::requeue::{Requeue, Requeued};
 use crate::source::{table_source, versions};
 
@@ -161,8 +162,6 @@ type SourceRow = (u128, i64, Option<u64>);
 /// once exported, docs/design.md §9.2), so the lake's version is not compared.
 const ANY_VERSION: i64 = i64::MIN;
 
-/// Compares schema `schema_id`'s listed `files` with the source, under its lock (held by the
-/// caller). `def` is needed for `--deep`.
 /// What `verify --source` compares the lake with.
 pub(super) enum What<'a> {
     /// A schema's entities (with its metadata for `--deep`).
@@ -171,6 +170,8 @@ pub(super) enum What<'a> {
     Table,
 }
 
+/// Compares schema `schema_id`'s listed `files` with the source, under its lock (held by the
+/// caller), and returns the report with the divergent rows [`repair`] requeues.
 pub(super) async fn check(
     ctx: &Context,
     opts: &SourceOptions,
@@ -179,7 +180,7 @@ pub(super) async fn check(
     schema_id: i16,
     what: What<'_>,
     files: Vec<FileEntry>,
-) -> Result<SourceCheck> {
+) -> Result<(SourceCheck, Vec<Requeue>)> {
     let (def, table) = match what {
         What::Schema(def) => (def, false),
         What::Table => (None, true),
@@ -323,22 +324,35 @@ pub(super) async fn check(
     out.values = opts.deep.then(|| cmp.classes[3].clone());
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     out.rows_per_s = out.rows_compared as f64 / secs;
-    if opts.repair && !cmp.divergent.is_empty() {
-        let mut client = ctx.connector.connect().await?;
-        let now = ctx.clock.now_ms();
-        out.repaired = Some(
-            crate::source::repair::requeue_source(
-                &mut client,
-                &ctx.tables,
-                schema_id,
-                &cmp.divergent,
-                now,
-                false,
-            )
-            .await?,
-        );
+    Ok((out, cmp.divergent))
+}
+
+/// `--repair`: requeues the `divergent` rows [`check`] found, so the next flush puts them
+/// right — only while `lock` is still held, as the comparison was made under it
+/// (docs/hazards.md L68).
+pub(super) async fn repair(
+    ctx: &Context,
+    lock: &SchemaLock,
+    divergent: &[Requeue],
+    out: &mut SourceCheck,
+) -> Result<()> {
+    if divergent.is_empty() {
+        return Ok(());
     }
-    Ok(out)
+    lock.ensure_held().await?;
+    let mut client = ctx.connector.connect().await?;
+    out.repaired = Some(
+        crate::source::repair::requeue_source(
+            &mut client,
+            &ctx.tables,
+            lock.schema_id(),
+            divergent,
+            ctx.clock.now_ms(),
+            false,
+        )
+        .await?,
+    );
+    Ok(())
 }
 
 /// A stream of rows arriving in chunks; an empty chunk or a closed channel ends it.

@@ -230,3 +230,75 @@ async fn each_planted_divergence_is_classified_and_repair_puts_it_right() {
     assert_eq!((after.outcome, code), (Outcome::Intact, 0), "{after:?}");
     rig.assert_oracle().await;
 }
+
+#[tokio::test]
+async fn a_repair_whose_lock_session_ends_requeues_nothing_and_a_rerun_does() {
+    // docs/hazards.md L68: the database ends the session holding the schema's lock while
+    // `verify --source --repair` reads the lake. The comparison is reported, but nothing is
+    // requeued — what it found was found under a lock it no longer holds — and the schema fails
+    // naming the lost lock. The next run repairs.
+    use lakecdc::store::fault::{Action, Gate, Op};
+    let (mut rig, mut r) = worked_rig(73).await;
+    assert!(!rig.flush().await.failed());
+    // Stale: updated, then its slot marked flushed by hand.
+    let stale = *rig
+        .writer
+        .rows
+        .iter()
+        .find(|(_, m)| !m.soft_deleted)
+        .unwrap()
+        .0;
+    rig.writer.update(stale, Customer::random(&mut r)).await;
+    rig.writer
+        .client
+        .execute(
+            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND row_id = $1 AND flushed_at = 0",
+            &[&stale],
+        )
+        .await
+        .unwrap();
+    let dirty = crate::support::oracle::dirty(&rig.writer).await;
+    assert!(!dirty.contains(&stale));
+
+    let gate = Gate::new();
+    rig.store.arm(
+        Op::GetRange,
+        Some("data/100/"),
+        1,
+        Action::Pause(gate.clone()),
+    );
+    let run = {
+        let ctx = rig.job_context();
+        let opts = source_opts(&rig, false, true);
+        tokio::spawn(async move { lakecdc::verify::run(&ctx, &opts).await })
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), gate.wait_reached())
+        .await
+        .expect("verify never read the lake");
+    crate::support::harness::end_lock_session(&rig.db.url, 100).await;
+    gate.release();
+    let report = run.await.unwrap().unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    assert!(
+        s.error
+            .as_deref()
+            .unwrap()
+            .contains("the lock of schema 100 was lost"),
+        "{s:?}"
+    );
+    let c = s.source.as_ref().unwrap();
+    assert_eq!(ids(&c.stale), BTreeSet::from([stale]), "{c:?}");
+    assert!(c.repaired.is_none(), "{c:?}");
+    assert_eq!(crate::support::oracle::dirty(&rig.writer).await, dirty);
+
+    let (s, code) = verify_source(&rig, false, true).await;
+    assert_eq!(code, 3, "{s:?}");
+    let requeued = s.source.as_ref().unwrap().repaired.clone().unwrap();
+    assert_eq!(requeued.live, vec![stale], "{requeued:?}");
+    rig.writer.follow_versions(&requeued.live).await;
+    assert!(!rig.flush().await.failed());
+    let (after, code) = verify_source(&rig, false, false).await;
+    assert_eq!((after.outcome, code), (Outcome::Intact, 0), "{after:?}");
+    rig.assert_oracle().await;
+}
