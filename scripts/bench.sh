@@ -946,7 +946,7 @@ if [ "$what" = compact-scale ]; then
 	manifest_url="$LAKECDC_TEST_S3_ENDPOINT/bench/lake/manifest/100.json"
 	# A du poller left running by a failure stops with the script.
 	poller=""
-	trap '[ -z "$poller" ] || kill "$poller" 2>/dev/null || true; scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+	trap '[ -z "$poller" ] || kill "$poller" 2>/dev/null || true; [ "${LAKECDC_BENCH_KEEP:-}" = 1 ] || scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
 	compact_help=$("$BIN" compact --help)
 	max_deltas=()
 	if grep -q -- --max-deltas <<<"$compact_help"; then

@@ -14,9 +14,9 @@
 //! 2. streams the sources row group by row group through a k-way merge (`merge`), hashing
 //!    every byte against the manifest's checksum (`input`; a mismatch refuses the schema and
 //!    names the object, unless `--skip-input-checksum-verify`); new bases are cut at
-//!    `--target-base-size` and each is uploaded to `_tmp/` and promoted to
-//!    `base-{uuidv7}.parquet` as soon as it is complete (`output`), so local disk holds at most
-//!    two outputs, never the schema;
+//!    `--target-base-size` and each is uploaded straight to `base-{uuidv7}.parquet` (the
+//!    consolidated delta through `_tmp/` and a copy) as soon as it is complete (`output`), so
+//!    local disk holds at most two outputs, never the schema;
 //! 3. ONE conditional manifest save removes exactly the merged paths, adds the new files and
 //!    records the merged paths under `retired` (for gc). A concurrent flush's delta stays
 //!    listed: on a confirmed conflict the splice is re-applied to the fresh manifest. If a
@@ -725,24 +725,25 @@ async fn produce(
     }
 }
 
-/// Uploads one finished output and promotes it to its final key: a new base
-/// (`base-{uuidv7}.parquet`) or the consolidated delta (a delta key).
+/// Uploads one finished output to its final key: a new base (`base-{uuidv7}.parquet`) goes
+/// there directly, the consolidated delta (a delta key) through a temporary key and a copy
+/// (docs/design.md §4.3).
 async fn stage_output(p: &Pass<'_>, w: &output::Written) -> Result<StagedFile> {
     let (store, layout) = (p.ctx.lake.store.as_ref(), &p.ctx.lake.layout);
-    let (key, tier, ops) = match w.kind {
-        output::Kind::Base => (
-            layout.merged_base_key(p.schema_id, Uuid::now_v7()),
-            Tier::Base,
-            ("upload merged base", "promote merged base"),
-        ),
-        output::Kind::Delta => (
-            layout.delta_key(p.schema_id, Uuid::now_v7()),
-            Tier::Delta,
-            ("upload consolidated delta", "promote consolidated delta"),
-        ),
-    };
     let clock = p.ctx.clock.as_ref();
-    let staged = job::stage(store, layout, clock, p.schema_id, &w.path, &key, ops).await?;
+    let (key, tier, staged) = match w.kind {
+        output::Kind::Base => {
+            let key = layout.merged_base_key(p.schema_id, Uuid::now_v7());
+            let staged = job::upload(store, clock, &w.path, &key, "upload merged base").await?;
+            (key, Tier::Base, staged)
+        }
+        output::Kind::Delta => {
+            let key = layout.delta_key(p.schema_id, Uuid::now_v7());
+            let ops = ("upload consolidated delta", "promote consolidated delta");
+            let staged = job::stage(store, layout, clock, p.schema_id, &w.path, &key, ops).await?;
+            (key, Tier::Delta, staged)
+        }
+    };
     let (row_id_min, row_id_max) = match w.keys {
         Some((lo, hi)) => (ranges::key_text(lo), ranges::key_text(hi)),
         None => (String::new(), String::new()),
@@ -853,9 +854,9 @@ async fn splice(
 }
 
 /// Refuses to list a base staged longer ago than the commit lease. The lease starts before the
-/// copy creates the base (gc ages objects by their creation) and is measured on both clocks:
-/// the monotonic one does not count a suspended host (gc on another host keeps counting), the
-/// wall clock can jump; the longer age counts.
+/// upload (or the copy) creates the file (gc ages objects by their creation) and is measured
+/// on both clocks: the monotonic one does not count a suspended host (gc on another host keeps
+/// counting), the wall clock can jump; the longer age counts.
 fn check_lease(p: &Pass<'_>, key: &str, staged: &job::Staged) -> Result<()> {
     let since_ms = p.ctx.clock.now_ms().saturating_sub(staged.promoted_at_ms);
     let wall = Duration::from_millis(u64::try_from(since_ms).unwrap_or(0));

@@ -1,7 +1,10 @@
-//! Staging a new lake object, as flush (a delta) and compact (a merged base) do it: upload the
-//! local file to a temporary key, copy it to its write-once final key, delete the temporary
-//! one. A failure before the copy leaves no final object; a failed delete of the temporary
-//! object leaves it to gc (docs/design.md §4.1).
+//! Staging a new lake object. A delta (flush's, or compact's consolidated one) is uploaded to a
+//! temporary key, copied to its write-once final key, and the temporary one deleted: an
+//! unlisted delta is never deleted by gc (it may hold rows whose marks landed), so a failure
+//! before the copy must leave no final object; a failed delete of the temporary object leaves
+//! it to gc (docs/design.md §4.1). A merged base goes straight to its final key ([`upload`]),
+//! as init's bases do: gc removes an unlisted base as an orphan, and the copy would make the
+//! store write every byte twice (docs/design.md §4.3).
 
 use std::path::Path;
 use std::time::Instant;
@@ -18,7 +21,8 @@ use crate::store::{ObjectStore, PutResult, delete_or_leave};
 pub struct Staged {
     /// The upload's size and checksum (the final object is a copy of it).
     pub put: PutResult,
-    /// When the copy to the final key began (monotonic clock): from then on gc may see it.
+    /// When the write of the final key began — the copy, or the direct upload (monotonic
+    /// clock): from then on gc may see it.
     pub promoted_at: Instant,
     /// The same instant on the wall clock (epoch ms).
     pub promoted_at_ms: i64,
@@ -74,4 +78,34 @@ pub async fn stage(
         promoted_at_ms,
         tmp_left,
     })
+}
+
+/// Uploads `local` straight to its new write-once `key`, which gc removes as an orphan while no
+/// manifest lists it (a merged base). The lease starts before the upload, when the object may
+/// first be seen. A failed upload deletes whatever may have landed, or leaves it to gc.
+pub async fn upload(
+    store: &dyn ObjectStore,
+    clock: &dyn Clock,
+    local: &Path,
+    key: &str,
+    upload_op: &'static str,
+) -> Result<Staged> {
+    let promoted_at = Instant::now();
+    let promoted_at_ms = clock.now_ms();
+    match store.put_file(key, local).await {
+        Ok(put) => Ok(Staged {
+            put,
+            promoted_at,
+            promoted_at_ms,
+            tmp_left: false,
+        }),
+        Err(source) => {
+            delete_or_leave(store, key, "unlisted upload").await;
+            Err(Error::Storage {
+                op: upload_op,
+                key: key.to_string(),
+                source,
+            })
+        }
+    }
 }

@@ -104,6 +104,17 @@ pub async fn assert_gc_removes_exactly(rig: &Rig, expected: &BTreeSet<String>, w
     assert_eq!(objects(rig).await, want, "{what}: after gc");
 }
 
+/// The merged bases uploaded since the store's `calls`-th call.
+fn merged_bases_put(rig: &Rig, calls: usize) -> Vec<String> {
+    let layout = &rig.ctx.lake.layout;
+    rig.store.calls()[calls..]
+        .iter()
+        .filter(|c| c.op == Op::PutFile)
+        .filter(|c| matches!(layout.classify(&c.key), KeyKind::MergedBase { .. }))
+        .map(|c| c.key.clone())
+        .collect()
+}
+
 /// New deltas over the single base, enough for a rewrite.
 async fn more_deltas(rig: &mut Rig, r: &mut Rng) {
     for _ in 0..40 {
@@ -113,17 +124,16 @@ async fn more_deltas(rig: &mut Rig, r: &mut Rng) {
     assert!(report.schemas[0].rows_marked > 0, "{report:?}");
 }
 
-/// A failed upload of the merged base (refused, or landed then reported failed) and a failed
-/// promote (copy) of it: the schema fails naming the step, the manifest is byte-for-byte the
-/// same, the temporary object is gone, and only a promoted-then-failed base is left, for gc.
+/// A failed upload of the merged base, refused or landed then reported failed. The base goes
+/// straight to its final key (docs/design.md §4.3): no temporary object, no copy. The schema
+/// fails naming the step, the manifest is byte-for-byte the same, and a base that landed is
+/// deleted in band (gc would remove it past its grace: it is an unlisted merged base).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_upload_or_promote_publishes_nothing_and_leaves_only_gc_garbage() {
+async fn a_failed_upload_publishes_nothing_and_leaves_nothing() {
     let (mut rig, mut r) = lake_with_base_and_deltas(1701).await;
     let cases = [
         (Op::PutFile, Action::Fail, "upload merged base"),
         (Op::PutFile, Action::FailAfter, "upload merged base"),
-        (Op::Copy, Action::Fail, "promote merged base"),
-        (Op::Copy, Action::FailAfter, "promote merged base"),
     ];
     for (op, action, step) in cases {
         let what = format!("{op:?} {action:?}");
@@ -146,16 +156,14 @@ async fn a_failed_upload_or_promote_publishes_nothing_and_leaves_only_gc_garbage
             .collect();
         assert_eq!(faulted.len(), 1, "{what}: {faulted:?}");
         let layout = &rig.ctx.lake.layout;
-        match op {
-            Op::PutFile => assert!(
-                matches!(layout.classify(&faulted[0].key), KeyKind::Tmp { .. }),
-                "{what}: {faulted:?}"
-            ),
-            _ => assert!(
-                matches!(layout.classify(&faulted[0].key), KeyKind::MergedBase { .. }),
-                "{what}: {faulted:?}"
-            ),
-        }
+        assert!(
+            matches!(layout.classify(&faulted[0].key), KeyKind::MergedBase { .. }),
+            "{what}: {faulted:?}"
+        );
+        assert!(
+            !rig.store.calls()[calls..].iter().any(|c| c.op == Op::Copy),
+            "{what}: a merged base is not copied"
+        );
         // The manifest is unchanged; every listed file is there with its checksum and no row
         // is lost.
         assert_eq!(
@@ -164,19 +172,23 @@ async fn a_failed_upload_or_promote_publishes_nothing_and_leaves_only_gc_garbage
             "{what}: the manifest changed"
         );
         assert_no_row_lost(&rig, &b.state, &what).await;
-        // No temporary object; a base promoted before the failure is the only thing left.
+        // Nothing is left: no temporary object, and a base that landed was deleted.
         assert!(rig.keys("data/100/_tmp/").await.is_empty(), "{what}");
         let new: BTreeSet<String> = objects(&rig)
             .await
             .difference(&b.objects)
             .cloned()
             .collect();
-        let expected: BTreeSet<String> = match (op, &action) {
-            (Op::Copy, Action::FailAfter) => [faulted[0].key.clone()].into(),
-            _ => BTreeSet::new(),
-        };
-        assert_eq!(new, expected, "{what}: left behind");
-        assert_gc_removes_exactly(&rig, &expected, &what).await;
+        assert_eq!(new, BTreeSet::new(), "{what}: left behind");
+        if matches!(action, Action::FailAfter) {
+            assert!(
+                rig.store.calls()[calls..]
+                    .iter()
+                    .any(|c| c.op == Op::Delete && c.key == faulted[0].key),
+                "{what}: the landed base was deleted in band"
+            );
+        }
+        assert_gc_removes_exactly(&rig, &BTreeSet::new(), &what).await;
         // A clean run converges: one base with the same state.
         let s = compact(&rig, &opts(&rig)).await;
         assert_eq!(s.outcome, Outcome::Done, "{what}: {s:?}");
@@ -215,11 +227,7 @@ async fn an_ambiguous_manifest_save_leaves_one_of_two_consistent_lakes() {
         let err = s.error.clone().unwrap();
         assert!(err.contains("may or may not have landed"), "{what}: {err}");
         // The staged base is named and kept: it may be listed.
-        let copies: Vec<String> = rig.store.calls()[calls..]
-            .iter()
-            .filter(|c| c.op == Op::Copy)
-            .map(|c| c.key.clone())
-            .collect();
+        let copies = merged_bases_put(&rig, calls);
         assert_eq!(copies.len(), 1, "{what}: {copies:?}");
         let base = &copies[0];
         assert!(err.contains(base.as_str()), "{what}: {err}");
@@ -296,11 +304,7 @@ async fn a_pass_that_lost_a_race_deletes_its_base_and_starts_over() {
         .await
         .expect("the compaction never saved");
     // Paused at its save: its base is staged, unlisted.
-    let staged: Vec<String> = rig.store.calls()[calls..]
-        .iter()
-        .filter(|c| c.op == Op::Copy)
-        .map(|c| c.key.clone())
-        .collect();
+    let staged = merged_bases_put(&rig, calls);
     assert_eq!(staged.len(), 1, "{staged:?}");
     let lost = staged[0].clone();
     rig.store.head(&lost).await.unwrap();
