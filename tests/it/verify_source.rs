@@ -44,6 +44,20 @@ fn ids(c: &lakecdc::verify::Class) -> BTreeSet<Uuid> {
     c.ids.iter().map(|s| Uuid::parse_str(s).unwrap()).collect()
 }
 
+/// Makes row `id` stale: updated, then its slot marked flushed by hand, so the lake keeps its
+/// older copy and nothing will flush the new one.
+async fn make_stale(rig: &mut Rig, r: &mut Rng, id: Uuid) {
+    rig.writer.update(id, Customer::random(r)).await;
+    rig.writer
+        .client
+        .execute(
+            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND row_id = $1 AND flushed_at = 0",
+            &[&id],
+        )
+        .await
+        .unwrap();
+}
+
 /// A lake after random work and several flushes, with some rows left dirty.
 pub async fn worked_rig(seed: u64) -> (Rig, Rng) {
     let mut rig = rig(LakeKind::S3).await;
@@ -159,15 +173,7 @@ async fn each_planted_divergence_is_classified_and_repair_puts_it_right() {
     rig.writer.rows.remove(&extra);
     rig.writer.deleted.push(extra);
     // Stale: updated, then its slot marked flushed by hand.
-    rig.writer.update(stale, Customer::random(&mut r)).await;
-    rig.writer
-        .client
-        .execute(
-            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND row_id = $1 AND flushed_at = 0",
-            &[&stale],
-        )
-        .await
-        .unwrap();
+    make_stale(&mut rig, &mut r, stale).await;
     // Values: changed by SQL, no version bump.
     rig.writer
         .client
@@ -248,15 +254,7 @@ async fn a_repair_whose_lock_session_ends_requeues_nothing_and_a_rerun_does() {
         .find(|(_, m)| !m.soft_deleted)
         .unwrap()
         .0;
-    rig.writer.update(stale, Customer::random(&mut r)).await;
-    rig.writer
-        .client
-        .execute(
-            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND row_id = $1 AND flushed_at = 0",
-            &[&stale],
-        )
-        .await
-        .unwrap();
+    make_stale(&mut rig, &mut r, stale).await;
     let dirty = crate::support::oracle::dirty(&rig.writer).await;
     assert!(!dirty.contains(&stale));
 
