@@ -444,8 +444,9 @@ async fn collect(
         return Ok(());
     }
     // The plan was made under the lock; it is acted on (requeues, deletes, sightings) only
-    // while the lock's session is still open (docs/hazards.md L68).
-    lock.ensure_open()?;
+    // while the lock is still held (docs/hazards.md L68). Asked once per schema, so the
+    // server is asked, as init and verify's repair do.
+    lock.ensure_held().await?;
     out.unlisted_deltas = std::mem::take(&mut plan.unlisted_deltas);
     out.lost = std::mem::take(&mut plan.lost);
     if opts.repair && !out.lost.is_empty() {

@@ -44,17 +44,7 @@ pub async fn stage(
     (upload_op, promote_op): StageOps,
 ) -> Result<Staged> {
     let tmp = layout.tmp_key(schema_id, Uuid::new_v4());
-    let put = match store.put_file(&tmp, local).await {
-        Ok(put) => put,
-        Err(source) => {
-            delete_or_leave(store, &tmp, "temporary object").await;
-            return Err(Error::Storage {
-                op: upload_op,
-                key: tmp,
-                source,
-            });
-        }
-    };
+    let put = put_or_clean(store, local, &tmp, upload_op).await?;
     let promoted_at = Instant::now();
     let promoted_at_ms = clock.now_ms();
     if let Err(source) = store.copy(&tmp, key).await {
@@ -82,7 +72,7 @@ pub async fn stage(
 
 /// Uploads `local` straight to its new write-once `key`, which gc removes as an orphan while no
 /// manifest lists it (a merged base). The lease starts before the upload, when the object may
-/// first be seen. A failed upload deletes whatever may have landed, or leaves it to gc.
+/// first be seen.
 pub async fn upload(
     store: &dyn ObjectStore,
     clock: &dyn Clock,
@@ -92,17 +82,29 @@ pub async fn upload(
 ) -> Result<Staged> {
     let promoted_at = Instant::now();
     let promoted_at_ms = clock.now_ms();
+    let put = put_or_clean(store, local, key, upload_op).await?;
+    Ok(Staged {
+        put,
+        promoted_at,
+        promoted_at_ms,
+        tmp_left: false,
+    })
+}
+
+/// Uploads `local` to the unlisted `key`; a failed upload deletes whatever of it may have
+/// landed, or leaves it to gc.
+async fn put_or_clean(
+    store: &dyn ObjectStore,
+    local: &Path,
+    key: &str,
+    op: &'static str,
+) -> Result<PutResult> {
     match store.put_file(key, local).await {
-        Ok(put) => Ok(Staged {
-            put,
-            promoted_at,
-            promoted_at_ms,
-            tmp_left: false,
-        }),
+        Ok(put) => Ok(put),
         Err(source) => {
             delete_or_leave(store, key, "unlisted upload").await;
             Err(Error::Storage {
-                op: upload_op,
+                op,
                 key: key.to_string(),
                 source,
             })

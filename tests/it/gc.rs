@@ -570,7 +570,7 @@ async fn a_gc_whose_lock_session_ends_deletes_nothing_and_a_rerun_does() {
     // docs/hazards.md L68: the database ends the session holding the schema's lock while gc
     // lists the prefix. Its plan is not acted on: the orphan past its grace stays, no sighting
     // is written, and the schema fails naming the lost lock. The next run deletes it.
-    use lakecdc::store::fault::Gate;
+    use crate::support::harness;
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(6802);
     rig.seed(10, &mut r).await;
@@ -585,28 +585,19 @@ async fn a_gc_whose_lock_session_ends_deletes_nothing_and_a_rerun_does() {
     let state_key = rig.ctx.lake.layout.gc_state_key(100);
     let state_before = rig.store.get_bytes(&state_key).await.unwrap().bytes;
 
-    let gate = Gate::new();
-    rig.store
-        .arm(Op::List, Some("data/100/"), 1, Action::Pause(gate.clone()));
-    let run = {
-        let gc = ctx(&rig, clock.clone());
-        tokio::spawn(async move { lakecdc::gc::run(&gc, &opts(false)).await })
-    };
-    tokio::time::timeout(Duration::from_secs(30), gate.wait_reached())
-        .await
-        .expect("gc never listed the prefix");
-    crate::support::harness::end_lock_session(&rig.db.url, 100).await;
-    gate.release();
-    let report = run.await.unwrap().unwrap();
+    let paused = ctx(&rig, clock.clone());
+    let report = harness::with_lock_session_ended(
+        &rig.store,
+        &rig.db.url,
+        100,
+        (Op::List, "data/100/"),
+        async move { lakecdc::gc::run(&paused, &opts(false)).await },
+    )
+    .await
+    .unwrap();
     let s = &report.schemas[0];
     assert_eq!(s.outcome, Some(Outcome::Failed), "{s:?}");
-    assert!(
-        s.reason
-            .as_deref()
-            .unwrap()
-            .contains("the lock of schema 100 was lost"),
-        "{s:?}"
-    );
+    harness::assert_lock_lost(s.reason.as_deref(), 100);
     assert!(s.deleted.is_empty(), "{s:?}");
     rig.store.head(&orphan).await.unwrap();
     assert_eq!(

@@ -243,7 +243,8 @@ async fn a_repair_whose_lock_session_ends_requeues_nothing_and_a_rerun_does() {
     // `verify --source --repair` reads the lake. The comparison is reported, but nothing is
     // requeued — what it found was found under a lock it no longer holds — and the schema fails
     // naming the lost lock. The next run repairs.
-    use lakecdc::store::fault::{Action, Gate, Op};
+    use crate::support::harness;
+    use lakecdc::store::fault::Op;
     let (mut rig, mut r) = worked_rig(73).await;
     assert!(!rig.flush().await.failed());
     // Stale: updated, then its slot marked flushed by hand.
@@ -258,33 +259,19 @@ async fn a_repair_whose_lock_session_ends_requeues_nothing_and_a_rerun_does() {
     let dirty = crate::support::oracle::dirty(&rig.writer).await;
     assert!(!dirty.contains(&stale));
 
-    let gate = Gate::new();
-    rig.store.arm(
-        Op::GetRange,
-        Some("data/100/"),
-        1,
-        Action::Pause(gate.clone()),
-    );
-    let run = {
-        let ctx = rig.job_context();
-        let opts = source_opts(&rig, false, true);
-        tokio::spawn(async move { lakecdc::verify::run(&ctx, &opts).await })
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(30), gate.wait_reached())
-        .await
-        .expect("verify never read the lake");
-    crate::support::harness::end_lock_session(&rig.db.url, 100).await;
-    gate.release();
-    let report = run.await.unwrap().unwrap();
+    let (ctx, opts) = (rig.job_context(), source_opts(&rig, false, true));
+    let report = harness::with_lock_session_ended(
+        &rig.store,
+        &rig.db.url,
+        100,
+        (Op::GetRange, "data/100/"),
+        async move { lakecdc::verify::run(&ctx, &opts).await },
+    )
+    .await
+    .unwrap();
     let s = &report.schemas[0];
     assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
-    assert!(
-        s.error
-            .as_deref()
-            .unwrap()
-            .contains("the lock of schema 100 was lost"),
-        "{s:?}"
-    );
+    harness::assert_lock_lost(s.error.as_deref(), 100);
     let c = s.source.as_ref().unwrap();
     assert_eq!(ids(&c.stale), BTreeSet::from([stale]), "{c:?}");
     assert!(c.repaired.is_none(), "{c:?}");

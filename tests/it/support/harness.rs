@@ -306,6 +306,37 @@ pub async fn end_lock_session(url: &str, schema_id: i16) -> i32 {
     pid
 }
 
+/// Runs `job` with its first `op` on a key holding `key` paused, ends the session holding
+/// schema `schema_id`'s lock meanwhile ([`end_lock_session`]), then lets it go on: a job that
+/// made its plan under the lock and is about to act on it.
+pub async fn with_lock_session_ended<T: Send + 'static>(
+    store: &lakecdc::store::fault::FaultStore,
+    url: &str,
+    schema_id: i16,
+    (op, key): (lakecdc::store::fault::Op, &str),
+    job: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    use lakecdc::store::fault::{Action, Gate};
+    let gate = Gate::new();
+    store.arm(op, Some(key), 1, Action::Pause(gate.clone()));
+    let run = tokio::spawn(job);
+    tokio::time::timeout(std::time::Duration::from_secs(30), gate.wait_reached())
+        .await
+        .unwrap_or_else(|_| panic!("the job never reached its {op:?} of {key}"));
+    end_lock_session(url, schema_id).await;
+    gate.release();
+    run.await.unwrap()
+}
+
+/// Asserts that a schema's failure `reason` names its lost lock.
+pub fn assert_lock_lost(reason: Option<&str>, schema_id: i16) {
+    let want = format!("the lock of schema {schema_id} was lost");
+    assert!(
+        reason.is_some_and(|r| r.contains(&want)),
+        "{reason:?} does not say {want:?}"
+    );
+}
+
 /// The TLS and authentication fixtures of the test cluster (see `scripts/services.sh`).
 pub struct PgFixtures {
     /// Loopback address the server listens on.
