@@ -60,8 +60,13 @@
 # bases_kept ("?" when absent; the plan's figure, marked so, when only the plan has it).
 # Targets: time(a)/time(c) ≤ 0.15, time(b)/time(c) ≤ 0.10, peak RSS ≤ 512 MiB and peak scratch
 # ≤ 2 × T in every case, each printed PASS or FAIL; (c)'s rows/s is to be compared with the
-# compact case's (target ≥ 2×). It exits non-zero when a lakecdc run fails, not for a missed
-# target.
+# compact case's run by the DuckDB-merge build `862c9e4` (target ≥ 2×). With
+# LAKECDC_BENCH_BASELINE_BIN set to a release build of that commit, the bench measures it in the
+# same run: `scripts/bench.sh compact 1000000` of the baseline build (same --ids and --sslmode)
+# before the cases and again after them, each a run of its own (it starts the services afresh,
+# so LAKECDC_BENCH_KEEP keeps the baseline's lake, not the cases'), and prints (c)'s median
+# against each, PASS only when both ratios reach 2. It exits non-zero when a lakecdc run fails,
+# not for a missed target.
 #
 # init: times `lakecdc init` (to SeaweedFS, checksummed, manifest committed) against the read
 # floor and the peer — DuckDB 1.5.5's postgres extension doing the same join and pivot into one
@@ -219,6 +224,47 @@ if [ -z "$BIN" ]; then
 	echo "bench: building lakecdc (release)" >&2
 	cargo build --release --locked --bin lakecdc >&2
 	BIN="$CARGO_TARGET_DIR/release/lakecdc"
+fi
+
+# compact-scale against its baseline, measured in this run (see the header): the baseline's
+# compact bench, the cases, the baseline's compact bench again; each a run of this script.
+if [ "$what" = compact-scale ] && [ -n "${LAKECDC_BENCH_BASELINE_BIN:-}" ]; then
+	if ! [ -x "$LAKECDC_BENCH_BASELINE_BIN" ]; then
+		echo "bench: LAKECDC_BENCH_BASELINE_BIN=$LAKECDC_BENCH_BASELINE_BIN is not an executable: point it at a release build of 862c9e4, or unset it" >&2
+		exit 2
+	fi
+	results=$(mktemp -d)
+	baseline_run() {
+		LAKECDC_BENCH_BIN="$LAKECDC_BENCH_BASELINE_BIN" LAKECDC_BENCH_BASELINE_BIN="" \
+			LAKECDC_BENCH_SUMMARY="$results/baseline-$1.json" \
+			"$0" compact --ids "$IDS" --sslmode "$SSLMODE" 1000000
+	}
+	status=0
+	baseline_run 1 || status=$?
+	LAKECDC_BENCH_BIN="$BIN" LAKECDC_BENCH_BASELINE_BIN="" LAKECDC_BENCH_SUMMARY="$results/cases.json" \
+		"$0" compact-scale --ids "$IDS" --sslmode "$SSLMODE" "$N" || status=$?
+	baseline_run 2 || status=$?
+	python3 - "$results" "$LAKECDC_BENCH_BASELINE_BIN" <<'PY' || status=$?
+import json, sys
+results, baseline_bin = sys.argv[1:]
+def load(name, key):
+    try:
+        return json.load(open(f"{results}/{name}.json"))[key]
+    except (OSError, ValueError, KeyError):
+        return None
+c = load("cases", "c_rows_per_s")
+bases = [load(f"baseline-{i}", "rows_per_s") for i in (1, 2)]
+print(f"compact-scale against its baseline ({baseline_bin}, `scripts/bench.sh compact 1000000` before and after the cases):")
+if c is None or None in bases:
+    print("  (c) / baseline: ? (a run failed): FAIL")
+    sys.exit(1)
+for i, b in enumerate(bases, 1):
+    print(f"  baseline run {i}: {b:,.0f} rows/s; (c) median {c:,.0f} rows/s = {c / b:.2f}x")
+worst = c / max(bases)
+print(f"  (c) / the faster baseline run = {worst:.2f}x (target >= 2): {'PASS' if worst >= 2 else 'FAIL'}")
+PY
+	rm -rf "$results"
+	exit "$status"
 fi
 
 # LAKECDC_BENCH_KEEP=1 leaves the services (and the bench database and lake) running, to look
@@ -1145,7 +1191,12 @@ for label, c in cases.items():
     else:
         check(f"({label}) peak scratch {c['scratch']:.1f} MiB (target <= 2 x T = {2 * t / 2**20:.1f} MiB)",
               c["scratch"] * 2**20 <= 2 * t)
-print("  compare (c) rows/s with `scripts/bench.sh compact` (target ≥ 2×)")
+import os
+if os.environ.get("LAKECDC_BENCH_SUMMARY"):
+    json.dump({"c_rows_per_s": cases.get("c", {}).get("rate")}, open(os.environ["LAKECDC_BENCH_SUMMARY"], "w"))
+else:
+    print("  compare (c) rows/s with `scripts/bench.sh compact` of the DuckDB-merge build 862c9e4 (target ≥ 2×; "
+          "LAKECDC_BENCH_BASELINE_BIN=<its release build> measures it in this run)")
 if any(c["failed"] for c in cases.values()):
     sys.exit(f"compact-scale bench: FAILED: lakecdc compact failed in case "
              f"{', '.join(k for k, c in cases.items() if c['failed'])}")
@@ -1185,6 +1236,9 @@ print(f"  lakecdc compact (download, verify, merge, upload, commit): {secs:.2f} 
       f"= {s['rows_in'] / secs:,.0f} rows/s (target >= 300,000)")
 print(f"  PostgreSQL read floor of the same rows (COPY binary):      {floor:.2f} s")
 print(f"  peak RSS:                                                  {rss_kb / 1024:.0f} MiB")
+import os
+if os.environ.get("LAKECDC_BENCH_SUMMARY"):
+    json.dump({"rows_per_s": s["rows_in"] / secs}, open(os.environ["LAKECDC_BENCH_SUMMARY"], "w"))
 PY
 	rm -rf "$report" "$timing" "$work"
 	exit 0
