@@ -598,6 +598,8 @@ impl ObjectStore for S3Store {
         let mut req = req
             .customize()
             .interceptor(SignedPayload(hex::encode(sha256)));
+        // A retried conditional write could fail against its own first attempt's save and
+        // read as a lost race (docs/hazards.md L29): conditional writes go out once.
         if conditional {
             req = req.config_override(
                 aws_sdk_s3::config::Builder::default().retry_config(RetryConfig::disabled()),

@@ -555,3 +555,43 @@ async fn an_s3_upload_is_signed_with_the_checksum_the_manifest_records() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_conditional_write_whose_answer_is_lost_is_sent_once_never_retried() {
+    // docs/hazards.md L29: a server that takes the whole request and then drops the
+    // connection without an answer — a save that may have landed. A retry of a conditional
+    // write would come back "precondition failed" against the save's own first attempt and
+    // read as a lost race, so conditional writes go out once; the error is not a conflict.
+    let (url, seen) = recording_server(String::new());
+    let mut opts = harness::s3_options("dropped");
+    opts.endpoint = Some(url);
+    let store = lakecdc::store::s3::S3Store::connect(&opts).await;
+    let body = Bytes::from_static(b"{\"version\": 8}");
+    for mode in [PutMode::Create, PutMode::Update("\"e\"".into())] {
+        let before = seen.lock().unwrap().len();
+        let err = store
+            .put_bytes("manifest/8.json", body.clone(), mode.clone())
+            .await
+            .unwrap_err();
+        assert!(!err.is_conflict(), "{mode:?}: {err:?}");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len() - before, 1, "{mode:?}: sent once, not retried");
+        let request = seen.last().unwrap();
+        assert_eq!(request.method, "PUT");
+        assert_eq!(request.body, body, "the request arrived whole");
+        let condition = match &mode {
+            PutMode::Create => ("if-none-match", "*"),
+            _ => ("if-match", "\"e\""),
+        };
+        assert_eq!(request.header(condition.0), Some(condition.1), "{mode:?}");
+    }
+    // The same loss on a plain write is retried: the single attempts above are the
+    // conditional writes' own, not the server's doing.
+    let before = seen.lock().unwrap().len();
+    store
+        .put_bytes("data/one.bin", body.clone(), PutMode::Overwrite)
+        .await
+        .unwrap_err();
+    let attempts = seen.lock().unwrap().len() - before;
+    assert!(attempts > 1, "a plain write was sent {attempts} time(s)");
+}
