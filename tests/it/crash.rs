@@ -1,4 +1,5 @@
-//! SIGKILLs at random moments (docs/hazards.md L63): the binary's flush (of a schema and of table
+//! SIGKILLs at random moments (docs/hazards.md L63), and the database or the S3 server cutting
+//! the runs off (L68, L69): the binary's flush (of a schema and of table
 //! sources), ranged compaction, init, gc and `verify --source --repair` are killed, alone or a
 //! flush and a compaction at once, at a random point of their run, between random writes to an
 //! entity schema and to tables with a uuid, a bigint and a composite key, made before and while
@@ -15,6 +16,7 @@ use lakecdc::store::ObjectStore;
 
 use crate::support::harness;
 use crate::support::oracle;
+use crate::support::proxy::Proxy;
 use crate::support::rig::{LakeKind, Rig, rig};
 use crate::support::writer::Rng;
 use crate::table_source::{
@@ -26,13 +28,18 @@ const ROUNDS: usize = 50;
 
 /// The binary on the rig's database and lake (an S3 bucket or a local directory).
 fn command(rig: &Rig, args: &[String]) -> std::process::Command {
+    command_via(rig, args, &harness::s3_endpoint())
+}
+
+/// [`command`], reaching an S3 lake through `endpoint`.
+fn command_via(rig: &Rig, args: &[String], endpoint: &str) -> std::process::Command {
     let described = rig.store.describe();
     let mut cmd = harness::bin();
     cmd.args(args).args(["-q", "--pg-url", &rig.db.url]);
     match described.strip_prefix("s3://") {
         Some(bucket) => cmd
             .args(["--lake", &format!("s3://{}", bucket.trim_end_matches('/'))])
-            .args(["--s3-path-style", "--s3-endpoint", &harness::s3_endpoint()]),
+            .args(["--s3-path-style", "--s3-endpoint", endpoint]),
         None => cmd.args(["--lake", &described]),
     };
     cmd.arg("--schema-dir")
@@ -188,6 +195,21 @@ async fn sessions_ended_by_the_database_at_random_moments_lose_nothing() {
     kills_lose_nothing(LakeKind::S3, Cut::Sessions).await;
 }
 
+/// The S3 server goes away at random moments, as in a crash and restart: every connection is
+/// cut mid-request (an upload, a copy, a manifest save, a download) and new ones are turned
+/// away for 0.5–4 s, longer than the client's retries last. Each run rides it out or ends by
+/// itself with an error line and an exit code, never a hang or a panic, removes its own
+/// scratch directory, and leaves nothing the next runs cannot put right (docs/hazards.md L69).
+///
+/// Not in the suite yet: in one of four runs a compaction was still running 60 s after the
+/// cut (the known gap L69). Run it by hand with `scripts/test.sh the_object_store_cut_off --
+/// --ignored --nocapture` (LAKECDC_CRASH_SEED varies the moments).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a known gap (docs/hazards.md L69): a compaction cut off from S3 sometimes outlives the 60 s limit"]
+async fn the_object_store_cut_off_at_random_moments_loses_nothing() {
+    kills_lose_nothing(LakeKind::S3, Cut::Store).await;
+}
+
 /// How a round cuts its runs short.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cut {
@@ -195,6 +217,8 @@ enum Cut {
     Sigkill,
     /// End every lakecdc session on the database; the process carries on by itself.
     Sessions,
+    /// Cut the runs off the S3 server for a while; the processes carry on by themselves.
+    Store,
 }
 
 /// A run that ended by itself after its sessions were ended must end in at most this (its
@@ -215,6 +239,8 @@ async fn end_sessions(client: &tokio_postgres::Client) -> i64 {
 
 async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
     let mut rig = rig(kind).await;
+    // The runs reach the S3 server through a proxy that a Store cut cuts.
+    let proxy = Proxy::start(&harness::s3_endpoint()).await;
     let work = rig.work.path().join("runs");
     std::fs::create_dir(&work).unwrap();
     let client = rig.db.client().await;
@@ -267,7 +293,7 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
             }
         }
         let mut jobs = random_job(&mut r, &work);
-        if cut == Cut::Sessions {
+        if cut != Cut::Sigkill {
             // A run whose sessions were ended goes on with the schemas it has not reached, on
             // new sessions, and a flush chases the writes below for its whole time budget
             // (50 s by default, per schema): a shorter one keeps its end within ENDS_WITHIN.
@@ -282,7 +308,7 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
         let mut children = Vec::new();
         for (kind, args) in &jobs {
             let log = work.join(format!("round-{round}-{}.stderr", kind.replace(' ', "-")));
-            let child = command(&rig, args)
+            let child = command_via(&rig, args, &proxy.url)
                 .stderr(std::fs::File::create(&log).unwrap())
                 .spawn()
                 .unwrap();
@@ -311,6 +337,12 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
                         }
                         Cut::Sessions => {
                             *ended_at = Some((Instant::now(), end_sessions(&client).await));
+                            continue;
+                        }
+                        Cut::Store => {
+                            let down = Duration::from_millis(500 + r.below(3500));
+                            proxy.cut(down);
+                            *ended_at = Some((Instant::now(), 1));
                             continue;
                         }
                     }
@@ -399,15 +431,15 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
             "no killed run left a scratch directory"
         ),
         // A run that failed by itself removed its own, and the cut runs did fail (with the
-        // error lines printed above), not merely outlive the sessions.
-        Cut::Sessions => {
+        // error lines printed above), not merely outlive the sessions or the outage.
+        Cut::Sessions | Cut::Store => {
             assert_eq!(
                 rounds_leaving_scratch, 0,
-                "a run whose sessions were ended left its scratch directory"
+                "a run cut off ({cut:?}) left its scratch directory"
             );
             assert!(
                 cut_failed >= 5,
-                "only {cut_failed} runs failed when their sessions were ended"
+                "only {cut_failed} runs failed when they were cut off ({cut:?})"
             );
         }
     }
