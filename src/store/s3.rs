@@ -468,7 +468,9 @@ where
                 (Some(code), Some(status)) => format!("{op}: {code} (HTTP {status})"),
                 (None, Some(status)) => format!("{op}: HTTP {status}"),
                 (Some(code), None) => format!("{op}: {code}"),
-                (None, None) => format!("{op}: {}", aws_sdk_s3::error::DisplayErrorContext(&err)),
+                // The SDK's error is the source: its chain says what failed, once
+                // (`Error::chain`).
+                (None, None) => op.to_string(),
             };
             StoreError::Backend {
                 message,

@@ -574,6 +574,14 @@ async fn a_conditional_write_whose_answer_is_lost_is_sent_once_never_retried() {
             .await
             .unwrap_err();
         assert!(!err.is_conflict(), "{mode:?}: {err:?}");
+        // The error line names the failure once, without the SDK's debug form.
+        let line = lakecdc::error::Error::storage("save manifest", "manifest/8.json")(err).chain();
+        assert!(
+            line.starts_with("save manifest manifest/8.json: put object: dispatch failure")
+                && line.matches("dispatch failure").count() == 1
+                && !line.contains("DispatchFailure"),
+            "{line}"
+        );
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len() - before, 1, "{mode:?}: sent once, not retried");
         let request = seen.last().unwrap();
