@@ -58,6 +58,14 @@ impl Proxy {
         Self { url, state, accept }
     }
 
+    /// Waits until the proxy takes connections again (the last cut's outage is over).
+    pub async fn until_up(&self) {
+        let until = self.state.lock().unwrap().down_until;
+        if let Some(t) = until {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await;
+        }
+    }
+
     /// Drops every relayed connection mid-stream and turns new ones away for `down`.
     pub fn cut(&self, down: Duration) {
         let mut s = self.state.lock().unwrap();
