@@ -201,7 +201,7 @@ async fn sessions_ended_by_the_database_at_random_moments_lose_nothing() {
 /// itself with an error line and an exit code, never a hang or a panic, removes its own
 /// scratch directory, and leaves nothing the next runs cannot put right (docs/hazards.md L69).
 ///
-/// Not in the suite yet: in one of six runs a compaction was still running 60 s after the
+/// Not in the suite yet: in two of eight runs a compaction was still running 60 s after the
 /// cut (the known gap L69). Run it by hand with `scripts/test.sh the_object_store_cut_off --
 /// --ignored --nocapture` (LAKECDC_CRASH_SEED varies the moments).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
