@@ -239,8 +239,13 @@ async fn end_sessions(client: &tokio_postgres::Client) -> i64 {
 
 async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
     let mut rig = rig(kind).await;
-    // The runs reach the S3 server through a proxy that a Store cut cuts.
+    // A Store cut's runs reach the S3 server through a proxy that cuts them off; the other
+    // cuts' runs reach it directly, as before.
     let proxy = Proxy::start(&harness::s3_endpoint()).await;
+    let endpoint = match cut {
+        Cut::Store => proxy.url.clone(),
+        Cut::Sigkill | Cut::Sessions => harness::s3_endpoint(),
+    };
     let work = rig.work.path().join("runs");
     std::fs::create_dir(&work).unwrap();
     let client = rig.db.client().await;
@@ -294,8 +299,8 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
         }
         let mut jobs = random_job(&mut r, &work);
         if cut != Cut::Sigkill {
-            // A run whose sessions were ended goes on with the schemas it has not reached, on
-            // new sessions, and a flush chases the writes below for its whole time budget
+            // A run cut off goes on with the schemas it has not reached (on new sessions, or
+            // once the S3 server is back), and a flush chases the writes below for its whole time budget
             // (50 s by default, per schema): a shorter one keeps its end within ENDS_WITHIN.
             for (_, args) in &mut jobs {
                 if args[0] == "flush" {
@@ -310,7 +315,7 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
         let mut children = Vec::new();
         for (kind, args) in &jobs {
             let log = work.join(format!("round-{round}-{}.stderr", kind.replace(' ', "-")));
-            let child = command_via(&rig, args, &proxy.url)
+            let child = command_via(&rig, args, &endpoint)
                 .stderr(std::fs::File::create(&log).unwrap())
                 .spawn()
                 .unwrap();
@@ -344,6 +349,7 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
                         Cut::Store => {
                             let down = Duration::from_millis(500 + r.below(3500));
                             proxy.cut(down);
+                            // One cut, counted as the sessions ended are.
                             *ended_at = Some((Instant::now(), 1));
                             continue;
                         }

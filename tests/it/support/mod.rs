@@ -1,6 +1,6 @@
 //! What the integration tests share: the services' harness (fresh databases and buckets), the
-//! rig most tests stand on, the application-side writer, a recording HTTP server, a TCP proxy that can cut the S3 server off, and the independent oracle that reads
-//! the lake back.
+//! rig most tests stand on, the application-side writer, a recording HTTP server, a TCP proxy
+//! that can cut the S3 server off, and the independent oracle that reads the lake back.
 
 pub mod harness;
 pub mod http;
