@@ -20,9 +20,13 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
-use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextMut;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    BeforeTransmitInterceptorContextMut, BeforeTransmitInterceptorContextRef,
+    FinalizerInterceptorContextRef,
+};
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
 use bytes::Bytes;
@@ -57,8 +61,14 @@ pub struct S3Options {
     pub path_style: bool,
     /// Region override; otherwise the chain's, else `us-east-1`.
     pub region: Option<String>,
-    /// Limit for one attempt of a request.
+    /// Limit for one attempt of a request that uploads or copies data (PUT, a part, a copy,
+    /// completing a multipart upload).
     pub attempt_timeout: Duration,
+    /// Limit for one attempt of a request that sends no data (HEAD, a GET up to its answer's
+    /// headers, DELETE, LIST, starting or aborting a multipart upload): its answer comes at
+    /// once from a healthy server, so one that stalls is retried long before the upload limit
+    /// (docs/hazards.md L69).
+    pub answer_timeout: Duration,
     /// Limit for a whole request including retries.
     pub operation_timeout: Duration,
 }
@@ -72,6 +82,7 @@ impl S3Options {
             path_style: false,
             region: None,
             attempt_timeout: Duration::from_secs(120),
+            answer_timeout: Duration::from_secs(20),
             operation_timeout: Duration::from_secs(600),
         }
     }
@@ -98,9 +109,13 @@ pub fn check_env_credentials(
 /// An S3 bucket as an [`ObjectStore`].
 #[derive(Debug, Clone)]
 pub struct S3Store {
+    /// For requests that upload or copy data.
     client: Client,
-    bucket: String,
     limits: Limits,
+    /// For requests that send no data (the shorter per-attempt limit).
+    quick: Client,
+    quick_limits: Limits,
+    bucket: String,
 }
 
 /// The time limits the client was built with, named in a timeout error.
@@ -113,13 +128,7 @@ struct Limits {
 impl S3Store {
     /// Builds a client from aws-config's default chain plus `opts`. Makes no request.
     pub async fn connect(opts: &S3Options) -> Self {
-        let timeouts = TimeoutConfig::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(opts.attempt_timeout)
-            .operation_attempt_timeout(opts.attempt_timeout)
-            .operation_timeout(opts.operation_timeout)
-            .build();
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
         if let Some(region) = &opts.region {
             loader = loader.region(Region::new(region.clone()));
         }
@@ -134,16 +143,35 @@ impl S3Store {
         builder = builder.force_path_style(opts.path_style);
         // lakecdc hashes every byte it downloads against the manifest itself; the SDK's own
         // check of a response's checksum only warns about multipart objects it cannot check.
-        builder = builder.response_checksum_validation(
-            aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
-        );
-        Self {
-            client: Client::from_conf(builder.build()),
-            bucket: opts.bucket.clone(),
-            limits: Limits {
-                attempt: opts.attempt_timeout,
+        builder = builder
+            .response_checksum_validation(
+                aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
+            )
+            .interceptor(RequestLog);
+        // One client per per-attempt limit: the SDK sets the read limit per connector, so
+        // each keeps its own connections.
+        let client_with = |attempt: Duration| {
+            let timeouts = TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .read_timeout(attempt)
+                .operation_attempt_timeout(attempt)
+                .operation_timeout(opts.operation_timeout)
+                .build();
+            let limits = Limits {
+                attempt,
                 request: opts.operation_timeout,
-            },
+            };
+            let conf = builder.clone().timeout_config(timeouts).build();
+            (Client::from_conf(conf), limits)
+        };
+        let (client, limits) = client_with(opts.attempt_timeout);
+        let (quick, quick_limits) = client_with(opts.answer_timeout.min(opts.attempt_timeout));
+        Self {
+            client,
+            limits,
+            quick,
+            quick_limits,
+            bucket: opts.bucket.clone(),
         }
     }
 
@@ -165,13 +193,13 @@ impl S3Store {
         limit: u64,
     ) -> Result<aws_sdk_s3::operation::get_object::GetObjectOutput, StoreError> {
         let out = self
-            .client
+            .quick
             .get_object()
             .bucket(&self.bucket)
             .key(key)
             .send()
             .await
-            .map_err(|e| classify(e, "get object", &self.bucket, self.limits))?;
+            .map_err(|e| classify(e, "get object", &self.bucket, self.quick_limits))?;
         let size = out
             .content_length()
             .map_or(0, |n| u64::try_from(n).unwrap_or(0));
@@ -190,17 +218,21 @@ impl S3Store {
     /// Starts a multipart upload to `key` (parts checksummed with CRC32 when `crc32`).
     async fn create_multipart(&self, key: &str, crc32: bool) -> Result<String, StoreError> {
         let mut req = self
-            .client
+            .quick
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(key);
         if crc32 {
             req = req.checksum_algorithm(ChecksumAlgorithm::Crc32);
         }
-        let created = req
-            .send()
-            .await
-            .map_err(|e| classify(e, "create multipart upload", &self.bucket, self.limits))?;
+        let created = req.send().await.map_err(|e| {
+            classify(
+                e,
+                "create multipart upload",
+                &self.bucket,
+                self.quick_limits,
+            )
+        })?;
         Ok(created.upload_id().unwrap_or_default().to_string())
     }
 
@@ -214,7 +246,7 @@ impl S3Store {
     ) -> Result<T, StoreError> {
         if done.is_err() {
             let _ = self
-                .client
+                .quick
                 .abort_multipart_upload()
                 .bucket(&self.bucket)
                 .key(key)
@@ -415,6 +447,72 @@ impl Intercept for SignedPayload {
     }
 }
 
+/// Logs each attempt of each S3 request at debug level, with its answer and time, so that a
+/// stalled request can be told from a slow job (`LAKECDC_LOG=lakecdc::store::s3=debug`). It logs
+/// the operation and the object's path only: never headers, query strings or bodies.
+#[derive(Debug)]
+struct RequestLog;
+
+/// When the attempt being logged was sent.
+#[derive(Debug, Clone, Copy)]
+struct Sent(std::time::Instant);
+
+impl Storable for Sent {
+    type Storer = StoreReplace<Self>;
+}
+
+/// The operation's name (`HeadObject`, …), for the log.
+fn operation(cfg: &ConfigBag) -> &str {
+    cfg.load::<Metadata>().map_or("?", Metadata::name)
+}
+
+impl Intercept for RequestLog {
+    fn name(&self) -> &'static str {
+        "RequestLog"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let request = context.request();
+        let path = request.uri().split('?').next().unwrap_or_default();
+        tracing::debug!(
+            op = operation(cfg),
+            method = request.method(),
+            path,
+            "s3 request sent"
+        );
+        cfg.interceptor_state()
+            .store_put(Sent(std::time::Instant::now()));
+        Ok(())
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let ms = cfg.load::<Sent>().map_or(0, |s| s.0.elapsed().as_millis());
+        let op = operation(cfg);
+        match (context.response(), context.output_or_error()) {
+            (Some(response), _) => {
+                let status = response.status().as_u16();
+                tracing::debug!(op, status, ms, "s3 request answered");
+            }
+            (None, Some(Err(e))) => {
+                let error = aws_smithy_types::error::display::DisplayErrorContext(e).to_string();
+                tracing::debug!(op, ms, error, "s3 request failed");
+            }
+            (None, _) => tracing::debug!(op, ms, "s3 request ended unanswered"),
+        }
+        Ok(())
+    }
+}
+
 async fn read_chunk(file: &mut tokio::fs::File, max: usize) -> std::io::Result<Bytes> {
     let mut buf = Vec::with_capacity(max);
     while buf.len() < max {
@@ -459,7 +557,13 @@ where
             bucket: bucket.to_string(),
         },
         (_, Some("NoSuchKey" | "NotFound"), _) | (_, _, Some(404)) => StoreError::NotFound,
+        // The attempt's or the request's limit, or the connection's read limit (which ends
+        // an attempt as a dispatch failure).
         (SdkError::TimeoutError(_), _, _) => StoreError::Timeout {
+            attempt_s: limits.attempt.as_secs(),
+            request_s: limits.request.as_secs(),
+        },
+        (SdkError::DispatchFailure(d), _, _) if d.is_timeout() => StoreError::Timeout {
             attempt_s: limits.attempt.as_secs(),
             request_s: limits.request.as_secs(),
         },
@@ -641,14 +745,14 @@ impl ObjectStore for S3Store {
         // len > 0, so the range's last byte is one before its end.
         let last = range_end(offset, len)? - 1;
         let mut out = self
-            .client
+            .quick
             .get_object()
             .bucket(&self.bucket)
             .key(key)
             .range(format!("bytes={offset}-{last}"))
             .send()
             .await
-            .map_err(|e| classify_range(e, offset, len, &self.bucket, self.limits))?;
+            .map_err(|e| classify_range(e, offset, len, &self.bucket, self.quick_limits))?;
         let past_end = |size| StoreError::RangePastEnd { offset, len, size };
         let misread = |what: String| StoreError::Backend {
             message: format!("{OP}: asked for {len} bytes at offset {offset}, {what}"),
@@ -714,13 +818,13 @@ impl ObjectStore for S3Store {
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         let out = self
-            .client
+            .quick
             .head_object()
             .bucket(&self.bucket)
             .key(key)
             .send()
             .await
-            .map_err(|e| classify(e, "head object", &self.bucket, self.limits))?;
+            .map_err(|e| classify(e, "head object", &self.bucket, self.quick_limits))?;
         Ok(ObjectMeta {
             key: key.to_string(),
             size: u64::try_from(out.content_length().unwrap_or(0)).unwrap_or(0),
@@ -759,7 +863,7 @@ impl ObjectStore for S3Store {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         match self
-            .client
+            .quick
             .delete_object()
             .bucket(&self.bucket)
             .key(key)
@@ -767,7 +871,7 @@ impl ObjectStore for S3Store {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) => match classify(e, "delete object", &self.bucket, self.limits) {
+            Err(e) => match classify(e, "delete object", &self.bucket, self.quick_limits) {
                 StoreError::NotFound => Ok(()),
                 other => Err(other),
             },
@@ -776,7 +880,7 @@ impl ObjectStore for S3Store {
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
         let mut pages = self
-            .client
+            .quick
             .list_objects_v2()
             .bucket(&self.bucket)
             .prefix(prefix)
@@ -784,7 +888,8 @@ impl ObjectStore for S3Store {
             .send();
         let mut out = Vec::new();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| classify(e, "list objects", &self.bucket, self.limits))?;
+            let page =
+                page.map_err(|e| classify(e, "list objects", &self.bucket, self.quick_limits))?;
             for obj in page.contents() {
                 out.push(ObjectMeta {
                     key: obj.key().unwrap_or_default().to_string(),
@@ -807,7 +912,7 @@ impl ObjectStore for S3Store {
         let (mut key_marker, mut id_marker) = (None::<String>, None::<String>);
         loop {
             let page = self
-                .client
+                .quick
                 .list_multipart_uploads()
                 .bucket(&self.bucket)
                 .prefix(prefix)
@@ -815,7 +920,7 @@ impl ObjectStore for S3Store {
                 .set_upload_id_marker(id_marker.clone())
                 .send()
                 .await
-                .map_err(|e| classify(e, op, &self.bucket, self.limits))?;
+                .map_err(|e| classify(e, op, &self.bucket, self.quick_limits))?;
             for u in page.uploads() {
                 // An upload whose start the server does not say is never judged old.
                 let (Some(key), Some(id), Some(started_ms)) = (
@@ -853,7 +958,7 @@ impl ObjectStore for S3Store {
 
     async fn remove_abandoned(&self, write: &AbandonedWrite) -> Result<(), StoreError> {
         let aborted = self
-            .client
+            .quick
             .abort_multipart_upload()
             .bucket(&self.bucket)
             .key(&write.key)
@@ -863,10 +968,12 @@ impl ObjectStore for S3Store {
         match aborted {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some("NoSuchUpload") => Ok(()),
-            Err(e) => match classify(e, "abort multipart upload", &self.bucket, self.limits) {
-                StoreError::NotFound => Ok(()),
-                other => Err(other),
-            },
+            Err(e) => {
+                match classify(e, "abort multipart upload", &self.bucket, self.quick_limits) {
+                    StoreError::NotFound => Ok(()),
+                    other => Err(other),
+                }
+            }
         }
     }
 }

@@ -466,6 +466,64 @@ async fn an_s3_timeout_names_the_time_limits() {
 }
 
 #[tokio::test]
+async fn a_stalled_request_that_sends_no_data_is_retried_on_its_shorter_limit() {
+    // docs/hazards.md L69: a HEAD, GET, DELETE or LIST that gets no answer is given up on
+    // after a few attempts of the answer limit, not after the upload limit meant for requests
+    // that send data (nor the whole request's limit).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let mut opts = harness::s3_options("silent");
+    opts.endpoint = Some(format!("http://{addr}"));
+    opts.attempt_timeout = std::time::Duration::from_secs(60);
+    opts.answer_timeout = std::time::Duration::from_secs(1);
+    opts.operation_timeout = std::time::Duration::from_secs(30);
+    let store = lakecdc::store::s3::S3Store::connect(&opts).await;
+    let quick = |e: &StoreError| {
+        matches!(
+            e,
+            StoreError::Timeout {
+                attempt_s: 1,
+                request_s: 30
+            }
+        )
+    };
+    // The SDK's three attempts of 1 s and its backoff, far from the 30 s limit.
+    let within = std::time::Duration::from_secs(12);
+    let timed = std::time::Instant::now();
+    let head = store.head("a.bin").await.unwrap_err();
+    assert!(
+        quick(&head) && timed.elapsed() < within,
+        "{head:?} after {:?}",
+        timed.elapsed()
+    );
+    let timed = std::time::Instant::now();
+    let get = store.get_bytes("a.bin").await.unwrap_err();
+    assert!(
+        quick(&get) && timed.elapsed() < within,
+        "{get:?} after {:?}",
+        timed.elapsed()
+    );
+    let timed = std::time::Instant::now();
+    let list = store.list("data/").await.unwrap_err();
+    assert!(
+        quick(&list) && timed.elapsed() < within,
+        "{list:?} after {:?}",
+        timed.elapsed()
+    );
+    server.abort();
+    assert_eq!(
+        head.to_string(),
+        "timed out (limits: 1s per attempt, 30s per request with its retries)"
+    );
+}
+
+#[tokio::test]
 async fn an_object_copied_part_by_part_is_the_same_object() {
     // The path a copy takes on AWS for a source over 5 GiB (CopyObject's limit), exercised
     // with 5 MiB parts: three parts, the last one short.
