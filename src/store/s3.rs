@@ -49,6 +49,9 @@ const MAX_COPY_OBJECT_BYTES: u64 = 5 * 1024 * 1024 * 1024;
 const COPY_PART_SIZE: u64 = 512 * 1024 * 1024;
 /// Most parts in one multipart upload (S3).
 const MAX_PARTS: u64 = 10_000;
+/// A single-request upload at most this large has the answer limit per attempt
+/// ([`S3Options::answer_timeout`]), as a request that sends no data has.
+const QUICK_PUT_BYTES: u64 = 1024 * 1024;
 
 /// How to reach the S3 service.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,13 +64,13 @@ pub struct S3Options {
     pub path_style: bool,
     /// Region override; otherwise the chain's, else `us-east-1`.
     pub region: Option<String>,
-    /// Limit for one attempt of a request that uploads or copies data (PUT, a part, a copy,
-    /// completing a multipart upload).
+    /// Limit for one attempt of a request that uploads or copies data (a PUT over 1 MiB, a
+    /// part, a copy, completing a multipart upload).
     pub attempt_timeout: Duration,
-    /// Limit for one attempt of a request that sends no data (HEAD, a GET up to its answer's
-    /// headers, DELETE, LIST, starting or aborting a multipart upload): its answer comes at
-    /// once from a healthy server, so one that stalls is retried long before the upload limit
-    /// (docs/hazards.md L69).
+    /// Limit for one attempt of a request that sends no data or little (HEAD, a GET up to its
+    /// answer's headers, DELETE, LIST, starting or aborting a multipart upload, a PUT of at
+    /// most 1 MiB): its answer comes at once from a healthy server, so one that stalls is
+    /// retried long before the upload limit (docs/hazards.md L69).
     pub answer_timeout: Duration,
     /// Limit for a whole request including retries.
     pub operation_timeout: Duration,
@@ -110,15 +113,20 @@ pub fn check_env_credentials(
 #[derive(Debug, Clone)]
 pub struct S3Store {
     /// For requests that upload or copy data.
-    client: Client,
-    limits: Limits,
-    /// For requests that send no data (the shorter per-attempt limit).
-    quick: Client,
-    quick_limits: Limits,
+    bulk: Lane,
+    /// For requests that send no data or little (the shorter per-attempt limit).
+    quick: Lane,
     bucket: String,
 }
 
-/// The time limits the client was built with, named in a timeout error.
+/// A client and the time limits it was built with.
+#[derive(Debug, Clone)]
+struct Lane {
+    client: Client,
+    limits: Limits,
+}
+
+/// The time limits a client was built with, named in a timeout error.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
     attempt: Duration,
@@ -150,27 +158,24 @@ impl S3Store {
             .interceptor(RequestLog);
         // One client per per-attempt limit: the SDK sets the read limit per connector, so
         // each keeps its own connections.
-        let client_with = |attempt: Duration| {
+        let lane = |attempt: Duration| {
             let timeouts = TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .read_timeout(attempt)
                 .operation_attempt_timeout(attempt)
                 .operation_timeout(opts.operation_timeout)
                 .build();
-            let limits = Limits {
-                attempt,
-                request: opts.operation_timeout,
-            };
-            let conf = builder.clone().timeout_config(timeouts).build();
-            (Client::from_conf(conf), limits)
+            Lane {
+                client: Client::from_conf(builder.clone().timeout_config(timeouts).build()),
+                limits: Limits {
+                    attempt,
+                    request: opts.operation_timeout,
+                },
+            }
         };
-        let (client, limits) = client_with(opts.attempt_timeout);
-        let (quick, quick_limits) = client_with(opts.answer_timeout.min(opts.attempt_timeout));
         Self {
-            client,
-            limits,
-            quick,
-            quick_limits,
+            bulk: lane(opts.attempt_timeout),
+            quick: lane(opts.answer_timeout.min(opts.attempt_timeout)),
             bucket: opts.bucket.clone(),
         }
     }
@@ -182,7 +187,7 @@ impl S3Store {
 
     /// The SDK client, for test setup (bucket creation).
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.bulk.client
     }
 
     /// Starts a GET of `key` and refuses it at once when its announced length passes `limit`
@@ -194,12 +199,13 @@ impl S3Store {
     ) -> Result<aws_sdk_s3::operation::get_object::GetObjectOutput, StoreError> {
         let out = self
             .quick
+            .client
             .get_object()
             .bucket(&self.bucket)
             .key(key)
             .send()
             .await
-            .map_err(|e| classify(e, "get object", &self.bucket, self.quick_limits))?;
+            .map_err(|e| classify(e, "get object", &self.bucket, self.quick.limits))?;
         let size = out
             .content_length()
             .map_or(0, |n| u64::try_from(n).unwrap_or(0));
@@ -219,6 +225,7 @@ impl S3Store {
     async fn create_multipart(&self, key: &str, crc32: bool) -> Result<String, StoreError> {
         let mut req = self
             .quick
+            .client
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(key);
@@ -230,7 +237,7 @@ impl S3Store {
                 e,
                 "create multipart upload",
                 &self.bucket,
-                self.quick_limits,
+                self.quick.limits,
             )
         })?;
         Ok(created.upload_id().unwrap_or_default().to_string())
@@ -247,6 +254,7 @@ impl S3Store {
         if done.is_err() {
             let _ = self
                 .quick
+                .client
                 .abort_multipart_upload()
                 .bucket(&self.bucket)
                 .key(key)
@@ -297,6 +305,7 @@ impl S3Store {
                 let source = source.clone();
                 async move {
                     let out = self
+                        .bulk
                         .client
                         .upload_part_copy()
                         .bucket(&self.bucket)
@@ -307,7 +316,7 @@ impl S3Store {
                         .copy_source_range(format!("bytes={first}-{last}"))
                         .send()
                         .await
-                        .map_err(|e| classify(e, "copy part", &self.bucket, self.limits))?;
+                        .map_err(|e| classify(e, "copy part", &self.bucket, self.bulk.limits))?;
                     let etag = out.copy_part_result().and_then(|r| r.e_tag());
                     Ok::<_, StoreError>(
                         CompletedPart::builder()
@@ -334,6 +343,7 @@ impl S3Store {
         op: &'static str,
     ) -> Result<String, StoreError> {
         let done = self
+            .bulk
             .client
             .complete_multipart_upload()
             .bucket(&self.bucket)
@@ -346,7 +356,7 @@ impl S3Store {
             )
             .send()
             .await
-            .map_err(|e| classify(e, op, &self.bucket, self.limits))?;
+            .map_err(|e| classify(e, op, &self.bucket, self.bulk.limits))?;
         Ok(done.e_tag().unwrap_or_default().to_string())
     }
 
@@ -402,6 +412,7 @@ impl S3Store {
         chunk: Bytes,
     ) -> Result<CompletedPart, StoreError> {
         let out = self
+            .bulk
             .client
             .upload_part()
             .bucket(&self.bucket)
@@ -412,7 +423,7 @@ impl S3Store {
             .body(ByteStream::from(chunk))
             .send()
             .await
-            .map_err(|e| classify(e, "upload part", &self.bucket, self.limits))?;
+            .map_err(|e| classify(e, "upload part", &self.bucket, self.bulk.limits))?;
         let mut part = CompletedPart::builder()
             .part_number(part_number)
             .set_e_tag(out.e_tag().map(str::to_string));
@@ -684,7 +695,14 @@ impl ObjectStore for S3Store {
     ) -> Result<PutResult, StoreError> {
         let sha256 = super::sha256(&body);
         let size = body.len() as u64;
-        let mut req = self
+        // A small body (a manifest, a marker, a small delta) is sent in well under the answer
+        // limit: a save that then gets no answer is given up on as soon as a HEAD would be.
+        let lane = if size <= QUICK_PUT_BYTES {
+            &self.quick
+        } else {
+            &self.bulk
+        };
+        let mut req = lane
             .client
             .put_object()
             .bucket(&self.bucket)
@@ -712,7 +730,7 @@ impl ObjectStore for S3Store {
             );
         }
         let sent = req.send().await;
-        let out = sent.map_err(|e| classify_conditional(e, &mode, &self.bucket, self.limits))?;
+        let out = sent.map_err(|e| classify_conditional(e, &mode, &self.bucket, lane.limits))?;
         Ok(PutResult {
             size,
             sha256,
@@ -746,13 +764,14 @@ impl ObjectStore for S3Store {
         let last = range_end(offset, len)? - 1;
         let mut out = self
             .quick
+            .client
             .get_object()
             .bucket(&self.bucket)
             .key(key)
             .range(format!("bytes={offset}-{last}"))
             .send()
             .await
-            .map_err(|e| classify_range(e, offset, len, &self.bucket, self.quick_limits))?;
+            .map_err(|e| classify_range(e, offset, len, &self.bucket, self.quick.limits))?;
         let past_end = |size| StoreError::RangePastEnd { offset, len, size };
         let misread = |what: String| StoreError::Backend {
             message: format!("{OP}: asked for {len} bytes at offset {offset}, {what}"),
@@ -819,12 +838,13 @@ impl ObjectStore for S3Store {
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         let out = self
             .quick
+            .client
             .head_object()
             .bucket(&self.bucket)
             .key(key)
             .send()
             .await
-            .map_err(|e| classify(e, "head object", &self.bucket, self.quick_limits))?;
+            .map_err(|e| classify(e, "head object", &self.bucket, self.quick.limits))?;
         Ok(ObjectMeta {
             key: key.to_string(),
             size: u64::try_from(out.content_length().unwrap_or(0)).unwrap_or(0),
@@ -838,6 +858,7 @@ impl ObjectStore for S3Store {
 
     async fn copy(&self, from: &str, to: &str) -> Result<(), StoreError> {
         let sent = self
+            .bulk
             .client
             .copy_object()
             .bucket(&self.bucket)
@@ -854,16 +875,17 @@ impl ObjectStore for S3Store {
                 if size > MAX_COPY_OBJECT_BYTES {
                     self.copy_in_parts(from, to, size, COPY_PART_SIZE).await
                 } else {
-                    Err(classify(e, "copy object", &self.bucket, self.limits))
+                    Err(classify(e, "copy object", &self.bucket, self.bulk.limits))
                 }
             }
-            Err(e) => Err(classify(e, "copy object", &self.bucket, self.limits)),
+            Err(e) => Err(classify(e, "copy object", &self.bucket, self.bulk.limits)),
         }
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         match self
             .quick
+            .client
             .delete_object()
             .bucket(&self.bucket)
             .key(key)
@@ -871,7 +893,7 @@ impl ObjectStore for S3Store {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) => match classify(e, "delete object", &self.bucket, self.quick_limits) {
+            Err(e) => match classify(e, "delete object", &self.bucket, self.quick.limits) {
                 StoreError::NotFound => Ok(()),
                 other => Err(other),
             },
@@ -881,6 +903,7 @@ impl ObjectStore for S3Store {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
         let mut pages = self
             .quick
+            .client
             .list_objects_v2()
             .bucket(&self.bucket)
             .prefix(prefix)
@@ -889,7 +912,7 @@ impl ObjectStore for S3Store {
         let mut out = Vec::new();
         while let Some(page) = pages.next().await {
             let page =
-                page.map_err(|e| classify(e, "list objects", &self.bucket, self.quick_limits))?;
+                page.map_err(|e| classify(e, "list objects", &self.bucket, self.quick.limits))?;
             for obj in page.contents() {
                 out.push(ObjectMeta {
                     key: obj.key().unwrap_or_default().to_string(),
@@ -913,6 +936,7 @@ impl ObjectStore for S3Store {
         loop {
             let page = self
                 .quick
+                .client
                 .list_multipart_uploads()
                 .bucket(&self.bucket)
                 .prefix(prefix)
@@ -920,7 +944,7 @@ impl ObjectStore for S3Store {
                 .set_upload_id_marker(id_marker.clone())
                 .send()
                 .await
-                .map_err(|e| classify(e, op, &self.bucket, self.quick_limits))?;
+                .map_err(|e| classify(e, op, &self.bucket, self.quick.limits))?;
             for u in page.uploads() {
                 // An upload whose start the server does not say is never judged old.
                 let (Some(key), Some(id), Some(started_ms)) = (
@@ -959,6 +983,7 @@ impl ObjectStore for S3Store {
     async fn remove_abandoned(&self, write: &AbandonedWrite) -> Result<(), StoreError> {
         let aborted = self
             .quick
+            .client
             .abort_multipart_upload()
             .bucket(&self.bucket)
             .key(&write.key)
@@ -969,7 +994,7 @@ impl ObjectStore for S3Store {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some("NoSuchUpload") => Ok(()),
             Err(e) => {
-                match classify(e, "abort multipart upload", &self.bucket, self.quick_limits) {
+                match classify(e, "abort multipart upload", &self.bucket, self.quick.limits) {
                     StoreError::NotFound => Ok(()),
                     other => Err(other),
                 }

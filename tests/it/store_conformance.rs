@@ -419,9 +419,9 @@ async fn s3_missing_bucket_is_not_a_missing_object() {
     assert!(matches!(err, StoreError::NoSuchBucket { .. }), "{err:?}");
 }
 
-#[tokio::test]
-async fn an_s3_timeout_names_the_time_limits() {
-    // A server that accepts connections and never answers.
+/// A server that accepts connections and never answers: its `http://` endpoint, and the task
+/// to abort when done.
+async fn silent_server() -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
@@ -430,8 +430,14 @@ async fn an_s3_timeout_names_the_time_limits() {
             held.push(s);
         }
     });
+    (format!("http://{addr}"), server)
+}
+
+#[tokio::test]
+async fn an_s3_timeout_names_the_time_limits() {
+    let (endpoint, server) = silent_server().await;
     let mut opts = harness::s3_options("silent");
-    opts.endpoint = Some(format!("http://{addr}"));
+    opts.endpoint = Some(endpoint);
     opts.attempt_timeout = std::time::Duration::from_secs(1);
     opts.operation_timeout = std::time::Duration::from_secs(3);
     let store = lakecdc::store::s3::S3Store::connect(&opts).await;
@@ -466,60 +472,67 @@ async fn an_s3_timeout_names_the_time_limits() {
 }
 
 #[tokio::test]
-async fn a_stalled_request_that_sends_no_data_is_retried_on_its_shorter_limit() {
-    // docs/hazards.md L69: a HEAD, GET, DELETE or LIST that gets no answer is given up on
+async fn a_stalled_request_that_sends_little_is_retried_on_its_shorter_limit() {
+    // docs/hazards.md L69: a HEAD, GET, LIST or small PUT that gets no answer is given up on
     // after a few attempts of the answer limit, not after the upload limit meant for requests
-    // that send data (nor the whole request's limit).
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
+    // that send much data (nor the whole request's limit).
+    let (endpoint, server) = silent_server().await;
     let mut opts = harness::s3_options("silent");
-    opts.endpoint = Some(format!("http://{addr}"));
+    opts.endpoint = Some(endpoint);
     opts.attempt_timeout = std::time::Duration::from_secs(60);
     opts.answer_timeout = std::time::Duration::from_secs(1);
     opts.operation_timeout = std::time::Duration::from_secs(30);
     let store = lakecdc::store::s3::S3Store::connect(&opts).await;
-    let quick = |e: &StoreError| {
-        matches!(
-            e,
-            StoreError::Timeout {
-                attempt_s: 1,
-                request_s: 30
-            }
-        )
-    };
     // The SDK's three attempts of 1 s and its backoff, far from the 30 s limit.
-    let within = std::time::Duration::from_secs(12);
-    let timed = std::time::Instant::now();
-    let head = store.head("a.bin").await.unwrap_err();
-    assert!(
-        quick(&head) && timed.elapsed() < within,
-        "{head:?} after {:?}",
-        timed.elapsed()
-    );
-    let timed = std::time::Instant::now();
-    let get = store.get_bytes("a.bin").await.unwrap_err();
-    assert!(
-        quick(&get) && timed.elapsed() < within,
-        "{get:?} after {:?}",
-        timed.elapsed()
-    );
-    let timed = std::time::Instant::now();
-    let list = store.list("data/").await.unwrap_err();
-    assert!(
-        quick(&list) && timed.elapsed() < within,
-        "{list:?} after {:?}",
-        timed.elapsed()
-    );
-    server.abort();
+    let given_up_quickly = |what: &str, err: StoreError, started: std::time::Instant| {
+        let took = started.elapsed();
+        assert!(
+            matches!(
+                err,
+                StoreError::Timeout {
+                    attempt_s: 1,
+                    request_s: 30
+                }
+            ) && took < std::time::Duration::from_secs(12),
+            "{what}: {err:?} after {took:?}"
+        );
+        err
+    };
+    let t = std::time::Instant::now();
+    let head = given_up_quickly("head", store.head("a.bin").await.unwrap_err(), t);
+    let t = std::time::Instant::now();
+    given_up_quickly("get", store.get_bytes("a.bin").await.unwrap_err(), t);
+    let t = std::time::Instant::now();
+    given_up_quickly("list", store.list("data/").await.unwrap_err(), t);
+    // A small upload (a manifest's save), conditional or not.
+    for mode in [PutMode::Overwrite, PutMode::Create] {
+        let body = Bytes::from(vec![b'x'; 1 << 20]);
+        let t = std::time::Instant::now();
+        let err = store.put_bytes("m.json", body, mode).await.unwrap_err();
+        given_up_quickly("put", err, t);
+    }
     assert_eq!(
         head.to_string(),
         "timed out (limits: 1s per attempt, 30s per request with its retries)"
+    );
+    // A larger one keeps the upload limit (its whole request ends at 2 s here).
+    opts.operation_timeout = std::time::Duration::from_secs(2);
+    let store = lakecdc::store::s3::S3Store::connect(&opts).await;
+    let body = Bytes::from(vec![b'x'; (1 << 20) + 1]);
+    let put = store
+        .put_bytes("d.parquet", body, PutMode::Overwrite)
+        .await
+        .unwrap_err();
+    server.abort();
+    assert!(
+        matches!(
+            put,
+            StoreError::Timeout {
+                attempt_s: 60,
+                request_s: 2
+            }
+        ),
+        "{put:?}"
     );
 }
 
