@@ -156,12 +156,14 @@ impl S3Store {
                 aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
             )
             .interceptor(RequestLog);
-        // One client per per-attempt limit: the SDK sets the read limit per connector, so
-        // each keeps its own connections.
+        // One client per per-attempt limit, each with its own connections.
         let lane = |attempt: Duration| {
+            // The attempt's limit covers the wait for the answer's headers, so a stalled
+            // request always ends as a timeout that names the limits (no separate read limit
+            // racing it).
             let timeouts = TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(10))
-                .read_timeout(attempt)
+                .disable_read_timeout()
                 .operation_attempt_timeout(attempt)
                 .operation_timeout(opts.operation_timeout)
                 .build();
@@ -459,12 +461,13 @@ impl Intercept for SignedPayload {
 }
 
 /// Logs each attempt of each S3 request at debug level, with its answer and time, so that a
-/// stalled request can be told from a slow job (`LAKECDC_LOG=lakecdc::store::s3=debug`). It logs
-/// the operation and the object's path only: never headers, query strings or bodies.
+/// stalled request can be told from a slow job (`LAKECDC_LOG=info,lakecdc::store::s3=debug`).
+/// It logs the operation, the method and the URI's path only: never the host, headers, query
+/// strings or bodies.
 #[derive(Debug)]
 struct RequestLog;
 
-/// When the attempt being logged was sent.
+/// When the attempt being logged was sent (unset until it is).
 #[derive(Debug, Clone, Copy)]
 struct Sent(std::time::Instant);
 
@@ -477,9 +480,27 @@ fn operation(cfg: &ConfigBag) -> &str {
     cfg.load::<Metadata>().map_or("?", Metadata::name)
 }
 
+/// The path of `uri` (`/bucket/key` or `/key`): without its scheme, host and query string.
+fn uri_path(uri: &str) -> &str {
+    let after_scheme = uri.split_once("://").map_or(uri, |(_, rest)| rest);
+    let path = after_scheme.find('/').map_or("/", |i| &after_scheme[i..]);
+    path.split(['?', '#']).next().unwrap_or(path)
+}
+
 impl Intercept for RequestLog {
     fn name(&self) -> &'static str {
         "RequestLog"
+    }
+
+    fn read_before_attempt(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        // An attempt that fails before it is sent has no time of its own.
+        cfg.interceptor_state().unset::<Sent>();
+        Ok(())
     }
 
     fn read_before_transmit(
@@ -489,11 +510,10 @@ impl Intercept for RequestLog {
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         let request = context.request();
-        let path = request.uri().split('?').next().unwrap_or_default();
         tracing::debug!(
             op = operation(cfg),
             method = request.method(),
-            path,
+            path = uri_path(request.uri()),
             "s3 request sent"
         );
         cfg.interceptor_state()
@@ -507,18 +527,16 @@ impl Intercept for RequestLog {
         _components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let ms = cfg.load::<Sent>().map_or(0, |s| s.0.elapsed().as_millis());
+        let ms = cfg.load::<Sent>().map(|s| s.0.elapsed().as_millis());
         let op = operation(cfg);
-        match (context.response(), context.output_or_error()) {
-            (Some(response), _) => {
-                let status = response.status().as_u16();
-                tracing::debug!(op, status, ms, "s3 request answered");
-            }
-            (None, Some(Err(e))) => {
+        let status = context.response().map(|r| r.status().as_u16());
+        match context.output_or_error() {
+            // A timeout after the headers (a body that stalled) is a failure, not an answer.
+            Some(Err(e)) => {
                 let error = aws_smithy_types::error::display::DisplayErrorContext(e).to_string();
-                tracing::debug!(op, ms, error, "s3 request failed");
+                tracing::debug!(op, status, ms, error, "s3 request failed");
             }
-            (None, _) => tracing::debug!(op, ms, "s3 request ended unanswered"),
+            _ => tracing::debug!(op, status, ms, "s3 request answered"),
         }
         Ok(())
     }
@@ -568,13 +586,9 @@ where
             bucket: bucket.to_string(),
         },
         (_, Some("NoSuchKey" | "NotFound"), _) | (_, _, Some(404)) => StoreError::NotFound,
-        // The attempt's or the request's limit, or the connection's read limit (which ends
-        // an attempt as a dispatch failure).
+        // An attempt's or the request's limit. The connect limit is a dispatch failure whose
+        // cause names it (`HTTP connect timeout occurred after 10s`).
         (SdkError::TimeoutError(_), _, _) => StoreError::Timeout {
-            attempt_s: limits.attempt.as_secs(),
-            request_s: limits.request.as_secs(),
-        },
-        (SdkError::DispatchFailure(d), _, _) if d.is_timeout() => StoreError::Timeout {
             attempt_s: limits.attempt.as_secs(),
             request_s: limits.request.as_secs(),
         },
@@ -1017,6 +1031,20 @@ mod tests {
             copy_source("b", "/7/a b+c.parquet"),
             "b//7/a%20b%2Bc.parquet"
         );
+    }
+
+    #[test]
+    fn the_request_log_shows_a_uri_path_only() {
+        assert_eq!(
+            uri_path(
+                "https://user:pw@s3.example.com:9000/lake/data/7/a.parquet?uploadId=x&partNumber=2"
+            ),
+            "/lake/data/7/a.parquet"
+        );
+        assert_eq!(uri_path("http://bucket.s3.amazonaws.com/m.json"), "/m.json");
+        assert_eq!(uri_path("http://127.0.0.1:8333"), "/");
+        assert_eq!(uri_path("http://h/b?list-type=2&prefix=data%2F"), "/b");
+        assert_eq!(uri_path("/b/k#frag"), "/b/k");
     }
 
     #[test]
