@@ -8,19 +8,20 @@
 //! dropped its tombstone).
 //! An orphan whose rows are all covered loses nothing when deleted; one holding a row that is
 //! not covered is **lost data**: its rows are reported (and requeued by `gc --repair`). An
-//! orphan that cannot be read is left for a person.
+//! orphan whose content cannot be read is left for a person; a store that fails while
+//! reading it fails the run, whose next one reads it again (docs/hazards.md L69).
 
 use std::sync::Arc;
 
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::job::Context;
 use crate::lake::current::{CurrentState, listed_copies};
 use crate::lake::manifest::{FileEntry, Tier};
 use crate::source::requeue::Requeue;
-use crate::store::ObjectMeta;
+use crate::store::{ObjectMeta, StoreError};
 
 /// The largest unlisted delta gc reads: far above what one flush batch writes. A larger one is
 /// not a flush's and is left for a person.
@@ -77,6 +78,7 @@ pub(super) async fn settle(
         }
         match read_orphan(ctx, o).await {
             Ok(r) => rows.extend(r.into_iter().map(|(id, v, t)| (id, v, t, i))),
+            Err(e) if store_failed(&e) => return Err(e),
             Err(e) => verdicts[i] = Some(Verdict::Unreadable(e.chain())),
         }
     }
@@ -155,6 +157,19 @@ pub(super) async fn settle(
 }
 
 /// The rows of an unlisted delta: `(row_id, changed_at, tombstone)` in `row_id` order.
+/// Whether reading an orphan failed in the store (unreachable, timed out, refused) rather than
+/// on the object itself (gone, too large, shorter than its footer says, not Parquet): a person
+/// is asked to act on the object only, never on a network blip.
+fn store_failed(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Storage { source, .. } if !matches!(
+            source,
+            StoreError::NotFound | StoreError::TooLarge { .. } | StoreError::RangePastEnd { .. }
+        )
+    )
+}
+
 async fn read_orphan(ctx: &Context, o: &ObjectMeta) -> Result<Vec<(u128, i64, bool)>> {
     let entry = FileEntry {
         tier: Tier::Delta,

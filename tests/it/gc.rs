@@ -132,6 +132,49 @@ async fn orphans_are_deleted_only_past_the_grace_and_deltas_never() {
 }
 
 #[tokio::test]
+async fn a_store_failing_while_an_unlisted_delta_is_read_fails_the_run_not_a_person() {
+    // docs/hazards.md L69: a network blip while gc reads an unlisted delta is a failed run
+    // (exit 1: the next run reads it again), never "a person must act" (exit 3), which is kept
+    // for an object whose content cannot be read.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(11);
+    rig.seed(20, &mut r).await;
+    rig.flush().await;
+    let delta = rig.ctx.lake.layout.delta_key(100, Uuid::now_v7());
+    put(rig.store.as_ref(), &delta).await;
+    let clock = Arc::new(ManualClock::new(SystemClock.now_ms()));
+    let gc = ctx(&rig, clock);
+    let state_key = rig.ctx.lake.layout.gc_state_key(100);
+    let state_before = rig.store.get_bytes(&state_key).await.ok().map(|g| g.bytes);
+
+    rig.store
+        .arm(Op::Head, Some(delta.as_str()), 1, Action::Fail);
+    let report = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Some(Outcome::Failed), "{s:?}");
+    assert!(
+        s.unlisted_deltas.is_empty() && s.deleted.is_empty(),
+        "{s:?}"
+    );
+    let reason = s.reason.as_deref().unwrap_or_default();
+    assert!(reason.contains(&delta), "{reason}");
+    assert_eq!(report.exit_code(), 1);
+    // Nothing was sighted or saved by the failed run.
+    assert_eq!(
+        rig.store.get_bytes(&state_key).await.ok().map(|g| g.bytes),
+        state_before
+    );
+    rig.store.head(&delta).await.unwrap();
+
+    // The next run reads it: one byte is not Parquet, so that one is for a person.
+    let report = lakecdc::gc::run(&gc, &opts(false)).await.unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Some(Outcome::Attention), "{s:?}");
+    assert_eq!(s.unlisted_deltas, std::slice::from_ref(&delta));
+    assert_eq!(report.exit_code(), 3);
+}
+
+#[tokio::test]
 async fn a_prefix_of_bases_that_the_manifest_does_not_list_is_refused() {
     // docs/hazards.md #463/#481
     let rig = rig(LakeKind::S3).await;
