@@ -21,7 +21,7 @@ use crate::job::Context;
 use crate::lake::current::{CurrentState, listed_copies};
 use crate::lake::manifest::{FileEntry, Tier};
 use crate::source::requeue::Requeue;
-use crate::store::{ObjectMeta, StoreError};
+use crate::store::ObjectMeta;
 
 /// The largest unlisted delta gc reads: far above what one flush batch writes. A larger one is
 /// not a flush's and is left for a person.
@@ -156,20 +156,13 @@ pub(super) async fn settle(
         .collect())
 }
 
-/// The rows of an unlisted delta: `(row_id, changed_at, tombstone)` in `row_id` order.
 /// Whether reading an orphan failed in the store (unreachable, timed out, refused) rather than
-/// on the object itself (gone, too large, shorter than its footer says, not Parquet): a person
-/// is asked to act on the object only, never on a network blip.
+/// on the object itself: a person is asked to act on the object only, never on a network blip.
 fn store_failed(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Storage { source, .. } if !matches!(
-            source,
-            StoreError::NotFound | StoreError::TooLarge { .. } | StoreError::RangePastEnd { .. }
-        )
-    )
+    matches!(e, Error::Storage { source, .. } if !source.is_about_the_object())
 }
 
+/// The rows of an unlisted delta: `(row_id, changed_at, tombstone)` in `row_id` order.
 async fn read_orphan(ctx: &Context, o: &ObjectMeta) -> Result<Vec<(u128, i64, bool)>> {
     let entry = FileEntry {
         tier: Tier::Delta,

@@ -191,6 +191,15 @@ impl StoreError {
             StoreError::Timeout { .. } | StoreError::Backend { .. }
         )
     }
+
+    /// Whether the error is about the object read (gone, larger than allowed, shorter than
+    /// the read asked for) rather than about the store that serves it.
+    pub fn is_about_the_object(&self) -> bool {
+        matches!(
+            self,
+            StoreError::NotFound | StoreError::TooLarge { .. } | StoreError::RangePastEnd { .. }
+        )
+    }
 }
 
 /// The storage seam every job uses. Implementations must be safe to call concurrently.
