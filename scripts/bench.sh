@@ -7,6 +7,7 @@
 #                                  # compactions of 1% changes: local, spread thin, full rewrite
 #   scripts/bench.sh init [N]      # N live entities → `lakecdc init` vs the DuckDB postgres peer
 #   scripts/bench.sh query [N]     # N entities, init + 10 flushes of N/100 changes → `lakecdc query`
+#                                  # (--rounds R: R flushes, of N/max(100,R) changes each)
 #   scripts/bench.sh matrix [N]    # init and flush in all four cases: UUIDv7/v4 ids × TLS/plain
 #   scripts/bench.sh verify-source [N]  # N entities, init + 3 flushed rounds → `verify --source`
 #   scripts/bench.sh table [N]     # flush of an N-change (default 1,000,000) table-source backlog,
@@ -20,6 +21,9 @@
 #                               (env LAKECDC_BENCH_IDS)
 #   --sslmode require|disable   the sslmode of lakecdc's and the peer's connections: TLS without
 #                               server verification (default) or plain TCP (env LAKECDC_BENCH_SSLMODE)
+# Option of query:
+#   --rounds R                  R flushed rounds of changes (default 10; env LAKECDC_BENCH_ROUNDS),
+#                               each its own delta: a lake of hundreds of small deltas with R = 300
 # LAKECDC_BENCH_EXPORT_MEMORY (2GB) is the --memory-limit of init and flush and the peer's
 # DuckDB memory_limit; LAKECDC_BENCH_RUNS (3, at least 3) the runs per case of the matrix, table and compact-scale.
 #
@@ -147,6 +151,7 @@ PEERENV="${LAKECDC_BENCH_VENV:-/var/tmp/lakecdc-bench-venv}"
 
 usage() {
 	echo "usage: scripts/bench.sh flush|compact|compact-scale|init|query|verify-source [--ids v4|v7] [--sslmode disable|require] [N]" >&2
+	echo "       scripts/bench.sh query [--rounds R] [--ids v4|v7] [--sslmode disable|require] [N]" >&2
 	echo "       scripts/bench.sh capture [N]" >&2
 	echo "       scripts/bench.sh table [N]" >&2
 	echo "       scripts/bench.sh matrix [N]" >&2
@@ -156,16 +161,22 @@ what="${1:-flush}"
 [ $# -eq 0 ] || shift
 IDS="${LAKECDC_BENCH_IDS:-v7}"
 SSLMODE="${LAKECDC_BENCH_SSLMODE:-require}"
+ROUNDS="${LAKECDC_BENCH_ROUNDS:-10}"
 N=""
 while [ $# -gt 0 ]; do
 	case "$1" in
-	--ids | --sslmode)
+	--ids | --sslmode | --rounds)
 		[ $# -ge 2 ] || usage
-		if [ "$1" = --ids ]; then IDS="$2"; else SSLMODE="$2"; fi
+		case "$1" in
+		--ids) IDS="$2" ;;
+		--sslmode) SSLMODE="$2" ;;
+		*) ROUNDS="$2" ;;
+		esac
 		shift 2
 		;;
 	--ids=*) IDS="${1#*=}" && shift ;;
 	--sslmode=*) SSLMODE="${1#*=}" && shift ;;
+	--rounds=*) ROUNDS="${1#*=}" && shift ;;
 	-*) usage ;;
 	*) N="$1" && shift ;;
 	esac
@@ -196,6 +207,10 @@ disable | require) ;;
 	;;
 esac
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || usage
+if ! [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || [ "$ROUNDS" -gt 900 ]; then
+	echo "bench: the query's rounds (--rounds, LAKECDC_BENCH_ROUNDS) must be 1 to 900" >&2
+	exit 2
+fi
 # DuckDB's and lakecdc's memory limit, the same for both (init, flush and the matrix).
 MEMORY="${LAKECDC_BENCH_EXPORT_MEMORY:-2GB}"
 RUNS="${LAKECDC_BENCH_RUNS:-3}"
@@ -753,19 +768,21 @@ if [ "$what" = query ]; then
 	# init does not touch change_log: the seed's slots are in the base now, so clear them and
 	# let each flush export its own round of changes only.
 	$PSQL "$PGURL" -c "DELETE FROM change_log"
-	changes=$((N / 100))
-	echo "bench: 10 rounds of $changes changes, each flushed" >&2
+	# Round r changes the entities with i % M = r (i = the seed's number), M = max(100, R).
+	modulus=$((ROUNDS > 100 ? ROUNDS : 100))
+	changes=$((N / modulus))
+	echo "bench: $ROUNDS rounds of $changes changes, each flushed" >&2
 	t0=$(now)
-	for round in 1 2 3 4 5 6 7 8 9 10; do
-		# Round r changes the entities with i % 100 = r (i = the seed's number): nine in ten
-		# updated (writer contract), one in ten hard-deleted (a tombstone slot).
+	for round in $(seq 1 "$ROUNDS"); do
+		# Round r changes the entities with i % M = r: nine in ten updated (writer contract),
+		# one in ten hard-deleted (a tombstone slot).
 		$PSQL "$PGURL" <<SQL
 SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms \gset
 CREATE TEMP TABLE picked AS
   SELECT ltbase_row_id AS row_id, ltbase_updated_at AS prev,
-         (ltbase_created_at - 1700000000000) / 100 % 10 = 0 AS gone
+         (ltbase_created_at - 1700000000000) / $modulus % 10 = 0 AS gone
   FROM entity_main
-  WHERE ltbase_schema_id = 100 AND (ltbase_created_at - 1700000000000) % 100 = $round;
+  WHERE ltbase_schema_id = 100 AND (ltbase_created_at - 1700000000000) % $modulus = $round;
 WITH upd AS (
   UPDATE entity_main m SET text_01 = text_01 || ' (round $round)', integer_01 = integer_01 + $round,
          ltbase_updated_at = GREATEST(:now_ms, ltbase_updated_at + 1)
@@ -840,7 +857,7 @@ PY
 
 	# A point lookup of an updated entity on S3, the cache empty: which files it fetched.
 	id=$($PSQL "$PGURL" -At -c "SELECT ltbase_row_id FROM entity_main WHERE ltbase_schema_id = 100
-		AND (ltbase_created_at - 1700000000000) % 100 = 5 ORDER BY ltbase_created_at LIMIT 1 OFFSET $((N / 200))")
+		AND (ltbase_created_at - 1700000000000) % $modulus = 5 ORDER BY ltbase_created_at LIMIT 1 OFFSET $((N / modulus / 2))")
 	log="$work/point.log"
 	t0=$(now)
 	point=$(NO_COLOR=1 "$BIN" -v query --format csv --threads "$threads" --memory-limit "$memory" \
@@ -858,11 +875,11 @@ PY
 		THEN 'random UUIDv4' WHEN count(*) FILTER (WHERE substr(ltbase_row_id::text, 15, 1) = '7') = count(*)
 		THEN 'time-ordered UUIDv7' ELSE 'mixed' END FROM entity_main WHERE ltbase_schema_id = 100")
 
-	python3 - "$N" "$changes" "$files" "$listed" "$mib" "$threads" "$memory" "$want_count,$want_sum" \
+	python3 - "$N" "$ROUNDS" "$changes" "$files" "$listed" "$mib" "$threads" "$memory" "$want_count,$want_sum" \
 		"${a[*]}" "${b[*]}" "${b_in[*]}" "$cold" "${c[*]}" "${a_cpu[*]}" "${b_cpu[*]}" "${c_cpu[*]}" "${results[*]}" \
 		"$id" "$want_i01" "$point" "$point_secs" "$point_read" "$point_mib" "$ids" <<'PY'
 import statistics, sys
-(n, changes, files, listed, mib, threads, memory, want, a, b, b_in, cold, c, a_cpu, b_cpu, c_cpu, results,
+(n, rounds, changes, files, listed, mib, threads, memory, want, a, b, b_in, cold, c, a_cpu, b_cpu, c_cpu, results,
  pid, want_i01, point, point_secs, point_read, point_mib, ids) = sys.argv[1:]
 n, changes, files, listed = int(n), int(changes), int(files), int(listed)
 a, b, b_in, c, a_cpu, b_cpu, c_cpu = ([float(x) for x in v.split()] for v in (a, b, b_in, c, a_cpu, b_cpu, c_cpu))
@@ -873,7 +890,7 @@ if bad:
 if point != f"{pid},{want_i01}":
     sys.exit(f"query bench: FAILED: the point lookup gave {point!r}, PostgreSQL {pid},{want_i01}")
 med = statistics.median
-print(f"query bench: {n} entities ({ids} row ids), init + 10 flushes of {changes} changes "
+print(f"query bench: {n} entities ({ids} row ids), init + {rounds} flushes of {changes} changes "
       f"(9/10 updates, 1/10 deletes); {files} files, {listed} rows listed, {mib} MiB")
 print(f"  SELECT count(*), sum(i01) FROM wide = {want} (PostgreSQL's live entities: the same), "
       f"threads {threads}, memory limit {memory}")
