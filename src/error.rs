@@ -140,6 +140,25 @@ pub enum Error {
         message: String,
     },
 
+    /// Two schemas of the lake would be one DuckDB view (DuckDB's names ignore case, and each
+    /// schema also has a `<name>__history` view): a reader refuses rather than let the second
+    /// view silently replace the first (docs/hazards.md R7).
+    #[error(
+        "schemas {first} (id {first_id}) and {second} (id {second_id}) would both be the view {view} (DuckDB's names ignore case): read them one at a time with --schema, or rename one in the registry"
+    )]
+    ViewNameClash {
+        /// The first schema's name, escaped for one line.
+        first: String,
+        /// Its id.
+        first_id: i16,
+        /// The second schema's name, escaped.
+        second: String,
+        /// Its id.
+        second_id: i16,
+        /// The view name both would make, escaped.
+        view: String,
+    },
+
     /// A lake object is larger than lakecdc reads: refused before it was read (or, when it grew
     /// while being read, before it was used).
     #[error(
@@ -337,7 +356,8 @@ impl Error {
             | Error::Setting { .. }
             | Error::Metadata { .. }
             | Error::Query { .. }
-            | Error::AsOf { .. } => 2,
+            | Error::AsOf { .. }
+            | Error::ViewNameClash { .. } => 2,
             _ => 1,
         }
     }

@@ -71,7 +71,8 @@ pub struct ViewReport {
 }
 
 impl ViewReport {
-    /// 0, or 3 when a manifest lists a path that is not a data file of its schema.
+    /// 0, or 3 when a manifest lists a path that is not a data file of its schema, or two
+    /// schemas' views would have one name.
     pub fn exit_code(&self) -> i32 {
         if self.schemas.iter().any(|s| s.problem.is_some()) {
             3
@@ -107,10 +108,25 @@ impl ViewReport {
 
 /// Builds the read plan and the statements of every schema the lake holds (or those selected),
 /// named from the lake itself ([`catalog::lake_schemas`]): no database is needed.
+/// Two schemas whose views DuckDB would take for one get no statement (docs/hazards.md R7).
 pub async fn run(ctx: &Context, opts: &ViewOptions) -> Result<ViewReport> {
+    let found = catalog::lake_schemas(ctx, &opts.schemas).await?;
+    let mut clash: Vec<Option<String>> = vec![None; found.len()];
+    let regs: Vec<&Registered> = found.iter().map(|s| &s.reg).collect();
+    for (a, b) in catalog::view_name_clashes(&regs) {
+        let problem = catalog::view_name_clash(regs[a], regs[b]).to_string();
+        clash[a].get_or_insert_with(|| problem.clone());
+        clash[b].get_or_insert(problem);
+    }
     let mut schemas = Vec::new();
-    for s in catalog::lake_schemas(ctx, &opts.schemas).await? {
-        schemas.push(view_schema(ctx, &s.reg, s.manifest));
+    for (s, clash) in found.into_iter().zip(clash) {
+        let mut view = view_schema(ctx, &s.reg, s.manifest);
+        if let Some(problem) = clash {
+            view.problem = Some(problem);
+            view.files.clear();
+            view.sql = None;
+        }
+        schemas.push(view);
     }
     Ok(ViewReport { schemas })
 }
@@ -178,9 +194,9 @@ mod tests {
         assert!(sql.starts_with(
             "CREATE OR REPLACE VIEW \"my\"\"schema__history\" AS SELECT * FROM read_parquet(['/l/a.parquet', '/l/o''b.parquet'], union_by_name = true);\n"
         ), "{sql}");
-        assert!(sql.contains("CREATE OR REPLACE VIEW \"my\"\"schema\" AS SELECT * EXCLUDE (lakecdc_rn) FROM (SELECT *, row_number() OVER (PARTITION BY row_id"), "{sql}");
+        assert!(sql.contains("CREATE OR REPLACE VIEW \"my\"\"schema\" AS SELECT * FROM \"my\"\"schema__history\" QUALIFY row_number() OVER (PARTITION BY row_id"), "{sql}");
         assert!(
-            sql.ends_with("WHERE lakecdc_rn = 1 AND COALESCE(deleted_at, 0) = 0;"),
+            sql.ends_with(") = 1 AND COALESCE(deleted_at, 0) = 0;"),
             "{sql}"
         );
     }

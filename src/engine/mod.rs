@@ -198,25 +198,15 @@ impl Engine {
     }
 }
 
-/// The read rule (docs/design.md §3.1.5), part one: every copy of `scan` (a relation of lake
-/// rows, any column generations) ranked per `row_id`, the highest `changed_at` first and, on a
-/// tie, the tombstone first, in a column `lakecdc_rn`.
-pub fn ranked_copies(scan: &str) -> String {
-    format!(
-        "SELECT *, row_number() OVER (PARTITION BY row_id \
-         ORDER BY changed_at DESC, COALESCE(deleted_at, 0) DESC) AS lakecdc_rn FROM {scan}"
-    )
-}
-
-/// The read rule, part two: the predicate on [`ranked_copies`] that keeps a row's winning copy,
-/// unless it is a tombstone.
-pub const LATEST: &str = "lakecdc_rn = 1 AND COALESCE(deleted_at, 0) = 0";
-
-/// The current state of the lake rows in `scan`: one row per live `row_id`, its latest copy.
+/// The current state of the lake rows in `scan` (a relation of lake rows, any column
+/// generations) by the read rule (docs/design.md §3.1.5): per `row_id` the copy with the highest
+/// `changed_at` and, on a tie, the tombstone; the row is dropped when that copy is a tombstone.
+/// `QUALIFY` filters after the ranking, so the tombstone test sees only winners, and the rank
+/// is never a column: a lake column of any name keeps its values (docs/hazards.md R6).
 pub fn current_state(scan: &str) -> String {
     format!(
-        "SELECT * EXCLUDE (lakecdc_rn) FROM ({}) WHERE {LATEST}",
-        ranked_copies(scan)
+        "SELECT * FROM {scan} QUALIFY row_number() OVER (PARTITION BY row_id \
+         ORDER BY changed_at DESC, COALESCE(deleted_at, 0) DESC) = 1 AND COALESCE(deleted_at, 0) = 0"
     )
 }
 
@@ -282,6 +272,53 @@ mod tests {
             ))
             .unwrap();
         path
+    }
+
+    /// docs/hazards.md R6: a lake column named like the helper column the readers' SQL once
+    /// had (`lakecdc_rn`) keeps its values and hides nothing: each row is still its newest copy,
+    /// and the view has exactly the file's columns.
+    #[test]
+    fn a_column_of_any_name_keeps_its_values_in_the_current_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(&EngineConfig::default()).unwrap();
+        let path = dir.path().join("f.parquet");
+        let (a, b) = (
+            "'00000000-0000-0000-0000-00000000000a'",
+            "'00000000-0000-0000-0000-00000000000b'",
+        );
+        engine
+            .conn
+            .execute_batch(&format!(
+                "COPY (SELECT row_id::UUID AS row_id, changed_at::BIGINT AS changed_at, \
+                 deleted_at::BIGINT AS deleted_at, v::BIGINT AS lakecdc_rn FROM (VALUES \
+                 ({a}, 5, 0, 1), ({a}, 6, 0, 7), ({b}, 3, 0, 42)) t(row_id, changed_at, deleted_at, v)) \
+                 TO '{}' (FORMAT parquet)",
+                path.display()
+            ))
+            .unwrap();
+        let scan = format!("read_parquet(['{}'], union_by_name = true)", path.display());
+        let state = current_state(&scan);
+        let got: String = engine
+            .conn
+            .query_row(
+                &format!(
+                    "SELECT string_agg(right(row_id::VARCHAR, 1) || '=' || lakecdc_rn, ',' \
+                     ORDER BY row_id) FROM ({state})"
+                ),
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(got, "a=7,b=42");
+        let columns: String = engine
+            .conn
+            .query_row(
+                &format!("SELECT string_agg(column_name, ',') FROM (DESCRIBE {state})"),
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(columns, "row_id,changed_at,deleted_at,lakecdc_rn");
     }
 
     /// docs/hazards.md L28: a live copy and a tombstone with the same version — whichever file

@@ -131,3 +131,84 @@ fn select(all: Vec<LakeSchema>, selectors: &[String], lake: &str) -> Result<Vec<
     out.sort_by_key(|s| s.reg.id);
     Ok(out)
 }
+
+/// The two views a reader makes of schema `r`: `<name>` and `<name>__history`.
+fn views_of(r: &Registered) -> [String; 2] {
+    [r.name.clone(), format!("{}__history", r.name)]
+}
+
+/// The schemas of `regs` whose views DuckDB would take for one (its names ignore ASCII case):
+/// `Orders` meets `orders`, and a schema named `x__history` meets `x`'s history. Returns the
+/// index pairs (first, second) that clash, in order.
+pub fn view_name_clashes(regs: &[&Registered]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (i, a) in regs.iter().enumerate() {
+        for (j, b) in regs.iter().enumerate().skip(i + 1) {
+            if shared_view(a, b).is_some() {
+                out.push((i, j));
+            }
+        }
+    }
+    out
+}
+
+/// The first view of `a` (as `a` spells it) that is also one of `b`'s to DuckDB.
+fn shared_view(a: &Registered, b: &Registered) -> Option<String> {
+    let theirs = views_of(b);
+    views_of(a)
+        .into_iter()
+        .find(|v| theirs.iter().any(|t| t.eq_ignore_ascii_case(v)))
+}
+
+/// The error for a clash [`view_name_clashes`] found between `a` and `b`.
+pub fn view_name_clash(a: &Registered, b: &Registered) -> Error {
+    let view = shared_view(a, b).unwrap_or_else(|| a.name.clone());
+    Error::ViewNameClash {
+        first: crate::config::escape_name(&a.name),
+        first_id: a.id,
+        second: crate::config::escape_name(&b.name),
+        second_id: b.id,
+        view: crate::config::escape_name(&view),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(name: &str, id: i16) -> Registered {
+        Registered {
+            name: name.into(),
+            id,
+            kind: Default::default(),
+        }
+    }
+
+    #[test]
+    fn names_that_duckdb_takes_for_one_view_clash() {
+        let (a, b, c, d, e) = (
+            reg("orders", 1),
+            reg("Orders", 2),
+            reg("orders__History", 3),
+            reg("customer", 4),
+            reg("customer_history", 5),
+        );
+        assert_eq!(
+            view_name_clashes(&[&a, &b, &c, &d, &e]),
+            vec![(0, 1), (0, 2), (1, 2)]
+        );
+        assert!(view_name_clashes(&[&a, &d, &e]).is_empty());
+        let text = view_name_clash(&a, &b).to_string();
+        assert!(
+            text.contains(
+                "\"orders\" (id 1) and \"Orders\" (id 2) would both be the view \"orders\""
+            ),
+            "{text}"
+        );
+        let text = view_name_clash(&a, &c).to_string();
+        assert!(text.contains("the view \"orders__history\""), "{text}");
+        let text = view_name_clash(&c, &a).to_string();
+        assert!(text.contains("the view \"orders__History\""), "{text}");
+        assert_eq!(view_name_clash(&a, &b).exit_code(), 2);
+    }
+}

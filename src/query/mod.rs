@@ -1,7 +1,8 @@
 //! `lakecdc query`: SQL over the lake's current state, in an in-process DuckDB
 //! (docs/design.md §4.8). Each schema the SQL names is a view of its current state (the read
-//! rule shared with compaction, [`crate::engine::current_state`]) and `<name>__history` of
-//! every listed copy, over one manifest version per schema (loaded once). Every file is checked
+//! rule shared with `view`, [`crate::engine::current_state`]) and `<name>__history` of every
+//! listed copy, over one manifest version per schema (loaded once); two schemas that would be
+//! one view stop the query. Every file is checked
 //! before DuckDB reads it: a local lake's in place (opened without following links, its size
 //! compared, and with `--verify` its SHA-256), an S3 lake's through the content-addressed
 //! [`cache`]. A query that pins `row_id` reads only the files whose range can hold it
@@ -133,14 +134,20 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     };
     let mut report = QueryReport::default();
     let mut views = Vec::new();
+    let schemas: Vec<catalog::LakeSchema> = schemas
+        .into_iter()
+        .filter(|s| {
+            named
+                .as_ref()
+                .is_none_or(|n| n.contains(&s.reg.name.to_lowercase()))
+        })
+        .collect();
+    let regs: Vec<&Registered> = schemas.iter().map(|s| &s.reg).collect();
+    if let Some(&(a, b)) = catalog::view_name_clashes(&regs).first() {
+        return Err(catalog::view_name_clash(regs[a], regs[b]));
+    }
     for schema in schemas {
         let reg = &schema.reg;
-        if named
-            .as_ref()
-            .is_some_and(|n| !n.contains(&reg.name.to_lowercase()))
-        {
-            continue;
-        }
         let m = pinned(ctx, reg, schema.manifest, as_of.as_ref()).await?;
         let mut read = SchemaRead {
             schema: reg.name.clone(),

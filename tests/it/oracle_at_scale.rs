@@ -431,9 +431,14 @@ async fn seeds(list: [u64; 2]) {
     );
 }
 
+/// LAKECDC_ORACLE_SEEDS (two seeds, comma-separated) runs others instead, to hunt by hand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oracle_at_scale_seeds_1_2() {
-    seeds([1, 2]).await;
+    let list = std::env::var("LAKECDC_ORACLE_SEEDS").map_or([1, 2], |s| {
+        let v: Vec<u64> = s.split(',').map(|x| x.trim().parse().unwrap()).collect();
+        [v[0], v[1]]
+    });
+    seeds(list).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

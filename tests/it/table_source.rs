@@ -491,11 +491,13 @@ fn init_opts(rig: &Rig, name: &str) -> InitOptions {
     }
 }
 
+/// LAKECDC_TABLE_SEED replays another sequence of statements, to hunt by hand.
 #[tokio::test]
 async fn oracle_random_statements_flush_init_compact_equal_the_tables_typed() {
     let rig = rig(LakeKind::S3).await;
     let client = rig.db.client().await;
-    let mut r = Rng::new(24);
+    let seed = std::env::var("LAKECDC_TABLE_SEED").map_or(24, |s| s.parse().unwrap());
+    let mut r = Rng::new(seed);
     for t in &TABLES {
         client.batch_execute(&create_sql(t)).await.unwrap();
         // Rows from before the attach: only init exports them.

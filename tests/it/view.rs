@@ -155,3 +155,98 @@ async fn a_foreign_path_gets_no_statement() {
     );
     assert!(!report.to_text().contains("CREATE"), "{}", report.to_text());
 }
+
+/// docs/hazards.md R7: two schemas whose views DuckDB would take for one (names differing only
+/// in case; a schema named like another's `__history`) get no statement from `view` (exit 3),
+/// and a query that would make both views fails naming both (exit 2) instead of reading one
+/// schema's rows as the other's. Each alone still reads.
+#[tokio::test]
+async fn schemas_one_view_name_apart_are_refused_not_mixed_up() {
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(821);
+    rig.seed(12, &mut r).await;
+    rig.flush().await;
+    let live = rig.writer.rows.len();
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let t = tempfile::tempdir().unwrap();
+    for other in ["CUSTOMER", "customer__History"] {
+        // Schema 101's manifest, naming itself `other`, listing no file.
+        let mut m101 = m.clone();
+        m101["schema_id"] = serde_json::json!(101);
+        m101["schema_name"] = serde_json::json!(other);
+        m101["files"] = serde_json::json!([]);
+        rig.store
+            .put_bytes(
+                "manifest/101.json",
+                bytes::Bytes::from(serde_json::to_vec(&m101).unwrap()),
+                lakecdc::store::PutMode::Overwrite,
+            )
+            .await
+            .unwrap();
+        let report = lakecdc::view::run(&rig.job_context(), &ViewOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(report.exit_code(), 3, "{other}");
+        assert_eq!(report.schemas.len(), 2);
+        for s in &report.schemas {
+            assert!(s.sql.is_none() && s.files.is_empty(), "{other}: {s:?}");
+            let p = s.problem.as_deref().unwrap();
+            assert!(
+                p.contains("\"customer\" (id 100)") && p.contains(&format!("\"{other}\" (id 101)")),
+                "{p}"
+            );
+        }
+        assert!(!report.to_text().contains("CREATE"), "{}", report.to_text());
+        let alone = lakecdc::view::run(
+            &rig.job_context(),
+            &ViewOptions {
+                schemas: vec!["customer".into()],
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(alone.exit_code(), 0);
+        assert!(alone.schemas[0].sql.is_some());
+
+        // The query naming the clashing view fails; with --schema customer it reads.
+        let sql = format!("SELECT count(*) AS n FROM {other}");
+        let out = t.path().join(format!("{other}.csv"));
+        let opts = crate::query::options(
+            &rig,
+            &sql,
+            lakecdc::query::Format::Csv,
+            &out,
+            &t.path().join("cache"),
+        );
+        let e = lakecdc::query::run(&rig.job_context(), &opts)
+            .await
+            .unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("(id 100)") && text.contains("(id 101)") && text.contains("--schema"),
+            "{text}"
+        );
+        assert!(!out.exists());
+        let sql = if other == "CUSTOMER" {
+            "SELECT count(*) AS n FROM customer"
+        } else {
+            "SELECT count(DISTINCT row_id) AS n FROM customer__history"
+        };
+        let opts = lakecdc::query::QueryOptions {
+            sql: lakecdc::query::SqlSource::Text(sql.into()),
+            schemas: vec!["customer".into()],
+            ..opts
+        };
+        lakecdc::query::run(&rig.job_context(), &opts)
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            format!("n\n{live}\n"),
+            "{other}"
+        );
+    }
+}
