@@ -280,6 +280,44 @@ async fn a_registered_schema_without_metadata_fails_the_schema_dir_check() {
     assert_no_probe_left(&rig).await;
 }
 
+/// docs/hazards.md R7: two registered schemas whose reader views would be one (names that
+/// differ only in case) are a warning: the writers serve both, `query` and `view` refuse them
+/// together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemas_one_view_name_apart_warn_in_the_schema_dir_check() {
+    let rig = flushed_rig().await;
+    rig.db
+        .client()
+        .await
+        .batch_execute(
+            "INSERT INTO schema_registry (schema_name, schema_id) VALUES ('CUSTOMER', 901)",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(harness::examples_dir()).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+    }
+    std::fs::copy(
+        harness::examples_dir().join("customer_attributes.json"),
+        dir.path().join("CUSTOMER_attributes.json"),
+    )
+    .unwrap();
+    let mut with_dir = inputs(&rig, rig.db.connector(), rig.store.clone());
+    with_dir.schema_dir = Some(dir.path().to_path_buf());
+    let report = doctor(&with_dir).await;
+    assert_checks(&report, &[(Kind::SchemaDir, Status::Warn)]);
+    let c = report.get(Kind::SchemaDir).unwrap();
+    assert!(
+        c.detail.contains("\"customer\" (id 100)") && c.detail.contains("\"CUSTOMER\" (id 901)"),
+        "{}",
+        c.detail
+    );
+    assert!(c.fix.contains("rename"), "{}", c.fix);
+    assert_no_probe_left(&rig).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_accepting_create_over_an_existing_key_fails_the_conditional_writes_check() {
     let rig = flushed_rig().await;

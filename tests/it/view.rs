@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use lakecdc::compact::CompactOptions;
 use lakecdc::store::ObjectStore;
-use lakecdc::view::{RULE, ViewOptions};
+use lakecdc::view::{RULE, ViewOptions, ViewReport};
 use uuid::Uuid;
 
 use crate::support::harness;
@@ -43,19 +43,20 @@ async fn lake_with_base_and_deltas() -> Rig {
     rig
 }
 
+/// `view` of the `schemas` selected (all when empty).
+async fn view_of(rig: &Rig, schemas: &[&str]) -> ViewReport {
+    let opts = ViewOptions {
+        schemas: schemas.iter().map(|s| s.to_string()).collect(),
+    };
+    lakecdc::view::run(&rig.job_context(), &opts).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_printed_views_read_the_current_state_in_duckdb() {
     let rig = lake_with_base_and_deltas().await;
     let (compared, dirty) = rig.assert_oracle().await;
     assert!(compared > 100 && dirty == 0, "{compared} {dirty}");
-    let report = lakecdc::view::run(
-        &rig.job_context(),
-        &ViewOptions {
-            schemas: vec!["customer".into()],
-        },
-    )
-    .await
-    .unwrap();
+    let report = view_of(&rig, &["customer"]).await;
     assert_eq!(report.exit_code(), 0);
     let s = &report.schemas[0];
     let manifest = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
@@ -141,9 +142,7 @@ async fn a_foreign_path_gets_no_statement() {
         )
         .await
         .unwrap();
-    let report = lakecdc::view::run(&rig.job_context(), &ViewOptions::default())
-        .await
-        .unwrap();
+    let report = view_of(&rig, &[]).await;
     let s = &report.schemas[0];
     assert_eq!(report.exit_code(), 3);
     assert!(s.sql.is_none() && s.files.is_empty(), "{s:?}");
@@ -185,9 +184,7 @@ async fn schemas_one_view_name_apart_are_refused_not_mixed_up() {
             )
             .await
             .unwrap();
-        let report = lakecdc::view::run(&rig.job_context(), &ViewOptions::default())
-            .await
-            .unwrap();
+        let report = view_of(&rig, &[]).await;
         assert_eq!(report.exit_code(), 3, "{other}");
         assert_eq!(report.schemas.len(), 2);
         for s in &report.schemas {
@@ -199,14 +196,7 @@ async fn schemas_one_view_name_apart_are_refused_not_mixed_up() {
             );
         }
         assert!(!report.to_text().contains("CREATE"), "{}", report.to_text());
-        let alone = lakecdc::view::run(
-            &rig.job_context(),
-            &ViewOptions {
-                schemas: vec!["customer".into()],
-            },
-        )
-        .await
-        .unwrap();
+        let alone = view_of(&rig, &["customer"]).await;
         assert_eq!(alone.exit_code(), 0);
         assert!(alone.schemas[0].sql.is_some());
 
