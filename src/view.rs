@@ -113,25 +113,21 @@ pub async fn run(ctx: &Context, opts: &ViewOptions) -> Result<ViewReport> {
     let found = catalog::lake_schemas(ctx, &opts.schemas).await?;
     let mut clash: Vec<Option<String>> = vec![None; found.len()];
     let regs: Vec<&Registered> = found.iter().map(|s| &s.reg).collect();
-    for (a, b) in catalog::view_name_clashes(&regs) {
-        let problem = catalog::view_name_clash(regs[a], regs[b]).to_string();
+    for (a, b, e) in catalog::view_name_clashes(&regs) {
+        let problem = e.to_string();
         clash[a].get_or_insert_with(|| problem.clone());
         clash[b].get_or_insert(problem);
     }
-    let mut schemas = Vec::new();
-    for (s, clash) in found.into_iter().zip(clash) {
-        let mut view = view_schema(ctx, &s.reg, s.manifest);
-        if let Some(problem) = clash {
-            view.problem = Some(problem);
-            view.files.clear();
-            view.sql = None;
-        }
-        schemas.push(view);
-    }
+    let schemas = found
+        .into_iter()
+        .zip(clash)
+        .map(|(s, clash)| view_schema(ctx, &s.reg, s.manifest, clash))
+        .collect();
     Ok(ViewReport { schemas })
 }
 
-fn view_schema(ctx: &Context, reg: &Registered, m: Manifest) -> SchemaView {
+/// The read plan of one schema; none when `clash` says why its views cannot be made.
+fn view_schema(ctx: &Context, reg: &Registered, m: Manifest, clash: Option<String>) -> SchemaView {
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
     let key = layout.manifest_key(reg.id);
     let mut view = SchemaView {
@@ -144,6 +140,10 @@ fn view_schema(ctx: &Context, reg: &Registered, m: Manifest) -> SchemaView {
         sql: None,
         problem: None,
     };
+    if clash.is_some() {
+        view.problem = clash;
+        return view;
+    }
     for f in &m.files {
         // Only this schema's own data files are ever named (docs/security.md).
         if let Err(foreign) = layout.check_listed(reg.id, &f.path) {

@@ -254,23 +254,24 @@ async fn schema_dir_check(
             )),
         }
     }
-    let regs: Vec<&Registered> = schemas.iter().collect();
-    let clashes: Vec<String> = crate::job::catalog::view_name_clashes(&regs)
-        .into_iter()
-        .map(|(a, b)| crate::job::catalog::view_name_clash(regs[a], regs[b]).to_string())
-        .collect();
-    if problems.is_empty() && !clashes.is_empty() {
-        // The writers do not mind; the readers refuse to read both at once (docs/hazards.md R7).
-        return Check::warn(
-            Kind::SchemaDir,
-            format!(
-                "query and view will not read these together: {}",
-                clashes.join("; ")
-            ),
-            "rename one schema of each pair in the registry (each manifest takes the new name at its next save), or read them one at a time with --schema",
-        );
-    }
     if problems.is_empty() {
+        let regs: Vec<&Registered> = schemas.iter().collect();
+        let clashes: Vec<String> = crate::job::catalog::view_name_clashes(&regs)
+            .into_iter()
+            .map(|(_, _, clash)| clash.to_string())
+            .collect();
+        if !clashes.is_empty() {
+            // The writers do not mind; the readers refuse to read both at once
+            // (docs/hazards.md R7).
+            return Check::warn(
+                Kind::SchemaDir,
+                format!(
+                    "query and view will not read these together: {}",
+                    clashes.join("; ")
+                ),
+                "rename one schema of each pair in the registry (each manifest takes the new name at its next save), or read them one at a time with --schema",
+            );
+        }
         return Check::ok(
             Kind::SchemaDir,
             format!(

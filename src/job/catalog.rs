@@ -138,14 +138,14 @@ fn views_of(r: &Registered) -> [String; 2] {
 }
 
 /// The schemas of `regs` whose views DuckDB would take for one (its names ignore ASCII case):
-/// `Orders` meets `orders`, and a schema named `x__history` meets `x`'s history. Returns the
-/// index pairs (first, second) that clash, in order.
-pub fn view_name_clashes(regs: &[&Registered]) -> Vec<(usize, usize)> {
+/// `Orders` meets `orders`, and a schema named `x__history` meets `x`'s history. Returns each
+/// clashing pair (first, second index, in order) with the error that names both.
+pub fn view_name_clashes(regs: &[&Registered]) -> Vec<(usize, usize, Error)> {
     let mut out = Vec::new();
     for (i, a) in regs.iter().enumerate() {
         for (j, b) in regs.iter().enumerate().skip(i + 1) {
-            if shared_view(a, b).is_some() {
-                out.push((i, j));
+            if let Some(view) = shared_view(a, b) {
+                out.push((i, j, clash(a, b, &view)));
             }
         }
     }
@@ -160,15 +160,14 @@ fn shared_view(a: &Registered, b: &Registered) -> Option<String> {
         .find(|v| theirs.iter().any(|t| t.eq_ignore_ascii_case(v)))
 }
 
-/// The error for a clash [`view_name_clashes`] found between `a` and `b`.
-pub fn view_name_clash(a: &Registered, b: &Registered) -> Error {
-    let view = shared_view(a, b).unwrap_or_else(|| a.name.clone());
+/// The error for schemas `a` and `b` both making `view`.
+fn clash(a: &Registered, b: &Registered, view: &str) -> Error {
     Error::ViewNameClash {
         first: crate::config::escape_name(&a.name),
         first_id: a.id,
         second: crate::config::escape_name(&b.name),
         second_id: b.id,
-        view: crate::config::escape_name(&view),
+        view: crate::config::escape_name(view),
     }
 }
 
@@ -193,22 +192,24 @@ mod tests {
             reg("customer", 4),
             reg("customer_history", 5),
         );
-        assert_eq!(
-            view_name_clashes(&[&a, &b, &c, &d, &e]),
-            vec![(0, 1), (0, 2), (1, 2)]
-        );
-        assert!(view_name_clashes(&[&a, &d, &e]).is_empty());
-        let text = view_name_clash(&a, &b).to_string();
+        let pairs = |regs: &[&Registered]| -> Vec<(usize, usize)> {
+            view_name_clashes(regs)
+                .into_iter()
+                .map(|(i, j, _)| (i, j))
+                .collect()
+        };
+        assert_eq!(pairs(&[&a, &b, &c, &d, &e]), vec![(0, 1), (0, 2), (1, 2)]);
+        assert!(pairs(&[&a, &d, &e]).is_empty());
+        let text = |x: &Registered, y: &Registered| view_name_clashes(&[x, y])[0].2.to_string();
+        let ab = text(&a, &b);
         assert!(
-            text.contains(
+            ab.contains(
                 "\"orders\" (id 1) and \"Orders\" (id 2) would both be the view \"orders\""
             ),
-            "{text}"
+            "{ab}"
         );
-        let text = view_name_clash(&a, &c).to_string();
-        assert!(text.contains("the view \"orders__history\""), "{text}");
-        let text = view_name_clash(&c, &a).to_string();
-        assert!(text.contains("the view \"orders__History\""), "{text}");
-        assert_eq!(view_name_clash(&a, &b).exit_code(), 2);
+        assert!(text(&a, &c).contains("the view \"orders__history\""));
+        assert!(text(&c, &a).contains("the view \"orders__History\""));
+        assert_eq!(view_name_clashes(&[&a, &b])[0].2.exit_code(), 2);
     }
 }

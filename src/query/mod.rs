@@ -143,8 +143,8 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
         })
         .collect();
     let regs: Vec<&Registered> = schemas.iter().map(|s| &s.reg).collect();
-    if let Some(&(a, b)) = catalog::view_name_clashes(&regs).first() {
-        return Err(catalog::view_name_clash(regs[a], regs[b]));
+    if let Some((_, _, clash)) = catalog::view_name_clashes(&regs).into_iter().next() {
+        return Err(clash);
     }
     for schema in schemas {
         let reg = &schema.reg;

@@ -435,8 +435,11 @@ async fn seeds(list: [u64; 2]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oracle_at_scale_seeds_1_2() {
     let list = std::env::var("LAKECDC_ORACLE_SEEDS").map_or([1, 2], |s| {
-        let v: Vec<u64> = s.split(',').map(|x| x.trim().parse().unwrap()).collect();
-        [v[0], v[1]]
+        let v: Vec<u64> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        match v[..] {
+            [a, b] => [a, b],
+            _ => panic!("LAKECDC_ORACLE_SEEDS={s:?}: give two seeds, e.g. 11,12"),
+        }
     });
     seeds(list).await;
 }
