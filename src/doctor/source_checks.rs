@@ -166,15 +166,26 @@ async fn privileges(client: &Client, t: &Tables, role: Option<&str>) -> Check {
 }
 
 async fn index(client: &Client, t: &Tables) -> Check {
-    match ddl::change_log_index_exists(client, t).await {
-        Ok(true) => Check::ok(
+    match ddl::change_log_dirty_index(client, t).await {
+        Ok(ddl::DirtyIndex::DirtyOnly) => Check::ok(
             Kind::ChangeLogIndex,
             format!(
-                "{} has its (schema_id, flushed_at, …) index",
+                "{} has its (schema_id, flushed_at, …) index of the dirty slots",
                 t.change_log.quoted()
             ),
         ),
-        Ok(false) => Check::fail(
+        Ok(ddl::DirtyIndex::WholeTable(name)) => Check::warn(
+            Kind::ChangeLogIndex,
+            format!(
+                "{name} indexes every slot of {}, flushed ones too: each flush adds an entry per row it marks, and the index grows with the table",
+                t.change_log.quoted()
+            ),
+            format!(
+                "index the dirty slots only, without blocking writers: {}",
+                ddl::dirty_index_migration(t, &name)
+            ),
+        ),
+        Ok(ddl::DirtyIndex::Missing) => Check::fail(
             Kind::ChangeLogIndex,
             ddl::change_log_index_missing(t),
             format!(

@@ -73,11 +73,28 @@ pub fn table_ddl(t: &Tables) -> Vec<(&TableName, String)> {
     ]
 }
 
-/// The `CREATE INDEX` statement of the `change_log` index.
+/// The `CREATE INDEX` statement of the `change_log` index. It holds the dirty slots only
+/// (`WHERE flushed_at = 0`, docs/design.md §2.1): every query that uses it asks for dirty
+/// slots, a mark's new version of a slot gets no entry (one index insert fewer per flushed
+/// row), and the index stays the size of the backlog while `change_log` keeps every flushed
+/// slot forever.
 pub fn change_log_index_ddl(t: &Tables) -> String {
     format!(
-        "CREATE INDEX IF NOT EXISTS {} ON {} (schema_id, flushed_at, changed_at)",
+        "CREATE INDEX IF NOT EXISTS {} ON {} {DIRTY_INDEX_SHAPE}",
         change_log_index(t),
+        t.change_log.quoted()
+    )
+}
+
+/// The columns and predicate of the `change_log` index.
+const DIRTY_INDEX_SHAPE: &str = "(schema_id, flushed_at, changed_at) WHERE flushed_at = 0";
+
+/// The statements that replace a whole-table index `old` (a qualified, quoted name) with one of
+/// the dirty slots only, without blocking the application's writes.
+pub fn dirty_index_migration(t: &Tables, old: &str) -> String {
+    format!(
+        "CREATE INDEX CONCURRENTLY {} ON {} {DIRTY_INDEX_SHAPE}; DROP INDEX CONCURRENTLY {old};",
+        t.change_log.derived("dirty_slots_idx"),
         t.change_log.quoted()
     )
 }
@@ -114,22 +131,54 @@ pub fn change_log_index_missing(t: &Tables) -> String {
     )
 }
 
-/// True when `change_log` has an index leading with `(schema_id, flushed_at)`, whatever its
-/// name.
-pub async fn change_log_index_exists(client: &impl GenericClient, t: &Tables) -> Result<bool> {
-    let row = timed(
+/// How `change_log`'s dirty slots are indexed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirtyIndex {
+    /// A valid index leading with `(schema_id, flushed_at)` of the dirty slots only
+    /// (`WHERE flushed_at = 0`), as `init-db` creates it.
+    DirtyOnly,
+    /// A valid index leading with `(schema_id, flushed_at)` without a predicate: it serves
+    /// flush, but every mark adds an entry for the flushed slot too. Its qualified name.
+    WholeTable(String),
+    /// No valid index flush can use.
+    Missing,
+}
+
+/// How `change_log`'s dirty slots are indexed: the best valid index leading with
+/// `(schema_id, flushed_at)`, whatever its name. A partial index with another predicate, or an
+/// index a failed `CREATE INDEX CONCURRENTLY` left invalid, does not count.
+pub async fn change_log_dirty_index(client: &impl GenericClient, t: &Tables) -> Result<DirtyIndex> {
+    let rows = timed(
         TIMEOUT,
         "check change_log index",
-        client.query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_index i \
+        client.query(
+            "SELECT format('%I.%I', n.nspname, c.relname), pg_get_expr(i.indpred, i.indrelid) \
+             FROM pg_index i \
+             JOIN pg_class c ON c.oid = i.indexrelid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
              JOIN pg_attribute a1 ON a1.attrelid = i.indrelid AND a1.attnum = i.indkey[0] \
              JOIN pg_attribute a2 ON a2.attrelid = i.indrelid AND a2.attnum = i.indkey[1] \
-             WHERE i.indrelid = to_regclass($1) AND a1.attname = 'schema_id' AND a2.attname = 'flushed_at')",
+             WHERE i.indrelid = to_regclass($1) AND i.indisvalid \
+             AND a1.attname = 'schema_id' AND a2.attname = 'flushed_at' \
+             ORDER BY 1",
             &[&t.change_log.quoted()],
         ),
     )
     .await?;
-    Ok(row.get(0))
+    let mut found = DirtyIndex::Missing;
+    for row in rows {
+        match row.get::<_, Option<String>>(1).as_deref() {
+            Some("(flushed_at = 0)") => return Ok(DirtyIndex::DirtyOnly),
+            None if found == DirtyIndex::Missing => found = DirtyIndex::WholeTable(row.get(0)),
+            _ => {}
+        }
+    }
+    Ok(found)
+}
+
+/// True when `change_log` has an index flush can use (see [`change_log_dirty_index`]).
+pub async fn change_log_index_exists(client: &impl GenericClient, t: &Tables) -> Result<bool> {
+    Ok(change_log_dirty_index(client, t).await? != DirtyIndex::Missing)
 }
 
 /// The names and ids table sources hold: none before the first `attach`.

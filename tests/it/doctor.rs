@@ -257,6 +257,50 @@ async fn a_dropped_change_log_index_fails_its_check() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_of_every_slot_warns_with_its_migration_and_a_foreign_predicate_fails() {
+    // docs/hazards.md L70: an index without `WHERE flushed_at = 0` serves flush but grows
+    // with every flushed slot; one with another predicate cannot serve flush at all.
+    let rig = flushed_rig().await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "DROP INDEX change_log_dirty_idx; \
+             CREATE INDEX old_cl_idx ON change_log (schema_id, flushed_at, changed_at)",
+        )
+        .await
+        .unwrap();
+    let report = doctor(&inputs(&rig, rig.db.connector(), rig.store.clone())).await;
+    assert_checks(&report, &[(Kind::ChangeLogIndex, Status::Warn)]);
+    let c = report.get(Kind::ChangeLogIndex).unwrap();
+    assert!(c.detail.contains("public.old_cl_idx "), "{}", c.detail);
+    assert_eq!(
+        c.fix,
+        "index the dirty slots only, without blocking writers: CREATE INDEX CONCURRENTLY \
+         \"change_log_dirty_slots_idx\" ON \"change_log\" (schema_id, flushed_at, changed_at) \
+         WHERE flushed_at = 0; DROP INDEX CONCURRENTLY public.old_cl_idx;"
+    );
+    // The fix, run as printed, gives a passing check.
+    for statement in c.fix.split_once(": ").unwrap().1.split(';') {
+        if !statement.trim().is_empty() {
+            client.batch_execute(statement).await.unwrap();
+        }
+    }
+    let report = doctor(&inputs(&rig, rig.db.connector(), rig.store.clone())).await;
+    assert_checks(&report, &[]);
+
+    client
+        .batch_execute(
+            "DROP INDEX change_log_dirty_slots_idx; \
+             CREATE INDEX odd_idx ON change_log (schema_id, flushed_at) WHERE flushed_at > 0",
+        )
+        .await
+        .unwrap();
+    let report = doctor(&inputs(&rig, rig.db.connector(), rig.store.clone())).await;
+    assert_checks(&report, &[(Kind::ChangeLogIndex, Status::Fail)]);
+    assert_no_probe_left(&rig).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registered_schema_without_metadata_fails_the_schema_dir_check() {
     let rig = flushed_rig().await;
     rig.db

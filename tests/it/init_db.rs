@@ -75,6 +75,25 @@ async fn creates_everything_registers_examples_and_is_idempotent() {
             .await
             .unwrap()
     );
+    // The index holds the dirty slots only (docs/hazards.md L70).
+    let def: String = client
+        .query_one(
+            "SELECT pg_get_indexdef('change_log_dirty_idx'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        def.ends_with("(schema_id, flushed_at, changed_at) WHERE (flushed_at = 0)"),
+        "{def}"
+    );
+    assert_eq!(
+        lakecdc::source::ddl::change_log_dirty_index(&client, &tables)
+            .await
+            .unwrap(),
+        lakecdc::source::ddl::DirtyIndex::DirtyOnly
+    );
 
     let second = lakecdc::init_db::run(&db.connector(), &tables, Some(&dir), false)
         .await
