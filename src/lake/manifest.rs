@@ -237,9 +237,10 @@ impl Manifest {
     }
 
     /// Refuses what no job can use safely: a path listed twice (it would be downloaded, merged
-    /// and counted twice) and a size or row count that is negative or above [`MAX_COUNT`]
-    /// (sums of them would be nonsense).
-    /// Each error names the manifest key and the entry's path.
+    /// and counted twice), a size or row count that is negative or above [`MAX_COUNT`]
+    /// (sums of them would be nonsense), and a checksum that is not `sha256:` and 64 lowercase
+    /// hex digits (no object can match it, and readers name cached files by it: docs/hazards.md
+    /// S15). Each error names the manifest key and the entry's path.
     pub(crate) fn check_entries(&self, key: &str) -> Result<()> {
         let refuse = |message: String| Error::Manifest {
             key: key.to_string(),
@@ -250,6 +251,13 @@ impl Manifest {
             if !seen.insert(f.path.as_str()) {
                 return Err(refuse(format!(
                     "lists {:?} more than once; remove the duplicate entry",
+                    f.path
+                )));
+            }
+            if let Some(c) = f.checksum.as_deref().filter(|c| sha256_hex(c).is_none()) {
+                let shown: String = c.chars().take(80).collect();
+                return Err(refuse(format!(
+                    "entry {:?} has a malformed checksum {shown:?} (want sha256: and 64 lowercase hex digits); the manifest is corrupt",
                     f.path
                 )));
             }
@@ -566,6 +574,14 @@ async fn save_copy(store: &dyn ObjectStore, manifest_key: &str, version: i64, bo
     }
 }
 
+/// The 64 lowercase hex digits of a well-formed `sha256:<hex>` checksum, the only form lakecdc
+/// writes and compares.
+pub fn sha256_hex(checksum: &str) -> Option<&str> {
+    checksum
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -607,7 +623,7 @@ mod tests {
             created_max: 0,
             size_bytes: 1,
             row_count: 1,
-            checksum: Some("sha256:00".into()),
+            checksum: Some(format!("sha256:{}", "0".repeat(64))),
             columns: None,
             extra: Map::new(),
         }

@@ -25,7 +25,7 @@ use crate::engine::{Engine, EngineConfig, schema_views};
 use crate::error::{Error, Result};
 use crate::job::{self, Context, catalog};
 use crate::lake::history::{self, AsOf};
-use crate::lake::manifest::{FileEntry, Manifest};
+use crate::lake::manifest::{self, FileEntry, Manifest};
 use crate::scratch::Scratch;
 use crate::source::registry::Registered;
 
@@ -296,30 +296,68 @@ async fn pinned(
 }
 
 /// The files a view of `reg` reads: all listed, or under a `row_id` pin on it those whose
-/// range can hold a pinned id, but at least one (the last listed), which keeps the view's
-/// columns and holds none of the ids.
+/// range can hold a pinned id, plus as few others as give the view every column, with every
+/// type, that all the listed files give it (the smallest first). The view is then the same
+/// relation as without the pin, restricted to rows the query cannot see: a column missing from
+/// the kept files would drop out of `SELECT *`, fail a query naming it, or let a name in its
+/// `WHERE` bind to a select-list alias instead (docs/hazards.md R8). Without every entry's
+/// recorded columns there is no pruning.
 fn pruned(reg: &Registered, m: &Manifest, pin: Option<&prune::Pin>) -> Vec<FileEntry> {
     let name = reg.name.to_lowercase();
     let Some(pin) = pin.filter(|p| p.view == name || p.view == format!("{name}__history")) else {
         return m.files.clone();
     };
-    let kept: Vec<FileEntry> = m
+    let Some(typed) = m
         .files
         .iter()
-        .filter(|f| prune::may_hold(&f.row_id_min, &f.row_id_max, &pin.ids))
-        .cloned()
+        .map(|f| f.columns.as_ref())
+        .collect::<Option<Vec<_>>>()
+    else {
+        return m.files.clone();
+    };
+    let mut keep: Vec<bool> = m
+        .files
+        .iter()
+        .map(|f| prune::may_hold(&f.row_id_min, &f.row_id_max, &pin.ids))
         .collect();
-    if kept.is_empty() {
-        m.files.last().cloned().into_iter().collect()
-    } else {
-        kept
+    // Every (column, type) pair the listed files have, less those the kept files have.
+    let mut missing: BTreeSet<(&str, &str)> = typed
+        .iter()
+        .flat_map(|c| c.iter().map(|(n, t)| (n.as_str(), t.as_str())))
+        .collect();
+    for (cols, _) in typed.iter().zip(&keep).filter(|(_, k)| **k) {
+        for (n, t) in cols.iter() {
+            missing.remove(&(n.as_str(), t.as_str()));
+        }
     }
+    // At least one file, so the view has the system columns' types from a file.
+    while !missing.is_empty() || !keep.iter().any(|k| *k) {
+        let best = (0..m.files.len()).filter(|i| !keep[*i]).max_by_key(|i| {
+            let covers = typed[*i]
+                .iter()
+                .filter(|(n, t)| missing.contains(&(n.as_str(), t.as_str())))
+                .count();
+            (covers, std::cmp::Reverse(m.files[*i].size_bytes))
+        });
+        let Some(i) = best else { break };
+        keep[i] = true;
+        for (n, t) in typed[i].iter() {
+            missing.remove(&(n.as_str(), t.as_str()));
+        }
+    }
+    m.files
+        .iter()
+        .zip(keep)
+        .filter(|(_, k)| *k)
+        .map(|(f, _)| f.clone())
+        .collect()
 }
 
+/// The entry's checksum digits, which name its cached file: only a well-formed checksum, so
+/// no manifest can steer the cache outside its directory (docs/hazards.md S15; the manifest's
+/// load refuses a malformed one first).
 fn checksum_hex(f: &FileEntry) -> Option<&str> {
-    f.checksum
-        .as_deref()
-        .and_then(|c| c.strip_prefix("sha256:"))
+    f.checksum.as_deref().and_then(manifest::sha256_hex)
 }
 
 fn size_of(f: &FileEntry) -> u64 {

@@ -44,7 +44,7 @@ fn tokens(sql: &str) -> Option<Vec<Token>> {
         } else if rest.starts_with("--") {
             rest = rest.find('\n').map_or("", |i| &rest[i..]);
         } else if rest.starts_with("/*") {
-            rest = &rest[rest.find("*/")? + 2..];
+            rest = after_block_comment(rest)?;
         } else if c == '\'' || c == '"' {
             let (value, tail) = quoted(rest, c)?;
             out.push(if c == '\'' {
@@ -63,6 +63,11 @@ fn tokens(sql: &str) -> Option<Vec<Token>> {
             let end = rest
                 .find(|ch: char| !(ch.is_alphanumeric() || ch == '_'))
                 .unwrap_or(rest.len());
+            if rest[end..].starts_with('\'') {
+                // A prefixed string (`E'…'` takes backslash escapes, `X'…'`, `B'…'`): its
+                // end is not where a plain string's would be.
+                return None;
+            }
             out.push(Token::Word(rest[..end].to_lowercase()));
             rest = &rest[end..];
         } else {
@@ -72,6 +77,31 @@ fn tokens(sql: &str) -> Option<Vec<Token>> {
         }
     }
     Some(out)
+}
+
+/// What follows the block comment at the start of `s`; block comments nest, as in DuckDB
+/// (`/* a /* b */ c */` is one comment).
+fn after_block_comment(s: &str) -> Option<&str> {
+    let mut depth = 0usize;
+    let mut i = 0;
+    let bytes = s.as_bytes();
+    while i + 1 < bytes.len() {
+        match &bytes[i..i + 2] {
+            b"/*" => {
+                depth += 1;
+                i += 2;
+            }
+            b"*/" => {
+                depth -= 1;
+                i += 2;
+                if depth == 0 {
+                    return Some(&s[i..]);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
 }
 
 /// The value of the quoted token at the start of `s` (doubled quotes are one) and the rest.
@@ -124,7 +154,12 @@ pub(crate) struct Pin {
 const CLAUSE_END: [&str; 8] = [
     "group", "order", "limit", "having", "qualify", "window", "offset", "fetch",
 ];
-const NOT_ALONE: [&str; 11] = [
+const NOT_ALONE: [&str; 15] = [
+    // Each reads a relation without a `SELECT` or `FROM` of its own (`EXISTS (TABLE t)`).
+    "table",
+    "summarize",
+    "describe",
+    "show",
     "join",
     "union",
     "intersect",
@@ -330,6 +365,18 @@ mod tests {
             format!("SELECT * FROM customer WHERE row_id = $${A}$$"),
             format!("SELECT 1; SELECT * FROM customer WHERE row_id = '{A}'"),
             "SELECT * FROM customer".to_string(),
+            // An escape string's `\'` is not its end: DuckDB sees the `OR`.
+            format!(
+                "SELECT * FROM customer WHERE row_id = '{A}' AND name = E'O\\'Brien' OR name = 'x' -- it's"
+            ),
+            // Block comments nest: DuckDB runs `WHERE age > 3`.
+            format!(
+                "SELECT * FROM customer WHERE /* off: /* one id */ row_id = '{A}' AND */ age > 3"
+            ),
+            // `TABLE customer` reads the view's other rows without a SELECT or FROM.
+            format!(
+                "SELECT * FROM customer WHERE row_id = '{A}' AND NOT EXISTS (TABLE customer OFFSET 1)"
+            ),
         ] {
             assert_eq!(row_id_pin(&sql), None, "{sql}");
         }
@@ -343,6 +390,12 @@ mod tests {
             ))
             .map(|p| p.0),
             Some("customer".to_string())
+        );
+        assert_eq!(
+            pin(&format!(
+                "SELECT * FROM customer /* a /* b */ c */ WHERE row_id = '{A}'"
+            )),
+            Some(("customer".to_string(), vec![A.to_string()]))
         );
     }
 

@@ -429,6 +429,64 @@ async fn a_manifest_listing_a_path_twice_is_refused_at_load() {
 }
 
 #[tokio::test]
+async fn a_checksum_that_is_not_sha256_hex_is_refused_before_it_names_a_cached_file() {
+    // docs/hazards.md S15: query names each cached file by its entry's checksum digits; a
+    // checksum of `../victim` would have made it check, delete or read a file outside its cache.
+    let rig = flushed_rig(LakeKind::S3, 30).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let victim = tmp.path().join("victim.parquet");
+    std::fs::write(&victim, b"not the lake's").unwrap();
+    let mut m = manifest_json(&rig).await;
+    let entry = &mut m["files"][0];
+    let path = entry["path"].as_str().unwrap().to_string();
+    entry["checksum"] = json!("sha256:../victim");
+    entry["size_bytes"] = json!(1);
+    put_manifest(&rig, &m).await;
+    let want = format!(
+        "manifest {MANIFEST}: entry {path:?} has a malformed checksum \"sha256:../victim\" (want sha256: and 64 lowercase hex digits)"
+    );
+    for verify in [false, true] {
+        let opts = lakecdc::query::QueryOptions {
+            verify,
+            ..crate::query::options(
+                &rig,
+                "SELECT count(*) FROM customer",
+                lakecdc::query::Format::Csv,
+                &tmp.path().join("out.csv"),
+                &cache,
+            )
+        };
+        let e = lakecdc::query::run(&rig.job_context(), &opts)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&want), "{e}");
+    }
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not the lake's");
+    let verify = lakecdc::verify::run(&rig.job_context(), &verify_opts(&rig))
+        .await
+        .unwrap();
+    assert!(verify.schemas[0].error.as_deref().unwrap().contains(&want));
+    // Upper-case digits are malformed too: no object's checksum is written so.
+    let mut m = manifest_json(&rig).await;
+    let upper = format!("sha256:{}", "AB".repeat(32));
+    m["files"][0]["checksum"] = json!(upper);
+    put_manifest(&rig, &m).await;
+    let verify = lakecdc::verify::run(&rig.job_context(), &verify_opts(&rig))
+        .await
+        .unwrap();
+    assert!(
+        verify.schemas[0]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("malformed checksum"),
+        "{verify:?}"
+    );
+}
+
+#[tokio::test]
 async fn manifest_counts_sum_without_wrapping_and_negative_ones_are_refused() {
     // docs/hazards.md S4
     let rig = flushed_rig(LakeKind::S3, 20).await;

@@ -22,7 +22,7 @@ fn entry(path: String) -> FileEntry {
         created_max: 1,
         size_bytes: 10,
         row_count: 1,
-        checksum: Some("sha256:00".into()),
+        checksum: Some(format!("sha256:{}", "0".repeat(64))),
         columns: None,
         extra: Default::default(),
     }

@@ -381,6 +381,59 @@ async fn a_point_lookup_downloads_only_the_files_whose_range_holds_the_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_point_lookup_keeps_the_columns_of_every_listed_file() {
+    // docs/hazards.md R8: the files a pin keeps must give the view every column the others
+    // do, or `SELECT *` loses one and a WHERE name binds to a select-list alias instead.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(1905);
+    let ids = rig.seed(40, &mut r).await;
+    rig.flush().await;
+    let dir = schema_dir_with_nickname();
+    rig.ctx.schema_dir = Some(dir.path().to_path_buf());
+    let (nicknamed, target) = (ids[0], ids[1]);
+    rig.writer.update(nicknamed, Customer::random(&mut r)).await;
+    rig.writer
+        .client
+        .execute(
+            "INSERT INTO eav_data (schema_id, row_id, attr_id, value_text) VALUES (100, $1, 90, 'nick')",
+            &[&nicknamed],
+        )
+        .await
+        .unwrap();
+    rig.flush().await;
+    assert_eq!(rig.listed().await.len(), 2);
+
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let out = t.path().join("one.parquet");
+    let sql = format!("SELECT * FROM customer WHERE row_id = '{target}'");
+    let before = data_reads(&rig);
+    let got = state_via_query(&rig, &options(&rig, &sql, Format::Parquet, &out, &cache)).await;
+    assert_eq!(got[&target].columns["nickname"], V::Null);
+    // The delta holds no pinned id but brings the column; nothing else was left to prune.
+    assert_eq!(data_reads(&rig) - before, 2);
+    let csv = t.path().join("alias.csv");
+    let sql = format!(
+        "SELECT name AS nickname FROM customer WHERE row_id = '{target}' AND nickname IS NULL"
+    );
+    lakecdc::query::run(
+        &rig.job_context(),
+        &options(&rig, &sql, Format::Csv, &csv, &cache),
+    )
+    .await
+    .unwrap();
+    let name = match &oracle::lake_state(rig.store.as_ref(), MANIFEST).await[&target].columns["name"]
+    {
+        V::Str(s) => s.clone(),
+        other => panic!("name {other:?}"),
+    };
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap(),
+        format!("nickname\n{name}\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_format_parses_and_the_binary_speaks_one_line_errors() {
     let mut rig = rig(LakeKind::Local).await;
     let mut r = Rng::new(1904);
