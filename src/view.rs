@@ -162,13 +162,19 @@ fn view_schema(ctx: &Context, reg: &Registered, m: Manifest, clash: Option<Strin
         });
     }
     if !view.files.is_empty() {
-        view.sql = Some(statements(&reg.name, &view.files));
+        match statements(&reg.name, &view.files) {
+            Ok(sql) => view.sql = Some(sql),
+            Err(e) => {
+                view.problem = Some(e.to_string());
+                view.files.clear();
+            }
+        }
     }
     view
 }
 
 /// `<name>__history` (every listed copy) and `<name>` (its current state) over `files`.
-fn statements(name: &str, files: &[PlanFile]) -> String {
+fn statements(name: &str, files: &[PlanFile]) -> Result<String> {
     schema_views(name, files.iter().map(|f| f.uri.as_str()), false)
 }
 
@@ -190,9 +196,10 @@ mod tests {
         let sql = statements(
             "my\"schema",
             &[file("/l/a.parquet"), file("/l/o'b.parquet")],
-        );
+        )
+        .unwrap();
         assert!(sql.starts_with(
-            "CREATE OR REPLACE VIEW \"my\"\"schema__history\" AS SELECT * FROM read_parquet(['/l/a.parquet', '/l/o''b.parquet'], union_by_name = true);\n"
+            "CREATE OR REPLACE VIEW \"my\"\"schema__history\" AS SELECT * FROM read_parquet(['/l/a.parquet', '/l/o''b.parquet'], union_by_name = true, hive_partitioning = false);\n"
         ), "{sql}");
         assert!(sql.contains("CREATE OR REPLACE VIEW \"my\"\"schema\" AS SELECT * FROM \"my\"\"schema__history\" QUALIFY row_number() OVER (PARTITION BY row_id"), "{sql}");
         assert!(

@@ -225,18 +225,32 @@ fn one_line(message: &str) -> String {
 /// read by column name (later files may add columns), and `<name>`, its current state. `temp`
 /// makes them temporary (a query's own connection); `view` prints them permanent for a user's
 /// database. With no file, the history is an empty relation of the system columns.
-pub fn schema_views<'a>(name: &str, uris: impl IntoIterator<Item = &'a str>, temp: bool) -> String {
+///
+/// DuckDB would take a `key=value` directory on a path for a Hive partition (a column whose
+/// value comes from the path, overriding the file's own) and `*`, `?` or `[` for a file
+/// pattern: partitioning is switched off, and a path holding a pattern character is refused
+/// (docs/hazards.md R10).
+pub fn schema_views<'a>(
+    name: &str,
+    uris: impl IntoIterator<Item = &'a str>,
+    temp: bool,
+) -> Result<String> {
     let history = quote_ident(&format!("{name}__history"));
-    let list: Vec<String> = uris
-        .into_iter()
-        .map(|u| format!("'{}'", sql_string(u)))
-        .collect();
+    let mut list = Vec::new();
+    for u in uris {
+        if let Some(c) = u.chars().find(|c| matches!(c, '*' | '?' | '[')) {
+            return Err(Error::Config(format!(
+                "the lake file {u:?} holds {c:?}, which DuckDB reads as a file pattern: move the lake (or the query cache, --cache-dir) to a path without *, ? or ["
+            )));
+        }
+        list.push(format!("'{}'", sql_string(u)));
+    }
     let scan = if list.is_empty() {
         "SELECT NULL::UUID AS row_id, NULL::BIGINT AS changed_at, NULL::BIGINT AS deleted_at WHERE false"
             .to_string()
     } else {
         format!(
-            "SELECT * FROM read_parquet([{}], union_by_name = true)",
+            "SELECT * FROM read_parquet([{}], union_by_name = true, hive_partitioning = false)",
             list.join(", ")
         )
     };
@@ -245,11 +259,11 @@ pub fn schema_views<'a>(name: &str, uris: impl IntoIterator<Item = &'a str>, tem
     } else {
         "CREATE OR REPLACE VIEW"
     };
-    format!(
+    Ok(format!(
         "{create} {history} AS {scan};\n{create} {} AS {};",
         quote_ident(name),
         current_state(&history)
-    )
+    ))
 }
 
 pub use crate::config::{quote_ident, sql_string};
@@ -272,6 +286,46 @@ mod tests {
             ))
             .unwrap();
         path
+    }
+
+    /// docs/hazards.md R10: a lake under a `key=value` directory keeps its files' own values
+    /// (no Hive partition column from the path), and a path DuckDB would expand as a pattern
+    /// is refused, never read as one.
+    #[test]
+    fn a_lake_path_is_a_path_not_a_partition_or_a_pattern() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(&EngineConfig::default()).unwrap();
+        let a = "'00000000-0000-0000-0000-00000000000a'";
+        let under = dir.path().join("name=acme");
+        std::fs::create_dir(&under).unwrap();
+        let path = file(
+            &engine,
+            &under,
+            "f.parquet",
+            &format!("({a}, 5, 0, 'globex')"),
+        );
+        let views = schema_views("s", [path.to_str().unwrap()], true).unwrap();
+        engine.conn.execute_batch(&views).unwrap();
+        let got: String = engine
+            .conn
+            .query_row(
+                "SELECT name || ':' || (SELECT string_agg(column_name, ',') FROM (DESCRIBE s)) FROM s",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(got, "globex:row_id,changed_at,deleted_at,name");
+
+        // `g[1]` is a pattern that `g1` matches: the look-alike must not be read instead.
+        for name in ["g[1]", "g?", "g*"] {
+            let err = schema_views("s", [format!("/l/{name}/f.parquet").as_str()], true)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("DuckDB reads as a file pattern") && err.contains(name),
+                "{err}"
+            );
+        }
     }
 
     /// docs/hazards.md R6: a lake column named like the helper column the readers' SQL once

@@ -172,7 +172,7 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
         let t = std::time::Instant::now();
         let db = Engine::open(&engine)?;
         for (name, files) in &views {
-            db.execute(&statements(name, files), "create the lake's views")?;
+            db.execute(&statements(name, files)?, "create the lake's views")?;
         }
         tracing::debug!(
             ms = t.elapsed().as_millis() as u64,
@@ -561,7 +561,7 @@ async fn in_place(
 }
 
 /// The views of one schema over its ready files.
-fn statements(name: &str, files: &[Ready]) -> String {
+fn statements(name: &str, files: &[Ready]) -> Result<String> {
     schema_views(name, files.iter().map(|f| f.path.as_str()), true)
 }
 
@@ -572,7 +572,8 @@ mod tests {
     #[test]
     fn a_schema_listing_no_file_is_an_empty_view_of_the_system_columns() {
         let db = Engine::open(&EngineConfig::default()).unwrap();
-        db.execute(&statements("my schema", &[]), "views").unwrap();
+        db.execute(&statements("my schema", &[]).unwrap(), "views")
+            .unwrap();
         let mut rows = 0;
         let schema = db
             .stream(
