@@ -523,6 +523,24 @@ async fn publish(
                     })
                     .map(|f| f.path.clone())
                     .collect();
+                // A compaction (it takes no lock) folded inventoried deltas into a new delta
+                // while this init read: that delta repackages copies older than this export,
+                // and kept beside the new bases they would outlive the tombstones of the
+                // deltas replaced with them (docs/hazards.md L71). Nothing tells it from a
+                // newer delta, so nothing is published; the next run inventories it.
+                let vanished = deltas.iter().find(|p| !m.files.iter().any(|f| f.path == **p));
+                let newcomer = m
+                    .tier(Tier::Delta)
+                    .find(|f| !deltas.contains(&f.path));
+                if let (Some(gone), Some(new)) = (vanished, newcomer) {
+                    return Err(Error::Manifest {
+                        key: key.clone(),
+                        message: format!(
+                            "a compaction merged the deltas this init inventoried ({gone:?} among them) into {:?} while it read; that delta may hold copies older than this export, so nothing was published: run init --replace-delta again",
+                            new.path
+                        ),
+                    });
+                }
                 // Listed since the inventory: checked again.
                 if let Some(foreign) = replaced
                     .iter()

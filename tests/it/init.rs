@@ -1389,3 +1389,128 @@ async fn a_server_idle_in_transaction_limit_does_not_end_a_waiting_reader() {
     assert_eq!(report.schemas[0].outcome, Outcome::Exported, "{report:?}");
     assert_eq!(lake_versions(&rig).await, live_versions(&rig.writer));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compaction_folding_the_inventoried_deltas_during_init_stops_its_publish() {
+    // docs/hazards.md L71: a compaction (no lock) loads {base, d1, d2}, a flush then lists d3
+    // with a tombstone of R, init --replace-delta inventories {d1, d2, d3} and reads, and the
+    // compaction saves {base, C, d3}, C holding R's older live copy. Had init replaced its
+    // inventory and kept C, R would be live again for good.
+    use lakecdc::compact::CompactOptions;
+    use tokio::sync::Notify;
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(71);
+    let ids = rig.seed(60, &mut r).await;
+    rig.flush().await;
+    let first = InitOptions {
+        replace_delta: true,
+        ..opts(&rig)
+    };
+    assert_eq!(
+        init(&rig, &first).await.schemas[0].outcome,
+        Outcome::Exported
+    );
+    let victim = ids[7];
+    rig.writer.update(victim, Customer::random(&mut r)).await;
+    rig.flush().await;
+    rig.writer.update(ids[8], Customer::random(&mut r)).await;
+    rig.flush().await;
+
+    let (entered, go, done) = (
+        Arc::new(Notify::new()),
+        Arc::new(Notify::new()),
+        Arc::new(Notify::new()),
+    );
+    let hook: lakecdc::compact::Hook = {
+        let (entered, go) = (entered.clone(), go.clone());
+        Arc::new(move |_| {
+            let (entered, go) = (entered.clone(), go.clone());
+            async move {
+                entered.notify_one();
+                go.notified().await;
+            }
+            .boxed()
+        })
+    };
+    let consolidate = CompactOptions {
+        dirty_ratio: 1.0,
+        max_deltas: 1,
+        ..crate::compact::opts(&rig)
+    };
+    let ctx = rig.job_context();
+    let compaction = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let report = lakecdc::compact::run_with_hook(&ctx, &consolidate, Some(hook))
+                .await
+                .unwrap();
+            done.notify_one();
+            report
+        })
+    };
+    entered.notified().await;
+    rig.writer.hard_delete(victim).await;
+    rig.flush().await;
+
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut o = InitOptions {
+        replace_delta: true,
+        ..opts(&rig)
+    };
+    o.after_page = Some(Arc::new(move |_| {
+        let (go, done, fired) = (go.clone(), done.clone(), fired.clone());
+        async move {
+            if !fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                go.notify_one();
+                done.notified().await;
+            }
+        }
+        .boxed()
+    }));
+    let refused = init(&rig, &o).await;
+    let c = compaction.await.unwrap();
+    let plan = c.schemas[0].plan.as_ref().unwrap();
+    assert_eq!(
+        (c.schemas[0].outcome, plan.decision),
+        (
+            lakecdc::compact::Outcome::Done,
+            lakecdc::compact::Decision::Consolidate
+        ),
+        "{c:?}"
+    );
+    let s = &refused.schemas[0];
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    let reason = s.reason.as_deref().unwrap();
+    assert!(
+        reason.contains("a compaction merged the deltas this init inventoried")
+            && reason.contains("run init --replace-delta again"),
+        "{reason}"
+    );
+    // Nothing of the refused init is listed or left; the tombstone still hides R.
+    let lake = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    assert!(!lake.contains_key(&victim));
+    assert_eq!(rig.assert_oracle().await, (59, 0));
+    let mut known: BTreeSet<String> = rig.listed().await.into_iter().collect();
+    known.extend(oracle::retired_paths(rig.store.as_ref(), MANIFEST).await);
+    let left: Vec<String> = rig
+        .keys("data/100/")
+        .await
+        .into_iter()
+        .filter(|k| !known.contains(k) && !k.ends_with("_owner.json"))
+        .collect();
+    assert!(left.is_empty(), "left by the refused init: {left:?}");
+    // The next run inventories the consolidated delta and replaces it.
+    let again = init(&rig, &o).await;
+    assert_eq!(again.schemas[0].outcome, Outcome::Exported, "{again:?}");
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let tiers: BTreeSet<&str> = m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["tier"].as_str().unwrap())
+        .collect();
+    assert_eq!(tiers, BTreeSet::from(["base"]), "{m:#}");
+    assert_eq!(rig.assert_oracle().await, (59, 0));
+}
