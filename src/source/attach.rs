@@ -50,8 +50,10 @@ pub(super) async fn describe(client: &impl GenericClient, table: &TableName) -> 
         TIMEOUT,
         "find the table",
         client.query_opt(
-            "SELECT c.oid::int8, n.nspname::text, c.relname::text FROM pg_class c \
-             JOIN pg_namespace n ON n.oid = c.relnamespace \
+            "SELECT c.oid::int8, n.nspname::text, c.relname::text, \
+                    EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid), \
+                    EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = c.oid) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE c.oid = to_regclass($1) AND c.relkind = 'r'",
             &[&table.quoted()],
         ),
@@ -64,6 +66,26 @@ pub(super) async fn describe(client: &impl GenericClient, table: &TableName) -> 
         ))
     })?;
     let (oid, schema, name): (i64, String, String) = (found.get(0), found.get(1), found.get(2));
+    // Statement-level triggers fire only for the table a statement names (docs/hazards.md L72):
+    // writes through a parent would bypass a partition's or child's capture, and a parent's
+    // rows include its children's, whose own writes its triggers never see.
+    let (has_parent, has_children): (bool, bool) = (found.get(3), found.get(4));
+    if has_parent || has_children {
+        return Err(Error::config(format!(
+            "table {} {}: statement-level triggers fire only for the table a statement names, so writes through {} would not be captured; attach a table outside any inheritance or partitioning",
+            table.quoted(),
+            if has_parent {
+                "is a partition or inheritance child of another table"
+            } else {
+                "has inheritance children"
+            },
+            if has_parent {
+                "its parent"
+            } else {
+                "its children"
+            },
+        )));
+    }
     let qualified = TableName::parse("table", &format!("{schema}.{name}")).map_err(|_| {
         Error::config(format!(
             "table {schema}.{name}: lakecdc attaches tables named with letters, digits and _ only"

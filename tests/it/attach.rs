@@ -520,7 +520,10 @@ async fn the_capture_cannot_be_misused_or_outlive_a_detach() {
     client
         .batch_execute(
             "CREATE TABLE prices (id numeric PRIMARY KEY, v int);
-             CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id);",
+             CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id);
+             CREATE TABLE parted_low PARTITION OF parted FOR VALUES FROM (0) TO (100);
+             CREATE TABLE animal (id int PRIMARY KEY);
+             CREATE TABLE dog (id int PRIMARY KEY, bark text) INHERITS (animal);",
         )
         .await
         .unwrap();
@@ -568,6 +571,22 @@ async fn the_capture_cannot_be_misused_or_outlive_a_detach() {
     let (code, _, err) = lakecdc(&db, &["attach", "parted"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("partition"), "{err}");
+    // So are a partition, an inheritance child and a parent (docs/hazards.md L72): writes
+    // through the parent, or to the children, would fire no trigger of the attached table.
+    for (table, why) in [
+        ("parted_low", "is a partition or inheritance child"),
+        ("dog", "is a partition or inheritance child"),
+        ("animal", "has inheritance children"),
+    ] {
+        let (code, _, err) = lakecdc(&db, &["attach", table]);
+        assert_eq!(code, 2, "{table}: {err}");
+        assert!(
+            err.contains(why) && err.contains("would not be captured"),
+            "{table}: {err}"
+        );
+    }
+    let none = count(&client, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lakecdc%' AND tgrelid <> 'prices'::regclass").await;
+    assert_eq!(none, 0);
     // A capture missing a trigger is still detached whole.
     client
         .batch_execute("DROP TRIGGER lakecdc_capture_insert ON prices")
