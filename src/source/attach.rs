@@ -267,10 +267,27 @@ async fn capture_parts(client: &impl GenericClient, capture: &Capture) -> Result
     ))
 }
 
-/// Whether the table's function and its four triggers are all in place.
+/// Whether the table's function, as this build writes it (body and settings), and its four
+/// triggers are all in place: a capture an earlier build installed is replaced by `attach`.
 async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
     let (triggers, function) = capture_parts(client, capture).await?;
-    Ok(function && triggers == Capture::triggers().len() as i64)
+    if !function || triggers != Capture::triggers().len() as i64 {
+        return Ok(false);
+    }
+    let row = timed(
+        TIMEOUT,
+        "read the capture function",
+        client.query_one(
+            "SELECT prosrc, coalesce(proconfig, '{}') FROM pg_proc \
+             WHERE oid = to_regprocedure($1 || '()')",
+            &[&capture.function().quoted()],
+        ),
+    )
+    .await?;
+    let column = |c: &'static str| Error::postgres(format!("read the capture function: {c}"));
+    let body: String = row.try_get(0).map_err(column("prosrc"))?;
+    let settings: Vec<String> = row.try_get(1).map_err(column("proconfig"))?;
+    Ok(body == capture.function_body() && settings == Capture::FUNCTION_SETTINGS)
 }
 
 /// Refuses to attach a table again with another key or other excluded columns than it was

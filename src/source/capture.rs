@@ -312,6 +312,35 @@ impl Capture {
     /// The trigger function and the four triggers (idempotent: `CREATE OR REPLACE`, and each
     /// trigger dropped if it exists before it is created).
     pub fn capture_ddl(&self) -> Vec<String> {
+        let function = format!(
+            "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on
+AS $lakecdc${body}$lakecdc$",
+            f = self.function().quoted(),
+            body = self.function_body(),
+        );
+        // Only the triggers call it: no role may attach it to a table of its own.
+        let revoke = format!(
+            "REVOKE ALL ON FUNCTION {}() FROM PUBLIC",
+            self.function().quoted()
+        );
+        let mut out = vec![function, revoke];
+        out.extend(self.trigger_ddl());
+        out
+    }
+
+    /// The settings the trigger function runs with, as `pg_proc.proconfig` lists them: a
+    /// pinned `search_path` (no object of another schema can stand in for the ones it names),
+    /// and standard strings (the key names quoted in its body mean the same in every session:
+    /// with `standard_conforming_strings = off` a backslash in one would escape the quote).
+    pub const FUNCTION_SETTINGS: [&'static str; 2] = [
+        "search_path=pg_catalog, pg_temp",
+        "standard_conforming_strings=on",
+    ];
+
+    /// The trigger function's body (`pg_proc.prosrc`), by which an installed capture is known
+    /// to be this build's: `attach` replaces one that differs.
+    pub fn function_body(&self) -> String {
         let new_keys = format!(
             "SELECT {} AS row_id, {} AS key, false AS deleted FROM lakecdc_new n",
             row_id_expr(self.source_id, &self.key, "n"),
@@ -322,17 +351,17 @@ impl Capture {
             row_id_expr(self.source_id, &self.key, "o"),
             key_json_expr(&self.key, "o")
         );
-        let function = format!(
-            "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $lakecdc$
+        format!(
+            "
 -- lakecdc change capture of {table} as source {id} (docs/design.md §9.1).
 DECLARE
     now_ms bigint := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     stmt_seq bigint;
 BEGIN
     -- Fired only by the triggers on {table} (a role given EXECUTE could attach it elsewhere).
-    IF TG_RELID <> {table_literal}::regclass THEN
+    -- Looked up by name without failing: renamed, the table's own writes must still succeed
+    -- (and are still captured); flush then names the missing table.
+    IF TG_RELID IS DISTINCT FROM coalesce(to_regclass({table_literal}), TG_RELID) THEN
         RAISE EXCEPTION 'lakecdc capture of source {id} fired by another table';
     END IF;
     IF TG_OP <> 'TRUNCATE' THEN
@@ -349,8 +378,7 @@ BEGIN
     END IF;
     RETURN NULL;
 END
-$lakecdc$",
-            f = self.function().quoted(),
+",
             table = self.table.quoted(),
             table_literal = literal(&self.table.quoted()),
             id = self.source_id,
@@ -363,13 +391,12 @@ $lakecdc$",
                 self.left_keys()
             )),
             delete = self.append(&old_keys),
-        );
-        // Only the triggers call it: no role may attach it to a table of its own.
-        let revoke = format!(
-            "REVOKE ALL ON FUNCTION {}() FROM PUBLIC",
-            self.function().quoted()
-        );
-        let mut out = vec![function, revoke];
+        )
+    }
+
+    /// Each trigger dropped if it exists, then created.
+    fn trigger_ddl(&self) -> Vec<String> {
+        let mut out = Vec::new();
         for (name, event) in Self::triggers() {
             let (referencing, each) = match event {
                 "INSERT" => ("REFERENCING NEW TABLE AS lakecdc_new ", "STATEMENT"),

@@ -696,3 +696,71 @@ async fn a_source_keeps_its_key_columns_and_name_against_later_changes() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn a_renamed_table_keeps_its_writes_and_every_session_reads_the_capture_alike() {
+    // docs/hazards.md S16: the capture must never break the application's writes: not after
+    // a rename, not in a session with standard_conforming_strings off (a key named with a
+    // backslash was then an escape in the function's quoted names). attach replaces a
+    // capture another build installed.
+    let db = harness::examples_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute(r#"CREATE TABLE slashed ("k\" text PRIMARY KEY, v int)"#)
+        .await
+        .unwrap();
+    let source = attach_json(&db, &["slashed"])["source_id"]
+        .as_i64()
+        .unwrap();
+    let other = db.client().await;
+    other
+        .batch_execute(
+            r#"SET standard_conforming_strings = off;
+               INSERT INTO slashed VALUES ('one', 1);
+               ALTER TABLE slashed RENAME TO slashed_old;
+               INSERT INTO slashed_old VALUES ('two', 2);"#,
+        )
+        .await
+        .unwrap();
+    let keys: Vec<String> = client
+        .query(
+            "SELECT key ->> 'k\\' FROM lakecdc_touch WHERE source_id = $1 ORDER BY seq",
+            &[&(source as i16)],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(keys, ["one", "two"]);
+    client
+        .batch_execute("ALTER TABLE slashed_old RENAME TO slashed")
+        .await
+        .unwrap();
+    // A capture whose function differs from this build's is replaced by attach.
+    let function = format!("public.lakecdc_capture_{source}()");
+    client
+        .batch_execute(&format!(
+            "ALTER FUNCTION {function} RESET standard_conforming_strings"
+        ))
+        .await
+        .unwrap();
+    let again = attach_json(&db, &["slashed"]);
+    assert_eq!(again["unchanged"], false, "{again}");
+    let settings: Vec<String> = client
+        .query_one(
+            &format!("SELECT proconfig FROM pg_proc WHERE oid = '{function}'::regprocedure"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        settings,
+        [
+            "search_path=pg_catalog, pg_temp",
+            "standard_conforming_strings=on"
+        ]
+    );
+    assert_eq!(attach_json(&db, &["slashed"])["unchanged"], true);
+}
