@@ -6,7 +6,7 @@
 
 use tokio_postgres::{Client, GenericClient};
 
-use super::capture::{Capture, KEY_TYPES, KeyColumn, SourceColumn};
+use super::capture::{Capture, KEY_TYPES, KeyColumn, RowIdRule, SourceColumn};
 use super::connect::timed;
 use super::ddl::{FIRST_SCHEMA_ID, INIT_DB_LOCK};
 use super::table_types::{CatalogType, LakeType};
@@ -191,6 +191,28 @@ pub(super) async fn qualified_tables(
     ))
 }
 
+/// The row-id rule of the key `names` as the source's recorded `columns` (JSON) typed them
+/// when it was attached (or last initialised); `None` when they do not say.
+pub(super) fn recorded_rule(columns: &str, names: &[String]) -> Option<RowIdRule> {
+    let columns: Vec<serde_json::Value> = serde_json::from_str(columns).ok()?;
+    let key = names
+        .iter()
+        .map(|n| {
+            let c = columns
+                .iter()
+                .find(|c| c.get("name").and_then(|v| v.as_str()) == Some(n.as_str()))?;
+            let shown = c.get("pg_type")?.as_str()?;
+            // format_type with modifiers (`numeric(10,2)`); the rule reads the bare name.
+            let type_name = shown.split('(').next().unwrap_or(shown).trim().to_string();
+            Some(KeyColumn {
+                name: n.clone(),
+                type_name,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(RowIdRule::of(&key))
+}
+
 /// A source already attached to the table: its id and name.
 async fn attached_to(
     client: &impl GenericClient,
@@ -274,20 +296,34 @@ async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Re
     if !function || triggers != Capture::triggers().len() as i64 {
         return Ok(false);
     }
+    Ok(installed_function_matches(client, capture).await? == Some(true))
+}
+
+/// Whether the capture's installed trigger function is the one this build writes for
+/// `capture` (its body and settings); `None` when no such function is installed.
+pub(super) async fn installed_function_matches(
+    client: &impl GenericClient,
+    capture: &Capture,
+) -> Result<Option<bool>> {
     let row = timed(
         TIMEOUT,
         "read the capture function",
-        client.query_one(
+        client.query_opt(
             "SELECT prosrc, coalesce(proconfig, '{}') FROM pg_proc \
              WHERE oid = to_regprocedure($1 || '()')",
             &[&capture.function().quoted()],
         ),
     )
     .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
     let column = |c: &'static str| Error::postgres(format!("read the capture function: {c}"));
     let body: String = row.try_get(0).map_err(column("prosrc"))?;
     let settings: Vec<String> = row.try_get(1).map_err(column("proconfig"))?;
-    Ok(body == capture.function_body() && settings == Capture::FUNCTION_SETTINGS)
+    Ok(Some(
+        body == capture.function_body() && settings == Capture::FUNCTION_SETTINGS,
+    ))
 }
 
 /// Refuses to attach a table again with another key or other excluded columns than it was
@@ -301,7 +337,7 @@ async fn same_as_recorded(
     exclude: &[String],
 ) -> Result<()> {
     let sql = format!(
-        "SELECT key_columns, excluded_columns FROM {} WHERE source_id = $1",
+        "SELECT key_columns, excluded_columns, columns::text FROM {} WHERE source_id = $1",
         sources.quoted()
     );
     let row = timed(
@@ -314,6 +350,19 @@ async fn same_as_recorded(
     let recorded_key: Vec<String> = row.try_get(0).map_err(column("key_columns"))?;
     let mut recorded_excluded: Vec<String> = row.try_get(1).map_err(column("excluded_columns"))?;
     let current_key: Vec<String> = key.iter().map(|k| k.name.clone()).collect();
+    let recorded_columns: String = row.try_get(2).map_err(column("columns"))?;
+    if let Some(was) = recorded_rule(&recorded_columns, &recorded_key)
+        && recorded_key == current_key
+    {
+        let now = RowIdRule::of(key);
+        if was != now {
+            return Err(Error::config(format!(
+                "table {table} was attached with a key whose row id is {} and its key's type now gives {}: its row ids would change; attach it under another --name and run init for it",
+                was.as_str(),
+                now.as_str()
+            )));
+        }
+    }
     if recorded_key != current_key {
         return Err(Error::config(format!(
             "table {table} was attached with the key ({}) and its key is now ({}): its row ids would change; attach it under another --name and run init for it",

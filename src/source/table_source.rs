@@ -16,10 +16,10 @@ use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::attach::{describe, qualified_tables};
+use super::attach::{describe, installed_function_matches, qualified_tables};
 use super::capture::{
-    HashedRowId, INTEGER_KEYS, KeyColumn, RowIdRule, SourceColumn, integer_key, integer_row_id,
-    key_text_expr, row_id_expr,
+    Capture, HashedRowId, INTEGER_KEYS, KeyColumn, RowIdRule, SourceColumn, integer_key,
+    integer_row_id, key_text_expr, row_id_expr,
 };
 use super::connect::{timed, within};
 use super::copy_decoder::{CopyItem, copy_header_len, copy_tuple};
@@ -126,6 +126,36 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
             table.quoted(),
             shown.join(", "),
             key_names.join(", ")
+        )));
+    }
+    // The capture must still give the row ids this build reads back for the current key: a
+    // key whose type changed since attach (a domain, integer → numeric) changes the rule, and
+    // touches written by the old rule would match no row (docs/hazards.md L73).
+    let capture = Capture {
+        source_id: id,
+        name: name.clone(),
+        table: table.clone(),
+        key: shape.key.clone(),
+        excluded: Vec::new(),
+        columns: Vec::new(),
+        sources: sources.clone(),
+        touch_log: touch_log.clone(),
+    };
+    if installed_function_matches(client, &capture).await? == Some(false) {
+        let rule = super::attach::recorded_rule(&recorded, &key_names);
+        return Err(Error::config(format!(
+            "source {name}: the capture installed on {} is not the one this lakecdc writes for its current key ({}, row ids {}{}): run lakecdc attach {} again, which refuses if the lake's row ids would change",
+            table.quoted(),
+            shape
+                .key
+                .iter()
+                .map(|k| format!("{} {}", k.name, k.type_name))
+                .collect::<Vec<_>>()
+                .join(", "),
+            RowIdRule::of(&shape.key).as_str(),
+            rule.map(|r| format!(", attached with row ids {}", r.as_str()))
+                .unwrap_or_default(),
+            table.quoted()
         )));
     }
     let recorded: Vec<serde_json::Value> = serde_json::from_str(&recorded)

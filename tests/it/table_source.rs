@@ -1904,3 +1904,75 @@ async fn a_backlog_larger_than_one_read_is_read_again_in_the_same_run() {
         39
     );
 }
+
+#[tokio::test]
+async fn a_key_whose_type_changes_its_row_id_rule_stops_flush_and_attach() {
+    // docs/hazards.md L73: the capture computes row ids by the rule of the key's type at
+    // attach (a bigint's own value); a domain over bigint is hashed. Flushed on, touches
+    // written by the old rule matched no row: every touched row went out as a tombstone.
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE DOMAIN big_id AS bigint;
+             CREATE TABLE doms (id bigint PRIMARY KEY, v int);",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "doms");
+    client
+        .batch_execute("INSERT INTO doms SELECT g, g FROM generate_series(1, 3) g")
+        .await
+        .unwrap();
+    assert_eq!(flush(&rig, "doms").await.rows_exported, 3);
+    client
+        .batch_execute(
+            "ALTER TABLE doms ALTER COLUMN id TYPE big_id; UPDATE doms SET v = v + 1 WHERE id = 2",
+        )
+        .await
+        .unwrap();
+    let s = flush(&rig, "doms").await;
+    assert_eq!(s.rows_exported, 0, "{s:?}");
+    let reason = s.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("is not the one this lakecdc writes for its current key (id big_id, row ids hashed, attached with row ids integer)")
+            && reason.contains("run lakecdc attach"),
+        "{reason}"
+    );
+    // attach refuses to install a capture of another rule over the lake's row ids.
+    let attach_again = || {
+        let out = harness::bin()
+            .args(["attach", "doms", "--pg-url", &rig.db.url])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = attach_again();
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("big_id, whose text depends on session settings"),
+        "{err}"
+    );
+    client
+        .batch_execute("ALTER TABLE doms ALTER COLUMN id TYPE numeric")
+        .await
+        .unwrap();
+    let (code, err) = attach_again();
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("row id is integer and its key's type now gives hashed"),
+        "{err}"
+    );
+    // The type put back, the capture is this build's again and the change goes out.
+    client
+        .batch_execute("ALTER TABLE doms ALTER COLUMN id TYPE bigint")
+        .await
+        .unwrap();
+    let s = flush(&rig, "doms").await;
+    assert_eq!(s.rows_exported, 1, "{s:?}");
+    let csv = lake_csv(&rig, "SELECT id, v FROM doms ORDER BY id").await;
+    assert_eq!(csv, "id,v\n1,1\n2,3\n3,3\n");
+}
