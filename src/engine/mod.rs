@@ -170,8 +170,9 @@ impl Engine {
     /// DuckDB's complaint about the statement is [`Error::Query`], on one line.
     pub fn export_parquet(&self, sql: &str, path: &Path) -> Result<u64> {
         let select = sql.trim().trim_end_matches(';');
+        // On lines of its own: a line comment ending the statement must not swallow the `)`.
         let copy = format!(
-            "COPY ({select}) TO '{}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL})",
+            "COPY (\n{select}\n) TO '{}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL})",
             sql_string(&path.display().to_string())
         );
         let rows = self.conn.execute(&copy, []).map_err(|e| Error::Query {
@@ -286,6 +287,26 @@ mod tests {
             ))
             .unwrap();
         path
+    }
+
+    #[test]
+    fn a_statement_ending_in_a_line_comment_exports_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(&EngineConfig::default()).unwrap();
+        let path = dir.path().join("out.parquet");
+        let rows = engine
+            .export_parquet("SELECT 1 AS a UNION ALL SELECT 2 -- the last line", &path)
+            .unwrap();
+        assert_eq!(rows, 2);
+        let n: i64 = engine
+            .conn
+            .query_row(
+                &format!("SELECT sum(a) FROM '{}'", path.display()),
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(n, 3);
     }
 
     /// docs/hazards.md R10: a lake under a `key=value` directory keeps its files' own values

@@ -225,7 +225,21 @@ impl Output {
                     std::mem::take(&mut self.table)
                 };
                 let text = arrow::util::pretty::pretty_format_batches(&batches)
-                    .map_err(Error::arrow("format the result"))?;
+                    .map_err(Error::arrow("format the result"))?
+                    .to_string();
+                // The table is for a terminal: a control character from the lake (an escape
+                // sequence in a value) is shown, never sent (docs/hazards.md S17).
+                let text: String = text
+                    .chars()
+                    .flat_map(|c| {
+                        let shown: Vec<char> = if c.is_control() && c != '\n' {
+                            c.escape_default().collect()
+                        } else {
+                            vec![c]
+                        };
+                        shown
+                    })
+                    .collect();
                 let rows = self.rows;
                 let plural = if rows == 1 { "" } else { "s" };
                 self.put(format!("{text}\n({rows} row{plural})\n").as_bytes())?;
@@ -400,6 +414,30 @@ mod tests {
         assert_eq!(write(Format::Json, &[]), "[]\n");
         let nd = write(Format::Ndjson, &[batch()]);
         assert_eq!(nd.lines().count(), 2);
+    }
+
+    #[test]
+    fn a_table_shows_control_characters_instead_of_sending_them() {
+        // docs/hazards.md S17: a value that would clear the screen or retitle the terminal.
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Utf8, true)]));
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(StringArray::from(vec![Some(
+                "a\u{1b}[2Jb\u{9b}c\u{7}",
+            )]))],
+        )
+        .unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("out");
+        let mut o = Output::open(&Destination::File(path.clone()), Format::Table).unwrap();
+        o.batch(&b).unwrap();
+        o.finish(schema).unwrap();
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains(r"a\u{1b}[2Jb\u{9b}c\u{7}"), "{text}");
     }
 
     #[test]
