@@ -561,8 +561,66 @@ pub async fn attach(
     for statement in attached.capture.attach_statements(attached_at) {
         timed(TIMEOUT, "attach", tx.batch_execute(&statement)).await?;
     }
+    // `IF NOT EXISTS` adopts what another role may have made first: checked before the
+    // function that writes them as its owner is committed.
+    check_capture_tables(&tx, &attached.capture.sources, &attached.capture.touch_log).await?;
     timed(TIMEOUT, "commit attach", tx.commit()).await?;
     Ok(attached)
+}
+
+/// Refuses a registry of sources, touch log or statement sequence that runs code lakecdc did
+/// not write: the capture function writes them as its owner on every application write, and
+/// flush deletes from the touch log as its own role (docs/hazards.md S18). Each must be a
+/// plain table (a sequence), owned by a role the current one has the privileges of (so no
+/// other role made it first, as `IF NOT EXISTS` would silently adopt), with no trigger and
+/// no rule.
+pub(super) async fn check_capture_tables(
+    client: &impl GenericClient,
+    sources: &TableName,
+    touch_log: &TableName,
+) -> Result<()> {
+    let seq = super::capture::touch_seq(touch_log);
+    for (object, kind) in [(sources, "r"), (touch_log, "r"), (&seq, "S")] {
+        let row = timed(
+            TIMEOUT,
+            "check the capture's tables",
+            client.query_opt(
+                "SELECT c.relkind::text, pg_get_userbyid(c.relowner)::text, \
+                        pg_has_role(current_user, c.relowner, 'USAGE'), \
+                        EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal), \
+                        EXISTS (SELECT 1 FROM pg_rewrite r WHERE r.ev_class = c.oid) \
+                 FROM pg_class c WHERE c.oid = to_regclass($1)",
+                &[&object.quoted()],
+            ),
+        )
+        .await?;
+        let Some(row) = row else {
+            continue;
+        };
+        let (relkind, owner, ours, triggers, rules): (String, String, bool, bool, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let problem = if relkind != kind {
+            Some(format!(
+                "is not a plain {}",
+                if kind == "S" { "sequence" } else { "table" }
+            ))
+        } else if !ours {
+            Some(format!(
+                "belongs to role {owner:?}, whose privileges this role does not have"
+            ))
+        } else if triggers || rules {
+            Some("has triggers or rules lakecdc did not make".to_string())
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(Error::config(format!(
+                "{} {problem}: the capture would run its code on every write; drop it (or make it as lakecdc creates it) and attach again",
+                object.quoted()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// [`attach`]'s plan without changing anything (`--print-sql` prints its script).

@@ -764,3 +764,54 @@ async fn a_renamed_table_keeps_its_writes_and_every_session_reads_the_capture_al
     );
     assert_eq!(attach_json(&db, &["slashed"])["unchanged"], true);
 }
+
+#[tokio::test]
+async fn a_touch_log_made_first_with_code_of_its_own_is_refused() {
+    // docs/hazards.md S18: `CREATE TABLE IF NOT EXISTS` adopts a touch log another role made
+    // first; a trigger on it would run as the capture function's owner on every write.
+    let db = harness::examples_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE t (id bigint PRIMARY KEY);
+             CREATE TABLE lakecdc_touch (source_id SMALLINT NOT NULL, seq BIGINT NOT NULL,
+               touched_at BIGINT NOT NULL, row_id UUID NOT NULL, deleted BOOLEAN NOT NULL, key JSONB);
+             CREATE TABLE planted (who text);
+             CREATE FUNCTION plant() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN INSERT INTO planted VALUES (current_user); RETURN NULL; END $$;
+             CREATE TRIGGER plant AFTER INSERT ON lakecdc_touch
+               FOR EACH STATEMENT EXECUTE FUNCTION plant();",
+        )
+        .await
+        .unwrap();
+    let (code, _, err) = lakecdc(&db, &["attach", "t"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("\"public\".\"lakecdc_touch\" has triggers or rules lakecdc did not make"),
+        "{err}"
+    );
+    // Nothing was installed; the application's writes run no capture.
+    client
+        .batch_execute("INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    assert_eq!(count(&client, "SELECT count(*) FROM planted").await, 0);
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pg_proc WHERE proname LIKE 'lakecdc_capture%'"
+        )
+        .await,
+        0
+    );
+    // A view in its place is refused too.
+    client
+        .batch_execute(
+            "DROP TABLE lakecdc_touch; CREATE VIEW lakecdc_touch AS SELECT 1::smallint AS source_id",
+        )
+        .await
+        .unwrap();
+    let (code, _, err) = lakecdc(&db, &["attach", "t"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("lakecdc_touch"), "{err}");
+}
