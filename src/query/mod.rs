@@ -146,6 +146,9 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     if let Some((_, _, clash)) = catalog::view_name_clashes(&regs).into_iter().next() {
         return Err(clash);
     }
+    // Files the earlier views keep open until the query ends: the descriptor budget is the
+    // whole query's.
+    let mut held_open = 0usize;
     for schema in schemas {
         let reg = &schema.reg;
         let m = pinned(ctx, reg, schema.manifest, as_of.as_ref()).await?;
@@ -159,7 +162,17 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
         let files = pruned(reg, &m, pin.as_ref());
         read.files_read = files.len();
         let t = std::time::Instant::now();
-        let ready = materialise(ctx, opts, cache.as_ref(), &scratch, &files, &mut read).await?;
+        let ready = materialise(
+            ctx,
+            opts,
+            cache.as_ref(),
+            &scratch,
+            &files,
+            held_open,
+            &mut read,
+        )
+        .await?;
+        held_open += ready.iter().filter(|r| r._open.is_some()).count();
         tracing::debug!(schema = %reg.name, files = files.len(), ms = t.elapsed().as_millis() as u64, "files checked and ready");
         views.push((reg.name.clone(), ready));
         report.schemas.push(read);
@@ -391,18 +404,20 @@ fn can_hold_open(files: usize) -> bool {
     enough
 }
 
-/// Makes every file of one view readable, checked.
+/// Makes every file of one view readable, checked; `held_open` files of earlier views are
+/// held open already.
 async fn materialise(
     ctx: &Context,
     opts: &QueryOptions,
     cache: Option<&cache::Cache>,
     scratch: &Scratch,
     files: &[FileEntry],
+    held_open: usize,
     read: &mut SchemaRead,
 ) -> Result<Vec<Ready>> {
     let store = ctx.lake.store.as_ref();
     let Some(cache) = cache else {
-        let hold = can_hold_open(files.len());
+        let hold = can_hold_open(held_open.saturating_add(files.len()));
         let mut ready = Vec::new();
         for f in files {
             ready.push(in_place(store, f, opts.verify, hold).await?);
