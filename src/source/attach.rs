@@ -558,12 +558,18 @@ pub async fn attach(
         timed(TIMEOUT, "end attach", tx.rollback()).await?;
         return Ok(attached);
     }
+    // `IF NOT EXISTS` would adopt what another role made first: refused before anything is
+    // created (the statements check again, for the printed script).
+    check_capture_tables(
+        &tx,
+        &attached.capture.sources,
+        &attached.capture.touch_log,
+        true,
+    )
+    .await?;
     for statement in attached.capture.attach_statements(attached_at) {
         timed(TIMEOUT, "attach", tx.batch_execute(&statement)).await?;
     }
-    // `IF NOT EXISTS` adopts what another role may have made first: checked before the
-    // function that writes them as its owner is committed.
-    check_capture_tables(&tx, &attached.capture.sources, &attached.capture.touch_log).await?;
     timed(TIMEOUT, "commit attach", tx.commit()).await?;
     Ok(attached)
 }
@@ -571,13 +577,15 @@ pub async fn attach(
 /// Refuses a registry of sources, touch log or statement sequence that runs code lakecdc did
 /// not write: the capture function writes them as its owner on every application write, and
 /// flush deletes from the touch log as its own role (docs/hazards.md S18). Each must be a
-/// plain table (a sequence), owned by a role the current one has the privileges of (so no
-/// other role made it first, as `IF NOT EXISTS` would silently adopt), with no trigger and
-/// no rule.
+/// plain table (a sequence) with no trigger and no rule; with `owned` (attach, which would
+/// adopt what `IF NOT EXISTS` finds), also owned by a role the current one has the privileges
+/// of, so no other role made it first (its owner could add code at any time). Flush and init
+/// may run as a role other than the tables' owner, so they check the code alone.
 pub(super) async fn check_capture_tables(
     client: &impl GenericClient,
     sources: &TableName,
     touch_log: &TableName,
+    owned: bool,
 ) -> Result<()> {
     let seq = super::capture::touch_seq(touch_log);
     for (object, kind) in [(sources, "r"), (touch_log, "r"), (&seq, "S")] {
@@ -604,7 +612,7 @@ pub(super) async fn check_capture_tables(
                 "is not a plain {}",
                 if kind == "S" { "sequence" } else { "table" }
             ))
-        } else if !ours {
+        } else if owned && !ours {
             Some(format!(
                 "belongs to role {owner:?}, whose privileges this role does not have"
             ))

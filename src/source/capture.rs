@@ -448,9 +448,42 @@ END
     pub fn attach_statements(&self, attached_at: i64) -> Vec<String> {
         let mut out = vec![sources_ddl(&self.sources)];
         out.extend(touch_log_ddl(&self.touch_log));
+        out.push(self.tables_check());
         out.push(self.register_sql(attached_at));
         out.extend(self.capture_ddl());
         out
+    }
+
+    /// Stops the transaction when the registry, the touch log or the sequence that
+    /// `IF NOT EXISTS` found is not as lakecdc makes it: not a plain table (sequence), made by
+    /// a role whose privileges the attaching one lacks, or with triggers or rules
+    /// (docs/hazards.md S18). `attach` checks the same first, with a clearer error; the printed
+    /// script carries this.
+    fn tables_check(&self) -> String {
+        let seq = touch_seq(&self.touch_log);
+        format!(
+            "DO $lakecdc$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT c.oid::regclass::text AS name, c.relkind::text <> e.want
+               OR NOT pg_has_role(current_user, c.relowner, 'USAGE')
+               OR EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal)
+               OR EXISTS (SELECT 1 FROM pg_rewrite w WHERE w.ev_class = c.oid) AS foreign
+        FROM (VALUES ({}, 'r'), ({}, 'r'), ({}, 'S')) AS e(object, want)
+        JOIN pg_class c ON c.oid = to_regclass(e.object)
+    LOOP
+        IF r.foreign THEN
+            RAISE EXCEPTION 'lakecdc attach: % is not as lakecdc makes it (another role made it, or it has triggers or rules): drop it and attach again', r.name;
+        END IF;
+    END LOOP;
+END
+$lakecdc$",
+            literal(&self.sources.quoted()),
+            literal(&self.touch_log.quoted()),
+            literal(&seq.quoted()),
+        )
     }
 
     /// The statements of a detach: the triggers and the function go; the source's row, its
@@ -598,11 +631,17 @@ mod tests {
             s.contains("REVOKE ALL ON FUNCTION \"shop\".\"lakecdc_capture_103\"() FROM PUBLIC")
         );
         assert!(
-            s.contains("IF TG_RELID <> '\"shop\".\"orders\"'::regclass THEN"),
+            s.contains("IF TG_RELID IS DISTINCT FROM coalesce(to_regclass('\"shop\".\"orders\"'), TG_RELID) THEN"),
+            "{s}"
+        );
+        assert!(
+            s.contains("RAISE EXCEPTION 'lakecdc attach: % is not as lakecdc makes it"),
             "{s}"
         );
         assert!(s.contains("CREATE OR REPLACE FUNCTION \"shop\".\"lakecdc_capture_103\"()"));
-        assert!(s.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp\n"));
+        assert!(s.contains(
+            "SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on\n"
+        ));
         assert!(s.contains(
             "INSERT INTO \"public\".\"lakecdc_touch\" (source_id, seq, touched_at, row_id, deleted, key)"
         ));

@@ -141,7 +141,7 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
         sources: sources.clone(),
         touch_log: touch_log.clone(),
     };
-    super::attach::check_capture_tables(client, &sources, &touch_log).await?;
+    super::attach::check_capture_tables(client, &sources, &touch_log, false).await?;
     if installed_function_matches(client, &capture).await? == Some(false) {
         let rule = super::attach::recorded_rule(&recorded, &key_names);
         return Err(Error::config(format!(

@@ -814,4 +814,27 @@ async fn a_touch_log_made_first_with_code_of_its_own_is_refused() {
     let (code, _, err) = lakecdc(&db, &["attach", "t"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("lakecdc_touch"), "{err}");
+    // The printed script stops on it too, creating nothing.
+    let (code, script, err) = lakecdc(&db, &["attach", "t", "--print-sql"]);
+    assert_eq!(code, 0, "{err}");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &script).unwrap();
+    let out = std::process::Command::new(harness::psql())
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &db.url, "-f"])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("lakecdc_touch is not as lakecdc makes it"),
+        "{err}"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pg_proc WHERE proname LIKE 'lakecdc_capture%'"
+        )
+        .await,
+        0
+    );
 }
