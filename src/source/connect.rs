@@ -180,10 +180,14 @@ fn is_binding_refusal(e: &tokio_postgres::Error) -> bool {
 /// `keepalives_idle`.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 
-/// Every session asks the server (PostgreSQL 14 and later) to check this often, while a query
-/// runs, that lakecdc is still connected: a killed or stopped run's queries (a read waiting on
-/// a lock, a long COPY) then end within a second instead of running on for nobody.
-const CLIENT_CHECK_SQL: &str = "SELECT set_config('client_connection_check_interval', '1s', false) \
+/// Every session's settings. Standard strings: lakecdc quotes names from the catalog (a table
+/// source's key columns) in string literals, which a role or database set to
+/// `standard_conforming_strings = off` would read with backslash escapes (docs/hazards.md S16).
+/// And the server (PostgreSQL 14 and later) checks every second, while a query runs, that
+/// lakecdc is still connected: a killed or stopped run's queries (a read waiting on a lock, a
+/// long COPY) then end within a second instead of running on for nobody.
+const SESSION_SQL: &str = "SET standard_conforming_strings = on; \
+     SELECT set_config('client_connection_check_interval', '1s', false) \
      WHERE current_setting('server_version_num')::int >= 140000";
 
 /// A connection and the handle of its COPY tap (which taps nothing on an untapped connection).
@@ -455,8 +459,8 @@ impl Connector {
         let client = self.open_session(slot).await?;
         timed(
             self.statement_timeout,
-            "set client_connection_check_interval",
-            client.batch_execute(CLIENT_CHECK_SQL),
+            "set up the session",
+            client.batch_execute(SESSION_SQL),
         )
         .await?;
         Ok(client)

@@ -42,6 +42,7 @@ pub fn select_expr(c: &SourceColumn, alias: &str) -> String {
     let col = format!("{alias}.{}", quote_ident(&c.name));
     match &c.lake {
         LakeType::Decimal { .. } | LakeType::Utf8 | LakeType::Json => format!("{col}::text"),
+        LakeType::Float64 if c.pg_type.starts_with("numeric") => numeric_as_double(&col),
         LakeType::Float64 => format!("{col}::float8"),
         LakeType::List { item } => match item.as_ref() {
             LakeType::Utf8 | LakeType::Json | LakeType::Decimal { .. } => format!("{col}::text[]"),
@@ -50,6 +51,20 @@ pub fn select_expr(c: &SourceColumn, alias: &str) -> String {
         },
         _ => col,
     }
+}
+
+/// An unconstrained `numeric` as a double, where the plain cast would stop the source for good
+/// on a value beyond a double's range (`1e400` overflows, `1e-400` underflows to an error):
+/// past the largest double it is ±Infinity, below half the smallest one 0, as the nearest
+/// double; NaN and ±Infinity stay themselves.
+fn numeric_as_double(col: &str) -> String {
+    format!(
+        "CASE WHEN {col} = 'NaN'::numeric THEN 'NaN'::float8 \
+         WHEN abs({col}) >= 1.7976931348623158079e308 THEN \
+         CASE WHEN {col} > 0 THEN 'Infinity'::float8 ELSE '-Infinity'::float8 END \
+         WHEN abs({col}) < 2.4703282292062328e-324 THEN 0::float8 \
+         ELSE {col}::float8 END"
+    )
 }
 
 /// The Arrow schema of a table source's lake file: the system columns, then `columns` under

@@ -1976,3 +1976,60 @@ async fn a_key_whose_type_changes_its_row_id_rule_stops_flush_and_attach() {
     let csv = lake_csv(&rig, "SELECT id, v FROM doms ORDER BY id").await;
     assert_eq!(csv, "id,v\n1,1\n2,3\n3,3\n");
 }
+
+#[tokio::test]
+async fn a_numeric_beyond_a_doubles_range_becomes_its_nearest_double_not_a_stuck_source() {
+    // docs/hazards.md L74: `1e400::float8` is an error, and with it every flush of the
+    // source until the row changed.
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute("CREATE TABLE nums (id bigint PRIMARY KEY, n numeric)")
+        .await
+        .unwrap();
+    attach(&rig, "nums");
+    client
+        .batch_execute(
+            "INSERT INTO nums VALUES (1, 1e400), (2, -1e400), (3, 1e-400), (4, 'NaN'), \
+             (5, 'Infinity'), (6, 2.5), (7, NULL), (8, -1e-400)",
+        )
+        .await
+        .unwrap();
+    let s = flush(&rig, "nums").await;
+    assert_eq!(s.rows_exported, 8, "{s:?}");
+    let csv = lake_csv(
+        &rig,
+        "SELECT id, CASE WHEN isnan(n) THEN 'nan' ELSE n::VARCHAR END AS n FROM nums ORDER BY id",
+    )
+    .await;
+    assert_eq!(
+        csv,
+        "id,n\n1,inf\n2,-inf\n3,0.0\n4,nan\n5,inf\n6,2.5\n7,\n8,0.0\n"
+    );
+}
+
+#[tokio::test]
+async fn a_database_without_standard_strings_reads_a_backslashed_key_name_as_written() {
+    // docs/hazards.md S16: flush quotes a hashed key's column names in string literals; a
+    // database (or role) set to standard_conforming_strings = off read `'k\'` as an escape.
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            r#"DO $$ BEGIN
+                 EXECUTE format('ALTER DATABASE %I SET standard_conforming_strings = off', current_database());
+               END $$;
+               CREATE TABLE slashed ("k\" text PRIMARY KEY, v int);"#,
+        )
+        .await
+        .unwrap();
+    attach(&rig, "slashed");
+    client
+        .batch_execute("INSERT INTO slashed VALUES ('one', 1), ('two', 2)")
+        .await
+        .unwrap();
+    let s = flush(&rig, "slashed").await;
+    assert_eq!((s.rows_exported, s.rows_marked), (2, 2), "{s:?}");
+    let csv = lake_csv(&rig, r#"SELECT "k\", v FROM slashed ORDER BY v"#).await;
+    assert_eq!(csv, "k\\,v\none,1\ntwo,2\n");
+}
