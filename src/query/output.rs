@@ -224,22 +224,19 @@ impl Output {
                 } else {
                     std::mem::take(&mut self.table)
                 };
-                let text = arrow::util::pretty::pretty_format_batches(&batches)
+                let table = arrow::util::pretty::pretty_format_batches(&batches)
                     .map_err(Error::arrow("format the result"))?
                     .to_string();
                 // The table is for a terminal: a control character from the lake (an escape
                 // sequence in a value) is shown, never sent (docs/hazards.md S17).
-                let text: String = text
-                    .chars()
-                    .flat_map(|c| {
-                        let shown: Vec<char> = if c.is_control() && c != '\n' {
-                            c.escape_default().collect()
-                        } else {
-                            vec![c]
-                        };
-                        shown
-                    })
-                    .collect();
+                let mut text = String::with_capacity(table.len());
+                for c in table.chars() {
+                    if c.is_control() && c != '\n' {
+                        text.extend(c.escape_default());
+                    } else {
+                        text.push(c);
+                    }
+                }
                 let rows = self.rows;
                 let plural = if rows == 1 { "" } else { "s" };
                 self.put(format!("{text}\n({rows} row{plural})\n").as_bytes())?;

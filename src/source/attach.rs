@@ -191,10 +191,9 @@ pub(super) async fn qualified_tables(
     ))
 }
 
-/// The row-id rule of the key `names` as the source's recorded `columns` (JSON) typed them
-/// when it was attached (or last initialised); `None` when they do not say.
-pub(super) fn recorded_rule(columns: &str, names: &[String]) -> Option<RowIdRule> {
-    let columns: Vec<serde_json::Value> = serde_json::from_str(columns).ok()?;
+/// The row-id rule of the key `names` as the source's recorded `columns` (its JSON array)
+/// typed them when it was attached (or last initialised); `None` when they do not say.
+pub(super) fn recorded_rule(columns: &[serde_json::Value], names: &[String]) -> Option<RowIdRule> {
     let key = names
         .iter()
         .map(|n| {
@@ -351,6 +350,8 @@ async fn same_as_recorded(
     let mut recorded_excluded: Vec<String> = row.try_get(1).map_err(column("excluded_columns"))?;
     let current_key: Vec<String> = key.iter().map(|k| k.name.clone()).collect();
     let recorded_columns: String = row.try_get(2).map_err(column("columns"))?;
+    let recorded_columns: Vec<serde_json::Value> =
+        serde_json::from_str(&recorded_columns).unwrap_or_default();
     if let Some(was) = recorded_rule(&recorded_columns, &recorded_key)
         && recorded_key == current_key
     {
@@ -575,60 +576,31 @@ pub async fn attach(
 }
 
 /// Refuses a registry of sources, touch log or statement sequence that runs code lakecdc did
-/// not write: the capture function writes them as its owner on every application write, and
-/// flush deletes from the touch log as its own role (docs/hazards.md S18). Each must be a
-/// plain table (a sequence) with no trigger and no rule; with `owned` (attach, which would
-/// adopt what `IF NOT EXISTS` finds), also owned by a role the current one has the privileges
-/// of, so no other role made it first (its owner could add code at any time). Flush and init
-/// may run as a role other than the tables' owner, so they check the code alone.
+/// not write ([`super::capture::capture_tables_problems`]; `owned` at attach).
 pub(super) async fn check_capture_tables(
     client: &impl GenericClient,
     sources: &TableName,
     touch_log: &TableName,
     owned: bool,
 ) -> Result<()> {
-    let seq = super::capture::touch_seq(touch_log);
-    for (object, kind) in [(sources, "r"), (touch_log, "r"), (&seq, "S")] {
-        let row = timed(
-            TIMEOUT,
-            "check the capture's tables",
-            client.query_opt(
-                "SELECT c.relkind::text, pg_get_userbyid(c.relowner)::text, \
-                        pg_has_role(current_user, c.relowner, 'USAGE'), \
-                        EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal), \
-                        EXISTS (SELECT 1 FROM pg_rewrite r WHERE r.ev_class = c.oid) \
-                 FROM pg_class c WHERE c.oid = to_regclass($1)",
-                &[&object.quoted()],
-            ),
-        )
-        .await?;
-        let Some(row) = row else {
-            continue;
-        };
-        let (relkind, owner, ours, triggers, rules): (String, String, bool, bool, bool) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-        let problem = if relkind != kind {
-            Some(format!(
-                "is not a plain {}",
-                if kind == "S" { "sequence" } else { "table" }
-            ))
-        } else if owned && !ours {
-            Some(format!(
-                "belongs to role {owner:?}, whose privileges this role does not have"
-            ))
-        } else if triggers || rules {
-            Some("has triggers or rules lakecdc did not make".to_string())
-        } else {
-            None
-        };
-        if let Some(problem) = problem {
-            return Err(Error::config(format!(
-                "{} {problem}: the capture would run its code on every write; drop it (or make it as lakecdc creates it) and attach again",
-                object.quoted()
-            )));
+    let sql = super::capture::capture_tables_problems(sources, touch_log, owned);
+    let rows = timed(
+        TIMEOUT,
+        "check the capture's tables",
+        client.query(&sql, &[]),
+    )
+    .await?;
+    match rows.first() {
+        None => Ok(()),
+        Some(row) => {
+            let name: String = row.get(0);
+            let problem: String = row.get(1);
+            Err(Error::config(format!(
+                "{name} {problem}: {}",
+                super::capture::CAPTURE_TABLES_FIX
+            )))
         }
     }
-    Ok(())
 }
 
 /// [`attach`]'s plan without changing anything (`--print-sql` prints its script).

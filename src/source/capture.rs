@@ -143,6 +143,41 @@ pub fn touch_seq(touch_log: &TableName) -> TableName {
     touch_log.sibling(&format!("{}_seq", touch_log.name()))
 }
 
+/// What ends every refusal of [`capture_tables_problems`].
+pub(super) const CAPTURE_TABLES_FIX: &str = "the capture would run its code on every write; drop it (or make it as lakecdc creates it) and attach again";
+
+/// The query naming (`name`, `problem`) each of the registry, the touch log and the statement
+/// sequence that runs code lakecdc did not write (docs/hazards.md S18): the capture function
+/// writes them as its owner on every application write, and flush deletes touches as its own
+/// role. Each must be a plain table (a sequence) with no trigger and no rule; with `owned`
+/// (attach, which would adopt what `IF NOT EXISTS` finds), also owned by a role the current
+/// one has the privileges of, so no other role made it first (its owner could add code at any
+/// time). Flush and init may run as another role than the tables' owner: they check the code
+/// alone. Objects that do not exist yet are not named.
+pub(super) fn capture_tables_problems(
+    sources: &TableName,
+    touch_log: &TableName,
+    owned: bool,
+) -> String {
+    format!(
+        "SELECT name, problem FROM (SELECT e.name, e.n, CASE \
+           WHEN c.relkind::text <> e.want THEN 'is not a plain ' || \
+             CASE e.want WHEN 'S' THEN 'sequence' ELSE 'table' END \
+           WHEN {owned} AND NOT pg_has_role(current_user, c.relowner, 'USAGE') THEN \
+             'belongs to role ' || quote_ident(pg_get_userbyid(c.relowner)) || \
+             ', whose privileges this role does not have' \
+           WHEN EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal) \
+             OR EXISTS (SELECT 1 FROM pg_rewrite w WHERE w.ev_class = c.oid) \
+             THEN 'has triggers or rules lakecdc did not make' END AS problem \
+         FROM (VALUES ({}, 'r', 1), ({}, 'r', 2), ({}, 'S', 3)) AS e(name, want, n) \
+         JOIN pg_class c ON c.oid = to_regclass(e.name)) p \
+         WHERE problem IS NOT NULL ORDER BY n",
+        literal(&sources.quoted()),
+        literal(&touch_log.quoted()),
+        literal(&touch_seq(touch_log).quoted()),
+    )
+}
+
 /// The integer key types whose `row_id` encodes the key itself, in order.
 pub(crate) const INTEGER_KEYS: &[&str] = &["smallint", "integer", "bigint"];
 
@@ -455,34 +490,22 @@ END
     }
 
     /// Stops the transaction when the registry, the touch log or the sequence that
-    /// `IF NOT EXISTS` found is not as lakecdc makes it: not a plain table (sequence), made by
-    /// a role whose privileges the attaching one lacks, or with triggers or rules
-    /// (docs/hazards.md S18). `attach` checks the same first, with a clearer error; the printed
-    /// script carries this.
+    /// `IF NOT EXISTS` found is not as lakecdc makes it ([`capture_tables_problems`]).
+    /// `attach` runs the same query first, for an error of its own; the printed script carries
+    /// this.
     fn tables_check(&self) -> String {
-        let seq = touch_seq(&self.touch_log);
         format!(
             "DO $lakecdc$
 DECLARE
     r record;
 BEGIN
-    FOR r IN
-        SELECT c.oid::regclass::text AS name, c.relkind::text <> e.want
-               OR NOT pg_has_role(current_user, c.relowner, 'USAGE')
-               OR EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal)
-               OR EXISTS (SELECT 1 FROM pg_rewrite w WHERE w.ev_class = c.oid) AS foreign
-        FROM (VALUES ({}, 'r'), ({}, 'r'), ({}, 'S')) AS e(object, want)
-        JOIN pg_class c ON c.oid = to_regclass(e.object)
+    FOR r IN {problems}
     LOOP
-        IF r.foreign THEN
-            RAISE EXCEPTION 'lakecdc attach: % is not as lakecdc makes it (another role made it, or it has triggers or rules): drop it and attach again', r.name;
-        END IF;
+        RAISE EXCEPTION 'lakecdc attach: % %: {CAPTURE_TABLES_FIX}', r.name, r.problem;
     END LOOP;
 END
 $lakecdc$",
-            literal(&self.sources.quoted()),
-            literal(&self.touch_log.quoted()),
-            literal(&seq.quoted()),
+            problems = capture_tables_problems(&self.sources, &self.touch_log, true),
         )
     }
 
@@ -635,7 +658,7 @@ mod tests {
             "{s}"
         );
         assert!(
-            s.contains("RAISE EXCEPTION 'lakecdc attach: % is not as lakecdc makes it"),
+            s.contains("RAISE EXCEPTION 'lakecdc attach: % %: the capture would run its code"),
             "{s}"
         );
         assert!(s.contains("CREATE OR REPLACE FUNCTION \"shop\".\"lakecdc_capture_103\"()"));

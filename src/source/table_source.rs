@@ -128,6 +128,9 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
             key_names.join(", ")
         )));
     }
+    let recorded: Vec<serde_json::Value> = serde_json::from_str(&recorded)
+        .map_err(|e| Error::decode("read lakecdc_sources: columns", e.to_string()))?;
+    super::attach::check_capture_tables(client, &sources, &touch_log, false).await?;
     // The capture must still give the row ids this build reads back for the current key: a
     // key whose type changed since attach (a domain, integer → numeric) changes the rule, and
     // touches written by the old rule would match no row (docs/hazards.md L73).
@@ -141,7 +144,6 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
         sources: sources.clone(),
         touch_log: touch_log.clone(),
     };
-    super::attach::check_capture_tables(client, &sources, &touch_log, false).await?;
     if installed_function_matches(client, &capture).await? == Some(false) {
         let rule = super::attach::recorded_rule(&recorded, &key_names);
         return Err(Error::config(format!(
@@ -159,8 +161,6 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
             table.quoted()
         )));
     }
-    let recorded: Vec<serde_json::Value> = serde_json::from_str(&recorded)
-        .map_err(|e| Error::decode("read lakecdc_sources: columns", e.to_string()))?;
     let recorded = recorded
         .iter()
         .filter_map(|c| {

@@ -826,7 +826,7 @@ async fn a_touch_log_made_first_with_code_of_its_own_is_refused() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("lakecdc_touch is not as lakecdc makes it"),
+        !out.status.success() && err.contains("\"public\".\"lakecdc_touch\" is not a plain table"),
         "{err}"
     );
     assert_eq!(
