@@ -119,6 +119,12 @@ read -r passed failed ignored < <(awk '
 
 echo
 if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ] || [ "$image_rc" -ne 0 ]; then
+	# Each failing test's panic message (without its backtrace), last, where a truncated view
+	# of the output (the tail) still shows it.
+	awk '
+		/panicked at / { n = 12; print "  " $0; next }
+		/^stack backtrace:/ { n = 0 }
+		n > 0 { print "  " $0; n-- }' "$log" | tail -n 60 || true
 	grep -E '^test .* \.\.\. FAILED$' "$log" | sed 's/^/  /' || true
 	if [ "$rc" -ne 0 ]; then why="cargo test exited with $rc"; else why="no test ran"; fi
 	[ "$failed" -eq 0 ] || why="$failed failed"

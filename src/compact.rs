@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::datatypes::SchemaRef;
 use futures::future::BoxFuture;
 use futures::{StreamExt, stream};
 use serde::Serialize;
@@ -48,7 +49,7 @@ use crate::job;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
 use crate::lake::owner;
 use crate::lake::ranges::{self, Ranges, parse_key};
-use crate::lake::streamed::{self, Source};
+use crate::lake::streamed;
 use crate::lake::{Layout, SourceGuard};
 use crate::report::label;
 use crate::retry::Backoff;
@@ -553,10 +554,16 @@ async fn rewrite(
     check_room(p.opts, &inputs, dir)?;
     let t = Instant::now();
     let parallelism = p.opts.download_parallelism.max(1);
-    let sources: Vec<Arc<Source>> = stream::iter(inputs)
-        .map(|f| async move { streamed::open(store, &f).await.map(Arc::new) })
+    // Every source's footer is read and checked before anything is merged, but only its
+    // schema is kept: the streams open each file again when they reach it, so memory does not
+    // grow with the number of sources.
+    let sources: Vec<(FileEntry, SchemaRef)> = stream::iter(inputs)
+        .map(|f| async move {
+            let src = streamed::open(store, &f).await?;
+            Ok::<_, Error>((src.entry, src.arrow.schema().clone()))
+        })
         .buffered(parallelism)
-        .collect::<Vec<Result<Arc<Source>>>>()
+        .collect::<Vec<Result<_>>>()
         .await
         .into_iter()
         .collect::<Result<_>>()?;
@@ -631,9 +638,9 @@ async fn produce(
     p: &Pass<'_>,
     ranges: &Ranges,
     rewrite: Vec<bool>,
-    sources: Vec<Arc<Source>>,
+    sources: Vec<(FileEntry, SchemaRef)>,
     bases_in: usize,
-    schema: arrow::datatypes::SchemaRef,
+    schema: SchemaRef,
     zero_row_base: bool,
     dir: &Path,
 ) -> std::result::Result<Produced, (Error, Vec<StagedFile>)> {
@@ -642,11 +649,11 @@ async fn produce(
     // Streams: the rewritten bases in as few chains of disjoint files as their ranges allow
     // (one, unless bases written before ranged compaction overlap), then one per delta.
     let (bases, deltas) = sources.split_at(bases_in);
-    let mut chains: Vec<Vec<Arc<Source>>> = Vec::new();
-    for b in bases {
-        let min = parse_key(&b.entry.row_id_min);
+    let mut chains: Vec<Vec<FileEntry>> = Vec::new();
+    for (b, _) in bases {
+        let min = parse_key(&b.row_id_min);
         let fits = chains.iter_mut().find(|c| {
-            let last = c.last().and_then(|l| parse_key(&l.entry.row_id_max));
+            let last = c.last().and_then(|l| parse_key(&l.row_id_max));
             matches!((last, min), (Some(l), Some(m)) if l < m)
         });
         match fits {
@@ -654,12 +661,12 @@ async fn produce(
             None => chains.push(vec![b.clone()]),
         }
     }
-    chains.extend(deltas.iter().map(|d| vec![d.clone()]));
+    chains.extend(deltas.iter().map(|(d, _)| vec![d.clone()]));
     let mut cursors = Vec::with_capacity(chains.len());
     let mut pumps = Vec::with_capacity(chains.len());
     for chain in chains {
         let (tx, rx) = mpsc::channel(2);
-        cursors.push(streamed::Cursor::new(rx, chain.clone()));
+        cursors.push(streamed::Cursor::new(rx, chain.len()));
         pumps.push(tokio::spawn(streamed::pump(
             store.clone(),
             chain,

@@ -23,6 +23,7 @@ use arrow::record_batch::RecordBatch;
 use super::output::{Kind, Msg};
 use crate::error::{Error, Result};
 use crate::lake::current::supersedes;
+use crate::lake::manifest::FileEntry;
 use crate::lake::ranges::{Key, Ranges, key};
 use crate::lake::streamed::{BATCH_ROWS, Cursor, Source};
 
@@ -33,16 +34,16 @@ const DIRECT_RUN: usize = 512;
 /// (sources in the order given), each nullable. A column whose type differs between sources
 /// takes the type of the newest source holding it (highest `created_max`), and the others are
 /// cast to it; a type that cannot be cast is refused, naming the column and both files.
-pub(crate) fn merged_schema(sources: &[Arc<Source>]) -> Result<SchemaRef> {
+pub(crate) fn merged_schema(sources: &[(FileEntry, SchemaRef)]) -> Result<SchemaRef> {
     let mut order: Vec<String> = Vec::new();
-    let mut seen: HashMap<String, Vec<(Arc<Field>, &Source)>> = HashMap::new();
-    for s in sources {
-        for f in s.arrow.schema().fields() {
+    let mut seen: HashMap<String, Vec<(Arc<Field>, &FileEntry)>> = HashMap::new();
+    for (entry, schema) in sources {
+        for f in schema.fields() {
             let copies = seen.entry(f.name().clone()).or_insert_with(|| {
                 order.push(f.name().clone());
                 Vec::new()
             });
-            copies.push((f.clone(), s.as_ref()));
+            copies.push((f.clone(), entry));
         }
     }
     let mut fields = Vec::with_capacity(order.len());
@@ -50,17 +51,17 @@ pub(crate) fn merged_schema(sources: &[Arc<Source>]) -> Result<SchemaRef> {
         let copies = &seen[&name];
         let newest = copies
             .iter()
-            .max_by_key(|(_, s)| s.entry.created_max)
+            .max_by_key(|(_, e)| e.created_max)
             .ok_or_else(|| Error::Invariant(format!("column {name} of no source")))?;
         let to = newest.0.data_type();
-        for (f, s) in copies {
+        for (f, e) in copies {
             if f.data_type() != to && !can_cast_types(f.data_type(), to) {
                 return Err(Error::Parquet {
-                    path: s.entry.path.clone(),
+                    path: e.path.clone(),
                     message: format!(
                         "column {name} is {} here but {to} in the newer {}: the files cannot be merged",
                         f.data_type(),
-                        newest.1.entry.path
+                        newest.1.path
                     ),
                 });
             }
@@ -582,14 +583,15 @@ mod tests {
             })
             .collect();
         for e in read {
-            sources.push(Arc::new(streamed::open(store.as_ref(), e).await.unwrap()));
+            let s = streamed::open(store.as_ref(), e).await.unwrap();
+            sources.push((s.entry, s.arrow.schema().clone()));
         }
         let schema = merged_schema(&sources).unwrap();
         let mut cursors = Vec::new();
-        for s in sources {
+        for (e, _) in sources {
             let (tx, rx) = tokio::sync::mpsc::channel(2);
-            cursors.push(Cursor::new(rx, vec![s.clone()]));
-            tokio::spawn(pump(store.clone(), vec![s], false, tx));
+            cursors.push(Cursor::new(rx, 1));
+            tokio::spawn(pump(store.clone(), vec![e], false, tx));
         }
         let (tx, rx) = sync_channel(16);
         let merged = tokio::task::spawn_blocking(move || {
@@ -697,6 +699,49 @@ mod tests {
             delta: vec![(120, 2, String::new())],
         };
         assert_eq!(out, want);
+    }
+
+    /// A stream opens its files one after the other and lets each go once it was read: memory
+    /// holds one footer per stream, not one per source (docs/hazards.md L75).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_holds_one_file_at_a_time() {
+        let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
+        let mut chain = Vec::new();
+        for i in 0..4u128 {
+            let rows = [(i * 10 + 1, 1, 0, "a"), (i * 10 + 2, 1, 0, "b")];
+            let bytes = file(&rows);
+            let path = format!("data/1/b{i}.parquet");
+            store
+                .put_bytes(&path, bytes.clone(), PutMode::Overwrite)
+                .await
+                .unwrap();
+            chain.push(entry(Tier::Base, &path, &rows, bytes.len()));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let mut cursor = Cursor::new(rx, chain.len());
+        tokio::spawn(pump(store.clone(), chain, false, tx));
+        let seen = tokio::task::spawn_blocking(move || {
+            // (file path, rows, how many earlier files were still held when it was read)
+            let mut seen: Vec<(String, usize, usize)> = Vec::new();
+            let mut earlier: Vec<std::sync::Weak<Source>> = Vec::new();
+            while let Some((src, b)) = cursor.next_batch().unwrap() {
+                if seen.last().is_none_or(|l| l.0 != src.entry.path) {
+                    let held = earlier.iter().filter(|w| w.upgrade().is_some()).count();
+                    seen.push((src.entry.path.clone(), 0, held));
+                    earlier.push(Arc::downgrade(&src));
+                }
+                if let Some(l) = seen.last_mut() {
+                    l.1 += b.num_rows();
+                }
+            }
+            seen
+        })
+        .await
+        .unwrap();
+        let want: Vec<(String, usize, usize)> = (0..4)
+            .map(|i| (format!("data/1/b{i}.parquet"), 2, 0))
+            .collect();
+        assert_eq!(seen, want);
     }
 
     /// A file whose rows are out of order (or hold a row twice) is refused, not merged.

@@ -2,8 +2,9 @@
 //! footer by one ranged read of its last bytes, then its row groups one at a time, in file order, each
 //! by one ranged read. Every byte the merge decodes is hashed, in order, and the hash is
 //! compared with the manifest's checksum once the file's last byte has passed: a corrupt or
-//! replaced source fails the pass before anything is published. Memory per source is the
-//! footer and the row groups in flight; local disk, none.
+//! replaced source fails the pass before anything is published. A stream opens each of its
+//! files when it reaches it and lets it go once read, so memory is one footer and the row
+//! groups in flight per stream, however many files the pass merges; local disk, none.
 
 use std::sync::Arc;
 
@@ -332,6 +333,8 @@ pub(crate) enum Piece {
     RowGroup {
         /// The file's position in the stream.
         file: usize,
+        /// The file, opened by the stream when it reached it.
+        source: Arc<Source>,
         /// The row group.
         rg: usize,
         /// Its bytes.
@@ -344,18 +347,22 @@ pub(crate) enum Piece {
     },
 }
 
-/// Reads the files of one stream in order, row group by row group, into `tx` (which holds at
-/// most its capacity of row groups), hashing every byte; a file is [`Piece::Verified`] once
-/// its hash matches the manifest's (or the check is skipped). Ends quietly when the merge
-/// hangs up.
+/// Reads the files of one stream in order, each opened when the stream reaches it (its footer
+/// read and checked again, as [`open`] does) and dropped once read, row group by row group,
+/// into `tx` (which holds at most its capacity of row groups), hashing every byte; a file is
+/// [`Piece::Verified`] once its hash matches the manifest's (or the check is skipped). Ends
+/// quietly when the merge hangs up.
 pub(crate) async fn pump(
     store: Arc<dyn ObjectStore>,
-    files: Vec<Arc<Source>>,
+    files: Vec<FileEntry>,
     skip_verify: bool,
     tx: mpsc::Sender<Result<Piece>>,
 ) {
-    for (file, src) in files.iter().enumerate() {
-        let res = pump_file(store.as_ref(), file, src, skip_verify, &tx).await;
+    for (file, entry) in files.iter().enumerate() {
+        let res = match open(store.as_ref(), entry).await {
+            Ok(src) => pump_file(store.as_ref(), file, Arc::new(src), skip_verify, &tx).await,
+            Err(e) => Err(e),
+        };
         match res {
             Ok(true) => {}
             Ok(false) => return,
@@ -371,7 +378,7 @@ pub(crate) async fn pump(
 async fn pump_file(
     store: &dyn ObjectStore,
     file: usize,
-    src: &Source,
+    src: Arc<Source>,
     skip_verify: bool,
     tx: &mpsc::Sender<Result<Piece>>,
 ) -> Result<bool> {
@@ -386,8 +393,14 @@ async fn pump_file(
         hasher.update(&bytes);
         let data = Segment::new(pos, bytes, src.size);
         pos = end;
+        let source = src.clone();
         if tx
-            .send(Ok(Piece::RowGroup { file, rg, data }))
+            .send(Ok(Piece::RowGroup {
+                file,
+                source,
+                rg,
+                data,
+            }))
             .await
             .is_err()
         {
@@ -421,14 +434,15 @@ async fn pump_file(
 /// once every file was verified.
 pub(crate) struct Cursor {
     rx: mpsc::Receiver<Result<Piece>>,
-    files: Vec<Arc<Source>>,
-    reader: Option<(usize, ParquetRecordBatchReader)>,
+    /// How many files the stream reads.
+    files: usize,
+    reader: Option<(Arc<Source>, ParquetRecordBatchReader)>,
     verified: usize,
 }
 
 impl Cursor {
-    /// A cursor over the pieces [`pump`] sends for `files`.
-    pub(crate) fn new(rx: mpsc::Receiver<Result<Piece>>, files: Vec<Arc<Source>>) -> Self {
+    /// A cursor over the pieces [`pump`] sends for a stream of `files` files.
+    pub(crate) fn new(rx: mpsc::Receiver<Result<Piece>>, files: usize) -> Self {
         Self {
             rx,
             files,
@@ -441,8 +455,7 @@ impl Cursor {
     /// verified. Blocks (call it on a blocking thread).
     pub(crate) fn next_batch(&mut self) -> Result<Option<(Arc<Source>, RecordBatch)>> {
         loop {
-            if let Some((file, reader)) = &mut self.reader {
-                let src = &self.files[*file];
+            if let Some((src, reader)) = &mut self.reader {
                 match reader.next() {
                     Some(Ok(b)) => return Ok(Some((src.clone(), b))),
                     Some(Err(e)) => return Err(corrupt(&src.entry, format!("decode: {e}"))),
@@ -450,7 +463,7 @@ impl Cursor {
                 }
             }
             match self.rx.blocking_recv() {
-                None if self.verified == self.files.len() => return Ok(None),
+                None if self.verified == self.files => return Ok(None),
                 None => {
                     return Err(Error::Invariant(
                         "a compaction source stream ended before its files were verified".into(),
@@ -463,12 +476,17 @@ impl Cursor {
                         "a compaction source was verified out of order".into(),
                     ));
                 }
-                Some(Ok(Piece::RowGroup { file, rg, data })) => {
-                    let src = self
-                        .files
-                        .get(file)
-                        .ok_or_else(|| Error::Invariant("a row group of no source".into()))?;
-                    self.reader = Some((file, src.decode(rg, data, None)?));
+                Some(Ok(Piece::RowGroup {
+                    file,
+                    source,
+                    rg,
+                    data,
+                })) => {
+                    if file >= self.files || file < self.verified {
+                        return Err(Error::Invariant("a row group of no source".into()));
+                    }
+                    let reader = source.decode(rg, data, None)?;
+                    self.reader = Some((source, reader));
                 }
             }
         }
