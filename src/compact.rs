@@ -76,6 +76,10 @@ pub struct CompactOptions {
     pub dirty_ratio: f64,
     /// Fold the deltas into one once more than this many are listed.
     pub max_deltas: usize,
+    /// The most bytes a pass reads (every delta and the bases of the ranges it rewrites):
+    /// ranges past the ratio beyond it wait for a later pass, so that a pass ends within
+    /// the commit lease (docs/design.md §9).
+    pub max_rewrite_bytes: u64,
     /// Merge even when a source's bytes do not match its checksum.
     pub skip_input_checksum_verify: bool,
     /// Whole-pass retries after a lost race.
@@ -103,6 +107,7 @@ impl CompactOptions {
             target_base_size: self.target_base_size,
             dirty_ratio: self.dirty_ratio,
             max_deltas: self.max_deltas,
+            max_rewrite_bytes: self.max_rewrite_bytes,
         }
     }
 }
@@ -114,6 +119,7 @@ impl Default for CompactOptions {
             target_base_size: 256 * 1024 * 1024,
             dirty_ratio: 0.05,
             max_deltas: 32,
+            max_rewrite_bytes: crate::policy::MAX_REWRITE_BYTES,
             skip_input_checksum_verify: false,
             max_retries: 5,
             dry_run: false,

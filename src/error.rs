@@ -321,7 +321,7 @@ pub enum Error {
     /// A staged object waited longer than its lease to be listed: gc may already treat it as
     /// an orphan, so it is not published.
     #[error(
-        "the new base {key} was staged {staged_s}s ago ({wall_s}s by the wall clock), longer than the {lease_s}s lease (a slow store, a suspended host, a clock step?): gc may already treat it as an orphan, so it is not published; run compact again"
+        "the new base {key} was staged {staged_s}s ago ({wall_s}s by the wall clock), longer than the {lease_s}s lease (a slow store, a suspended host, a clock step?): gc may already treat it as an orphan, so it is not published; run compact again, with a lower --max-rewrite-bytes if its passes keep taking this long"
     )]
     LeaseExpired {
         /// The staged object.

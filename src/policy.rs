@@ -48,7 +48,17 @@ pub struct CompactThresholds {
     pub dirty_ratio: f64,
     /// More listed deltas than this are folded into one even when no range is rewritten.
     pub max_deltas: usize,
+    /// The most bytes a pass reads: every delta, and the bases of the ranges it rewrites.
+    /// Ranges past the ratio that would pass it wait for a later pass (their delta rows go
+    /// to the consolidated delta meanwhile), the least dirty first; a pass rewrites at least
+    /// one range whatever its size.
+    pub max_rewrite_bytes: u64,
 }
+
+/// The default of [`CompactThresholds::max_rewrite_bytes`]: a pass reading this many bytes
+/// ends well within the commit lease at the merge's measured rate (docs/benchmarks.md),
+/// with room for a store several times slower.
+pub const MAX_REWRITE_BYTES: u64 = 8 * 1024 * 1024 * 1024;
 
 /// What compact decides for a schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -109,6 +119,8 @@ pub struct Plan {
     pub ranges: usize,
     /// The ranges a rewrite rewrites, in row-id order.
     pub rewrite: Vec<RangeShare>,
+    /// Ranges past the ratio left for a later pass by `--max-rewrite-bytes`.
+    pub deferred: usize,
     /// Base files a rewrite keeps, keys and bytes unchanged.
     pub bases_kept: usize,
     /// Delta rows a rewrite or consolidation folds into the consolidated delta (an upper
@@ -133,13 +145,21 @@ impl Plan {
             shares.push(format!("{} more", self.rewrite.len() - shown));
         }
         Some(format!(
-            "rewrite {} of {} ranges{}; keep {} bases; {} delta rows to one consolidated delta",
+            "rewrite {} of {} ranges{}{}; keep {} bases; {} delta rows to one consolidated delta",
             self.rewrite.len(),
             self.ranges,
             if shares.is_empty() {
                 String::new()
             } else {
                 format!(" ({})", shares.join(", "))
+            },
+            if self.deferred > 0 {
+                format!(
+                    "; {} more past the ratio wait for a later pass (--max-rewrite-bytes)",
+                    self.deferred
+                )
+            } else {
+                String::new()
             },
             self.bases_kept,
             self.consolidated_rows
@@ -182,6 +202,7 @@ impl CompactThresholds {
             dirty_ratio,
             ranges: ranges.ranges().len(),
             rewrite: Vec::new(),
+            deferred: 0,
             bases_kept: base_files,
             consolidated_rows: 0,
         };
@@ -226,6 +247,7 @@ impl CompactThresholds {
             return plan;
         }
         let mut kept_rows = 0i64;
+        let mut due = Vec::new();
         for (i, r) in ranges.ranges().iter().enumerate() {
             let touched = touched.get(i).copied().unwrap_or(0);
             let share = if r.rows > 0 {
@@ -236,7 +258,7 @@ impl CompactThresholds {
             // Overlapping files (written before ranged compaction) are made disjoint by the
             // first rewrite that touches them.
             if touched > 0 && (share >= self.dirty_ratio || r.overlapping) {
-                plan.rewrite.push(RangeShare {
+                due.push(RangeShare {
                     index: i,
                     files: r.files.len(),
                     row_id_min: r.row_id_min.clone(),
@@ -245,11 +267,29 @@ impl CompactThresholds {
                     touched,
                     share,
                 });
-                plan.bases_kept = plan.bases_kept.saturating_sub(r.files.len());
             } else {
                 kept_rows = kept_rows.saturating_add(touched);
             }
         }
+        // The pass's bytes stay within --max-rewrite-bytes: the dirtiest ranges first, at
+        // least one; the others wait (docs/design.md §9).
+        due.sort_by(|a, b| b.share.total_cmp(&a.share).then(a.index.cmp(&b.index)));
+        let mut bytes = u64::try_from(delta_bytes).unwrap_or(0);
+        for r in due {
+            let size = ranges
+                .ranges()
+                .get(r.index)
+                .map_or(0, |x| u64::try_from(x.bytes).unwrap_or(0));
+            if plan.rewrite.is_empty() || bytes.saturating_add(size) <= self.max_rewrite_bytes {
+                bytes = bytes.saturating_add(size);
+                plan.bases_kept = plan.bases_kept.saturating_sub(r.files);
+                plan.rewrite.push(r);
+            } else {
+                plan.deferred += 1;
+                kept_rows = kept_rows.saturating_add(r.touched);
+            }
+        }
+        plan.rewrite.sort_by_key(|r| r.index);
         // Zero-row bases go with any pass that writes.
         plan.consolidated_rows = kept_rows;
         if !plan.rewrite.is_empty() {
@@ -257,10 +297,16 @@ impl CompactThresholds {
             plan.decision = Decision::Rewrite;
             plan.reason = format!(
                 "{} of {} ranges have a delta share >= --dirty-ratio {}",
-                plan.rewrite.len(),
+                plan.rewrite.len() + plan.deferred,
                 plan.ranges,
                 self.dirty_ratio
             );
+            if plan.deferred > 0 {
+                plan.reason.push_str(&format!(
+                    "; {} of them wait for a later pass (--max-rewrite-bytes {})",
+                    plan.deferred, self.max_rewrite_bytes
+                ));
+            }
         } else if too_many && delta_files > 1 {
             // (One delta folded into one would only be copied.)
             plan.bases_kept = plan.bases_kept.saturating_sub(ranges.empty_files().len());
@@ -322,6 +368,7 @@ mod tests {
         target_base_size: 1000,
         dirty_ratio: 0.05,
         max_deltas: 3,
+        max_rewrite_bytes: MAX_REWRITE_BYTES,
     };
 
     fn plan(files: Vec<FileEntry>, touched: &[i64]) -> Plan {
@@ -399,6 +446,57 @@ mod tests {
         assert_eq!(p.decision, Decision::Consolidate, "{}", p.reason);
         assert_eq!((p.bases_kept, p.consolidated_rows), (10, 10));
         assert!(p.rewrite.is_empty());
+    }
+
+    /// A pass reads at most --max-rewrite-bytes: the dirtiest ranges first, at least one;
+    /// the others' delta rows go to the consolidated delta and their ranges wait.
+    #[test]
+    fn a_pass_rewrites_the_dirtiest_ranges_its_byte_budget_holds() {
+        let mut files = tier_of_ten();
+        files.push(entry(Tier::Delta, "d", (0, 999), 30, 10));
+        let mut touched = vec![0i64; 10];
+        touched[1] = 6;
+        touched[4] = 9;
+        touched[6] = 7;
+        touched[8] = 1;
+        // The delta (10 bytes) and two bases of 100 bytes.
+        let budget = |max_rewrite_bytes: u64| {
+            let m = Manifest {
+                files: files.clone(),
+                ..Manifest::empty(7)
+            };
+            let t = CompactThresholds {
+                max_rewrite_bytes,
+                ..T
+            };
+            t.plan(&m, &Ranges::of(&m), &touched)
+        };
+        let p = budget(210);
+        assert_eq!(p.decision, Decision::Rewrite, "{}", p.reason);
+        let rewritten: Vec<usize> = p.rewrite.iter().map(|r| r.index).collect();
+        assert_eq!(rewritten, vec![4, 6], "{}", p.reason);
+        assert_eq!((p.deferred, p.bases_kept, p.consolidated_rows), (1, 8, 7));
+        assert!(p.reason.contains("3 of 10 ranges"), "{}", p.reason);
+        assert!(p.reason.contains("1 of them wait"), "{}", p.reason);
+        assert!(
+            p.ranges_line().unwrap().contains("1 more past the ratio"),
+            "{:?}",
+            p.ranges_line()
+        );
+        // One byte short of the second range: the dirtiest alone.
+        let p = budget(209);
+        let rewritten: Vec<usize> = p.rewrite.iter().map(|r| r.index).collect();
+        assert_eq!((rewritten, p.deferred), (vec![4], 2));
+        // A budget below any range still rewrites the dirtiest one.
+        let p = budget(1);
+        let rewritten: Vec<usize> = p.rewrite.iter().map(|r| r.index).collect();
+        assert_eq!(
+            (rewritten, p.deferred, p.consolidated_rows),
+            (vec![4], 2, 14)
+        );
+        // The default holds them all.
+        let p = budget(MAX_REWRITE_BYTES);
+        assert_eq!((p.rewrite.len(), p.deferred), (3, 0));
     }
 
     #[test]

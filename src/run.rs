@@ -429,6 +429,7 @@ fn compact_thresholds(s: &Resolved) -> Result<CompactThresholds> {
         target_base_size: size(s, "target-base-size")?,
         dirty_ratio: parse_ratio("dirty-ratio", s.text("dirty-ratio")?)?,
         max_deltas: s.number("max-deltas")?.unwrap_or(32),
+        max_rewrite_bytes: size(s, "max-rewrite-bytes")?,
     })
 }
 
@@ -486,6 +487,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 target_base_size: t.target_base_size,
                 dirty_ratio: t.dirty_ratio,
                 max_deltas: t.max_deltas,
+                max_rewrite_bytes: t.max_rewrite_bytes,
                 skip_input_checksum_verify: s.flag("skip-input-checksum-verify"),
                 max_retries: s.number("max-retries")?.unwrap_or_default(),
                 dry_run,

@@ -215,6 +215,10 @@ enum Command {
         /// Fold the deltas into one consolidated delta once more than this many are listed.
         #[arg(long)]
         max_deltas: Option<String>,
+        /// The most bytes one pass reads (the deltas and the rewritten ranges' bases); other
+        /// ranges wait for the next pass.
+        #[arg(long)]
+        max_rewrite_bytes: Option<String>,
         /// Merge even when a source's bytes do not match its manifest checksum.
         #[arg(long)]
         skip_input_checksum_verify: bool,
@@ -387,6 +391,9 @@ enum Command {
         /// The compaction delta count to evaluate.
         #[arg(long)]
         max_deltas: Option<String>,
+        /// The compaction pass size to evaluate.
+        #[arg(long)]
+        max_rewrite_bytes: Option<String>,
     },
 }
 

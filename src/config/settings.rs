@@ -330,6 +330,12 @@ pub const SETTINGS: &[Setting] = &[
         Some("32"),
     ),
     of(
+        &[Compact, Inspect],
+        "max-rewrite-bytes",
+        "LAKECDC_MAX_REWRITE_BYTES",
+        Some("8GiB"),
+    ),
+    of(
         &[Compact],
         "skip-input-checksum-verify",
         "LAKECDC_SKIP_INPUT_CHECKSUM_VERIFY",

@@ -282,6 +282,82 @@ async fn only_touched_ranges_are_rewritten_and_the_rest_fold_into_one_delta() {
     assert_eq!(rig.assert_oracle().await, (live, 0));
 }
 
+/// `--max-rewrite-bytes` bounds a pass (docs/design.md §9): of three ranges past the ratio, a
+/// budget holding the delta and one base rewrites the dirtiest alone and folds the others'
+/// rows into one delta, which keeps them current; the next passes take the rest, one each,
+/// and the lake equals PostgreSQL after each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_byte_budget_spreads_a_rewrite_over_passes_that_converge() {
+    let (mut rig, mut r) = lake_from_init(2105, 200, 20).await;
+    let target = 1 << 20;
+    let before = assert_base_tier(&rig, target).await;
+    let bases: Vec<&Value> = before.values().collect();
+    // Ranges 1, 4 and 8, the first the dirtiest.
+    let picked = [(bases[1], 6), (bases[4], 4), (bases[8], 3)];
+    for (f, n) in picked {
+        let ids = rows_in(&rig, id(&f["row_id_min"]), id(&f["row_id_max"]));
+        for id in ids.iter().take(n) {
+            rig.writer.update(*id, Customer::random(&mut r)).await;
+        }
+    }
+    rig.flush().await;
+    let delta_bytes: u64 = files(&manifest(&rig).await, "delta")
+        .iter()
+        .map(|f| f["size_bytes"].as_u64().unwrap())
+        .sum();
+    let largest = picked
+        .iter()
+        .map(|(f, _)| f["size_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let mut o = opts(&rig, target, 0.05, 32);
+    // Room for the deltas and one base, never two.
+    o.max_rewrite_bytes = delta_bytes + largest;
+    let mut rewritten = Vec::new();
+    for pass in 0..3 {
+        let s = compact(&rig, &o).await;
+        assert_eq!(s.outcome, Outcome::Done, "pass {pass}: {s:?}");
+        let plan = s.plan.clone().unwrap();
+        assert_eq!(
+            plan.decision,
+            Decision::Rewrite,
+            "pass {pass}: {}",
+            plan.reason
+        );
+        assert_eq!(
+            (plan.rewrite.len(), plan.deferred),
+            (1, 2 - pass),
+            "pass {pass}: {}",
+            plan.reason
+        );
+        rewritten.push(plan.rewrite[0].row_id_min.clone());
+        let after = assert_base_tier(&rig, target).await;
+        assert_eq!(after.len(), before.len(), "pass {pass}");
+        let deltas = files(&manifest(&rig).await, "delta");
+        assert_eq!(
+            deltas.len(),
+            usize::from(pass < 2),
+            "pass {pass}: {deltas:?}"
+        );
+        assert_eq!(rig.assert_oracle().await.1, 0, "pass {pass}");
+        // The consolidated delta is smaller than the first: the next pass's budget holds it
+        // and one base again.
+        o.max_rewrite_bytes = deltas
+            .iter()
+            .map(|f| f["size_bytes"].as_u64().unwrap())
+            .sum::<u64>()
+            + largest;
+    }
+    // The dirtiest range went first, then by share.
+    let want: Vec<String> = picked
+        .iter()
+        .map(|(f, _)| f["row_id_min"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(rewritten, want);
+    let s = compact(&rig, &o).await;
+    assert_eq!(s.plan.unwrap().decision, Decision::Noop);
+}
+
 /// Compaction cuts its output at the target: a rewrite of a whole tier into small files
 /// gives several bases, each within the target, disjoint and sorted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
