@@ -42,7 +42,32 @@ pub struct Attached {
 pub(super) struct Shape {
     pub(super) table: TableName,
     pub(super) columns: Vec<SourceColumn>,
+    /// Each column's `attnum`, in the order of `columns`: it survives a rename.
+    pub(super) attnums: Vec<i16>,
     pub(super) key: Vec<KeyColumn>,
+}
+
+impl Shape {
+    /// The `attnum`s of the columns named in `names` that the table has.
+    pub(super) fn attnums_of(&self, names: &[String]) -> Vec<i16> {
+        self.columns
+            .iter()
+            .zip(&self.attnums)
+            .filter(|(c, _)| names.contains(&c.name))
+            .map(|(_, n)| *n)
+            .collect()
+    }
+}
+
+/// The `attnum`s of a source's excluded columns as `lakecdc_sources.excluded_attnums` holds
+/// them (read as JSON, so a registry made before the column existed reads `None`).
+pub(super) fn parse_excluded_attnums(json: Option<&str>) -> Result<Option<Vec<i16>>> {
+    match json {
+        None | Some("null") => Ok(None),
+        Some(text) => serde_json::from_str(text)
+            .map(Some)
+            .map_err(|e| Error::decode("read lakecdc_sources: excluded_attnums", e.to_string())),
+    }
 }
 
 pub(super) async fn describe(client: &impl GenericClient, table: &TableName) -> Result<Shape> {
@@ -103,33 +128,36 @@ pub(super) async fn describe(client: &impl GenericClient, table: &TableName) -> 
                FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
                WHERE a.attrelid = $1::int8::oid AND a.attnum > 0 AND NOT a.attisdropped) \
              SELECT c.name, c.shown, b.typname::text, b.typtype::text, c.typmod, \
-                    e.typname::text, e.typtype::text \
+                    e.typname::text, e.typtype::text, c.attnum \
              FROM c JOIN pg_type b ON b.oid = c.base \
              LEFT JOIN pg_type e ON e.oid = b.typelem AND b.typcategory = 'A' \
              ORDER BY c.attnum",
             &[&oid],
         ),
     )
-    .await?
-    .iter()
-    .map(|r| {
-        let element: Option<String> = r.get(5);
-        let lake = LakeType::of(&CatalogType {
-            name: r.get(2),
-            kind: r.get(3),
-            typmod: r.get(4),
-            element: element.map(|name| (name, r.get::<_, Option<String>>(6).unwrap_or_default())),
-        });
-        let name: String = r.get(0);
-        SourceColumn {
-            lake_name: super::capture::lake_name(&name),
-            name,
-            pg_type: r.get(1),
-            lake_type: lake.describe(),
-            lake,
-        }
-    })
-    .collect();
+    .await?;
+    let attnums = columns.iter().map(|r| r.get::<_, i16>(7)).collect();
+    let columns = columns
+        .iter()
+        .map(|r| {
+            let element: Option<String> = r.get(5);
+            let lake = LakeType::of(&CatalogType {
+                name: r.get(2),
+                kind: r.get(3),
+                typmod: r.get(4),
+                element: element
+                    .map(|name| (name, r.get::<_, Option<String>>(6).unwrap_or_default())),
+            });
+            let name: String = r.get(0);
+            SourceColumn {
+                lake_name: super::capture::lake_name(&name),
+                name,
+                pg_type: r.get(1),
+                lake_type: lake.describe(),
+                lake,
+            }
+        })
+        .collect();
     let key = timed(
         TIMEOUT,
         "read the table's primary key",
@@ -151,6 +179,7 @@ pub(super) async fn describe(client: &impl GenericClient, table: &TableName) -> 
     Ok(Shape {
         table: qualified,
         columns,
+        attnums,
         key,
     })
 }
@@ -334,9 +363,10 @@ async fn same_as_recorded(
     table: &str,
     key: &[KeyColumn],
     exclude: &[String],
-) -> Result<()> {
+    exclude_attnums: &[i16],
+) -> Result<bool> {
     let sql = format!(
-        "SELECT key_columns, excluded_columns, columns::text FROM {} WHERE source_id = $1",
+        "SELECT key_columns, excluded_columns, columns::text, (to_jsonb(s) -> 'excluded_attnums')::text FROM {} s WHERE source_id = $1",
         sources.quoted()
     );
     let row = timed(
@@ -371,10 +401,28 @@ async fn same_as_recorded(
             current_key.join(", ")
         )));
     }
-    let mut requested = exclude.to_vec();
-    recorded_excluded.sort();
-    requested.sort();
-    if recorded_excluded != requested {
+    let recorded_attnums = parse_excluded_attnums(
+        row.try_get::<_, Option<String>>(3)
+            .map_err(column("excluded_attnums"))?
+            .as_deref(),
+    )?;
+    // The same columns: by attnum once recorded (a renamed excluded column is still the one
+    // excluded), else by name.
+    let same = match &recorded_attnums {
+        Some(recorded) => {
+            let (mut a, mut b) = (recorded.clone(), exclude_attnums.to_vec());
+            a.sort_unstable();
+            b.sort_unstable();
+            a == b
+        }
+        None => {
+            let mut requested = exclude.to_vec();
+            recorded_excluded.sort();
+            requested.sort();
+            recorded_excluded == requested
+        }
+    };
+    if !same {
         return Err(Error::setting(
             "exclude-columns",
             format!(
@@ -387,7 +435,11 @@ async fn same_as_recorded(
             ),
         ));
     }
-    Ok(())
+    // Whether the registry lacks what this build records (the attnums, or the current names).
+    let mut names = exclude.to_vec();
+    names.sort();
+    recorded_excluded.sort();
+    Ok((recorded_attnums.is_none() && !exclude.is_empty()) || recorded_excluded != names)
 }
 
 /// Whether any part of the capture (the function, a trigger) is installed.
@@ -464,8 +516,19 @@ async fn plan(
         (None, None) => shape.table.name().to_string(),
     };
     check_schema_name(&name).map_err(|e| Error::setting("name", e.to_string()))?;
+    let exclude_attnums = shape.attnums_of(&request.exclude);
+    let mut stale_record = false;
     if let Some((id, _)) = &existing {
-        same_as_recorded(client, &sources, *id, &table, &shape.key, &request.exclude).await?;
+        stale_record = same_as_recorded(
+            client,
+            &sources,
+            *id,
+            &table,
+            &shape.key,
+            &request.exclude,
+            &exclude_attnums,
+        )
+        .await?;
     }
     let taken = taken(client, tables, &sources).await?;
     let id = match existing {
@@ -502,11 +565,13 @@ async fn plan(
         table: shape.table.clone(),
         key: shape.key.clone(),
         excluded: request.exclude.clone(),
+        excluded_attnums: exclude_attnums,
         columns: columns.clone(),
         sources,
         touch_log,
     };
-    let unchanged = existing.is_some() && capture_installed(client, &capture).await?;
+    let unchanged =
+        existing.is_some() && !stale_record && capture_installed(client, &capture).await?;
     Ok(Attached {
         capture,
         unchanged,
@@ -634,6 +699,7 @@ pub async fn detach(
         table: shape.table,
         key: shape.key,
         excluded: Vec::new(),
+        excluded_attnums: Vec::new(),
         columns: Vec::new(),
         sources,
         touch_log,

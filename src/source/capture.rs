@@ -96,6 +96,8 @@ pub struct Capture {
     pub key: Vec<KeyColumn>,
     /// Columns left out of the lake.
     pub excluded: Vec<String>,
+    /// Their `attnum`s: a renamed excluded column stays out (docs/hazards.md L77).
+    pub excluded_attnums: Vec<i16>,
     /// The exported columns, recorded with the source.
     pub columns: Vec<SourceColumn>,
     /// `lakecdc_sources`.
@@ -112,7 +114,7 @@ fn literal(s: &str) -> String {
 /// The `CREATE TABLE` of the table sources' registry.
 pub fn sources_ddl(sources: &TableName) -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT PRIMARY KEY,\n    name TEXT UNIQUE NOT NULL,\n    kind TEXT NOT NULL DEFAULT 'table' CHECK (kind = 'table'),\n    table_schema TEXT NOT NULL,\n    table_name TEXT NOT NULL,\n    key_columns TEXT[] NOT NULL,\n    excluded_columns TEXT[] NOT NULL DEFAULT '{{}}',\n    columns JSONB NOT NULL DEFAULT '[]',\n    attached_at BIGINT NOT NULL,\n    needs_init_at BIGINT,\n    version_floor BIGINT NOT NULL DEFAULT 0,\n    UNIQUE (table_schema, table_name)\n)",
+        "CREATE TABLE IF NOT EXISTS {} (\n    source_id SMALLINT PRIMARY KEY,\n    name TEXT UNIQUE NOT NULL,\n    kind TEXT NOT NULL DEFAULT 'table' CHECK (kind = 'table'),\n    table_schema TEXT NOT NULL,\n    table_name TEXT NOT NULL,\n    key_columns TEXT[] NOT NULL,\n    excluded_columns TEXT[] NOT NULL DEFAULT '{{}}',\n    excluded_attnums SMALLINT[],\n    columns JSONB NOT NULL DEFAULT '[]',\n    attached_at BIGINT NOT NULL,\n    needs_init_at BIGINT,\n    version_floor BIGINT NOT NULL DEFAULT 0,\n    UNIQUE (table_schema, table_name)\n)",
         sources.quoted()
     )
 }
@@ -465,8 +467,11 @@ END
         };
         let key: Vec<String> = self.key.iter().map(|k| k.name.clone()).collect();
         let columns = columns_json(&self.columns);
+        let attnums: Vec<String> = self.excluded_attnums.iter().map(i16::to_string).collect();
+        // Attached already: only the excluded columns' names and attnums are brought up to
+        // date (attach checked they are the same columns).
         format!(
-            "INSERT INTO {} (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, {}::jsonb, {attached_at}) ON CONFLICT (source_id) DO NOTHING",
+            "INSERT INTO {} AS s (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, excluded_attnums, columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, ARRAY[{}]::smallint[], {}::jsonb, {attached_at}) ON CONFLICT (source_id) DO UPDATE SET excluded_columns = EXCLUDED.excluded_columns, excluded_attnums = EXCLUDED.excluded_attnums",
             self.sources.quoted(),
             self.source_id,
             literal(&self.name),
@@ -474,6 +479,7 @@ END
             literal(self.table.name()),
             array(&key),
             array(&self.excluded),
+            attnums.join(", "),
             literal(&columns.to_string()),
         )
     }
@@ -484,6 +490,11 @@ END
         let mut out = vec![sources_ddl(&self.sources)];
         out.extend(touch_log_ddl(&self.touch_log));
         out.push(self.tables_check());
+        // A registry made by an earlier build lacks the column.
+        out.push(format!(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS excluded_attnums SMALLINT[]",
+            self.sources.quoted()
+        ));
         out.push(self.register_sql(attached_at));
         out.extend(self.capture_ddl());
         out
@@ -630,6 +641,7 @@ mod tests {
             table: TableName::parse("t", "shop.orders").unwrap(),
             key: key(&[("id", "bigint")]),
             excluded: vec!["secret's".into()],
+            excluded_attnums: vec![3],
             columns: vec![SourceColumn {
                 name: "note".into(),
                 pg_type: "text".into(),

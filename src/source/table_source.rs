@@ -93,8 +93,9 @@ pub async fn list(client: &Client, tables: &Tables) -> Result<Vec<(i16, String)>
 pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSource> {
     let (sources, touch_log) = qualified_tables(client, tables).await?;
     let sql = format!(
-        "SELECT name, table_schema, table_name, key_columns, excluded_columns, columns::text, needs_init_at \
-         FROM {} WHERE source_id = $1",
+        "SELECT name, table_schema, table_name, key_columns, excluded_columns, columns::text, needs_init_at, \
+                (to_jsonb(s) -> 'excluded_attnums')::text \
+         FROM {} s WHERE source_id = $1",
         sources.quoted()
     );
     let row = timed(
@@ -112,6 +113,12 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
     let excluded: Vec<String> = row.try_get(4).map_err(column("excluded_columns"))?;
     let recorded: String = row.try_get(5).map_err(column("columns"))?;
     let needs_init_at: Option<i64> = row.try_get(6).map_err(column("needs_init_at"))?;
+    let excluded_attnums = super::attach::parse_excluded_attnums(
+        row.try_get::<_, Option<String>>(7)
+            .map_err(column("excluded_attnums"))?
+            .as_deref(),
+    )?
+    .unwrap_or_default();
     let table = TableName::parse("table", &format!("{schema}.{table}")).map_err(|_| {
         Error::decode(
             "read lakecdc_sources",
@@ -140,6 +147,7 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
         table: table.clone(),
         key: shape.key.clone(),
         excluded: Vec::new(),
+        excluded_attnums: Vec::new(),
         columns: Vec::new(),
         sources: sources.clone(),
         touch_log: touch_log.clone(),
@@ -170,10 +178,14 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
             ))
         })
         .collect();
+    // Excluded by name, and by attnum once recorded: a renamed excluded column stays out
+    // (docs/hazards.md L77).
     let columns: Vec<SourceColumn> = shape
         .columns
         .into_iter()
-        .filter(|c| !excluded.contains(&c.name))
+        .zip(shape.attnums)
+        .filter(|(c, n)| !excluded.contains(&c.name) && !excluded_attnums.contains(n))
+        .map(|(c, _)| c)
         .collect();
     super::attach::check_lake_names(&table, &columns)?;
     Ok(TableSource {

@@ -851,6 +851,37 @@ async fn a_new_column_appears_in_new_files_and_a_type_change_waits_for_init() {
             && !columns[0].contains("secret"),
         "{columns:?}"
     );
+    // A registry made by an earlier build has no excluded_attnums: flush excludes by name, and
+    // attaching again (the same column) adds and fills it.
+    client
+        .batch_execute(
+            "ALTER TABLE lakecdc_sources DROP COLUMN excluded_attnums;
+             UPDATE shapes SET qty = qty WHERE id = 4",
+        )
+        .await
+        .unwrap();
+    assert_eq!(flush(&rig, "shapes").await.outcome, Outcome::Flushed);
+    let reattach = harness::bin()
+        .args([
+            "attach",
+            "shapes",
+            "--exclude-columns",
+            "secret",
+            "--pg-url",
+            &rig.db.url,
+        ])
+        .output()
+        .unwrap();
+    assert!(reattach.status.success());
+    let attnums: String = client
+        .query_one(
+            "SELECT excluded_attnums::text FROM lakecdc_sources WHERE name = 'shapes'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attnums, "{3}");
     // A column added later appears in new files; older rows read it as NULL.
     client
         .batch_execute("ALTER TABLE shapes ADD COLUMN label text; UPDATE shapes SET label = 'new' WHERE id = 2")
@@ -859,6 +890,57 @@ async fn a_new_column_appears_in_new_files_and_a_type_change_waits_for_init() {
     assert_eq!(flush(&rig, "shapes").await.outcome, Outcome::Flushed);
     let rows = query("SELECT id, label FROM shapes ORDER BY id").await;
     assert_eq!(rows, vec!["1,", "2,new", "3,", "4,"]);
+    // An excluded column renamed stays excluded (docs/hazards.md L77): neither its new name
+    // nor its values reach the lake.
+    client
+        .batch_execute(
+            "ALTER TABLE shapes RENAME COLUMN secret TO passcode;
+             UPDATE shapes SET passcode = 'pw-new', label = 'renamed' WHERE id = 1",
+        )
+        .await
+        .unwrap();
+    assert_eq!(flush(&rig, "shapes").await.outcome, Outcome::Flushed);
+    let columns = query(
+        "SELECT string_agg(column_name, ' ' ORDER BY column_name) FROM (DESCRIBE SELECT * FROM shapes)",
+    )
+    .await;
+    assert!(
+        !columns[0].contains("passcode") && !columns[0].contains("secret"),
+        "{columns:?}"
+    );
+    let rows = query("SELECT id, label FROM shapes ORDER BY id").await;
+    assert_eq!(rows, vec!["1,renamed", "2,new", "3,", "4,"]);
+    // Attaching it again names the column by its new name; the old one is gone.
+    let again = |exclude: &str| {
+        harness::bin()
+            .args([
+                "attach",
+                "shapes",
+                "--exclude-columns",
+                exclude,
+                "--pg-url",
+                &rig.db.url,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = again("secret");
+    assert!(!out.status.success());
+    let out = again("passcode");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let recorded: String = client
+        .query_one(
+            "SELECT excluded_columns::text || ' ' || excluded_attnums::text FROM lakecdc_sources WHERE name = 'shapes'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded, "{passcode} {3}");
     // A type change is refused, naming the column, until init rewrites the lake.
     client
         .batch_execute("ALTER TABLE shapes ALTER COLUMN qty TYPE bigint; UPDATE shapes SET qty = 5000000000 WHERE id = 3")
@@ -877,7 +959,15 @@ async fn a_new_column_appears_in_new_files_and_a_type_change_waits_for_init() {
     assert_eq!(init.exit_code(), 0, "{init:?}");
     assert_eq!(flush(&rig, "shapes").await.rows_left_dirty, 0);
     let rows = query("SELECT id, qty, label FROM shapes ORDER BY id").await;
-    assert_eq!(rows, vec!["1,1,", "2,2,new", "3,5000000000,", "4,4,"]);
+    assert_eq!(
+        rows,
+        vec!["1,1,renamed", "2,2,new", "3,5000000000,", "4,4,"]
+    );
+    let columns = query(
+        "SELECT string_agg(column_name, ' ' ORDER BY column_name) FROM (DESCRIBE SELECT * FROM shapes)",
+    )
+    .await;
+    assert!(!columns[0].contains("passcode"), "{columns:?}");
 }
 
 /// The lake's version of each row of `t_big`: id → `changed_at`.
