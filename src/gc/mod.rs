@@ -58,6 +58,12 @@ mod settle;
 
 pub use settle::LostDelta;
 
+/// A test seam inside the settling of unlisted deltas, called with the schema id between
+/// asking which of their rows are pending and which the source holds live; only
+/// [`run_with_hook`] (the `testing` feature) takes one.
+pub type SettleHook =
+    std::sync::Arc<dyn Fn(i16) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
 /// gc runs with the shared lake-job context.
 pub use crate::job::Context;
 
@@ -275,12 +281,26 @@ pub fn check_grace(grace: Duration) -> Result<()> {
 
 /// Runs gc over the selected schemas (the grace is checked first: [`check_grace`]).
 pub async fn run(ctx: &Context, opts: &GcOptions) -> Result<GcReport> {
+    run_hooked(ctx, opts, None).await
+}
+
+/// [`run`] with a test seam (the `testing` feature only: docs/security.md).
+#[cfg(any(test, feature = "testing"))]
+pub async fn run_with_hook(ctx: &Context, opts: &GcOptions, hook: SettleHook) -> Result<GcReport> {
+    run_hooked(ctx, opts, Some(&hook)).await
+}
+
+async fn run_hooked(
+    ctx: &Context,
+    opts: &GcOptions,
+    hook: Option<&SettleHook>,
+) -> Result<GcReport> {
     check_grace(opts.grace)?;
     let source = &job::source_guard(ctx).await?;
     let schemas = job::each_schema(
         ctx,
         &opts.schemas,
-        |reg| async move { gc_schema(ctx, opts, source, &reg).await },
+        |reg| async move { gc_schema(ctx, opts, source, &reg, hook).await },
         |reg| SchemaGc {
             schema_id: reg.id,
             schema: reg.name,
@@ -317,6 +337,7 @@ async fn gc_schema(
     opts: &GcOptions,
     source: &SourceGuard,
     reg: &Registered,
+    hook: Option<&SettleHook>,
 ) -> SchemaGc {
     let started = Instant::now();
     let mut out = SchemaGc {
@@ -325,7 +346,7 @@ async fn gc_schema(
         ..SchemaGc::default()
     };
     let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
-        collect(ctx, opts, source, lock, reg.id, &mut out).await
+        collect(ctx, opts, source, lock, reg.id, &mut out, hook).await
     })
     .await;
     match result {
@@ -436,8 +457,9 @@ async fn collect(
     lock: &SchemaLock,
     schema_id: i16,
     out: &mut SchemaGc,
+    hook: Option<&SettleHook>,
 ) -> Result<()> {
-    let mut plan = plan(ctx, opts, source, schema_id).await?;
+    let mut plan = plan(ctx, opts, source, schema_id, hook).await?;
     if let Some(why) = plan.refused.take() {
         out.outcome = Some(Outcome::Refused);
         out.reason = Some(why);
@@ -518,6 +540,7 @@ async fn plan(
     opts: &GcOptions,
     source: &SourceGuard,
     schema_id: i16,
+    hook: Option<&SettleHook>,
 ) -> Result<GcPlan> {
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;
@@ -582,7 +605,7 @@ async fn plan(
         }
     }
     // Unlisted deltas: deletable once every row is covered by the listed state.
-    let verdicts = settle::settle(ctx, schema_id, &files, &orphans).await?;
+    let verdicts = settle::settle(ctx, schema_id, &files, &orphans, hook).await?;
     for (o, v) in orphans.iter().zip(verdicts) {
         match v {
             settle::Verdict::Covered => clock.sight(&mut plan, o, None),

@@ -62,6 +62,7 @@ pub(super) async fn settle(
     schema_id: i16,
     files: &[FileEntry],
     orphans: &[ObjectMeta],
+    hook: Option<&super::SettleHook>,
 ) -> Result<Vec<Verdict>> {
     if orphans.is_empty() {
         return Ok(Vec::new());
@@ -102,15 +103,20 @@ pub(super) async fn settle(
     // A live copy of a row the lake has absent or deleted is stale when the source no longer
     // holds the row either: its deletion was exported, then dropped by a compaction or an init
     // (which keep no tombstones in bases). Asked after the pending rows, so a row deleted in
-    // between is pending and its tombstone goes out; one inserted in between shows as lost,
-    // a false alarm the next gc clears.
+    // between is pending and its tombstone goes out; one inserted in between is asked about
+    // again below.
     let gone_from_lake: Vec<Uuid> = rows
         .iter()
         .zip(&listed)
         .filter(|(r, l)| !covered_by_lake((r, l)) && l.is_none_or(|(_, t)| t))
         .map(|(r, _)| Uuid::from_u128(r.0))
         .collect();
-    let live = if gone_from_lake.is_empty() {
+    if let Some(hook) = hook
+        && !gone_from_lake.is_empty()
+    {
+        hook(schema_id).await;
+    }
+    let live: std::collections::BTreeSet<u128> = if gone_from_lake.is_empty() {
         Default::default()
     } else {
         // Unanswered (a hashed key's table scan timing out, the table gone), every such row
@@ -123,11 +129,26 @@ pub(super) async fn settle(
                 gone_from_lake.iter().map(|id| id.as_u128()).collect()
             })
     };
+    // A row inserted or recreated between the two questions holds a dirty slot now (written
+    // in its insert's transaction), which no flush can mark while gc holds the schema lock:
+    // it is pending, its next copy goes out, and the orphan's is covered (docs/hazards.md L78).
+    let live_ids: Vec<Uuid> = live.iter().map(|id| Uuid::from_u128(*id)).collect();
+    let pending_since = if live_ids.is_empty() {
+        Default::default()
+    } else {
+        source
+            .pending_among(&client, &ctx.tables, &live_ids)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(schema_id, error = %e.chain(), "could not ask the source again which rows are pending; their orphans are kept");
+                Default::default()
+            })
+    };
     let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
     for (r, l) in rows.iter().zip(&listed) {
         let (id, version, _, i) = *r;
         let stale = l.is_none_or(|(_, t)| t) && !live.contains(&id);
-        if covered_by_lake((r, l)) || stale {
+        if covered_by_lake((r, l)) || stale || pending_since.contains(&id) {
             continue;
         }
         let d = lost[i].get_or_insert_with(|| LostDelta {

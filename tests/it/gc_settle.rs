@@ -206,3 +206,60 @@ async fn an_orphans_copy_of_a_row_deleted_since_and_compacted_away_is_not_lost()
     assert_eq!(second.exit_code(), 0, "{second:?}");
     rig.assert_oracle().await;
 }
+
+/// docs/hazards.md L78: a row of an orphan that neither the lake nor the source holds, re-created
+/// between gc's two questions to the source (which rows are pending, which are live), is
+/// pending by the second: the orphan's copy is covered, not reported lost.
+#[tokio::test]
+async fn a_row_recreated_while_gc_asks_the_source_is_pending_not_lost() {
+    let (mut rig, mut r, orphan) = lake_with_orphan(3105).await;
+    assert!(!rig.flush().await.failed());
+    let live: Vec<uuid::Uuid> = rig
+        .writer
+        .rows
+        .iter()
+        .filter(|(_, m)| !m.soft_deleted)
+        .map(|(id, _)| *id)
+        .collect();
+    for id in live {
+        rig.writer.hard_delete(id).await;
+    }
+    assert!(!rig.flush().await.failed());
+    compact(&rig, 0, 0.0).await;
+    // A live copy in the orphan, of a row gone from the lake and from PostgreSQL.
+    let rows =
+        crate::support::oracle::read_parquet(rig.store.get_bytes(&orphan).await.unwrap().bytes);
+    let (again, _) = rows
+        .iter()
+        .find(|(_, m)| m.deleted_at == 0)
+        .expect("the orphan holds a live copy");
+    let again = *again;
+    let (_clock, gctx, gopts) = rig.gc_on_a_manual_clock();
+    let (at_tx, at_rx) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let hook_state = std::sync::Arc::new(std::sync::Mutex::new(Some((at_tx, go_rx))));
+    let hook: lakecdc::gc::SettleHook = std::sync::Arc::new(move |_| {
+        let once = hook_state.lock().unwrap().take();
+        Box::pin(async move {
+            if let Some((at, go)) = once {
+                at.send(()).unwrap();
+                go.await.unwrap();
+            }
+        })
+    });
+    let gc = tokio::spawn(async move { lakecdc::gc::run_with_hook(&gctx, &gopts, hook).await });
+    at_rx
+        .await
+        .expect("gc asks the source about the orphan's stale rows");
+    rig.writer
+        .create(again, crate::support::writer::Customer::random(&mut r))
+        .await;
+    go_tx.send(()).unwrap();
+    let report = gc.await.unwrap().unwrap();
+    let s = &report.schemas[0];
+    assert!(s.lost.is_empty(), "{s:?}");
+    assert!(s.within_grace.contains(&orphan), "{s:?}");
+    assert_eq!((s.outcome, report.exit_code()), (Some(Outcome::Pending), 0));
+    assert!(!rig.flush().await.failed());
+    rig.assert_oracle().await;
+}

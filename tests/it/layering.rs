@@ -222,6 +222,7 @@ fn test_seams_exist_only_with_the_testing_feature() {
         ("src/store/mod.rs", "pub mod memory;"),
         ("src/flush.rs", "pub async fn run_with_hooks("),
         ("src/compact.rs", "pub async fn run_with_hook("),
+        ("src/gc/mod.rs", "pub async fn run_with_hook("),
         ("src/init.rs", "pub after_page: Option<PageHook>,"),
         ("src/source/connect.rs", "fn password_for_tests("),
     ];
