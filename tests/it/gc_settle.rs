@@ -172,12 +172,11 @@ async fn gc_right_after_a_compaction_exits_zero() {
     assert_eq!((s.outcome, report.exit_code()), (Some(Outcome::Pending), 0));
 }
 
-#[tokio::test]
-async fn an_orphans_copy_of_a_row_deleted_since_and_compacted_away_is_not_lost() {
-    let (mut rig, _, orphan) = lake_with_orphan(3104).await;
-    // The orphan's rows went out again; then every live row is deleted and the deletions
-    // flushed, and a compaction folds the deltas into bases, which keep no tombstones: the lake
-    // holds no copy of the orphan's rows, and neither does PostgreSQL.
+/// [`lake_with_orphan`], whose rows went out again; then every live row is deleted and the
+/// deletions flushed, and a compaction folds the deltas into bases, which keep no tombstones:
+/// the lake holds no copy of the orphan's rows, and neither does PostgreSQL.
+async fn lake_with_a_stale_orphan(seed: u64) -> (Rig, Rng, String) {
+    let (mut rig, r, orphan) = lake_with_orphan(seed).await;
     assert!(!rig.flush().await.failed());
     let live: Vec<uuid::Uuid> = rig
         .writer
@@ -193,6 +192,12 @@ async fn an_orphans_copy_of_a_row_deleted_since_and_compacted_away_is_not_lost()
     compact(&rig, 0, 0.0).await;
     let state = crate::support::oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
     assert!(state.is_empty(), "{state:?}");
+    (rig, r, orphan)
+}
+
+#[tokio::test]
+async fn an_orphans_copy_of_a_row_deleted_since_and_compacted_away_is_not_lost() {
+    let (rig, _, orphan) = lake_with_a_stale_orphan(3104).await;
     // The orphan's live copies are stale, not lost: it waits out its grace and goes.
     let (clock, gctx, gopts) = rig.gc_on_a_manual_clock();
     let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
@@ -212,20 +217,7 @@ async fn an_orphans_copy_of_a_row_deleted_since_and_compacted_away_is_not_lost()
 /// pending by the second: the orphan's copy is covered, not reported lost.
 #[tokio::test]
 async fn a_row_recreated_while_gc_asks_the_source_is_pending_not_lost() {
-    let (mut rig, mut r, orphan) = lake_with_orphan(3105).await;
-    assert!(!rig.flush().await.failed());
-    let live: Vec<uuid::Uuid> = rig
-        .writer
-        .rows
-        .iter()
-        .filter(|(_, m)| !m.soft_deleted)
-        .map(|(id, _)| *id)
-        .collect();
-    for id in live {
-        rig.writer.hard_delete(id).await;
-    }
-    assert!(!rig.flush().await.failed());
-    compact(&rig, 0, 0.0).await;
+    let (mut rig, mut r, orphan) = lake_with_a_stale_orphan(3105).await;
     // A live copy in the orphan, of a row gone from the lake and from PostgreSQL.
     let rows =
         crate::support::oracle::read_parquet(rig.store.get_bytes(&orphan).await.unwrap().bytes);

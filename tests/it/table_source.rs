@@ -792,17 +792,21 @@ async fn a_new_column_appears_in_new_files_and_a_type_change_waits_for_init() {
         )
         .await
         .unwrap();
-    let out = harness::bin()
-        .args([
-            "attach",
-            "shapes",
-            "--exclude-columns",
-            "secret",
-            "--pg-url",
-            &rig.db.url,
-        ])
-        .output()
-        .unwrap();
+    // `attach shapes --exclude-columns <column>`.
+    let attach_excluding = |column: &str| {
+        harness::bin()
+            .args([
+                "attach",
+                "shapes",
+                "--exclude-columns",
+                column,
+                "--pg-url",
+                &rig.db.url,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = attach_excluding("secret");
     assert!(
         out.status.success(),
         "{}",
@@ -861,18 +865,7 @@ async fn a_new_column_appears_in_new_files_and_a_type_change_waits_for_init() {
         .await
         .unwrap();
     assert_eq!(flush(&rig, "shapes").await.outcome, Outcome::Flushed);
-    let reattach = harness::bin()
-        .args([
-            "attach",
-            "shapes",
-            "--exclude-columns",
-            "secret",
-            "--pg-url",
-            &rig.db.url,
-        ])
-        .output()
-        .unwrap();
-    assert!(reattach.status.success());
+    assert!(attach_excluding("secret").status.success());
     let attnums: String = client
         .query_one(
             "SELECT excluded_attnums::text FROM lakecdc_sources WHERE name = 'shapes'",
@@ -911,22 +904,8 @@ async fn a_new_column_appears_in_new_files_and_a_type_change_waits_for_init() {
     let rows = query("SELECT id, label FROM shapes ORDER BY id").await;
     assert_eq!(rows, vec!["1,renamed", "2,new", "3,", "4,"]);
     // Attaching it again names the column by its new name; the old one is gone.
-    let again = |exclude: &str| {
-        harness::bin()
-            .args([
-                "attach",
-                "shapes",
-                "--exclude-columns",
-                exclude,
-                "--pg-url",
-                &rig.db.url,
-            ])
-            .output()
-            .unwrap()
-    };
-    let out = again("secret");
-    assert!(!out.status.success());
-    let out = again("passcode");
+    assert!(!attach_excluding("secret").status.success());
+    let out = attach_excluding("passcode");
     assert!(
         out.status.success(),
         "{}",
