@@ -46,6 +46,14 @@ pub fn select_expr(c: &SourceColumn, alias: &str) -> String {
         LakeType::Float64 => format!("{col}::float8"),
         LakeType::List { item } => match item.as_ref() {
             LakeType::Utf8 | LakeType::Json | LakeType::Decimal { .. } => format!("{col}::text[]"),
+            // Element by element, in storage order (as the decoder flattens a
+            // multi-dimensional array): one element beyond a double's range must not stop the
+            // source (docs/hazards.md L74).
+            LakeType::Float64 if c.pg_type.starts_with("numeric") => format!(
+                "CASE WHEN {col} IS NULL THEN NULL::float8[] ELSE ARRAY(SELECT {} \
+                 FROM unnest({col}) WITH ORDINALITY AS lakecdc_e(v, o) ORDER BY o) END",
+                numeric_as_double("lakecdc_e.v")
+            ),
             LakeType::Float64 => format!("{col}::float8[]"),
             _ => col,
         },

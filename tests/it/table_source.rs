@@ -2053,19 +2053,31 @@ async fn a_numeric_beyond_a_doubles_range_becomes_its_nearest_double_not_a_stuck
     let rig = rig(LakeKind::Local).await;
     let client = rig.db.client().await;
     client
-        .batch_execute("CREATE TABLE nums (id bigint PRIMARY KEY, n numeric)")
+        .batch_execute("CREATE TABLE nums (id bigint PRIMARY KEY, n numeric, ns numeric[])")
         .await
         .unwrap();
     attach(&rig, "nums");
     client
         .batch_execute(
-            "INSERT INTO nums VALUES (1, 1e400), (2, -1e400), (3, 1e-400), (4, 'NaN'), \
-             (5, 'Infinity'), (6, 2.5), (7, NULL), (8, -1e-400)",
+            "INSERT INTO nums VALUES (1, 1e400, '{1e400,1.5,NULL}'), (2, -1e400, '{}'), \
+             (3, 1e-400, '{{1e-400,2},{-1e400,3}}'), (4, 'NaN', NULL), (5, 'Infinity', '{7}'), \
+             (6, 2.5, NULL), (7, NULL, NULL), (8, -1e-400, NULL)",
         )
         .await
         .unwrap();
     let s = flush(&rig, "nums").await;
     assert_eq!(s.rows_exported, 8, "{s:?}");
+    // So does one inside a numeric[] (element by element, a multi-dimensional array flattened
+    // in storage order, NULL elements and arrays kept).
+    let csv = lake_csv(
+        &rig,
+        "SELECT id, ns::VARCHAR AS ns FROM nums WHERE id IN (1, 2, 3, 4, 5) ORDER BY id",
+    )
+    .await;
+    assert_eq!(
+        csv,
+        "id,ns\n1,\"[inf, 1.5, NULL]\"\n2,[]\n3,\"[0.0, 2.0, -inf, 3.0]\"\n4,\n5,[7.0]\n"
+    );
     let csv = lake_csv(
         &rig,
         "SELECT id, CASE WHEN isnan(n) THEN 'nan' ELSE n::VARCHAR END AS n FROM nums ORDER BY id",
