@@ -267,7 +267,7 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
     );
     assert_lake_equals_postgres(&rig, "before the kills").await;
     // Each kind of job runs once to its end first, which gives its length; later ones are
-    // killed at a uniformly random moment within 1.2 times the length of its last whole run
+    // killed at a uniformly random moment within 1.2 times the median length of its whole runs
     // (at most 3 s: a flush of a backlog built while it runs can take far longer).
     // The scratch directories in the work dir: a killed run's, until a later run sweeps it.
     let left_over = || -> Vec<String> {
@@ -278,7 +278,14 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
             .collect()
     };
     let mut rounds_leaving_scratch = 0;
-    let mut lengths: BTreeMap<&str, Duration> = BTreeMap::new();
+    // Each kind's whole runs' lengths; a kill moment comes from their median, which one slow
+    // run (a compaction waiting on a flush) does not move.
+    let mut lengths: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+    let median = |runs: &Vec<Duration>| {
+        let mut sorted = runs.clone();
+        sorted.sort_unstable();
+        sorted[sorted.len() / 2]
+    };
     let mut next = 1_000;
     let (mut killed, mut finished) = (0, 0);
     // The error line of each run cut short by the database (a sample of what an operator sees).
@@ -323,8 +330,9 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
                 .stderr(std::fs::File::create(&log).unwrap())
                 .spawn()
                 .unwrap();
-            let kill_at = lengths.get(kind).map(|d| {
-                (*d).min(Duration::from_secs(3))
+            let kill_at = lengths.get(kind).map(|runs| {
+                median(runs)
+                    .min(Duration::from_secs(3))
                     .mul_f64(1.2 * (r.below(1000) as f64) / 1000.0)
             });
             children.push((*kind, child, kill_at, log, None::<(Instant, i64)>));
@@ -347,7 +355,12 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
                             None
                         }
                         Cut::Sessions => {
-                            *ended_at = Some((Instant::now(), end_sessions(&client).await));
+                            // A run between sessions (uploading, merging) has none to end:
+                            // the cut waits for its next one, or for its end.
+                            let ended = end_sessions(&client).await;
+                            if ended > 0 {
+                                *ended_at = Some((Instant::now(), ended));
+                            }
                             continue;
                         }
                         Cut::Store => {
@@ -408,7 +421,7 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
                     }
                     (Some(status), None) => {
                         finished += 1;
-                        lengths.insert(*kind, start.elapsed());
+                        lengths.entry(*kind).or_default().push(start.elapsed());
                         // A run alone ends well; a flush and a compaction at once may not (one
                         // waits on or conflicts with the other), which is an error line, not a
                         // loss.
@@ -436,7 +449,11 @@ async fn kills_lose_nothing(kind: LakeKind, cut: Cut) {
     }
     eprintln!(
         "seed {seed}: {killed} runs killed, {finished} ran to their end, {rounds_leaving_scratch} \
-         rounds left a scratch directory, {stalled} S3 attempts timed out; lengths {lengths:?}"
+         rounds left a scratch directory, {stalled} S3 attempts timed out; median lengths {:?}",
+        lengths
+            .iter()
+            .map(|(kind, runs)| (*kind, median(runs)))
+            .collect::<BTreeMap<_, _>>()
     );
     for e in &errors {
         eprintln!("  {e}");
