@@ -49,7 +49,7 @@ use crate::job;
 use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
 use crate::lake::owner;
 use crate::lake::ranges::{self, Ranges, parse_key};
-use crate::lake::streamed;
+use crate::lake::streamed::{self, Source};
 use crate::lake::{Layout, SourceGuard};
 use crate::report::label;
 use crate::retry::Backoff;
@@ -560,39 +560,59 @@ async fn rewrite(
     check_room(p.opts, &inputs, dir)?;
     let t = Instant::now();
     let parallelism = p.opts.download_parallelism.max(1);
-    // Every source's footer is read and checked before anything is merged, but only its
-    // schema is kept: the streams open each file again when they reach it, so memory does not
-    // grow with the number of sources.
-    let sources: Vec<(FileEntry, SchemaRef)> = stream::iter(inputs)
-        .map(|f| async move {
-            let src = streamed::open(store, &f).await?;
-            Ok::<_, Error>((src.entry, src.arrow.schema().clone()))
-        })
-        .buffered(parallelism)
-        .collect::<Vec<Result<_>>>()
-        .await
-        .into_iter()
-        .collect::<Result<_>>()?;
+    // The streams: the rewritten bases in as few chains of disjoint files as their ranges
+    // allow (one, unless bases written before ranged compaction overlap), then one per delta.
+    let chains = chains(&inputs, bases_in);
+    let mut head = vec![false; inputs.len()];
+    for c in &chains {
+        if let Some(&first) = c.first() {
+            head[first] = true;
+        }
+    }
+    // Every source's footer is read and checked before anything is merged. A stream's first
+    // file is kept open; of the others only the schema is kept, and the stream opens them again
+    // when it reaches them, so memory does not grow with the number of bases.
+    let opened: Vec<(FileEntry, SchemaRef, Option<Arc<Source>>)> =
+        stream::iter(inputs.into_iter().zip(head))
+            .map(|(f, head)| async move {
+                let src = streamed::open(store, &f).await?;
+                let schema = src.arrow.schema().clone();
+                Ok::<_, Error>((f, schema, head.then(|| Arc::new(src))))
+            })
+            .buffered(parallelism)
+            .collect::<Vec<Result<_>>>()
+            .await
+            .into_iter()
+            .collect::<Result<_>>()?;
     tracing::debug!(
         ms = t.elapsed().as_millis() as u64,
-        files = sources.len(),
+        files = opened.len(),
         "compact step footers"
     );
-    let schema = merge::merged_schema(&sources)?;
+    let schemas: Vec<(FileEntry, SchemaRef)> = opened
+        .iter()
+        .map(|(f, s, _)| (f.clone(), s.clone()))
+        .collect();
+    let schema = merge::merged_schema(&schemas)?;
+    drop(schemas);
+    let mut opened: Vec<Option<(FileEntry, Option<Arc<Source>>)>> =
+        opened.into_iter().map(|(f, _, s)| Some((f, s))).collect();
+    let streams: Vec<Vec<streamed::Opening>> = chains
+        .iter()
+        .map(|c| {
+            c.iter()
+                .filter_map(|&i| opened.get_mut(i).and_then(Option::take))
+                .map(|(f, s)| match s {
+                    Some(s) => streamed::Opening::Open(s),
+                    None => streamed::Opening::Later(f),
+                })
+                .collect()
+        })
+        .collect();
     out.files_in = merged_paths.len();
     // Nothing would be left listed: a zero-row base keeps the tier (docs/hazards.md #519).
     let zero_row_base = plan.bases_kept == 0;
-    let produced = produce(
-        p,
-        ranges,
-        rewrite,
-        sources,
-        bases_in,
-        schema,
-        zero_row_base,
-        dir,
-    )
-    .await;
+    let produced = produce(p, ranges, rewrite, streams, schema, zero_row_base, dir).await;
     let produced = match produced {
         Ok(x) => x,
         Err((e, staged)) => {
@@ -610,6 +630,30 @@ async fn rewrite(
         h(p.schema_id).await;
     }
     splice(p, ownership, merged_paths, produced.staged, out).await
+}
+
+/// The streams of a rewrite, as positions in `inputs` (the rewritten ranges' `bases` first, in
+/// row-id order, then the deltas): the bases in as few chains of disjoint files as their
+/// ranges allow (one, unless bases written before ranged compaction overlap), then one per
+/// delta.
+fn chains(inputs: &[FileEntry], bases: usize) -> Vec<Vec<usize>> {
+    let mut chains: Vec<Vec<usize>> = Vec::new();
+    for (i, b) in inputs.iter().enumerate().take(bases) {
+        let min = parse_key(&b.row_id_min);
+        let fits = chains.iter_mut().find(|c| {
+            let last = c
+                .last()
+                .and_then(|&l| inputs.get(l))
+                .and_then(|l| parse_key(&l.row_id_max));
+            matches!((last, min), (Some(l), Some(m)) if l < m)
+        });
+        match fits {
+            Some(c) => c.push(i),
+            None => chains.push(vec![i]),
+        }
+    }
+    chains.extend((bases..inputs.len()).map(|i| vec![i]));
+    chains
 }
 
 /// Whether the work dir has room for what a pass writes locally: at most two base files of
@@ -644,33 +688,16 @@ async fn produce(
     p: &Pass<'_>,
     ranges: &Ranges,
     rewrite: Vec<bool>,
-    sources: Vec<(FileEntry, SchemaRef)>,
-    bases_in: usize,
+    streams: Vec<Vec<streamed::Opening>>,
     schema: SchemaRef,
     zero_row_base: bool,
     dir: &Path,
 ) -> std::result::Result<Produced, (Error, Vec<StagedFile>)> {
     let t = Instant::now();
     let store = p.ctx.lake.store.clone();
-    // Streams: the rewritten bases in as few chains of disjoint files as their ranges allow
-    // (one, unless bases written before ranged compaction overlap), then one per delta.
-    let (bases, deltas) = sources.split_at(bases_in);
-    let mut chains: Vec<Vec<FileEntry>> = Vec::new();
-    for (b, _) in bases {
-        let min = parse_key(&b.row_id_min);
-        let fits = chains.iter_mut().find(|c| {
-            let last = c.last().and_then(|l| parse_key(&l.row_id_max));
-            matches!((last, min), (Some(l), Some(m)) if l < m)
-        });
-        match fits {
-            Some(c) => c.push(b.clone()),
-            None => chains.push(vec![b.clone()]),
-        }
-    }
-    chains.extend(deltas.iter().map(|(d, _)| vec![d.clone()]));
-    let mut cursors = Vec::with_capacity(chains.len());
-    let mut pumps = Vec::with_capacity(chains.len());
-    for chain in chains {
+    let mut cursors = Vec::with_capacity(streams.len());
+    let mut pumps = Vec::with_capacity(streams.len());
+    for chain in streams {
         let (tx, rx) = mpsc::channel(2);
         cursors.push(streamed::Cursor::new(rx, chain.len()));
         pumps.push(tokio::spawn(streamed::pump(

@@ -591,7 +591,12 @@ mod tests {
         for (e, _) in sources {
             let (tx, rx) = tokio::sync::mpsc::channel(2);
             cursors.push(Cursor::new(rx, 1));
-            tokio::spawn(pump(store.clone(), vec![e], false, tx));
+            tokio::spawn(pump(
+                store.clone(),
+                vec![streamed::Opening::Later(e)],
+                false,
+                tx,
+            ));
         }
         let (tx, rx) = sync_channel(16);
         let merged = tokio::task::spawn_blocking(move || {
@@ -719,6 +724,7 @@ mod tests {
         }
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         let mut cursor = Cursor::new(rx, chain.len());
+        let chain = chain.into_iter().map(streamed::Opening::Later).collect();
         tokio::spawn(pump(store.clone(), chain, false, tx));
         let seen = tokio::task::spawn_blocking(move || {
             // (file path, rows, how many earlier files were still held when it was read)

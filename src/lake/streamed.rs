@@ -347,24 +347,51 @@ pub(crate) enum Piece {
     },
 }
 
-/// Reads the files of one stream in order, each opened when the stream reaches it (its footer
-/// read and checked again, as [`open`] does) and dropped once read, row group by row group,
+/// A file of a stream: opened already, or to be opened when the stream reaches it.
+#[derive(Debug)]
+pub(crate) enum Opening {
+    /// Its footer read and checked.
+    Open(Arc<Source>),
+    /// Opened (its size and footer checked, as [`open`] does) when the stream reaches it.
+    Later(FileEntry),
+}
+
+/// Reads the files of one stream in order, each opened by then or while the file before it
+/// streams (one footer ahead), and dropped once read, row group by row group,
 /// into `tx` (which holds at most its capacity of row groups), hashing every byte; a file is
 /// [`Piece::Verified`] once its hash matches the manifest's (or the check is skipped). Ends
 /// quietly when the merge hangs up.
 pub(crate) async fn pump(
     store: Arc<dyn ObjectStore>,
-    files: Vec<FileEntry>,
+    files: Vec<Opening>,
     skip_verify: bool,
     tx: mpsc::Sender<Result<Piece>>,
 ) {
-    for (file, entry) in files.iter().enumerate() {
-        let res = match open(store.as_ref(), entry).await {
-            Ok(src) => pump_file(store.as_ref(), file, Arc::new(src), skip_verify, &tx).await,
+    // The next file's footer is read while this one streams (one footer ahead).
+    let ahead = |opening: Opening| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            match opening {
+                Opening::Open(src) => Ok(src),
+                Opening::Later(entry) => open(store.as_ref(), &entry).await.map(Arc::new),
+            }
+        })
+    };
+    let mut files = files.into_iter();
+    let mut next = files.next().map(ahead);
+    let mut file = 0;
+    while let Some(opening) = next.take() {
+        let src = match opening.await {
+            Ok(src) => src,
+            Err(e) => Err(Error::task("open a compaction source")(e)),
+        };
+        next = files.next().map(ahead);
+        let res = match src {
+            Ok(src) => pump_file(store.as_ref(), file, src, skip_verify, &tx).await,
             Err(e) => Err(e),
         };
         match res {
-            Ok(true) => {}
+            Ok(true) => file += 1,
             Ok(false) => return,
             Err(e) => {
                 let _ = tx.send(Err(e)).await;
