@@ -3,8 +3,9 @@
 //! by one ranged read. Every byte the merge decodes is hashed, in order, and the hash is
 //! compared with the manifest's checksum once the file's last byte has passed: a corrupt or
 //! replaced source fails the pass before anything is published. A stream opens each of its
-//! files when it reaches it and lets it go once read, so memory is one footer and the row
-//! groups in flight per stream, however many files the pass merges; local disk, none.
+//! later files while the one before it streams and lets each go once read, so memory is two
+//! footers and the row groups in flight per stream, however many files the pass merges; local
+//! disk, none.
 
 use std::sync::Arc;
 
