@@ -2381,6 +2381,9 @@ async fn a_flush_whose_lock_session_ends_publishes_no_further_batch_and_a_rerun_
                 if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) != 2 {
                     return;
                 }
+                // Recorded first: the run may notice its lock's session gone and drop this
+                // read before the helper returns.
+                *holder.lock().unwrap() = Some(0);
                 let pid = harness::end_lock_session(&url, 100).await;
                 *holder.lock().unwrap() = Some(pid);
             }
