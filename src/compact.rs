@@ -589,26 +589,25 @@ async fn rewrite(
         files = opened.len(),
         "compact step footers"
     );
-    let schemas: Vec<(FileEntry, SchemaRef)> = opened
-        .iter()
-        .map(|(f, s, _)| (f.clone(), s.clone()))
-        .collect();
+    let mut schemas: Vec<(FileEntry, SchemaRef)> = Vec::with_capacity(opened.len());
+    let mut heads: Vec<Option<Arc<Source>>> = Vec::with_capacity(opened.len());
+    for (f, s, src) in opened {
+        schemas.push((f, s));
+        heads.push(src);
+    }
     let schema = merge::merged_schema(&schemas)?;
-    drop(schemas);
-    let mut opened: Vec<Option<(FileEntry, Option<Arc<Source>>)>> =
-        opened.into_iter().map(|(f, _, s)| Some((f, s))).collect();
     let streams: Vec<Vec<streamed::Opening>> = chains
         .iter()
         .map(|c| {
             c.iter()
-                .filter_map(|&i| opened.get_mut(i).and_then(Option::take))
-                .map(|(f, s)| match s {
+                .map(|&i| match heads[i].take() {
                     Some(s) => streamed::Opening::Open(s),
-                    None => streamed::Opening::Later(f),
+                    None => streamed::Opening::Later(schemas[i].0.clone()),
                 })
                 .collect()
         })
         .collect();
+    drop(schemas);
     out.files_in = merged_paths.len();
     // Nothing would be left listed: a zero-row base keeps the tier (docs/hazards.md #519).
     let zero_row_base = plan.bases_kept == 0;
