@@ -56,6 +56,7 @@ use crate::retry::Backoff;
 use crate::source::registry::Registered;
 use crate::store::{ObjectStore, delete_or_leave};
 
+pub use crate::engine::parallel::MIN_REPEAT_ROWS;
 /// Compact runs with the shared lake-job context.
 pub use crate::job::Context;
 pub use crate::job::{FreeSpace, available_bytes, check_work_dir_space};
@@ -80,6 +81,10 @@ pub struct CompactOptions {
     /// ranges past the ratio beyond it wait for a later pass, so that a pass ends within
     /// the commit lease (docs/design.md §9).
     pub max_rewrite_bytes: u64,
+    /// New bases line up with the row groups of rewritten bases that hold at least this many
+    /// rows, so that a row group a pass changes few rows of keeps its unchanged column chunks
+    /// as they are (docs/design.md §9); [`MIN_REPEAT_ROWS`] by default.
+    pub min_repeat_rows: usize,
     /// Merge even when a source's bytes do not match its checksum.
     pub skip_input_checksum_verify: bool,
     /// Whole-pass retries after a lost race.
@@ -120,6 +125,7 @@ impl Default for CompactOptions {
             dirty_ratio: 0.05,
             max_deltas: 32,
             max_rewrite_bytes: crate::policy::MAX_REWRITE_BYTES,
+            min_repeat_rows: MIN_REPEAT_ROWS,
             skip_input_checksum_verify: false,
             max_retries: 5,
             dry_run: false,
@@ -177,6 +183,9 @@ pub struct SchemaCompact {
     pub bases_kept: usize,
     /// The most bytes the pass's output files held on local disk at once.
     pub scratch_peak_bytes: u64,
+    /// Column chunks copied from rewritten bases into the new ones as they were, unencoded:
+    /// the unchanged columns of row groups that came out row for row as they went in.
+    pub chunks_copied: usize,
     /// Passes attempted.
     pub attempts: u32,
     /// The failure or refusal.
@@ -203,6 +212,7 @@ impl SchemaCompact {
             bases_rewritten: 0,
             bases_kept: 0,
             scratch_peak_bytes: 0,
+            chunks_copied: 0,
             attempts: 0,
             error: None,
             duration_ms: 0,
@@ -623,6 +633,7 @@ async fn rewrite(
     };
     out.rows_in = produced.counts.rows_in;
     out.scratch_peak_bytes = produced.totals.scratch_peak;
+    out.chunks_copied = produced.totals.copied_chunks;
     out.bases_rewritten = bases_in + ranges.empty_files().len();
     out.bases_kept = plan.bases_kept;
     if let Some(h) = &p.hook {
@@ -718,8 +729,10 @@ async fn produce(
     );
     let writer = tokio::task::spawn_blocking(move || outputs.serve(msg_rx));
     let ranges_owned = ranges.clone();
+    let min_repeat = p.opts.min_repeat_rows;
     let merger = tokio::task::spawn_blocking(move || {
-        merge::Merge::new(&ranges_owned, &rewrite, schema, msg_tx).run(cursors, zero_row_base)
+        merge::Merge::new(&ranges_owned, &rewrite, min_repeat, schema, msg_tx)
+            .run(cursors, zero_row_base)
     });
     // Stage each finished output as it arrives.
     let mut staged: Vec<StagedFile> = Vec::new();

@@ -8,24 +8,31 @@
 //! to the consolidated delta otherwise (tombstones kept: the kept base below still holds the
 //! row's older copy). Memory: the current batch of each stream and the batches in flight to
 //! the writer.
+//!
+//! Rows sent to a new base say where they come from (`Span`): rows of a base row group, or a
+//! newer copy that replaces one of them, with the columns where the copy differs. The writer
+//! copies the unchanged columns of a row group that comes out row for row as it went in
+//! (docs/design.md §9).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
 
 use arrow::array::{
-    Array, ArrayData, ArrayRef, AsArray, Int64Array, MutableArrayData, make_array, new_null_array,
+    Array, ArrayData, ArrayRef, AsArray, DynComparator, Int64Array, MutableArrayData, make_array,
+    make_comparator, new_null_array,
 };
-use arrow::compute::{CastOptions, can_cast_types, cast_with_options};
+use arrow::compute::{CastOptions, SortOptions, can_cast_types, cast_with_options};
 use arrow::datatypes::{Field, Int64Type, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
 use super::output::{Kind, Msg};
+use crate::engine::parallel::{Earlier, Span, worth_repeating};
 use crate::error::{Error, Result};
 use crate::lake::current::supersedes;
 use crate::lake::manifest::FileEntry;
 use crate::lake::ranges::{Key, Ranges, key};
-use crate::lake::streamed::{BATCH_ROWS, Cursor, Source};
+use crate::lake::streamed::{BATCH_ROWS, Cursor, Decoded, Source};
 
 /// Runs at least this long are sent to the writer as they are; shorter ones are gathered.
 const DIRECT_RUN: usize = 512;
@@ -118,11 +125,20 @@ struct Head {
     changed: Vec<i64>,
     deleted: Vec<i64>,
     pos: usize,
+    /// The base row group the batch's rows are rows `offset..` of, when a new base may
+    /// repeat it.
+    earlier: Option<Arc<dyn Earlier>>,
+    offset: usize,
 }
 
 impl Head {
     fn key(&self) -> Key {
         self.keys[self.pos]
+    }
+
+    /// Where rows from `start` of the batch come from.
+    fn from(&self, start: usize) -> Option<(Arc<dyn Earlier>, usize)> {
+        self.earlier.clone().map(|e| (e, self.offset + start))
     }
 }
 
@@ -132,6 +148,8 @@ struct Stream {
     head: Option<Head>,
     last: Option<Key>,
     done: bool,
+    /// The fewest rows of a base row group new bases line up with.
+    min_repeat: usize,
 }
 
 impl Stream {
@@ -141,11 +159,16 @@ impl Stream {
             self.head = None;
             match self.cursor.next_batch()? {
                 None => self.done = true,
-                Some((src, raw)) => {
+                Some(Decoded {
+                    group,
+                    offset,
+                    batch: raw,
+                }) => {
+                    let src = &group.source;
                     counts.rows_in += raw.num_rows() as u64;
                     counts.batches += 1;
-                    let batch = conform(&src, &raw, schema)?;
-                    let (keys, changed, deleted) = columns(&src, &batch)?;
+                    let batch = conform(src, &raw, schema)?;
+                    let (keys, changed, deleted) = columns(src, &batch)?;
                     let unsorted = || Error::Parquet {
                         path: src.entry.path.clone(),
                         message: "its rows are not sorted by row_id, one copy per row \
@@ -161,6 +184,7 @@ impl Stream {
                         return Err(unsorted());
                     }
                     self.last = keys.last().copied().or(self.last);
+                    let earlier: Arc<dyn Earlier> = group.clone();
                     self.head = Some(Head {
                         id: counts.batches,
                         batch,
@@ -168,6 +192,9 @@ impl Stream {
                         changed,
                         deleted,
                         pos: 0,
+                        earlier: worth_repeating(earlier.as_ref(), self.min_repeat)
+                            .then_some(earlier),
+                        offset,
                     });
                 }
             }
@@ -211,6 +238,21 @@ fn columns(src: &Source, batch: &RecordBatch) -> Result<(Vec<Key>, Vec<i64>, Vec
     Ok((keys, changed.values().to_vec(), deleted.values().to_vec()))
 }
 
+/// Whether `next` continues `last`: the next rows of the same row group, neither a copy that
+/// replaces one.
+fn continues(last: &Span, next: &Span) -> bool {
+    match (&last.from, &next.from) {
+        (Some((a, p)), Some((b, q))) => {
+            Arc::ptr_eq(a, b)
+                && p + last.len == *q
+                && last.changed.is_empty()
+                && next.changed.is_empty()
+        }
+        (None, None) => true,
+        _ => false,
+    }
+}
+
 /// Rows gathered for one output before they are sent: runs of rows of the batches they come
 /// from, copied into one batch at once (a slice per run would cost an allocation per column).
 struct Pending {
@@ -219,6 +261,8 @@ struct Pending {
     batches: Vec<(u64, RecordBatch)>,
     /// (index into `batches`, first row, rows).
     runs: Vec<(usize, usize, usize)>,
+    /// Where the runs' rows come from (new bases only).
+    spans: Vec<Span>,
     rows: usize,
 }
 
@@ -236,6 +280,9 @@ pub(crate) struct Merge<'a> {
     ranges: &'a Ranges,
     /// Per slot of `ranges`: whether its range is rewritten.
     rewrite: &'a [bool],
+    /// The fewest rows of a base row group new bases line up with, to copy its unchanged
+    /// columns ([`worth_repeating`]).
+    min_repeat: usize,
     schema: SchemaRef,
     tx: SyncSender<Msg>,
     base: Pending,
@@ -243,13 +290,24 @@ pub(crate) struct Merge<'a> {
     /// The range the last base rows belonged to.
     last_range: Option<usize>,
     counts: Counts,
+    /// Per column, a comparison of a row of one batch with a row of another: of the batches
+    /// with these [`Head::id`]s.
+    diff: Option<Diff>,
+}
+
+/// Column comparisons between rows of two batches (by their [`Head::id`]s).
+struct Diff {
+    ids: (u64, u64),
+    columns: Vec<Option<DynComparator>>,
 }
 
 impl<'a> Merge<'a> {
-    /// A merge routing rows by `ranges` and `rewrite`, writing to `tx`.
+    /// A merge routing rows by `ranges` and `rewrite`, writing to `tx`; new bases line up
+    /// with base row groups of at least `min_repeat` rows.
     pub(crate) fn new(
         ranges: &'a Ranges,
         rewrite: &'a [bool],
+        min_repeat: usize,
         schema: SchemaRef,
         tx: SyncSender<Msg>,
     ) -> Self {
@@ -257,17 +315,20 @@ impl<'a> Merge<'a> {
             kind,
             batches: Vec::new(),
             runs: Vec::new(),
+            spans: Vec::new(),
             rows: 0,
         };
         Self {
             ranges,
             rewrite,
+            min_repeat,
             schema,
             tx,
             base: pending(Kind::Base),
             delta: pending(Kind::Delta),
             last_range: None,
             counts: Counts::default(),
+            diff: None,
         }
     }
 
@@ -281,6 +342,7 @@ impl<'a> Merge<'a> {
                 head: None,
                 last: None,
                 done: false,
+                min_repeat: self.min_repeat,
             })
             .collect();
         let schema = self.schema.clone();
@@ -320,7 +382,7 @@ impl<'a> Merge<'a> {
                 Some(limit) => start + h.keys[start..].partition_point(|x| *x < limit),
                 None => h.keys.len(),
             };
-            self.route(h, start, end)?;
+            self.route(h, start, end, None)?;
             if let Some(h) = stream.head.as_mut() {
                 h.pos = end;
             }
@@ -347,11 +409,31 @@ impl<'a> Merge<'a> {
                 best = Some((i, v, dead));
             }
         }
-        let Some((w, _, _)) = best else {
+        let Some((w, _, dead)) = best else {
             return Ok(());
         };
+        // A live copy that replaces a row of a base row group a new base may repeat.
+        let replaced = streams
+            .iter()
+            .enumerate()
+            .find(|(i, s)| {
+                *i != w
+                    && s.head
+                        .as_ref()
+                        .is_some_and(|h| h.key() == k && h.earlier.is_some())
+            })
+            .map(|(i, _)| i)
+            .filter(|_| !dead);
         if let Some(h) = &streams[w].head {
-            self.route(h, h.pos, h.pos + 1)?;
+            let replaces = match replaced.and_then(|b| streams[b].head.as_ref()) {
+                Some(b) => b.from(b.pos).map(|from| Span {
+                    len: 1,
+                    from: Some(from),
+                    changed: self.differing(h, b),
+                }),
+                None => None,
+            };
+            self.route(h, h.pos, h.pos + 1, replaces)?;
         }
         for s in streams.iter_mut() {
             if let Some(h) = s.head.as_mut()
@@ -363,9 +445,41 @@ impl<'a> Merge<'a> {
         Ok(())
     }
 
+    /// The columns where row `w.pos` of `w`'s batch differs from row `b.pos` of `b`'s.
+    fn differing(&mut self, w: &Head, b: &Head) -> Vec<usize> {
+        if self.diff.as_ref().is_none_or(|d| d.ids != (w.id, b.id)) {
+            let columns = (0..w.batch.num_columns())
+                .map(|c| {
+                    make_comparator(
+                        w.batch.column(c).as_ref(),
+                        b.batch.column(c).as_ref(),
+                        SortOptions::default(),
+                    )
+                    .ok()
+                })
+                .collect();
+            self.diff = Some(Diff {
+                ids: (w.id, b.id),
+                columns,
+            });
+        }
+        let Some(diff) = &self.diff else {
+            return (0..w.batch.num_columns()).collect();
+        };
+        diff.columns
+            .iter()
+            .enumerate()
+            .filter(|(_, cmp)| cmp.as_ref().is_none_or(|f| !f(w.pos, b.pos).is_eq()))
+            .map(|(c, _)| c)
+            .collect()
+    }
+
     /// Sends rows `start..end` of `h`'s batch to the outputs their ranges say: a rewritten
     /// range's to the new bases without tombstones, any other's to the consolidated delta.
-    fn route(&mut self, h: &Head, start: usize, end: usize) -> Result<()> {
+    /// With `replaces`, the one row is a newer copy of a base row group's row (where from,
+    /// and the columns that differ).
+    fn route(&mut self, h: &Head, start: usize, end: usize, replaces: Option<Span>) -> Result<()> {
+        let mut replaces = replaces;
         let mut at = start;
         while at < end {
             let r = self.ranges.locate(h.keys[at]);
@@ -383,12 +497,20 @@ impl<'a> Merge<'a> {
                         .position(|d| *d > 0)
                         .map_or(stop, |n| from + n);
                     if live > from {
-                        self.push(Kind::Base, h, from, live - from)?;
+                        let span = match replaces.take() {
+                            Some(span) => span,
+                            None => Span {
+                                len: 0,
+                                from: h.from(from),
+                                changed: Vec::new(),
+                            },
+                        };
+                        self.push(Kind::Base, h, from, live - from, span)?;
                     }
                     from = live + 1;
                 }
             } else {
-                self.push(Kind::Delta, h, at, stop - at)?;
+                self.push(Kind::Delta, h, at, stop - at, Span::fresh(0))?;
             }
             at = stop;
         }
@@ -415,12 +537,18 @@ impl<'a> Merge<'a> {
         }
     }
 
-    /// Queues `len` rows of `h`'s batch from `start` for `kind`: a long run is sent as it is
-    /// (a zero-copy slice), short ones are gathered.
-    fn push(&mut self, kind: Kind, h: &Head, start: usize, len: usize) -> Result<()> {
+    /// Queues `len` rows of `h`'s batch from `start` for `kind`, from where `span` says (its
+    /// length is set here): a long run is sent as it is (a zero-copy slice), short ones are
+    /// gathered.
+    fn push(&mut self, kind: Kind, h: &Head, start: usize, len: usize, span: Span) -> Result<()> {
+        let span = Span { len, ..span };
+        let spans = |span: Span| match kind {
+            Kind::Base => vec![span],
+            Kind::Delta => Vec::new(),
+        };
         if len >= DIRECT_RUN {
             self.flush(kind)?;
-            return self.send(Msg::Rows(kind, h.batch.slice(start, len)));
+            return self.send(Msg::Rows(kind, h.batch.slice(start, len), spans(span)));
         }
         let p = self.pending(kind);
         let b = match p.batches.iter().rposition(|(id, _)| *id == h.id) {
@@ -433,6 +561,12 @@ impl<'a> Merge<'a> {
         match p.runs.last_mut() {
             Some((last, s, n)) if *last == b && *s + *n == start => *n += len,
             _ => p.runs.push((b, start, len)),
+        }
+        if kind == Kind::Base {
+            match p.spans.last_mut() {
+                Some(last) if continues(last, &span) => last.len += len,
+                _ => p.spans.push(span),
+            }
         }
         p.rows += len;
         if p.rows >= BATCH_ROWS {
@@ -448,9 +582,10 @@ impl<'a> Merge<'a> {
         if p.runs.is_empty() {
             return Ok(());
         }
-        let (batches, runs, rows) = (
+        let (batches, runs, spans, rows) = (
             std::mem::take(&mut p.batches),
             std::mem::take(&mut p.runs),
+            std::mem::take(&mut p.spans),
             std::mem::take(&mut p.rows),
         );
         let kind = p.kind;
@@ -465,7 +600,7 @@ impl<'a> Merge<'a> {
         }
         let batch =
             RecordBatch::try_new(schema, columns).map_err(Error::arrow("gather merged rows"))?;
-        self.send(Msg::Rows(kind, batch))
+        self.send(Msg::Rows(kind, batch, spans))
     }
 
     fn send(&self, msg: Msg) -> Result<()> {
@@ -484,12 +619,16 @@ mod tests {
     use parquet::arrow::ArrowWriter;
 
     use super::*;
+    use crate::compact::output::{Outputs, Written};
+    use crate::engine::parallel::{MIN_REPEAT_ROWS, ParallelWriter};
     use crate::lake::manifest::{FileEntry, Manifest, Tier};
     use crate::lake::ranges::key_text;
     use crate::lake::streamed::{self, pump};
     use crate::schema::batch::uuid_field;
     use crate::store::memory::MemoryStore;
     use crate::store::{ObjectStore, PutMode};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
 
     /// A row of a test file: `(row_id, changed_at, deleted_at, name)`.
     type Row<'a> = (u128, i64, i64, &'a str);
@@ -550,13 +689,17 @@ mod tests {
         delta: Rows,
     }
 
-    /// Merges the files (bases first, one stream each) with `rewrite` over their ranges and
-    /// returns what each output received, a `cut` marking a new base file.
-    async fn merge(files: Vec<(Tier, Vec<Row<'_>>)>, rewrite: Vec<bool>) -> Out {
+    /// A merge of `files` (bases first, one stream each, each written by `write`) with
+    /// `rewrite` over their ranges, ready to run: its ranges, schema and cursors.
+    async fn prepare(
+        files: Vec<(Tier, Vec<Row<'_>>)>,
+        rewrite: &[bool],
+        write: fn(&[Row]) -> Bytes,
+    ) -> (Ranges, SchemaRef, Vec<Cursor>, Arc<dyn ObjectStore>) {
         let store: Arc<dyn ObjectStore> = Arc::new(MemoryStore::new());
         let mut entries = Vec::new();
         for (i, (tier, rows)) in files.iter().enumerate() {
-            let bytes = file(rows);
+            let bytes = write(rows);
             let path = format!("data/1/f{i}.parquet");
             store
                 .put_bytes(&path, bytes.clone(), PutMode::Overwrite)
@@ -598,9 +741,16 @@ mod tests {
                 tx,
             ));
         }
+        (ranges, schema, cursors, store)
+    }
+
+    /// Merges the files (bases first, one stream each) with `rewrite` over their ranges and
+    /// returns what each output received, a `cut` marking a new base file.
+    async fn merge(files: Vec<(Tier, Vec<Row<'_>>)>, rewrite: Vec<bool>) -> Out {
+        let (ranges, schema, cursors, _store) = prepare(files, &rewrite, file).await;
         let (tx, rx) = sync_channel(16);
         let merged = tokio::task::spawn_blocking(move || {
-            Merge::new(&ranges, &rewrite, schema, tx).run(cursors, false)
+            Merge::new(&ranges, &rewrite, MIN_REPEAT_ROWS, schema, tx).run(cursors, false)
         });
         let out = tokio::task::spawn_blocking(move || {
             let mut out = Out {
@@ -609,7 +759,7 @@ mod tests {
             };
             for msg in rx {
                 match msg {
-                    Msg::Rows(kind, b) => {
+                    Msg::Rows(kind, b, _) => {
                         let (keys, changed, _) = columns_of(&b);
                         let names = b.column_by_name("name").unwrap().as_string::<i32>();
                         let rows = (0..b.num_rows())
@@ -730,7 +880,11 @@ mod tests {
             // (file path, rows, how many earlier files were still held when it was read)
             let mut seen: Vec<(String, usize, usize)> = Vec::new();
             let mut earlier: Vec<std::sync::Weak<Source>> = Vec::new();
-            while let Some((src, b)) = cursor.next_batch().unwrap() {
+            while let Some(Decoded {
+                group, batch: b, ..
+            }) = cursor.next_batch().unwrap()
+            {
+                let src = group.source.clone();
                 if seen.last().is_none_or(|l| l.0 != src.entry.path) {
                     let held = earlier.iter().filter(|w| w.upgrade().is_some()).count();
                     seen.push((src.entry.path.clone(), 0, held));
@@ -762,5 +916,253 @@ mod tests {
             vec![true],
         )
         .await;
+    }
+
+    /// A lake file of rows as compaction and init write them (every column nullable, zstd,
+    /// offset indexes, one row group per [`crate::engine::ROW_GROUP_SIZE`] rows).
+    fn lake_file(rows: &[Row]) -> Bytes {
+        let bytes = file(rows);
+        let batch = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .with_batch_size(usize::MAX)
+            .build()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let dir = test_dir();
+        let path = dir.join("lake.parquet");
+        let mut w = ParallelWriter::create(&path, batch.schema()).unwrap();
+        w.write(&batch, &[]).unwrap();
+        w.close().unwrap();
+        let out = Bytes::from(std::fs::read(&path).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        out
+    }
+
+    fn test_dir() -> std::path::PathBuf {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("lakecdc-merge-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// What a rewrite through the real writer produced: per new file its rows and its bytes,
+    /// and how many column chunks were copied.
+    struct Rewritten {
+        files: Vec<(Rows, Bytes)>,
+        copied: usize,
+    }
+
+    /// Merges `files` into new bases of at most `target` bytes with the real writer (every
+    /// range rewritten), lake-shaped sources.
+    async fn rewrite_files(files: Vec<(Tier, Vec<Row<'_>>)>, target: u64) -> Rewritten {
+        let rewrite = vec![true; files.len()];
+        let (ranges, schema, cursors, _store) = prepare(files, &rewrite, lake_file).await;
+        let dir = test_dir();
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Written>(1);
+        let (ack_tx, ack_rx) = std::sync::mpsc::channel();
+        let (msg_tx, msg_rx) = sync_channel(4);
+        let outputs = Outputs::new(&dir, schema.clone(), target, done_tx, ack_rx);
+        let writer = tokio::task::spawn_blocking(move || outputs.serve(msg_rx));
+        let merged = tokio::task::spawn_blocking(move || {
+            Merge::new(&ranges, &rewrite, MIN_REPEAT_ROWS, schema, msg_tx).run(cursors, false)
+        });
+        let mut out = Vec::new();
+        while let Some(w) = done_rx.recv().await {
+            let bytes = Bytes::from(std::fs::read(&w.path).unwrap());
+            let mut rows = Rows::new();
+            for b in ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+                .unwrap()
+                .build()
+                .unwrap()
+            {
+                let b = b.unwrap();
+                let (keys, changed, _) = columns_of(&b);
+                let names = b.column_by_name("name").unwrap().as_string::<i32>();
+                rows.extend(
+                    (0..b.num_rows()).map(|i| (keys[i], changed[i], names.value(i).to_string())),
+                );
+            }
+            out.push((rows, bytes));
+            let _ = ack_tx.send(());
+        }
+        merged.await.unwrap().unwrap();
+        let totals = writer.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        Rewritten {
+            files: out,
+            copied: totals.copied_chunks,
+        }
+    }
+
+    /// The bytes of column `name`'s chunk in row group `rg` of a file.
+    fn chunk_bytes(file: &Bytes, rg: usize, name: &str) -> Bytes {
+        let reader = SerializedFileReader::new(file.clone()).unwrap();
+        let meta = reader.metadata().row_group(rg);
+        let c = meta
+            .columns()
+            .iter()
+            .find(|c| c.column_path().parts()[0] == name)
+            .unwrap();
+        let (start, len) = c.byte_range();
+        file.slice(start as usize..(start + len) as usize)
+    }
+
+    const N: usize = 40_000;
+
+    fn names() -> Vec<String> {
+        (0..N).map(|i| format!("name-{i}")).collect()
+    }
+
+    /// A base of N rows (ids 2, 4, …), version 1.
+    fn base_rows(names: &[String]) -> Vec<Row<'_>> {
+        (0..N)
+            .map(|i| (2 * i as u128 + 2, 1, 0, names[i].as_str()))
+            .collect()
+    }
+
+    /// docs/design.md §9: a base row group that a delta changes a few rows of comes out row
+    /// for row as it went in; its unchanged columns are copied as they are (the same bytes),
+    /// the changed ones encoded again, and the rows read back are the merge's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_base_row_group_a_delta_changes_a_few_rows_of_keeps_its_unchanged_chunks() {
+        let names = names();
+        let base = base_rows(&names);
+        // Two rows changed in version only, one in its name too.
+        let delta = vec![
+            (2 * 100 + 2, 5, 0, "name-100"),
+            (2 * 7000 + 2, 5, 0, "renamed"),
+            (2 * (N as u128 - 1) + 2, 5, 0, names[N - 1].as_str()),
+        ];
+        let out = rewrite_files(
+            vec![(Tier::Base, base.clone()), (Tier::Delta, delta)],
+            1 << 30,
+        )
+        .await;
+        assert_eq!(out.files.len(), 1);
+        let (rows, bytes) = &out.files[0];
+        let want: Rows = base
+            .iter()
+            .map(|&(id, v, _, name)| match id {
+                202 | 14_002 => (
+                    id,
+                    5,
+                    if id == 14_002 {
+                        "renamed".into()
+                    } else {
+                        name.into()
+                    },
+                ),
+                id if id == 2 * (N as u128 - 1) + 2 => (id, 5, name.into()),
+                _ => (id, v, name.into()),
+            })
+            .collect();
+        assert_eq!(rows, &want);
+        // row_id, deleted_at and ltbase_created_at are copied; changed_at and name are not.
+        assert_eq!(out.copied, 3);
+        let source = lake_file(&base);
+        for column in ["row_id", "deleted_at", "ltbase_created_at"] {
+            assert_eq!(
+                chunk_bytes(bytes, 0, column),
+                chunk_bytes(&source, 0, column),
+                "{column}"
+            );
+        }
+        // DuckDB reads the copied chunks as they read in the source.
+        let dir = test_dir();
+        let path = dir.join("out.parquet");
+        std::fs::write(&path, bytes).unwrap();
+        let conn = duckdb::Connection::open_in_memory().unwrap();
+        let (rows, renamed, newest, first): (i64, i64, i64, String) = conn
+            .query_row(
+                &format!(
+                    "SELECT count(*), count(*) FILTER (name = 'renamed'), \
+                     count(*) FILTER (changed_at = 5), min(name) FROM '{}'",
+                    path.display()
+                ),
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((rows, renamed, newest), (N as i64, 1, 3));
+        assert_eq!(first, "name-0");
+        for column in ["changed_at", "name"] {
+            assert_ne!(
+                chunk_bytes(bytes, 0, column),
+                chunk_bytes(&source, 0, column),
+                "{column}"
+            );
+        }
+    }
+
+    /// A row group that does not come out row for row (a row deleted, a row inserted) is
+    /// encoded whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_base_row_group_that_loses_or_gains_a_row_is_encoded_whole() {
+        let names = names();
+        let base = base_rows(&names);
+        for (delta, want_rows) in [
+            (vec![(2 * 500 + 2, 5, 5, "")], N - 1),
+            (vec![(2 * 500 + 3, 5, 0, "new")], N + 1),
+        ] {
+            let out = rewrite_files(
+                vec![(Tier::Base, base.clone()), (Tier::Delta, delta.clone())],
+                1 << 30,
+            )
+            .await;
+            assert_eq!(out.copied, 0, "{delta:?}");
+            let (rows, _) = &out.files[0];
+            assert_eq!(rows.len(), want_rows, "{delta:?}");
+            assert!(rows.windows(2).all(|w| w[0].0 < w[1].0));
+            assert_eq!(rows.iter().any(|r| r.0 == 1002), want_rows > N, "{delta:?}");
+            assert_eq!(rows.iter().any(|r| r.0 == 1003), want_rows > N, "{delta:?}");
+        }
+    }
+
+    /// Rows ahead of a base row group the file would repeat do not share a row group with it,
+    /// and a file too full for a whole row group is cut before it: both row groups of two
+    /// bases are copied into files of their own, the new row between them in the first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn row_groups_line_up_with_the_bases_they_repeat() {
+        let names = names();
+        let first = base_rows(&names);
+        let second: Vec<Row> = (0..N)
+            .map(|i| (2 * (N + i) as u128 + 2, 1, 0, names[i].as_str()))
+            .collect();
+        let gap = 2 * N as u128 + 1;
+        let delta = vec![(4, 3, 0, "name-1"), (gap, 3, 0, "between")];
+        let one = lake_file(&first).len() as u64;
+        // Room for one base's row group and a little more, not for two.
+        let out = rewrite_files(
+            vec![
+                (Tier::Base, first.clone()),
+                (Tier::Base, second),
+                (Tier::Delta, delta),
+            ],
+            one * 3 / 2,
+        )
+        .await;
+        assert_eq!(out.files.len(), 2, "one file per base");
+        let groups = |b: &Bytes| {
+            let r = SerializedFileReader::new(b.clone()).unwrap();
+            r.metadata()
+                .row_groups()
+                .iter()
+                .map(|g| g.num_rows())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(groups(&out.files[0].1), vec![N as i64, 1]);
+        assert_eq!(groups(&out.files[1].1), vec![N as i64]);
+        assert_eq!(
+            out.files[0].0.last().unwrap(),
+            &(gap, 3, "between".to_string())
+        );
+        // The first base: all but changed_at copied (row 1's name is unchanged); the second:
+        // every column.
+        assert_eq!(out.copied, 4 + 5);
     }
 }

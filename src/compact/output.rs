@@ -14,10 +14,14 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, SchemaRef};
 use tokio::sync::mpsc;
 
-use crate::engine::parallel::ParallelWriter;
+use parquet::file::reader::ChunkReader;
+
+use crate::engine::parallel::{Earlier, ParallelWriter, Span};
 use crate::error::{Error, Result};
 use crate::lake::footer;
+use crate::lake::manifest::Tier;
 use crate::lake::ranges::{Key, key};
+use crate::lake::streamed::Group;
 
 /// Which output a batch goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +35,9 @@ pub(crate) enum Kind {
 /// What the merge sends the writer.
 #[derive(Debug)]
 pub(crate) enum Msg {
-    /// Rows for an output, sorted by `row_id`, after every row sent before.
-    Rows(Kind, RecordBatch),
+    /// Rows for an output, sorted by `row_id`, after every row sent before, and where they
+    /// come from (for a new base; empty otherwise).
+    Rows(Kind, RecordBatch, Vec<Span>),
     /// The next base rows belong to a range that is not adjacent to the last one: start a new
     /// base file.
     Cut,
@@ -68,6 +73,8 @@ pub(crate) struct Totals {
     pub files: usize,
     /// The most bytes the output files held on local disk at once.
     pub scratch_peak: u64,
+    /// Column chunks copied from the sources as they are.
+    pub copied_chunks: usize,
 }
 
 /// An output file being written.
@@ -162,7 +169,7 @@ impl Outputs {
                 Error::Invariant("the merge ended without finishing its outputs".into())
             })?;
             match msg {
-                Msg::Rows(kind, batch) => self.write(kind, batch)?,
+                Msg::Rows(kind, batch, spans) => self.write(kind, batch, spans)?,
                 Msg::Cut => self.finish(Kind::Base)?,
                 Msg::End { zero_row_base } => {
                     self.finish(Kind::Base)?;
@@ -235,8 +242,9 @@ impl Outputs {
 
     /// Writes `batch` to `kind`'s file; a base file about to pass the target is finished
     /// first (at a row boundary) and the rest goes to a new one.
-    fn write(&mut self, kind: Kind, batch: RecordBatch) -> Result<()> {
+    fn write(&mut self, kind: Kind, batch: RecordBatch, spans: Vec<Span>) -> Result<()> {
         let mut rest = batch;
+        let mut spans = spans;
         while rest.num_rows() > 0 {
             if self.slot(kind).is_none() {
                 self.start(kind)?;
@@ -247,29 +255,41 @@ impl Outputs {
                 .as_mut()
                 .ok_or_else(|| Error::Invariant("no open output".into()))?;
             let rows = rest.num_rows();
-            let take = if kind == Kind::Base {
+            let (take, full) = if kind == Kind::Base {
                 let used =
                     open.encoded() + footer_margin(rest.num_columns(), open.writer.row_groups());
                 // 5% is kept for estimates that fall short.
                 let room = (target - target / 20).saturating_sub(used);
-                let need = ((batch_bytes(&rest) as f64 * open.ratio()) as u64).max(1);
-                if need <= room {
-                    rows
+                // A base row group the file would repeat goes into it whole, or into the next
+                // file, so that its unchanged chunks can be copied (see ParallelWriter).
+                let repeat = spans.first().and_then(starts_repeat);
+                if open.rows > 0 && repeat.is_some_and(|bytes| bytes > room) {
+                    (0, true)
                 } else {
-                    let fit = usize::try_from(u128::from(room) * rows as u128 / u128::from(need))
-                        .unwrap_or(rows);
-                    // A file holds at least one row, however small the target.
-                    if fit == 0 && open.rows == 0 { 1 } else { fit }
+                    // Up to the next such row group, where this is asked again.
+                    let upto = next_repeat(&spans).min(rows);
+                    let need = estimate(&rest.slice(0, upto), &spans, open.ratio());
+                    if need <= room {
+                        (upto, false)
+                    } else {
+                        let fit =
+                            usize::try_from(u128::from(room) * upto as u128 / u128::from(need))
+                                .unwrap_or(upto);
+                        // A file holds at least one row, however small the target.
+                        (if fit == 0 && open.rows == 0 { 1 } else { fit }, true)
+                    }
                 }
             } else {
-                rows
+                (rows, false)
             };
             if take > 0 {
                 let part = rest.slice(0, take);
-                open.append(&part)?;
+                let after = split_spans(&mut spans, take);
+                open.append(&part, &spans)?;
+                spans = after;
                 rest = rest.slice(take, rows - take);
             }
-            if rest.num_rows() > 0 {
+            if full && rest.num_rows() > 0 {
                 self.finish(kind)?;
             }
             self.note_scratch();
@@ -283,7 +303,7 @@ impl Outputs {
             return Ok(());
         };
         let path = open.path.clone();
-        open.writer.close()?;
+        self.totals.copied_chunks += open.writer.close()?;
         let info = footer::check_file(&path)?;
         let size = std::fs::metadata(&path)
             .map_err(|source| Error::Io {
@@ -310,8 +330,157 @@ impl Outputs {
     }
 }
 
+/// What the first `batch.num_rows()` rows of `spans` will add to a file whose encoded bytes
+/// per Arrow byte are `ratio`: rows of a base row group a new base would repeat by that row
+/// group's compressed bytes, the others by their Arrow bytes.
+fn estimate(batch: &RecordBatch, spans: &[Span], ratio: f64) -> u64 {
+    let rows = batch.num_rows();
+    let (mut repeated, mut bytes, mut seen) = (0usize, 0u128, 0usize);
+    for s in spans {
+        if seen >= rows {
+            break;
+        }
+        let len = s.len.min(rows - seen);
+        if let Some((e, _)) = &s.from {
+            repeated += len;
+            bytes += u128::from(e.compressed_bytes()) * len as u128 / e.rows().max(1) as u128;
+        }
+        seen += len;
+    }
+    let others = if repeated < rows {
+        batch_bytes(batch) as f64 * ratio * (rows - repeated) as f64 / rows as f64
+    } else {
+        0.0
+    };
+    (u64::try_from(bytes).unwrap_or(u64::MAX) + others as u64).max(1)
+}
+
+/// The compressed bytes of the base row group `span` starts, when a new base would repeat it.
+fn starts_repeat(span: &Span) -> Option<u64> {
+    match &span.from {
+        Some((e, 0)) => Some(e.compressed_bytes()),
+        _ => None,
+    }
+}
+
+/// The row (of the batch `spans` cover) where the first span after the first starts a row
+/// group a new base would repeat; past the last row when none does.
+fn next_repeat(spans: &[Span]) -> usize {
+    let mut at = spans.first().map_or(0, |s| s.len);
+    for s in spans.iter().skip(1) {
+        if starts_repeat(s).is_some() {
+            return at;
+        }
+        at += s.len;
+    }
+    usize::MAX
+}
+
+/// Cuts `spans` after `rows` rows: keeps the first part, returns the rest.
+fn split_spans(spans: &mut Vec<Span>, rows: usize) -> Vec<Span> {
+    let mut seen = 0;
+    for i in 0..spans.len() {
+        let len = spans[i].len;
+        if seen + len > rows {
+            let mut rest = spans.split_off(i);
+            let inside = rows - seen;
+            if inside > 0 {
+                let mut head = rest[0].clone();
+                head.len = inside;
+                rest[0].len -= inside;
+                if let Some((_, pos)) = rest[0].from.as_mut() {
+                    *pos += inside;
+                }
+                spans.push(head);
+            }
+            return rest;
+        }
+        seen += len;
+    }
+    Vec::new()
+}
+
+/// A row group of a base, as the writer may repeat it.
+impl Earlier for Group {
+    fn rows(&self) -> usize {
+        Group::rows(self)
+    }
+
+    fn compressed_bytes(&self) -> u64 {
+        Group::compressed_bytes(self)
+    }
+
+    fn copyable(&self) -> bool {
+        let src = &self.source;
+        src.entry.tier == Tier::Base
+            && src.offsets.is_some()
+            && src
+                .meta
+                .file_metadata()
+                .created_by()
+                .is_some_and(|c| c.starts_with("parquet-rs"))
+    }
+
+    fn chunk(
+        &self,
+        name: &str,
+        field: &arrow::datatypes::Field,
+        descr: &parquet::schema::types::ColumnDescriptor,
+    ) -> Option<(parquet::column::writer::ColumnCloseResult, bytes::Bytes)> {
+        let src = &self.source;
+        let root = src.root(name)?;
+        if src.arrow.schema().field(root).data_type() != field.data_type() {
+            return None;
+        }
+        // Every lake column has one leaf.
+        let leaf = src
+            .meta
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .position(|c| c.path().parts().first().map(String::as_str) == Some(name))?;
+        let meta = src.meta.row_group(self.rg).columns().get(leaf)?;
+        if meta.column_descr() != descr
+            || !matches!(meta.compression(), parquet::basic::Compression::ZSTD(_))
+        {
+            return None;
+        }
+        // A merge reads a NULL `deleted_at` as 0 (see `merge::conform`): such a chunk
+        // differs from the rows it stands for.
+        if name == "deleted_at" && meta.statistics().and_then(|s| s.null_count_opt()) != Some(0) {
+            return None;
+        }
+        let mut offsets = src.offsets.as_ref()?.get(self.rg)?.get(leaf)?.clone();
+        let start = meta
+            .dictionary_page_offset()
+            .unwrap_or(meta.data_page_offset());
+        let len = usize::try_from(meta.compressed_size()).ok()?;
+        let bytes = self.data.get_bytes(u64::try_from(start).ok()?, len).ok()?;
+        for page in &mut offsets.page_locations {
+            page.offset -= start;
+        }
+        let metadata = meta
+            .clone()
+            .into_builder()
+            .set_data_page_offset(meta.data_page_offset() - start)
+            .set_dictionary_page_offset(meta.dictionary_page_offset().map(|d| d - start))
+            .build()
+            .ok()?;
+        let close = parquet::column::writer::ColumnCloseResult {
+            bytes_written: len as u64,
+            rows_written: u64::try_from(self.rows()).ok()?,
+            metadata,
+            bloom_filter: None,
+            column_index: None,
+            offset_index: Some(offsets),
+        };
+        Some((close, bytes))
+    }
+}
+
 impl Open {
-    fn append(&mut self, batch: &RecordBatch) -> Result<()> {
+    fn append(&mut self, batch: &RecordBatch, spans: &[Span]) -> Result<()> {
         let n = batch.num_rows();
         if n == 0 {
             return Ok(());
@@ -342,7 +511,7 @@ impl Open {
                 Some((a, b)) => (a.min(lo), b.max(hi)),
             });
         }
-        self.writer.write(batch)?;
+        self.writer.write(batch, spans)?;
         self.rows += n as u64;
         self.arrow_bytes += batch_bytes(batch);
         Ok(())

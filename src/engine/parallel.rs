@@ -4,21 +4,34 @@
 //! them (balanced by their Arrow size in the first batch) and the caller appends the finished
 //! column chunks to the row group in schema order. The file is the same as
 //! [`super::writer::open_lake_writer`]'s: the same properties, no Arrow schema in the footer.
+//!
+//! A rewrite mostly repeats what its sources hold: a base row group a delta changes a few rows
+//! of comes out with the same rows in the same order, and most of its columns unchanged. The
+//! caller says where its rows come from ([`Span`]); a new row group that repeats an earlier
+//! one ([`Earlier`]) row for row is held back unencoded until it is complete, and then its
+//! unchanged columns are copied from the earlier file as they are (compressed bytes, page
+//! offsets rebased) and only the changed ones are encoded (docs/design.md §9). A row group
+//! such a repeat would join starts a new row group, so that row groups line up with their
+//! sources'.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 
 use arrow::array::Array;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Field, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
 use parquet::arrow::ArrowSchemaConverter;
 use parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves,
 };
+use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::ParquetError;
 use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::ColumnDescriptor;
 
 use super::ROW_GROUP_SIZE;
 use super::writer::lake_properties;
@@ -27,12 +40,89 @@ use crate::error::{Error, Result};
 /// A column's writer, by the column's position in the schema.
 type Column = (usize, ArrowColumnWriter);
 
+/// A row group of an earlier lake file, which a new row group may repeat row for row.
+pub(crate) trait Earlier: Send + Sync {
+    /// Rows in it.
+    fn rows(&self) -> usize;
+    /// Its compressed bytes.
+    fn compressed_bytes(&self) -> u64;
+    /// Whether its chunks may be copied at all (a file this writer's settings wrote, whose
+    /// page offsets are known).
+    fn copyable(&self) -> bool;
+    /// Its chunk of column `name`, when it is stored exactly as a new file stores `field`
+    /// (`descr`): what closing a writer of it would have returned, its offsets relative to
+    /// the returned bytes, which are the chunk's.
+    fn chunk(
+        &self,
+        name: &str,
+        field: &Field,
+        descr: &ColumnDescriptor,
+    ) -> Option<(ColumnCloseResult, Bytes)>;
+}
+
+/// The fewest rows a base row group must hold for new bases to line up with it by default: a
+/// quarter of the usual rows, so that lining up never leaves a file of small row groups.
+pub const MIN_REPEAT_ROWS: usize = ROW_GROUP_SIZE / 4;
+
+/// Whether a new row group should line up with `earlier` to repeat it: a copyable row group of
+/// `min_rows` rows or more (and no more than a row group holds).
+pub(crate) fn worth_repeating(earlier: &dyn Earlier, min_rows: usize) -> bool {
+    (min_rows..=ROW_GROUP_SIZE).contains(&earlier.rows()) && earlier.copyable()
+}
+
+/// Where rows handed to [`ParallelWriter::write`] come from.
+#[derive(Clone)]
+pub(crate) struct Span {
+    /// Rows of the batch it covers, following the span before it.
+    pub len: usize,
+    /// Rows `pos..pos + len` of an earlier row group worth repeating ([`worth_repeating`]), or
+    /// copies that replace them; none for rows no such row group holds at that place.
+    pub from: Option<(Arc<dyn Earlier>, usize)>,
+    /// Columns (by position) where these rows differ from the earlier row group's.
+    pub changed: Vec<usize>,
+}
+
+impl Span {
+    /// Rows of no earlier row group.
+    pub(crate) fn fresh(len: usize) -> Self {
+        Self {
+            len,
+            from: None,
+            changed: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Span")
+            .field("len", &self.len)
+            .field("pos", &self.from.as_ref().map(|(_, p)| *p))
+            .field("changed", &self.changed)
+            .finish()
+    }
+}
+
+/// What the row group being written is so far.
+enum Track {
+    /// Empty.
+    Fresh,
+    /// Rows `0..next` of `earlier`, in order; `changed` marks the columns that differ.
+    Repeat {
+        earlier: Arc<dyn Earlier>,
+        next: usize,
+        changed: Vec<bool>,
+    },
+    /// Anything else: every column is encoded.
+    Mixed,
+}
+
 /// What the caller asks of the helper.
 enum Ask {
     /// Encode these columns of the next row group.
     Start(Vec<Column>),
-    /// Encode the helper's columns of these rows.
-    Write(RecordBatch),
+    /// Encode the helper's columns of these rows (only those marked, when given).
+    Write(RecordBatch, Option<Arc<Vec<bool>>>),
     /// Close the helper's columns of the row group.
     Close,
 }
@@ -62,6 +152,12 @@ pub(crate) struct ParallelWriter {
     helper_bytes: u64,
     rows_in_group: usize,
     groups: usize,
+    /// What the row group in progress repeats, if anything.
+    track: Track,
+    /// Its rows not encoded yet (while it repeats an earlier row group).
+    held: Vec<RecordBatch>,
+    /// Column chunks copied as they are, over the file's life.
+    copied: usize,
 }
 
 fn helper_loop(
@@ -76,14 +172,16 @@ fn helper_loop(
                 columns = c;
                 continue;
             }
-            Ask::Write(batch) => write_columns(&schema, &mut columns, &batch).map(|()| {
-                Answer::Written(
-                    columns
-                        .iter()
-                        .map(|(_, w)| w.get_estimated_total_bytes() as u64)
-                        .sum(),
-                )
-            }),
+            Ask::Write(batch, only) => {
+                write_columns(&schema, &mut columns, &batch, only.as_deref()).map(|()| {
+                    Answer::Written(
+                        columns
+                            .iter()
+                            .map(|(_, w)| w.get_estimated_total_bytes() as u64)
+                            .sum(),
+                    )
+                })
+            }
             Ask::Close => std::mem::take(&mut columns)
                 .into_iter()
                 .map(|(i, w)| w.close().map(|chunk| (i, chunk)))
@@ -96,13 +194,17 @@ fn helper_loop(
     }
 }
 
-/// Encodes `columns` of `batch`.
+/// Encodes `columns` of `batch` (those marked in `only`, when given).
 fn write_columns(
     schema: &SchemaRef,
     columns: &mut [Column],
     batch: &RecordBatch,
+    only: Option<&Vec<bool>>,
 ) -> std::result::Result<(), ParquetError> {
     for (i, w) in columns.iter_mut() {
+        if only.is_some_and(|o| !o.get(*i).copied().unwrap_or(true)) {
+            continue;
+        }
         let leaves = compute_leaves(schema.field(*i), batch.column(*i))?;
         for leaf in leaves {
             w.write(&leaf)?;
@@ -156,6 +258,9 @@ impl ParallelWriter {
             helper_bytes: 0,
             rows_in_group: 0,
             groups: 0,
+            track: Track::Fresh,
+            held: Vec::new(),
+            copied: 0,
         };
         out.start_group()?;
         Ok(out)
@@ -241,33 +346,157 @@ impl ParallelWriter {
         Ok(())
     }
 
-    /// Writes `batch`, closing a row group every [`ROW_GROUP_SIZE`] rows.
-    pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// Writes `batch`, whose rows come from `spans` (none: from no earlier row group),
+    /// closing a row group every [`ROW_GROUP_SIZE`] rows, once it repeats an earlier one
+    /// completely, and before rows that start repeating one.
+    pub(crate) fn write(&mut self, batch: &RecordBatch, spans: &[Span]) -> Result<()> {
         self.balance(batch)?;
-        let mut at = 0;
-        while at < batch.num_rows() {
-            let take = (ROW_GROUP_SIZE - self.rows_in_group).min(batch.num_rows() - at);
-            let part = batch.slice(at, take);
-            self.ask(Ask::Write(part.clone()))?;
-            let schema = self.schema.clone();
-            let mine = write_columns(&schema, &mut self.mine, &part);
-            let theirs = self.answer()?;
-            mine.map_err(|e| self.parquet_error(e))?;
-            if let Answer::Written(bytes) = theirs {
-                self.helper_bytes = bytes;
+        let whole = [Span::fresh(batch.num_rows())];
+        let spans = if spans.is_empty() { &whole[..] } else { spans };
+        if spans.iter().map(|s| s.len).sum::<usize>() != batch.num_rows() {
+            return Err(Error::Invariant(
+                "the spans of a batch do not cover its rows".into(),
+            ));
+        }
+        // Rows of `batch` handed to the row group so far, and rows accounted for.
+        let (mut fed, mut at) = (0, 0);
+        for span in spans {
+            let mut done = 0;
+            while done < span.len {
+                let starts = matches!(&span.from, Some((_, 0)) if done == 0);
+                if self.rows_in_group > 0 && (starts || self.repeated()) {
+                    self.feed(batch, fed, at)?;
+                    fed = at;
+                    self.close_group()?;
+                    self.start_group()?;
+                }
+                let take = (span.len - done).min(ROW_GROUP_SIZE - self.rows_in_group);
+                self.follow(span, done, take);
+                self.rows_in_group += take;
+                at += take;
+                done += take;
+                if self.rows_in_group == ROW_GROUP_SIZE {
+                    self.feed(batch, fed, at)?;
+                    fed = at;
+                    self.close_group()?;
+                    self.start_group()?;
+                }
             }
-            self.rows_in_group += take;
-            at += take;
-            if self.rows_in_group == ROW_GROUP_SIZE {
-                self.close_group()?;
-                self.start_group()?;
+        }
+        self.feed(batch, fed, at)
+    }
+
+    /// Whether the row group in progress repeats an earlier one completely.
+    fn repeated(&self) -> bool {
+        matches!(&self.track, Track::Repeat { earlier, next, .. } if *next == earlier.rows())
+    }
+
+    /// Notes that `take` rows of `span` from its row `done` join the row group.
+    fn follow(&mut self, span: &Span, done: usize, take: usize) {
+        let columns = self.schema.fields().len();
+        match (&mut self.track, &span.from) {
+            (Track::Fresh, Some((e, 0))) if done == 0 => {
+                let mut changed = vec![false; columns];
+                for &c in &span.changed {
+                    if let Some(m) = changed.get_mut(c) {
+                        *m = true;
+                    }
+                }
+                self.track = Track::Repeat {
+                    earlier: e.clone(),
+                    next: take,
+                    changed,
+                };
             }
+            (
+                Track::Repeat {
+                    earlier,
+                    next,
+                    changed,
+                },
+                Some((e, pos)),
+            ) if Arc::ptr_eq(earlier, e) && pos + done == *next => {
+                *next += take;
+                for &c in &span.changed {
+                    if let Some(m) = changed.get_mut(c) {
+                        *m = true;
+                    }
+                }
+            }
+            _ => self.track = Track::Mixed,
+        }
+    }
+
+    /// Hands rows `from..to` of `batch` to the row group: held while it repeats an earlier
+    /// one, else encoded (after any rows held before it stopped repeating).
+    fn feed(&mut self, batch: &RecordBatch, from: usize, to: usize) -> Result<()> {
+        if matches!(self.track, Track::Repeat { .. }) {
+            if to > from {
+                self.held.push(batch.slice(from, to - from));
+            }
+            return Ok(());
+        }
+        for held in std::mem::take(&mut self.held) {
+            self.encode(&held, None)?;
+        }
+        if to > from {
+            self.encode(&batch.slice(from, to - from), None)?;
         }
         Ok(())
     }
 
-    /// Appends the row group's column chunks, in schema order.
+    /// Encodes `part` (of the columns marked in `only`, when given) on both threads.
+    fn encode(&mut self, part: &RecordBatch, only: Option<Arc<Vec<bool>>>) -> Result<()> {
+        self.ask(Ask::Write(part.clone(), only.clone()))?;
+        let schema = self.schema.clone();
+        let mine = write_columns(&schema, &mut self.mine, part, only.as_deref());
+        let theirs = self.answer()?;
+        mine.map_err(|e| self.parquet_error(e))?;
+        if let Answer::Written(bytes) = theirs {
+            self.helper_bytes = bytes;
+        }
+        Ok(())
+    }
+
+    /// The chunks of the row group in progress to copy, by column: the unchanged columns
+    /// of the earlier row group it repeats completely; none otherwise.
+    fn copies(&self, track: &Track) -> Vec<Option<(ColumnCloseResult, Bytes)>> {
+        let columns = self.schema.fields().len();
+        let Track::Repeat {
+            earlier,
+            next,
+            changed,
+        } = track
+        else {
+            return (0..columns).map(|_| None).collect();
+        };
+        if *next != earlier.rows() {
+            return (0..columns).map(|_| None).collect();
+        }
+        let descr = self.writer.schema_descr();
+        (0..columns)
+            .map(|i| {
+                if changed.get(i).copied().unwrap_or(true) {
+                    return None;
+                }
+                let field = self.schema.field(i);
+                earlier.chunk(field.name(), field, descr.column(i).as_ref())
+            })
+            .collect()
+    }
+
+    /// Appends the row group's column chunks, in schema order: copied ones as they are, the
+    /// others encoded (held rows first).
     fn close_group(&mut self) -> Result<()> {
+        let track = std::mem::replace(&mut self.track, Track::Fresh);
+        let copies = self.copies(&track);
+        let held = std::mem::take(&mut self.held);
+        if !held.is_empty() {
+            let only = Arc::new(copies.iter().map(Option::is_none).collect::<Vec<_>>());
+            for part in &held {
+                self.encode(part, Some(only.clone()))?;
+            }
+        }
         self.ask(Ask::Close)?;
         let mut chunks: Vec<(usize, ArrowColumnChunk)> = Vec::new();
         for (i, w) in std::mem::take(&mut self.mine) {
@@ -283,8 +512,14 @@ impl ParallelWriter {
             message: format!("write: {e}"),
         };
         let mut group = self.writer.next_row_group().map_err(err)?;
-        for (_, chunk) in chunks {
-            chunk.append_to_row_group(&mut group).map_err(err)?;
+        for ((_, chunk), copy) in chunks.into_iter().zip(copies) {
+            match copy {
+                Some((close, bytes)) => {
+                    group.append_column(&bytes, close).map_err(err)?;
+                    self.copied += 1;
+                }
+                None => chunk.append_to_row_group(&mut group).map_err(err)?,
+            }
         }
         group.close().map_err(err)?;
         self.groups += 1;
@@ -297,14 +532,23 @@ impl ParallelWriter {
         self.writer.bytes_written() as u64
     }
 
-    /// The encoders' estimate of the row group in progress.
+    /// The encoders' estimate of the row group in progress (for rows held back, the share
+    /// of the earlier row group they repeat).
     pub(crate) fn in_progress_size(&self) -> u64 {
         let mine: u64 = self
             .mine
             .iter()
             .map(|(_, w)| w.get_estimated_total_bytes() as u64)
             .sum();
-        mine + self.helper_bytes
+        let held = match &self.track {
+            Track::Repeat { earlier, next, .. } if earlier.rows() > 0 => {
+                let share =
+                    u128::from(earlier.compressed_bytes()) * *next as u128 / earlier.rows() as u128;
+                u64::try_from(share).unwrap_or(u64::MAX)
+            }
+            _ => 0,
+        };
+        mine + self.helper_bytes + held
     }
 
     /// Finished row groups.
@@ -312,8 +556,9 @@ impl ParallelWriter {
         self.groups
     }
 
-    /// Writes the last row group and the footer.
-    pub(crate) fn close(mut self) -> Result<()> {
+    /// Writes the last row group and the footer; returns how many column chunks were copied
+    /// as they are.
+    pub(crate) fn close(mut self) -> Result<usize> {
         if self.rows_in_group > 0 {
             self.close_group()?;
         }
@@ -325,6 +570,6 @@ impl ParallelWriter {
             path: self.path.display().to_string(),
             message: format!("write: {e}"),
         })?;
-        Ok(())
+        Ok(self.copied)
     }
 }

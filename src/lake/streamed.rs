@@ -18,7 +18,9 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::errors::ParquetError;
 use parquet::file::FOOTER_SIZE;
-use parquet::file::metadata::{FooterTail, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::{
+    FooterTail, PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader, ParquetOffsetIndex,
+};
 use parquet::file::reader::{ChunkReader, Length};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -50,6 +52,10 @@ pub(crate) struct Source {
     pub meta: Arc<ParquetMetaData>,
     /// The footer as Arrow sees it.
     pub arrow: ArrowReaderMetadata,
+    /// Its column chunks' offset indexes (`[row group][column]`), when the file's last bytes
+    /// hold them: what a column chunk copied as it is carries into a new file (see
+    /// [`Group`]).
+    pub offsets: Option<ParquetOffsetIndex>,
 }
 
 fn corrupt(f: &FileEntry, message: impl Into<String>) -> Error {
@@ -125,6 +131,7 @@ pub(crate) async fn open(store: &dyn ObjectStore, f: &FileEntry) -> Result<Sourc
     let meta = Arc::new(meta);
     let arrow = ArrowReaderMetadata::try_new(meta.clone(), ArrowReaderOptions::new())
         .map_err(|e| corrupt(f, format!("unreadable schema: {e}")))?;
+    let offsets = offset_indexes(&meta, Segment::new(tail_start, tail.clone(), size));
     Ok(Source {
         entry: f.clone(),
         size,
@@ -132,7 +139,25 @@ pub(crate) async fn open(store: &dyn ObjectStore, f: &FileEntry) -> Result<Sourc
         tail,
         meta,
         arrow,
+        offsets,
     })
+}
+
+/// The offset indexes of a file's column chunks, when `tail` holds every one of them (lakecdc
+/// writes them just before the footer); `None` otherwise: the file's chunks are then never
+/// copied as they are.
+fn offset_indexes(meta: &ParquetMetaData, tail: Segment) -> Option<ParquetOffsetIndex> {
+    let mut reader = ParquetMetaDataReader::new_with_metadata(meta.clone())
+        .with_offset_index_policy(PageIndexPolicy::Required)
+        .with_column_index_policy(PageIndexPolicy::Skip);
+    reader.read_page_indexes(&tail).ok()?;
+    let offsets = reader.finish().ok()?.offset_index()?.clone();
+    let whole = offsets.len() == meta.num_row_groups()
+        && offsets
+            .iter()
+            .zip(meta.row_groups())
+            .all(|(o, rg)| o.len() == rg.num_columns());
+    whole.then_some(offsets)
 }
 
 impl Source {
@@ -327,6 +352,31 @@ impl ChunkReader for Segment {
     }
 }
 
+/// One row group of a source as the merge met it: the bytes its column chunks lie in, so that
+/// a rewrite that leaves a column of it unchanged copies that column's chunk into the new file
+/// as it is, instead of encoding and compressing it again (docs/design.md §9).
+#[derive(Debug)]
+pub(crate) struct Group {
+    /// The file.
+    pub source: Arc<Source>,
+    /// The row group's index in it.
+    pub rg: usize,
+    /// Bytes of the file holding every column chunk of the row group.
+    pub data: Segment,
+}
+
+impl Group {
+    /// Rows in the row group.
+    pub(crate) fn rows(&self) -> usize {
+        usize::try_from(self.source.meta.row_group(self.rg).num_rows()).unwrap_or(0)
+    }
+
+    /// Its compressed bytes.
+    pub(crate) fn compressed_bytes(&self) -> u64 {
+        u64::try_from(self.source.meta.row_group(self.rg).compressed_size()).unwrap_or(0)
+    }
+}
+
 /// What a source stream hands the merge.
 #[derive(Debug)]
 pub(crate) enum Piece {
@@ -464,8 +514,16 @@ pub(crate) struct Cursor {
     rx: mpsc::Receiver<Result<Piece>>,
     /// How many files the stream reads.
     files: usize,
-    reader: Option<(Arc<Source>, ParquetRecordBatchReader)>,
+    /// The row group being decoded and how many of its rows were handed out.
+    reader: Option<(Arc<Group>, ParquetRecordBatchReader, usize)>,
     verified: usize,
+}
+
+/// A decoded batch and where its rows lie: rows `offset..` of `group`.
+pub(crate) struct Decoded {
+    pub group: Arc<Group>,
+    pub offset: usize,
+    pub batch: RecordBatch,
 }
 
 impl Cursor {
@@ -479,14 +537,24 @@ impl Cursor {
         }
     }
 
-    /// The next batch and the source it came from; `None` once every file was read and
+    /// The next batch and where it came from; `None` once every file was read and
     /// verified. Blocks (call it on a blocking thread).
-    pub(crate) fn next_batch(&mut self) -> Result<Option<(Arc<Source>, RecordBatch)>> {
+    pub(crate) fn next_batch(&mut self) -> Result<Option<Decoded>> {
         loop {
-            if let Some((src, reader)) = &mut self.reader {
+            if let Some((group, reader, done)) = &mut self.reader {
                 match reader.next() {
-                    Some(Ok(b)) => return Ok(Some((src.clone(), b))),
-                    Some(Err(e)) => return Err(corrupt(&src.entry, format!("decode: {e}"))),
+                    Some(Ok(batch)) => {
+                        let offset = *done;
+                        *done += batch.num_rows();
+                        return Ok(Some(Decoded {
+                            group: group.clone(),
+                            offset,
+                            batch,
+                        }));
+                    }
+                    Some(Err(e)) => {
+                        return Err(corrupt(&group.source.entry, format!("decode: {e}")));
+                    }
                     None => self.reader = None,
                 }
             }
@@ -513,8 +581,8 @@ impl Cursor {
                     if file >= self.files || file < self.verified {
                         return Err(Error::Invariant("a row group of no source".into()));
                     }
-                    let reader = source.decode(rg, data, None)?;
-                    self.reader = Some((source, reader));
+                    let reader = source.decode(rg, data.clone(), None)?;
+                    self.reader = Some((Arc::new(Group { source, rg, data }), reader, 0));
                 }
             }
         }

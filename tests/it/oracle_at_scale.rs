@@ -374,6 +374,12 @@ async fn one_seed(seed: u64) -> Tally {
                         256 << 20
                     },
                     dirty_ratio: if jobs.chance(50) { 0.0 } else { 0.05 },
+                    // Line up with (and copy unchanged chunks of) base row groups of any size.
+                    min_repeat_rows: if jobs.chance(50) {
+                        1
+                    } else {
+                        lakecdc::compact::MIN_REPEAT_ROWS
+                    },
                     ..CompactOptions::default()
                 };
                 let report = lakecdc::compact::run(&ctx, &o).await.unwrap();
