@@ -24,6 +24,9 @@
 # Option of query:
 #   --rounds R                  R flushed rounds of changes (default 10; env LAKECDC_BENCH_ROUNDS),
 #                               each its own delta: a lake of hundreds of small deltas with R = 300
+# LAKECDC_BENCH_CHANGE (few, every): what compact's and compact-scale's updates change: text_01,
+# integer_02 and the version (few, the default), or every bound column and EAV value too (every:
+# a rewrite then copies no column chunk of a changed row group, the adverse case for compaction).
 # LAKECDC_BENCH_EXPORT_MEMORY (2GB) is the --memory-limit of init and flush and the peer's
 # DuckDB memory_limit; LAKECDC_BENCH_RUNS (3, at least 3) the runs per case of the matrix, table and compact-scale.
 #
@@ -192,6 +195,14 @@ if [ -z "$N" ]; then
 	*) N=1000000 ;;
 	esac
 fi
+CHANGE="${LAKECDC_BENCH_CHANGE:-few}"
+case "$CHANGE" in
+few | every) ;;
+*)
+	echo "bench: LAKECDC_BENCH_CHANGE must be few or every" >&2
+	exit 2
+	;;
+esac
 case "$IDS" in
 v4 | v7) ;;
 *)
@@ -470,15 +481,30 @@ PY
 
 # Updates the entities of schema 100 that SQL condition $1 selects (on entity_main's columns) as
 # the application writes (the writer contract, docs/design.md §2.2): a new version
-# GREATEST(now_ms, previous + 1) as ltbase_updated_at, text_01 and integer_02 changed, and in the
-# same statement the row's dirty change_log slot upserted with that version.
+# GREATEST(now_ms, previous + 1) as ltbase_updated_at, text_01 and integer_02 changed (with
+# LAKECDC_BENCH_CHANGE=every, every bound column and every EAV value too), and in the same
+# statement the row's dirty change_log slot upserted with that version.
 update_rows() {
+	local every=""
+	if [ "$CHANGE" = every ]; then
+		every="text_02 = text_02 || 'u', text_03 = text_03 || 'u', text_04 = text_04 || 'u',
+		 text_05 = text_05 || 'u', text_06 = text_06 || 'u', text_07 = text_07 || 'u',
+		 text_08 = text_08 || 'u', text_09 = text_09 || 'u', text_10 = text_10 || 'u',
+		 smallint_01 = smallint_01 / 2 + 1, smallint_02 = smallint_02 + 1, smallint_03 = 1 - smallint_03,
+		 integer_01 = integer_01 + 1, bigint_01 = bigint_01 + 1, bigint_02 = bigint_02 + 1,
+		 bigint_03 = bigint_03 + 86400000, double_01 = double_01 + 0.25, double_02 = double_02 + 0.25,
+		 uuid_01 = md5(uuid_01::text)::uuid,"
+	fi
 	$PSQL "$LAKECDC_PG_URL" <<SQL
 WITH upd AS (
-  UPDATE entity_main SET text_01 = text_01 || ' (updated)', integer_02 = integer_02 + 1,
+  UPDATE entity_main SET text_01 = text_01 || ' (updated)', integer_02 = integer_02 + 1, $every
          ltbase_updated_at = GREATEST((extract(epoch FROM clock_timestamp()) * 1000)::bigint, ltbase_updated_at + 1)
   WHERE ltbase_schema_id = 100 AND ($1)
-  RETURNING ltbase_row_id, ltbase_updated_at)
+  RETURNING ltbase_row_id, ltbase_updated_at),
+eav AS (
+  UPDATE eav_data e SET value_text = e.value_text || 'u', value_numeric = e.value_numeric + 1
+  FROM upd WHERE '$CHANGE' = 'every' AND e.schema_id = 100 AND e.row_id = upd.ltbase_row_id
+  RETURNING 1)
 INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at)
 SELECT 100, ltbase_row_id, 0, ltbase_updated_at FROM upd
 ON CONFLICT (schema_id, row_id, flushed_at) DO UPDATE SET changed_at = EXCLUDED.changed_at, deleted_at = NULL;
@@ -1153,7 +1179,10 @@ print(f"compact-scale bench: {n:,} entities ({ids} row ids, sslmode={ssl}), "
       f"T = --target-base-size {t} ({t / 2**20:.2f} MiB)")
 print(f"  lake: init (--target-file-size {t_init} --max-file-rows {max_rows} --page-rows {page_rows}) in "
       f"{float(init_secs):.2f} s, then 3 flushes of {n // 1000:,} updates: {lake}")
-print(f"  each case: the saved manifest put back, {u:,} entities updated (writer contract) and flushed, "
+import os
+change = os.environ.get("LAKECDC_BENCH_CHANGE", "few")
+print(f"  each case: the saved manifest put back, {u:,} entities updated (writer contract; changing "
+      f"{'every column' if change == 'every' else 'text_01, integer_02 and the version'}) and flushed, "
       f"then one `lakecdc compact --json --target-base-size {t} --dirty-ratio R {max_deltas or '(no --max-deltas)'}`; "
       f"{len(next(iter(runs.values()), []))} runs of each, in turn; median (min-max)")
 cases = {}
@@ -1184,7 +1213,7 @@ for label, rs in runs.items():
         print(f"      {c['secs']:.2f} s ({min(secs):.2f}-{max(secs):.2f}), {rate} rows/s (rows_in {field(s, 'rows_in')}), "
               f"peak RSS {rss} MiB, peak scratch {c['scratch']:.1f} MiB; files_in {field(s, 'files_in')}, "
               f"files_out {field(s, 'files_out')}, bases_rewritten {field(s, 'bases_rewritten')}, "
-              f"bases_kept {field(s, 'bases_kept')}")
+              f"bases_kept {field(s, 'bases_kept')}, chunks_copied {field(s, 'chunks_copied')}")
 def check(name, ok):
     print(f"  {name}: {'PASS' if ok else 'FAIL'}")
 ok_runs = {k: c for k, c in cases.items() if c["secs"] is not None}

@@ -986,6 +986,14 @@ mod tests {
                     (0..b.num_rows()).map(|i| (keys[i], changed[i], names.value(i).to_string())),
                 );
             }
+            // The figures the manifest entry is made of match the file.
+            assert_eq!(w.rows, rows.len() as u64, "{:?}", w.path);
+            assert_eq!(w.keys, Some((rows[0].0, rows[rows.len() - 1].0)));
+            let versions = rows.iter().map(|r| r.1);
+            assert_eq!(
+                w.changed,
+                (versions.clone().min().unwrap(), versions.max().unwrap())
+            );
             out.push((rows, bytes));
             let _ = ack_tx.send(());
         }
@@ -1164,5 +1172,111 @@ mod tests {
         // The first base: all but changed_at copied (row 1's name is unchanged); the second:
         // every column.
         assert_eq!(out.copied, 4 + 5);
+    }
+
+    /// A repeated row group whose changed columns grew past what the file had left is not
+    /// written there: it starts the next file, and each file's figures (rows, row ids,
+    /// versions) are those of the rows it holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_repeated_row_group_that_grew_past_the_file_starts_the_next() {
+        let names = names();
+        let first = base_rows(&names);
+        let second: Vec<Row> = (0..N)
+            .map(|i| (2 * (N + i) as u128 + 2, 1, 0, names[i].as_str()))
+            .collect();
+        // 2,000 rows of the second base get long names that compress poorly.
+        let long: Vec<String> = (0..2000)
+            .map(|i| {
+                (0..6)
+                    .map(|k| {
+                        format!(
+                            "{:016x}",
+                            (i as u64 + 1)
+                                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                                .rotate_left(k * 7)
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        let delta: Vec<Row> = (0..2000)
+            .map(|i| (second[i * 20].0, 3, 0, long[i].as_str()))
+            .collect();
+        let third: Vec<Row> = (0..N)
+            .map(|i| (2 * (2 * N + i) as u128 + 2, 1, 0, names[i].as_str()))
+            .collect();
+        let one = lake_file(&first).len() as u64;
+        // Room for the second base's row group as it was, not as it becomes. It is the last
+        // row group of the pass (left over when the file closes), or a third base follows it
+        // (left over when the next row group starts).
+        let target = one * 5 / 2;
+        for bases in [2, 3] {
+            let mut files = vec![(Tier::Base, first.clone()), (Tier::Base, second.clone())];
+            if bases == 3 {
+                files.push((Tier::Base, third.clone()));
+            }
+            files.push((Tier::Delta, delta.clone()));
+            let out = rewrite_files(files, target).await;
+            assert_eq!(out.files.len(), bases, "{bases} bases");
+            for (i, (rows, bytes)) in out.files.iter().enumerate() {
+                assert_eq!(rows.len(), N, "{bases} bases, file {i}");
+                assert!(bytes.len() as u64 <= target, "{} > {target}", bytes.len());
+            }
+            assert_eq!(out.files[0].0[N - 1].0, first[N - 1].0);
+            assert_eq!(out.files[1].0[20], (second[20].0, 3, long[1].clone()));
+            // The first and third bases whole, the second but its names and versions.
+            assert_eq!(out.copied, 5 + 3 + 5 * (bases - 2), "{bases} bases");
+        }
+    }
+
+    /// A repeated row group that grew past the target even alone is written again as rows the
+    /// writer cuts by size: no file passes the target, and every row is there once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_repeated_row_group_that_grew_past_the_target_alone_is_cut_by_size() {
+        let names = names();
+        let base = base_rows(&names);
+        let long: Vec<String> = (0..2000)
+            .map(|i| {
+                format!(
+                    "{:064x}",
+                    (i as u128 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
+                )
+            })
+            .collect();
+        let delta: Vec<Row> = (0..2000)
+            .map(|i| (base[i * 20].0, 3, 0, long[i].as_str()))
+            .collect();
+        let second: Vec<Row> = (0..N)
+            .map(|i| (2 * (N + i) as u128 + 2, 1, 0, names[i].as_str()))
+            .collect();
+        // A tenth more than the larger base takes.
+        let target = lake_file(&base).len().max(lake_file(&second).len()) as u64 * 11 / 10;
+        // Left over when the file closes, or when a second base's row group starts (which
+        // is then copied whole into a file of its own).
+        for bases in [1, 2] {
+            let mut files = vec![(Tier::Base, base.clone())];
+            if bases == 2 {
+                files.push((Tier::Base, second.clone()));
+            }
+            files.push((Tier::Delta, delta.clone()));
+            let out = rewrite_files(files, target).await;
+            assert!(
+                out.files.len() > bases,
+                "{bases}: {} files",
+                out.files.len()
+            );
+            assert_eq!(out.copied, 5 * (bases - 1), "{bases}");
+            let rows: Rows = out
+                .files
+                .iter()
+                .flat_map(|(r, _)| r.iter().cloned())
+                .collect();
+            assert_eq!(rows.len(), N * bases);
+            assert_eq!(rows[40], (base[40].0, 3, long[2].clone()));
+            assert_eq!(rows[41], (base[41].0, 1, names[41].clone()));
+            for (_, bytes) in &out.files {
+                assert!(bytes.len() as u64 <= target, "{} > {target}", bytes.len());
+            }
+        }
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use parquet::file::reader::ChunkReader;
 
-use crate::engine::parallel::{Earlier, ParallelWriter, Span};
+use crate::engine::parallel::{Earlier, Finished, ParallelWriter, Span, Spill, footer_margin};
 use crate::error::{Error, Result};
 use crate::lake::footer;
 use crate::lake::manifest::Tier;
@@ -79,14 +79,74 @@ pub(crate) struct Totals {
 
 /// An output file being written.
 struct Open {
-    kind: Kind,
     path: PathBuf,
+    /// Encoded bytes per Arrow byte before anything is appended: the last file's.
+    first_ratio: f64,
     writer: ParallelWriter,
+    stats: Stats,
+    /// The figures as they were before each of the last row groups that repeat a base's
+    /// started: a row group the writer leaves for the next file is taken back to its mark.
+    marks: Vec<Stats>,
+}
+
+/// `stats` before a row group of `rows` rows, the last counted but for `after` rows: the mark
+/// taken where it started.
+fn taken_back(stats: &Stats, marks: &[Stats], rows: usize, after: usize) -> Result<Stats> {
+    let start = stats.rows.saturating_sub((rows + after) as u64);
+    marks
+        .iter()
+        .rfind(|m| m.rows == start)
+        .cloned()
+        .ok_or_else(|| Error::Invariant("a row group left for the next file has no mark".into()))
+}
+
+/// What a file holds, counted as rows are appended.
+#[derive(Debug, Clone, Default)]
+struct Stats {
     rows: u64,
     /// Arrow bytes appended (what [`Open::ratio`] compares the encoded bytes with).
     arrow_bytes: u64,
     keys: Option<(Key, Key)>,
     changed: Option<(i64, i64)>,
+}
+
+impl Stats {
+    /// Counts `batch`, whose rows follow every row counted.
+    fn count(&mut self, batch: &RecordBatch) -> Result<()> {
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let row_ids = batch
+            .column_by_name("row_id")
+            .and_then(|c| c.as_fixed_size_binary_opt())
+            .ok_or_else(|| Error::Invariant("an output batch without row_id".into()))?;
+        let at = |i: usize| -> Result<Key> {
+            let bytes: &[u8; 16] = row_ids
+                .value(i)
+                .try_into()
+                .map_err(|_| Error::Invariant("a row_id of other than 16 bytes".into()))?;
+            Ok(key(bytes))
+        };
+        let (first, last) = (at(0)?, at(n - 1)?);
+        self.keys = Some(match self.keys {
+            None => (first, last),
+            Some((min, _)) => (min, last),
+        });
+        let changed = batch
+            .column_by_name("changed_at")
+            .and_then(|c| c.as_primitive_opt::<Int64Type>())
+            .ok_or_else(|| Error::Invariant("an output batch without changed_at".into()))?;
+        if let (Some(lo), Some(hi)) = (arrow::compute::min(changed), arrow::compute::max(changed)) {
+            self.changed = Some(match self.changed {
+                None => (lo, hi),
+                Some((a, b)) => (a.min(lo), b.max(hi)),
+            });
+        }
+        self.rows += n as u64;
+        self.arrow_bytes += batch_bytes(batch);
+        Ok(())
+    }
 }
 
 impl Open {
@@ -99,10 +159,33 @@ impl Open {
     /// Encoded bytes per Arrow byte so far (1 before anything was appended): what a batch
     /// will add to the file, estimated from its Arrow size.
     fn ratio(&self) -> f64 {
-        if self.arrow_bytes == 0 {
-            return 1.0;
+        if self.stats.arrow_bytes == 0 {
+            return self.first_ratio;
         }
-        (self.encoded() as f64 / self.arrow_bytes as f64).clamp(0.01, 1.5)
+        (self.encoded() as f64 / self.stats.arrow_bytes as f64).clamp(0.01, 1.5)
+    }
+
+    /// Takes the counted figures back to before the row group `group` (its `rows` rows, the
+    /// last rows of the file but for `after` rows counted after it).
+    fn take_back(&mut self, rows: usize, after: usize) -> Result<()> {
+        let start = self.stats.rows - (rows + after) as u64;
+        let mark = self
+            .marks
+            .iter()
+            .rfind(|m| m.rows == start)
+            .ok_or_else(|| {
+                Error::Invariant("a row group left for the next file has no mark".into())
+            })?;
+        self.stats = mark.clone();
+        Ok(())
+    }
+
+    /// Appends a row group the file before could not take.
+    fn take_over(&mut self, group: Finished) -> Result<()> {
+        for b in &group.held {
+            self.stats.count(b)?;
+        }
+        self.writer.append(group)
     }
 }
 
@@ -120,12 +203,9 @@ pub(crate) struct Outputs {
     /// Sizes of finished files not yet uploaded (their local copies still exist), oldest first.
     waiting: VecDeque<u64>,
     totals: Totals,
-}
-
-/// The bytes a file's footer may take beyond its row groups: per column and row group (a
-/// column chunk's metadata and statistics take about 100 bytes).
-fn footer_margin(columns: usize, row_groups: usize) -> u64 {
-    1024 + 160 * (columns as u64) * (row_groups as u64 + 1)
+    /// Encoded bytes per Arrow byte of the last file finished (1 before the first): what a
+    /// new file's first rows are estimated by.
+    ratio: f64,
 }
 
 /// The bytes `batch` takes in memory (its slice only).
@@ -158,6 +238,7 @@ impl Outputs {
             acks,
             waiting: VecDeque::new(),
             totals: Totals::default(),
+            ratio: 1.0,
         }
     }
 
@@ -170,10 +251,10 @@ impl Outputs {
             })?;
             match msg {
                 Msg::Rows(kind, batch, spans) => self.write(kind, batch, spans)?,
-                Msg::Cut => self.finish(Kind::Base)?,
+                Msg::Cut => self.finish_all(Kind::Base)?,
                 Msg::End { zero_row_base } => {
-                    self.finish(Kind::Base)?;
-                    self.finish(Kind::Delta)?;
+                    self.finish_all(Kind::Base)?;
+                    self.finish_all(Kind::Delta)?;
                     if zero_row_base && self.totals.files == 0 {
                         self.start(Kind::Base)?;
                         self.finish(Kind::Base)?;
@@ -210,15 +291,17 @@ impl Outputs {
         }
         let path = self.dir.join(format!("out-{}.parquet", self.next));
         self.next += 1;
-        let writer = ParallelWriter::create(&path, self.schema.clone())?;
+        let mut writer = ParallelWriter::create(&path, self.schema.clone())?;
+        if kind == Kind::Base {
+            writer.set_limit(self.target);
+        }
+        let first_ratio = self.ratio;
         *self.slot(kind) = Some(Open {
-            kind,
             path,
+            first_ratio,
             writer,
-            rows: 0,
-            arrow_bytes: 0,
-            keys: None,
-            changed: None,
+            stats: Stats::default(),
+            marks: Vec::new(),
         });
         Ok(())
     }
@@ -258,25 +341,38 @@ impl Outputs {
             let (take, full) = if kind == Kind::Base {
                 let used =
                     open.encoded() + footer_margin(rest.num_columns(), open.writer.row_groups());
-                // 5% is kept for estimates that fall short.
+                // 5% is kept for estimates that fall short; rows that repeat a base row group
+                // are counted by its compressed bytes, which are known, and a whole such row
+                // group that does not fit after all is left for the next file (a spill).
+                let hard = target.saturating_sub(used);
                 let room = (target - target / 20).saturating_sub(used);
-                // A base row group the file would repeat goes into it whole, or into the next
-                // file, so that its unchanged chunks can be copied (see ParallelWriter).
                 let repeat = spans.first().and_then(starts_repeat);
-                if open.rows > 0 && repeat.is_some_and(|bytes| bytes > room) {
+                if open.stats.rows > 0 && repeat.is_some_and(|bytes| bytes > hard) {
                     (0, true)
                 } else {
                     // Up to the next such row group, where this is asked again.
                     let upto = next_repeat(&spans).min(rows);
                     let need = estimate(&rest.slice(0, upto), &spans, open.ratio());
-                    if need <= room {
+                    let limit = if repeats_only(&spans, upto) {
+                        hard
+                    } else {
+                        room
+                    };
+                    if need <= limit {
                         (upto, false)
                     } else {
                         let fit =
-                            usize::try_from(u128::from(room) * upto as u128 / u128::from(need))
+                            usize::try_from(u128::from(limit) * upto as u128 / u128::from(need))
                                 .unwrap_or(upto);
                         // A file holds at least one row, however small the target.
-                        (if fit == 0 && open.rows == 0 { 1 } else { fit }, true)
+                        (
+                            if fit == 0 && open.stats.rows == 0 {
+                                1
+                            } else {
+                                fit
+                            },
+                            true,
+                        )
                     }
                 }
             } else {
@@ -285,7 +381,29 @@ impl Outputs {
             if take > 0 {
                 let part = rest.slice(0, take);
                 let after = split_spans(&mut spans, take);
-                open.append(&part, &spans)?;
+                if let Some(spill) = open.append(&part, &spans)? {
+                    // The file could not take a whole repeated row group: it goes first into
+                    // the next file (or is written again, cut by size, when it was alone),
+                    // and the rows after it follow it.
+                    let taken = split_spans(&mut spans, spill.taken);
+                    let alone = open.writer.row_groups() == 0;
+                    if alone {
+                        self.rewrite_fresh(kind, spill.group)?;
+                    } else {
+                        self.finish(kind)?;
+                        self.start(kind)?;
+                        self.slot(kind)
+                            .as_mut()
+                            .ok_or_else(|| Error::Invariant("no open output".into()))?
+                            .take_over(spill.group)?;
+                    }
+                    let mut back = taken;
+                    back.extend(after);
+                    spans = back;
+                    rest = rest.slice(spill.taken, rows - spill.taken);
+                    self.note_scratch();
+                    continue;
+                }
                 spans = after;
                 rest = rest.slice(take, rows - take);
             }
@@ -297,13 +415,38 @@ impl Outputs {
         Ok(())
     }
 
-    /// Closes `kind`'s open file, if any, and hands it to the uploader.
+    /// Closes `kind`'s open file, if any, and hands it to the uploader. A last row group the
+    /// file could not take starts the next file, which is left open; [`Outputs::finish_all`]
+    /// closes that one too.
     fn finish(&mut self, kind: Kind) -> Result<()> {
-        let Some(open) = self.slot(kind).take() else {
+        let Some(Open {
+            path,
+            first_ratio: _,
+            writer,
+            mut stats,
+            marks,
+        }) = self.slot(kind).take()
+        else {
             return Ok(());
         };
-        let path = open.path.clone();
-        self.totals.copied_chunks += open.writer.close()?;
+        let (copied, spilled) = writer.close()?;
+        self.totals.copied_chunks += copied;
+        if let Some(group) = &spilled {
+            stats = taken_back(&stats, &marks, group.rows, 0)?;
+        }
+        let spilled = match spilled {
+            Some(group) if stats.rows == 0 => {
+                // The row group was alone: the file holds nothing, and the rows are written
+                // again, cut by size.
+                std::fs::remove_file(&path).map_err(|source| Error::Io {
+                    op: "remove empty compaction output",
+                    path: path.clone(),
+                    source,
+                })?;
+                return self.rewrite_fresh(kind, group);
+            }
+            other => other,
+        };
         let info = footer::check_file(&path)?;
         let size = std::fs::metadata(&path)
             .map_err(|source| Error::Io {
@@ -313,20 +456,46 @@ impl Outputs {
             })?
             .len();
         let written = Written {
-            kind: open.kind,
+            kind,
             path: path.clone(),
-            rows: open.rows,
-            keys: open.keys,
-            changed: open.changed.unwrap_or((0, 0)),
+            rows: stats.rows,
+            keys: stats.keys,
+            changed: stats.changed.unwrap_or((0, 0)),
             columns: info.columns,
         };
+        if stats.arrow_bytes > 0 {
+            self.ratio = (size as f64 / stats.arrow_bytes as f64).clamp(0.01, 1.5);
+        }
         self.waiting.push_back(size);
         self.totals.files += 1;
         self.note_scratch();
         self.done
             .blocking_send(written)
             .map_err(|_| Error::Invariant("the uploader stopped".into()))?;
+        if let Some(group) = spilled {
+            self.start(kind)?;
+            self.slot(kind)
+                .as_mut()
+                .ok_or_else(|| Error::Invariant("no open output".into()))?
+                .take_over(group)?;
+        }
         Ok(())
+    }
+
+    /// Writes the rows of a repeated row group that did not fit even alone in a file as rows
+    /// of no earlier row group: encoded whole and cut by size.
+    fn rewrite_fresh(&mut self, kind: Kind, group: Finished) -> Result<()> {
+        for b in group.held {
+            let n = b.num_rows();
+            self.write(kind, b, vec![Span::fresh(n)])?;
+        }
+        Ok(())
+    }
+
+    /// Closes `kind`'s open file and the one a row group it could not take started.
+    fn finish_all(&mut self, kind: Kind) -> Result<()> {
+        self.finish(kind)?;
+        self.finish(kind)
     }
 }
 
@@ -353,6 +522,21 @@ fn estimate(batch: &RecordBatch, spans: &[Span], ratio: f64) -> u64 {
         0.0
     };
     (u64::try_from(bytes).unwrap_or(u64::MAX) + others as u64).max(1)
+}
+
+/// Whether the first `rows` rows of `spans` all come from base row groups a new base repeats.
+fn repeats_only(spans: &[Span], rows: usize) -> bool {
+    let mut seen = 0;
+    for s in spans {
+        if seen >= rows {
+            break;
+        }
+        if s.from.is_none() {
+            return false;
+        }
+        seen += s.len;
+    }
+    true
 }
 
 /// The compressed bytes of the base row group `span` starts, when a new base would repeat it.
@@ -480,41 +664,29 @@ impl Earlier for Group {
 }
 
 impl Open {
-    fn append(&mut self, batch: &RecordBatch, spans: &[Span]) -> Result<()> {
+    /// Appends `batch` (its rows from `spans`); a row group the writer left for the next file
+    /// comes back, with how many rows of `batch` it took.
+    fn append(&mut self, batch: &RecordBatch, spans: &[Span]) -> Result<Option<Spill>> {
         let n = batch.num_rows();
-        if n == 0 {
-            return Ok(());
+        let (mut counted, mut at) = (0, 0);
+        for s in spans {
+            if matches!(s.from, Some((_, 0))) {
+                self.stats.count(&batch.slice(counted, at - counted))?;
+                counted = at;
+                self.marks.push(self.stats.clone());
+            }
+            at += s.len;
         }
-        let row_ids = batch
-            .column_by_name("row_id")
-            .and_then(|c| c.as_fixed_size_binary_opt())
-            .ok_or_else(|| Error::Invariant("an output batch without row_id".into()))?;
-        let at = |i: usize| -> Result<Key> {
-            let bytes: &[u8; 16] = row_ids
-                .value(i)
-                .try_into()
-                .map_err(|_| Error::Invariant("a row_id of other than 16 bytes".into()))?;
-            Ok(key(bytes))
-        };
-        let (first, last) = (at(0)?, at(n - 1)?);
-        self.keys = Some(match self.keys {
-            None => (first, last),
-            Some((min, _)) => (min, last),
-        });
-        let changed = batch
-            .column_by_name("changed_at")
-            .and_then(|c| c.as_primitive_opt::<Int64Type>())
-            .ok_or_else(|| Error::Invariant("an output batch without changed_at".into()))?;
-        if let (Some(lo), Some(hi)) = (arrow::compute::min(changed), arrow::compute::max(changed)) {
-            self.changed = Some(match self.changed {
-                None => (lo, hi),
-                Some((a, b)) => (a.min(lo), b.max(hi)),
-            });
+        self.stats.count(&batch.slice(counted, n - counted))?;
+        // A row group never spans more than two marks back.
+        if self.marks.len() > 4 {
+            self.marks.drain(..self.marks.len() - 4);
         }
-        self.writer.write(batch, spans)?;
-        self.rows += n as u64;
-        self.arrow_bytes += batch_bytes(batch);
-        Ok(())
+        let spill = self.writer.write(batch, spans)?;
+        if let Some(s) = &spill {
+            self.take_back(s.group.rows, n - s.taken)?;
+        }
+        Ok(spill)
     }
 }
 

@@ -103,6 +103,61 @@ impl std::fmt::Debug for Span {
     }
 }
 
+/// The bytes a file's footer may take beyond its row groups: per column and row group (a
+/// column chunk's metadata and statistics take about 100 bytes).
+pub(crate) fn footer_margin(columns: usize, row_groups: usize) -> u64 {
+    1024 + 160 * (columns as u64) * (row_groups as u64 + 1)
+}
+
+/// A column chunk of a finished row group.
+enum Chunk {
+    /// Encoded here.
+    Encoded(Box<ArrowColumnChunk>),
+    /// An earlier file's, as it is (offsets relative to its bytes).
+    Copied(Box<ColumnCloseResult>, Bytes),
+}
+
+/// A row group finished but not yet in a file: one that repeats an earlier row group and did
+/// not fit in the file it was written for.
+pub(crate) struct Finished {
+    chunks: Vec<Chunk>,
+    /// Its rows.
+    pub rows: usize,
+    /// The rows themselves (what the file's own figures are counted from).
+    pub held: Vec<RecordBatch>,
+}
+
+impl Finished {
+    /// Its bytes in a file: its chunks, and their offset indexes (about 24 bytes a page),
+    /// which are written before the footer.
+    fn bytes(&self) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| {
+                let close = match c {
+                    Chunk::Encoded(e) => e.close(),
+                    Chunk::Copied(close, _) => close.as_ref(),
+                };
+                let pages = close
+                    .offset_index
+                    .as_ref()
+                    .map_or(0, |o| o.page_locations.len());
+                u64::try_from(close.metadata.compressed_size()).unwrap_or(0)
+                    + 24 * pages as u64
+                    + 16
+            })
+            .sum()
+    }
+}
+
+/// A row group [`ParallelWriter::write`] left for the next file, and how many rows of the
+/// batch it had taken (the group's last row among them); the rest of the batch was not
+/// written.
+pub(crate) struct Spill {
+    pub taken: usize,
+    pub group: Finished,
+}
+
 /// What the row group being written is so far.
 enum Track {
     /// Empty.
@@ -158,6 +213,8 @@ pub(crate) struct ParallelWriter {
     held: Vec<RecordBatch>,
     /// Column chunks copied as they are, over the file's life.
     copied: usize,
+    /// The most bytes the file may take ([`ParallelWriter::set_limit`]).
+    limit: Option<u64>,
 }
 
 fn helper_loop(
@@ -261,6 +318,7 @@ impl ParallelWriter {
             track: Track::Fresh,
             held: Vec::new(),
             copied: 0,
+            limit: None,
         };
         out.start_group()?;
         Ok(out)
@@ -349,7 +407,7 @@ impl ParallelWriter {
     /// Writes `batch`, whose rows come from `spans` (none: from no earlier row group),
     /// closing a row group every [`ROW_GROUP_SIZE`] rows, once it repeats an earlier one
     /// completely, and before rows that start repeating one.
-    pub(crate) fn write(&mut self, batch: &RecordBatch, spans: &[Span]) -> Result<()> {
+    pub(crate) fn write(&mut self, batch: &RecordBatch, spans: &[Span]) -> Result<Option<Spill>> {
         self.balance(batch)?;
         let whole = [Span::fresh(batch.num_rows())];
         let spans = if spans.is_empty() { &whole[..] } else { spans };
@@ -367,8 +425,11 @@ impl ParallelWriter {
                 if self.rows_in_group > 0 && (starts || self.repeated()) {
                     self.feed(batch, fed, at)?;
                     fed = at;
-                    self.close_group()?;
+                    let spilled = self.close_group()?;
                     self.start_group()?;
+                    if let Some(group) = spilled {
+                        return Ok(Some(Spill { taken: at, group }));
+                    }
                 }
                 let take = (span.len - done).min(ROW_GROUP_SIZE - self.rows_in_group);
                 self.follow(span, done, take);
@@ -378,12 +439,16 @@ impl ParallelWriter {
                 if self.rows_in_group == ROW_GROUP_SIZE {
                     self.feed(batch, fed, at)?;
                     fed = at;
-                    self.close_group()?;
+                    let spilled = self.close_group()?;
                     self.start_group()?;
+                    if let Some(group) = spilled {
+                        return Ok(Some(Spill { taken: at, group }));
+                    }
                 }
             }
         }
-        self.feed(batch, fed, at)
+        self.feed(batch, fed, at)?;
+        Ok(None)
     }
 
     /// Whether the row group in progress repeats an earlier one completely.
@@ -485,10 +550,15 @@ impl ParallelWriter {
             .collect()
     }
 
-    /// Appends the row group's column chunks, in schema order: copied ones as they are, the
-    /// others encoded (held rows first).
-    fn close_group(&mut self) -> Result<()> {
+    /// Finishes the row group in progress: copied chunks as they are, the others encoded
+    /// (held rows first), appended to the file in schema order — unless it repeats an earlier
+    /// row group and would take the file past its limit ([`ParallelWriter::set_limit`]): it
+    /// is then returned, to start the next file (or, alone in its file, to be written again
+    /// as rows the writer cuts by size).
+    fn close_group(&mut self) -> Result<Option<Finished>> {
         let track = std::mem::replace(&mut self.track, Track::Fresh);
+        let repeated =
+            matches!(&track, Track::Repeat { earlier, next, .. } if *next == earlier.rows());
         let copies = self.copies(&track);
         let held = std::mem::take(&mut self.held);
         if !held.is_empty() {
@@ -498,33 +568,67 @@ impl ParallelWriter {
             }
         }
         self.ask(Ask::Close)?;
-        let mut chunks: Vec<(usize, ArrowColumnChunk)> = Vec::new();
+        let mut encoded: Vec<(usize, ArrowColumnChunk)> = Vec::new();
         for (i, w) in std::mem::take(&mut self.mine) {
-            chunks.push((i, w.close().map_err(|e| self.parquet_error(e))?));
+            encoded.push((i, w.close().map_err(|e| self.parquet_error(e))?));
         }
         if let Answer::Closed(theirs) = self.answer()? {
-            chunks.extend(theirs);
+            encoded.extend(theirs);
         }
-        chunks.sort_unstable_by_key(|(i, _)| *i);
+        encoded.sort_unstable_by_key(|(i, _)| *i);
+        let chunks: Vec<Chunk> = encoded
+            .into_iter()
+            .zip(copies)
+            .map(|((_, chunk), copy)| match copy {
+                Some((close, bytes)) => Chunk::Copied(Box::new(close), bytes),
+                None => Chunk::Encoded(Box::new(chunk)),
+            })
+            .collect();
+        let group = Finished {
+            chunks,
+            rows: std::mem::take(&mut self.rows_in_group),
+            held,
+        };
+        let over = self.limit.is_some_and(|limit| {
+            let after = self.bytes_written()
+                + group.bytes()
+                + footer_margin(self.schema.fields().len(), self.groups + 1);
+            after > limit
+        });
+        if repeated && over {
+            return Ok(Some(group));
+        }
+        self.append(group)?;
+        Ok(None)
+    }
+
+    /// Appends a finished row group (of this file, or one the file before could not take).
+    pub(crate) fn append(&mut self, group: Finished) -> Result<()> {
         let path = self.path.display().to_string();
         let err = |e: ParquetError| Error::Parquet {
             path: path.clone(),
             message: format!("write: {e}"),
         };
-        let mut group = self.writer.next_row_group().map_err(err)?;
-        for ((_, chunk), copy) in chunks.into_iter().zip(copies) {
-            match copy {
-                Some((close, bytes)) => {
-                    group.append_column(&bytes, close).map_err(err)?;
+        let mut out = self.writer.next_row_group().map_err(err)?;
+        for chunk in group.chunks {
+            match chunk {
+                Chunk::Copied(close, bytes) => {
+                    out.append_column(&bytes, *close).map_err(err)?;
                     self.copied += 1;
                 }
-                None => chunk.append_to_row_group(&mut group).map_err(err)?,
+                Chunk::Encoded(chunk) => chunk.append_to_row_group(&mut out).map_err(err)?,
             }
         }
-        group.close().map_err(err)?;
+        out.close().map_err(err)?;
         self.groups += 1;
-        self.rows_in_group = 0;
         Ok(())
+    }
+
+    /// Caps the file's bytes (its footer included, as [`footer_margin`] estimates it): a
+    /// row group that repeats an earlier one and would pass the cap after other row groups
+    /// is left for the next file instead (see [`Spill`]).
+    pub(crate) fn set_limit(&mut self, bytes: u64) {
+        self.limit = Some(bytes);
     }
 
     /// Bytes written to the file so far (finished row groups).
@@ -557,11 +661,13 @@ impl ParallelWriter {
     }
 
     /// Writes the last row group and the footer; returns how many column chunks were copied
-    /// as they are.
-    pub(crate) fn close(mut self) -> Result<usize> {
-        if self.rows_in_group > 0 {
-            self.close_group()?;
-        }
+    /// as they are, and the last row group when it did not fit (for the next file).
+    pub(crate) fn close(mut self) -> Result<(usize, Option<Finished>)> {
+        let spilled = if self.rows_in_group > 0 {
+            self.close_group()?
+        } else {
+            None
+        };
         self.asks = None;
         if let Some(h) = self.helper.take() {
             let _ = h.join();
@@ -570,6 +676,6 @@ impl ParallelWriter {
             path: self.path.display().to_string(),
             message: format!("write: {e}"),
         })?;
-        Ok(self.copied)
+        Ok((self.copied, spilled))
     }
 }
