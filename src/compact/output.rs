@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
@@ -206,6 +207,8 @@ pub(crate) struct Outputs {
     /// Encoded bytes per Arrow byte of the last file finished (1 before the first): what a
     /// new file's first rows are estimated by.
     ratio: f64,
+    /// The last base row group too large to repeat.
+    declined: Option<Arc<dyn Earlier>>,
 }
 
 /// The bytes `batch` takes in memory (its slice only).
@@ -239,6 +242,7 @@ impl Outputs {
             waiting: VecDeque::new(),
             totals: Totals::default(),
             ratio: 1.0,
+            declined: None,
         }
     }
 
@@ -328,6 +332,22 @@ impl Outputs {
     fn write(&mut self, kind: Kind, batch: RecordBatch, spans: Vec<Span>) -> Result<()> {
         let mut rest = batch;
         let mut spans = spans;
+        // A base row group too large to repeat with room to spare, even alone in a file
+        // (its changed columns may grow it past the target): its rows are written as rows of
+        // no earlier row group, cut by size, and do not start a row group of their own.
+        let fits = (self.target - self.target / 20)
+            .saturating_sub(footer_margin(self.schema.fields().len(), 1));
+        for s in &mut spans {
+            if let Some((e, pos)) = &s.from {
+                if *pos == 0 && e.compressed_bytes() > fits {
+                    self.declined = Some(e.clone());
+                }
+                if self.declined.as_ref().is_some_and(|d| Arc::ptr_eq(d, e)) {
+                    s.from = None;
+                    s.changed.clear();
+                }
+            }
+        }
         while rest.num_rows() > 0 {
             if self.slot(kind).is_none() {
                 self.start(kind)?;
@@ -341,13 +361,14 @@ impl Outputs {
             let (take, full) = if kind == Kind::Base {
                 let used =
                     open.encoded() + footer_margin(rest.num_columns(), open.writer.row_groups());
-                // 5% is kept for estimates that fall short; rows that repeat a base row group
-                // are counted by its compressed bytes, which are known, and a whole such row
-                // group that does not fit after all is left for the next file (a spill).
+                // 5% is kept for estimates that fall short, and a row group that repeats a base
+                // one starts in a file only with that much room left for it; its rows are then
+                // counted by its compressed bytes, which are known, and if its changed columns
+                // grew it past the target after all it is left for the next file (a spill).
                 let hard = target.saturating_sub(used);
                 let room = (target - target / 20).saturating_sub(used);
                 let repeat = spans.first().and_then(starts_repeat);
-                if open.stats.rows > 0 && repeat.is_some_and(|bytes| bytes > hard) {
+                if open.stats.rows > 0 && repeat.is_some_and(|bytes| bytes > room) {
                     (0, true)
                 } else {
                     // Up to the next such row group, where this is asked again.

@@ -423,13 +423,10 @@ impl ParallelWriter {
             while done < span.len {
                 let starts = matches!(&span.from, Some((_, 0)) if done == 0);
                 if self.rows_in_group > 0 && (starts || self.repeated()) {
-                    self.feed(batch, fed, at)?;
-                    fed = at;
-                    let spilled = self.close_group()?;
-                    self.start_group()?;
-                    if let Some(group) = spilled {
+                    if let Some(group) = self.cut(batch, fed, at)? {
                         return Ok(Some(Spill { taken: at, group }));
                     }
+                    fed = at;
                 }
                 let take = (span.len - done).min(ROW_GROUP_SIZE - self.rows_in_group);
                 self.follow(span, done, take);
@@ -437,18 +434,24 @@ impl ParallelWriter {
                 at += take;
                 done += take;
                 if self.rows_in_group == ROW_GROUP_SIZE {
-                    self.feed(batch, fed, at)?;
-                    fed = at;
-                    let spilled = self.close_group()?;
-                    self.start_group()?;
-                    if let Some(group) = spilled {
+                    if let Some(group) = self.cut(batch, fed, at)? {
                         return Ok(Some(Spill { taken: at, group }));
                     }
+                    fed = at;
                 }
             }
         }
         self.feed(batch, fed, at)?;
         Ok(None)
+    }
+
+    /// Ends the row group in progress after rows `from..to` of `batch` and starts the next;
+    /// returns the row group when it was left for the next file.
+    fn cut(&mut self, batch: &RecordBatch, from: usize, to: usize) -> Result<Option<Finished>> {
+        self.feed(batch, from, to)?;
+        let spilled = self.close_group()?;
+        self.start_group()?;
+        Ok(spilled)
     }
 
     /// Whether the row group in progress repeats an earlier one completely.
