@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::footer;
-use super::manifest::FileEntry;
+use super::manifest::{FileEntry, Tier};
 use crate::error::{Error, Result};
 use crate::store::ObjectStore;
 
@@ -52,9 +52,9 @@ pub(crate) struct Source {
     pub meta: Arc<ParquetMetaData>,
     /// The footer as Arrow sees it.
     pub arrow: ArrowReaderMetadata,
-    /// Its column chunks' offset indexes (`[row group][column]`), when the file's last bytes
-    /// hold them: what a column chunk copied as it is carries into a new file (see
-    /// [`Group`]).
+    /// A base's column chunks' offset indexes (`[row group][column]`), when the file's last
+    /// bytes hold them: what a column chunk copied as it is carries into a new file (see
+    /// [`Group`]); none for a delta.
     pub offsets: Option<ParquetOffsetIndex>,
 }
 
@@ -131,7 +131,10 @@ pub(crate) async fn open(store: &dyn ObjectStore, f: &FileEntry) -> Result<Sourc
     let meta = Arc::new(meta);
     let arrow = ArrowReaderMetadata::try_new(meta.clone(), ArrowReaderOptions::new())
         .map_err(|e| corrupt(f, format!("unreadable schema: {e}")))?;
-    let offsets = offset_indexes(&meta, Segment::new(tail_start, tail.clone(), size));
+    // Only a base's chunks are ever copied (a delta's rows always pass through the merge).
+    let offsets = (f.tier == Tier::Base)
+        .then(|| offset_indexes(&meta, Segment::new(tail_start, tail.clone(), size)))
+        .flatten();
     Ok(Source {
         entry: f.clone(),
         size,
