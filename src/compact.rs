@@ -15,7 +15,7 @@
 //!    every byte against the manifest's checksum (`input`; a mismatch refuses the schema and
 //!    names the object, unless `--skip-input-checksum-verify`); new bases are cut at
 //!    `--target-base-size` and each is uploaded straight to `base-{uuidv7}.parquet` (the
-//!    consolidated delta through `_tmp/` and a copy) as soon as it is complete (`output`), so
+//!    consolidated delta straight to a delta key) as soon as it is complete (`output`), so
 //!    local disk holds at most two outputs, never the schema;
 //! 3. ONE conditional manifest save removes exactly the merged paths, adds the new files and
 //!    records the merged paths under `retired` (for gc). A concurrent flush's delta stays
@@ -777,9 +777,8 @@ async fn produce(
     }
 }
 
-/// Uploads one finished output to its final key: a new base (`base-{uuidv7}.parquet`) goes
-/// there directly, the consolidated delta (a delta key) through a temporary key and a copy
-/// (docs/design.md §4.3).
+/// Uploads one finished output straight to its final key: a new base to
+/// `base-{uuidv7}.parquet`, the consolidated delta to a delta key (docs/design.md §4.3).
 async fn stage_output(p: &Pass<'_>, w: &output::Written) -> Result<StagedFile> {
     let (store, layout) = (p.ctx.lake.store.as_ref(), &p.ctx.lake.layout);
     let clock = p.ctx.clock.as_ref();
@@ -791,8 +790,8 @@ async fn stage_output(p: &Pass<'_>, w: &output::Written) -> Result<StagedFile> {
         }
         output::Kind::Delta => {
             let key = layout.delta_key(p.schema_id, Uuid::now_v7());
-            let ops = ("upload consolidated delta", "promote consolidated delta");
-            let staged = job::stage(store, layout, clock, p.schema_id, &w.path, &key, ops).await?;
+            let staged =
+                job::upload(store, clock, &w.path, &key, "upload consolidated delta").await?;
             (key, Tier::Delta, staged)
         }
     };
@@ -910,9 +909,9 @@ async fn splice(
 /// on both clocks: the monotonic one does not count a suspended host (gc on another host keeps
 /// counting), the wall clock can jump; the longer age counts.
 fn check_lease(p: &Pass<'_>, key: &str, staged: &job::Staged) -> Result<()> {
-    let since_ms = p.ctx.clock.now_ms().saturating_sub(staged.promoted_at_ms);
+    let since_ms = p.ctx.clock.now_ms().saturating_sub(staged.uploaded_at_ms);
     let wall = Duration::from_millis(u64::try_from(since_ms).unwrap_or(0));
-    let mono = staged.promoted_at.elapsed();
+    let mono = staged.uploaded_at.elapsed();
     if mono.max(wall) > p.opts.commit_lease {
         return Err(Error::LeaseExpired {
             key: key.to_string(),

@@ -7,7 +7,7 @@
 //! 2. read the batch's slots again and their entity and EAV rows, all in ONE repeatable-read
 //!    snapshot, so the file holds exactly the versions read; DuckDB writes the local Parquet
 //!    file (the next batches are read meanwhile, on two connections: `read_ahead`);
-//! 3. upload it to `_tmp/{uuid}`, copy to the delta key `{uuidv7}`, delete the tmp;
+//! 3. upload it straight to its delta key `{uuidv7}` (an orphan to gc until listed);
 //! 4. append the entry to the manifest (conditional write, re-applied on a confirmed conflict);
 //!    the data prefix must be this manifest's (`_owner.json`, checked before the first upload,
 //!    claimed before the first append when unclaimed);
@@ -218,8 +218,6 @@ pub struct SchemaReport {
     pub files: Vec<FileReport>,
     /// Bytes written.
     pub bytes: u64,
-    /// Temporary objects whose post-copy delete failed (left for gc).
-    pub tmp_leaked: u32,
     /// Wall time in milliseconds.
     pub duration_ms: u64,
 }
@@ -241,7 +239,6 @@ impl SchemaReport {
             rows_left_dirty: 0,
             files: Vec::new(),
             bytes: 0,
-            tmp_leaked: 0,
             duration_ms: 0,
         }
     }
@@ -1007,7 +1004,7 @@ fn write_local(
 }
 
 impl Publisher<'_> {
-    /// Upload → promote → manifest (the mark follows). An unclaimed data prefix is claimed for
+    /// Upload → manifest (the mark follows). An unclaimed data prefix is claimed for
     /// this manifest right before the first manifest save, so a run that fails earlier leaves no
     /// claim.
     async fn publish(
@@ -1029,20 +1026,9 @@ impl Publisher<'_> {
         let layout = &ctx.lake.layout;
         let t = Instant::now();
         let key = layout.delta_key(schema_id, Uuid::now_v7());
-        let ops = ("upload delta", "promote delta");
-        let staged = job::stage(
-            store,
-            layout,
-            ctx.clock.as_ref(),
-            schema_id,
-            local,
-            &key,
-            ops,
-        )
-        .await?;
-        report.tmp_leaked += u32::from(staged.tmp_left);
+        let staged = job::upload(store, ctx.clock.as_ref(), local, &key, "upload delta").await?;
         let put = staged.put;
-        step_done("upload and promote", t);
+        step_done("upload", t);
         let (min, max) = row_id_range(versions);
         let now = ctx.clock.now_ms();
         let entry = FileEntry {

@@ -1,6 +1,6 @@
 //! What the jobs share, below them so that no job imports another: their context, the schema
-//! selection from the registry, running a step under a schema's advisory lock, staging a new
-//! object (upload to a temporary key, promote to its final key) and the commit lease that
+//! selection from the registry, running a step under a schema's advisory lock, uploading a new
+//! object to its final key and the commit lease that
 //! compact observes and gc's grace is measured against.
 
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ use crate::source::{Connector, SchemaLock};
 pub mod catalog;
 mod staging;
 
-pub use staging::{Staged, stage, upload};
+pub use staging::{Staged, upload};
 
 /// The longest a compaction may take from staging its new base to listing it. Until listed,
 /// the base is an orphan to gc; gc's grace must be at least twice this (a shorter grace is

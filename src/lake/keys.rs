@@ -75,7 +75,8 @@ pub enum KeyKind {
         /// The file UUID.
         file: Uuid,
     },
-    /// `{data}/{schema}/_tmp/{uuid}.parquet`, staging of every writer.
+    /// `{data}/{schema}/_tmp/{uuid}.parquet`, staging of releases before 2026-12-05 (no writer
+    /// stages any more; gc still deletes what they left).
     Tmp {
         /// The schema id.
         schema_id: i16,

@@ -1,4 +1,4 @@
-//! `lakecdc compact` under injected store faults: a failed upload, a failed promote (copy), an
+//! `lakecdc compact` under injected store faults: a failed upload, an
 //! ambiguous manifest save, and a pass that lost a race and starts over. After each fault the
 //! exact state is checked: the manifest (unchanged, or for an ambiguous save one of its two
 //! consistent outcomes), every listed file present with its checksum, the lake's state and

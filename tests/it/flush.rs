@@ -485,13 +485,14 @@ async fn a_failed_manifest_write_lists_nothing_and_marks_nothing() {
     assert_eq!(
         deltas(rig.keys("data/100/").await),
         before,
-        "the promoted delta is deleted"
+        "the uploaded delta is deleted"
     );
     assert!(
         rig.store.calls()[calls_before..]
             .iter()
-            .any(|c| c.op == Op::Copy && c.key.starts_with("data/100/")),
-        "the delta was promoted before the save failed"
+            .any(|c| c.op == Op::PutFile
+                && matches!(rig.ctx.lake.layout.classify(&c.key), KeyKind::Delta { .. })),
+        "the delta was uploaded before the save failed"
     );
     // An ambiguous write (it landed, the answer was lost): still nothing marked, and a retry
     // converges with a duplicate delta of identical versions.
@@ -514,42 +515,50 @@ async fn a_failed_manifest_write_lists_nothing_and_marks_nothing() {
 }
 
 #[tokio::test]
-async fn tmp_objects_never_outlive_a_failed_upload_or_copy() {
-    // docs/hazards.md #226
+async fn a_failed_upload_leaves_no_delta_and_nothing_goes_through_a_temporary_key() {
+    // docs/hazards.md #226: a delta goes straight to its final key (docs/design.md §4.1), so a
+    // failed upload must leave nothing there, whether or not the object landed.
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(226);
     rig.seed(8, &mut r).await;
-    for op in [Op::PutFile, Op::Copy] {
-        // FailAfter on upload: the object landed, then the call failed — it must still go.
-        for action in [Action::Fail, Action::FailAfter] {
-            rig.store.arm(op, None, 1, action);
-            let report = rig.flush().await;
-            assert_eq!(only(&report).outcome, Outcome::Failed, "{op:?}");
-            assert!(
-                rig.keys("data/100/_tmp/").await.is_empty(),
-                "{op:?}: tmp left"
-            );
-            assert_eq!(oracle::dirty(&rig.writer).await.len(), 8);
-            assert!(rig.listed().await.is_empty());
-        }
+    // FailAfter: the object landed, then the call failed — it must still go.
+    for (label, action) in [("fail", Action::Fail), ("fail after", Action::FailAfter)] {
+        rig.store.arm(Op::PutFile, None, 1, action);
+        let report = rig.flush().await;
+        let s = only(&report);
+        assert_eq!(s.outcome, Outcome::Failed, "{label}");
+        assert!(
+            s.reason.as_deref().unwrap().contains("upload delta"),
+            "{s:?}"
+        );
+        assert!(rig.keys("data/100/").await.is_empty(), "{label}: left");
+        assert!(rig.store.calls().iter().all(|c| c.op != Op::Copy));
+        assert_eq!(oracle::dirty(&rig.writer).await.len(), 8);
+        assert!(rig.listed().await.is_empty());
     }
-    // A failed post-copy delete leaves exactly one tmp, and the flush still succeeds.
-    rig.store.arm(Op::Delete, Some("/_tmp/"), 1, Action::Fail);
+    let calls = rig.store.calls().len();
     let report = rig.flush().await;
     let s = only(&report);
-    assert_eq!(
-        (s.outcome, s.tmp_leaked, s.rows_marked),
-        (Outcome::Flushed, 1, 8)
-    );
-    let tmp = rig.keys("data/100/_tmp/").await;
-    assert_eq!(tmp.len(), 1);
-    assert!(matches!(
-        rig.ctx.lake.layout.classify(&tmp[0]),
-        KeyKind::Tmp {
-            schema_id: CUSTOMER,
-            ..
-        }
-    ));
+    assert_eq!((s.outcome, s.rows_marked), (Outcome::Flushed, 8));
+    // One upload, to the listed delta's own key: no copy, no temporary key, no delete. (The
+    // other write under the prefix is the owner marker the first save claims it with.)
+    let listed = rig.listed().await;
+    assert_eq!(listed.len(), 1);
+    let layout = &rig.ctx.lake.layout;
+    let data: Vec<_> = rig.store.calls()[calls..]
+        .iter()
+        .filter(|c| c.key.starts_with("data/"))
+        .filter(|c| !matches!(layout.classify(&c.key), KeyKind::Owner { .. }))
+        .map(|c| (c.op, c.key.clone()))
+        .collect();
+    assert_eq!(data, vec![(Op::PutFile, listed[0].clone())]);
+    let objects: Vec<_> = rig
+        .keys("data/100/")
+        .await
+        .into_iter()
+        .filter(|k| !matches!(layout.classify(k), KeyKind::Owner { .. }))
+        .collect();
+    assert_eq!(objects, listed);
     let (compared, dirty) = rig.assert_oracle().await;
     assert_eq!((compared, dirty), (8, 0));
 }
@@ -775,8 +784,6 @@ async fn fault_matrix_converges_after_one_clean_retry() {
     type StoreFault<'a> = Option<(Op, Option<&'a str>)>;
     let cases: Vec<(&str, StoreFault, &str)> = vec![
         ("upload", Some((Op::PutFile, None)), "upload delta"),
-        ("promote", Some((Op::Copy, None)), "promote delta"),
-        ("tmp delete", Some((Op::Delete, Some("/_tmp/"))), ""),
         (
             "manifest load",
             Some((Op::GetBytes, Some("manifest/"))),
@@ -848,10 +855,6 @@ async fn fault_matrix_converges_after_one_clean_retry() {
             ("dirty schema discovery", Err(lakecdc::error::Error::Postgres { op, .. })) => {
                 assert_eq!(op, names, "{step}");
                 assert_eq!(rig.store.calls().len(), calls, "{step}: touched the store");
-            }
-            ("tmp delete", Ok(rep)) => {
-                let s = only(rep);
-                assert_eq!((s.outcome, s.tmp_leaked), (Outcome::Flushed, 1), "{s:?}");
             }
             (_, Ok(rep)) => {
                 let s = only(rep);
