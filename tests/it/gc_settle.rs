@@ -10,6 +10,7 @@ use lakecdc::gc::Outcome;
 use lakecdc::store::ObjectStore;
 use lakecdc::store::fault::{Action, Op};
 
+use crate::support::oracle;
 use crate::support::rig::{LakeKind, Rig, rig};
 use crate::support::writer::Rng;
 use crate::verify_source::verify_source;
@@ -78,6 +79,33 @@ async fn an_orphan_whose_rows_went_out_again_is_deleted_past_the_grace() {
     assert_eq!((s.outcome, second.exit_code()), (Some(Outcome::Clean), 0));
     assert!(rig.store.head(&orphan).await.unwrap_err().is_not_found());
     rig.assert_oracle().await;
+}
+
+/// What a flush killed between its upload and its save leaves (a delta goes straight to its
+/// key, docs/design.md §4.1): an orphan whose rows are all still dirty. Covered by the pending
+/// slots, it is deleted past the grace, and the next flush lists the rows.
+#[tokio::test]
+async fn an_orphan_whose_rows_are_still_dirty_is_deleted_past_the_grace() {
+    let (rig, _, orphan) = lake_with_orphan(3102).await;
+    let dirty = oracle::dirty(&rig.writer).await;
+    assert!(!dirty.is_empty());
+    let (clock, gctx, gopts) = rig.gc_on_a_manual_clock();
+    let first = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    let s = &first.schemas[0];
+    assert_eq!(s.outcome, Some(Outcome::Pending), "{first:?}");
+    assert_eq!(s.within_grace, vec![orphan.clone()]);
+    assert!(s.lost.is_empty() && s.unlisted_deltas.is_empty(), "{s:?}");
+    clock.advance(16 * MIN);
+    let second = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
+    let s = &second.schemas[0];
+    assert_eq!(s.deleted, vec![orphan.clone()], "{second:?}");
+    assert_eq!((s.outcome, second.exit_code()), (Some(Outcome::Clean), 0));
+    assert!(rig.store.head(&orphan).await.unwrap_err().is_not_found());
+    // gc touched no slot: the rows are as dirty as before, and the next flush lists them.
+    assert_eq!(oracle::dirty(&rig.writer).await, dirty);
+    assert!(!rig.flush().await.failed());
+    let (_, left) = rig.assert_oracle().await;
+    assert_eq!(left, 0);
 }
 
 #[tokio::test]
