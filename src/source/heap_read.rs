@@ -767,12 +767,6 @@ where
             tables.entity.quoted()
         )
     };
-    let eav_sql = |range: &String| {
-        format!(
-            "{} WHERE {range} AND schema_id = {schema_id}",
-            eav_select(tables, schema)
-        )
-    };
     if readers.len() != tickets.len() || readers.is_empty() {
         return Err(Error::Invariant(format!(
             "a heap read of {} readers with {} snapshot tickets",
@@ -780,6 +774,9 @@ where
             tickets.len()
         )));
     }
+    let eav_select = eav_select(&readers[0].client, tables, schema).await?;
+    let eav_sql =
+        |range: &String| format!("{eav_select} WHERE {range} AND schema_id = {schema_id}");
     let n = readers.len();
     let buckets = plan.buckets();
     let router = |op, fields, path| -> Result<Arc<Mutex<Router>>> {

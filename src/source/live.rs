@@ -2,7 +2,7 @@
 //! and keyset pages of entity rows with their EAV rows, read with binary COPY
 //! (docs/design.md §4.2).
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 use uuid::Uuid;
 
 use super::READ_TIMEOUT as TIMEOUT;
@@ -252,9 +252,12 @@ where
 {
     let TappedClient { client, tap } = conn;
     let tx = begin_in(client, ticket).await?;
+    let eav = eav_select(&tx, tables, schema).await?;
     let mut after = None;
-    while let Some(page) =
-        read_page_in(&tx, tap, tables, schema, schema_id, range, after, limit).await?
+    while let Some(page) = read_page_in(
+        &tx, tap, tables, schema, &eav, schema_id, range, after, limit,
+    )
+    .await?
     {
         after = Some(page.last);
         if !on_page(page).await {
@@ -273,6 +276,7 @@ async fn read_page_in(
     tap: &super::copy_tap::CopyTap,
     tables: &Tables,
     schema: &SchemaDef,
+    eav_select: &str,
     schema_id: i16,
     range: IdRange,
     after: Option<Uuid>,
@@ -306,8 +310,7 @@ async fn read_page_in(
     if schema.has_eav() {
         // Every EAV row of the page's range: the pivot picks the schema's attributes by id.
         let sql = format!(
-            "{} WHERE schema_id = {schema_id} AND row_id >= '{first}'::uuid AND row_id <= '{last}'::uuid",
-            eav_select(tables, schema)
+            "{eav_select} WHERE schema_id = {schema_id} AND row_id >= '{first}'::uuid AND row_id <= '{last}'::uuid"
         );
         eav = copy_into(tx, tap, "read eav page", &sql, eav).await?.0;
     }
@@ -320,18 +323,46 @@ async fn read_page_in(
     }))
 }
 
-/// The EAV read's select list (the columns of [`BatchBuilder::eav`]). Only list attributes use
-/// the indices: without them NULL is read, which costs PostgreSQL no send call per row.
-pub(super) fn eav_select(tables: &Tables, schema: &SchemaDef) -> String {
+/// The EAV read's select list (the columns of [`BatchBuilder::eav`]) on the database of
+/// `client`. Only list attributes use the indices: without them NULL is read, which costs
+/// PostgreSQL no send call per row. A `value_numeric` of type `numeric` (docs/design.md §2.1
+/// allows it beside the `double precision` init-db makes) is read as its nearest double, where
+/// the plain cast would fail on a value beyond a double's range, and with it every read of the
+/// schema until the row changes; a `double precision` one is read as it is.
+pub(super) async fn eav_select(
+    client: &impl GenericClient,
+    tables: &Tables,
+    schema: &SchemaDef,
+) -> Result<String> {
     let indices = if schema.has_eav_list() {
         "array_indices"
     } else {
         "NULL::text"
     };
-    format!(
-        "SELECT row_id, attr_id, {indices}, value_text, value_numeric::float8 FROM {}",
+    let numeric = match eav_numeric_is_numeric(client, tables).await? {
+        true => super::table_rows::numeric_as_double("value_numeric"),
+        false => "value_numeric::float8".to_string(),
+    };
+    Ok(format!(
+        "SELECT row_id, attr_id, {indices}, value_text, {numeric} FROM {}",
         tables.eav.quoted()
+    ))
+}
+
+/// Whether the EAV table's `value_numeric` column is of type `numeric`.
+async fn eav_numeric_is_numeric(client: &impl GenericClient, tables: &Tables) -> Result<bool> {
+    let row = timed(
+        TIMEOUT,
+        "read the type of eav_data.value_numeric",
+        client.query_opt(
+            "SELECT a.atttypid = 'numeric'::regtype FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attname = 'value_numeric' \
+             AND NOT a.attisdropped",
+            &[&tables.eav.quoted()],
+        ),
     )
+    .await?;
+    Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
 }
 
 /// A page with no rows but the schema's columns (for a zero-row base).

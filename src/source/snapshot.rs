@@ -195,14 +195,9 @@ impl BatchStatements {
         // Every EAV row of the batch's entities: the pivot picks the schema's attributes by id
         // and ignores others. An `attr_id = ANY(..)` condition here would make the index scan
         // descend once per (row, attribute) pair — three times the work for three attributes.
-        let eav = format!(
-            "{} WHERE schema_id = $1 AND row_id = ANY($2)",
-            eav_select(tables, schema)
-        );
-        let eav_range = format!(
-            "{} WHERE schema_id = $1 AND row_id BETWEEN $2 AND $3",
-            eav_select(tables, schema)
-        );
+        let eav_select = eav_select(client, tables, schema).await?;
+        let eav = format!("{eav_select} WHERE schema_id = $1 AND row_id = ANY($2)");
+        let eav_range = format!("{eav_select} WHERE schema_id = $1 AND row_id BETWEEN $2 AND $3");
         let prepare = |sql: String, op: &'static str| async move {
             timed(TIMEOUT, op, client.prepare(&sql)).await
         };

@@ -65,7 +65,7 @@ pub fn select_expr(c: &SourceColumn, alias: &str) -> String {
 /// on a value beyond a double's range (`1e400` overflows, `1e-400` underflows to an error):
 /// past the largest double it is ±Infinity, below half the smallest one 0, as the nearest
 /// double; NaN and ±Infinity stay themselves.
-fn numeric_as_double(col: &str) -> String {
+pub(super) fn numeric_as_double(col: &str) -> String {
     format!(
         "CASE WHEN {col} = 'NaN'::numeric THEN 'NaN'::float8 \
          WHEN abs({col}) >= 1.7976931348623158079e308 THEN \

@@ -2433,3 +2433,79 @@ async fn a_flush_whose_lock_session_ends_publishes_no_further_batch_and_a_rerun_
     let (compared, left) = rig.assert_oracle().await;
     assert_eq!((compared, left), (200, 0));
 }
+
+#[tokio::test]
+async fn a_numeric_eav_value_beyond_a_double_is_exported_as_its_nearest_double() {
+    // docs/design.md §2 allows `eav_data.value_numeric NUMERIC`; docs/hazards.md L80. The plain
+    // cast to float8 fails on 1e400 or 1e-400 and with it every read of the schema until the
+    // row changes. Each read path (the windows' snapshot reads, a heap pass, init in row-id
+    // and in heap order) exports the nearest double instead.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(4400);
+    let ids = rig.seed(12, &mut r).await;
+    let ids: Vec<Uuid> = ids
+        .into_iter()
+        .filter(|id| !rig.writer.rows[id].soft_deleted)
+        .take(6)
+        .collect();
+    assert_eq!(ids.len(), 6);
+    assert!(!rig.flush().await.failed());
+    let admin = rig.db.client().await;
+    admin
+        .batch_execute("ALTER TABLE eav_data ALTER COLUMN value_numeric TYPE numeric")
+        .await
+        .unwrap();
+    let values = [
+        ("1e400", f64::INFINITY),
+        ("-1e400", f64::NEG_INFINITY),
+        ("1e-400", 0.0),
+        ("-1.5e-330", 0.0),
+        ("NaN", f64::NAN),
+        ("12.5", 12.5),
+    ];
+    let set = "INSERT INTO eav_data (schema_id, row_id, attr_id, array_indices, value_numeric) \
+               VALUES (100, $1, 14, '', $2::text::numeric) \
+               ON CONFLICT (schema_id, row_id, attr_id, array_indices) \
+               DO UPDATE SET value_numeric = EXCLUDED.value_numeric, value_text = NULL";
+    let assert_lake = |state: &BTreeMap<Uuid, oracle::LakeRow>, how: &str| {
+        for ((text, want), id) in values.iter().zip(&ids) {
+            let got = &state[id].columns["balance"];
+            let oracle::V::F(got) = got else {
+                panic!("{how}: {text} became {got:?}")
+            };
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{how}: {text} became {got}, not {want}"
+            );
+        }
+    };
+    for order in [ReadOrder::RowId, ReadOrder::Heap] {
+        for ((text, _), id) in values.iter().zip(&ids) {
+            admin.execute(set, &[id, text]).await.unwrap();
+            rig.writer.restamp_ahead(*id, 0).await;
+        }
+        rig.opts.read_order = order;
+        let report = rig.flush().await;
+        let s = only(&report);
+        assert_eq!(
+            (s.outcome, s.rows_marked),
+            (Outcome::Flushed, 6),
+            "{order:?}: {s:?}"
+        );
+        let state = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+        assert_lake(&state, &format!("flush, {order:?}"));
+    }
+    for order in [ReadOrder::RowId, ReadOrder::Heap] {
+        let o = lakecdc::init::InitOptions {
+            schemas: vec!["customer".into()],
+            work_dir: rig.opts.work_dir.clone(),
+            replace_delta: true,
+            read_order: order,
+            ..Default::default()
+        };
+        let report = lakecdc::init::run(&rig.ctx, &o).await.unwrap();
+        assert_eq!(report.exit_code(), 0, "{order:?}: {report:?}");
+        let state = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+        assert_lake(&state, &format!("init, {order:?}"));
+    }
+}
