@@ -60,24 +60,30 @@ async fn compact(rig: &Rig, max_deltas: usize, dirty_ratio: f64) {
     assert_eq!(compact.exit_code(), 0, "{compact:?}");
 }
 
-#[tokio::test]
-async fn an_orphan_whose_rows_went_out_again_is_deleted_past_the_grace() {
-    let (rig, _, orphan) = lake_with_orphan(3101).await;
-    // The rows went out again in the next flush.
-    assert!(!rig.flush().await.failed());
+/// Two gc runs over the lake of `rig`, whose one orphan `orphan` is covered: the first sights
+/// it and waits (pending, exit 0), the second, past the grace, deletes it (clean).
+async fn gc_deletes_a_covered_orphan_past_the_grace(rig: &Rig, orphan: &str) {
     let (clock, gctx, gopts) = rig.gc_on_a_manual_clock();
     let first = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
     let s = &first.schemas[0];
     assert_eq!(s.outcome, Some(Outcome::Pending), "{first:?}");
-    assert_eq!(s.within_grace, vec![orphan.clone()]);
+    assert_eq!(s.within_grace, vec![orphan.to_string()]);
     assert!(s.lost.is_empty() && s.unlisted_deltas.is_empty(), "{s:?}");
     assert_eq!(first.exit_code(), 0, "waiting out the grace is normal");
     clock.advance(16 * MIN);
     let second = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
     let s = &second.schemas[0];
-    assert_eq!(s.deleted, vec![orphan.clone()], "{second:?}");
+    assert_eq!(s.deleted, vec![orphan.to_string()], "{second:?}");
     assert_eq!((s.outcome, second.exit_code()), (Some(Outcome::Clean), 0));
-    assert!(rig.store.head(&orphan).await.unwrap_err().is_not_found());
+    assert!(rig.store.head(orphan).await.unwrap_err().is_not_found());
+}
+
+#[tokio::test]
+async fn an_orphan_whose_rows_went_out_again_is_deleted_past_the_grace() {
+    let (rig, _, orphan) = lake_with_orphan(3101).await;
+    // The rows went out again in the next flush.
+    assert!(!rig.flush().await.failed());
+    gc_deletes_a_covered_orphan_past_the_grace(&rig, &orphan).await;
     rig.assert_oracle().await;
 }
 
@@ -89,18 +95,7 @@ async fn an_orphan_whose_rows_are_still_dirty_is_deleted_past_the_grace() {
     let (rig, _, orphan) = lake_with_orphan(3102).await;
     let dirty = oracle::dirty(&rig.writer).await;
     assert!(!dirty.is_empty());
-    let (clock, gctx, gopts) = rig.gc_on_a_manual_clock();
-    let first = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
-    let s = &first.schemas[0];
-    assert_eq!(s.outcome, Some(Outcome::Pending), "{first:?}");
-    assert_eq!(s.within_grace, vec![orphan.clone()]);
-    assert!(s.lost.is_empty() && s.unlisted_deltas.is_empty(), "{s:?}");
-    clock.advance(16 * MIN);
-    let second = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
-    let s = &second.schemas[0];
-    assert_eq!(s.deleted, vec![orphan.clone()], "{second:?}");
-    assert_eq!((s.outcome, second.exit_code()), (Some(Outcome::Clean), 0));
-    assert!(rig.store.head(&orphan).await.unwrap_err().is_not_found());
+    gc_deletes_a_covered_orphan_past_the_grace(&rig, &orphan).await;
     // gc touched no slot: the rows are as dirty as before, and the next flush lists them.
     assert_eq!(oracle::dirty(&rig.writer).await, dirty);
     assert!(!rig.flush().await.failed());
