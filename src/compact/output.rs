@@ -608,11 +608,11 @@ fn split_spans(spans: &mut Vec<Span>, rows: usize) -> Vec<Span> {
 /// A row group of a base, as the writer may repeat it.
 impl Earlier for Group {
     fn rows(&self) -> usize {
-        Group::rows(self)
+        usize::try_from(self.source.meta.row_group(self.rg).num_rows()).unwrap_or(0)
     }
 
     fn compressed_bytes(&self) -> u64 {
-        Group::compressed_bytes(self)
+        u64::try_from(self.source.meta.row_group(self.rg).compressed_size()).unwrap_or(0)
     }
 
     fn copyable(&self) -> bool {

@@ -368,18 +368,6 @@ pub(crate) struct Group {
     pub data: Segment,
 }
 
-impl Group {
-    /// Rows in the row group.
-    pub(crate) fn rows(&self) -> usize {
-        usize::try_from(self.source.meta.row_group(self.rg).num_rows()).unwrap_or(0)
-    }
-
-    /// Its compressed bytes.
-    pub(crate) fn compressed_bytes(&self) -> u64 {
-        u64::try_from(self.source.meta.row_group(self.rg).compressed_size()).unwrap_or(0)
-    }
-}
-
 /// What a source stream hands the merge.
 #[derive(Debug)]
 pub(crate) enum Piece {

@@ -1,12 +1,13 @@
 //! What the server's catalog says about this connection and the source tables, for
 //! `lakecdc doctor` (docs/operations.md): the server's version and clock, the role's privileges
 //! on the source tables, whether the role can take the advisory locks the jobs take, and the
-//! columns of a table. Every statement runs under a time limit and changes nothing.
+//! columns of a table and their types (also what the readers ask before reading). Every
+//! statement runs under a time limit and changes nothing.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 
 use super::connect::timed;
 use crate::config::TableName;
@@ -119,4 +120,25 @@ pub async fn columns(client: &Client, table: &TableName) -> Result<BTreeSet<Stri
     )
     .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Whether column `column` of `table` has the type `type_name` (a `regtype` name); `false`
+/// when the table or the column does not exist.
+pub async fn column_has_type(
+    client: &impl GenericClient,
+    table: &TableName,
+    column: &str,
+    type_name: &str,
+) -> Result<bool> {
+    let row = timed(
+        TIMEOUT,
+        "read a column's type",
+        client.query_opt(
+            "SELECT a.atttypid = $3::text::regtype FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attname = $2::text AND NOT a.attisdropped",
+            &[&table.quoted(), &column, &type_name],
+        ),
+    )
+    .await?;
+    Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
 }

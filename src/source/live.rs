@@ -9,6 +9,7 @@ use super::READ_TIMEOUT as TIMEOUT;
 use arrow::record_batch::RecordBatch;
 
 use super::Connector;
+use super::catalog;
 use super::connect::{TappedClient, timed};
 use super::decoding::begin_snapshot;
 use super::decoding::copy_into;
@@ -339,7 +340,8 @@ pub(super) async fn eav_select(
     } else {
         "NULL::text"
     };
-    let numeric = match eav_numeric_is_numeric(client, tables).await? {
+    let is_numeric = catalog::column_has_type(client, &tables.eav, "value_numeric", "numeric");
+    let numeric = match is_numeric.await? {
         true => super::table_rows::numeric_as_double("value_numeric"),
         false => "value_numeric::float8".to_string(),
     };
@@ -347,22 +349,6 @@ pub(super) async fn eav_select(
         "SELECT row_id, attr_id, {indices}, value_text, {numeric} FROM {}",
         tables.eav.quoted()
     ))
-}
-
-/// Whether the EAV table's `value_numeric` column is of type `numeric`.
-async fn eav_numeric_is_numeric(client: &impl GenericClient, tables: &Tables) -> Result<bool> {
-    let row = timed(
-        TIMEOUT,
-        "read the type of eav_data.value_numeric",
-        client.query_opt(
-            "SELECT a.atttypid = 'numeric'::regtype FROM pg_attribute a \
-             WHERE a.attrelid = to_regclass($1) AND a.attname = 'value_numeric' \
-             AND NOT a.attisdropped",
-            &[&tables.eav.quoted()],
-        ),
-    )
-    .await?;
-    Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
 }
 
 /// A page with no rows but the schema's columns (for a zero-row base).
