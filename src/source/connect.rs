@@ -11,8 +11,13 @@
 //! `require` (TLS certain) it also requires SCRAM channel binding unless `channel_binding` (or
 //! `PGCHANNELBINDING`) says otherwise, so the password is never sent in clear text nor as MD5,
 //! and a man in the middle cannot relay the SCRAM exchange. Over plain TCP (disable, and
-//! allow / prefer when the server has no TLS) nothing can be required: channel binding needs
-//! TLS, and the driver has no switch that refuses clear-text password requests alone.
+//! allow / prefer when the server has no TLS) channel binding cannot be had, so every plain
+//! connection to a single host runs on a socket lakecdc opens itself, whose startup is watched:
+//! a request for the password in clear text fails the connection before the driver sees it
+//! (`super::password_guard`). `prefer` to a single host therefore asks for TLS first and, when
+//! the server has none, connects again on such a socket (libpq goes on in plain on the same
+//! one). MD5 and SCRAM requests are answered there: neither sends the password itself, though
+//! an impostor may try to guess it offline from the answer, which the warning says.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -152,13 +157,13 @@ fn transport_warning(tls: TlsPolicy, binding: ChannelBinding) -> Option<&'static
     }
     Some(match tls {
         TlsPolicy::Disable => {
-            "a password is configured and sslmode=disable: it is used over plain TCP with whatever answers at the server's address, which can ask for it in clear text; set sslrootcert and sslmode=verify-full"
+            "a password is configured and sslmode=disable: it is used over plain TCP with whatever answers at the server's address; lakecdc never sends it there in clear text (to a single host), but answers MD5 and SCRAM requests, from which an impostor can try to guess it; set sslrootcert and sslmode=verify-full"
         }
         TlsPolicy::Allow => {
-            "a password is configured and sslmode=allow neither requires TLS nor verifies the server: whatever answers at its address can ask for the password in clear text; set sslrootcert and sslmode=verify-full"
+            "a password is configured and sslmode=allow neither requires TLS nor verifies the server: lakecdc never sends it in clear text, but whatever answers at its address gets MD5 and SCRAM answers it can try to guess it from; set sslrootcert and sslmode=verify-full"
         }
         TlsPolicy::Prefer => {
-            "a password is configured and sslmode=prefer (the default) neither requires TLS nor verifies the server: whatever answers at its address can ask for the password in clear text; set sslrootcert and sslmode=verify-full"
+            "a password is configured and sslmode=prefer (the default) neither requires TLS nor verifies the server: lakecdc never sends it in clear text over plain TCP to a single host, but whatever answers at its address gets MD5 and SCRAM answers it can try to guess it from; set sslrootcert and sslmode=verify-full"
         }
         _ => {
             "a password is configured and sslmode=require does not verify the server's certificate, and channel binding is not required: whatever answers at its address can ask for the password in clear text; set sslrootcert and sslmode=verify-full"
@@ -426,8 +431,8 @@ impl Connector {
 
     /// Opens one connection whose binary COPY data and prepared queries' rows can bypass
     /// tokio-postgres's per-row messages (see [`super::copy_tap`]), over TLS or plain; the
-    /// handle taps nothing when the tap cannot sit under the connection (several hosts, a
-    /// plain fallback after an SSL request) or is off ([`Connector::with_copy_tap`]).
+    /// handle taps nothing when the tap cannot sit under the connection (several hosts, or a
+    /// plain fallback after an SSL request to them) or is off ([`Connector::with_copy_tap`]).
     pub async fn connect_tapped(&self) -> Result<TappedClient> {
         if !self.copy_tap {
             let client = self.connect_session(None).await?;
@@ -477,17 +482,30 @@ impl Connector {
             TlsPolicy::Allow => None,
             _ => rustls.as_ref(),
         };
-        let first = open(&self.config, tls, slot).await;
+        let first = match (self.tls, tls) {
+            (TlsPolicy::Prefer, Some(tls))
+                if super::plain_socket::is_single_target(&self.config) =>
+            {
+                self.prefer(tls, slot).await
+            }
+            _ => open(&self.config, tls, slot).await,
+        };
         match (first, self.tls, &rustls) {
             // As libpq: a plain connection the server refuses is tried again with TLS.
             (Err(plain), TlsPolicy::Allow, Some(rustls)) => {
                 tracing::debug!(error = %plain, "plain connection refused; trying TLS (sslmode=allow)");
                 let mut config = self.config.clone();
                 config.ssl_mode(SslMode::Require);
+                // The plain attempt's cause too: the guard's refusal (S7) is the one to fix.
+                let why: Vec<String> =
+                    std::iter::successors(Some(&plain as &dyn std::error::Error), |e| e.source())
+                        .map(|e| e.to_string())
+                        .collect();
                 open(&config, Some(rustls), None)
                     .await
                     .map_err(Error::postgres(format!(
-                        "{op} (with TLS, after a refused plain connection)"
+                        "{op} (with TLS, after a refused plain connection: {})",
+                        why.join(": ")
                     )))
             }
             (Err(e), _, _) if self.binding_required && is_binding_refusal(&e) => {
@@ -498,6 +516,33 @@ impl Connector {
     }
 }
 
+impl Connector {
+    /// `sslmode=prefer` to a single host: TLS when the server has it, else a plain connection
+    /// on a socket of lakecdc's own, whose startup is guarded (docs/hazards.md S7).
+    async fn prefer(
+        &self,
+        tls: &BufferedTls,
+        slot: Option<&TapSlot>,
+    ) -> std::result::Result<Client, tokio_postgres::Error> {
+        let mut config = self.config.clone();
+        config.ssl_mode(SslMode::Require);
+        match open(&config, Some(tls), slot).await {
+            Err(e) if has_no_tls(&e) => {
+                tracing::debug!("the server has no TLS; connecting in plain (sslmode=prefer)");
+                config.ssl_mode(SslMode::Disable);
+                open(&config, None, slot).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether the driver gave up because the server answered the SSL request with "no" (its
+/// cause's exact words, tokio-postgres being pinned; `tests/it/transport.rs` covers it).
+fn has_no_tls(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|c| c.to_string() == "server does not support TLS")
+}
+
 /// Opens one connection (over `tls` when given) and drives it on the runtime.
 async fn open(
     config: &Config,
@@ -505,14 +550,9 @@ async fn open(
     slot: Option<&TapSlot>,
 ) -> std::result::Result<Client, tokio_postgres::Error> {
     let client = match tls {
-        // A plain connection that wants the tap opens its own socket (see `plain_socket`).
-        None if let Some(tapped) = match slot {
-            Some(slot) => super::plain_socket::connect_tapped(config, slot).await,
-            None => None,
-        } =>
-        {
-            tapped?
-        }
+        // A plain connection to a single host runs on a socket of lakecdc's own, guarded and,
+        // when it wants the tap, tapped (see `plain_socket`).
+        None if let Some(plain) = super::plain_socket::connect(config, slot).await => plain?,
         None => {
             let (client, conn) = config.connect(NoTls).await?;
             tokio::spawn(drive(conn));

@@ -16,6 +16,7 @@ pub mod heap_read;
 mod identity;
 pub mod live;
 pub(crate) mod lock;
+mod password_guard;
 mod plain_socket;
 pub(crate) mod registry;
 pub mod repair;

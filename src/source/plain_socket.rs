@@ -1,5 +1,6 @@
 //! Plain (unencrypted) PostgreSQL sockets opened by lakecdc itself, so that a plain connection
-//! carries the COPY tap as a TLS one does (docs/design.md §4.2).
+//! carries the COPY tap as a TLS one does (docs/design.md §4.2), and its startup is watched
+//! for a request of the password in clear text (`super::password_guard`, docs/hazards.md S7).
 //!
 //! tokio-postgres opens a plain connection's socket inside `Config::connect`, out of the tap's
 //! reach, so plain connections used to read every row through the driver's per-row messages:
@@ -9,9 +10,10 @@
 //! `allow`'s first, plain attempt) the driver sends no SSL request, so the server's first byte
 //! is the start of its first message, where the tap's framing starts.
 //!
-//! Only a single-host target is opened here: several hosts, `hostaddr` lists and
-//! `target_session_attrs` are the driver's to walk and check, and such connections stay
-//! untapped. When this socket cannot be opened, the driver opens its own and reports the
+//! Every plain connection to a single host is opened here, tapped or not (`sslmode` disable,
+//! `allow`'s plain attempt, `prefer` meeting a server without TLS). Several hosts, `hostaddr`
+//! lists and `target_session_attrs` are the driver's to walk and check, and such connections
+//! stay untapped and unguarded. When this socket cannot be opened, the driver opens its own and reports the
 //! failure in its words.
 
 use std::io;
@@ -24,6 +26,7 @@ use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::{Config, NoTls};
 
 use super::copy_tap::{Tapped, lock};
+use super::password_guard::AuthGuard;
 use super::tls_connector::{CAPACITY, TapSlot};
 
 /// PostgreSQL's default port.
@@ -121,12 +124,13 @@ async fn within<T>(config: &Config, fut: impl Future<Output = io::Result<T>>) ->
     }
 }
 
-/// Opens a tapped plain connection to `config`'s single target and leaves the tap's handle in
-/// `slot`. `None` when the target is not a single host or its socket could not be opened: the
-/// caller then lets the driver connect (untapped).
-pub(super) async fn connect_tapped(
+/// Opens a plain connection to `config`'s single target, its startup guarded
+/// ([`AuthGuard`]) and, with `slot`, tapped (the tap's handle left in `slot`). `None` when the
+/// target is not a single host or its socket could not be opened: the caller then lets the
+/// driver connect (untapped, unguarded).
+pub(super) async fn connect(
     config: &Config,
-    slot: &TapSlot,
+    slot: Option<&TapSlot>,
 ) -> Option<Result<tokio_postgres::Client, tokio_postgres::Error>> {
     let target = single_target(config)?;
     let connected = match &target {
@@ -142,24 +146,41 @@ pub(super) async fn connect_tapped(
     Some(connected)
 }
 
+/// Whether `config` names the single target [`connect`] opens itself.
+pub(super) fn is_single_target(config: &Config) -> bool {
+    single_target(config).is_some()
+}
+
 fn not_opened<T>(e: &io::Error) -> Option<T> {
     tracing::debug!(error = %e, "plain socket not opened here; the driver connects");
     None
 }
 
-/// The startup exchange over `stream`, buffered and tapped from its first byte.
+/// The startup exchange over `stream`: buffered, guarded and (with `slot`) tapped from its
+/// first byte.
 async fn handshake<S>(
     config: &Config,
     stream: S,
-    slot: &TapSlot,
+    slot: Option<&TapSlot>,
 ) -> Result<tokio_postgres::Client, tokio_postgres::Error>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (stream, tap) = Tapped::with_tap(tokio::io::BufReader::with_capacity(CAPACITY, stream));
-    *lock(slot) = Some(tap);
-    let (client, conn) = config.connect_raw(stream, NoTls).await?;
-    tokio::spawn(super::connect::drive(conn));
+    let stream = AuthGuard::new(tokio::io::BufReader::with_capacity(CAPACITY, stream));
+    let client = match slot {
+        Some(slot) => {
+            let (stream, tap) = Tapped::with_tap(stream);
+            *lock(slot) = Some(tap);
+            let (client, conn) = config.connect_raw(stream, NoTls).await?;
+            tokio::spawn(super::connect::drive(conn));
+            client
+        }
+        None => {
+            let (client, conn) = config.connect_raw(stream, NoTls).await?;
+            tokio::spawn(super::connect::drive(conn));
+            client
+        }
+    };
     Ok(client)
 }
 

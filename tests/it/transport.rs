@@ -187,6 +187,122 @@ async fn a_scram_server_takes_the_password_over_require_with_channel_binding() {
     }
 }
 
+/// A plain server: it answers every SSL request with "no" (the client may then give up on that
+/// connection and open another), and on the first connection that starts a session asks for
+/// the password as `ask` says. Returns what the client answered (the body of its password
+/// message, or `None`) and how many SSL requests it saw.
+/// What a fake plain server saw: the client's password answer, if any, and the SSL requests.
+type PlainSeen = (Option<Vec<u8>>, usize);
+
+fn fake_plain_server(ask: Ask) -> (u16, std::thread::JoinHandle<PlainSeen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let mut ssl_requests = 0;
+        loop {
+            let (mut tcp, _) = listener.accept().unwrap();
+            tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut first = read_body(&mut tcp).unwrap();
+            if first == 80877103u32.to_be_bytes() {
+                ssl_requests += 1;
+                tcp.write_all(b"N").unwrap();
+                match read_body(&mut tcp) {
+                    Ok(startup) => first = startup,
+                    Err(_) => continue, // the client gave up on this connection
+                }
+            }
+            // A startup message: protocol 3.0.
+            assert_eq!(first[..4], 196608u32.to_be_bytes());
+            let request: &[u8] = match ask {
+                Ask::Cleartext => b"R\0\0\0\x08\0\0\0\x03",
+                Ask::Md5 => b"R\0\0\0\x0c\0\0\0\x05salt",
+            };
+            tcp.write_all(request).unwrap();
+            let mut kind = [0u8; 1];
+            let answer = match tcp.read_exact(&mut kind) {
+                Ok(()) if kind[0] == b'p' => read_body(&mut tcp).ok(),
+                _ => None,
+            };
+            return (answer, ssl_requests);
+        }
+    });
+    (port, server)
+}
+
+fn plain_settings_for(port: u16, sslmode: &str) -> PgSettings {
+    let mut s = pg_settings(&format!(
+        "host=127.0.0.1 port={port} user=u dbname=d connect_timeout=5 sslmode={sslmode}"
+    ));
+    s.env.insert("PGPASSWORD".into(), SECRET.into());
+    s
+}
+
+#[tokio::test]
+async fn a_plain_server_asking_for_the_password_in_clear_text_gets_nothing() {
+    // disable: no SSL request; allow: plain first; prefer: TLS asked for, refused, then plain.
+    for (sslmode, ssl_requests) in [("disable", 0), ("allow", 0), ("prefer", 1)] {
+        let (port, server) = fake_plain_server(Ask::Cleartext);
+        let connector = Connector::new(&plain_settings_for(port, sslmode)).unwrap();
+        let err = connector.connect().await.unwrap_err();
+        let (answer, seen) = server.join().unwrap();
+        assert_eq!(answer, None, "{sslmode}: the client answered in clear text");
+        assert_eq!(seen, ssl_requests, "{sslmode}: SSL requests");
+        let chain = err.chain();
+        assert!(
+            chain.contains("asked for the password in clear text")
+                && chain.contains("scram-sha-256")
+                && chain.contains("sslmode=verify-full"),
+            "{sslmode}: {chain}"
+        );
+        for text in [chain, format!("{err:?}"), format!("{connector:?}")] {
+            assert_hides(&text, SECRET, sslmode);
+        }
+    }
+}
+
+#[tokio::test]
+async fn prefer_goes_on_in_plain_when_the_server_has_no_tls_and_md5_is_answered() {
+    // The guard refuses clear text only: an MD5 request over the fallback is answered with
+    // the salted hash, never the password.
+    let (port, server) = fake_plain_server(Ask::Md5);
+    let connector = Connector::new(&plain_settings_for(port, "prefer")).unwrap();
+    let _ = connector.connect().await;
+    let (answer, seen) = server.join().unwrap();
+    let answer = answer.expect("an MD5 answer over the plain fallback");
+    assert_eq!(seen, 1, "one SSL request, refused");
+    assert!(answer.starts_with(b"md5"), "{answer:?}");
+    assert_hides(&String::from_utf8_lossy(&answer), SECRET, "md5 answer");
+}
+
+#[tokio::test]
+async fn plain_and_prefer_connections_to_the_real_server_still_authenticate() {
+    // SCRAM over plain TCP (disable) and over TLS (prefer to a server that has it).
+    let f = pg_fixtures();
+    for (sslmode, ssl) in [("disable", false), ("prefer", true), ("allow", false)] {
+        let dsn = format!(
+            "host={} port={} user={} password={} dbname=postgres sslmode={sslmode}",
+            f.host,
+            f.port,
+            f.password_user,
+            quote(&f.password)
+        );
+        let client = Connector::new(&pg_settings(&dsn))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{sslmode}: {}", e.chain()));
+        let row = client
+            .query_one(
+                "SELECT current_user::text, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), f.password_user, "{sslmode}");
+        assert_eq!(row.get::<_, bool>(1), ssl, "{sslmode}");
+    }
+}
+
 /// Runs `init-db` with only `env` for PostgreSQL; returns (exit code, stderr).
 fn init_db(env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut cmd = harness::bin();
