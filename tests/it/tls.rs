@@ -131,7 +131,7 @@ fn percent_encode(s: &str) -> String {
 }
 
 /// Connects and returns the session's `current_user` and whether it runs over TLS.
-async fn session(settings: &PgSettings) -> lakecdc::Result<(String, bool)> {
+pub(crate) async fn session(settings: &PgSettings) -> lakecdc::Result<(String, bool)> {
     let client = Connector::new(settings)?.connect().await?;
     let row = client
         .query_one(

@@ -13,6 +13,7 @@ use lakecdc::source::conninfo::quote;
 use lakecdc::source::{Connector, PgSettings};
 
 use crate::support::harness::{self, TestDb, pg_fixtures, pg_settings};
+use crate::tls::session;
 
 /// A password whose every three-character run is its own (no message has one).
 const SECRET: &str = "Hq3Zv8Wk5Rx";
@@ -170,20 +171,11 @@ async fn a_scram_server_takes_the_password_over_require_with_channel_binding() {
             f.password_user,
             quote(&f.password)
         );
-        let client = Connector::new(&pg_settings(&dsn))
-            .unwrap()
-            .connect()
+        let (user, ssl) = session(&pg_settings(&dsn))
             .await
             .unwrap_or_else(|e| panic!("{extra}: {}", e.chain()));
-        let row = client
-            .query_one(
-                "SELECT current_user::text, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                &[],
-            )
-            .await
-            .unwrap();
-        assert_eq!(row.get::<_, String>(0), f.password_user);
-        assert!(row.get::<_, bool>(1));
+        assert_eq!(user, f.password_user);
+        assert!(ssl);
     }
 }
 
@@ -286,20 +278,10 @@ async fn plain_and_prefer_connections_to_the_real_server_still_authenticate() {
             f.password_user,
             quote(&f.password)
         );
-        let client = Connector::new(&pg_settings(&dsn))
-            .unwrap()
-            .connect()
+        let got = session(&pg_settings(&dsn))
             .await
             .unwrap_or_else(|e| panic!("{sslmode}: {}", e.chain()));
-        let row = client
-            .query_one(
-                "SELECT current_user::text, ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                &[],
-            )
-            .await
-            .unwrap();
-        assert_eq!(row.get::<_, String>(0), f.password_user, "{sslmode}");
-        assert_eq!(row.get::<_, bool>(1), ssl, "{sslmode}");
+        assert_eq!(got, (f.password_user.clone(), ssl), "{sslmode}");
     }
 }
 
