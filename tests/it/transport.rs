@@ -84,6 +84,22 @@ fn read_body(s: &mut impl Read) -> std::io::Result<Vec<u8>> {
     Ok(body)
 }
 
+/// Sends the password request `ask` says over `s` (right after the startup message) and
+/// returns the body of the client's password message, or `None` when it sent none.
+fn ask_for_the_password(s: &mut (impl Read + Write), ask: Ask) -> Option<Vec<u8>> {
+    let request: &[u8] = match ask {
+        Ask::Cleartext => b"R\0\0\0\x08\0\0\0\x03",
+        Ask::Md5 => b"R\0\0\0\x0c\0\0\0\x05salt",
+    };
+    s.write_all(request).unwrap();
+    s.flush().unwrap();
+    let mut kind = [0u8; 1];
+    match s.read_exact(&mut kind) {
+        Ok(()) if kind[0] == b'p' => read_body(s).ok(),
+        _ => None,
+    }
+}
+
 /// A server that accepts one connection, agrees to TLS with any certificate, asks for the
 /// password as `ask` says, and returns what the client answered: the body of its password
 /// message, or `None` when it sent none.
@@ -103,24 +119,16 @@ fn fake_server(ask: Ask) -> (u16, std::thread::JoinHandle<Option<Vec<u8>>>) {
         let conn = rustls::ServerConnection::new(config).unwrap();
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         read_body(&mut tls).unwrap(); // the startup message
-        let request: &[u8] = match ask {
-            Ask::Cleartext => b"R\0\0\0\x08\0\0\0\x03",
-            Ask::Md5 => b"R\0\0\0\x0c\0\0\0\x05salt",
-        };
-        tls.write_all(request).unwrap();
-        tls.flush().unwrap();
-        let mut kind = [0u8; 1];
-        match tls.read_exact(&mut kind) {
-            Ok(()) if kind[0] == b'p' => read_body(&mut tls).ok(),
-            _ => None,
-        }
+        ask_for_the_password(&mut tls, ask)
     });
     (port, server)
 }
 
-fn settings_for(port: u16, extra: &str) -> PgSettings {
+/// Settings for a fake server on `port` with the password set; `tls` gives `sslmode` and the
+/// like.
+fn settings_for(port: u16, tls: &str) -> PgSettings {
     let mut s = pg_settings(&format!(
-        "host=127.0.0.1 port={port} user=u dbname=d connect_timeout=5 sslmode=require {extra}"
+        "host=127.0.0.1 port={port} user=u dbname=d connect_timeout=5 {tls}"
     ));
     s.env.insert("PGPASSWORD".into(), SECRET.into());
     s
@@ -130,7 +138,7 @@ fn settings_for(port: u16, extra: &str) -> PgSettings {
 async fn an_unverified_server_asking_for_the_password_in_clear_text_or_md5_gets_nothing() {
     for ask in [Ask::Cleartext, Ask::Md5] {
         let (port, server) = fake_server(ask);
-        let connector = Connector::new(&settings_for(port, "")).unwrap();
+        let connector = Connector::new(&settings_for(port, "sslmode=require")).unwrap();
         let err = connector.connect().await.unwrap_err();
         let answer = server.join().unwrap();
         assert_eq!(
@@ -154,7 +162,11 @@ async fn an_unverified_server_asking_for_the_password_in_clear_text_or_md5_gets_
 async fn channel_binding_prefer_is_the_operators_way_to_accept_such_a_server() {
     // What the guard prevents: with channel binding merely preferred, the driver answers.
     let (port, server) = fake_server(Ask::Cleartext);
-    let connector = Connector::new(&settings_for(port, "channel_binding=prefer")).unwrap();
+    let connector = Connector::new(&settings_for(
+        port,
+        "sslmode=require channel_binding=prefer",
+    ))
+    .unwrap();
     let _ = connector.connect().await;
     let answer = server.join().unwrap().expect("a password message");
     assert_eq!(answer, [SECRET.as_bytes(), b"\0"].concat());
@@ -205,28 +217,10 @@ fn fake_plain_server(ask: Ask) -> (u16, std::thread::JoinHandle<PlainSeen>) {
             }
             // A startup message: protocol 3.0.
             assert_eq!(first[..4], 196608u32.to_be_bytes());
-            let request: &[u8] = match ask {
-                Ask::Cleartext => b"R\0\0\0\x08\0\0\0\x03",
-                Ask::Md5 => b"R\0\0\0\x0c\0\0\0\x05salt",
-            };
-            tcp.write_all(request).unwrap();
-            let mut kind = [0u8; 1];
-            let answer = match tcp.read_exact(&mut kind) {
-                Ok(()) if kind[0] == b'p' => read_body(&mut tcp).ok(),
-                _ => None,
-            };
-            return (answer, ssl_requests);
+            return (ask_for_the_password(&mut tcp, ask), ssl_requests);
         }
     });
     (port, server)
-}
-
-fn plain_settings_for(port: u16, sslmode: &str) -> PgSettings {
-    let mut s = pg_settings(&format!(
-        "host=127.0.0.1 port={port} user=u dbname=d connect_timeout=5 sslmode={sslmode}"
-    ));
-    s.env.insert("PGPASSWORD".into(), SECRET.into());
-    s
 }
 
 #[tokio::test]
@@ -234,7 +228,7 @@ async fn a_plain_server_asking_for_the_password_in_clear_text_gets_nothing() {
     // disable: no SSL request; allow: plain first; prefer: TLS asked for, refused, then plain.
     for (sslmode, ssl_requests) in [("disable", 0), ("allow", 0), ("prefer", 1)] {
         let (port, server) = fake_plain_server(Ask::Cleartext);
-        let connector = Connector::new(&plain_settings_for(port, sslmode)).unwrap();
+        let connector = Connector::new(&settings_for(port, &format!("sslmode={sslmode}"))).unwrap();
         let err = connector.connect().await.unwrap_err();
         let (answer, seen) = server.join().unwrap();
         assert_eq!(answer, None, "{sslmode}: the client answered in clear text");
@@ -257,7 +251,7 @@ async fn prefer_goes_on_in_plain_when_the_server_has_no_tls_and_md5_is_answered(
     // The guard refuses clear text only: an MD5 request over the fallback is answered with
     // the salted hash, never the password.
     let (port, server) = fake_plain_server(Ask::Md5);
-    let connector = Connector::new(&plain_settings_for(port, "prefer")).unwrap();
+    let connector = Connector::new(&settings_for(port, "sslmode=prefer")).unwrap();
     let _ = connector.connect().await;
     let (answer, seen) = server.join().unwrap();
     let answer = answer.expect("an MD5 answer over the plain fallback");
