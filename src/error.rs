@@ -431,13 +431,18 @@ impl Error {
     /// The full cause chain on one line, for the CLI's single error line: each cause is a
     /// `source`, never part of its parent's message, so every link is printed once.
     pub fn chain(&self) -> String {
-        let mut out = self.to_string();
-        let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(self);
-        while let Some(err) = cur {
-            out.push_str(": ");
-            out.push_str(&err.to_string());
-            cur = err.source();
-        }
-        crate::report::printable(&out, false).into_owned()
+        crate::report::printable(&causes(self), false).into_owned()
     }
+}
+
+/// `err` and its causes on one line, each `source` once (see [`Error::chain`]).
+pub(crate) fn causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(err) = cur {
+        out.push_str(": ");
+        out.push_str(&err.to_string());
+        cur = err.source();
+    }
+    out
 }

@@ -497,15 +497,11 @@ impl Connector {
                 let mut config = self.config.clone();
                 config.ssl_mode(SslMode::Require);
                 // The plain attempt's cause too: the guard's refusal (S7) is the one to fix.
-                let why: Vec<String> =
-                    std::iter::successors(Some(&plain as &dyn std::error::Error), |e| e.source())
-                        .map(|e| e.to_string())
-                        .collect();
+                let why = crate::error::causes(&plain);
                 open(&config, Some(rustls), None)
                     .await
                     .map_err(Error::postgres(format!(
-                        "{op} (with TLS, after a refused plain connection: {})",
-                        why.join(": ")
+                        "{op} (with TLS, after a refused plain connection: {why})"
                     )))
             }
             (Err(e), _, _) if self.binding_required && is_binding_refusal(&e) => {
@@ -514,9 +510,7 @@ impl Connector {
             (result, _, _) => result.map_err(Error::postgres(op)),
         }
     }
-}
 
-impl Connector {
     /// `sslmode=prefer` to a single host: TLS when the server has it, else a plain connection
     /// on a socket of lakecdc's own, whose startup is guarded (docs/hazards.md S7).
     async fn prefer(

@@ -101,12 +101,8 @@ fn follow(watch: &mut Watch, data: &[u8]) -> io::Result<()> {
                     }
                     // Authenticated: nothing asks for the password again on this connection.
                     AUTHENTICATION if len >= 8 && code == AUTHENTICATION_OK => Watch::Done,
-                    AUTHENTICATION => match (1 + len).saturating_sub(*have) {
-                        0 => NEXT,
-                        left => Watch::Skip { left },
-                    },
-                    // Anything else before AuthenticationOk (an error, a protocol version
-                    // notice) is not a password request; the exchange goes on or ends.
+                    // Any other request (MD5, SASL), an error or a protocol version notice is
+                    // not a clear-text request; the exchange goes on or ends.
                     _ => match (1 + len).saturating_sub(*have) {
                         0 => NEXT,
                         left => Watch::Skip { left },

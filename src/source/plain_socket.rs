@@ -13,8 +13,8 @@
 //! Every plain connection to a single host is opened here, tapped or not (`sslmode` disable,
 //! `allow`'s plain attempt, `prefer` meeting a server without TLS). Several hosts, `hostaddr`
 //! lists and `target_session_attrs` are the driver's to walk and check, and such connections
-//! stay untapped and unguarded. When this socket cannot be opened, the driver opens its own and reports the
-//! failure in its words.
+//! stay untapped and unguarded. When this socket cannot be opened, the driver opens its own
+//! and reports the failure in its words.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -167,20 +167,16 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let stream = AuthGuard::new(tokio::io::BufReader::with_capacity(CAPACITY, stream));
-    let client = match slot {
+    let stream = match slot {
         Some(slot) => {
             let (stream, tap) = Tapped::with_tap(stream);
             *lock(slot) = Some(tap);
-            let (client, conn) = config.connect_raw(stream, NoTls).await?;
-            tokio::spawn(super::connect::drive(conn));
-            client
+            stream
         }
-        None => {
-            let (client, conn) = config.connect_raw(stream, NoTls).await?;
-            tokio::spawn(super::connect::drive(conn));
-            client
-        }
+        None => Tapped::plain(stream),
     };
+    let (client, conn) = config.connect_raw(stream, NoTls).await?;
+    tokio::spawn(super::connect::drive(conn));
     Ok(client)
 }
 

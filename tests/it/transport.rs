@@ -191,13 +191,13 @@ async fn a_scram_server_takes_the_password_over_require_with_channel_binding() {
     }
 }
 
+/// What a fake plain server saw: the client's password answer, if any, and the SSL requests.
+type PlainSeen = (Option<Vec<u8>>, usize);
+
 /// A plain server: it answers every SSL request with "no" (the client may then give up on that
 /// connection and open another), and on the first connection that starts a session asks for
 /// the password as `ask` says. Returns what the client answered (the body of its password
 /// message, or `None`) and how many SSL requests it saw.
-/// What a fake plain server saw: the client's password answer, if any, and the SSL requests.
-type PlainSeen = (Option<Vec<u8>>, usize);
-
 fn fake_plain_server(ask: Ask) -> (u16, std::thread::JoinHandle<PlainSeen>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
