@@ -436,7 +436,7 @@ impl Error {
 }
 
 /// `err` and its causes on one line, each `source` once (see [`Error::chain`]).
-pub(crate) fn causes(err: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn causes(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut cur = err.source();
     while let Some(err) = cur {

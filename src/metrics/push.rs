@@ -123,7 +123,7 @@ impl Pushgateway {
             let response = client
                 .request(request)
                 .await
-                .map_err(|e| failed(error_chain(&e)))?;
+                .map_err(|e| failed(crate::error::causes(&e)))?;
             let status = response.status();
             if status.is_success() {
                 return Ok(());
@@ -174,18 +174,6 @@ fn connector() -> std::result::Result<
         .https_or_http()
         .enable_http1()
         .build())
-}
-
-/// An error and its causes, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
 }
 
 #[cfg(test)]
