@@ -209,6 +209,17 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// No PostgreSQL session could be opened: the last target's failure (a socket, the
+    /// startup exchange, `target_session_attrs`).
+    #[error("postgres: {op}")]
+    PostgresConnect {
+        /// What lakecdc was doing (`connect to user@host:port/db`, never the password).
+        op: String,
+        /// Why the last target gave no session.
+        #[source]
+        source: ConnectAttempt,
+    },
+
     /// A PostgreSQL operation did not finish in time.
     #[error("postgres: {op}: timed out after {seconds}s")]
     PostgresTimeout {
@@ -445,4 +456,76 @@ pub(crate) fn causes(err: &dyn std::error::Error) -> String {
         cur = err.source();
     }
     out
+}
+
+/// Why one PostgreSQL target (a host, an address, a Unix socket) gave no session
+/// (`src/source/socket.rs`).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectAttempt {
+    /// The socket could not be opened (refused, unreachable, a name that does not resolve, the
+    /// connect timeout).
+    #[error("{target}: could not open a connection")]
+    Socket {
+        /// The target, never the password.
+        target: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The driver's startup exchange failed (TLS, authentication, the server's refusal).
+    #[error("{target}")]
+    Startup {
+        /// The target.
+        target: String,
+        /// The driver's error (free of connection secrets).
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The startup exchange did not finish within the connect timeout.
+    #[error("{target}: no session within the connect timeout ({seconds}s)")]
+    Timeout {
+        /// The target.
+        target: String,
+        /// The limit.
+        seconds: u64,
+    },
+    /// TLS was to be used on a target with no host name to verify or send (`hostaddr` alone).
+    #[error("{target}: TLS needs a host name; give host= along with hostaddr=")]
+    NoHostName {
+        /// The target.
+        target: String,
+    },
+    /// The session does not have the properties `target_session_attrs` asks for.
+    #[error("{target}: the server is {found}, and target_session_attrs asks for {wanted}")]
+    SessionAttrs {
+        /// The target.
+        target: String,
+        /// What the server is (`read-only`, `read-write`).
+        found: &'static str,
+        /// What the connection string asks for.
+        wanted: &'static str,
+    },
+    /// `sslmode=allow`: the plain attempt failed, then the TLS attempt.
+    #[error("with TLS, after the plain connection failed ({plain})")]
+    AllowBoth {
+        /// The plain attempt's error with its causes (the guard's refusal, S7, is the one to
+        /// fix).
+        plain: String,
+        /// The TLS attempt's error.
+        #[source]
+        tls: Box<ConnectAttempt>,
+    },
+    /// The connection string names no host, or its host, hostaddr and port lists disagree.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl ConnectAttempt {
+    /// The driver's error, when the startup exchange failed.
+    pub(crate) fn driver(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            Self::Startup { source, .. } => Some(source),
+            _ => None,
+        }
+    }
 }

@@ -11,13 +11,14 @@
 //! `require` (TLS certain) it also requires SCRAM channel binding unless `channel_binding` (or
 //! `PGCHANNELBINDING`) says otherwise, so the password is never sent in clear text nor as MD5,
 //! and a man in the middle cannot relay the SCRAM exchange. Over plain TCP (disable, and
-//! allow / prefer when the server has no TLS) channel binding cannot be had, so every plain
-//! connection to a single host runs on a socket lakecdc opens itself, whose startup is watched:
-//! a request for the password in clear text fails the connection before the driver sees it
-//! (`super::password_guard`). `prefer` to a single host therefore asks for TLS first and, when
-//! the server has none, connects again on such a socket (libpq goes on in plain on the same
-//! one). MD5 and SCRAM requests are answered there: neither sends the password itself, though
-//! an impostor may try to guess it offline from the answer, which the warning says.
+//! allow / prefer when the server has no TLS) channel binding cannot be had, so lakecdc opens
+//! every socket itself, walking the string's hosts as the driver would (`super::socket`), and
+//! a plain connection's startup is watched: a request for the password in clear text fails the
+//! connection before the driver sees it (`super::password_guard`). `prefer` therefore asks a
+//! TCP host for TLS first and, when the server has none, connects again on a guarded socket
+//! (libpq goes on in plain on the same one); over a Unix socket it asks for no TLS, as libpq.
+//! MD5 and SCRAM requests are answered: neither sends the password itself, though an impostor
+//! may try to guess it offline from the answer, which the warning says.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,15 +32,16 @@ use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signat
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use tokio_postgres::config::{ChannelBinding, Host, SslMode};
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::config::{ChannelBinding, Host};
+use tokio_postgres::{Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::copy_tap::{CopyTap, lock};
+use super::socket;
 use super::tls_connector::{BufferedTls, TapSlot};
 
 use super::conninfo;
-use crate::error::{Error, Result};
+use crate::error::{ConnectAttempt, Error, Result};
 
 /// What the operator gave us to reach PostgreSQL. The library never reads the environment:
 /// the binary passes the `PG*` variables in `env`.
@@ -157,13 +159,13 @@ fn transport_warning(tls: TlsPolicy, binding: ChannelBinding) -> Option<&'static
     }
     Some(match tls {
         TlsPolicy::Disable => {
-            "a password is configured and sslmode=disable: it is used over plain TCP with whatever answers at the server's address; lakecdc never sends it there in clear text (to a single host), but answers MD5 and SCRAM requests, from which an impostor can try to guess it; set sslrootcert and sslmode=verify-full"
+            "a password is configured and sslmode=disable: it is used over plain TCP with whatever answers at the server's address; lakecdc never sends it there in clear text, but answers MD5 and SCRAM requests, from which an impostor can try to guess it; set sslrootcert and sslmode=verify-full"
         }
         TlsPolicy::Allow => {
             "a password is configured and sslmode=allow neither requires TLS nor verifies the server: lakecdc never sends it in clear text, but whatever answers at its address gets MD5 and SCRAM answers it can try to guess it from; set sslrootcert and sslmode=verify-full"
         }
         TlsPolicy::Prefer => {
-            "a password is configured and sslmode=prefer (the default) neither requires TLS nor verifies the server: lakecdc never sends it in clear text over plain TCP to a single host, but whatever answers at its address gets MD5 and SCRAM answers it can try to guess it from; set sslrootcert and sslmode=verify-full"
+            "a password is configured and sslmode=prefer (the default) neither requires TLS nor verifies the server: lakecdc never sends it in clear text over plain TCP, but whatever answers at its address gets MD5 and SCRAM answers it can try to guess it from; set sslrootcert and sslmode=verify-full"
         }
         _ => {
             "a password is configured and sslmode=require does not verify the server's certificate, and channel binding is not required: whatever answers at its address can ask for the password in clear text; set sslrootcert and sslmode=verify-full"
@@ -314,12 +316,8 @@ impl Connector {
         if tls == TlsPolicy::Require && rootcert.is_some() {
             tls = TlsPolicy::VerifyCa;
         }
-        config.ssl_mode(match tls {
-            // `allow` tries without TLS first (see `connect`).
-            TlsPolicy::Disable | TlsPolicy::Allow => SslMode::Disable,
-            TlsPolicy::Prefer => SslMode::Prefer,
-            _ => SslMode::Require,
-        });
+        // The transport of each attempt is chosen per target (`Connector::attempt`), which
+        // sets the driver's `sslmode` for it.
         let rustls = match tls {
             TlsPolicy::Disable => None,
             other => Some(BufferedTls::new(MakeRustlsConnect::new(client_config(
@@ -431,8 +429,7 @@ impl Connector {
 
     /// Opens one connection whose binary COPY data and prepared queries' rows can bypass
     /// tokio-postgres's per-row messages (see [`super::copy_tap`]), over TLS or plain; the
-    /// handle taps nothing when the tap cannot sit under the connection (several hosts, or a
-    /// plain fallback after an SSL request to them) or is off ([`Connector::with_copy_tap`]).
+    /// handle taps nothing when the tap is off ([`Connector::with_copy_tap`]).
     pub async fn connect_tapped(&self) -> Result<TappedClient> {
         if !self.copy_tap {
             let client = self.connect_session(None).await?;
@@ -447,16 +444,11 @@ impl Connector {
         }
         let slot = TapSlot::default();
         let client = self.connect_session(Some(&slot)).await?;
-        // A tap left by an attempt that failed (another host, a refused plain connection)
-        // belongs to a stream that is gone: its handle taps nothing.
+        // Every attempt that gets a stream leaves its tap here, so the last one is the
+        // session's: an attempt that failed after (another host, a refused plain connection,
+        // `target_session_attrs`) was followed by one that replaced it.
         let tap = lock(&slot).take().unwrap_or_default();
         tap.count_into(self.diverted.clone());
-        if !tap.is_live() {
-            tracing::debug!(
-                target = %self.describe(),
-                "untapped connection (several hosts, or plain after an SSL request): COPY data is read through tokio-postgres"
-            );
-        }
         Ok(TappedClient { client, tap })
     }
 
@@ -478,55 +470,76 @@ impl Connector {
             Some(slot) => r.tapping(slot.clone()),
             None => r.clone(),
         });
-        let tls = match self.tls {
-            TlsPolicy::Allow => None,
-            _ => rustls.as_ref(),
+        let fail = |e: ConnectAttempt| Error::PostgresConnect {
+            op: match self.binding_required && e.driver().is_some_and(is_binding_refusal) {
+                true => format!("{op} ({BINDING_HINT})"),
+                false => op.clone(),
+            },
+            source: e,
         };
-        let first = match (self.tls, tls) {
-            (TlsPolicy::Prefer, Some(tls))
-                if super::plain_socket::is_single_target(&self.config) =>
-            {
-                self.prefer(tls, slot).await
+        let targets = socket::targets(&self.config).map_err(fail)?;
+        // As the driver and libpq: every target in turn; the last one's error is the one
+        // reported, the others' are logged.
+        let mut last = None;
+        for target in &targets {
+            if let Some(e) = last.take() {
+                tracing::debug!(error = %crate::error::causes(&e), "no session; trying the next host");
             }
-            _ => open(&self.config, tls, slot).await,
-        };
-        match (first, self.tls, &rustls) {
-            // As libpq: a plain connection the server refuses is tried again with TLS.
-            (Err(plain), TlsPolicy::Allow, Some(rustls)) => {
-                tracing::debug!(error = %plain, "plain connection refused; trying TLS (sslmode=allow)");
-                let mut config = self.config.clone();
-                config.ssl_mode(SslMode::Require);
-                // The plain attempt's cause too: the guard's refusal (S7) is the one to fix.
-                let why = crate::error::causes(&plain);
-                open(&config, Some(rustls), None)
+            let attempt = match self.attempt(target, rustls.as_ref(), slot).await {
+                Ok(client) => socket::session_attrs_hold(&self.config, target, &client)
                     .await
-                    .map_err(Error::postgres(format!(
-                        "{op} (with TLS, after a refused plain connection: {why})"
-                    )))
+                    .map(|()| client),
+                Err(e) => Err(e),
+            };
+            match attempt {
+                Ok(client) => return Ok(client),
+                Err(e) => last = Some(e),
             }
-            (Err(e), _, _) if self.binding_required && is_binding_refusal(&e) => {
-                Err(Error::postgres(format!("{op} ({BINDING_HINT})"))(e))
-            }
-            (result, _, _) => result.map_err(Error::postgres(op)),
         }
+        Err(fail(last.unwrap_or_else(|| {
+            ConnectAttempt::Config("the connection string names no host".into())
+        })))
     }
 
-    /// `sslmode=prefer` to a single host: TLS when the server has it, else a plain connection
-    /// on a socket of lakecdc's own, whose startup is guarded (docs/hazards.md S7).
-    async fn prefer(
+    /// One target, over the transports the `sslmode` allows, in libpq's order. Every plain
+    /// connection's startup is guarded (docs/hazards.md S7).
+    async fn attempt(
         &self,
-        tls: &BufferedTls,
+        target: &socket::Target,
+        tls: Option<&BufferedTls>,
         slot: Option<&TapSlot>,
-    ) -> std::result::Result<Client, tokio_postgres::Error> {
-        let mut config = self.config.clone();
-        config.ssl_mode(SslMode::Require);
-        match open(&config, Some(tls), slot).await {
-            Err(e) if has_no_tls(&e) => {
-                tracing::debug!("the server has no TLS; connecting in plain (sslmode=prefer)");
-                config.ssl_mode(SslMode::Disable);
-                open(&config, None, slot).await
+    ) -> std::result::Result<Client, ConnectAttempt> {
+        match (self.tls, tls) {
+            (TlsPolicy::Disable, _) | (_, None) => socket::plain(&self.config, target, slot).await,
+            // As libpq: a plain connection the server refuses is tried again with TLS.
+            (TlsPolicy::Allow, Some(tls)) => {
+                match socket::plain(&self.config, target, slot).await {
+                    Err(plain) => {
+                        tracing::debug!(error = %plain, "plain connection refused; trying TLS (sslmode=allow)");
+                        socket::tls(&self.config, target, tls).await.map_err(|e| {
+                            ConnectAttempt::AllowBoth {
+                                plain: crate::error::causes(&plain),
+                                tls: Box::new(e),
+                            }
+                        })
+                    }
+                    ok => ok,
+                }
             }
-            other => other,
+            // As libpq: no SSL request on a Unix socket, where PostgreSQL never has TLS.
+            (TlsPolicy::Prefer, Some(_)) if target.is_unix() => {
+                socket::plain(&self.config, target, slot).await
+            }
+            // TLS when the server has it; else plain again on a new, guarded socket (libpq
+            // goes on in plain over the refused one, which the driver cannot be handed).
+            (TlsPolicy::Prefer, Some(tls)) => match socket::tls(&self.config, target, tls).await {
+                Err(e) if e.driver().is_some_and(has_no_tls) => {
+                    tracing::debug!("the server has no TLS; connecting in plain (sslmode=prefer)");
+                    socket::plain(&self.config, target, slot).await
+                }
+                other => other,
+            },
+            (_, Some(tls)) => socket::tls(&self.config, target, tls).await,
         }
     }
 }
@@ -535,41 +548,6 @@ impl Connector {
 /// cause's exact words, tokio-postgres being pinned; `tests/it/transport.rs` covers it).
 fn has_no_tls(e: &tokio_postgres::Error) -> bool {
     std::error::Error::source(e).is_some_and(|c| c.to_string() == "server does not support TLS")
-}
-
-/// Opens one connection (over `tls` when given) and drives it on the runtime.
-async fn open(
-    config: &Config,
-    tls: Option<&BufferedTls>,
-    slot: Option<&TapSlot>,
-) -> std::result::Result<Client, tokio_postgres::Error> {
-    let client = match tls {
-        // A plain connection to a single host runs on a socket of lakecdc's own, guarded and,
-        // when it wants the tap, tapped (see `plain_socket`).
-        None if let Some(plain) = super::plain_socket::connect(config, slot).await => plain?,
-        None => {
-            let (client, conn) = config.connect(NoTls).await?;
-            tokio::spawn(drive(conn));
-            client
-        }
-        Some(tls) => {
-            let (client, conn) = config.connect(tls.clone()).await?;
-            tokio::spawn(drive(conn));
-            client
-        }
-    };
-    Ok(client)
-}
-
-/// Runs a connection until it closes.
-pub(super) async fn drive<
-    F: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>,
->(
-    conn: F,
-) {
-    if let Err(e) = conn.await {
-        tracing::debug!(error = %e, "postgres connection closed");
-    }
 }
 
 /// Runs a PostgreSQL future under the statement time limit.

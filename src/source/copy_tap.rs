@@ -11,11 +11,10 @@
 //! then sees a COPY without data, or a query without rows, and ends it as usual.
 //!
 //! TLS connections are tapped above the TLS layer, and plain ones (`sslmode=disable`,
-//! `allow`'s plain attempt, `prefer` meeting a server without TLS) on a socket lakecdc opens
-//! itself for a single-host target (`super::plain_socket`). A connection the tap cannot sit
-//! under (several hosts, `target_session_attrs`) and a reader whose tap is
-//! not armed get the data from tokio-postgres and feed the same decoder, so a read decodes the
-//! same either way. A message is either diverted
+//! `allow`'s plain attempt, `prefer` meeting a server without TLS) directly on the socket,
+//! which lakecdc opens itself for every connection (`super::socket`). A reader whose tap is
+//! not armed (or is off, [`super::Connector::with_copy_tap`]) gets the data from tokio-postgres
+//! and feeds the same decoder, so a read decodes the same either way. A message is either diverted
 //! or passed, never both.
 //!
 //! # What the tap relies on

@@ -4,7 +4,7 @@
 //! Over a plain socket nobody vouches for the server: whatever answers at its address (another
 //! user of the host who bound the port while PostgreSQL was down, or anything on the path) can
 //! ask for the password in clear text, and tokio-postgres would send it. An [`AuthGuard`] sits
-//! under the driver on every plain connection lakecdc opens itself (`super::plain_socket`),
+//! under the driver on every plain connection (lakecdc opens every socket itself, `super::socket`),
 //! follows the server's messages until the authentication exchange is over, and fails the read
 //! that carries an `AuthenticationCleartextPassword`: the driver never sees the request, so the
 //! password never leaves. MD5 and SCRAM requests pass (neither sends the password itself).

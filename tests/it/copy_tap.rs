@@ -534,7 +534,7 @@ async fn files(store: &dyn ObjectStore) -> Vec<(File, Rows)> {
 
 /// Init then flush write the same lake, file by file and byte for byte, over TLS and over a
 /// plain connection (`sslmode=disable`), each with the COPY tap on and off. A plain connection
-/// is tapped like a TLS one: lakecdc opens its socket (`src/source/plain_socket.rs`).
+/// is tapped like a TLS one: lakecdc opens its socket (`src/source/socket.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_and_flush_write_the_same_lake_over_tls_and_plain_with_the_tap_on_and_off() {
     let mut rig = rig(LakeKind::Local).await;

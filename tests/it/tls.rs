@@ -149,7 +149,7 @@ async fn refused(settings: &PgSettings, what: &str) -> String {
         Ok(s) => panic!("{what}: connected as {s:?}, expected a refusal"),
         Err(e) => {
             assert!(
-                matches!(e, lakecdc::Error::Postgres { .. }),
+                matches!(e, lakecdc::Error::PostgresConnect { .. }),
                 "{what}: not a connection error: {e:?}"
             );
             e.chain()

@@ -202,25 +202,74 @@ fn fake_plain_server(ask: Ask) -> (u16, std::thread::JoinHandle<PlainSeen>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let server = std::thread::spawn(move || {
-        let mut ssl_requests = 0;
-        loop {
-            let (mut tcp, _) = listener.accept().unwrap();
+        plain_session(ask, || {
+            let (tcp, _) = listener.accept().unwrap();
             tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut first = read_body(&mut tcp).unwrap();
-            if first == 80877103u32.to_be_bytes() {
-                ssl_requests += 1;
-                tcp.write_all(b"N").unwrap();
-                match read_body(&mut tcp) {
-                    Ok(startup) => first = startup,
-                    Err(_) => continue, // the client gave up on this connection
-                }
-            }
-            // A startup message: protocol 3.0.
-            assert_eq!(first[..4], 196608u32.to_be_bytes());
-            return (ask_for_the_password(&mut tcp, ask), ssl_requests);
-        }
+            tcp
+        })
     });
     (port, server)
+}
+
+/// [`fake_plain_server`] on a Unix socket, `dir/.s.PGSQL.{port}`.
+fn fake_unix_server(
+    dir: &std::path::Path,
+    port: u16,
+    ask: Ask,
+) -> std::thread::JoinHandle<PlainSeen> {
+    let listener =
+        std::os::unix::net::UnixListener::bind(dir.join(format!(".s.PGSQL.{port}"))).unwrap();
+    std::thread::spawn(move || {
+        plain_session(ask, || {
+            let (unix, _) = listener.accept().unwrap();
+            unix.set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            unix
+        })
+    })
+}
+
+/// The plain servers' part: connections from `accept` until one starts a session.
+fn plain_session<S: Read + Write>(ask: Ask, mut accept: impl FnMut() -> S) -> PlainSeen {
+    let mut ssl_requests = 0;
+    loop {
+        let mut s = accept();
+        let mut first = read_body(&mut s).unwrap();
+        if first == 80877103u32.to_be_bytes() {
+            ssl_requests += 1;
+            s.write_all(b"N").unwrap();
+            match read_body(&mut s) {
+                Ok(startup) => first = startup,
+                Err(_) => continue, // the client gave up on this connection
+            }
+        }
+        // A startup message: protocol 3.0.
+        assert_eq!(first[..4], 196608u32.to_be_bytes());
+        return (ask_for_the_password(&mut s, ask), ssl_requests);
+    }
+}
+
+/// A local port nothing listens on.
+fn dead_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Asserts that `err` is the guard's refusal of a clear-text request and shows no secret.
+fn assert_guard_refused(err: &lakecdc::Error, connector: &Connector, what: &str) {
+    let chain = err.chain();
+    assert!(
+        chain.contains("asked for the password in clear text")
+            && chain.contains("scram-sha-256")
+            && chain.contains("sslmode=verify-full"),
+        "{what}: {chain}"
+    );
+    for text in [chain, format!("{err:?}"), format!("{connector:?}")] {
+        assert_hides(&text, SECRET, what);
+    }
 }
 
 #[tokio::test]
@@ -233,15 +282,131 @@ async fn a_plain_server_asking_for_the_password_in_clear_text_gets_nothing() {
         let (answer, seen) = server.join().unwrap();
         assert_eq!(answer, None, "{sslmode}: the client answered in clear text");
         assert_eq!(seen, ssl_requests, "{sslmode}: SSL requests");
-        let chain = err.chain();
+        assert_guard_refused(&err, &connector, sslmode);
+    }
+}
+
+#[tokio::test]
+async fn several_hosts_are_walked_by_lakecdc_and_each_plain_one_is_guarded() {
+    // The first host refuses the connection; the second asks for the password in clear text.
+    // The driver would walk such a list over sockets of its own, unguarded.
+    for (sslmode, ssl_requests) in [("disable", 0), ("allow", 0), ("prefer", 1)] {
+        let (port, server) = fake_plain_server(Ask::Cleartext);
+        let mut settings = pg_settings(&format!(
+            "host=127.0.0.1,localhost port={},{port} user=u dbname=d connect_timeout=5 sslmode={sslmode}",
+            dead_port()
+        ));
+        settings.env.insert("PGPASSWORD".into(), SECRET.into());
+        let connector = Connector::new(&settings).unwrap();
+        let err = connector.connect().await.unwrap_err();
+        let (answer, seen) = server.join().unwrap();
+        assert_eq!(answer, None, "{sslmode}: the client answered in clear text");
+        assert_eq!(seen, ssl_requests, "{sslmode}: SSL requests");
+        assert_guard_refused(&err, &connector, sslmode);
+        // The last host's failure is the one reported, named by its host and port.
         assert!(
-            chain.contains("asked for the password in clear text")
-                && chain.contains("scram-sha-256")
-                && chain.contains("sslmode=verify-full"),
-            "{sslmode}: {chain}"
+            err.chain().contains(&format!("localhost port {port}")),
+            "{sslmode}: {}",
+            err.chain()
         );
-        for text in [chain, format!("{err:?}"), format!("{connector:?}")] {
-            assert_hides(&text, SECRET, sslmode);
+    }
+}
+
+#[tokio::test]
+async fn prefer_over_a_unix_socket_asks_for_no_tls() {
+    // As libpq: PostgreSQL never has TLS on a Unix socket, so no SSL request is sent there;
+    // the plain connection is guarded all the same.
+    for (ask, answered) in [(Ask::Md5, true), (Ask::Cleartext, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = fake_unix_server(dir.path(), 5999, ask);
+        let mut settings = pg_settings(&format!(
+            "host={} port=5999 user=u dbname=d connect_timeout=5",
+            quote(&dir.path().display().to_string())
+        ));
+        settings.env.insert("PGPASSWORD".into(), SECRET.into());
+        let connector = Connector::new(&settings).unwrap();
+        let result = connector.connect().await;
+        let (answer, seen) = server.join().unwrap();
+        assert_eq!(seen, 0, "{ask:?}: SSL requests over a Unix socket");
+        if answered {
+            assert!(answer.unwrap().starts_with(b"md5"), "{ask:?}");
+        } else {
+            assert_eq!(answer, None, "{ask:?}: the client answered in clear text");
+            assert_guard_refused(&result.unwrap_err(), &connector, "unix");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_hosts_of_a_list_are_tried_in_turn_tapped_and_checked_for_target_session_attrs() {
+    let f = pg_fixtures();
+    let dsn = |sslmode: &str, extra: &str| {
+        format!(
+            "host=127.0.0.1,{} port={},{} user={} password={} dbname=postgres connect_timeout=5 sslmode={sslmode} {extra}",
+            f.host,
+            dead_port(),
+            f.port,
+            f.password_user,
+            quote(&f.password)
+        )
+    };
+    // The dead first host is skipped; the session is the second host's, tapped.
+    for (sslmode, ssl) in [("disable", false), ("prefer", true), ("require", true)] {
+        let settings = pg_settings(&dsn(sslmode, ""));
+        let got = session(&settings)
+            .await
+            .unwrap_or_else(|e| panic!("{sslmode}: {}", e.chain()));
+        assert_eq!(got, (f.password_user.clone(), ssl), "{sslmode}");
+        let conn = Connector::new(&settings)
+            .unwrap()
+            .connect_tapped()
+            .await
+            .unwrap();
+        assert!(
+            conn.tap.is_live(),
+            "{sslmode}: a host list's connection is tapped"
+        );
+    }
+    // target_session_attrs, checked on the session as the driver and libpq do.
+    let read_only = "options='-c default_transaction_read_only=on'";
+    for (extra, wanted, found) in [
+        (
+            format!("target_session_attrs=read-write {read_only}"),
+            "read-write",
+            Some("read-only"),
+        ),
+        (
+            "target_session_attrs=read-only".to_string(),
+            "read-only",
+            Some("read-write"),
+        ),
+        (
+            format!("target_session_attrs=read-only {read_only}"),
+            "read-only",
+            None,
+        ),
+        (
+            "target_session_attrs=read-write".to_string(),
+            "read-write",
+            None,
+        ),
+    ] {
+        let result = session(&pg_settings(&dsn("require", &extra))).await;
+        match found {
+            None => assert!(
+                result.is_ok(),
+                "{extra}: {:?}",
+                result.err().map(|e| e.chain())
+            ),
+            Some(found) => {
+                let chain = result.unwrap_err().chain();
+                assert!(
+                    chain.contains(&format!(
+                        "the server is {found}, and target_session_attrs asks for {wanted}"
+                    )),
+                    "{extra}: {chain}"
+                );
+            }
         }
     }
 }
