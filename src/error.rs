@@ -495,6 +495,14 @@ pub enum ConnectAttempt {
         /// The target.
         target: String,
     },
+    /// TLS was to be used over a Unix socket, where PostgreSQL never offers it.
+    #[error(
+        "{target}: PostgreSQL has no TLS over a Unix socket; connect over TCP for this sslmode, or use sslmode=prefer or disable"
+    )]
+    UnixTls {
+        /// The socket path.
+        target: String,
+    },
     /// The session does not have the properties `target_session_attrs` asks for.
     #[error("{target}: the server is {found}, and target_session_attrs asks for {wanted}")]
     SessionAttrs {

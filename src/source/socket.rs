@@ -159,8 +159,7 @@ pub(super) async fn tls(
 ) -> Result<Client, Attempt> {
     let mut config = config.clone();
     config.ssl_mode(SslMode::Require);
-    // The name TLS sends and verifies; PostgreSQL refuses TLS on a Unix socket before any
-    // name matters (the driver's choice too).
+    // The name TLS sends and verifies.
     let name = match target {
         Target::Tcp { host: Some(h), .. } => h.as_str(),
         Target::Tcp { host: None, .. } => {
@@ -168,29 +167,24 @@ pub(super) async fn tls(
                 target: target.to_string(),
             });
         }
-        Target::Unix { .. } => "",
+        Target::Unix { .. } => {
+            return Err(Attempt::UnixTls {
+                target: target.to_string(),
+            });
+        }
     };
-    let mut make = tls.clone();
+    let connect =
+        MakeTlsConnect::<TcpStream>::make_tls_connect(&mut tls.clone(), name).map_err(|e| {
+            Attempt::Config(format!(
+                "{target}: TLS cannot be set up for this host name: {e}"
+            ))
+        })?;
     match open(&config, target).await? {
-        Socket::Tcp(s) => {
-            let connect = MakeTlsConnect::<TcpStream>::make_tls_connect(&mut make, name)
-                .map_err(|e| startup_tls(target, e))?;
-            start(&config, target, s, connect).await
-        }
-        Socket::Unix(s) => {
-            let connect = MakeTlsConnect::<UnixStream>::make_tls_connect(&mut make, name)
-                .map_err(|e| startup_tls(target, e))?;
-            start(&config, target, s, connect).await
-        }
+        Socket::Tcp(s) => start(&config, target, s, connect).await,
+        Socket::Unix(_) => Err(Attempt::UnixTls {
+            target: target.to_string(),
+        }),
     }
-}
-
-/// A connector that could not be made for `name` (rustls refusing the name) as an attempt's
-/// error.
-fn startup_tls(target: &Target, e: impl std::error::Error + Send + Sync + 'static) -> Attempt {
-    Attempt::Config(format!(
-        "{target}: TLS cannot be set up for this host name: {e}"
-    ))
 }
 
 /// Whether the session on `client` has the properties `config`'s `target_session_attrs` asks

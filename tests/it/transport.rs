@@ -319,12 +319,7 @@ async fn prefer_over_a_unix_socket_asks_for_no_tls() {
     for (ask, answered) in [(Ask::Md5, true), (Ask::Cleartext, false)] {
         let dir = tempfile::tempdir().unwrap();
         let server = fake_unix_server(dir.path(), 5999, ask);
-        let mut settings = pg_settings(&format!(
-            "host={} port=5999 user=u dbname=d connect_timeout=5",
-            quote(&dir.path().display().to_string())
-        ));
-        settings.env.insert("PGPASSWORD".into(), SECRET.into());
-        let connector = Connector::new(&settings).unwrap();
+        let connector = Connector::new(&settings_for_unix(dir.path(), "")).unwrap();
         let result = connector.connect().await;
         let (answer, seen) = server.join().unwrap();
         assert_eq!(seen, 0, "{ask:?}: SSL requests over a Unix socket");
@@ -335,6 +330,40 @@ async fn prefer_over_a_unix_socket_asks_for_no_tls() {
             assert_guard_refused(&result.unwrap_err(), &connector, "unix");
         }
     }
+    // Modes that need TLS fail over a Unix socket with the fix, before anything is sent.
+    let dir = tempfile::tempdir().unwrap();
+    let server = fake_unix_server(dir.path(), 5999, Ask::Cleartext);
+    let settings = pg_settings(&format!(
+        "host={} port=5999 user=u dbname=d connect_timeout=5 sslmode=require",
+        quote(&dir.path().display().to_string())
+    ));
+    let chain = Connector::new(&settings)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_err()
+        .chain();
+    assert!(
+        chain.contains("PostgreSQL has no TLS over a Unix socket")
+            && chain.contains("sslmode=prefer or disable"),
+        "{chain}"
+    );
+    // The server saw no connection: connecting now gets its session.
+    let _ = Connector::new(&settings_for_unix(dir.path(), "sslmode=disable"))
+        .unwrap()
+        .connect()
+        .await;
+    assert_eq!(server.join().unwrap(), (None, 0), "require sent nothing");
+}
+
+/// Settings for a fake server on the Unix socket `dir/.s.PGSQL.5999`, the password set.
+fn settings_for_unix(dir: &std::path::Path, tls: &str) -> PgSettings {
+    let mut s = pg_settings(&format!(
+        "host={} port=5999 user=u dbname=d connect_timeout=5 {tls}",
+        quote(&dir.display().to_string())
+    ));
+    s.env.insert("PGPASSWORD".into(), SECRET.into());
+    s
 }
 
 #[tokio::test]
