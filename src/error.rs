@@ -481,7 +481,8 @@ pub enum ConnectAttempt {
         #[source]
         source: tokio_postgres::Error,
     },
-    /// The startup exchange did not finish within the connect timeout.
+    /// The target gave no session within the connect timeout (its socket, the startup
+    /// exchange and the `target_session_attrs` check together, as libpq counts it).
     #[error("{target}: no session within the connect timeout ({seconds}s)")]
     Timeout {
         /// The target.
@@ -523,12 +524,42 @@ pub enum ConnectAttempt {
         #[source]
         tls: Box<ConnectAttempt>,
     },
+    /// Every target of a host list failed: the last one's error, the others' in the text.
+    #[error("{tried} hosts tried, none gave a session; before the last: {earlier}")]
+    Hosts {
+        /// How many targets were tried.
+        tried: usize,
+        /// The earlier targets' errors with their causes, in the order tried.
+        earlier: String,
+        /// The last target's error.
+        #[source]
+        last: Box<ConnectAttempt>,
+    },
     /// The connection string names no host, or its host, hostaddr and port lists disagree.
     #[error("{0}")]
     Config(String),
 }
 
 impl ConnectAttempt {
+    /// One error for the failures of every target tried, in order (libpq reports them all).
+    pub(crate) fn every(mut failed: Vec<ConnectAttempt>) -> Self {
+        let Some(last) = failed.pop() else {
+            return Self::Config("the connection string names no host".into());
+        };
+        if failed.is_empty() {
+            return last;
+        }
+        Self::Hosts {
+            tried: failed.len() + 1,
+            earlier: failed
+                .iter()
+                .map(|e| causes(e))
+                .collect::<Vec<_>>()
+                .join("; "),
+            last: Box::new(last),
+        }
+    }
+
     /// The driver's error, when the startup exchange failed.
     pub(crate) fn driver(&self) -> Option<&tokio_postgres::Error> {
         match self {

@@ -273,9 +273,16 @@ impl Connector {
         if !info.keys.contains("keepalives_idle") {
             config.keepalives_idle(KEEPALIVE_IDLE);
         }
+        // As libpq: a string that gives `hostaddr` alone connects to the addresses, with
+        // PGHOST (if set) as the names; `localhost` only when neither names a server.
         if config.get_hosts().is_empty() {
-            let host = env("PGHOST").unwrap_or_else(|| "localhost".to_string());
-            for h in host.split(',') {
+            let host = env("PGHOST").or_else(|| {
+                config
+                    .get_hostaddrs()
+                    .is_empty()
+                    .then(|| "localhost".to_string())
+            });
+            for h in host.iter().flat_map(|h| h.split(',')) {
                 config.host(h);
             }
         }
@@ -388,7 +395,7 @@ impl Connector {
 
     /// `user@host:port/dbname`, never the password.
     pub fn describe(&self) -> String {
-        let host = self
+        let mut hosts: Vec<String> = self
             .config
             .get_hosts()
             .iter()
@@ -396,8 +403,16 @@ impl Connector {
                 Host::Tcp(s) => s.clone(),
                 Host::Unix(p) => p.display().to_string(),
             })
-            .collect::<Vec<_>>()
-            .join(",");
+            .collect();
+        if hosts.is_empty() {
+            hosts = self
+                .config
+                .get_hostaddrs()
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+        }
+        let host = hosts.join(",");
         let port = self.config.get_ports().first().copied().unwrap_or(5432);
         format!(
             "{}@{host}:{port}/{}",
@@ -470,35 +485,49 @@ impl Connector {
             Some(slot) => r.tapping(slot.clone()),
             None => r.clone(),
         });
-        let fail = |e: ConnectAttempt| Error::PostgresConnect {
-            op: match self.binding_required && e.driver().is_some_and(is_binding_refusal) {
-                true => format!("{op} ({BINDING_HINT})"),
-                false => op.clone(),
-            },
+        let targets = socket::targets(&self.config).map_err(|e| Error::PostgresConnect {
+            op: op.clone(),
             source: e,
-        };
-        let targets = socket::targets(&self.config).map_err(fail)?;
-        // As the driver and libpq: every target in turn; the last one's error is the one
-        // reported, the others' are logged.
-        let mut last = None;
+        })?;
+        // As the driver and libpq: every target in turn, each within the connect timeout
+        // (libpq's reading: the socket and the startup exchange together).
+        let mut failed = Vec::new();
         for target in &targets {
-            if let Some(e) = last.take() {
-                tracing::debug!(error = %crate::error::causes(&e), "no session; trying the next host");
-            }
-            let attempt = match self.attempt(target, rustls.as_ref(), slot).await {
-                Ok(client) => socket::session_attrs_hold(&self.config, target, &client)
+            let attempt = async {
+                let client = self.attempt(target, rustls.as_ref(), slot).await?;
+                socket::session_attrs_hold(&self.config, target, &client).await?;
+                Ok(client)
+            };
+            let attempt = match self.config.get_connect_timeout() {
+                None => attempt.await,
+                Some(limit) => tokio::time::timeout(*limit, attempt)
                     .await
-                    .map(|()| client),
-                Err(e) => Err(e),
+                    .unwrap_or_else(|_| {
+                        Err(ConnectAttempt::Timeout {
+                            target: target.to_string(),
+                            seconds: limit.as_secs().max(1),
+                        })
+                    }),
             };
             match attempt {
                 Ok(client) => return Ok(client),
-                Err(e) => last = Some(e),
+                Err(e) => {
+                    tracing::debug!(error = %crate::error::causes(&e), "no session from this host");
+                    failed.push(e);
+                }
             }
         }
-        Err(fail(last.unwrap_or_else(|| {
-            ConnectAttempt::Config("the connection string names no host".into())
-        })))
+        let refused_binding = self.binding_required
+            && failed
+                .iter()
+                .any(|e| e.driver().is_some_and(is_binding_refusal));
+        Err(Error::PostgresConnect {
+            op: match refused_binding {
+                true => format!("{op} ({BINDING_HINT})"),
+                false => op,
+            },
+            source: ConnectAttempt::every(failed),
+        })
     }
 
     /// One target, over the transports the `sslmode` allows, in libpq's order. Every plain
@@ -509,21 +538,29 @@ impl Connector {
         tls: Option<&BufferedTls>,
         slot: Option<&TapSlot>,
     ) -> std::result::Result<Client, ConnectAttempt> {
+        // Whatever an earlier attempt left there belongs to a stream that is gone.
+        if let Some(slot) = slot {
+            *lock(slot) = None;
+        }
+        // verify-full checks the certificate against the host name, which only `host` gives.
+        let name = self.tls == TlsPolicy::VerifyFull;
         match (self.tls, tls) {
             (TlsPolicy::Disable, _) | (_, None) => socket::plain(&self.config, target, slot).await,
-            // As libpq: a plain connection the server refuses is tried again with TLS.
+            // As libpq: a plain connection the server refuses is tried again with TLS (not
+            // one that could not be opened, and never over a Unix socket).
             (TlsPolicy::Allow, Some(tls)) => {
                 match socket::plain(&self.config, target, slot).await {
-                    Err(plain) => {
-                        tracing::debug!(error = %plain, "plain connection refused; trying TLS (sslmode=allow)");
-                        socket::tls(&self.config, target, tls).await.map_err(|e| {
-                            ConnectAttempt::AllowBoth {
-                                plain: crate::error::causes(&plain),
+                    Err(plain @ ConnectAttempt::Startup { .. }) if !target.is_unix() => {
+                        let why = crate::error::causes(&plain);
+                        tracing::debug!(error = %why, "plain connection refused; trying TLS (sslmode=allow)");
+                        socket::tls(&self.config, target, tls, name)
+                            .await
+                            .map_err(|e| ConnectAttempt::AllowBoth {
+                                plain: why,
                                 tls: Box::new(e),
-                            }
-                        })
+                            })
                     }
-                    ok => ok,
+                    other => other,
                 }
             }
             // As libpq: no SSL request on a Unix socket, where PostgreSQL never has TLS.
@@ -532,14 +569,18 @@ impl Connector {
             }
             // TLS when the server has it; else plain again on a new, guarded socket (libpq
             // goes on in plain over the refused one, which the driver cannot be handed).
-            (TlsPolicy::Prefer, Some(tls)) => match socket::tls(&self.config, target, tls).await {
-                Err(e) if e.driver().is_some_and(has_no_tls) => {
-                    tracing::debug!("the server has no TLS; connecting in plain (sslmode=prefer)");
-                    socket::plain(&self.config, target, slot).await
+            (TlsPolicy::Prefer, Some(tls)) => {
+                match socket::tls(&self.config, target, tls, name).await {
+                    Err(e) if e.driver().is_some_and(has_no_tls) => {
+                        tracing::debug!(
+                            "the server has no TLS; connecting in plain (sslmode=prefer)"
+                        );
+                        socket::plain(&self.config, target, slot).await
+                    }
+                    other => other,
                 }
-                other => other,
-            },
-            (_, Some(tls)) => socket::tls(&self.config, target, tls).await,
+            }
+            (_, Some(tls)) => socket::tls(&self.config, target, tls, name).await,
         }
     }
 }
@@ -784,6 +825,28 @@ mod tests {
         assert!(c.config.get_keepalives());
         let c = Connector::new(&settings(Some("host=h keepalives_idle=7"), &[])).unwrap();
         assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(7));
+    }
+
+    #[test]
+    fn hostaddr_alone_names_no_made_up_host() {
+        // As libpq: the addresses are the targets, PGHOST the names when set; never an
+        // invented `localhost`, which verify-full would check the certificate against.
+        let hosts = |s: &str, env: &[(&str, &str)]| {
+            let c = Connector::new(&settings(Some(s), env)).unwrap();
+            let hosts: Vec<_> = c.config.get_hosts().to_vec();
+            (hosts, c.config.get_hostaddrs().len())
+        };
+        assert_eq!(hosts("hostaddr=10.0.0.1,10.0.0.2", &[]), (vec![], 2));
+        let c = Connector::new(&settings(Some("hostaddr=10.0.0.1,10.0.0.2 user=u"), &[])).unwrap();
+        assert_eq!(c.describe(), "u@10.0.0.1,10.0.0.2:5432/");
+        assert_eq!(
+            hosts("hostaddr=10.0.0.1", &[("PGHOST", "db.example")]),
+            (vec![Host::Tcp("db.example".into())], 1)
+        );
+        assert_eq!(
+            hosts("user=u", &[]),
+            (vec![Host::Tcp("localhost".into())], 0)
+        );
     }
 
     #[test]

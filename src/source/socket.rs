@@ -152,16 +152,28 @@ pub(super) async fn plain(
 
 /// Opens a TLS connection to `target` (`sslmode=require` semantics; `tls` verifies as the
 /// policy says and taps when it was made with a slot).
+///
+/// The name sent and verified is the target's host; with `hostaddr` alone, the address, unless
+/// `verify_host_name` (verify-full) needs a name only `host` gives (libpq's rule).
 pub(super) async fn tls(
     config: &Config,
     target: &Target,
     tls: &BufferedTls,
+    verify_host_name: bool,
 ) -> Result<Client, Attempt> {
     let mut config = config.clone();
     config.ssl_mode(SslMode::Require);
-    // The name TLS sends and verifies.
+    let addr_name;
     let name = match target {
         Target::Tcp { host: Some(h), .. } => h.as_str(),
+        Target::Tcp {
+            host: None,
+            addr: Some(addr),
+            ..
+        } if !verify_host_name => {
+            addr_name = addr.to_string();
+            addr_name.as_str()
+        }
         Target::Tcp { host: None, .. } => {
             return Err(Attempt::NoHostName {
                 target: target.to_string(),
@@ -199,12 +211,7 @@ pub(super) async fn session_attrs_hold(
         TargetSessionAttrs::ReadOnly => "read-only",
         _ => return Ok(()),
     };
-    let rows = startup_within(
-        config,
-        target,
-        client.simple_query("SHOW transaction_read_only"),
-    )
-    .await?;
+    let rows = startup(target, client.simple_query("SHOW transaction_read_only")).await?;
     let read_only = rows.iter().any(|m| match m {
         SimpleQueryMessage::Row(row) => row.get(0) == Some("on"),
         _ => false,
@@ -297,26 +304,13 @@ async fn within<T>(config: &Config, fut: impl Future<Output = io::Result<T>>) ->
     }
 }
 
-/// A driver exchange on a new connection within the connect timeout (libpq's reading of
-/// `connect_timeout`; the driver bounds only the socket's opening).
-async fn startup_within<T>(
-    config: &Config,
+/// A driver exchange on a new connection, its error named by the target (the caller bounds
+/// the whole attempt by the connect timeout).
+async fn startup<T>(
     target: &Target,
     fut: impl Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<T, Attempt> {
-    let done = match config.get_connect_timeout() {
-        None => fut.await,
-        Some(limit) => match tokio::time::timeout(*limit, fut).await {
-            Ok(done) => done,
-            Err(_) => {
-                return Err(Attempt::Timeout {
-                    target: target.to_string(),
-                    seconds: limit.as_secs().max(1),
-                });
-            }
-        },
-    };
-    done.map_err(|source| Attempt::Startup {
+    fut.await.map_err(|source| Attempt::Startup {
         target: target.to_string(),
         source,
     })
@@ -340,7 +334,7 @@ where
     }
 }
 
-/// The startup exchange over `stream`, within the connect timeout; the connection is then
+/// The startup exchange over `stream`; the connection is then
 /// driven on the runtime until the client is dropped.
 async fn start<S, T>(config: &Config, target: &Target, stream: S, tls: T) -> Result<Client, Attempt>
 where
@@ -349,7 +343,7 @@ where
     T::Stream: Send + 'static,
     T::Future: Send,
 {
-    let (client, conn) = startup_within(config, target, config.connect_raw(stream, tls)).await?;
+    let (client, conn) = startup(target, config.connect_raw(stream, tls)).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "postgres connection closed");

@@ -100,6 +100,27 @@ fn ask_for_the_password(s: &mut (impl Read + Write), ask: Ask) -> Option<Vec<u8>
     }
 }
 
+/// How long a fake server waits for the client before it fails the test (never hangs it).
+const ACCEPT_WITHIN: Duration = Duration::from_secs(20);
+
+/// The next connection on a non-blocking listener, within [`ACCEPT_WITHIN`].
+fn accept_within<S>(mut accept: impl FnMut() -> std::io::Result<S>) -> S {
+    let deadline = std::time::Instant::now() + ACCEPT_WITHIN;
+    loop {
+        match accept() {
+            Ok(s) => return s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the client never connected"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
 /// A server that accepts one connection, agrees to TLS with any certificate, asks for the
 /// password as `ask` says, and returns what the client answered: the body of its password
 /// message, or `None` when it sent none.
@@ -107,10 +128,12 @@ fn fake_server(ask: Ask) -> (u16, std::thread::JoinHandle<Option<Vec<u8>>>) {
     let dir = tempfile::tempdir().unwrap();
     let config = Arc::new(self_signed(dir.path()));
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let server = std::thread::spawn(move || {
         let _dir = dir;
-        let (mut tcp, _) = listener.accept().unwrap();
+        let mut tcp = accept_within(|| listener.accept().map(|(s, _)| s));
+        tcp.set_nonblocking(false).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         // SSLRequest: length 8, code 80877103.
         let request = read_body(&mut tcp).unwrap();
@@ -127,11 +150,23 @@ fn fake_server(ask: Ask) -> (u16, std::thread::JoinHandle<Option<Vec<u8>>>) {
 /// Settings for a fake server on `port` with the password set; `tls` gives `sslmode` and the
 /// like.
 fn settings_for(port: u16, tls: &str) -> PgSettings {
-    let mut s = pg_settings(&format!(
-        "host=127.0.0.1 port={port} user=u dbname=d connect_timeout=5 {tls}"
-    ));
+    with_secret(&format!("host=127.0.0.1 port={port} {tls}"))
+}
+
+/// Settings for `dsn` (its host, port and `sslmode`) as user `u` of database `d`, the
+/// password set through `PGPASSWORD`.
+fn with_secret(dsn: &str) -> PgSettings {
+    let mut s = pg_settings(&format!("{dsn} user=u dbname=d connect_timeout=5"));
     s.env.insert("PGPASSWORD".into(), SECRET.into());
     s
+}
+
+/// Settings for a fake server on the Unix socket `dir/.s.PGSQL.5999`, the password set.
+fn settings_for_unix(dir: &std::path::Path, tls: &str) -> PgSettings {
+    with_secret(&format!(
+        "host={} port=5999 {tls}",
+        quote(&dir.display().to_string())
+    ))
 }
 
 #[tokio::test]
@@ -145,16 +180,16 @@ async fn an_unverified_server_asking_for_the_password_in_clear_text_or_md5_gets_
             answer, None,
             "{ask:?}: the client answered the password request"
         );
-        let chain = err.chain();
-        assert!(
-            chain.contains("server did not use channel binding")
-                && chain.contains("sslmode=verify-full")
-                && chain.contains("channel_binding=prefer"),
-            "{ask:?}: {chain}"
+        assert_refused(
+            &err,
+            &connector,
+            &[
+                "server did not use channel binding",
+                "sslmode=verify-full",
+                "channel_binding=prefer",
+            ],
+            &format!("{ask:?}"),
         );
-        for text in [chain, format!("{err:?}"), format!("{connector:?}")] {
-            assert_hides(&text, SECRET, &format!("{ask:?}"));
-        }
     }
 }
 
@@ -200,10 +235,12 @@ type PlainSeen = (Option<Vec<u8>>, usize);
 /// message, or `None`) and how many SSL requests it saw.
 fn fake_plain_server(ask: Ask) -> (u16, std::thread::JoinHandle<PlainSeen>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let server = std::thread::spawn(move || {
         plain_session(ask, || {
-            let (tcp, _) = listener.accept().unwrap();
+            let tcp = accept_within(|| listener.accept().map(|(s, _)| s));
+            tcp.set_nonblocking(false).unwrap();
             tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             tcp
         })
@@ -219,9 +256,11 @@ fn fake_unix_server(
 ) -> std::thread::JoinHandle<PlainSeen> {
     let listener =
         std::os::unix::net::UnixListener::bind(dir.join(format!(".s.PGSQL.{port}"))).unwrap();
+    listener.set_nonblocking(true).unwrap();
     std::thread::spawn(move || {
         plain_session(ask, || {
-            let (unix, _) = listener.accept().unwrap();
+            let unix = accept_within(|| listener.accept().map(|(s, _)| s));
+            unix.set_nonblocking(false).unwrap();
             unix.set_read_timeout(Some(Duration::from_secs(10)))
                 .unwrap();
             unix
@@ -249,24 +288,37 @@ fn plain_session<S: Read + Write>(ask: Ask, mut accept: impl FnMut() -> S) -> Pl
     }
 }
 
-/// A local port nothing listens on.
-fn dead_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A local port that refuses connections for as long as the returned socket lives: bound,
+/// never listening, so no other test can take it.
+fn dead_port() -> (u16, socket2::Socket) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+    let port = socket.local_addr().unwrap().as_socket().unwrap().port();
+    (port, socket)
 }
 
 /// Asserts that `err` is the guard's refusal of a clear-text request and shows no secret.
 fn assert_guard_refused(err: &lakecdc::Error, connector: &Connector, what: &str) {
+    let words = [
+        "asked for the password in clear text",
+        "scram-sha-256",
+        "sslmode=verify-full",
+    ];
+    assert_refused(err, connector, &words, what);
+}
+
+/// Asserts that `err`'s chain names every one of `words` and that neither it nor the
+/// connector shows the password.
+fn assert_refused(err: &lakecdc::Error, connector: &Connector, words: &[&str], what: &str) {
     let chain = err.chain();
-    assert!(
-        chain.contains("asked for the password in clear text")
-            && chain.contains("scram-sha-256")
-            && chain.contains("sslmode=verify-full"),
-        "{what}: {chain}"
-    );
+    assert!(words.iter().all(|w| chain.contains(w)), "{what}: {chain}");
     for text in [chain, format!("{err:?}"), format!("{connector:?}")] {
         assert_hides(&text, SECRET, what);
     }
@@ -292,22 +344,30 @@ async fn several_hosts_are_walked_by_lakecdc_and_each_plain_one_is_guarded() {
     // The driver would walk such a list over sockets of its own, unguarded.
     for (sslmode, ssl_requests) in [("disable", 0), ("allow", 0), ("prefer", 1)] {
         let (port, server) = fake_plain_server(Ask::Cleartext);
-        let mut settings = pg_settings(&format!(
-            "host=127.0.0.1,localhost port={},{port} user=u dbname=d connect_timeout=5 sslmode={sslmode}",
-            dead_port()
-        ));
-        settings.env.insert("PGPASSWORD".into(), SECRET.into());
-        let connector = Connector::new(&settings).unwrap();
+        let (dead, _held) = dead_port();
+        let connector = Connector::new(&with_secret(&format!(
+            "host=127.0.0.1,127.0.0.1 port={dead},{port} sslmode={sslmode}"
+        )))
+        .unwrap();
         let err = connector.connect().await.unwrap_err();
         let (answer, seen) = server.join().unwrap();
         assert_eq!(answer, None, "{sslmode}: the client answered in clear text");
         assert_eq!(seen, ssl_requests, "{sslmode}: SSL requests");
         assert_guard_refused(&err, &connector, sslmode);
-        // The last host's failure is the one reported, named by its host and port.
+        // Every host's failure is reported, each named by its host and port, in order.
+        let chain = err.chain();
+        let first = chain.find(&format!(
+            "127.0.0.1 port {dead}: could not open a connection"
+        ));
+        let last = chain.find(&format!("127.0.0.1 port {port}:"));
         assert!(
-            err.chain().contains(&format!("localhost port {port}")),
-            "{sslmode}: {}",
-            err.chain()
+            chain.contains("2 hosts tried") && first.is_some() && first < last,
+            "{sslmode}: {chain}"
+        );
+        // allow retries with TLS a server that refused, never a host that could not be reached.
+        assert!(
+            !chain.contains(&format!("failed (127.0.0.1 port {dead}")),
+            "{sslmode}: {chain}"
         );
     }
 }
@@ -333,11 +393,7 @@ async fn prefer_over_a_unix_socket_asks_for_no_tls() {
     // Modes that need TLS fail over a Unix socket with the fix, before anything is sent.
     let dir = tempfile::tempdir().unwrap();
     let server = fake_unix_server(dir.path(), 5999, Ask::Cleartext);
-    let settings = pg_settings(&format!(
-        "host={} port=5999 user=u dbname=d connect_timeout=5 sslmode=require",
-        quote(&dir.path().display().to_string())
-    ));
-    let chain = Connector::new(&settings)
+    let chain = Connector::new(&settings_for_unix(dir.path(), "sslmode=require"))
         .unwrap()
         .connect()
         .await
@@ -356,24 +412,14 @@ async fn prefer_over_a_unix_socket_asks_for_no_tls() {
     assert_eq!(server.join().unwrap(), (None, 0), "require sent nothing");
 }
 
-/// Settings for a fake server on the Unix socket `dir/.s.PGSQL.5999`, the password set.
-fn settings_for_unix(dir: &std::path::Path, tls: &str) -> PgSettings {
-    let mut s = pg_settings(&format!(
-        "host={} port=5999 user=u dbname=d connect_timeout=5 {tls}",
-        quote(&dir.display().to_string())
-    ));
-    s.env.insert("PGPASSWORD".into(), SECRET.into());
-    s
-}
-
 #[tokio::test]
 async fn the_hosts_of_a_list_are_tried_in_turn_tapped_and_checked_for_target_session_attrs() {
     let f = pg_fixtures();
+    let (dead, _held) = dead_port();
     let dsn = |sslmode: &str, extra: &str| {
         format!(
-            "host=127.0.0.1,{} port={},{} user={} password={} dbname=postgres connect_timeout=5 sslmode={sslmode} {extra}",
+            "host=127.0.0.1,{} port={dead},{} user={} password={} dbname=postgres connect_timeout=5 sslmode={sslmode} {extra}",
             f.host,
-            dead_port(),
             f.port,
             f.password_user,
             quote(&f.password)
@@ -396,6 +442,29 @@ async fn the_hosts_of_a_list_are_tried_in_turn_tapped_and_checked_for_target_ses
             "{sslmode}: a host list's connection is tapped"
         );
     }
+    // hostaddr alone: TLS sends and checks the address, except verify-full, which needs a
+    // host name (libpq's rule) and fails before connecting.
+    let by_addr = |sslmode: &str| {
+        format!(
+            "hostaddr=127.0.0.1 port={} user={} password={} dbname=postgres connect_timeout=5 sslmode={sslmode} sslrootcert={}",
+            f.port,
+            f.password_user,
+            quote(&f.password),
+            quote(&f.ca)
+        )
+    };
+    let got = session(&pg_settings(&by_addr("verify-ca")))
+        .await
+        .unwrap_or_else(|e| panic!("hostaddr, verify-ca: {}", e.chain()));
+    assert_eq!(got, (f.password_user.clone(), true), "hostaddr, verify-ca");
+    let chain = session(&pg_settings(&by_addr("verify-full")))
+        .await
+        .unwrap_err()
+        .chain();
+    assert!(
+        chain.contains("TLS needs a host name; give host= along with hostaddr="),
+        "{chain}"
+    );
     // target_session_attrs, checked on the session as the driver and libpq do.
     let read_only = "options='-c default_transaction_read_only=on'";
     for (extra, wanted, found) in [
