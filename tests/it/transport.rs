@@ -373,6 +373,35 @@ async fn several_hosts_are_walked_by_lakecdc_and_each_plain_one_is_guarded() {
 }
 
 #[tokio::test]
+async fn a_server_that_never_answers_fails_the_connection_within_the_connect_timeout() {
+    // The kernel accepts into the listener's backlog; nothing ever answers the startup (or the
+    // SSL request). The driver bounded only the socket's opening, so this waited for ever.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    for sslmode in ["disable", "require"] {
+        let settings = pg_settings(&format!(
+            "host=127.0.0.1 port={port} user=u dbname=d connect_timeout=1 sslmode={sslmode}"
+        ));
+        let started = std::time::Instant::now();
+        let connected = tokio::time::timeout(
+            Duration::from_secs(20),
+            Connector::new(&settings).unwrap().connect(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{sslmode}: still connecting after 20 s"));
+        let chain = connected.unwrap_err().chain();
+        assert!(
+            chain.contains(&format!(
+                "127.0.0.1 port {port}: no session within the connect timeout (1s)"
+            )),
+            "{sslmode}: {chain}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{sslmode}");
+    }
+    drop(silent);
+}
+
+#[tokio::test]
 async fn prefer_over_a_unix_socket_asks_for_no_tls() {
     // As libpq: PostgreSQL never has TLS on a Unix socket, so no SSL request is sent there;
     // the plain connection is guarded all the same.
