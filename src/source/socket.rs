@@ -163,40 +163,37 @@ pub(super) async fn tls(
 ) -> Result<Client, Attempt> {
     let mut config = config.clone();
     config.ssl_mode(SslMode::Require);
-    let addr_name;
-    let name = match target {
-        Target::Tcp { host: Some(h), .. } => h.as_str(),
-        Target::Tcp {
-            host: None,
-            addr: Some(addr),
-            ..
-        } if !verify_host_name => {
-            addr_name = addr.to_string();
-            addr_name.as_str()
-        }
-        Target::Tcp { host: None, .. } => {
-            return Err(Attempt::NoHostName {
-                target: target.to_string(),
-            });
-        }
+    // The name sent and verified, and the TCP server; PostgreSQL has no TLS on a Unix socket.
+    let (host, addr, port) = match target {
+        Target::Tcp { host, addr, port } => (host.as_deref(), *addr, *port),
         Target::Unix { .. } => {
             return Err(Attempt::UnixTls {
                 target: target.to_string(),
             });
         }
     };
+    let name = match (host, addr) {
+        (Some(h), _) => h.to_string(),
+        (None, Some(addr)) if !verify_host_name => addr.to_string(),
+        _ => {
+            return Err(Attempt::NoHostName {
+                target: target.to_string(),
+            });
+        }
+    };
     let connect =
-        MakeTlsConnect::<TcpStream>::make_tls_connect(&mut tls.clone(), name).map_err(|e| {
+        MakeTlsConnect::<TcpStream>::make_tls_connect(&mut tls.clone(), &name).map_err(|e| {
             Attempt::Config(format!(
                 "{target}: TLS cannot be set up for this host name: {e}"
             ))
         })?;
-    match open(&config, target).await? {
-        Socket::Tcp(s) => start(&config, target, s, connect).await,
-        Socket::Unix(_) => Err(Attempt::UnixTls {
+    let stream = open_tcp(&config, host, addr, port)
+        .await
+        .map_err(|source| Attempt::Socket {
             target: target.to_string(),
-        }),
-    }
+            source,
+        })?;
+    start(&config, target, stream, connect).await
 }
 
 /// Whether the session on `client` has the properties `config`'s `target_session_attrs` asks
