@@ -320,6 +320,10 @@ async fn run_hooked(
     opts: &CompactOptions,
     hook: Option<Hook>,
 ) -> Result<CompactReport> {
+    // Every column chunk read or written opens zstd contexts and frees them: glibc keeps the
+    // freed memory for the next one (src/allocator.rs).
+    let kept = crate::allocator::keep_freed_memory();
+    tracing::debug!(kept, "compact: allocator keeps freed memory");
     let (scratch, engine) = job::scratch(&opts.work_dir, &opts.engine)?;
     let opts = &CompactOptions {
         work_dir: scratch.path().to_path_buf(),

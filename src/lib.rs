@@ -9,6 +9,7 @@
 //!   `lake` commits manifests through the `store` trait;
 //! - the domain model: [`schema`], [`config`], [`clock`].
 
+pub mod allocator;
 pub mod attach;
 pub mod clock;
 pub mod compact;

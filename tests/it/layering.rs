@@ -249,3 +249,36 @@ fn test_seams_exist_only_with_the_testing_feature() {
         "the testing feature is a default"
     );
 }
+
+/// lakecdc's only `unsafe` code is glibc's `mallopt` in `src/allocator.rs` (docs/security.md):
+/// the crate denies `unsafe_code`, and no other file of the crate or the binary allows it.
+#[test]
+fn unsafe_code_is_allowed_in_the_allocator_settings_only() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("unsafe_code = \"deny\""),
+        "Cargo.toml no longer denies unsafe_code"
+    );
+    let mut files = Vec::new();
+    let mut dirs = vec![root.join("src"), root.join("cmd")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() > 100, "only {} source files found", files.len());
+    let mut allowing = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if text.contains("allow(unsafe_code)") || text.contains("unsafe {") {
+            allowing.push(path.strip_prefix(root).unwrap().display().to_string());
+        }
+    }
+    assert_eq!(allowing, ["src/allocator.rs"]);
+}
