@@ -10,12 +10,14 @@
 //! This module holds lakecdc's only `unsafe` code (docs/security.md): one call to glibc's
 //! `mallopt` per setting, which takes two integers and touches no memory of the caller's.
 
-/// Blocks below this size come from the heap, not from `mmap`: glibc's own ceiling for its
-/// dynamic threshold (32 MiB on 64-bit systems), fixed from the start.
-const MMAP_THRESHOLD: i32 = 32 << 20;
+/// Blocks below this size come from the heap, not from `mmap`: every zstd context (glibc's
+/// default, 128 KiB, rises only as blocks are freed); larger buffers are still unmapped when
+/// freed.
+const MMAP_THRESHOLD: i32 = 4 << 20;
 
-/// The heap's free top is given back to the kernel only beyond this size.
-const TRIM_THRESHOLD: i32 = 256 << 20;
+/// The heap's free top is given back to the kernel only beyond this size (glibc's default:
+/// 128 KiB, or twice the mmap threshold once that has risen).
+const TRIM_THRESHOLD: i32 = 64 << 20;
 
 /// Has glibc keep freed memory for reuse (see the module's doc); true when every setting took.
 /// Elsewhere than glibc on Linux it does nothing and returns false. Peak memory grows by the

@@ -74,10 +74,10 @@ fn references(module: &[String], text: &str) -> BTreeSet<Vec<String>> {
     out
 }
 
-fn graph() -> Graph {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every `.rs` file under `roots`, at any depth.
+fn rust_files(roots: &[std::path::PathBuf]) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
-    let mut dirs = vec![src.clone()];
+    let mut dirs = roots.to_vec();
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -88,6 +88,12 @@ fn graph() -> Graph {
             }
         }
     }
+    files
+}
+
+fn graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = rust_files(std::slice::from_ref(&src));
     let modules: BTreeSet<Vec<String>> = files
         .iter()
         .map(|f| module_of(f.strip_prefix(&src).unwrap()))
@@ -260,18 +266,7 @@ fn unsafe_code_is_allowed_in_the_allocator_settings_only() {
         manifest.contains("unsafe_code = \"deny\""),
         "Cargo.toml no longer denies unsafe_code"
     );
-    let mut files = Vec::new();
-    let mut dirs = vec![root.join("src"), root.join("cmd")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
+    let files = rust_files(&[root.join("src"), root.join("cmd")]);
     assert!(files.len() > 100, "only {} source files found", files.len());
     let mut allowing = Vec::new();
     for path in files {
