@@ -4,7 +4,7 @@
 //! compression and a decompression context for each one, blocks of a few hundred KiB that live
 //! as long as the chunk. glibc's defaults hand such blocks back to the kernel when they are
 //! freed (an unmapped block, or the heap's trimmed top), so the next chunk's contexts fault the
-//! same pages in again and zero them: about 8 % of a full rewrite's CPU (docs/benchmarks.md,
+//! same pages in again and zero them: about 7 % of a full rewrite's CPU (docs/benchmarks.md,
 //! 2026-12-06). [`keep_freed_memory`] has glibc keep freed memory for reuse instead.
 //!
 //! This module holds lakecdc's only `unsafe` code (docs/security.md): one call to glibc's
@@ -13,10 +13,12 @@
 /// Blocks below this size come from the heap, not from `mmap`: every zstd context (glibc's
 /// default, 128 KiB, rises only as blocks are freed); larger buffers are still unmapped when
 /// freed.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MMAP_THRESHOLD: i32 = 4 << 20;
 
 /// The heap's free top is given back to the kernel only beyond this size (glibc's default:
 /// 128 KiB, or twice the mmap threshold once that has risen).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_THRESHOLD: i32 = 64 << 20;
 
 /// Has glibc keep freed memory for reuse (see the module's doc); true when every setting took.
@@ -30,7 +32,8 @@ pub fn keep_freed_memory() -> bool {
             (libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD),
         ]
         .into_iter()
-        .all(|(param, value)| mallopt(param, value))
+        // Each setting is made even when one before it was refused.
+        .fold(true, |all, (param, value)| mallopt(param, value) && all)
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
