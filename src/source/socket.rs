@@ -189,10 +189,7 @@ pub(super) async fn tls(
         })?;
     let stream = open_tcp(&config, host, addr, port)
         .await
-        .map_err(|source| Attempt::Socket {
-            target: target.to_string(),
-            source,
-        })?;
+        .map_err(socket_failed(target))?;
     start(&config, target, stream, connect).await
 }
 
@@ -241,10 +238,15 @@ async fn open(config: &Config, target: &Target) -> Result<Socket, Attempt> {
             .await
             .map(Socket::Unix),
     };
-    opened.map_err(|source| Attempt::Socket {
+    opened.map_err(socket_failed(target))
+}
+
+/// What a socket to `target` that could not be opened becomes.
+fn socket_failed(target: &Target) -> impl FnOnce(io::Error) -> Attempt + '_ {
+    move |source| Attempt::Socket {
         target: target.to_string(),
         source,
-    })
+    }
 }
 
 /// Opens a TCP connection to `addr:port` or, without `addr`, to each address `host` resolves
