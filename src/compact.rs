@@ -30,6 +30,7 @@
 
 mod merge;
 mod output;
+mod pages;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

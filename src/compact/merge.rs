@@ -1229,6 +1229,129 @@ mod tests {
         }
     }
 
+    /// docs/design.md §9: a base row group as large as the target, which its changed columns
+    /// would grow past it, is cut at its `row_id` page starts into runs, each a row group of
+    /// its own with its unchanged columns copied page by page. No file passes the target, the
+    /// rows are the merge's, each copied chunk is what encoding its rows makes (bytes, sizes,
+    /// values, statistics), and DuckDB reads the files as the rows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_base_row_group_too_large_to_repeat_whole_is_repeated_run_by_run() {
+        let names = names();
+        let base = base_rows(&names);
+        // Every 100th row in a new version, its name unchanged.
+        let delta: Vec<Row> = (0..N)
+            .step_by(100)
+            .map(|i| (base[i].0, 3, 0, names[i].as_str()))
+            .collect();
+        let target = lake_file(&base).len() as u64 * 101 / 100;
+        let out = rewrite_files(
+            vec![(Tier::Base, base.clone()), (Tier::Delta, delta)],
+            target,
+        )
+        .await;
+        let want: Rows = base
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, v, _, name))| (id, if i % 100 == 0 { 3 } else { v }, name.into()))
+            .collect();
+        let rows: Rows = out
+            .files
+            .iter()
+            .flat_map(|(r, _)| r.iter().cloned())
+            .collect();
+        assert_eq!(rows, want);
+        // Two runs (the row_id column's pages hold 20,480 rows), a file each.
+        let groups: Vec<Vec<i64>> = out
+            .files
+            .iter()
+            .map(|(_, b)| {
+                let r = SerializedFileReader::new(b.clone()).unwrap();
+                r.metadata()
+                    .row_groups()
+                    .iter()
+                    .map(|g| g.num_rows())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(groups, vec![vec![20_480], vec![N as i64 - 20_480]]);
+        // All but changed_at copied in both runs.
+        assert_eq!(out.copied, 8);
+        let dir = test_dir();
+        let conn = duckdb::Connection::open_in_memory().unwrap();
+        for (i, (rows, bytes)) in out.files.iter().enumerate() {
+            assert!(bytes.len() as u64 <= target, "{} > {target}", bytes.len());
+            // The same rows encoded: the copied chunks are what encoding makes.
+            let fresh = lake_file(
+                &rows
+                    .iter()
+                    .map(|(id, v, name)| (*id, *v, 0, name.as_str()))
+                    .collect::<Vec<_>>(),
+            );
+            let meta = |b: &Bytes| {
+                SerializedFileReader::new(b.clone())
+                    .unwrap()
+                    .metadata()
+                    .clone()
+            };
+            let (copied, encoded) = (meta(bytes), meta(&fresh));
+            for column in ["row_id", "deleted_at", "ltbase_created_at", "name"] {
+                let find = |m: &parquet::file::metadata::ParquetMetaData| {
+                    m.row_group(0)
+                        .columns()
+                        .iter()
+                        .find(|c| c.column_path().parts()[0] == column)
+                        .unwrap()
+                        .clone()
+                };
+                let (a, b) = (find(&copied), find(&encoded));
+                assert_eq!(a.num_values(), b.num_values(), "file {i}, {column}");
+                // A copied run keeps the whole row group's dictionary: the names' bytes differ
+                // from a run encoded alone; the plain columns' do not.
+                if column == "name" {
+                    assert!(a.dictionary_page_offset().is_some());
+                } else {
+                    assert_eq!(
+                        chunk_bytes(bytes, 0, column),
+                        chunk_bytes(&fresh, 0, column)
+                    );
+                    assert_eq!(
+                        (a.compressed_size(), a.uncompressed_size()),
+                        (b.compressed_size(), b.uncompressed_size()),
+                        "file {i}, {column}"
+                    );
+                }
+                assert_eq!(a.statistics(), b.statistics(), "file {i}, {column}");
+                assert_eq!(
+                    (
+                        a.unencoded_byte_array_data_bytes(),
+                        a.definition_level_histogram()
+                    ),
+                    (
+                        b.unencoded_byte_array_data_bytes(),
+                        b.definition_level_histogram()
+                    ),
+                    "file {i}, {column}"
+                );
+            }
+            let path = dir.join(format!("out-{i}.parquet"));
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let (count, newest, ids, first): (i64, i64, i64, String) = conn
+            .query_row(
+                &format!(
+                    "SELECT count(*), count(*) FILTER (changed_at = 3), count(DISTINCT row_id), \
+                     min(name) FROM '{}/out-*.parquet' WHERE deleted_at = 0",
+                    dir.display()
+                ),
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((count, newest, ids), (N as i64, N as i64 / 100, N as i64));
+        assert_eq!(first, "name-0");
+    }
+
     /// A repeated row group that grew past the target even alone is written again as rows the
     /// writer cuts by size: no file passes the target, and every row is there once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

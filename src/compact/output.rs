@@ -24,6 +24,8 @@ use crate::lake::manifest::Tier;
 use crate::lake::ranges::{Key, key};
 use crate::lake::streamed::Group;
 
+use super::pages;
+
 /// Which output a batch goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -190,6 +192,9 @@ impl Open {
     }
 }
 
+/// A base row group too large to repeat whole, and the runs it was cut into.
+type Declined = (Arc<dyn Earlier>, Vec<Arc<dyn Earlier>>);
+
 /// The writer thread's state.
 pub(crate) struct Outputs {
     dir: PathBuf,
@@ -207,8 +212,9 @@ pub(crate) struct Outputs {
     /// Encoded bytes per Arrow byte of the last file finished (1 before the first): what a
     /// new file's first rows are estimated by.
     ratio: f64,
-    /// The last base row group too large to repeat.
-    declined: Option<Arc<dyn Earlier>>,
+    /// The last base row group too large to repeat whole, and the runs it was cut into
+    /// (none when it could not be cut).
+    declined: Option<Declined>,
 }
 
 /// The bytes `batch` takes in memory (its slice only).
@@ -331,23 +337,28 @@ impl Outputs {
     /// first (at a row boundary) and the rest goes to a new one.
     fn write(&mut self, kind: Kind, batch: RecordBatch, spans: Vec<Span>) -> Result<()> {
         let mut rest = batch;
-        let mut spans = spans;
         // A base row group too large to repeat with room to spare, even alone in a file
-        // (its changed columns may grow it past the target): its rows are written as rows of
-        // no earlier row group, cut by size, and do not start a row group of their own.
+        // (its changed columns may grow it past the target), is cut at page starts into runs
+        // that fit, each repeated as a row group of its own (docs/design.md §9); one that
+        // cannot be cut is written as rows of no earlier row group, cut by size.
         let fits = (self.target - self.target / 20)
             .saturating_sub(footer_margin(self.schema.fields().len(), 1));
-        for s in &mut spans {
-            if let Some((e, pos)) = &s.from {
-                if *pos == 0 && e.compressed_bytes() > fits {
-                    self.declined = Some(e.clone());
+        let mut spans_in = Vec::with_capacity(spans.len());
+        for s in spans {
+            if let Some((e, 0)) = &s.from
+                && e.compressed_bytes() > fits
+            {
+                let room = self.room(kind).unwrap_or(fits);
+                self.declined = Some((e.clone(), e.clone().cut(room, fits)));
+            }
+            match (&self.declined, &s.from) {
+                (Some((whole, runs)), Some((e, pos))) if Arc::ptr_eq(whole, e) => {
+                    into_runs(runs, *pos, s, &mut spans_in);
                 }
-                if self.declined.as_ref().is_some_and(|d| Arc::ptr_eq(d, e)) {
-                    s.from = None;
-                    s.changed.clear();
-                }
+                _ => spans_in.push(s),
             }
         }
+        let mut spans = spans_in;
         while rest.num_rows() > 0 {
             if self.slot(kind).is_none() {
                 self.start(kind)?;
@@ -434,6 +445,15 @@ impl Outputs {
             self.note_scratch();
         }
         Ok(())
+    }
+
+    /// What `kind`'s open file has left for rows repeating an earlier row group (5% kept
+    /// for estimates that fall short); none when no file is open or it holds no row yet.
+    fn room(&mut self, kind: Kind) -> Option<u64> {
+        let (target, columns) = (self.target, self.schema.fields().len());
+        let open = self.slot(kind).as_ref().filter(|o| o.stats.rows > 0)?;
+        let used = open.encoded() + footer_margin(columns, open.writer.row_groups());
+        Some((target - target / 20).saturating_sub(used))
     }
 
     /// Closes `kind`'s open file, if any, and hands it to the uploader. A last row group the
@@ -581,6 +601,28 @@ fn next_repeat(spans: &[Span]) -> usize {
     usize::MAX
 }
 
+/// Appends `span` (rows `pos..` of a row group cut into `runs`, or rows of no earlier row
+/// group when it could not be cut) to `out` as spans of the runs it covers.
+fn into_runs(runs: &[Arc<dyn Earlier>], pos: usize, span: Span, out: &mut Vec<Span>) {
+    if runs.is_empty() {
+        out.push(Span::fresh(span.len));
+        return;
+    }
+    let (end, mut start) = (pos + span.len, 0);
+    for run in runs {
+        let stop = start + run.rows();
+        let (a, b) = (pos.max(start), end.min(stop));
+        if a < b {
+            out.push(Span {
+                len: b - a,
+                from: Some((run.clone(), a - start)),
+                changed: span.changed.clone(),
+            });
+        }
+        start = stop;
+    }
+}
+
 /// Cuts `spans` after `rows` rows: keeps the first part, returns the rest.
 fn split_spans(spans: &mut Vec<Span>, rows: usize) -> Vec<Span> {
     let mut seen = 0;
@@ -628,35 +670,12 @@ impl Earlier for Group {
 
     fn chunk(
         &self,
-        name: &str,
         field: &arrow::datatypes::Field,
         descr: &parquet::schema::types::ColumnDescriptor,
+        _values: &[arrow::array::ArrayRef],
     ) -> Option<(parquet::column::writer::ColumnCloseResult, bytes::Bytes)> {
-        let src = &self.source;
-        let root = src.root(name)?;
-        if src.arrow.schema().field(root).data_type() != field.data_type() {
-            return None;
-        }
-        // Every lake column has one leaf.
-        let leaf = src
-            .meta
-            .file_metadata()
-            .schema_descr()
-            .columns()
-            .iter()
-            .position(|c| c.path().parts().first().map(String::as_str) == Some(name))?;
-        let meta = src.meta.row_group(self.rg).columns().get(leaf)?;
-        if meta.column_descr() != descr
-            || !matches!(meta.compression(), parquet::basic::Compression::ZSTD(_))
-        {
-            return None;
-        }
-        // A merge reads a NULL `deleted_at` as 0 (see `merge::conform`): such a chunk
-        // differs from the rows it stands for.
-        if name == "deleted_at" && meta.statistics().and_then(|s| s.null_count_opt()) != Some(0) {
-            return None;
-        }
-        let mut offsets = src.offsets.as_ref()?.get(self.rg)?.get(leaf)?.clone();
+        let (meta, offsets) = pages::located(self, field, descr)?;
+        let mut offsets = offsets.clone();
         let start = meta
             .dictionary_page_offset()
             .unwrap_or(meta.data_page_offset());
@@ -681,6 +700,10 @@ impl Earlier for Group {
             offset_index: Some(offsets),
         };
         Some((close, bytes))
+    }
+
+    fn cut(self: Arc<Self>, first: u64, rest: u64) -> Vec<Arc<dyn Earlier>> {
+        pages::runs(&self, first, rest)
     }
 }
 

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 
-use arrow::array::Array;
+use arrow::array::{Array, ArrayRef};
 use arrow::datatypes::{Field, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
@@ -49,15 +49,23 @@ pub(crate) trait Earlier: Send + Sync {
     /// Whether its chunks may be copied at all (a file this writer's settings wrote, whose
     /// page offsets are known).
     fn copyable(&self) -> bool;
-    /// Its chunk of column `name`, when it is stored exactly as a new file stores `field`
-    /// (`descr`): what closing a writer of it would have returned, its offsets relative to
-    /// the returned bytes, which are the chunk's.
+    /// Its chunk of column `field`, when it is stored exactly as a new file stores it
+    /// (`descr`): what closing a writer of `values` (the column's values of its rows, in
+    /// parts) would have returned, its offsets relative to the returned bytes, which are the
+    /// chunk's.
     fn chunk(
         &self,
-        name: &str,
         field: &Field,
         descr: &ColumnDescriptor,
+        values: &[ArrayRef],
     ) -> Option<(ColumnCloseResult, Bytes)>;
+    /// Cuts it into consecutive parts a new file may repeat one by one, the first of at most
+    /// `first` compressed bytes (unless even its smallest part is larger), the others of at
+    /// most `rest`; empty when it cannot be cut.
+    fn cut(self: Arc<Self>, first: u64, rest: u64) -> Vec<Arc<dyn Earlier>> {
+        let _ = (first, rest);
+        Vec::new()
+    }
 }
 
 /// The fewest rows a base row group must hold for new bases to line up with it by default: a
@@ -548,7 +556,8 @@ impl ParallelWriter {
                     return None;
                 }
                 let field = self.schema.field(i);
-                earlier.chunk(field.name(), field, descr.column(i).as_ref())
+                let values: Vec<ArrayRef> = self.held.iter().map(|b| b.column(i).clone()).collect();
+                earlier.chunk(field, descr.column(i).as_ref(), &values)
             })
             .collect()
     }

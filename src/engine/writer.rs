@@ -372,6 +372,18 @@ pub(super) fn lake_properties(path: &Path, schema: &Schema) -> Result<WriterProp
             .set_column_dictionary_enabled(col.clone(), false)
             .set_column_encoding(col, plain);
     }
+    // Test seam: pages of this many rows (the writer's default is 20,000), so that a test
+    // lake of a few thousand rows has row groups of several pages (docs/design.md §9, runs).
+    #[cfg(feature = "testing")]
+    if let Some(rows) = std::env::var("LAKECDC_TEST_PAGE_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&r| r > 0)
+    {
+        props = props
+            .set_data_page_row_count_limit(rows)
+            .set_write_batch_size(rows.min(1024));
+    }
     Ok(props.build())
 }
 

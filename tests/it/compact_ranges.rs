@@ -403,6 +403,121 @@ async fn outputs_are_cut_at_the_target_size() {
     assert_eq!(rig.assert_oracle().await, (live, 0));
 }
 
+/// docs/design.md §9 (runs), docs/hazards.md L82: bases written at the target size, each one
+/// row group of several pages, come out of a full rewrite after updates cut into runs at the
+/// page starts of their `row_id` column: no file past the target, the unchanged columns
+/// copied page by page, and the lake equal to PostgreSQL. A second full rewrite, after inserts
+/// and deletes too, converges as well.
+///
+/// Its lake needs row groups of several pages, which at the writer's 20,000 rows a page would
+/// take tens of thousands of rows: it runs [`runs_of_pages`] in a process of its own with
+/// pages of 400 rows (`LAKECDC_TEST_PAGE_ROWS`, a seam of the `testing` feature, process-wide).
+#[test]
+fn bases_at_the_target_are_rewritten_in_runs_of_their_pages() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "compact_ranges::runs_of_pages",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("LAKECDC_TEST_PAGE_ROWS", "400")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("test result: ok. 1 passed"), "{text}");
+}
+
+/// [`bases_at_the_target_are_rewritten_in_runs_of_their_pages`], in its own process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "run by bases_at_the_target_are_rewritten_in_runs_of_their_pages, with small pages"]
+async fn runs_of_pages() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::file::serialized_reader::ReadOptionsBuilder;
+
+    assert_eq!(
+        std::env::var("LAKECDC_TEST_PAGE_ROWS").as_deref(),
+        Ok("400")
+    );
+    // 3,000 rows: a base holds one row group of several pages.
+    let (mut rig, mut r) = lake_from_init(2107, 3_000, 3_000).await;
+    let before = assert_base_tier(&rig, u64::MAX).await;
+    let (largest_path, largest) = before
+        .iter()
+        .map(|(p, f)| (p.clone(), f["size_bytes"].as_u64().unwrap()))
+        .max_by_key(|(_, size)| *size)
+        .unwrap();
+    // The largest base fits the target, with less than the writer's 5% to spare.
+    let target = largest + largest / 50;
+    // Where its row_id column's pages start: the runs' possible ends.
+    let reader = SerializedFileReader::new_with_options(
+        rig.store.get_bytes(&largest_path).await.unwrap().bytes,
+        ReadOptionsBuilder::new().with_page_index().build(),
+    )
+    .unwrap();
+    let meta = reader.metadata();
+    assert_eq!(meta.num_row_groups(), 1);
+    let rows = meta.row_group(0).num_rows();
+    let leaf = meta
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .position(|c| c.name() == "row_id")
+        .unwrap();
+    let starts: Vec<i64> = meta.offset_index().unwrap()[0][leaf]
+        .page_locations
+        .iter()
+        .map(|p| p.first_row_index)
+        .chain([rows])
+        .collect();
+    assert!(starts.len() > 2, "{starts:?}");
+    // Updates only: every run comes out row for row.
+    let ids: Vec<Uuid> = rig.writer.rows.keys().copied().collect();
+    for id in ids.iter().step_by(100) {
+        rig.writer.update(*id, Customer::random(&mut r)).await;
+    }
+    rig.flush().await;
+    let s = compact(&rig, &opts(&rig, target, 0.0, 32)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    let bases = assert_base_tier(&rig, target).await;
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(rig.assert_oracle().await, (live, 0));
+    // Runs of the largest base: row groups of whole pages, their unchanged columns copied.
+    let mut groups = Vec::new();
+    for path in bases.keys() {
+        let r = SerializedFileReader::new(rig.store.get_bytes(path).await.unwrap().bytes).unwrap();
+        groups.extend(r.metadata().row_groups().iter().map(|g| g.num_rows()));
+    }
+    let runs: Vec<i64> = starts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, a)| starts[i + 1..].iter().map(move |b| b - a))
+        .filter(|&n| n < rows)
+        .collect();
+    assert!(
+        groups.iter().any(|n| runs.contains(n)),
+        "{groups:?}, runs {runs:?}"
+    );
+    assert!(groups.iter().all(|&n| n < rows), "{groups:?}");
+    assert!(s.chunks_copied > 0, "{s:?}");
+    // Inserts, deletes and updates, and every base rewritten again.
+    for _ in 0..300 {
+        rig.writer.random_op(&mut r).await;
+    }
+    rig.flush().await;
+    let s = compact(&rig, &opts(&rig, target, 0.0, 32)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_base_tier(&rig, target).await;
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(rig.assert_oracle().await, (live, 0));
+}
+
 /// Any one upload of a pass with several outputs failing, and the splice failing: the
 /// manifest is unchanged, the outputs staged before the failure are deleted, and a clean
 /// rerun converges to the same state.
