@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray};
-use arrow::datatypes::{DataType, Field, Int16Type, Int32Type, Int64Type};
+use arrow::datatypes::{ArrowNumericType, DataType, Field, Int16Type, Int32Type, Int64Type};
 use bytes::{Bytes, BytesMut};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::data_type::{ByteArray, FixedLenByteArray};
@@ -337,94 +337,51 @@ fn statistics(
 ) -> Option<Statistics> {
     let nulls = Some(u64::try_from(nulls).ok()?);
     let signed = descr.sort_order().is_signed();
-    // Min and max of every part, folded.
-    fn fold<T: PartialOrd + Clone>(
-        parts: impl Iterator<Item = (Option<T>, Option<T>)>,
-    ) -> (Option<T>, Option<T>) {
-        let (mut lo, mut hi): (Option<T>, Option<T>) = (None, None);
-        for (a, b) in parts {
-            if let Some(a) = a
-                && lo.as_ref().is_none_or(|l| a < *l)
-            {
-                lo = Some(a);
-            }
-            if let Some(b) = b
-                && hi.as_ref().is_none_or(|h| b > *h)
-            {
-                hi = Some(b);
-            }
-        }
-        (lo, hi)
-    }
-    let plain = |s| Some(s);
-    match field.data_type() {
+    Some(match field.data_type() {
         DataType::Int64 => {
-            let (lo, hi) = fold(values.iter().map(|v| {
-                let a = v.as_primitive::<Int64Type>();
-                (arrow::compute::min(a), arrow::compute::max(a))
-            }));
-            plain(Statistics::Int64(
-                ValueStatistics::new(lo, hi, None, nulls, false)
-                    .with_backwards_compatible_min_max(signed),
-            ))
+            let (lo, hi) = primitive::<Int64Type>(values)?;
+            Statistics::Int64(plain(lo, hi, nulls, signed))
         }
         DataType::Int32 => {
-            let (lo, hi) = fold(values.iter().map(|v| {
-                let a = v.as_primitive::<Int32Type>();
-                (arrow::compute::min(a), arrow::compute::max(a))
-            }));
-            plain(Statistics::Int32(
-                ValueStatistics::new(lo, hi, None, nulls, false)
-                    .with_backwards_compatible_min_max(signed),
-            ))
+            let (lo, hi) = primitive::<Int32Type>(values)?;
+            Statistics::Int32(plain(lo, hi, nulls, signed))
         }
         DataType::Int16 => {
-            let (lo, hi) = fold(values.iter().map(|v| {
-                let a = v.as_primitive::<Int16Type>();
-                (
-                    arrow::compute::min(a).map(i32::from),
-                    arrow::compute::max(a).map(i32::from),
-                )
-            }));
-            plain(Statistics::Int32(
-                ValueStatistics::new(lo, hi, None, nulls, false)
-                    .with_backwards_compatible_min_max(signed),
-            ))
+            let (lo, hi) = primitive::<Int16Type>(values)?;
+            Statistics::Int32(plain(lo.map(i32::from), hi.map(i32::from), nulls, signed))
         }
         DataType::Boolean => {
-            let (lo, hi) = fold(values.iter().map(|v| {
-                let a = v.as_boolean();
-                (
+            let parts = values.iter().map(|v| {
+                let a = v.as_boolean_opt()?;
+                Some((
                     arrow::compute::min_boolean(a),
                     arrow::compute::max_boolean(a),
-                )
-            }));
-            plain(Statistics::Boolean(
-                ValueStatistics::new(lo, hi, None, nulls, false)
-                    .with_backwards_compatible_min_max(signed),
-            ))
+                ))
+            });
+            let (lo, hi) = fold(parts.collect::<Option<Vec<_>>>()?)?;
+            Statistics::Boolean(plain(lo, hi, nulls, signed))
         }
         DataType::FixedSizeBinary(_) => {
-            let (lo, hi) = fold(values.iter().map(|v| {
-                let a = v.as_fixed_size_binary();
-                (
+            let parts = values.iter().map(|v| {
+                let a = v.as_fixed_size_binary_opt()?;
+                Some((
                     arrow::compute::min_fixed_size_binary(a).map(<[u8]>::to_vec),
                     arrow::compute::max_fixed_size_binary(a).map(<[u8]>::to_vec),
-                )
-            }));
+                ))
+            });
+            let (lo, hi) = fold(parts.collect::<Option<Vec<_>>>()?)?;
             let flba = |b: Vec<u8>| FixedLenByteArray::from(ByteArray::from(b));
-            bytes_statistics(lo.map(flba), hi.map(flba), nulls, signed, |s| {
-                Statistics::FixedLenByteArray(s)
-            })
+            Statistics::FixedLenByteArray(bytes(lo.map(flba), hi.map(flba), nulls, signed))
         }
         DataType::Utf8 => {
-            let (lo, hi) = fold(values.iter().map(|v| {
-                let a = v.as_string::<i32>();
-                (
+            let parts = values.iter().map(|v| {
+                let a = v.as_string_opt::<i32>()?;
+                Some((
                     arrow::compute::min_string(a).map(str::to_owned),
                     arrow::compute::max_string(a).map(str::to_owned),
-                )
-            }));
+                ))
+            });
+            let (lo, hi) = fold(parts.collect::<Option<Vec<_>>>()?)?;
             if lo
                 .iter()
                 .chain(&hi)
@@ -433,34 +390,58 @@ fn statistics(
                 return None;
             }
             let text = |s: String| ByteArray::from(s.into_bytes());
-            bytes_statistics(
-                lo.map(text),
-                hi.map(text),
-                nulls,
-                signed,
-                Statistics::ByteArray,
-            )
+            Statistics::ByteArray(bytes(lo.map(text), hi.map(text), nulls, signed))
         }
-        _ => None,
+        _ => return None,
+    })
+}
+
+/// A column's smallest and largest value (none when every value is null).
+type Bounds<T> = (Option<T>, Option<T>);
+
+/// The smallest and the largest of the parts' bounds.
+fn fold<T: PartialOrd>(parts: Vec<Bounds<T>>) -> Option<Bounds<T>> {
+    let (mut lo, mut hi): Bounds<T> = (None, None);
+    for (a, b) in parts {
+        if let Some(a) = a
+            && lo.as_ref().is_none_or(|l| a < *l)
+        {
+            lo = Some(a);
+        }
+        if let Some(b) = b
+            && hi.as_ref().is_none_or(|h| b > *h)
+        {
+            hi = Some(b);
+        }
     }
+    Some((lo, hi))
+}
+
+/// The bounds of a numeric column's parts; None when a part is of another type.
+fn primitive<A: ArrowNumericType>(values: &[ArrayRef]) -> Option<Bounds<A::Native>> {
+    let parts = values.iter().map(|v| {
+        let a = v.as_primitive_opt::<A>()?;
+        Some((arrow::compute::min(a), arrow::compute::max(a)))
+    });
+    fold(parts.collect::<Option<Vec<_>>>()?)
+}
+
+/// Statistics as the parquet writer makes them for a type other than byte arrays, or for a
+/// byte-array column whose values are all null.
+fn plain<T>(lo: Option<T>, hi: Option<T>, nulls: Option<u64>, signed: bool) -> ValueStatistics<T> {
+    ValueStatistics::new(lo, hi, None, nulls, false).with_backwards_compatible_min_max(signed)
 }
 
 /// Statistics of a byte-array column as the parquet writer makes them: with bounds, marked
 /// exact (none was truncated); without (every value null), as any other type's.
-fn bytes_statistics<T>(
-    lo: Option<T>,
-    hi: Option<T>,
-    nulls: Option<u64>,
-    signed: bool,
-    wrap: impl Fn(ValueStatistics<T>) -> Statistics,
-) -> Option<Statistics> {
-    Some(wrap(if lo.is_some() && hi.is_some() {
+fn bytes<T>(lo: Option<T>, hi: Option<T>, nulls: Option<u64>, signed: bool) -> ValueStatistics<T> {
+    if lo.is_some() && hi.is_some() {
         ValueStatistics::new(lo, hi, None, nulls, signed)
             .with_max_is_exact(true)
             .with_min_is_exact(true)
     } else {
-        ValueStatistics::new(lo, hi, None, nulls, false).with_backwards_compatible_min_max(signed)
-    }))
+        plain(lo, hi, nulls, signed)
+    }
 }
 
 /// What a page header says: its own length in bytes, and the page's sizes.
