@@ -43,14 +43,7 @@ pub(crate) fn located<'a>(
     if src.arrow.schema().field(root).data_type() != field.data_type() {
         return None;
     }
-    // Every lake column has one leaf.
-    let leaf = src
-        .meta
-        .file_metadata()
-        .schema_descr()
-        .columns()
-        .iter()
-        .position(|c| c.path().parts().first() == Some(name))?;
+    let (leaf, offsets) = leaf_pages(group, name)?;
     let meta = src.meta.row_group(group.rg).columns().get(leaf)?;
     if meta.column_descr() != descr
         || !matches!(meta.compression(), parquet::basic::Compression::ZSTD(_))
@@ -62,8 +55,22 @@ pub(crate) fn located<'a>(
     if name == "deleted_at" && meta.statistics().and_then(|s| s.null_count_opt()) != Some(0) {
         return None;
     }
-    let offsets = src.offsets.as_ref()?.get(group.rg)?.get(leaf)?;
     Some((meta, offsets))
+}
+
+/// Column `name`'s leaf in `group`'s file (every lake column has one) and its pages in the row
+/// group.
+fn leaf_pages<'a>(group: &'a Group, name: &str) -> Option<(usize, &'a OffsetIndexMetaData)> {
+    let src = &group.source;
+    let leaf = src
+        .meta
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .position(|c| c.path().parts().first().map(String::as_str) == Some(name))?;
+    let pages = src.offsets.as_ref()?.get(group.rg)?.get(leaf)?;
+    Some((leaf, pages))
 }
 
 /// Rows `first..first + rows` of a base row group, cut at page starts of its `row_id` column.
@@ -85,11 +92,6 @@ impl std::fmt::Debug for Run {
     }
 }
 
-/// The rows of row group `group`.
-fn group_rows(group: &Group) -> usize {
-    usize::try_from(group.source.meta.row_group(group.rg).num_rows()).unwrap_or(0)
-}
-
 /// The compressed bytes rows `a..b` of `group` take: per column, the share of each data page
 /// they overlap, and the dictionary page whole (every run repeats it).
 fn run_bytes(group: &Group, a: usize, b: usize) -> u64 {
@@ -97,7 +99,7 @@ fn run_bytes(group: &Group, a: usize, b: usize) -> u64 {
         return 0;
     };
     let meta = group.source.meta.row_group(group.rg);
-    let rows = group_rows(group);
+    let rows = group.rows();
     let mut total = 0u128;
     for (chunk, index) in meta.columns().iter().zip(offsets) {
         let pages = &index.page_locations;
@@ -124,24 +126,8 @@ fn run_bytes(group: &Group, a: usize, b: usize) -> u64 {
 /// file is cut before it) and `rest` for the others, a run holding at least one page. None
 /// when the row group has no such page start inside.
 pub(crate) fn runs(group: &Arc<Group>, first: u64, rest: u64) -> Vec<Arc<dyn Earlier>> {
-    let rows = group_rows(group);
-    let src = &group.source;
-    let Some(leaf) = src
-        .meta
-        .file_metadata()
-        .schema_descr()
-        .columns()
-        .iter()
-        .position(|c| c.path().parts() == ["row_id"])
-    else {
-        return Vec::new();
-    };
-    let Some(index) = src
-        .offsets
-        .as_ref()
-        .and_then(|o| o.get(group.rg))
-        .and_then(|g| g.get(leaf))
-    else {
+    let rows = group.rows();
+    let Some((_, index)) = leaf_pages(group, "row_id") else {
         return Vec::new();
     };
     let mut starts: Vec<usize> = index
@@ -201,7 +187,7 @@ impl Earlier for Run {
         descr: &ColumnDescriptor,
         values: &[ArrayRef],
     ) -> Option<(ColumnCloseResult, Bytes)> {
-        if !self.copyable() || descr.max_rep_level() != 0 || descr.max_def_level() > 1 {
+        if descr.max_rep_level() != 0 || descr.max_def_level() > 1 {
             return None;
         }
         let (meta, index) = located(&self.group, field, descr)?;
@@ -213,7 +199,7 @@ impl Earlier for Run {
                 .position(|p| usize::try_from(p.first_row_index).ok() == Some(row))
         };
         let i = at(self.first)?;
-        let j = if end == group_rows(&self.group) {
+        let j = if end == self.group.rows() {
             pages.len()
         } else {
             at(end)?
