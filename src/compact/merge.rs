@@ -629,6 +629,7 @@ mod tests {
     use crate::store::{ObjectStore, PutMode};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::file::serialized_reader::ReadOptionsBuilder;
 
     /// A row of a test file: `(row_id, changed_at, deleted_at, name)`.
     type Row<'a> = (u128, i64, i64, &'a str);
@@ -1350,6 +1351,166 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!((count, newest, ids), (N as i64, N as i64 / 100, N as i64));
         assert_eq!(first, "name-0");
+    }
+
+    /// docs/design.md §9: a run whose text column fell back from its dictionary to plain pages
+    /// that start elsewhere than the run copies those plain pages and encodes only the rows
+    /// before and after them, without a dictionary. The chunk holds the source's pages byte
+    /// for byte; its statistics (bounds past the truncation length, cut as the writer cuts
+    /// them), values and sizes are those of encoding the same rows; its offset index lets a
+    /// reader skip to any row; DuckDB and the parquet reader read the rows back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_copies_the_plain_pages_of_a_text_column_whose_pages_start_elsewhere() {
+        // Unique names past 64 bytes, a character of two bytes across the cut: the dictionary
+        // falls back after a few thousand rows and the pages are cut by size.
+        let names: Vec<String> = (0..N)
+            .map(|i| {
+                format!(
+                    "{}é{:016x}{:016x}",
+                    "n".repeat(60 + i % 5),
+                    (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    i
+                )
+            })
+            .collect();
+        let base = base_rows(&names);
+        let delta: Vec<Row> = (0..N)
+            .step_by(100)
+            .map(|i| (base[i].0, 3, 0, names[i].as_str()))
+            .collect();
+        let source = lake_file(&base);
+        let target = source.len() as u64 * 101 / 100;
+        let out = rewrite_files(
+            vec![(Tier::Base, base.clone()), (Tier::Delta, delta)],
+            target,
+        )
+        .await;
+        let want: Rows = base
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, v, _, name))| (id, if i % 100 == 0 { 3 } else { v }, name.into()))
+            .collect();
+        let rows: Rows = out
+            .files
+            .iter()
+            .flat_map(|(r, _)| r.iter().cloned())
+            .collect();
+        assert_eq!(rows, want);
+        assert_eq!(out.files.len(), 2);
+        // Every column but changed_at copied in both runs, the names included.
+        assert_eq!(out.copied, 8);
+        // The source's name pages, by their bytes.
+        let pages_of = |file: &Bytes| -> Vec<Bytes> {
+            let options = ReadOptionsBuilder::new().with_page_index().build();
+            let reader = SerializedFileReader::new_with_options(file.clone(), options).unwrap();
+            let meta = reader.metadata();
+            let c = meta
+                .row_group(0)
+                .columns()
+                .iter()
+                .position(|c| c.column_path().parts()[0] == "name")
+                .unwrap();
+            meta.offset_index().unwrap()[0][c]
+                .page_locations
+                .iter()
+                .map(|p| {
+                    file.slice(
+                        p.offset as usize..(p.offset as usize + p.compressed_page_size as usize),
+                    )
+                })
+                .collect()
+        };
+        let source_pages = pages_of(&source);
+        let dir = test_dir();
+        let mut at = 0;
+        for (i, (rows, bytes)) in out.files.iter().enumerate() {
+            assert!(bytes.len() as u64 <= target, "{} > {target}", bytes.len());
+            let fresh = lake_file(
+                &rows
+                    .iter()
+                    .map(|(id, v, name)| (*id, *v, 0, name.as_str()))
+                    .collect::<Vec<_>>(),
+            );
+            let name = |b: &Bytes| {
+                let r = SerializedFileReader::new(b.clone()).unwrap();
+                r.metadata()
+                    .row_group(0)
+                    .columns()
+                    .iter()
+                    .find(|c| c.column_path().parts()[0] == "name")
+                    .unwrap()
+                    .clone()
+            };
+            let (a, b) = (name(bytes), name(&fresh));
+            assert_eq!(a.dictionary_page_offset(), None, "file {i}");
+            assert_eq!(a.num_values(), b.num_values(), "file {i}");
+            assert_eq!(a.statistics(), b.statistics(), "file {i}");
+            assert!(!a.statistics().unwrap().max_is_exact(), "file {i}");
+            assert_eq!(
+                (
+                    a.unencoded_byte_array_data_bytes(),
+                    a.definition_level_histogram()
+                ),
+                (
+                    b.unencoded_byte_array_data_bytes(),
+                    b.definition_level_histogram()
+                ),
+                "file {i}"
+            );
+            // Pages of the source, as they were, between pages encoded here.
+            let pages = pages_of(bytes);
+            let copied = pages.iter().filter(|p| source_pages.contains(p)).count();
+            assert!(
+                copied >= 1 && copied < pages.len(),
+                "file {i}: {copied} of {}",
+                pages.len()
+            );
+            // Skipping by the offset index: rows from the middle of the file.
+            let (from, len) = (rows.len() / 2 - 3, 7);
+            let selection = parquet::arrow::arrow_reader::RowSelection::from(vec![
+                parquet::arrow::arrow_reader::RowSelector::skip(from),
+                parquet::arrow::arrow_reader::RowSelector::select(len),
+            ]);
+            let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+                .with_offset_index_policy(parquet::file::metadata::PageIndexPolicy::Required);
+            let picked: Vec<String> =
+                ParquetRecordBatchReaderBuilder::try_new_with_options(bytes.clone(), options)
+                    .unwrap()
+                    .with_row_selection(selection)
+                    .build()
+                    .unwrap()
+                    .flat_map(|b| {
+                        let b = b.unwrap();
+                        let n = b.column_by_name("name").unwrap().as_string::<i32>().clone();
+                        (0..n.len()).map(move |k| n.value(k).to_string())
+                    })
+                    .collect();
+            assert_eq!(picked, names[at + from..at + from + len], "file {i}");
+            at += rows.len();
+            std::fs::write(dir.join(format!("out-{i}.parquet")), bytes).unwrap();
+        }
+        let conn = duckdb::Connection::open_in_memory().unwrap();
+        let (count, distinct, length, lo, hi): (i64, i64, i64, String, String) = conn
+            .query_row(
+                &format!(
+                    "SELECT count(*), count(DISTINCT name), sum(length(name))::BIGINT, min(name), \
+                     max(name) FROM '{}/out-*.parquet'",
+                    dir.display()
+                ),
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let chars: usize = names.iter().map(|n| n.chars().count()).sum();
+        assert_eq!(
+            (count, distinct, length as usize),
+            (N as i64, N as i64, chars)
+        );
+        assert_eq!(
+            (&lo, &hi),
+            (names.iter().min().unwrap(), names.iter().max().unwrap())
+        );
     }
 
     /// A repeated row group that grew past the target even alone is written again as rows the

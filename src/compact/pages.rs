@@ -5,29 +5,31 @@
 //! runs that do fit; each run is written as a row group of its own, its unchanged columns
 //! copied page by page (the column's dictionary page and the run's data pages, as they are)
 //! and only its changed columns encoded. A column whose pages do not start where the run does
-//! (a dictionary that fell back to plain pages mid-chunk starts new pages there) is encoded.
-//! A copied run's chunk metadata is made anew: its values, sizes and offsets from the page
-//! headers and the offset index, its statistics from the rows themselves, exactly as encoding
-//! them would make them.
+//! (a dictionary that fell back to plain pages mid-chunk starts new pages there) keeps the plain
+//! pages wholly inside the run: they are copied, the rows before and after them encoded as
+//! pages of their own without a dictionary. A copied run's chunk metadata is made anew: its
+//! values, sizes and offsets from the page headers and the offset index, its statistics from
+//! the rows themselves, exactly as encoding them would make them.
 
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{ArrowNumericType, DataType, Field, Int16Type, Int32Type, Int64Type};
 use bytes::{Bytes, BytesMut};
+use parquet::basic::EncodingMask;
 use parquet::column::writer::ColumnCloseResult;
 use parquet::data_type::{ByteArray, FixedLenByteArray};
 use parquet::file::metadata::{ColumnChunkMetaData, LevelHistogram};
-use parquet::file::page_index::offset_index::OffsetIndexMetaData;
+use parquet::file::page_index::offset_index::{OffsetIndexMetaData, PageLocation};
 use parquet::file::reader::ChunkReader;
 use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnDescriptor;
 
-use crate::engine::parallel::Earlier;
+use crate::engine::parallel::{Earlier, plain_chunk};
 use crate::lake::streamed::Group;
 
 /// The longest min or max of a text column that statistics hold untruncated (the parquet
-/// writer's default): a run whose text bounds are longer is encoded, not copied.
+/// writer's default): longer bounds are cut as the writer cuts them.
 const STATISTICS_TRUNCATE_LENGTH: usize = 64;
 
 /// Column `field`'s chunk in `group` when it is stored exactly as a new file stores it
@@ -190,59 +192,75 @@ impl Earlier for Run {
         if descr.max_rep_level() != 0 || descr.max_def_level() > 1 {
             return None;
         }
-        let (meta, index) = located(&self.group, field, descr)?;
-        let pages = &index.page_locations;
-        let end = self.first + self.rows;
-        let at = |row: usize| {
-            pages
-                .iter()
-                .position(|p| usize::try_from(p.first_row_index).ok() == Some(row))
-        };
-        let i = at(self.first)?;
-        let j = if end == self.group.rows() {
-            pages.len()
-        } else {
-            at(end)?
-        };
-        if j <= i || values.iter().map(|v| v.len()).sum::<usize>() != self.rows {
+        if values.iter().map(|v| v.len()).sum::<usize>() != self.rows {
             return None;
         }
-        let data = &self.group.data;
-        let mut out = Copied::default();
-        let dictionary = match meta.dictionary_page_offset() {
-            Some(d) => {
-                let len = pages.first()?.offset.checked_sub(d)?;
-                out.page(data, d, len)?;
-                Some(len)
-            }
-            None => None,
+        let (meta, index) = located(&self.group, field, descr)?;
+        let pages = &index.page_locations;
+        let rows = self.group.rows();
+        let start = |k: usize| {
+            pages
+                .get(k)
+                .map_or(Some(rows), |p| usize::try_from(p.first_row_index).ok())
         };
-        let mut locations = Vec::with_capacity(j - i);
-        for p in &pages[i..j] {
-            let mut moved = p.clone();
-            moved.offset = i64::try_from(out.bytes.len()).ok()?;
-            moved.first_row_index = p
-                .first_row_index
-                .checked_sub(i64::try_from(self.first).ok()?)?;
-            out.page(data, p.offset, i64::from(p.compressed_page_size))?;
-            locations.push(moved);
+        let end = self.first + self.rows;
+        // The pages wholly inside the run: `i..j`.
+        let i = (0..pages.len()).find(|&k| start(k).is_some_and(|r| r >= self.first))?;
+        let mut j = i;
+        while j < pages.len() && start(j + 1)? <= end {
+            j += 1;
         }
+        if j <= i {
+            return None;
+        }
+        let nulls: usize = values.iter().map(|v| v.null_count()).sum();
+        let mut out = Copied::new();
+        if start(i)? == self.first && start(j)? == end {
+            // Lined up: the dictionary page (if any) and the run's pages.
+            if let Some(d) = meta.dictionary_page_offset() {
+                let len = pages.first()?.offset.checked_sub(d)?;
+                out.page(&self.group.data, d, len)?;
+                out.dictionary = true;
+            }
+            out.pages(&self.group.data, index, i..j, self.first)?;
+        } else {
+            // Not lined up: the run's plain pages (those after the dictionary fell back) copied,
+            // the rows before and after them encoded without a dictionary.
+            let data = &self.group.data;
+            let mut k = j;
+            while k > i && !page_at(data, pages.get(k - 1)?.offset)?.needs_dictionary() {
+                k -= 1;
+            }
+            if k == j {
+                return None;
+            }
+            let (a, b) = (start(k)? - self.first, start(j)? - self.first);
+            if a > 0 {
+                out.encoded(field, &slice(values, 0, a), 0)?;
+            }
+            out.pages(data, index, k..j, self.first)?;
+            if b < self.rows {
+                out.encoded(field, &slice(values, b, self.rows), b)?;
+            }
+        }
+        let encodings = match out.encoded {
+            // Those of the pages encoded here and of the pages copied.
+            Some(mask) => EncodingMask::try_new(mask.as_i32() | out.seen).ok()?,
+            None => *meta.encodings_mask(),
+        };
         let Copied {
             bytes,
             uncompressed,
+            dictionary,
+            locations,
+            unencoded,
+            ..
         } = out;
-        let nulls: usize = values.iter().map(|v| v.null_count()).sum();
-        let unencoded = match meta.unencoded_byte_array_data_bytes() {
-            Some(_) => Some(
-                index
-                    .unencoded_byte_array_data_bytes
-                    .as_ref()?
-                    .get(i..j)?
-                    .iter()
-                    .sum::<i64>(),
-            ),
+        let unencoded_pages = match meta.unencoded_byte_array_data_bytes() {
+            Some(_) => Some(unencoded?),
             None => None,
         };
+        let unencoded = unencoded_pages.as_ref().map(|u| u.iter().sum::<i64>());
         let definitions = match meta.definition_level_histogram() {
             Some(_) if descr.max_def_level() == 1 => Some(LevelHistogram::from(vec![
                 i64::try_from(nulls).ok()?,
@@ -255,14 +273,19 @@ impl Earlier for Run {
             return None;
         }
         let len = bytes.len();
+        let first_data = if dictionary {
+            locations.first()?.offset
+        } else {
+            0
+        };
         let mut builder = ColumnChunkMetaData::builder(meta.column_descr_ptr())
             .set_compression(meta.compression())
-            .set_encodings_mask(*meta.encodings_mask())
+            .set_encodings_mask(encodings)
             .set_total_compressed_size(i64::try_from(len).ok()?)
             .set_total_uncompressed_size(uncompressed)
             .set_num_values(i64::try_from(self.rows).ok()?)
-            .set_data_page_offset(dictionary.unwrap_or(0))
-            .set_dictionary_page_offset(dictionary.map(|_| 0))
+            .set_data_page_offset(first_data)
+            .set_dictionary_page_offset(dictionary.then_some(0))
             .set_unencoded_byte_array_data_bytes(unencoded)
             .set_definition_level_histogram(definitions);
         if meta.statistics().is_some() {
@@ -276,27 +299,44 @@ impl Earlier for Run {
             column_index: None,
             offset_index: Some(OffsetIndexMetaData {
                 page_locations: locations,
-                unencoded_byte_array_data_bytes: index
-                    .unencoded_byte_array_data_bytes
-                    .as_ref()
-                    .and_then(|u| u.get(i..j))
-                    .map(<[i64]>::to_vec),
+                unencoded_byte_array_data_bytes: unencoded_pages,
             }),
         };
         Some((close, bytes.freeze()))
     }
 }
 
-/// Pages copied so far, and their uncompressed size as the chunk metadata counts it.
-#[derive(Default)]
+/// A run's chunk as it is put together: its bytes, its uncompressed size as the chunk metadata
+/// counts it, its pages (offsets relative to its bytes, rows to the run's first) and their
+/// unencoded byte counts (none once a part lacks them).
 struct Copied {
     bytes: BytesMut,
     uncompressed: i64,
+    /// Whether it starts with the earlier chunk's dictionary page.
+    dictionary: bool,
+    locations: Vec<PageLocation>,
+    unencoded: Option<Vec<i64>>,
+    /// The encodings of the pages encoded here, if any.
+    encoded: Option<EncodingMask>,
+    /// The encodings of the data pages copied, as a mask.
+    seen: i32,
 }
 
 impl Copied {
+    fn new() -> Self {
+        Self {
+            bytes: BytesMut::new(),
+            uncompressed: 0,
+            dictionary: false,
+            locations: Vec::new(),
+            unencoded: Some(Vec::new()),
+            encoded: None,
+            seen: 0,
+        }
+    }
+
     /// Appends the page of `len` bytes (its header included) at `offset` of `data`.
-    fn page<R: ChunkReader>(&mut self, data: &R, offset: i64, len: i64) -> Option<()> {
+    fn page<R: ChunkReader>(&mut self, data: &R, offset: i64, len: i64) -> Option<Header> {
         let raw = data
             .get_bytes(u64::try_from(offset).ok()?, usize::try_from(len).ok()?)
             .ok()?;
@@ -308,13 +348,96 @@ impl Copied {
         }
         self.uncompressed += header_len + i64::from(header.uncompressed);
         self.bytes.extend_from_slice(&raw);
+        Some(header)
+    }
+
+    /// Appends data pages `range` of the earlier chunk whose pages `index` lists, for a run
+    /// starting at its row `first`.
+    fn pages<R: ChunkReader>(
+        &mut self,
+        data: &R,
+        index: &OffsetIndexMetaData,
+        range: std::ops::Range<usize>,
+        first: usize,
+    ) -> Option<()> {
+        let first = i64::try_from(first).ok()?;
+        for k in range {
+            let p = index.page_locations.get(k)?;
+            let mut moved = p.clone();
+            moved.offset = i64::try_from(self.bytes.len()).ok()?;
+            moved.first_row_index = p.first_row_index.checked_sub(first)?;
+            let header = self.page(data, p.offset, i64::from(p.compressed_page_size))?;
+            if let Some(e) = header.encoding {
+                self.seen |= 1i32.checked_shl(u32::try_from(e).ok()?)?;
+            }
+            self.locations.push(moved);
+            let bytes = index
+                .unencoded_byte_array_data_bytes
+                .as_ref()
+                .and_then(|u| u.get(k).copied());
+            match (&mut self.unencoded, bytes) {
+                (Some(u), Some(b)) => u.push(b),
+                (u, _) => *u = None,
+            }
+        }
+        Some(())
+    }
+
+    /// Appends `values` of column `field`, rows `at..` of the run, encoded as pages of their
+    /// own without a dictionary.
+    fn encoded(&mut self, field: &Field, values: &[ArrayRef], at: usize) -> Option<()> {
+        let (close, bytes) = plain_chunk(field, values)?;
+        if close.metadata.dictionary_page_offset().is_some() {
+            return None;
+        }
+        let base = i64::try_from(self.bytes.len()).ok()?;
+        let at = i64::try_from(at).ok()?;
+        let index = close.offset_index?;
+        for p in index.page_locations {
+            let mut moved = p;
+            moved.offset = moved.offset.checked_add(base)?;
+            moved.first_row_index = moved.first_row_index.checked_add(at)?;
+            self.locations.push(moved);
+        }
+        match (&mut self.unencoded, index.unencoded_byte_array_data_bytes) {
+            (Some(u), Some(b)) => u.extend(b),
+            (u, _) => *u = None,
+        }
+        self.uncompressed += close.metadata.uncompressed_size();
+        let mask =
+            close.metadata.encodings_mask().as_i32() | self.encoded.map_or(0, |m| m.as_i32());
+        self.encoded = Some(EncodingMask::try_new(mask).ok()?);
+        self.bytes.extend_from_slice(&bytes);
         Some(())
     }
 }
 
+/// The page header at `offset` of `data`.
+fn page_at<R: ChunkReader>(data: &R, offset: i64) -> Option<Header> {
+    // A header is at most a few hundred bytes (no page statistics in lake files).
+    let len = usize::try_from(data.len().checked_sub(u64::try_from(offset).ok()?)?)
+        .ok()?
+        .min(4096);
+    page_header(&data.get_bytes(u64::try_from(offset).ok()?, len).ok()?)
+}
+
+/// Rows `a..b` of a column held in parts.
+fn slice(parts: &[ArrayRef], a: usize, b: usize) -> Vec<ArrayRef> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for part in parts {
+        let (lo, hi) = (a.max(at), b.min(at + part.len()));
+        if lo < hi {
+            out.push(part.slice(lo - at, hi - lo));
+        }
+        at += part.len();
+    }
+    out
+}
+
 /// The chunk statistics the parquet writer makes of `values` (a flat column of type `field`,
-/// `nulls` of them null): min and max by the column's sort order, the null count. None for a
-/// type this does not know, or text bounds the writer would truncate.
+/// `nulls` of them null): min and max by the column's sort order (text bounds cut as the
+/// writer cuts them), the null count. None for a type this does not know.
 fn statistics(
     field: &Field,
     descr: &ColumnDescriptor,
@@ -368,18 +491,66 @@ fn statistics(
                 ))
             });
             let (lo, hi) = fold(parts.collect::<Option<Vec<_>>>()?)?;
-            if lo
-                .iter()
-                .chain(&hi)
-                .any(|s| s.len() > STATISTICS_TRUNCATE_LENGTH)
-            {
-                return None;
-            }
-            let text = |s: String| ByteArray::from(s.into_bytes());
-            Statistics::ByteArray(bytes(lo.map(text), hi.map(text), nulls, signed))
+            let (Some(lo), Some(hi)) = (lo, hi) else {
+                return Some(Statistics::ByteArray(plain(None, None, nulls, signed)));
+            };
+            let (min, min_exact) = truncated_min(&lo);
+            let (max, max_exact) = truncated_max(&hi);
+            Statistics::ByteArray(
+                ValueStatistics::new(
+                    Some(ByteArray::from(min)),
+                    Some(ByteArray::from(max)),
+                    None,
+                    nulls,
+                    signed,
+                )
+                .with_max_is_exact(max_exact)
+                .with_min_is_exact(min_exact),
+            )
         }
         _ => return None,
     })
+}
+
+/// A text column's smallest value as the writer's statistics hold it: cut to the longest
+/// prefix of at most [`STATISTICS_TRUNCATE_LENGTH`] bytes that ends on a character boundary
+/// (then not exact), or whole.
+fn truncated_min(s: &str) -> (Vec<u8>, bool) {
+    if s.len() <= STATISTICS_TRUNCATE_LENGTH {
+        return (s.as_bytes().to_vec(), true);
+    }
+    match (1..=STATISTICS_TRUNCATE_LENGTH).rfind(|&x| s.is_char_boundary(x)) {
+        Some(at) => (s.as_bytes()[..at].to_vec(), false),
+        None => (s.as_bytes().to_vec(), true),
+    }
+}
+
+/// A text column's largest value as the writer's statistics hold it: cut at the last
+/// character boundary within the truncation length's last four bytes, its last character that
+/// can be raised without growing its byte length raised (then not exact); whole when there is
+/// no such character.
+fn truncated_max(s: &str) -> (Vec<u8>, bool) {
+    if s.len() <= STATISTICS_TRUNCATE_LENGTH {
+        return (s.as_bytes().to_vec(), true);
+    }
+    let low = STATISTICS_TRUNCATE_LENGTH.saturating_sub(3);
+    let raised = (low..=STATISTICS_TRUNCATE_LENGTH)
+        .rfind(|&x| s.is_char_boundary(x))
+        .and_then(|at| s.get(..at))
+        .and_then(|head| {
+            head.char_indices().rev().find_map(|(i, c)| {
+                let next = char::from_u32(u32::from(c) + 1)?;
+                (next.len_utf8() == c.len_utf8()).then(|| {
+                    let mut out = head.as_bytes()[..i].to_vec();
+                    out.extend_from_slice(next.encode_utf8(&mut [0; 4]).as_bytes());
+                    out
+                })
+            })
+        });
+    match raised {
+        Some(out) => (out, false),
+        None => (s.as_bytes().to_vec(), true),
+    }
 }
 
 /// A column's smallest and largest value (none when every value is null).
@@ -430,34 +601,39 @@ fn bytes<T>(lo: Option<T>, hi: Option<T>, nulls: Option<u64>, signed: bool) -> V
     }
 }
 
-/// What a page header says: its own length in bytes, and the page's sizes.
+/// What a page header says: its own length in bytes, the page's sizes, and for a data page
+/// its values' encoding.
 #[derive(Debug, PartialEq, Eq)]
 struct Header {
     len: usize,
     uncompressed: i32,
     compressed: i32,
+    encoding: Option<i32>,
+}
+
+impl Header {
+    /// Whether it is a data page whose values need the chunk's dictionary (`PLAIN_DICTIONARY`
+    /// or `RLE_DICTIONARY`); a dictionary page, or a header without an encoding, counts as
+    /// needing it.
+    fn needs_dictionary(&self) -> bool {
+        !matches!(self.encoding, Some(e) if e != 2 && e != 8)
+    }
 }
 
 /// Reads the page header (a Thrift compact-protocol `PageHeader`) at the start of `bytes`:
-/// fields 2 and 3 are the page's uncompressed and compressed sizes; every other field is
-/// skipped. None for anything malformed.
+/// fields 2 and 3 are the page's uncompressed and compressed sizes, the encoding is field 2 of
+/// a version 1 data page's header (field 5) and field 4 of a version 2 one's (field 8); every
+/// other field is skipped. None for anything malformed.
 fn page_header(bytes: &[u8]) -> Option<Header> {
     let mut r = Reader { bytes, at: 0 };
-    let (mut uncompressed, mut compressed) = (None, None);
+    let (mut uncompressed, mut compressed, mut encoding) = (None, None, None);
     let mut id: i16 = 0;
-    loop {
-        let b = r.byte()?;
-        if b == 0 {
-            break;
-        }
-        let kind = b & 0x0f;
-        id = match b >> 4 {
-            0 => i16::try_from(zigzag(r.varint()?)).ok()?,
-            delta => id.checked_add(i16::from(delta))?,
-        };
-        match (id, kind) {
+    while let Some((field, kind)) = r.field(&mut id)? {
+        match (field, kind) {
             (2, 5) => uncompressed = Some(i32::try_from(zigzag(r.varint()?)).ok()?),
             (3, 5) => compressed = Some(i32::try_from(zigzag(r.varint()?)).ok()?),
+            (5, 12) => encoding = r.struct_i32(2)?,
+            (8, 12) => encoding = r.struct_i32(4)?,
             _ => r.skip(kind, 0)?,
         }
     }
@@ -465,6 +641,7 @@ fn page_header(bytes: &[u8]) -> Option<Header> {
         len: r.at,
         uncompressed: uncompressed.filter(|&u| u >= 0)?,
         compressed: compressed.filter(|&c| c >= 0)?,
+        encoding,
     })
 }
 
@@ -495,6 +672,34 @@ impl Reader<'_> {
             }
         }
         None
+    }
+
+    /// The next field header of a struct whose last field id was `id`: its id and compact
+    /// type, or `Some(None)` at the struct's end.
+    fn field(&mut self, id: &mut i16) -> Option<Option<(i16, u8)>> {
+        let b = self.byte()?;
+        if b == 0 {
+            return Some(None);
+        }
+        *id = match b >> 4 {
+            0 => i16::try_from(zigzag(self.varint()?)).ok()?,
+            delta => id.checked_add(i16::from(delta))?,
+        };
+        Some(Some((*id, b & 0x0f)))
+    }
+
+    /// Reads a struct, returning its i32 field `want` (if present); every field is skipped.
+    fn struct_i32(&mut self, want: i16) -> Option<Option<i32>> {
+        let mut id: i16 = 0;
+        let mut found = None;
+        while let Some((field, kind)) = self.field(&mut id)? {
+            if field == want && kind == 5 {
+                found = Some(i32::try_from(zigzag(self.varint()?)).ok()?);
+            } else {
+                self.skip(kind, 1)?;
+            }
+        }
+        Some(found)
     }
 
     fn advance(&mut self, n: usize) -> Option<()> {
@@ -594,6 +799,8 @@ mod tests {
             Field::new("word", DataType::Utf8, true),
             Field::new("note", DataType::Utf8, true),
             Field::new("nothing", DataType::Utf8, true),
+            Field::new("long", DataType::Utf8, true),
+            Field::new("edge", DataType::Utf8, true),
         ]));
         let n = |i: usize| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let ids = FixedSizeBinaryArray::try_from_iter(
@@ -623,6 +830,15 @@ mod tests {
                     (0..ROWS).map(|i| (i % 2 == 0).then(|| format!("note {:016x}", n(i)))),
                 )),
                 Arc::new(StringArray::from_iter((0..ROWS).map(|_| None::<String>))),
+                // Past the truncation length, with characters of 2 to 4 bytes across it: the
+                // bounds are cut on character boundaries, the largest raised.
+                Arc::new(StringArray::from_iter((0..ROWS).map(|i| {
+                    (i % 17 != 0).then(|| format!("{}é€😀{:016x}", "x".repeat(55 + i % 9), n(i)))
+                }))),
+                // The largest character throughout: its bound cannot be raised, and stays whole.
+                Arc::new(StringArray::from_iter(
+                    (0..ROWS).map(|i| (i % 3 == 0).then(|| "\u{10FFFF}".repeat(20 + i % 2))),
+                )),
             ],
         )
         .unwrap()

@@ -31,7 +31,7 @@ use parquet::arrow::arrow_writer::{
 use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::ParquetError;
 use parquet::file::writer::SerializedFileWriter;
-use parquet::schema::types::ColumnDescriptor;
+use parquet::schema::types::{ColumnDescriptor, ColumnPath};
 
 use super::ROW_GROUP_SIZE;
 use super::writer::lake_properties;
@@ -115,6 +115,45 @@ impl std::fmt::Debug for Span {
 /// column chunk's metadata and statistics take about 100 bytes).
 pub(crate) fn footer_margin(columns: usize, row_groups: usize) -> u64 {
     1024 + 160 * (columns as u64) * (row_groups as u64 + 1)
+}
+
+/// Column `field`'s `parts` (one flat column's values, in parts) encoded as a column chunk of
+/// their own, with the lake's settings but no dictionary: the pages a run's chunk encodes
+/// before and after the earlier file's plain pages it copies (docs/design.md §9). Its offsets
+/// are relative to the returned bytes, which are the chunk's; None if the parquet writer
+/// fails (the caller then encodes the whole column).
+pub(crate) fn plain_chunk(field: &Field, parts: &[ArrayRef]) -> Option<(ColumnCloseResult, Bytes)> {
+    let schema = Arc::new(arrow::datatypes::Schema::new(vec![field.clone()]));
+    let props = lake_properties(Path::new(field.name()), &schema)
+        .ok()?
+        .into_builder()
+        .set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), false)
+        .build();
+    let parquet_schema = ArrowSchemaConverter::new()
+        .with_coerce_types(props.coerce_types())
+        .convert(&schema)
+        .ok()?;
+    let mut file =
+        SerializedFileWriter::new(Vec::new(), parquet_schema.root_schema_ptr(), props.into())
+            .ok()?;
+    let factory = ArrowRowGroupWriterFactory::new(&file, schema.clone());
+    let mut writer = factory.create_column_writers(0).ok()?.pop()?;
+    for part in parts {
+        for leaf in compute_leaves(schema.field(0), part).ok()? {
+            writer.write(&leaf).ok()?;
+        }
+    }
+    let chunk = writer.close().ok()?;
+    let close = chunk.close().clone();
+    // The chunk's bytes: the last ones of the in-memory file once a row group holds it.
+    let mut group = file.next_row_group().ok()?;
+    chunk.append_to_row_group(&mut group).ok()?;
+    group.close().ok()?;
+    file.flush().ok()?;
+    let written = file.inner();
+    let len = usize::try_from(close.metadata.compressed_size()).ok()?;
+    let bytes = written.get(written.len().checked_sub(len)?..)?;
+    Some((close, Bytes::copy_from_slice(bytes)))
 }
 
 /// A column chunk of a finished row group.
