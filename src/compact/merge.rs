@@ -1230,23 +1230,24 @@ mod tests {
         }
     }
 
-    /// docs/design.md §9: a base row group as large as the target, which its changed columns
-    /// would grow past it, is cut at its `row_id` page starts into runs, each a row group of
-    /// its own with its unchanged columns copied page by page. No file passes the target, the
-    /// rows are the merge's, each copied chunk is what encoding its rows makes (bytes, sizes,
-    /// values, statistics), and DuckDB reads the files as the rows.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_base_row_group_too_large_to_repeat_whole_is_repeated_run_by_run() {
-        let names = names();
-        let base = base_rows(&names);
-        // Every 100th row in a new version, its name unchanged.
-        let delta: Vec<Row> = (0..N)
-            .step_by(100)
-            .map(|i| (base[i].0, 3, 0, names[i].as_str()))
-            .collect();
-        let target = lake_file(&base).len() as u64 * 101 / 100;
+    /// Rows a rewrite wrote, encoded afresh as one lake file.
+    fn encoded_again(rows: &Rows) -> Bytes {
+        lake_file(
+            &rows
+                .iter()
+                .map(|(id, v, name)| (*id, *v, 0, name.as_str()))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// `base` (one base file) and a delta of every 100th row in a new version (its name
+    /// unchanged), rewritten into bases of a target 1% above the base's size; the rows are
+    /// checked to be the merge's. Returns the rewrite and the target.
+    async fn every_hundredth_rewritten_at_the_target(base: &[Row<'_>]) -> (Rewritten, u64) {
+        let delta: Vec<Row> = base.iter().step_by(100).map(|r| (r.0, 3, 0, r.3)).collect();
+        let target = lake_file(base).len() as u64 * 101 / 100;
         let out = rewrite_files(
-            vec![(Tier::Base, base.clone()), (Tier::Delta, delta)],
+            vec![(Tier::Base, base.to_vec()), (Tier::Delta, delta)],
             target,
         )
         .await;
@@ -1261,6 +1262,19 @@ mod tests {
             .flat_map(|(r, _)| r.iter().cloned())
             .collect();
         assert_eq!(rows, want);
+        (out, target)
+    }
+
+    /// docs/design.md §9: a base row group as large as the target, which its changed columns
+    /// would grow past it, is cut at its `row_id` page starts into runs, each a row group of
+    /// its own with its unchanged columns copied page by page. No file passes the target, the
+    /// rows are the merge's, each copied chunk is what encoding its rows makes (bytes, sizes,
+    /// values, statistics), and DuckDB reads the files as the rows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_base_row_group_too_large_to_repeat_whole_is_repeated_run_by_run() {
+        let names = names();
+        let base = base_rows(&names);
+        let (out, target) = every_hundredth_rewritten_at_the_target(&base).await;
         // Two runs (the row_id column's pages hold 20,480 rows), a file each.
         let groups: Vec<Vec<i64>> = out
             .files
@@ -1282,12 +1296,7 @@ mod tests {
         for (i, (rows, bytes)) in out.files.iter().enumerate() {
             assert!(bytes.len() as u64 <= target, "{} > {target}", bytes.len());
             // The same rows encoded: the copied chunks are what encoding makes.
-            let fresh = lake_file(
-                &rows
-                    .iter()
-                    .map(|(id, v, name)| (*id, *v, 0, name.as_str()))
-                    .collect::<Vec<_>>(),
-            );
+            let fresh = encoded_again(rows);
             let meta = |b: &Bytes| {
                 SerializedFileReader::new(b.clone())
                     .unwrap()
@@ -1374,28 +1383,8 @@ mod tests {
             })
             .collect();
         let base = base_rows(&names);
-        let delta: Vec<Row> = (0..N)
-            .step_by(100)
-            .map(|i| (base[i].0, 3, 0, names[i].as_str()))
-            .collect();
         let source = lake_file(&base);
-        let target = source.len() as u64 * 101 / 100;
-        let out = rewrite_files(
-            vec![(Tier::Base, base.clone()), (Tier::Delta, delta)],
-            target,
-        )
-        .await;
-        let want: Rows = base
-            .iter()
-            .enumerate()
-            .map(|(i, &(id, v, _, name))| (id, if i % 100 == 0 { 3 } else { v }, name.into()))
-            .collect();
-        let rows: Rows = out
-            .files
-            .iter()
-            .flat_map(|(r, _)| r.iter().cloned())
-            .collect();
-        assert_eq!(rows, want);
+        let (out, target) = every_hundredth_rewritten_at_the_target(&base).await;
         assert_eq!(out.files.len(), 2);
         // Every column but changed_at copied in both runs, the names included.
         assert_eq!(out.copied, 8);
@@ -1425,12 +1414,7 @@ mod tests {
         let mut at = 0;
         for (i, (rows, bytes)) in out.files.iter().enumerate() {
             assert!(bytes.len() as u64 <= target, "{} > {target}", bytes.len());
-            let fresh = lake_file(
-                &rows
-                    .iter()
-                    .map(|(id, v, name)| (*id, *v, 0, name.as_str()))
-                    .collect::<Vec<_>>(),
-            );
+            let fresh = encoded_again(rows);
             let name = |b: &Bytes| {
                 let r = SerializedFileReader::new(b.clone()).unwrap();
                 r.metadata()
