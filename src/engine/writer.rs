@@ -372,17 +372,26 @@ pub(super) fn lake_properties(path: &Path, schema: &Schema) -> Result<WriterProp
             .set_column_dictionary_enabled(col.clone(), false)
             .set_column_encoding(col, plain);
     }
-    // Test seam: pages of this many rows (the writer's default is 20,000), so that a test
-    // lake of a few thousand rows has row groups of several pages (docs/design.md §9, runs).
+    // Test seams: pages of this many rows (the writer's default is 20,000), written in
+    // quarters, so that a test lake of a few thousand rows has row groups of several pages;
+    // and a dictionary this small, so that a text column falls back to plain pages a quarter
+    // page in, its pages then starting elsewhere than `row_id`'s (docs/design.md §9, runs).
     #[cfg(feature = "testing")]
-    if let Some(rows) = std::env::var("LAKECDC_TEST_PAGE_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&r| r > 0)
     {
-        props = props
-            .set_data_page_row_count_limit(rows)
-            .set_write_batch_size(rows.min(1024));
+        let seam = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|&n| n > 0)
+        };
+        if let Some(rows) = seam("LAKECDC_TEST_PAGE_ROWS") {
+            props = props
+                .set_data_page_row_count_limit(rows)
+                .set_write_batch_size((rows / 4).clamp(1, 1024));
+        }
+        if let Some(bytes) = seam("LAKECDC_TEST_DICTIONARY_BYTES") {
+            props = props.set_dictionary_page_size_limit(bytes);
+        }
     }
     Ok(props.build())
 }

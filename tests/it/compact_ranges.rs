@@ -422,6 +422,7 @@ fn bases_at_the_target_are_rewritten_in_runs_of_their_pages() {
             "--nocapture",
         ])
         .env("LAKECDC_TEST_PAGE_ROWS", "400")
+        .env("LAKECDC_TEST_DICTIONARY_BYTES", "1024")
         .output()
         .unwrap();
     let text = format!(
@@ -443,6 +444,10 @@ async fn runs_of_pages() {
     assert_eq!(
         std::env::var("LAKECDC_TEST_PAGE_ROWS").as_deref(),
         Ok("400")
+    );
+    assert_eq!(
+        std::env::var("LAKECDC_TEST_DICTIONARY_BYTES").as_deref(),
+        Ok("1024")
     );
     // 3,000 rows: a base holds one row group of several pages.
     let (mut rig, mut r) = lake_from_init(2107, 3_000, 3_000).await;
@@ -477,10 +482,23 @@ async fn runs_of_pages() {
         .chain([rows])
         .collect();
     assert!(starts.len() > 2, "{starts:?}");
-    // Updates only: every run comes out row for row.
+    // The e-mail column's pages: its dictionary fell back after a quarter page, so they start
+    // elsewhere than row_id's.
+    let mut emails = BTreeSet::new();
+    for path in before.keys() {
+        let file = rig.store.get_bytes(path).await.unwrap().bytes;
+        emails.extend(
+            column_pages(&file, "email")
+                .into_iter()
+                .flat_map(|(_, p)| p),
+        );
+    }
+    // Updates of one column only: every run comes out row for row, the others unchanged.
     let ids: Vec<Uuid> = rig.writer.rows.keys().copied().collect();
     for id in ids.iter().step_by(100) {
-        rig.writer.update(*id, Customer::random(&mut r)).await;
+        let mut c = rig.writer.rows[id].value.clone();
+        c.age = Some(c.age.map_or(1, |a| (a + 1) % 120));
+        rig.writer.update(*id, c).await;
     }
     rig.flush().await;
     let s = compact(&rig, &opts(&rig, target, 0.0, 32)).await;
@@ -506,6 +524,19 @@ async fn runs_of_pages() {
     );
     assert!(groups.iter().all(|&n| n < rows), "{groups:?}");
     assert!(s.chunks_copied > 0, "{s:?}");
+    // A run's e-mail chunk: the source's plain pages copied between pages encoded anew, no
+    // dictionary page.
+    let mut mixed = 0;
+    for path in bases.keys() {
+        let file = rig.store.get_bytes(path).await.unwrap().bytes;
+        for (dictionary, pages) in column_pages(&file, "email") {
+            let copied = pages.iter().filter(|p| emails.contains(*p)).count();
+            if !dictionary && copied > 0 && copied < pages.len() {
+                mixed += 1;
+            }
+        }
+    }
+    assert!(mixed > 0, "no e-mail chunk mixes copied and new pages");
     // Inserts, deletes and updates, and every base rewritten again.
     for _ in 0..300 {
         rig.writer.random_op(&mut r).await;
@@ -516,6 +547,39 @@ async fn runs_of_pages() {
     assert_base_tier(&rig, target).await;
     let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
     assert_eq!(rig.assert_oracle().await, (live, 0));
+}
+
+/// Column `name`'s chunks in a lake file, one per row group: whether it has a dictionary
+/// page, and the bytes of each of its data pages.
+fn column_pages(file: &bytes::Bytes, name: &str) -> Vec<(bool, Vec<bytes::Bytes>)> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::file::serialized_reader::ReadOptionsBuilder;
+    let options = ReadOptionsBuilder::new().with_page_index().build();
+    let reader = SerializedFileReader::new_with_options(file.clone(), options).unwrap();
+    let meta = reader.metadata();
+    let leaf = meta
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .position(|c| c.name() == name)
+        .unwrap();
+    let index = meta.offset_index().unwrap();
+    meta.row_groups()
+        .iter()
+        .enumerate()
+        .map(|(rg, group)| {
+            let pages = index[rg][leaf]
+                .page_locations
+                .iter()
+                .map(|p| {
+                    let at = p.offset as usize;
+                    file.slice(at..at + p.compressed_page_size as usize)
+                })
+                .collect();
+            (group.column(leaf).dictionary_page_offset().is_some(), pages)
+        })
+        .collect()
 }
 
 /// Any one upload of a pass with several outputs failing, and the splice failing: the
