@@ -243,10 +243,11 @@ impl Earlier for Run {
                 out.encoded(field, &slice(values, b, self.rows), b)?;
             }
         }
-        let encodings = match out.encoded {
+        let encodings = if out.encoded {
             // Those of the pages encoded here and of the pages copied.
-            Some(mask) => EncodingMask::try_new(mask.as_i32() | out.seen).ok()?,
-            None => *meta.encodings_mask(),
+            EncodingMask::try_new(out.encodings).ok()?
+        } else {
+            *meta.encodings_mask()
         };
         let Copied {
             bytes,
@@ -316,10 +317,11 @@ struct Copied {
     dictionary: bool,
     locations: Vec<PageLocation>,
     unencoded: Option<Vec<i64>>,
-    /// The encodings of the pages encoded here, if any.
-    encoded: Option<EncodingMask>,
-    /// The encodings of the data pages copied, as a mask.
-    seen: i32,
+    /// Whether some of its pages were encoded here.
+    encoded: bool,
+    /// The encodings of its data pages (and, for pages encoded here, of their levels), as an
+    /// [`EncodingMask`]'s bits.
+    encodings: i32,
 }
 
 impl Copied {
@@ -330,8 +332,8 @@ impl Copied {
             dictionary: false,
             locations: Vec::new(),
             unencoded: Some(Vec::new()),
-            encoded: None,
-            seen: 0,
+            encoded: false,
+            encodings: 0,
         }
     }
 
@@ -368,7 +370,7 @@ impl Copied {
             moved.first_row_index = p.first_row_index.checked_sub(first)?;
             let header = self.page(data, p.offset, i64::from(p.compressed_page_size))?;
             if let Some(e) = header.encoding {
-                self.seen |= 1i32.checked_shl(u32::try_from(e).ok()?)?;
+                self.encodings |= 1i32.checked_shl(u32::try_from(e).ok()?)?;
             }
             self.locations.push(moved);
             let bytes = index
@@ -404,9 +406,8 @@ impl Copied {
             (u, _) => *u = None,
         }
         self.uncompressed += close.metadata.uncompressed_size();
-        let mask =
-            close.metadata.encodings_mask().as_i32() | self.encoded.map_or(0, |m| m.as_i32());
-        self.encoded = Some(EncodingMask::try_new(mask).ok()?);
+        self.encodings |= close.metadata.encodings_mask().as_i32();
+        self.encoded = true;
         self.bytes.extend_from_slice(&bytes);
         Some(())
     }

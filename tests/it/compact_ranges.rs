@@ -11,6 +11,8 @@ use lakecdc::compact::{CompactOptions, Decision, Outcome, SchemaCompact};
 use lakecdc::init::InitOptions;
 use lakecdc::store::ObjectStore;
 use lakecdc::store::fault::{Action, Op};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::serialized_reader::ReadOptionsBuilder;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -438,9 +440,6 @@ fn bases_at_the_target_are_rewritten_in_runs_of_their_pages() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "run by bases_at_the_target_are_rewritten_in_runs_of_their_pages, with small pages"]
 async fn runs_of_pages() {
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    use parquet::file::serialized_reader::ReadOptionsBuilder;
-
     assert_eq!(
         std::env::var("LAKECDC_TEST_PAGE_ROWS").as_deref(),
         Ok("400")
@@ -460,27 +459,11 @@ async fn runs_of_pages() {
     // The largest base fits the target, with less than the writer's 5% to spare.
     let target = largest + largest / 50;
     // Where its row_id column's pages start: the runs' possible ends.
-    let reader = SerializedFileReader::new_with_options(
-        rig.store.get_bytes(&largest_path).await.unwrap().bytes,
-        ReadOptionsBuilder::new().with_page_index().build(),
-    )
-    .unwrap();
-    let meta = reader.metadata();
-    assert_eq!(meta.num_row_groups(), 1);
-    let rows = meta.row_group(0).num_rows();
-    let leaf = meta
-        .file_metadata()
-        .schema_descr()
-        .columns()
-        .iter()
-        .position(|c| c.name() == "row_id")
-        .unwrap();
-    let starts: Vec<i64> = meta.offset_index().unwrap()[0][leaf]
-        .page_locations
-        .iter()
-        .map(|p| p.first_row_index)
-        .chain([rows])
-        .collect();
+    let largest_file = rig.store.get_bytes(&largest_path).await.unwrap().bytes;
+    let row_ids = column_pages(&largest_file, "row_id");
+    assert_eq!(row_ids.len(), 1);
+    let rows = row_ids[0].rows;
+    let starts: Vec<i64> = row_ids[0].starts.iter().copied().chain([rows]).collect();
     assert!(starts.len() > 2, "{starts:?}");
     // The e-mail column's pages: its dictionary fell back after a quarter page, so they start
     // elsewhere than row_id's.
@@ -490,7 +473,7 @@ async fn runs_of_pages() {
         emails.extend(
             column_pages(&file, "email")
                 .into_iter()
-                .flat_map(|(_, p)| p),
+                .flat_map(|c| c.pages),
         );
     }
     // Updates of one column only: every run comes out row for row, the others unchanged.
@@ -529,9 +512,9 @@ async fn runs_of_pages() {
     let mut mixed = 0;
     for path in bases.keys() {
         let file = rig.store.get_bytes(path).await.unwrap().bytes;
-        for (dictionary, pages) in column_pages(&file, "email") {
-            let copied = pages.iter().filter(|p| emails.contains(*p)).count();
-            if !dictionary && copied > 0 && copied < pages.len() {
+        for c in column_pages(&file, "email") {
+            let copied = c.pages.iter().filter(|p| emails.contains(*p)).count();
+            if !c.dictionary && copied > 0 && copied < c.pages.len() {
                 mixed += 1;
             }
         }
@@ -549,11 +532,20 @@ async fn runs_of_pages() {
     assert_eq!(rig.assert_oracle().await, (live, 0));
 }
 
-/// Column `name`'s chunks in a lake file, one per row group: whether it has a dictionary
-/// page, and the bytes of each of its data pages.
-fn column_pages(file: &bytes::Bytes, name: &str) -> Vec<(bool, Vec<bytes::Bytes>)> {
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    use parquet::file::serialized_reader::ReadOptionsBuilder;
+/// A column chunk of a lake file, as its pages lie.
+struct ChunkPages {
+    /// Whether it has a dictionary page.
+    dictionary: bool,
+    /// Its row group's rows.
+    rows: i64,
+    /// The first row of each data page.
+    starts: Vec<i64>,
+    /// The bytes of each data page.
+    pages: Vec<bytes::Bytes>,
+}
+
+/// Column `name`'s chunks in a lake file, one per row group.
+fn column_pages(file: &bytes::Bytes, name: &str) -> Vec<ChunkPages> {
     let options = ReadOptionsBuilder::new().with_page_index().build();
     let reader = SerializedFileReader::new_with_options(file.clone(), options).unwrap();
     let meta = reader.metadata();
@@ -569,15 +561,19 @@ fn column_pages(file: &bytes::Bytes, name: &str) -> Vec<(bool, Vec<bytes::Bytes>
         .iter()
         .enumerate()
         .map(|(rg, group)| {
-            let pages = index[rg][leaf]
-                .page_locations
-                .iter()
-                .map(|p| {
-                    let at = p.offset as usize;
-                    file.slice(at..at + p.compressed_page_size as usize)
-                })
-                .collect();
-            (group.column(leaf).dictionary_page_offset().is_some(), pages)
+            let locations = &index[rg][leaf].page_locations;
+            ChunkPages {
+                dictionary: group.column(leaf).dictionary_page_offset().is_some(),
+                rows: group.num_rows(),
+                starts: locations.iter().map(|p| p.first_row_index).collect(),
+                pages: locations
+                    .iter()
+                    .map(|p| {
+                        let at = p.offset as usize;
+                        file.slice(at..at + p.compressed_page_size as usize)
+                    })
+                    .collect(),
+            }
         })
         .collect()
 }
