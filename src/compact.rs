@@ -55,6 +55,7 @@ use crate::lake::{Layout, SourceGuard};
 use crate::report::label;
 use crate::retry::Backoff;
 use crate::source::registry::Registered;
+use crate::store::stream as stream_parts;
 use crate::store::{ObjectStore, delete_or_leave};
 
 pub use crate::engine::parallel::MIN_REPEAT_ROWS;
@@ -630,8 +631,8 @@ async fn rewrite(
     let produced = match produced {
         Ok(x) => x,
         Err((e, staged)) => {
-            for s in staged {
-                delete_or_leave(store, &s.key, "staged compaction output").await;
+            for key in staged {
+                delete_or_leave(store, &key, "staged compaction output").await;
             }
             return Err(e.into());
         }
@@ -672,8 +673,8 @@ fn chains(inputs: &[FileEntry], bases: usize) -> Vec<Vec<usize>> {
 }
 
 /// Whether the work dir has room for what a pass writes locally: at most two base files of
-/// the target size (one written, one uploaded, never more than the sources hold) and the
-/// consolidated delta (never more than the deltas hold).
+/// the target size (one written, one uploaded, never more than the sources hold). The
+/// consolidated delta is streamed to the store, never written locally.
 fn check_room(opts: &CompactOptions, inputs: &[FileEntry], dir: &Path) -> Result<()> {
     let Some(measure) = opts.free_space else {
         return Ok(());
@@ -683,11 +684,10 @@ fn check_room(opts: &CompactOptions, inputs: &[FileEntry], dir: &Path) -> Result
             .max(0)
             .unsigned_abs()
     };
-    let bases = opts
+    let needed = opts
         .target_base_size
         .saturating_mul(2)
         .min(bytes(Tier::Base).saturating_add(bytes(Tier::Delta)));
-    let needed = bases.saturating_add(bytes(Tier::Delta));
     let free = measure(dir).map_err(|source| Error::Io {
         op: "measure free space of work dir",
         path: dir.to_path_buf(),
@@ -697,7 +697,8 @@ fn check_room(opts: &CompactOptions, inputs: &[FileEntry], dir: &Path) -> Result
 }
 
 /// Step 2: the merge on one blocking thread, the writer on another, the sources streamed and
-/// the outputs staged by tasks. On failure, returns what was staged so far (to delete).
+/// the outputs staged by tasks. On failure, returns the keys of what was staged so far (to
+/// delete).
 #[allow(clippy::too_many_arguments)]
 async fn produce(
     p: &Pass<'_>,
@@ -707,7 +708,7 @@ async fn produce(
     schema: SchemaRef,
     zero_row_base: bool,
     dir: &Path,
-) -> std::result::Result<Produced, (Error, Vec<StagedFile>)> {
+) -> std::result::Result<Produced, (Error, Vec<String>)> {
     let t = Instant::now();
     let store = p.ctx.lake.store.clone();
     let mut cursors = Vec::with_capacity(streams.len());
@@ -722,7 +723,7 @@ async fn produce(
             tx,
         )));
     }
-    let (done_tx, mut done_rx) = mpsc::channel::<output::Written>(1);
+    let (done_tx, mut done_rx) = mpsc::channel::<output::Done>(1);
     let (ack_tx, ack_rx) = std::sync::mpsc::channel::<()>();
     let (msg_tx, msg_rx) = std::sync::mpsc::sync_channel::<output::Msg>(4);
     let outputs = output::Outputs::new(
@@ -739,12 +740,34 @@ async fn produce(
         merge::Merge::new(&ranges_owned, &rewrite, min_repeat, schema, msg_tx)
             .run(cursors, zero_row_base)
     });
-    // Stage each finished output as it arrives.
+    // Stage each finished output as it arrives; a streamed one's upload runs from its start.
     let mut staged: Vec<StagedFile> = Vec::new();
     let mut upload_error: Option<Error> = None;
-    while let Some(written) = done_rx.recv().await {
-        let res = stage_output(p, &written).await;
-        let _ = tokio::fs::remove_file(&written.path).await;
+    let mut streaming: Option<Streaming> = None;
+    while let Some(done) = done_rx.recv().await {
+        let res = match done {
+            output::Done::Streaming(kind, parts) => {
+                streaming = Some(start_streamed(p, kind, parts));
+                continue;
+            }
+            output::Done::Finished(w) => match &w.path {
+                Some(path) => {
+                    let key = new_key(p, w.kind);
+                    let clock = p.ctx.clock.as_ref();
+                    let res =
+                        job::upload(store.as_ref(), clock, path, &key, upload_op(w.kind)).await;
+                    let _ = tokio::fs::remove_file(path).await;
+                    let _ = ack_tx.send(());
+                    res.map(|s| staged_file(key, &w, s))
+                }
+                None => match streaming.take() {
+                    Some((key, task)) => joined(task).await.map(|s| staged_file(key, &w, s)),
+                    None => Err(Error::Invariant(
+                        "a streamed output finished that never started".into(),
+                    )),
+                },
+            },
+        };
         match res {
             Ok(s) => staged.push(s),
             Err(e) => {
@@ -752,7 +775,6 @@ async fn produce(
                 break;
             }
         }
-        let _ = ack_tx.send(());
     }
     drop(done_rx);
     drop(ack_tx);
@@ -762,6 +784,23 @@ async fn produce(
         .map_err(Error::task("write compaction outputs"));
     for pump in pumps {
         pump.abort();
+    }
+    let staged_files = staged;
+    let mut staged: Vec<String> = staged_files.iter().map(|s| s.key.clone()).collect();
+    // A streamed upload still under way when the writer stopped: its failure explains the
+    // writer's (its writes failed with it); one the writer abandoned stored nothing; one that
+    // completed anyway is deleted with the other staged outputs.
+    if let Some((key, task)) = streaming.take() {
+        match joined(task).await {
+            Ok(_) => staged.push(key),
+            Err(Error::Storage {
+                source: crate::store::StoreError::Unfinished,
+                ..
+            }) => {}
+            Err(e) => {
+                upload_error.get_or_insert(e);
+            }
+        }
     }
     tracing::debug!(ms = t.elapsed().as_millis() as u64, "compact step merge");
     // The merge's own error explains a writer that stopped for it, so it comes before the
@@ -776,29 +815,58 @@ async fn produce(
         Ok((counts, totals)) => Ok(Produced {
             counts,
             totals,
-            staged,
+            staged: staged_files,
         }),
         Err(e) => Err((e, staged)),
     }
 }
 
-/// Uploads one finished output straight to its final key: a new base to
-/// `base-{uuidv7}.parquet`, the consolidated delta to a delta key (docs/design.md §4.3).
-async fn stage_output(p: &Pass<'_>, w: &output::Written) -> Result<StagedFile> {
-    let (store, layout) = (p.ctx.lake.store.as_ref(), &p.ctx.lake.layout);
-    let clock = p.ctx.clock.as_ref();
-    let (key, tier, staged) = match w.kind {
-        output::Kind::Base => {
-            let key = layout.merged_base_key(p.schema_id, Uuid::now_v7());
-            let staged = job::upload(store, clock, &w.path, &key, "upload merged base").await?;
-            (key, Tier::Base, staged)
-        }
-        output::Kind::Delta => {
-            let key = layout.delta_key(p.schema_id, Uuid::now_v7());
-            let staged =
-                job::upload(store, clock, &w.path, &key, "upload consolidated delta").await?;
-            (key, Tier::Delta, staged)
-        }
+/// A streamed output's key and its upload's task.
+type Streaming = (String, tokio::task::JoinHandle<Result<job::Staged>>);
+
+/// A new output's final key: a new base's `base-{uuidv7}.parquet`, the consolidated delta's a
+/// delta key (docs/design.md §4.3).
+fn new_key(p: &Pass<'_>, kind: output::Kind) -> String {
+    let layout = &p.ctx.lake.layout;
+    match kind {
+        output::Kind::Base => layout.merged_base_key(p.schema_id, Uuid::now_v7()),
+        output::Kind::Delta => layout.delta_key(p.schema_id, Uuid::now_v7()),
+    }
+}
+
+/// The step an output's upload is named by in errors.
+fn upload_op(kind: output::Kind) -> &'static str {
+    match kind {
+        output::Kind::Base => "upload merged base",
+        output::Kind::Delta => "upload consolidated delta",
+    }
+}
+
+/// Starts storing a streamed output straight to its final key as it is written (docs/design.md
+/// §9); its lease starts now.
+fn start_streamed(p: &Pass<'_>, kind: output::Kind, parts: stream_parts::Parts) -> Streaming {
+    let key = new_key(p, kind);
+    let started = (Instant::now(), p.ctx.clock.now_ms());
+    let store = p.ctx.lake.store.clone();
+    let to = key.clone();
+    let task = tokio::spawn(async move {
+        job::upload_parts(store.as_ref(), started, parts, &to, upload_op(kind)).await
+    });
+    (key, task)
+}
+
+/// A streamed output's upload, once it ended.
+async fn joined(task: tokio::task::JoinHandle<Result<job::Staged>>) -> Result<job::Staged> {
+    task.await
+        .map_err(Error::task("upload consolidated delta"))
+        .and_then(|r| r)
+}
+
+/// The manifest entry of an uploaded output.
+fn staged_file(key: String, w: &output::Written, staged: job::Staged) -> StagedFile {
+    let tier = match w.kind {
+        output::Kind::Base => Tier::Base,
+        output::Kind::Delta => Tier::Delta,
     };
     let (row_id_min, row_id_max) = match w.keys {
         Some((lo, hi)) => (ranges::key_text(lo), ranges::key_text(hi)),
@@ -817,7 +885,7 @@ async fn stage_output(p: &Pass<'_>, w: &output::Written) -> Result<StagedFile> {
         columns: Some(w.columns.iter().cloned().collect()),
         extra: Default::default(),
     };
-    Ok(StagedFile { key, entry, staged })
+    StagedFile { key, entry, staged }
 }
 
 /// Step 3: one conditional save lists the new files in place of their sources and retires

@@ -619,7 +619,7 @@ mod tests {
     use parquet::arrow::ArrowWriter;
 
     use super::*;
-    use crate::compact::output::{Outputs, Written};
+    use crate::compact::output::{Done, Outputs};
     use crate::engine::parallel::{MIN_REPEAT_ROWS, ParallelWriter};
     use crate::lake::manifest::{FileEntry, Manifest, Tier};
     use crate::lake::ranges::key_text;
@@ -963,7 +963,7 @@ mod tests {
         let rewrite = vec![true; files.len()];
         let (ranges, schema, cursors, _store) = prepare(files, &rewrite, lake_file).await;
         let dir = test_dir();
-        let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Written>(1);
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Done>(1);
         let (ack_tx, ack_rx) = std::sync::mpsc::channel();
         let (msg_tx, msg_rx) = sync_channel(4);
         let outputs = Outputs::new(&dir, schema.clone(), target, done_tx, ack_rx);
@@ -972,8 +972,19 @@ mod tests {
             Merge::new(&ranges, &rewrite, MIN_REPEAT_ROWS, schema, msg_tx).run(cursors, false)
         });
         let mut out = Vec::new();
-        while let Some(w) = done_rx.recv().await {
-            let bytes = Bytes::from(std::fs::read(&w.path).unwrap());
+        let mut streamed = None;
+        while let Some(done) = done_rx.recv().await {
+            let w = match done {
+                Done::Streaming(_, parts) => {
+                    streamed = Some(tokio::spawn(crate::store::stream::collect(parts)));
+                    continue;
+                }
+                Done::Finished(w) => w,
+            };
+            let bytes = match &w.path {
+                Some(path) => Bytes::from(std::fs::read(path).unwrap()),
+                None => streamed.take().unwrap().await.unwrap().unwrap().0,
+            };
             let mut rows = Rows::new();
             for b in ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
                 .unwrap()

@@ -1,9 +1,11 @@
 //! The files a compaction writes (docs/design.md §9): new bases, each cut before it would pass
 //! `--target-base-size` and wherever the merge leaves a kept range between two rewritten
 //! ones, and at most one consolidated delta. Runs on its own thread, fed by the merge; each
-//! finished file goes to the uploader at once, and a new file is only started once at most
-//! one finished file is still waiting for its upload, so local disk holds at most the files
-//! being written and one being uploaded, whatever the schema's size.
+//! finished base goes to the uploader at once, and a new base is only started once at most
+//! one finished base is still waiting for its upload, so local disk holds at most the base
+//! being written and one being uploaded, whatever the schema's size. The consolidated delta,
+//! which has no size limit (it holds what the deltas hold), is never on local disk: its bytes
+//! go to a streamed upload as it is written.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -17,12 +19,15 @@ use tokio::sync::mpsc;
 
 use parquet::file::reader::ChunkReader;
 
-use crate::engine::parallel::{Earlier, Finished, ParallelWriter, Span, Spill, footer_margin};
+use crate::engine::parallel::{
+    Closed, Earlier, Finished, ParallelWriter, Span, Spill, footer_margin,
+};
 use crate::error::{Error, Result};
 use crate::lake::footer;
 use crate::lake::manifest::Tier;
 use crate::lake::ranges::{Key, key};
 use crate::lake::streamed::Group;
+use crate::store::stream::{self, Parts};
 
 use super::pages;
 
@@ -33,6 +38,16 @@ pub(crate) enum Kind {
     Base,
     /// The consolidated delta.
     Delta,
+}
+
+/// What the writer hands the uploader.
+#[derive(Debug)]
+pub(crate) enum Done {
+    /// An output of `kind` is being written to a streamed upload: store what `parts` yields
+    /// under a new key. Its [`Written`] follows once its object is complete.
+    Streaming(Kind, Parts),
+    /// A finished output.
+    Finished(Written),
 }
 
 /// What the merge sends the writer.
@@ -57,8 +72,8 @@ pub(crate) enum Msg {
 pub(crate) struct Written {
     /// Base or consolidated delta.
     pub kind: Kind,
-    /// The local file.
-    pub path: PathBuf,
+    /// The local file; none for a streamed output (its upload is under way).
+    pub path: Option<PathBuf>,
     /// Rows in it.
     pub rows: u64,
     /// Its smallest and largest `row_id` (none for a zero-row file).
@@ -82,7 +97,8 @@ pub(crate) struct Totals {
 
 /// An output file being written.
 struct Open {
-    path: PathBuf,
+    /// The local file; none for a streamed output.
+    path: Option<PathBuf>,
     /// Encoded bytes per Arrow byte before anything is appended: the last file's.
     first_ratio: f64,
     writer: ParallelWriter,
@@ -203,8 +219,8 @@ pub(crate) struct Outputs {
     base: Option<Open>,
     delta: Option<Open>,
     next: usize,
-    done: mpsc::Sender<Written>,
-    /// One message per upload finished, in the order the files were handed over.
+    done: mpsc::Sender<Done>,
+    /// One message per local file's upload finished, in the order the files were handed over.
     acks: Receiver<()>,
     /// Sizes of finished files not yet uploaded (their local copies still exist), oldest first.
     waiting: VecDeque<u64>,
@@ -233,7 +249,7 @@ impl Outputs {
         dir: &Path,
         schema: SchemaRef,
         target: u64,
-        done: mpsc::Sender<Written>,
+        done: mpsc::Sender<Done>,
         acks: Receiver<()>,
     ) -> Self {
         Self {
@@ -282,29 +298,44 @@ impl Outputs {
         }
     }
 
-    /// Local bytes now: the finished files waiting for upload and the open ones.
+    /// Local bytes now: the finished files waiting for upload and the open local ones.
     fn note_scratch(&mut self) {
         let open: u64 = [&self.base, &self.delta]
             .iter()
             .filter_map(|o| o.as_ref())
+            .filter(|o| o.path.is_some())
             .map(|o| o.writer.bytes_written())
             .sum();
         let now = open + self.waiting.iter().sum::<u64>();
         self.totals.scratch_peak = self.totals.scratch_peak.max(now);
     }
 
-    /// Opens a new file of `kind`, first waiting until at most one finished file is still
-    /// being uploaded.
+    /// Opens a new file of `kind`: a base on local disk, first waiting until at most one
+    /// finished base is still being uploaded; the consolidated delta as a streamed upload.
     fn start(&mut self, kind: Kind) -> Result<()> {
-        while self.waiting.len() > 1 {
-            self.wait_for_upload()?;
-        }
-        let path = self.dir.join(format!("out-{}.parquet", self.next));
-        self.next += 1;
-        let mut writer = ParallelWriter::create(&path, self.schema.clone())?;
-        if kind == Kind::Base {
-            writer.set_limit(self.target);
-        }
+        let (path, writer) = match kind {
+            Kind::Base => {
+                while self.waiting.len() > 1 {
+                    self.wait_for_upload()?;
+                }
+                let path = self.dir.join(format!("out-{}.parquet", self.next));
+                self.next += 1;
+                let mut writer = ParallelWriter::create(&path, self.schema.clone())?;
+                writer.set_limit(self.target);
+                (Some(path), writer)
+            }
+            Kind::Delta => {
+                let (upload, parts) = stream::channel();
+                self.done
+                    .blocking_send(Done::Streaming(kind, parts))
+                    .map_err(|_| Error::Invariant("the uploader stopped".into()))?;
+                let name = Path::new("the consolidated delta (streamed)");
+                (
+                    None,
+                    ParallelWriter::streamed(name, upload, self.schema.clone())?,
+                )
+            }
+        };
         let first_ratio = self.ratio;
         *self.slot(kind) = Some(Open {
             path,
@@ -470,7 +501,12 @@ impl Outputs {
         else {
             return Ok(());
         };
-        let (copied, spilled) = writer.close()?;
+        let Closed {
+            copied,
+            spilled,
+            metadata,
+            size,
+        } = writer.close()?;
         self.totals.copied_chunks += copied;
         if let Some(group) = &spilled {
             stats = taken_back(&stats, &marks, group.rows, 0)?;
@@ -478,24 +514,24 @@ impl Outputs {
         let spilled = match spilled {
             Some(group) if stats.rows == 0 => {
                 // The row group was alone: the file holds nothing, and the rows are written
-                // again, cut by size.
-                std::fs::remove_file(&path).map_err(|source| Error::Io {
-                    op: "remove empty compaction output",
-                    path: path.clone(),
-                    source,
-                })?;
+                // again, cut by size. (Only a base has a size limit, and a base is local.)
+                if let Some(path) = &path {
+                    std::fs::remove_file(path).map_err(|source| Error::Io {
+                        op: "remove empty compaction output",
+                        path: path.clone(),
+                        source,
+                    })?;
+                }
                 return self.rewrite_fresh(kind, group);
             }
             other => other,
         };
-        let info = footer::check_file(&path)?;
-        let size = std::fs::metadata(&path)
-            .map_err(|source| Error::Io {
-                op: "measure compaction output",
-                path: path.clone(),
-                source,
-            })?
-            .len();
+        // A local file's footer is read back from disk; a streamed one's is the footer the
+        // writer wrote (the upload hashed exactly those bytes).
+        let info = match &path {
+            Some(path) => footer::check_file(path)?,
+            None => footer::check_metadata("the consolidated delta", metadata.file_metadata())?,
+        };
         let written = Written {
             kind,
             path: path.clone(),
@@ -507,11 +543,13 @@ impl Outputs {
         if stats.arrow_bytes > 0 {
             self.ratio = (size as f64 / stats.arrow_bytes as f64).clamp(0.01, 1.5);
         }
-        self.waiting.push_back(size);
+        if written.path.is_some() {
+            self.waiting.push_back(size);
+        }
         self.totals.files += 1;
         self.note_scratch();
         self.done
-            .blocking_send(written)
+            .blocking_send(Done::Finished(written))
             .map_err(|_| Error::Invariant("the uploader stopped".into()))?;
         if let Some(group) = spilled {
             self.start(kind)?;

@@ -30,12 +30,14 @@ use parquet::arrow::arrow_writer::{
 };
 use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::ParquetError;
+use parquet::file::metadata::ParquetMetaData;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::{ColumnDescriptor, ColumnPath};
 
 use super::ROW_GROUP_SIZE;
 use super::writer::lake_properties;
 use crate::error::{Error, Result};
+use crate::store::stream::PartWriter;
 
 /// A column's writer, by the column's position in the schema.
 type Column = (usize, ArrowColumnWriter);
@@ -237,11 +239,48 @@ enum Answer {
     Closed(Vec<(usize, ArrowColumnChunk)>),
 }
 
+/// Where a [`ParallelWriter`]'s bytes go.
+enum Sink {
+    /// A local file.
+    File(File),
+    /// A streamed upload (docs/design.md §9): nothing is kept on local disk.
+    Upload(PartWriter),
+}
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(f) => f.write(buf),
+            Sink::Upload(u) => u.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(f) => f.flush(),
+            Sink::Upload(u) => u.flush(),
+        }
+    }
+}
+
+/// A closed [`ParallelWriter`]'s file.
+pub(crate) struct Closed {
+    /// Column chunks copied as they are.
+    pub copied: usize,
+    /// The last row group, when it did not fit (for the next file).
+    pub spilled: Option<Finished>,
+    /// The footer written.
+    pub metadata: ParquetMetaData,
+    /// The file's bytes.
+    pub size: u64,
+}
+
 /// A lake Parquet file being written by two threads.
 pub(crate) struct ParallelWriter {
+    /// The file, or what the streamed upload is called in messages.
     path: PathBuf,
     schema: SchemaRef,
-    writer: SerializedFileWriter<File>,
+    writer: SerializedFileWriter<Sink>,
     factory: ArrowRowGroupWriterFactory,
     /// The columns this thread encodes.
     mine: Vec<Column>,
@@ -320,6 +359,21 @@ fn write_columns(
 impl ParallelWriter {
     /// Creates `path` (0600, new) for batches of `schema`.
     pub(crate) fn create(path: &Path, schema: SchemaRef) -> Result<Self> {
+        let file = crate::scratch::create_file(path).map_err(|source| Error::Io {
+            op: "create parquet file",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::open(path, Sink::File(file), schema)
+    }
+
+    /// A file of batches of `schema` handed to a streamed upload as it is written (`name`
+    /// says which in messages); [`ParallelWriter::close`] ends the object.
+    pub(crate) fn streamed(name: &Path, upload: PartWriter, schema: SchemaRef) -> Result<Self> {
+        Self::open(name, Sink::Upload(upload), schema)
+    }
+
+    fn open(path: &Path, sink: Sink, schema: SchemaRef) -> Result<Self> {
         let err = |e: ParquetError| Error::Parquet {
             path: path.display().to_string(),
             message: format!("open writer: {e}"),
@@ -329,13 +383,8 @@ impl ParallelWriter {
             .with_coerce_types(props.coerce_types())
             .convert(&schema)
             .map_err(err)?;
-        let file = crate::scratch::create_file(path).map_err(|source| Error::Io {
-            op: "create parquet file",
-            path: path.to_path_buf(),
-            source,
-        })?;
         let writer =
-            SerializedFileWriter::new(file, parquet_schema.root_schema_ptr(), props.into())
+            SerializedFileWriter::new(sink, parquet_schema.root_schema_ptr(), props.into())
                 .map_err(err)?;
         let factory = ArrowRowGroupWriterFactory::new(&writer, schema.clone());
         let (ask_tx, ask_rx) = channel();
@@ -711,9 +760,10 @@ impl ParallelWriter {
         self.groups
     }
 
-    /// Writes the last row group and the footer; returns how many column chunks were copied
-    /// as they are, and the last row group when it did not fit (for the next file).
-    pub(crate) fn close(mut self) -> Result<(usize, Option<Finished>)> {
+    /// Writes the last row group and the footer (and ends a streamed upload's object);
+    /// returns how many column chunks were copied as they are, the last row group when it did
+    /// not fit (for the next file), the footer and the file's size.
+    pub(crate) fn close(mut self) -> Result<Closed> {
         let spilled = if self.rows_in_group > 0 {
             self.close_group()?
         } else {
@@ -723,10 +773,18 @@ impl ParallelWriter {
         if let Some(h) = self.helper.take() {
             let _ = h.join();
         }
-        self.writer.close().map_err(|e| Error::Parquet {
-            path: self.path.display().to_string(),
-            message: format!("write: {e}"),
-        })?;
-        Ok((self.copied, spilled))
+        let metadata = self.writer.finish().map_err(|e| self.parquet_error(e))?;
+        let size = self.writer.bytes_written() as u64;
+        let ended = match self.writer.inner_mut() {
+            Sink::Upload(u) => u.end().map(drop),
+            Sink::File(_) => Ok(()),
+        };
+        ended.map_err(|e| self.parquet_error(e.into()))?;
+        Ok(Closed {
+            copied: self.copied,
+            spilled,
+            metadata,
+            size,
+        })
     }
 }

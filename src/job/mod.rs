@@ -20,7 +20,7 @@ use crate::source::{Connector, SchemaLock};
 pub mod catalog;
 mod staging;
 
-pub use staging::{Staged, upload};
+pub use staging::{Staged, upload, upload_parts};
 
 /// The longest a compaction may take from staging its new base to listing it. Until listed,
 /// the base is an orphan to gc; gc's grace must be at least twice this (a shorter grace is

@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::store::{ObjectStore, PutResult, delete_or_leave};
+use crate::store::stream::Parts;
+use crate::store::{ObjectStore, PutResult, StoreError, delete_or_leave};
 
 /// A staged object.
 #[derive(Debug, Clone)]
@@ -42,6 +43,25 @@ pub async fn upload(
     })
 }
 
+/// Stores what `parts` yields straight to its new write-once `key` while it is written
+/// (docs/design.md §9), as [`upload`] does a local file. `started` is when the upload began
+/// (monotonic and wall clock): taken before the first request, as an S3 object completed
+/// from parts counts its age from the upload's start.
+pub async fn upload_parts(
+    store: &dyn ObjectStore,
+    started: (Instant, i64),
+    parts: Parts,
+    key: &str,
+    upload_op: &'static str,
+) -> Result<Staged> {
+    let put = clean_failed(store, store.put_parts(key, parts).await, key, upload_op).await?;
+    Ok(Staged {
+        put,
+        uploaded_at: started.0,
+        uploaded_at_ms: started.1,
+    })
+}
+
 /// Uploads `local` to the unlisted `key`; a failed upload deletes whatever of it may have
 /// landed, or leaves it to gc.
 async fn put_or_clean(
@@ -50,7 +70,18 @@ async fn put_or_clean(
     key: &str,
     op: &'static str,
 ) -> Result<PutResult> {
-    match store.put_file(key, local).await {
+    clean_failed(store, store.put_file(key, local).await, key, op).await
+}
+
+/// Passes on an upload's result; a failed one's `key` is deleted (it may have landed), or
+/// left to gc.
+async fn clean_failed(
+    store: &dyn ObjectStore,
+    done: std::result::Result<PutResult, StoreError>,
+    key: &str,
+    op: &'static str,
+) -> Result<PutResult> {
+    match done {
         Ok(put) => Ok(put),
         Err(source) => {
             delete_or_leave(store, key, "unlisted upload").await;

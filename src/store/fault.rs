@@ -19,6 +19,8 @@ pub enum Op {
     PutFile,
     /// `put_bytes`
     PutBytes,
+    /// `put_parts` (a streamed upload)
+    PutParts,
     /// `get_bytes`
     GetBytes,
     /// `get_to_file`
@@ -40,7 +42,10 @@ pub enum Op {
 impl Op {
     /// True for operations that write to the store.
     pub fn is_write(self) -> bool {
-        matches!(self, Op::PutFile | Op::PutBytes | Op::Copy | Op::Delete)
+        matches!(
+            self,
+            Op::PutFile | Op::PutBytes | Op::PutParts | Op::Copy | Op::Delete
+        )
     }
 }
 
@@ -233,6 +238,15 @@ impl ObjectStore for FaultStore {
 
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
         self.run(Op::PutFile, key, self.inner.put_file(key, path))
+            .await
+    }
+
+    async fn put_parts(
+        &self,
+        key: &str,
+        parts: super::stream::Parts,
+    ) -> Result<PutResult, StoreError> {
+        self.run(Op::PutParts, key, self.inner.put_parts(key, parts))
             .await
     }
 

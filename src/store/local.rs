@@ -29,10 +29,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rustix::fs::{AtFlags, Dir, Mode, OFlags};
 use rustix::io::Errno;
+use sha2::{Digest, Sha256};
 
 use super::{
     AbandonedWrite, Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError,
-    copy_hashing, range_within,
+    copy_hashing, range_within, stream::Part,
 };
 
 const OWN_PREFIX: &str = ".lakecdc-";
@@ -541,6 +542,39 @@ impl ObjectStore for LocalStore {
         let key = key.to_string();
         self.blocking(move |s| s.put_bytes_blocking(&key, &body, &mode))
             .await
+    }
+
+    async fn put_parts(
+        &self,
+        key: &str,
+        mut parts: super::stream::Parts,
+    ) -> Result<PutResult, StoreError> {
+        let key = key.to_string();
+        self.blocking(move |s| {
+            validate_key(&key)?;
+            let root = s.open_root()?;
+            let p = make_parent(root.as_fd(), &key)?;
+            existing(&p, &key)?;
+            // Written to a hidden temporary file and renamed into place once the writer
+            // ended the object: an unfinished one is never seen under its key.
+            let (size, sha256, etag) = Self::write_atomic(&p, |f| {
+                let mut hasher = Sha256::new();
+                let mut size = 0u64;
+                loop {
+                    match parts.blocking_recv() {
+                        Some(Part::Bytes(b)) => {
+                            hasher.update(&b);
+                            f.write_all(&b)?;
+                            size += b.len() as u64;
+                        }
+                        Some(Part::End) => return Ok((size, hasher.finalize().into())),
+                        None => return Err(StoreError::Unfinished),
+                    }
+                }
+            })?;
+            Ok(PutResult { size, sha256, etag })
+        })
+        .await
     }
 
     async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {

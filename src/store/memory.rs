@@ -116,6 +116,15 @@ impl ObjectStore for MemoryStore {
         self.write(key, body, &mode)
     }
 
+    async fn put_parts(
+        &self,
+        key: &str,
+        parts: super::stream::Parts,
+    ) -> Result<PutResult, StoreError> {
+        let (body, _) = super::stream::collect(parts).await?;
+        self.write(key, body, &PutMode::Overwrite)
+    }
+
     async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {
         let e = self.within(key, limit)?;
         Ok(GetResult {

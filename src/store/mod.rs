@@ -14,6 +14,7 @@ pub mod local;
 pub mod memory;
 pub mod probe;
 pub mod s3;
+pub mod stream;
 
 use std::path::Path;
 
@@ -165,6 +166,10 @@ pub enum StoreError {
         /// The object's size, when the store told it.
         size: Option<u64>,
     },
+    /// A streamed upload's writer stopped before it ended the object
+    /// ([`stream::Part::End`]): nothing was stored.
+    #[error("the writer stopped before the object was complete; nothing was stored")]
+    Unfinished,
     /// Injected by the fault decorator (tests).
     #[error("injected fault")]
     Injected,
@@ -230,6 +235,14 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     /// Uploads a local file (multipart above [`MULTIPART_THRESHOLD`] where the backend supports
     /// it), returning the stored size, its SHA-256 and etag.
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError>;
+
+    /// Stores the parts `parts` yields, in order, as one object while they are written (a
+    /// multipart upload on S3, a hidden temporary file renamed into place on a local lake):
+    /// nothing of it is kept on local disk (docs/design.md §9). The object exists only once
+    /// [`stream::Part::End`] arrived and every part is stored; a channel closed before that
+    /// stores nothing and answers [`StoreError::Unfinished`]. Returns the stored size, its
+    /// SHA-256 and etag, as [`ObjectStore::put_file`] does.
+    async fn put_parts(&self, key: &str, parts: stream::Parts) -> Result<PutResult, StoreError>;
 
     /// Writes an in-memory body under a [`PutMode`].
     async fn put_bytes(

@@ -37,6 +37,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::{
     AbandonedWrite, Download, GetResult, MULTIPART_THRESHOLD, ObjectMeta, ObjectStore, PutMode,
     PutResult, StoreError, range_end,
+    stream::{self, Parts},
 };
 
 /// Size of each multipart part.
@@ -45,6 +46,10 @@ const PART_SIZE: usize = 16 * 1024 * 1024;
 const PART_CONCURRENCY: usize = 4;
 /// The largest source one CopyObject may copy (AWS).
 const MAX_COPY_OBJECT_BYTES: u64 = 5 * 1024 * 1024 * 1024;
+/// Parts of a streamed upload ([`ObjectStore::put_parts`]) sent at once: with the part being
+/// filled and the one waiting in the channel, about four parts of [`stream::PART_BYTES`] in
+/// memory.
+const STREAM_CONCURRENCY: usize = 2;
 /// Size of each part of a multipart copy.
 const COPY_PART_SIZE: u64 = 512 * 1024 * 1024;
 /// Most parts in one multipart upload (S3).
@@ -406,6 +411,60 @@ impl S3Store {
         })
     }
 
+    /// Uploads the parts of a streamed object after its first two as they arrive, a few at a
+    /// time, and completes the upload once the writer ended the object.
+    async fn upload_streamed(
+        &self,
+        key: &str,
+        upload_id: &str,
+        first: [Bytes; 2],
+        parts: &mut Parts,
+    ) -> Result<PutResult, StoreError> {
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut part_number = 0i32;
+        let mut pending = futures::stream::FuturesOrdered::new();
+        let mut done = Vec::new();
+        let mut start = |chunk: Bytes, pending: &mut futures::stream::FuturesOrdered<_>| {
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            part_number += 1;
+            if u64::try_from(part_number).unwrap_or(u64::MAX) > MAX_PARTS {
+                return Err(StoreError::Backend {
+                    message: format!("a streamed object passed {MAX_PARTS} parts"),
+                    source: None,
+                });
+            }
+            pending.push_back(self.upload_part(key, upload_id, part_number, chunk));
+            Ok(())
+        };
+        for chunk in first {
+            start(chunk, &mut pending)?;
+        }
+        let mut ended = false;
+        loop {
+            tokio::select! {
+                biased;
+                Some(part) = pending.next(), if !pending.is_empty() => done.push(part?),
+                next = stream::next(parts), if !ended && pending.len() < STREAM_CONCURRENCY => {
+                    match next? {
+                        Some(chunk) => start(chunk, &mut pending)?,
+                        None => ended = true,
+                    }
+                }
+                else => break,
+            }
+        }
+        let etag = self
+            .complete_multipart(key, upload_id, done, "complete multipart upload")
+            .await?;
+        Ok(PutResult {
+            size,
+            sha256: hasher.finalize().into(),
+            etag,
+        })
+    }
+
     async fn upload_part(
         &self,
         key: &str,
@@ -699,6 +758,21 @@ impl ObjectStore for S3Store {
         }
         let body = Bytes::from(tokio::fs::read(path).await?);
         self.put_bytes(key, body, PutMode::Overwrite).await
+    }
+
+    async fn put_parts(&self, key: &str, mut parts: Parts) -> Result<PutResult, StoreError> {
+        // An object of one part goes up in one PUT, a larger one as a multipart upload.
+        let Some(first) = stream::next(&mut parts).await? else {
+            return self.put_bytes(key, Bytes::new(), PutMode::Overwrite).await;
+        };
+        let Some(second) = stream::next(&mut parts).await? else {
+            return self.put_bytes(key, first, PutMode::Overwrite).await;
+        };
+        let upload_id = self.create_multipart(key, true).await?;
+        let done = self
+            .upload_streamed(key, &upload_id, [first, second], &mut parts)
+            .await;
+        self.abort_failed(key, &upload_id, done).await
     }
 
     async fn put_bytes(

@@ -641,3 +641,91 @@ async fn a_failed_output_or_splice_publishes_nothing_and_a_rerun_converges() {
     let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
     assert_eq!(rig.assert_oracle().await, (live, 0));
 }
+
+/// The consolidated delta goes to the store while it is written, never to local disk
+/// (docs/design.md §9). Its upload refused, its upload landed then reported failed, and a
+/// merged base's upload failing while it is under way: each time the manifest is unchanged
+/// and nothing of the pass is left in the store (no object, no unfinished upload); a clean
+/// rerun rewrites the dirty base, folds the other changes into one delta and converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_streamed_delta_publishes_nothing_and_leaves_nothing() {
+    let (mut rig, mut r) = lake_from_init(2106, 200, 20).await;
+    let target = 1 << 20;
+    let before = assert_base_tier(&rig, target).await;
+    let n = before.len();
+    let bases: Vec<&Value> = before.values().collect();
+    // Three changes in one base (past the ratio), one in each of two others (below it).
+    for (f, changes) in [(bases[2], 3), (bases[5], 1), (bases[7], 1)] {
+        let ids = rows_in(&rig, id(&f["row_id_min"]), id(&f["row_id_max"]));
+        for id in ids.iter().take(changes) {
+            rig.writer.update(*id, Customer::random(&mut r)).await;
+        }
+    }
+    rig.flush().await;
+    let cases = [
+        (Op::PutParts, Action::Fail, "upload consolidated delta"),
+        (Op::PutParts, Action::FailAfter, "upload consolidated delta"),
+        (Op::PutFile, Action::Fail, "upload merged base"),
+    ];
+    for (op, action, step) in cases {
+        let what = format!("{op:?} {action:?}");
+        let manifest_before = rig.store.get_bytes(MANIFEST).await.unwrap().bytes;
+        let objects = rig.keys("data/100/").await;
+        let calls = rig.store.calls().len();
+        rig.store.arm(op, None, 1, action);
+        let s = compact(&rig, &opts(&rig, target, 0.1, 32)).await;
+        assert_eq!(s.outcome, Outcome::Failed, "{what}: {s:?}");
+        let err = s.error.clone().unwrap();
+        assert!(err.contains("injected fault"), "{what}: {err}");
+        assert!(err.contains(step), "{what}: {err}");
+        // The pass did stream a delta.
+        assert!(
+            rig.store.calls()[calls..]
+                .iter()
+                .any(|c| c.op == Op::PutParts && c.key.starts_with("data/100/")),
+            "{what}"
+        );
+        assert_eq!(
+            rig.store.get_bytes(MANIFEST).await.unwrap().bytes,
+            manifest_before,
+            "{what}: the manifest changed"
+        );
+        assert_eq!(rig.keys("data/100/").await, objects, "{what}: objects left");
+        assert_eq!(
+            rig.store.abandoned_writes("data/100/").await.unwrap(),
+            vec![],
+            "{what}: an unfinished upload left"
+        );
+    }
+    let s = compact(&rig, &opts(&rig, target, 0.1, 32)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_eq!((s.bases_rewritten, s.bases_kept), (1, n - 1), "{s:?}");
+    let deltas = files(&manifest(&rig).await, "delta");
+    assert_eq!(deltas.len(), 1, "{deltas:?}");
+    assert_eq!(deltas[0]["row_count"], 2, "{deltas:?}");
+    let listed = deltas[0]["path"].as_str().unwrap();
+    let stored = rig.store.get_bytes(listed).await.unwrap().bytes;
+    assert_eq!(deltas[0]["size_bytes"], stored.len() as u64);
+    assert_eq!(
+        deltas[0]["checksum"],
+        format!("sha256:{}", hex::encode(lakecdc::store::sha256(&stored)))
+    );
+    assert_base_tier(&rig, target).await;
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(rig.assert_oracle().await, (live, 0));
+    // A pass that only consolidates deltas writes nothing to local disk.
+    for f in [bases[4], bases[6]] {
+        let ids = rows_in(&rig, id(&f["row_id_min"]), id(&f["row_id_max"]));
+        rig.writer.update(ids[1], Customer::random(&mut r)).await;
+        rig.flush().await;
+    }
+    let s = compact(&rig, &opts(&rig, target, 0.5, 1)).await;
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_eq!(s.plan.clone().unwrap().decision, Decision::Consolidate);
+    assert_eq!((s.bases_rewritten, s.scratch_peak_bytes), (0, 0), "{s:?}");
+    let deltas = files(&manifest(&rig).await, "delta");
+    assert_eq!(deltas.len(), 1, "{deltas:?}");
+    assert_eq!(deltas[0]["row_count"], 4, "{deltas:?}");
+    let live = rig.writer.rows.values().filter(|m| !m.soft_deleted).count();
+    assert_eq!(rig.assert_oracle().await, (live, 0));
+}

@@ -37,6 +37,14 @@ impl ObjectStore for CreateIgnoringStore {
         self.0.put_file(key, path).await
     }
 
+    async fn put_parts(
+        &self,
+        key: &str,
+        parts: lakecdc::store::stream::Parts,
+    ) -> Result<PutResult, StoreError> {
+        self.0.put_parts(key, parts).await
+    }
+
     async fn put_bytes(
         &self,
         key: &str,

@@ -1,11 +1,12 @@
 //! One conformance suite for every backend: memory, local, and s3 against SeaweedFS.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use lakecdc::store::local::LocalStore;
 use lakecdc::store::memory::MemoryStore;
-use lakecdc::store::{ObjectStore, PutMode, StoreError, sha256};
+use lakecdc::store::{ObjectStore, PutMode, StoreError, sha256, stream};
 use sha2::{Digest, Sha256};
 
 use crate::support::harness;
@@ -235,15 +236,7 @@ async fn racing_writers(store: Arc<dyn ObjectStore>) {
 async fn large_upload(store: &dyn ObjectStore, reader: &dyn ObjectStore) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big.bin");
-    let mut data = vec![0u8; 40 * 1024 * 1024 + 123];
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    for chunk in data.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let bytes = x.to_le_bytes();
-        chunk.copy_from_slice(&bytes[..chunk.len()]);
-    }
+    let data = noise(40 * 1024 * 1024 + 123);
     std::fs::write(&path, &data).unwrap();
     let put = store.put_file("big/obj.bin", &path).await.unwrap();
     assert_eq!(put.size, data.len() as u64);
@@ -252,6 +245,102 @@ async fn large_upload(store: &dyn ObjectStore, reader: &dyn ObjectStore) {
     let independent: [u8; 32] = Sha256::digest(&downloaded).into();
     assert_eq!(put.sha256, independent);
     assert_eq!(downloaded[..], data[..]);
+}
+
+/// `len` bytes that do not compress.
+fn noise(len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for chunk in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    data
+}
+
+/// Writes `data` to a streamed upload of `key` in writes of uneven sizes, from a blocking
+/// thread as the compaction's writer does; `end` ends the object, otherwise the writer is
+/// dropped part-way.
+async fn put_streamed(
+    store: &dyn ObjectStore,
+    key: &str,
+    data: Vec<u8>,
+    end: bool,
+) -> Result<lakecdc::store::PutResult, StoreError> {
+    let (mut w, parts) = stream::channel();
+    let writer = tokio::task::spawn_blocking(move || {
+        let mut at = 0;
+        let mut step = 1;
+        while at < data.len() {
+            let n = step.min(data.len() - at);
+            if w.write_all(&data[at..at + n]).is_err() {
+                return;
+            }
+            at += n;
+            step = step * 7 % 3_000_017 + 1;
+        }
+        if end {
+            w.end().unwrap();
+        }
+    });
+    let put = store.put_parts(key, parts).await;
+    writer.await.unwrap();
+    put
+}
+
+/// Streamed uploads (docs/design.md §9, the consolidated delta): an empty object, one of less
+/// than a part and one of several parts (multipart on S3) are stored whole, their SHA-256 the
+/// independent hash of what is read back; a writer that stops part-way stores nothing and
+/// leaves no unfinished write behind.
+async fn streamed_upload(store: &dyn ObjectStore, reader: &dyn ObjectStore) {
+    for (key, len) in [
+        ("streamed/empty.bin", 0),
+        ("streamed/small.bin", 1_000),
+        (
+            "streamed/parts.bin",
+            2 * stream::PART_BYTES + 3 * 1024 * 1024 + 77,
+        ),
+    ] {
+        let data = noise(len);
+        let put = put_streamed(store, key, data.clone(), true).await.unwrap();
+        assert_eq!(put.size, len as u64, "{key}");
+        let got = reader.get_bytes(key).await.unwrap().bytes;
+        assert_eq!(got.len(), len, "{key}");
+        assert_eq!(put.sha256, <[u8; 32]>::from(Sha256::digest(&got)), "{key}");
+        assert!(got[..] == data[..], "{key}");
+        assert_eq!(store.head(key).await.unwrap().etag, put.etag, "{key}");
+    }
+    let cut = put_streamed(
+        store,
+        "streamed/cut.bin",
+        noise(3 * stream::PART_BYTES + 5),
+        false,
+    )
+    .await;
+    assert!(matches!(cut, Err(StoreError::Unfinished)), "{cut:?}");
+    assert!(matches!(
+        store.head("streamed/cut.bin").await,
+        Err(StoreError::NotFound)
+    ));
+    assert_eq!(store.abandoned_writes("streamed/").await.unwrap(), vec![]);
+    let keys: Vec<String> = store
+        .list("streamed/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "streamed/empty.bin",
+            "streamed/parts.bin",
+            "streamed/small.bin"
+        ]
+    );
 }
 
 /// Capped reads (docs/security.md): an object over the cap is refused with its whole size —
@@ -361,6 +450,7 @@ async fn memory_store_conforms() {
     pagination(store.as_ref()).await;
     racing_writers(store.clone()).await;
     large_upload(store.as_ref(), store.as_ref()).await;
+    streamed_upload(store.as_ref(), store.as_ref()).await;
     capped_reads(store.as_ref()).await;
     ranged_reads(store.as_ref()).await;
 }
@@ -375,6 +465,7 @@ async fn local_store_conforms() {
     racing_writers(store.clone()).await;
     let reader = LocalStore::open(dir.path()).unwrap();
     large_upload(store.as_ref(), &reader).await;
+    streamed_upload(store.as_ref(), &reader).await;
     capped_reads(store.as_ref()).await;
     ranged_reads(store.as_ref()).await;
     // No temp or lock file is ever listed.
@@ -393,6 +484,7 @@ async fn s3_store_conforms() {
     racing_writers(dynstore.clone()).await;
     let reader = harness::s3_reader(store.bucket()).await;
     large_upload(dynstore.as_ref(), reader.as_ref()).await;
+    streamed_upload(dynstore.as_ref(), reader.as_ref()).await;
     capped_reads(dynstore.as_ref()).await;
     ranged_reads(dynstore.as_ref()).await;
 }
