@@ -401,6 +401,20 @@ impl S3Store {
         }
         let rest: Vec<CompletedPart> = pending.try_collect().await?;
         parts.extend(rest);
+        self.complete_hashed(key, upload_id, parts, size, hasher)
+            .await
+    }
+
+    /// Completes a multipart upload of `size` bytes whose SHA-256 `hasher` computed as the
+    /// parts went out.
+    async fn complete_hashed(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<CompletedPart>,
+        size: u64,
+        hasher: Sha256,
+    ) -> Result<PutResult, StoreError> {
         let etag = self
             .complete_multipart(key, upload_id, parts, "complete multipart upload")
             .await?;
@@ -455,14 +469,8 @@ impl S3Store {
                 else => break,
             }
         }
-        let etag = self
-            .complete_multipart(key, upload_id, done, "complete multipart upload")
-            .await?;
-        Ok(PutResult {
-            size,
-            sha256: hasher.finalize().into(),
-            etag,
-        })
+        self.complete_hashed(key, upload_id, done, size, hasher)
+            .await
     }
 
     async fn upload_part(
