@@ -761,7 +761,9 @@ async fn produce(
                     res.map(|s| staged_file(key, &w, s))
                 }
                 None => match streaming.take() {
-                    Some((key, task)) => joined(task).await.map(|s| staged_file(key, &w, s)),
+                    Some((key, kind, task)) => {
+                        joined(kind, task).await.map(|s| staged_file(key, &w, s))
+                    }
                     None => Err(Error::Invariant(
                         "a streamed output finished that never started".into(),
                     )),
@@ -790,8 +792,8 @@ async fn produce(
     // A streamed upload still under way when the writer stopped: its failure explains the
     // writer's (its writes failed with it); one the writer abandoned stored nothing; one that
     // completed anyway is deleted with the other staged outputs.
-    if let Some((key, task)) = streaming.take() {
-        match joined(task).await {
+    if let Some((key, kind, task)) = streaming.take() {
+        match joined(kind, task).await {
             Ok(_) => staged.push(key),
             Err(Error::Storage {
                 source: crate::store::StoreError::Unfinished,
@@ -821,8 +823,12 @@ async fn produce(
     }
 }
 
-/// A streamed output's key and its upload's task.
-type Streaming = (String, tokio::task::JoinHandle<Result<job::Staged>>);
+/// A streamed output's key, kind and upload task.
+type Streaming = (
+    String,
+    output::Kind,
+    tokio::task::JoinHandle<Result<job::Staged>>,
+);
 
 /// A new output's final key: a new base's `base-{uuidv7}.parquet`, the consolidated delta's a
 /// delta key (docs/design.md §4.3).
@@ -852,13 +858,16 @@ fn start_streamed(p: &Pass<'_>, kind: output::Kind, parts: stream_parts::Parts) 
     let task = tokio::spawn(async move {
         job::upload_parts(store.as_ref(), started, parts, &to, upload_op(kind)).await
     });
-    (key, task)
+    (key, kind, task)
 }
 
 /// A streamed output's upload, once it ended.
-async fn joined(task: tokio::task::JoinHandle<Result<job::Staged>>) -> Result<job::Staged> {
+async fn joined(
+    kind: output::Kind,
+    task: tokio::task::JoinHandle<Result<job::Staged>>,
+) -> Result<job::Staged> {
     task.await
-        .map_err(Error::task("upload consolidated delta"))
+        .map_err(Error::task(upload_op(kind)))
         .and_then(|r| r)
 }
 

@@ -20,14 +20,14 @@ use tokio::sync::mpsc;
 use parquet::file::reader::ChunkReader;
 
 use crate::engine::parallel::{
-    Closed, Earlier, Finished, ParallelWriter, Span, Spill, footer_margin,
+    Closed, Earlier, Finished, ParallelWriter, Span, Spill, Stream, footer_margin,
 };
 use crate::error::{Error, Result};
 use crate::lake::footer;
 use crate::lake::manifest::Tier;
 use crate::lake::ranges::{Key, key};
 use crate::lake::streamed::Group;
-use crate::store::stream::{self, Parts};
+use crate::store::stream::{self, PartWriter, Parts};
 
 use super::pages;
 
@@ -48,6 +48,13 @@ pub(crate) enum Done {
     Streaming(Kind, Parts),
     /// A finished output.
     Finished(Written),
+}
+
+/// The consolidated delta's bytes go to its streamed upload.
+impl Stream for PartWriter {
+    fn end(&mut self) -> std::io::Result<()> {
+        PartWriter::end(self).map(drop)
+    }
 }
 
 /// What the merge sends the writer.
@@ -275,6 +282,10 @@ impl Outputs {
             let msg = rx.recv().map_err(|_| {
                 Error::Invariant("the merge ended without finishing its outputs".into())
             })?;
+            // An upload failed and the uploader stopped: nothing more is worth writing.
+            if self.done.is_closed() {
+                return Err(Error::Invariant("the uploader stopped".into()));
+            }
             match msg {
                 Msg::Rows(kind, batch, spans) => self.write(kind, batch, spans)?,
                 Msg::Cut => self.finish_all(Kind::Base)?,
@@ -332,7 +343,7 @@ impl Outputs {
                 let name = Path::new("the consolidated delta (streamed)");
                 (
                     None,
-                    ParallelWriter::streamed(name, upload, self.schema.clone())?,
+                    ParallelWriter::streamed(name, Box::new(upload), self.schema.clone())?,
                 )
             }
         };

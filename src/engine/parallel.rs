@@ -37,7 +37,6 @@ use parquet::schema::types::{ColumnDescriptor, ColumnPath};
 use super::ROW_GROUP_SIZE;
 use super::writer::lake_properties;
 use crate::error::{Error, Result};
-use crate::store::stream::PartWriter;
 
 /// A column's writer, by the column's position in the schema.
 type Column = (usize, ArrowColumnWriter);
@@ -239,12 +238,19 @@ enum Answer {
     Closed(Vec<(usize, ArrowColumnChunk)>),
 }
 
+/// Where a streamed file's bytes go (a streamed upload, docs/design.md §9): written in order,
+/// then ended once the footer is written.
+pub(crate) trait Stream: std::io::Write + Send {
+    /// The file is complete: everything written so far is the whole file.
+    fn end(&mut self) -> std::io::Result<()>;
+}
+
 /// Where a [`ParallelWriter`]'s bytes go.
 enum Sink {
     /// A local file.
     File(File),
-    /// A streamed upload (docs/design.md §9): nothing is kept on local disk.
-    Upload(PartWriter),
+    /// A stream: nothing is kept on local disk.
+    Upload(Box<dyn Stream>),
 }
 
 impl std::io::Write for Sink {
@@ -367,9 +373,13 @@ impl ParallelWriter {
         Self::open(path, Sink::File(file), schema)
     }
 
-    /// A file of batches of `schema` handed to a streamed upload as it is written (`name`
-    /// says which in messages); [`ParallelWriter::close`] ends the object.
-    pub(crate) fn streamed(name: &Path, upload: PartWriter, schema: SchemaRef) -> Result<Self> {
+    /// A file of batches of `schema` handed to `upload` as it is written (`name` says which
+    /// in messages); [`ParallelWriter::close`] ends it.
+    pub(crate) fn streamed(
+        name: &Path,
+        upload: Box<dyn Stream>,
+        schema: SchemaRef,
+    ) -> Result<Self> {
         Self::open(name, Sink::Upload(upload), schema)
     }
 
@@ -776,7 +786,7 @@ impl ParallelWriter {
         let metadata = self.writer.finish().map_err(|e| self.parquet_error(e))?;
         let size = self.writer.bytes_written() as u64;
         let ended = match self.writer.inner_mut() {
-            Sink::Upload(u) => u.end().map(drop),
+            Sink::Upload(u) => u.end(),
             Sink::File(_) => Ok(()),
         };
         ended.map_err(|e| self.parquet_error(e.into()))?;

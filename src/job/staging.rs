@@ -83,6 +83,12 @@ async fn clean_failed(
 ) -> Result<PutResult> {
     match done {
         Ok(put) => Ok(put),
+        // A streamed upload whose writer stopped first stored nothing.
+        Err(source @ StoreError::Unfinished) => Err(Error::Storage {
+            op,
+            key: key.to_string(),
+            source,
+        }),
         Err(source) => {
             delete_or_leave(store, key, "unlisted upload").await;
             Err(Error::Storage {
