@@ -787,14 +787,13 @@ async fn produce(
     for pump in pumps {
         pump.abort();
     }
-    let staged_files = staged;
-    let mut staged: Vec<String> = staged_files.iter().map(|s| s.key.clone()).collect();
     // A streamed upload still under way when the writer stopped: its failure explains the
     // writer's (its writes failed with it); one the writer abandoned stored nothing; one that
     // completed anyway is deleted with the other staged outputs.
+    let mut unreported: Option<String> = None;
     if let Some((key, kind, task)) = streaming.take() {
         match joined(kind, task).await {
-            Ok(_) => staged.push(key),
+            Ok(_) => unreported = Some(key),
             Err(Error::Storage {
                 source: crate::store::StoreError::Unfinished,
                 ..
@@ -817,9 +816,16 @@ async fn produce(
         Ok((counts, totals)) => Ok(Produced {
             counts,
             totals,
-            staged: staged_files,
+            staged,
         }),
-        Err(e) => Err((e, staged)),
+        Err(e) => Err((
+            e,
+            staged
+                .into_iter()
+                .map(|s| s.key)
+                .chain(unreported)
+                .collect(),
+        )),
     }
 }
 

@@ -983,7 +983,7 @@ mod tests {
             };
             let bytes = match &w.path {
                 Some(path) => Bytes::from(std::fs::read(path).unwrap()),
-                None => streamed.take().unwrap().await.unwrap().unwrap().0,
+                None => streamed.take().unwrap().await.unwrap().unwrap(),
             };
             let mut rows = Rows::new();
             for b in ParquetRecordBatchReaderBuilder::try_new(bytes.clone())

@@ -53,7 +53,7 @@ pub(crate) enum Done {
 /// The consolidated delta's bytes go to its streamed upload.
 impl Stream for PartWriter {
     fn end(&mut self) -> std::io::Result<()> {
-        PartWriter::end(self).map(drop)
+        PartWriter::end(self)
     }
 }
 

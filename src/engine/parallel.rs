@@ -245,27 +245,10 @@ pub(crate) trait Stream: std::io::Write + Send {
     fn end(&mut self) -> std::io::Result<()>;
 }
 
-/// Where a [`ParallelWriter`]'s bytes go.
-enum Sink {
-    /// A local file.
-    File(File),
-    /// A stream: nothing is kept on local disk.
-    Upload(Box<dyn Stream>),
-}
-
-impl std::io::Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Sink::File(f) => f.write(buf),
-            Sink::Upload(u) => u.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Sink::File(f) => f.flush(),
-            Sink::Upload(u) => u.flush(),
-        }
+/// A local file is complete once written.
+impl Stream for File {
+    fn end(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -286,7 +269,7 @@ pub(crate) struct ParallelWriter {
     /// The file, or what the streamed upload is called in messages.
     path: PathBuf,
     schema: SchemaRef,
-    writer: SerializedFileWriter<Sink>,
+    writer: SerializedFileWriter<Box<dyn Stream>>,
     factory: ArrowRowGroupWriterFactory,
     /// The columns this thread encodes.
     mine: Vec<Column>,
@@ -370,7 +353,7 @@ impl ParallelWriter {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::open(path, Sink::File(file), schema)
+        Self::open(path, Box::new(file), schema)
     }
 
     /// A file of batches of `schema` handed to `upload` as it is written (`name` says which
@@ -380,10 +363,10 @@ impl ParallelWriter {
         upload: Box<dyn Stream>,
         schema: SchemaRef,
     ) -> Result<Self> {
-        Self::open(name, Sink::Upload(upload), schema)
+        Self::open(name, upload, schema)
     }
 
-    fn open(path: &Path, sink: Sink, schema: SchemaRef) -> Result<Self> {
+    fn open(path: &Path, sink: Box<dyn Stream>, schema: SchemaRef) -> Result<Self> {
         let err = |e: ParquetError| Error::Parquet {
             path: path.display().to_string(),
             message: format!("open writer: {e}"),
@@ -785,10 +768,7 @@ impl ParallelWriter {
         }
         let metadata = self.writer.finish().map_err(|e| self.parquet_error(e))?;
         let size = self.writer.bytes_written() as u64;
-        let ended = match self.writer.inner_mut() {
-            Sink::Upload(u) => u.end(),
-            Sink::File(_) => Ok(()),
-        };
+        let ended = self.writer.inner_mut().end();
         ended.map_err(|e| self.parquet_error(e.into()))?;
         Ok(Closed {
             copied: self.copied,

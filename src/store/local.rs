@@ -203,6 +203,26 @@ impl LocalStore {
         result
     }
 
+    /// Writes a new object at `key` (overwriting one there) from `fill`, which writes the
+    /// bytes to a hidden temporary file and returns their size and SHA-256; the file is
+    /// renamed into place once `fill` succeeded (on a blocking thread).
+    async fn put_new(
+        &self,
+        key: &str,
+        fill: impl FnOnce(&mut File) -> Result<(u64, [u8; 32]), StoreError> + Send + 'static,
+    ) -> Result<PutResult, StoreError> {
+        let key = key.to_string();
+        self.blocking(move |s| {
+            validate_key(&key)?;
+            let root = s.open_root()?;
+            let p = make_parent(root.as_fd(), &key)?;
+            existing(&p, &key)?;
+            let (size, sha256, etag) = Self::write_atomic(&p, fill)?;
+            Ok(PutResult { size, sha256, etag })
+        })
+        .await
+    }
+
     fn put_bytes_blocking(
         &self,
         key: &str,
@@ -518,17 +538,10 @@ impl ObjectStore for LocalStore {
     }
 
     async fn put_file(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
-        let key = key.to_string();
         let src = path.to_path_buf();
-        self.blocking(move |s| {
-            validate_key(&key)?;
+        self.put_new(key, move |f| {
             let mut input = File::open(&src)?;
-            let root = s.open_root()?;
-            let p = make_parent(root.as_fd(), &key)?;
-            existing(&p, &key)?;
-            let (size, sha256, etag) =
-                Self::write_atomic(&p, |f| Ok(copy_hashing(&mut input, f)?))?;
-            Ok(PutResult { size, sha256, etag })
+            Ok(copy_hashing(&mut input, f)?)
         })
         .await
     }
@@ -549,30 +562,22 @@ impl ObjectStore for LocalStore {
         key: &str,
         mut parts: super::stream::Parts,
     ) -> Result<PutResult, StoreError> {
-        let key = key.to_string();
-        self.blocking(move |s| {
-            validate_key(&key)?;
-            let root = s.open_root()?;
-            let p = make_parent(root.as_fd(), &key)?;
-            existing(&p, &key)?;
-            // Written to a hidden temporary file and renamed into place once the writer
-            // ended the object: an unfinished one is never seen under its key.
-            let (size, sha256, etag) = Self::write_atomic(&p, |f| {
-                let mut hasher = Sha256::new();
-                let mut size = 0u64;
-                loop {
-                    match parts.blocking_recv() {
-                        Some(Part::Bytes(b)) => {
-                            hasher.update(&b);
-                            f.write_all(&b)?;
-                            size += b.len() as u64;
-                        }
-                        Some(Part::End) => return Ok((size, hasher.finalize().into())),
-                        None => return Err(StoreError::Unfinished),
+        // The temporary file is renamed into place only once the writer ended the object: an
+        // unfinished one is never seen under its key.
+        self.put_new(key, move |f| {
+            let mut hasher = Sha256::new();
+            let mut size = 0u64;
+            loop {
+                match parts.blocking_recv() {
+                    Some(Part::Bytes(b)) => {
+                        hasher.update(&b);
+                        f.write_all(&b)?;
+                        size += b.len() as u64;
                     }
+                    Some(Part::End) => return Ok((size, hasher.finalize().into())),
+                    None => return Err(StoreError::Unfinished),
                 }
-            })?;
-            Ok(PutResult { size, sha256, etag })
+            }
         })
         .await
     }

@@ -121,7 +121,7 @@ impl ObjectStore for MemoryStore {
         key: &str,
         parts: super::stream::Parts,
     ) -> Result<PutResult, StoreError> {
-        let (body, _) = super::stream::collect(parts).await?;
+        let body = super::stream::collect(parts).await?;
         self.write(key, body, &PutMode::Overwrite)
     }
 

@@ -11,7 +11,6 @@
 use std::io::Write;
 
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::StoreError;
@@ -40,7 +39,6 @@ pub fn channel() -> (PartWriter, Parts) {
             buf: Vec::with_capacity(PART_BYTES),
             tx,
             part_bytes: PART_BYTES,
-            sent: 0,
         },
         rx,
     )
@@ -55,22 +53,19 @@ pub struct PartWriter {
     buf: Vec<u8>,
     tx: mpsc::Sender<Part>,
     part_bytes: usize,
-    sent: u64,
 }
 
 impl PartWriter {
-    /// Hands over the last bytes and ends the object; returns the bytes written in all.
-    pub fn end(&mut self) -> std::io::Result<u64> {
+    /// Hands over the last bytes and ends the object.
+    pub fn end(&mut self) -> std::io::Result<()> {
         if !self.buf.is_empty() {
             self.send_buffer()?;
         }
-        self.send(Part::End)?;
-        Ok(self.sent)
+        self.send(Part::End)
     }
 
     fn send_buffer(&mut self) -> std::io::Result<()> {
         let part = std::mem::replace(&mut self.buf, Vec::with_capacity(self.part_bytes));
-        self.sent += part.len() as u64;
         self.send(Part::Bytes(Bytes::from(part)))
     }
 
@@ -110,16 +105,13 @@ pub async fn next(parts: &mut Parts) -> Result<Option<Bytes>, StoreError> {
     }
 }
 
-/// The whole object `parts` yields, for a backend that stores it in one write: its bytes and
-/// their SHA-256.
-pub async fn collect(mut parts: Parts) -> Result<(Bytes, [u8; 32]), StoreError> {
+/// The whole object `parts` yields, for a backend that stores it in one write.
+pub async fn collect(mut parts: Parts) -> Result<Bytes, StoreError> {
     let mut all = Vec::new();
-    let mut hasher = Sha256::new();
     while let Some(b) = next(&mut parts).await? {
-        hasher.update(&b);
         all.extend_from_slice(&b);
     }
-    Ok((Bytes::from(all), hasher.finalize().into()))
+    Ok(Bytes::from(all))
 }
 
 #[cfg(test)]
@@ -140,13 +132,13 @@ mod tests {
                 w.write_all(&[i; 4]).unwrap();
             }
             w.flush().unwrap();
-            w.end().unwrap()
+            w.end().unwrap();
         });
         let mut parts = Vec::new();
         while let Some(b) = next(&mut rx).await.unwrap() {
             parts.push(b);
         }
-        assert_eq!(writer.await.unwrap(), 28);
+        writer.await.unwrap();
         let sizes: Vec<usize> = parts.iter().map(Bytes::len).collect();
         assert_eq!(sizes, vec![12, 12, 4]);
         let all: Vec<u8> = parts.concat();
@@ -176,14 +168,12 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn collect_hashes_what_it_gathers() {
+    async fn collect_gathers_every_part_in_order() {
         let (mut w, rx) = small(3);
         tokio::task::spawn_blocking(move || {
             w.write_all(b"hello world").unwrap();
             w.end().unwrap();
         });
-        let (bytes, sha) = collect(rx).await.unwrap();
-        assert_eq!(&bytes[..], b"hello world");
-        assert_eq!(sha, super::super::sha256(b"hello world"));
+        assert_eq!(&collect(rx).await.unwrap()[..], b"hello world");
     }
 }
