@@ -1,8 +1,9 @@
 //! Lake Parquet files written from Arrow with the `parquet` crate. A file whose rows
 //! [`super::assemble`] joined is made here: each column is its slot's (or raw EAV) value, or a
 //! numeric cast of it done in Rust exactly as DuckDB's `TRY_CAST` does it; only the columns
-//! that need DuckDB's own parsing or list building (text read as a UUID, date or boolean;
-//! lists) are computed by DuckDB, as Arrow, from the same rows. DuckDB's `COPY` took about
+//! that need DuckDB's own parsing or list building (text read as a date or timestamp; lists)
+//! are computed by DuckDB, as Arrow, from the same rows. Text read as a UUID or a boolean word
+//! is read here, by DuckDB's rules ([`uuid_from_text`], [`bool_from_text`]). DuckDB's `COPY` took about
 //! twice the CPU for the same file: it copies every value into its own vectors, buffers each
 //! row group and analyses every column before encoding it.
 //!
@@ -67,6 +68,10 @@ enum Conv {
     DoubleToBigint,
     /// `(x <> 0)` of a number.
     NonZero,
+    /// `TRY_CAST(text AS UUID)`: see [`uuid_from_text`].
+    UuidText,
+    /// A boolean word (`SlotEncoding::BoolText`): see [`bool_from_text`].
+    BoolText,
 }
 
 /// How one lake column is made from an assembled row.
@@ -399,10 +404,16 @@ pub(super) fn lake_properties(path: &Path, schema: &Schema) -> Result<WriterProp
 /// How attribute `a`'s slot or raw EAV value, of Arrow type `input`, becomes its lake value of
 /// type `to` (see `export::bound_expr` and `export::eav_cast`); `None` leaves it to DuckDB.
 fn convert_to(a: &Attribute, input: &DataType, to: &DataType) -> Option<Conv> {
+    let text = *input == DataType::Utf8;
     match (a.value_type, a.binding.as_ref().map(|b| b.encoding)) {
-        // Text parsed as a timestamp or a boolean word.
-        (_, Some(SlotEncoding::Iso8601 | SlotEncoding::BoolText)) => None,
+        // Text parsed as a timestamp: DuckDB's parser, whatever the attribute's type.
+        (_, Some(SlotEncoding::Iso8601)) => None,
+        (ValueType::Bool, Some(SlotEncoding::BoolText)) => text.then_some(Conv::BoolText),
+        (_, Some(SlotEncoding::BoolText)) => None,
         (ValueType::Bool, _) => numeric(input).then_some(Conv::NonZero),
+        (ValueType::Uuid, _) if text && *to == DataType::FixedSizeBinary(16) => {
+            Some(Conv::UuidText)
+        }
         _ => cast(input, to),
     }
 }
@@ -452,7 +463,87 @@ fn convert(array: &ArrayRef, conv: &Conv) -> Result<ArrayRef> {
             DataType::Int64 => non_zero::<Int64Type>(array)?,
             _ => non_zero::<Float64Type>(array)?,
         }),
+        Conv::UuidText => {
+            let mut out = FixedSizeBinaryBuilder::with_capacity(array.len(), 16);
+            for v in text(array)?.iter() {
+                match v.and_then(uuid_from_text) {
+                    Some(id) => out
+                        .append_value(id)
+                        .map_err(Error::arrow("append to a uuid column"))?,
+                    None => out.append_null(),
+                }
+            }
+            Arc::new(out.finish())
+        }
+        Conv::BoolText => Arc::new(
+            text(array)?
+                .iter()
+                .map(|v| v.and_then(bool_from_text))
+                .collect::<BooleanArray>(),
+        ),
     })
+}
+
+/// `array` as text; the plan was made for another type otherwise.
+fn text(array: &ArrayRef) -> Result<&arrow::array::StringArray> {
+    array.as_string_opt::<i32>().ok_or_else(|| {
+        Error::Invariant(format!(
+            "an assembled column is {}, not text",
+            array.data_type()
+        ))
+    })
+}
+
+/// DuckDB's `TRY_CAST(s AS UUID)` (its non-strict `UUID::FromString`): 32 hex digits of
+/// either case, with any number of hyphens anywhere among them, the whole optionally in one
+/// pair of braces; anything else (spaces included) is NULL. Made in Rust because DuckDB's
+/// cast and the text it hands the UUID back as cost a flush with random ids several percent
+/// of its CPU (docs/benchmarks.md).
+pub(crate) fn uuid_from_text(s: &str) -> Option<[u8; 16]> {
+    let b = s.as_bytes();
+    let digits = match b {
+        [] => return None,
+        [b'{', inner @ .., b'}'] => inner,
+        [b'{', ..] => return None,
+        all => all,
+    };
+    let mut out = [0u8; 16];
+    let mut count = 0usize;
+    for &c in digits {
+        if c == b'-' {
+            continue;
+        }
+        let nibble = (c as char).to_digit(16)?;
+        let byte = out.get_mut(count / 2)?;
+        *byte |= (nibble as u8) << if count.is_multiple_of(2) { 4 } else { 0 };
+        count += 1;
+    }
+    (count == 32).then_some(out)
+}
+
+/// `CASE lower(trim(s)) WHEN '1' THEN TRUE WHEN 'true' … WHEN 'f' THEN FALSE END` as DuckDB
+/// computes it (`export::bound_expr`): `trim` removes Unicode space separators (category Zs,
+/// not tabs or line breaks) from both ends, and no character outside ASCII lowercases to one
+/// of the words' letters, so an ASCII comparison without case gives the same answer.
+pub(crate) fn bool_from_text(s: &str) -> Option<bool> {
+    let word = s.trim_matches(is_space_separator);
+    let is = |w: &str| word.eq_ignore_ascii_case(w);
+    if is("1") || is("true") || is("t") {
+        Some(true)
+    } else if is("0") || is("false") || is("f") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Unicode's category Zs (space separators), what DuckDB's `trim` removes.
+fn is_space_separator(c: char) -> bool {
+    matches!(
+        c,
+        '\u{20}' | '\u{a0}' | '\u{1680}' | '\u{2000}'
+            ..='\u{200a}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
+    )
 }
 
 /// `array` as a `T` array; the plan was made for another type otherwise.
@@ -638,10 +729,21 @@ mod tests {
                 ValueType::Datetime,
                 Some(("bigint_01", SlotType::Bigint, UnixMs)),
             ),
+            attr(
+                6,
+                ValueType::Bool,
+                Some(("text_01", SlotType::Text, BoolText)),
+            ),
+            attr(
+                7,
+                ValueType::Uuid,
+                Some(("text_01", SlotType::Text, Default)),
+            ),
             attr(20, ValueType::Numeric, None),
             attr(21, ValueType::Bigint, None),
             attr(22, ValueType::Bool, None),
             attr(23, ValueType::Text, None),
+            attr(24, ValueType::Uuid, None),
         ];
         let rust = plan(typed.clone());
         assert_eq!(rust.duck_select(), None, "every column made in Rust");
@@ -654,32 +756,195 @@ mod tests {
             })
         );
         assert_eq!(made(&rust, "deleted_at").map(|(_, m)| m), Some(Make::Zero));
+        for (name, source, conv) in [
+            ("a6", "text_01", Conv::BoolText),
+            ("a7", "text_01", Conv::UuidText),
+            ("a24", "__lakecdc_eav_24", Conv::UuidText),
+        ] {
+            let want = Make::Column {
+                name: source.into(),
+                conv,
+            };
+            assert_eq!(made(&rust, name).map(|(_, m)| m), Some(want), "{name}");
+        }
         let mut parsed = typed;
         parsed.push(attr(
             5,
             ValueType::Date,
             Some(("text_01", SlotType::Text, Iso8601)),
         ));
-        parsed.push(attr(24, ValueType::Uuid, None));
         parsed.push(attr(25, ValueType::List, None));
         let mixed = plan(parsed);
         let left = &mixed.duck;
-        assert_eq!(left.len(), 3, "{left:?}");
+        assert_eq!(left.len(), 2, "{left:?}");
         assert!(
             left[0].contains("TIMESTAMPTZ") && left[0].contains("text_01"),
             "{left:?}"
         );
-        assert!(
-            left[1].contains("AS UUID") && left[1].contains("__lakecdc_eav_24"),
-            "{left:?}"
-        );
-        assert!(left[2].starts_with("CAST(list_transform"), "{left:?}");
-        assert_eq!(mixed.duck_uuids, [false, true, true]);
+        assert!(left[1].starts_with("CAST(list_transform"), "{left:?}");
+        assert_eq!(mixed.duck_uuids, [false, true]);
         let select = mixed.duck_select().unwrap();
         assert!(
             select.ends_with(", m.ltbase_updated_at"),
             "the order check comes last"
         );
+    }
+
+    #[test]
+    fn uuid_text_and_boolean_words_are_read_as_duckdb_reads_them() {
+        let id = "0123456789abcdefFEDCBA9876543210";
+        let bytes = [
+            0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54,
+            0x32, 0x10,
+        ];
+        for ok in [
+            id.to_string(),
+            format!("{{{id}}}"),
+            "01234567-89ab-cdef-fedc-ba9876543210".into(),
+            "-0-1-2345678-9abcdef-FEDCBA9876543210--".into(),
+            "{01234567-89AB-CDEF-FEDC-BA9876543210}".into(),
+        ] {
+            assert_eq!(uuid_from_text(&ok), Some(bytes), "{ok}");
+        }
+        for bad in [
+            "",
+            "{",
+            "{}",
+            "}",
+            "-",
+            &id[1..],
+            &format!("{id}0"),
+            &format!(" {id}"),
+            &format!("{{{id}"),
+            &format!("{id}}}"),
+            &format!("{{{{{id}}}}}"),
+            "0123456789abcdefFEDCBA987654321g",
+            "0123456789abcdefFEDCBA987654321ª",
+        ] {
+            assert_eq!(uuid_from_text(bad), None, "{bad:?}");
+        }
+        let words = [
+            ("1", Some(true)),
+            ("TRUE", Some(true)),
+            ("\u{a0} t\u{3000}", Some(true)),
+            ("0", Some(false)),
+            ("False", Some(false)),
+            (" f ", Some(false)),
+            ("\tf", None),
+            ("f\n", None),
+            ("yes", None),
+            ("", None),
+            ("tru", None),
+            ("\u{130}", None),
+        ];
+        for (word, want) in words {
+            assert_eq!(bool_from_text(word), want, "{word:?}");
+        }
+    }
+
+    /// The same texts through the expressions DuckDB would compute (`export::bound_expr`),
+    /// with more of the edges each rule has: both ways give the same values.
+    #[test]
+    fn duckdb_computes_what_rust_makes_of_uuid_text_and_boolean_words() {
+        use crate::engine::{Engine, EngineConfig};
+        let schema = SchemaDef {
+            name: "t".into(),
+            attributes: vec![
+                attr(
+                    6,
+                    ValueType::Bool,
+                    Some(("text_01", SlotType::Text, SlotEncoding::BoolText)),
+                ),
+                attr(
+                    7,
+                    ValueType::Uuid,
+                    Some(("text_01", SlotType::Text, SlotEncoding::Default)),
+                ),
+            ],
+        };
+        let columns = assembled_columns(&schema, 7, Driver::Entities);
+        let expr = |name: &str| columns.iter().find(|(n, _)| n == name).unwrap().1.clone();
+        let id = "0123456789abcdefFEDCBA9876543210";
+        let mut texts: Vec<String> = [
+            "",
+            " ",
+            "1",
+            "0",
+            "t",
+            "f",
+            "T",
+            "F",
+            "true",
+            "false",
+            "TRUE",
+            "fAlSe",
+            " true ",
+            "\u{a0}1\u{2009}",
+            "\u{3000}f\u{202f}",
+            "\u{1680}t\u{205f}",
+            "\ttrue",
+            "true\n",
+            "\u{85}f",
+            "\u{200b}t",
+            "yes",
+            "no",
+            "2",
+            "tr ue",
+            "\u{130}",
+            "\u{212a}",
+            "ｔ",
+            "{",
+            "}",
+            "{}",
+            "-",
+            "--",
+            "{-}",
+        ]
+        .map(String::from)
+        .to_vec();
+        texts.extend([
+            id.to_string(),
+            format!("{{{id}}}"),
+            format!("{{{{{id}}}}}"),
+            format!("{{{id}"),
+            format!("{id}}}"),
+            format!(" {id}"),
+            format!("{id} "),
+            format!("{id}0"),
+            id[1..].to_string(),
+            format!("-{}-{}-", &id[..5], &id[5..]),
+            "01234567-89ab-cdef-fedc-ba9876543210".into(),
+            "01234567-89ab-cdef-fedc-ba987654321".into(),
+            "0123456789abcdefFEDCBA987654321g".into(),
+            "0123456789abcdefFEDCBA98765432１0".into(),
+        ]);
+        let values: Vec<String> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("({i}, '{}')", t.replace('\'', "''")))
+            .collect();
+        let sql = format!(
+            "SELECT {}, CAST({} AS VARCHAR) FROM (VALUES {}) AS m(i, text_01) ORDER BY i",
+            expr("a6"),
+            expr("a7"),
+            values.join(", ")
+        );
+        let engine = Engine::open(&EngineConfig::default()).unwrap();
+        let batches = engine.query_arrow(&sql).unwrap();
+        let mut at = 0;
+        for b in &batches {
+            let (words, ids) = (b.column(0).as_boolean(), b.column(1).as_string::<i32>());
+            for row in 0..b.num_rows() {
+                let text = &texts[at];
+                let word = words.is_valid(row).then(|| words.value(row));
+                assert_eq!(bool_from_text(text), word, "{text:?} as a boolean word");
+                let id = ids.is_valid(row).then(|| ids.value(row).to_string());
+                let rust = uuid_from_text(text).map(|b| uuid::Uuid::from_bytes(b).to_string());
+                assert_eq!(rust, id, "{text:?} as a UUID");
+                at += 1;
+            }
+        }
+        assert_eq!(at, texts.len());
     }
 
     #[test]
