@@ -279,6 +279,8 @@ mod lake_file_writer {
                 attr(27, List, Some(Text), None),
                 attr(28, List, Some(Uuid), None),
                 attr(29, List, Some(Integer), None),
+                attr(30, List, Some(Bigint), None),
+                attr(31, List, Some(Bool), None),
             ],
         }
     }
@@ -440,6 +442,11 @@ mod lake_file_writer {
                 None,
             ));
             r.push((i, 29, "0".into(), None, Some(d)));
+            for k in 0..i % 3 {
+                let v = DOUBLES[(i + 3 * k) % ROWS];
+                r.push((i, 30, k.to_string(), None, Some(v)));
+                r.push((i, 31, k.to_string(), None, Some(v)));
+            }
         }
         let columns: Vec<ArrayRef> = vec![
             Arc::new(
