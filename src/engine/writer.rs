@@ -44,7 +44,7 @@ use crate::schema::{Attribute, Encoding as SlotEncoding, SchemaDef, ValueType};
 pub(crate) const DICTIONARY_PAGE_BYTES: usize = 256 * 1024;
 
 /// The Arrow type of a lake column of DuckDB type `name` ([`SYSTEM_COLUMNS`],
-/// [`duckdb_type`]); `None` for a list.
+/// [`duckdb_type`]); a list `T[]` holds items named `element` of `T`'s type.
 fn lake_type(name: &str) -> Option<DataType> {
     if let Some(item) = name.strip_suffix("[]") {
         let item = lake_type(item)?;
