@@ -54,6 +54,32 @@ const STREAM_CONCURRENCY: usize = 2;
 const COPY_PART_SIZE: u64 = 512 * 1024 * 1024;
 /// Most parts in one multipart upload (S3).
 const MAX_PARTS: u64 = 10_000;
+
+/// The parts of a multipart upload handed out so far: how many, their bytes and the SHA-256
+/// of the whole, computed as they go (both upload loops and their completion share it).
+#[derive(Default)]
+struct Uploaded {
+    parts: i32,
+    size: u64,
+    hasher: Sha256,
+}
+
+impl Uploaded {
+    /// Counts and hashes the next part, `chunk`; its part number, or an error past S3's limit
+    /// of parts per upload.
+    fn add(&mut self, chunk: &[u8]) -> Result<i32, StoreError> {
+        if u64::try_from(self.parts).unwrap_or(u64::MAX) >= MAX_PARTS {
+            return Err(StoreError::Backend {
+                message: format!("a multipart upload passed {MAX_PARTS} parts"),
+                source: None,
+            });
+        }
+        self.hasher.update(chunk);
+        self.size += chunk.len() as u64;
+        self.parts += 1;
+        Ok(self.parts)
+    }
+}
 /// A single-request upload at most this large has the answer limit per attempt
 /// ([`S3Options::answer_timeout`]), as a request that sends no data has.
 const QUICK_PUT_BYTES: u64 = 1024 * 1024;
@@ -375,19 +401,15 @@ impl S3Store {
         path: &Path,
     ) -> Result<PutResult, StoreError> {
         let mut file = tokio::fs::File::open(path).await?;
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
-        let mut part_number = 0i32;
+        let mut sent = Uploaded::default();
         let mut pending = futures::stream::FuturesOrdered::new();
         let mut parts = Vec::new();
         loop {
             let chunk = read_chunk(&mut file, PART_SIZE).await?;
-            if chunk.is_empty() && part_number > 0 {
+            if chunk.is_empty() && sent.parts > 0 {
                 break;
             }
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-            part_number += 1;
+            let part_number = sent.add(&chunk)?;
             let last = chunk.len() < PART_SIZE;
             pending.push_back(self.upload_part(key, upload_id, part_number, chunk));
             while pending.len() >= PART_CONCURRENCY {
@@ -401,26 +423,23 @@ impl S3Store {
         }
         let rest: Vec<CompletedPart> = pending.try_collect().await?;
         parts.extend(rest);
-        self.complete_hashed(key, upload_id, parts, size, hasher)
-            .await
+        self.complete_hashed(key, upload_id, parts, sent).await
     }
 
-    /// Completes a multipart upload of `size` bytes whose SHA-256 `hasher` computed as the
-    /// parts went out.
+    /// Completes a multipart upload whose parts `sent` counted and hashed as they went out.
     async fn complete_hashed(
         &self,
         key: &str,
         upload_id: &str,
         parts: Vec<CompletedPart>,
-        size: u64,
-        hasher: Sha256,
+        sent: Uploaded,
     ) -> Result<PutResult, StoreError> {
         let etag = self
             .complete_multipart(key, upload_id, parts, "complete multipart upload")
             .await?;
         Ok(PutResult {
-            size,
-            sha256: hasher.finalize().into(),
+            size: sent.size,
+            sha256: sent.hasher.finalize().into(),
             etag,
         })
     }
@@ -434,23 +453,13 @@ impl S3Store {
         first: [Bytes; 2],
         parts: &mut Parts,
     ) -> Result<PutResult, StoreError> {
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
-        let mut part_number = 0i32;
+        let mut sent = Uploaded::default();
         let mut pending = futures::stream::FuturesOrdered::new();
         let mut done = Vec::new();
         let mut start = |chunk: Bytes, pending: &mut futures::stream::FuturesOrdered<_>| {
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-            part_number += 1;
-            if u64::try_from(part_number).unwrap_or(u64::MAX) > MAX_PARTS {
-                return Err(StoreError::Backend {
-                    message: format!("a streamed object passed {MAX_PARTS} parts"),
-                    source: None,
-                });
-            }
+            let part_number = sent.add(&chunk)?;
             pending.push_back(self.upload_part(key, upload_id, part_number, chunk));
-            Ok(())
+            Ok::<_, StoreError>(())
         };
         for chunk in first {
             start(chunk, &mut pending)?;
@@ -469,8 +478,7 @@ impl S3Store {
                 else => break,
             }
         }
-        self.complete_hashed(key, upload_id, done, size, hasher)
-            .await
+        self.complete_hashed(key, upload_id, done, sent).await
     }
 
     async fn upload_part(
