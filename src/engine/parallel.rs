@@ -353,20 +353,12 @@ impl ParallelWriter {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::open(path, Box::new(file), schema)
+        Self::streamed(path, Box::new(file), schema)
     }
 
-    /// A file of batches of `schema` handed to `upload` as it is written (`name` says which
-    /// in messages); [`ParallelWriter::close`] ends it.
-    pub(crate) fn streamed(
-        name: &Path,
-        upload: Box<dyn Stream>,
-        schema: SchemaRef,
-    ) -> Result<Self> {
-        Self::open(name, upload, schema)
-    }
-
-    fn open(path: &Path, sink: Box<dyn Stream>, schema: SchemaRef) -> Result<Self> {
+    /// A file of batches of `schema` written to `sink` as it is made (`path` names it in
+    /// messages); [`ParallelWriter::close`] ends it.
+    pub(crate) fn streamed(path: &Path, sink: Box<dyn Stream>, schema: SchemaRef) -> Result<Self> {
         let err = |e: ParquetError| Error::Parquet {
             path: path.display().to_string(),
             message: format!("open writer: {e}"),
