@@ -412,7 +412,6 @@ pub(super) fn lake_properties(path: &Path, schema: &Schema) -> Result<WriterProp
 /// How attribute `a`'s slot or raw EAV value, of Arrow type `input`, becomes its lake value of
 /// type `to` (see `export::bound_expr` and `export::eav_cast`); `None` leaves it to DuckDB.
 fn convert_to(a: &Attribute, input: &DataType, to: &DataType) -> Option<Conv> {
-    let encoding = a.binding.as_ref().map(|b| b.encoding);
     if a.value_type == ValueType::List {
         let (DataType::List(input), DataType::List(to)) = (input, to) else {
             return None;
@@ -421,7 +420,12 @@ fn convert_to(a: &Attribute, input: &DataType, to: &DataType) -> Option<Conv> {
         let conv = conv_of(item, None, input.data_type(), to.data_type())?;
         return Some(Conv::List(Box::new(conv)));
     }
-    conv_of(a.value_type, encoding, input, to)
+    conv_of(
+        a.value_type,
+        a.binding.as_ref().map(|b| b.encoding),
+        input,
+        to,
+    )
 }
 
 /// [`convert_to`] for a value of type `t` (not a list) held in a slot of `encoding` or, with
@@ -491,18 +495,7 @@ fn convert(array: &ArrayRef, conv: &Conv) -> Result<ArrayRef> {
             DataType::Int64 => non_zero::<Int64Type>(array)?,
             _ => non_zero::<Float64Type>(array)?,
         }),
-        Conv::UuidText => {
-            let mut out = FixedSizeBinaryBuilder::with_capacity(array.len(), 16);
-            for v in text(array)?.iter() {
-                match v.and_then(uuid_from_text) {
-                    Some(id) => out
-                        .append_value(id)
-                        .map_err(Error::arrow("append to a uuid column"))?,
-                    None => out.append_null(),
-                }
-            }
-            Arc::new(out.finish())
-        }
+        Conv::UuidText => uuid_column(array, |s| Ok(uuid_from_text(s)))?,
         Conv::BoolText => Arc::new(
             text(array)?
                 .iter()
@@ -516,14 +509,34 @@ fn convert(array: &ArrayRef, conv: &Conv) -> Result<ArrayRef> {
                     array.data_type()
                 ))
             })?;
-            let values = convert(list.values(), item)?;
-            let field = Arc::new(lake_field("element", values.data_type()));
-            let rebuilt =
-                ListArray::try_new(field, list.offsets().clone(), values, list.nulls().cloned())
-                    .map_err(Error::arrow("rebuild a list column"))?;
-            Arc::new(rebuilt)
+            with_items(list, convert(list.values(), item)?)?
         }
     })
+}
+
+/// `list` with `values` for its items (as many), named `element` as the lake names them.
+fn with_items(list: &ListArray, values: ArrayRef) -> Result<ArrayRef> {
+    let field = Arc::new(lake_field("element", values.data_type()));
+    let rebuilt = ListArray::try_new(field, list.offsets().clone(), values, list.nulls().cloned())
+        .map_err(Error::arrow("rebuild a list column"))?;
+    Ok(Arc::new(rebuilt))
+}
+
+/// The 16-byte values of text `array`, each made by `parse` (`None`: NULL).
+fn uuid_column(
+    array: &ArrayRef,
+    parse: impl Fn(&str) -> Result<Option<[u8; 16]>>,
+) -> Result<ArrayRef> {
+    let mut out = FixedSizeBinaryBuilder::with_capacity(array.len(), 16);
+    for v in text(array)?.iter() {
+        match v.map(&parse).transpose()?.flatten() {
+            Some(id) => out
+                .append_value(id)
+                .map_err(Error::arrow("append to a uuid column"))?,
+            None => out.append_null(),
+        }
+    }
+    Ok(Arc::new(out.finish()))
 }
 
 /// `array` as text; the plan was made for another type otherwise.
@@ -652,11 +665,7 @@ fn duck_array(array: &ArrayRef, uuid: bool) -> Result<ArrayRef> {
             } else {
                 list.values().clone()
             };
-            let item = Arc::new(lake_field("element", values.data_type()));
-            let rebuilt =
-                ListArray::try_new(item, list.offsets().clone(), values, list.nulls().cloned())
-                    .map_err(Error::arrow("rebuild a list from DuckDB"))?;
-            Ok(Arc::new(rebuilt))
+            with_items(list, values)
         }
         DataType::Utf8 if uuid => uuids_from_text(array),
         _ => Ok(array.clone()),
@@ -665,23 +674,10 @@ fn duck_array(array: &ArrayRef, uuid: bool) -> Result<ArrayRef> {
 
 /// UUID text (DuckDB's rendering of its UUID type) as 16-byte values.
 fn uuids_from_text(array: &ArrayRef) -> Result<ArrayRef> {
-    let text = array
-        .as_string_opt::<i32>()
-        .ok_or_else(|| Error::Invariant("UUID column from DuckDB is not text".into()))?;
-    let mut out = FixedSizeBinaryBuilder::with_capacity(text.len(), 16);
-    for v in text.iter() {
-        match v {
-            Some(s) => {
-                let id = uuid::Uuid::parse_str(s).map_err(|e| {
-                    Error::decode("a UUID computed by DuckDB", format!("{s:?}: {e}"))
-                })?;
-                out.append_value(id.as_bytes())
-                    .map_err(Error::arrow("append to a uuid column"))?;
-            }
-            None => out.append_null(),
-        }
-    }
-    Ok(Arc::new(out.finish()))
+    uuid_column(array, |s| match uuid_from_text(s) {
+        Some(id) => Ok(Some(id)),
+        None => Err(Error::decode("a UUID computed by DuckDB", format!("{s:?}"))),
+    })
 }
 
 /// A lake file's field: nullable, as DuckDB writes every column; 16-byte values are UUIDs.
@@ -886,6 +882,33 @@ mod tests {
         for (word, want) in words {
             assert_eq!(bool_from_text(word), want, "{word:?}");
         }
+    }
+
+    #[test]
+    fn uuids_duckdb_hands_over_as_text_become_bytes_and_a_bad_one_fails() {
+        let text = "01234567-89ab-cdef-fedc-ba9876543210";
+        let bytes = uuid::Uuid::parse_str(text).unwrap().into_bytes();
+        let texts: ArrayRef = Arc::new(arrow::array::StringArray::from(vec![Some(text), None]));
+        let made = duck_array(&texts, true).unwrap();
+        let made = made.as_fixed_size_binary();
+        assert_eq!((made.value(0), made.is_null(1)), (&bytes[..], true));
+        let list = ListArray::from_iter_primitive::<Int64Type, _, _>([Some([Some(1), None])]);
+        let items: ArrayRef = Arc::new(arrow::array::StringArray::from(vec![Some(text), None]));
+        let list: ArrayRef = Arc::new(with_items(&list, items).unwrap().as_list::<i32>().clone());
+        let made = duck_array(&list, true).unwrap();
+        let made = made.as_list::<i32>();
+        let DataType::List(field) = made.data_type() else {
+            panic!("{:?}", made.data_type())
+        };
+        assert_eq!(field.name(), "element");
+        let values = made.values().as_fixed_size_binary();
+        assert_eq!((values.value(0), values.is_null(1)), (&bytes[..], true));
+        let bad: ArrayRef = Arc::new(arrow::array::StringArray::from(vec!["not a uuid"]));
+        let e = duck_array(&bad, true).unwrap_err().to_string();
+        assert!(
+            e.contains("a UUID computed by DuckDB") && e.contains("not a uuid"),
+            "{e}"
+        );
     }
 
     /// The same texts through the expressions DuckDB would compute (`export::bound_expr`),
