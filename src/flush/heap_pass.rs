@@ -118,10 +118,9 @@ impl HeapPass {
             .ok_or_else(|| Error::Invariant("a pass without a snapshot ticket".into()))?;
         let t = Instant::now();
         // The selection runs on the first reader's session, before it reads.
-        let selector = &mut readers
+        let selector = readers
             .first_mut()
-            .ok_or_else(|| Error::Invariant("a pass without a reader".into()))?
-            .client;
+            .ok_or_else(|| Error::Invariant("a pass without a reader".into()))?;
         let limit = i64::try_from(pass).unwrap_or(i64::MAX);
         // Only a pass that cannot take every dirty slot (bounded by PASS_SLOTS or the batch
         // budget) needs the oldest ones.
@@ -267,13 +266,11 @@ impl Sessions {
         if let Some(hook) = &plan.before_sessions {
             hook(plan.schema_id, Vec::new()).await;
         }
-        let opened = async {
-            Ok::<_, Error>(Self {
-                exporter: connector.connect().await?,
-                readers: heap_read::open_readers(connector, READERS).await?,
-            })
-        }
-        .await;
+        let opened = tokio::try_join!(
+            connector.connect(),
+            heap_read::open_readers(connector, READERS)
+        )
+        .map(|(exporter, readers)| Self { exporter, readers });
         match opened {
             Ok(sessions) => Ok(Some(sessions)),
             Err(e) if plan.order == ReadOrder::Auto => {

@@ -20,20 +20,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arrow::record_batch::RecordBatch;
-use futures::TryStreamExt;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
 use super::Connector;
 use super::READ_TIMEOUT as TIMEOUT;
-use super::connect::{TappedClient, timed, within};
+use super::connect::{TappedClient, timed};
 use super::copy_decoder::{CopyItem, copy_header_len, copy_tuple, decode_tuples};
 use super::copy_tap::{self, CopySink, CopyTap};
 use super::decoding::copy_to_sink;
 use super::live::{LivePage, SnapshotTicket, begin_in, eav_select, tune_for_pages};
 use super::rows::{BatchBuilder, bound_columns};
-use super::snapshot::{Selected, dirty_slots_sql, slot_of};
+use super::snapshot::{Selected, Tid, dirty_slots_sql};
 use crate::config::Tables;
 use crate::error::{Error, Result};
 use crate::schema::batch::change_log;
@@ -286,36 +285,140 @@ pub struct PassSlot {
 /// Selects `limit` dirty slots of `schema_id` in the exported snapshot of `ticket`: the
 /// versions a flush pass exports, seen at the instant its heap readers read the payload. The
 /// oldest ones (by `changed_at, row_id`, as a window would) when `oldest`; any ones otherwise
-/// (a pass that takes every dirty slot needs no order: it sorts them by row id).
+/// (a pass that takes every dirty slot needs no order: it sorts them by row id). The slots
+/// come as binary COPY data, decoded where they lie (through the connection's tap when it has
+/// one): a million slots as rows cost lakecdc twice what they cost the server.
 pub async fn dirty_slots_in(
-    client: &mut Client,
+    conn: &mut TappedClient,
     ticket: SnapshotTicket,
     tables: &Tables,
     schema_id: i16,
     limit: i64,
     oldest: bool,
 ) -> Result<Vec<PassSlot>> {
-    const OP: &str = "select a pass's dirty slots";
-    let sql = dirty_slots_sql(tables, oldest);
+    let query = dirty_slots_sql(tables, oldest, &schema_id, &limit);
+    let TappedClient { client, tap } = conn;
     let tx = begin_in(client, ticket).await?;
-    let read = async {
-        let params: [&(dyn ToSql + Sync); 2] = [&schema_id, &limit];
-        let stream = tx
-            .query_raw(sql.as_str(), params.iter().map(|p| *p as &dyn ToSql))
-            .await
-            .map_err(Error::postgres(OP))?;
-        futures::pin_mut!(stream);
-        let mut out = Vec::with_capacity(usize::try_from(limit.clamp(0, 1 << 20)).unwrap_or(0));
-        while let Some(row) = stream.try_next().await.map_err(Error::postgres(OP))? {
-            let slot = slot_of(&row).map_err(Error::postgres(OP))?;
-            let deleted_at = row.try_get(2).map_err(Error::postgres(OP))?;
-            out.push(PassSlot { slot, deleted_at });
-        }
-        Ok(out)
-    };
-    let slots = within(TIMEOUT, OP, read).await?;
+    let capacity = usize::try_from(limit.clamp(0, 1 << 20)).unwrap_or(0);
+    let sink = Arc::new(Mutex::new(SlotSink::with_capacity(capacity)));
+    copy_to_sink(&tx, tap, SlotSink::OP, &query, &sink).await?;
     timed(TIMEOUT, "end the pass's selection", tx.commit()).await?;
-    Ok(slots)
+    copy_tap::lock(&sink).finish()
+}
+
+/// A pass's selection arriving as binary COPY data (`row_id, changed_at, deleted_at, ctid`):
+/// each complete tuple becomes a [`PassSlot`]; only an incomplete one waits for the next piece.
+struct SlotSink {
+    buf: Vec<u8>,
+    header: bool,
+    ended: bool,
+    fields: Vec<Option<std::ops::Range<usize>>>,
+    slots: Vec<PassSlot>,
+    error: Option<Error>,
+}
+
+impl SlotSink {
+    const OP: &'static str = "select a pass's dirty slots";
+
+    fn with_capacity(capacity: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            header: false,
+            ended: false,
+            fields: Vec::with_capacity(4),
+            slots: Vec::with_capacity(capacity),
+            error: None,
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) -> Result<()> {
+        self.buf.extend_from_slice(chunk);
+        let mut at = 0;
+        if !self.header {
+            match copy_header_len(Self::OP, &self.buf)? {
+                Some(len) => (at, self.header) = (len, true),
+                None => return Ok(()),
+            }
+        }
+        while at < self.buf.len() {
+            if self.ended {
+                return Err(Error::decode(
+                    Self::OP,
+                    "data after the end of a COPY stream",
+                ));
+            }
+            match copy_tuple(Self::OP, &self.buf[at..], 4, &mut self.fields)? {
+                None => break,
+                Some(CopyItem::End) => (at, self.ended) = (at + 2, true),
+                Some(CopyItem::Tuple(len)) => {
+                    let slot = self.slot(&self.buf[at..at + len])?;
+                    self.slots.push(slot);
+                    at += len;
+                }
+            }
+        }
+        self.buf.drain(..at);
+        Ok(())
+    }
+
+    /// The slot of `tuple`, whose fields [`copy_tuple`] has just located.
+    fn slot(&self, tuple: &[u8]) -> Result<PassSlot> {
+        let field = |i: usize| {
+            self.fields
+                .get(i)
+                .cloned()
+                .flatten()
+                .and_then(|r| tuple.get(r))
+        };
+        let bigint = |i: usize| {
+            field(i)
+                .map(|b| <[u8; 8]>::try_from(b).map(i64::from_be_bytes))
+                .transpose()
+                .map_err(|_| Error::decode(Self::OP, "a bigint that is not 8 bytes"))
+        };
+        let row_id = field(0)
+            .and_then(|b| Uuid::from_slice(b).ok())
+            .ok_or_else(|| Error::decode(Self::OP, "a row id that is not 16 bytes"))?;
+        let changed_at = bigint(1)?.ok_or_else(|| Error::decode(Self::OP, "a NULL changed_at"))?;
+        let tid = field(3)
+            .and_then(|b| Tid::from_sql(&Type::TID, b).ok())
+            .ok_or_else(|| Error::decode(Self::OP, "a ctid that is not 6 bytes"))?;
+        Ok(PassSlot {
+            slot: Selected {
+                row_id,
+                changed_at,
+                tid,
+            },
+            deleted_at: bigint(2)?,
+        })
+    }
+
+    /// The slots, once the stream ended exactly at its end marker.
+    fn finish(&mut self) -> Result<Vec<PassSlot>> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        if !self.ended || !self.buf.is_empty() {
+            return Err(Error::decode(
+                Self::OP,
+                format!(
+                    "binary COPY stream ended early ({} bytes left)",
+                    self.buf.len()
+                ),
+            ));
+        }
+        Ok(std::mem::take(&mut self.slots))
+    }
+}
+
+impl CopySink for SlotSink {
+    fn copy_data(&mut self, bytes: &[u8]) {
+        if self.error.is_none()
+            && let Err(e) = self.feed(bytes)
+        {
+            self.error = Some(e);
+        }
+    }
 }
 
 /// The `change_log` batch of `slots` (`row_id, changed_at, deleted_at`), as a batch read
@@ -726,13 +829,14 @@ impl Spilled {
 /// before the snapshot is exported, so that a connection limit is met before anything is read
 /// (a flush then reads by windows instead, docs/design.md §4.1).
 pub async fn open_readers(connector: &Connector, n: usize) -> Result<Vec<TappedClient>> {
-    let mut readers = Vec::with_capacity(n);
-    for _ in 0..n {
+    // At once: each session's handshake (TLS, authentication, the server's fork) is a few
+    // round trips of waiting.
+    futures::future::try_join_all((0..n).map(|_| async {
         let conn = connector.connect_tapped().await?;
         tune_for_pages(&conn.client).await?;
-        readers.push(conn);
-    }
-    Ok(readers)
+        Ok::<_, Error>(conn)
+    }))
+    .await
 }
 
 /// Reads the schema's live entities and their EAV rows by `plan`'s page ranges, on the
@@ -922,6 +1026,93 @@ mod tests {
             ]
         );
         assert_eq!(page_ranges(0, 0.0, 300.0), vec!["ctid >= '(0,0)'::tid"]);
+    }
+
+    #[test]
+    fn a_pass_selection_decodes_slots_across_split_messages() {
+        let field = |t: &mut Vec<u8>, v: Option<&[u8]>| match v {
+            Some(v) => {
+                t.extend((v.len() as i32).to_be_bytes());
+                t.extend(v);
+            }
+            None => t.extend((-1i32).to_be_bytes()),
+        };
+        let tuple = |id: u128, changed: i64, deleted: Option<i64>, block: u32, offset: u16| {
+            let mut t = 4i16.to_be_bytes().to_vec();
+            field(&mut t, Some(&id.to_be_bytes()));
+            field(&mut t, Some(&changed.to_be_bytes()));
+            field(
+                &mut t,
+                deleted.map(i64::to_be_bytes).as_ref().map(|d| &d[..]),
+            );
+            field(
+                &mut t,
+                Some(&[block.to_be_bytes().as_slice(), &offset.to_be_bytes()].concat()),
+            );
+            t
+        };
+        let mut stream = super::super::copy_decoder::COPY_SIGNATURE.to_vec();
+        stream.extend([0u8; 8]);
+        stream.extend(tuple(7, 1_700_000_000_001, None, 3, 12));
+        stream.extend(tuple(u128::MAX - 5, -4, Some(1_800_000_000_000), 70_000, 1));
+        stream.extend((-1i16).to_be_bytes());
+        let tid = |block: u32, offset: u16| {
+            Tid::from_sql(
+                &Type::TID,
+                &[block.to_be_bytes().as_slice(), &offset.to_be_bytes()].concat(),
+            )
+            .unwrap()
+        };
+        // Every split point, two bytes at a time at worst.
+        let mut sink = SlotSink::with_capacity(0);
+        for piece in stream.chunks(2) {
+            sink.copy_data(piece);
+        }
+        let slots = sink.finish().unwrap();
+        let got: Vec<_> = slots.iter().map(|s| (s.slot, s.deleted_at)).collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    Selected {
+                        row_id: Uuid::from_u128(7),
+                        changed_at: 1_700_000_000_001,
+                        tid: tid(3, 12),
+                    },
+                    None
+                ),
+                (
+                    Selected {
+                        row_id: Uuid::from_u128(u128::MAX - 5),
+                        changed_at: -4,
+                        tid: tid(70_000, 1),
+                    },
+                    Some(1_800_000_000_000)
+                ),
+            ]
+        );
+        // A stream cut short is an error, not fewer slots.
+        let mut sink = SlotSink::with_capacity(0);
+        sink.copy_data(&stream[..stream.len() - 2]);
+        assert!(
+            sink.finish()
+                .unwrap_err()
+                .to_string()
+                .contains("ended early")
+        );
+        // A NULL version is refused.
+        let mut bad = stream[..19].to_vec();
+        let mut t = 4i16.to_be_bytes().to_vec();
+        field(&mut t, Some(&7u128.to_be_bytes()));
+        field(&mut t, None);
+        field(&mut t, None);
+        field(&mut t, Some(&[0u8; 6]));
+        bad.extend(t);
+        bad.extend((-1i16).to_be_bytes());
+        let mut sink = SlotSink::with_capacity(0);
+        sink.copy_data(&bad);
+        let e = sink.finish().unwrap_err().to_string();
+        assert!(e.contains("NULL changed_at"), "{e}");
     }
 
     #[test]

@@ -163,7 +163,7 @@ impl BatchStatements {
     /// Prepares the slot, entity and EAV reads for `schema` on `client`.
     pub async fn prepare(client: &Client, tables: &Tables, schema: &SchemaDef) -> Result<Self> {
         let cl = tables.change_log.quoted();
-        let first = dirty_slots_sql(tables, true);
+        let first = dirty_slots_sql(tables, true, &"$1", &"$2");
         let after = format!(
             "SELECT row_id, changed_at, deleted_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
              AND changed_at >= $3 AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
@@ -257,17 +257,22 @@ pub async fn select(
     within(TIMEOUT, OP, read).await
 }
 
-/// Up to `$2` dirty slots of schema `$1` as slot rows (`row_id, changed_at, deleted_at,
-/// ctid`): the oldest first (by `changed_at, row_id`, the selection order) when `oldest`, in
-/// any order otherwise.
-pub(super) fn dirty_slots_sql(tables: &Tables, oldest: bool) -> String {
+/// Up to `limit` dirty slots of schema `schema_id` (each a parameter placeholder or a value
+/// lakecdc formats) as slot rows (`row_id, changed_at, deleted_at, ctid`): the oldest first (by
+/// `changed_at, row_id`, the selection order) when `oldest`, in any order otherwise.
+pub(super) fn dirty_slots_sql(
+    tables: &Tables,
+    oldest: bool,
+    schema_id: &dyn std::fmt::Display,
+    limit: &dyn std::fmt::Display,
+) -> String {
     let order = match oldest {
         true => " ORDER BY changed_at, row_id",
         false => "",
     };
     format!(
-        "SELECT row_id, changed_at, deleted_at, ctid FROM {} WHERE schema_id = $1 \
-         AND flushed_at = 0{order} LIMIT $2",
+        "SELECT row_id, changed_at, deleted_at, ctid FROM {} WHERE schema_id = {schema_id} \
+         AND flushed_at = 0{order} LIMIT {limit}",
         tables.change_log.quoted()
     )
 }
