@@ -54,6 +54,9 @@ const STREAM_CONCURRENCY: usize = 2;
 const COPY_PART_SIZE: u64 = 512 * 1024 * 1024;
 /// Most parts in one multipart upload (S3).
 const MAX_PARTS: u64 = 10_000;
+/// A single-request upload at most this large has the answer limit per attempt
+/// ([`S3Options::answer_timeout`]), as a request that sends no data has.
+const QUICK_PUT_BYTES: u64 = 1024 * 1024;
 
 /// The parts of a multipart upload handed out so far: how many, their bytes and the SHA-256
 /// of the whole, computed as they go (both upload loops and their completion share it).
@@ -80,9 +83,6 @@ impl Uploaded {
         Ok(self.parts)
     }
 }
-/// A single-request upload at most this large has the answer limit per attempt
-/// ([`S3Options::answer_timeout`]), as a request that sends no data has.
-const QUICK_PUT_BYTES: u64 = 1024 * 1024;
 
 /// How to reach the S3 service.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1110,6 +1110,20 @@ impl ObjectStore for S3Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upload_counts_and_hashes_its_parts_and_refuses_one_past_the_limit() {
+        let mut sent = Uploaded::default();
+        assert_eq!((sent.add(b"ab").unwrap(), sent.add(b"c").unwrap()), (1, 2));
+        assert_eq!(sent.size, 3);
+        let hash: [u8; 32] = std::mem::take(&mut sent.hasher).finalize().into();
+        assert_eq!(hash, super::super::sha256(b"abc"));
+        sent.parts = i32::try_from(MAX_PARTS).unwrap() - 1;
+        assert_eq!(sent.add(b"d").unwrap(), 10_000);
+        let e = sent.add(b"e").unwrap_err().to_string();
+        assert!(e.contains("passed 10000 parts"), "{e}");
+        assert_eq!((sent.parts, sent.size), (10_000, 4));
+    }
 
     #[test]
     fn copy_source_is_percent_encoded_verbatim() {
