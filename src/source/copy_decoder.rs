@@ -1,11 +1,14 @@
-//! The decoder of PostgreSQL's binary COPY format (and of binary DataRow payloads, which lay
-//! out one tuple each the same way): tuples are decoded where they lie in the wire bytes and
-//! appended to a [`BatchBuilder`]; only an incomplete tuple is kept for the next message.
+//! The framing of PostgreSQL's binary COPY format (and of binary DataRow payloads, which lay
+//! out one tuple each the same way), in one place for every reader: a [`CopyDecoder`] takes a
+//! stream's messages as they arrive, checks its header, hands the complete tuples to what it
+//! feeds (a [`Tuples`]: an Arrow batch, the heap reader's spill buckets, a pass's slots, a
+//! table source's rows) where they lie in the wire bytes, keeps only an incomplete tuple for
+//! the next message, and once the stream is over checks that it ended exactly at its end
+//! marker.
 
 use std::ops::Range;
 
-use bytes::Buf;
-
+use super::copy_tap::CopySink;
 use super::rows::BatchBuilder;
 use crate::error::{Error, Result};
 
@@ -13,72 +16,135 @@ use crate::error::{Error, Result};
 /// header-extension length.
 pub(super) const COPY_SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
 
-/// A binary COPY stream being decoded into a [`BatchBuilder`], message by message.
-#[derive(Default)]
-pub(super) struct CopyDecoder {
+/// What a binary COPY stream's tuples are handed to.
+pub(super) trait Tuples {
+    /// Takes the complete tuples at the front of `data` (which starts at a tuple or at the end
+    /// marker) and says what it took.
+    fn take(&mut self, data: &[u8]) -> Result<Taken>;
+}
+
+/// What [`Tuples::take`] took from the front of its bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Taken {
+    /// Bytes taken (the end marker's two included).
+    pub(super) used: usize,
+    /// Tuples taken.
+    pub(super) tuples: usize,
+    /// Whether the end-of-data marker was reached.
+    pub(super) end: bool,
+}
+
+/// Values appended straight to the batch's columns.
+impl Tuples for BatchBuilder {
+    fn take(&mut self, data: &[u8]) -> Result<Taken> {
+        decode_tuples(data, self)
+    }
+}
+
+/// A binary COPY stream (or a statement's DataRow payloads) being framed into `T`, message by
+/// message. Once a stream has ended and been checked ([`CopyDecoder::end_stream`]) the decoder
+/// takes the next one (a reader runs one `COPY` per range into the same spill).
+pub(super) struct CopyDecoder<T> {
+    op: &'static str,
     /// Bytes of an incomplete header or tuple, waiting for the next message.
-    buf: bytes::BytesMut,
+    buf: Vec<u8>,
     header: bool,
     ended: bool,
     /// DataRow payloads: tuples with no header and no end marker.
     rows_only: bool,
-    pub(super) rows: usize,
+    tuples: usize,
+    /// The first error met while fed as a [`CopySink`]; later data is dropped.
+    error: Option<Error>,
+    /// Where the tuples go.
+    pub(super) into: T,
 }
 
-impl CopyDecoder {
+impl<T: Tuples> CopyDecoder<T> {
+    /// A decoder of a binary `COPY … TO STDOUT` stream into `into`; `op` names the read in
+    /// its errors.
+    pub(super) fn new(op: &'static str, into: T) -> Self {
+        Self {
+            op,
+            buf: Vec::new(),
+            header: false,
+            ended: false,
+            rows_only: false,
+            tuples: 0,
+            error: None,
+            into,
+        }
+    }
+
     /// A decoder of DataRow payloads (a binary-format query's rows, laid out as COPY tuples).
-    pub(super) fn data_rows() -> Self {
+    pub(super) fn data_rows(op: &'static str, into: T) -> Self {
         Self {
             header: true,
             rows_only: true,
-            ..Self::default()
+            ..Self::new(op, into)
         }
     }
 
-    /// Decodes the complete tuples `chunk` ends (and whatever `buf` held before it).
-    pub(super) fn feed(&mut self, op: &str, chunk: &[u8], into: &mut BatchBuilder) -> Result<()> {
+    /// Tuples of the current stream taken so far.
+    pub(super) fn tuples(&self) -> usize {
+        self.tuples
+    }
+
+    /// Hands on the complete tuples `chunk` ends (and whatever was kept before it).
+    pub(super) fn feed(&mut self, chunk: &[u8]) -> Result<()> {
+        if self.ended && !chunk.is_empty() {
+            return Err(Error::decode(
+                self.op,
+                "data after the end of a COPY stream",
+            ));
+        }
         if self.header && self.buf.is_empty() {
             // The usual case (PostgreSQL sends each tuple in a message of its own): the tuples
-            // are decoded where they lie, and only an incomplete one is kept.
-            let (used, n, end) = decode_tuples(chunk, into)?;
-            self.rows += n;
-            self.ended |= end;
-            self.buf.extend_from_slice(&chunk[used..]);
-            return self.check_end(op);
+            // are taken where they lie, and only an incomplete one is kept.
+            let taken = self.into.take(chunk)?;
+            self.record(taken, chunk.len())?;
+            self.buf.extend_from_slice(&chunk[taken.used..]);
+            return Ok(());
         }
         self.buf.extend_from_slice(chunk);
+        let mut at = 0;
         if !self.header {
-            let Some(ext) = self.buf.get(15..19) else {
-                return Ok(());
-            };
-            let ext = u32::from_be_bytes([ext[0], ext[1], ext[2], ext[3]]) as usize;
-            if self.buf.get(..11) != Some(COPY_SIGNATURE) {
-                return Err(Error::decode(op, "not a binary COPY stream"));
+            match copy_header_len(self.op, &self.buf)? {
+                Some(len) => (at, self.header) = (len, true),
+                None => return Ok(()),
             }
-            if self.buf.len() < 19 + ext {
-                return Ok(());
-            }
-            self.buf.advance(19 + ext);
-            self.header = true;
         }
-        let (used, n, end) = decode_tuples(&self.buf, into)?;
-        self.buf.advance(used);
-        self.rows += n;
-        self.ended |= end;
-        self.check_end(op)
+        let taken = self.into.take(&self.buf[at..])?;
+        self.record(taken, self.buf.len() - at)?;
+        self.buf.drain(..at + taken.used);
+        Ok(())
     }
 
-    /// Rows carry no end marker: a field count of -1 in one is a broken stream.
-    fn check_end(&self, op: &str) -> Result<()> {
-        if self.rows_only && self.ended {
-            return Err(Error::decode(op, "a data row has a field count of -1"));
+    /// Counts what `take` took from `len` bytes; the end marker must end the stream (and
+    /// DataRow payloads have none).
+    fn record(&mut self, taken: Taken, len: usize) -> Result<()> {
+        self.tuples += taken.tuples;
+        if taken.end {
+            if self.rows_only {
+                return Err(Error::decode(self.op, "a data row has a field count of -1"));
+            }
+            if taken.used < len {
+                return Err(Error::decode(
+                    self.op,
+                    "data after the end of a COPY stream",
+                ));
+            }
+            self.ended = true;
         }
         Ok(())
     }
 
-    /// The tuples decoded, once the stream has ended exactly at its end-of-data marker (rows:
-    /// at the end of a row).
-    pub(super) fn finish(self, op: &str) -> Result<usize> {
+    /// Checks that the stream ended exactly at its end-of-data marker (DataRow payloads: at
+    /// the end of a row), or returns the first error met, and readies the decoder for the next
+    /// stream. Returns the stream's tuples.
+    pub(super) fn end_stream(&mut self) -> Result<usize> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
         if !(self.ended || self.rows_only) || !self.buf.is_empty() {
             let what = if self.rows_only {
                 "binary data rows ended inside a row"
@@ -86,17 +152,85 @@ impl CopyDecoder {
                 "binary COPY stream ended early"
             };
             return Err(Error::decode(
-                op,
+                self.op,
                 format!("{what} ({} bytes left)", self.buf.len()),
             ));
         }
-        Ok(self.rows)
+        self.header = self.rows_only;
+        self.ended = false;
+        Ok(std::mem::take(&mut self.tuples))
     }
 }
 
-/// Decodes the complete tuples at the front of `data` into `into`. Returns the bytes they
-/// took, the tuples decoded and whether the end-of-data marker was reached.
-pub(super) fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<(usize, usize, bool)> {
+/// A tap's sink: the first error is kept for [`CopyDecoder::end_stream`] and later data is
+/// dropped.
+impl<T: Tuples + Send> CopySink for CopyDecoder<T> {
+    fn copy_data(&mut self, bytes: &[u8]) {
+        if self.error.is_none()
+            && let Err(e) = self.feed(bytes)
+        {
+            self.error = Some(e);
+        }
+    }
+}
+
+/// Tuples handed one at a time to a function, with where each field lies in them.
+pub(super) struct EachTuple<F> {
+    op: &'static str,
+    fields: usize,
+    ranges: Vec<Option<Range<usize>>>,
+    each: F,
+}
+
+impl<F: FnMut(&[u8], &[Option<Range<usize>>]) -> Result<()>> EachTuple<F> {
+    /// Hands each tuple of `fields` fields to `each`: its bytes and where each field lies in
+    /// them (`None`: NULL).
+    pub(super) fn new(op: &'static str, fields: usize, each: F) -> Self {
+        Self {
+            op,
+            fields,
+            ranges: Vec::with_capacity(fields),
+            each,
+        }
+    }
+}
+
+impl<F: FnMut(&[u8], &[Option<Range<usize>>]) -> Result<()>> Tuples for EachTuple<F> {
+    fn take(&mut self, data: &[u8]) -> Result<Taken> {
+        take_each(self.op, data, self.fields, &mut self.ranges, &mut self.each)
+    }
+}
+
+/// Takes the complete tuples of `fields` fields at the front of `data`, handing each to
+/// `each` with where its fields lie in it (`ranges`, reused: `None` is NULL).
+pub(super) fn take_each(
+    op: &'static str,
+    data: &[u8],
+    fields: usize,
+    ranges: &mut Vec<Option<Range<usize>>>,
+    mut each: impl FnMut(&[u8], &[Option<Range<usize>>]) -> Result<()>,
+) -> Result<Taken> {
+    let mut taken = Taken::default();
+    loop {
+        let rest = &data[taken.used..];
+        match copy_tuple(op, rest, fields, ranges)? {
+            None => return Ok(taken),
+            Some(CopyItem::End) => {
+                taken.used += 2;
+                taken.end = true;
+                return Ok(taken);
+            }
+            Some(CopyItem::Tuple(len)) => {
+                each(&rest[..len], ranges)?;
+                taken.used += len;
+                taken.tuples += 1;
+            }
+        }
+    }
+}
+
+/// Decodes the complete tuples at the front of `data` into `into`.
+pub(super) fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<Taken> {
     fn field_len(data: &[u8], at: usize) -> Option<i32> {
         let b = data.get(at..at + 4)?;
         Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -106,10 +240,18 @@ pub(super) fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<(usi
     loop {
         let data = &data[used..];
         let Some(count) = data.get(..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
-            return Ok((used, rows, false));
+            return Ok(Taken {
+                used,
+                tuples: rows,
+                end: false,
+            });
         };
         if count == -1 {
-            return Ok((used + 2, rows, true));
+            return Ok(Taken {
+                used: used + 2,
+                tuples: rows,
+                end: true,
+            });
         }
         if usize::try_from(count).ok() != Some(into.builders.len()) {
             return Err(Error::decode(
@@ -130,7 +272,11 @@ pub(super) fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<(usi
             }
         }
         if !complete || data.len() < end {
-            return Ok((used, rows, false));
+            return Ok(Taken {
+                used,
+                tuples: rows,
+                end: false,
+            });
         }
         let mut at = 2;
         for b in into.builders.iter_mut() {

@@ -78,7 +78,7 @@ pub(super) async fn copy_into(
     query: &str,
     into: BatchBuilder,
 ) -> Result<(BatchBuilder, usize)> {
-    let decoding = Decoding::shared(op, CopyDecoder::default(), into);
+    let decoding = Decoding::shared(CopyDecoder::new(op, into));
     copy_to_sink(tx, tap, op, query, &decoding).await?;
     copy_tap::lock(&decoding).finish()
 }
@@ -114,50 +114,33 @@ pub(super) async fn copy_to_sink<S: CopySink + 'static>(
 /// A statement's rows being decoded into a batch: binary COPY data or binary DataRow payloads
 /// from a connection's tap, or rows from tokio-postgres. Shared between the reader and the tap.
 pub(super) struct Decoding {
-    op: &'static str,
-    decoder: CopyDecoder,
-    into: BatchBuilder,
+    decoder: CopyDecoder<BatchBuilder>,
     /// Rows that came as tokio-postgres rows.
     pushed: usize,
-    /// The first decoding error; later data is dropped.
-    error: Option<Error>,
 }
 
 impl Decoding {
-    pub(super) fn shared(
-        op: &'static str,
-        decoder: CopyDecoder,
-        into: BatchBuilder,
-    ) -> Arc<Mutex<Self>> {
-        Arc::new(Mutex::new(Self {
-            op,
-            decoder,
-            into,
-            pushed: 0,
-            error: None,
-        }))
+    pub(super) fn shared(decoder: CopyDecoder<BatchBuilder>) -> Arc<Mutex<Self>> {
+        Arc::new(Mutex::new(Self { decoder, pushed: 0 }))
     }
 
     /// Rows decoded so far, either way.
     pub(super) fn rows(&self) -> usize {
-        self.decoder.rows + self.pushed
+        self.decoder.tuples() + self.pushed
     }
 
     /// Appends a row tokio-postgres parsed (an untapped connection).
     pub(super) fn push_row(&mut self, row: &Row) -> Result<()> {
-        self.into.push(row)?;
+        self.decoder.into.push(row)?;
         self.pushed += 1;
         Ok(())
     }
 
     /// The batch and the rows decoded, or the first error. Leaves an empty batch behind.
     pub(super) fn finish(&mut self) -> Result<(BatchBuilder, usize)> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        let rows = std::mem::take(&mut self.decoder).finish(self.op)? + self.pushed;
+        let rows = self.decoder.end_stream()? + self.pushed;
         Ok((
-            std::mem::replace(&mut self.into, BatchBuilder::new(&[], 0)),
+            std::mem::replace(&mut self.decoder.into, BatchBuilder::new(&[], 0)),
             rows,
         ))
     }
@@ -165,11 +148,7 @@ impl Decoding {
 
 impl CopySink for Decoding {
     fn copy_data(&mut self, bytes: &[u8]) {
-        if self.error.is_none()
-            && let Err(e) = self.decoder.feed(self.op, bytes, &mut self.into)
-        {
-            self.error = Some(e);
-        }
+        self.decoder.copy_data(bytes);
     }
 }
 
@@ -226,7 +205,7 @@ mod tests {
                 t.truncate(t.len() - 4);
                 t.extend(i32::try_from(v.len()).unwrap().to_be_bytes());
                 t.extend(*v);
-                assert_eq!(decode_tuples(&t, &mut into).unwrap().1, 1);
+                assert_eq!(decode_tuples(&t, &mut into).unwrap().tuples, 1);
             }
             into.finish()
         };
@@ -243,26 +222,22 @@ mod tests {
     fn data_rows_decode_whatever_the_chunking_and_refuse_an_end_marker_or_a_cut_row() {
         let rows = [tuple(1, Some(7), Some("x")), tuple(2, None, None)].concat();
         for n in [1, 5, rows.len()] {
-            let mut into = builder();
-            let mut decoder = CopyDecoder::data_rows();
+            let mut decoder = CopyDecoder::data_rows("rows", builder());
             for piece in rows.chunks(n) {
-                decoder.feed("rows", piece, &mut into).unwrap();
+                decoder.feed(piece).unwrap();
             }
-            assert_eq!(decoder.finish("rows").unwrap(), 2, "pieces of {n}");
+            assert_eq!(decoder.end_stream().unwrap(), 2, "pieces of {n}");
             assert_eq!(
-                row_id_at(&into.finish().unwrap(), 1).unwrap(),
+                row_id_at(&decoder.into.finish().unwrap(), 1).unwrap(),
                 Uuid::from_u128(2)
             );
         }
-        let mut into = builder();
-        let mut decoder = CopyDecoder::data_rows();
-        let err = decoder.feed("rows", &(-1i16).to_be_bytes(), &mut into);
+        let mut decoder = CopyDecoder::data_rows("rows", builder());
+        let err = decoder.feed(&(-1i16).to_be_bytes());
         assert!(err.unwrap_err().to_string().contains("field count of -1"));
-        let mut decoder = CopyDecoder::data_rows();
-        decoder
-            .feed("rows", &rows[..rows.len() - 1], &mut into)
-            .unwrap();
-        let err = decoder.finish("rows").unwrap_err().to_string();
+        let mut decoder = CopyDecoder::data_rows("rows", builder());
+        decoder.feed(&rows[..rows.len() - 1]).unwrap();
+        let err = decoder.end_stream().unwrap_err().to_string();
         assert!(err.contains("ended inside a row"), "{err}");
     }
 
@@ -290,13 +265,12 @@ mod tests {
             .chain([tuples])
             .collect();
         for (i, messages) in chunkings.iter().enumerate() {
-            let mut into = builder();
-            let mut decoder = CopyDecoder::default();
+            let mut decoder = CopyDecoder::new("test", builder());
             for m in messages {
-                decoder.feed("test", m, &mut into).unwrap();
+                decoder.feed(m).unwrap();
             }
-            assert_eq!(decoder.finish("test").unwrap(), 3, "chunking {i}");
-            let b = into.finish().unwrap();
+            assert_eq!(decoder.end_stream().unwrap(), 3, "chunking {i}");
+            let b = decoder.into.finish().unwrap();
             assert_eq!(row_id_at(&b, 2).unwrap(), Uuid::from_u128(3));
             let n = b.column(1).as_primitive::<Int64Type>();
             assert_eq!((n.value(0), n.is_null(1), n.value(2)), (-5, true, i64::MAX));
@@ -308,16 +282,22 @@ mod tests {
             assert!(s.is_valid(1), "an empty string is not NULL");
         }
         // A stream cut short, or with bytes after its end marker, is an error.
-        let mut decoder = CopyDecoder::default();
-        decoder
-            .feed("test", &stream[..stream.len() - 2], &mut builder())
-            .unwrap();
-        assert!(decoder.finish("test").is_err());
-        let mut decoder = CopyDecoder::default();
+        let mut decoder = CopyDecoder::new("test", builder());
+        decoder.feed(&stream[..stream.len() - 2]).unwrap();
+        let err = decoder.end_stream().unwrap_err().to_string();
+        assert!(err.contains("ended early (0 bytes left)"), "{err}");
         let mut longer = stream.clone();
         longer.push(0);
-        decoder.feed("test", &longer, &mut builder()).unwrap();
-        assert!(decoder.finish("test").is_err());
+        let mut decoder = CopyDecoder::new("test", builder());
+        let err = decoder.feed(&longer).unwrap_err().to_string();
+        assert!(err.contains("data after the end"), "{err}");
+        // Also when the extra bytes come in a message of their own; fed as a tap's sink, the
+        // first error is kept for the stream's end.
+        let mut decoder = CopyDecoder::new("test", builder());
+        decoder.copy_data(&stream);
+        decoder.copy_data(&[0]);
+        let err = decoder.end_stream().unwrap_err().to_string();
+        assert!(err.contains("data after the end"), "{err}");
     }
 
     #[test]

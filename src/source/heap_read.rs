@@ -15,6 +15,7 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -27,8 +28,10 @@ use uuid::Uuid;
 use super::Connector;
 use super::READ_TIMEOUT as TIMEOUT;
 use super::connect::{TappedClient, timed};
-use super::copy_decoder::{CopyItem, copy_header_len, copy_tuple, decode_tuples};
-use super::copy_tap::{self, CopySink, CopyTap};
+use super::copy_decoder::{
+    CopyDecoder, CopyItem, Taken, Tuples, copy_tuple, decode_tuples, take_each,
+};
+use super::copy_tap::{self, CopyTap};
 use super::decoding::copy_to_sink;
 use super::live::{LivePage, SnapshotTicket, begin_in, eav_select, tune_for_pages};
 use super::rows::{BatchBuilder, bound_columns};
@@ -300,125 +303,69 @@ pub async fn dirty_slots_in(
     let TappedClient { client, tap } = conn;
     let tx = begin_in(client, ticket).await?;
     let capacity = usize::try_from(limit.clamp(0, 1 << 20)).unwrap_or(0);
-    let sink = Arc::new(Mutex::new(SlotSink::with_capacity(capacity)));
-    copy_to_sink(&tx, tap, SlotSink::OP, &query, &sink).await?;
+    let sink = Arc::new(Mutex::new(CopyDecoder::new(
+        SELECT_OP,
+        Slots::with_capacity(capacity),
+    )));
+    copy_to_sink(&tx, tap, SELECT_OP, &query, &sink).await?;
     timed(TIMEOUT, "end the pass's selection", tx.commit()).await?;
-    copy_tap::lock(&sink).finish()
+    let mut sink = copy_tap::lock(&sink);
+    sink.end_stream()?;
+    Ok(std::mem::take(&mut sink.into.slots))
 }
 
-/// A pass's selection arriving as binary COPY data (`row_id, changed_at, deleted_at, ctid`):
-/// each complete tuple becomes a [`PassSlot`]; only an incomplete one waits for the next piece.
-struct SlotSink {
-    buf: Vec<u8>,
-    header: bool,
-    ended: bool,
-    fields: Vec<Option<std::ops::Range<usize>>>,
+const SELECT_OP: &str = "select a pass's dirty slots";
+
+/// A pass's selection (`row_id, changed_at, deleted_at, ctid`), each tuple decoded into a
+/// [`PassSlot`] where it lies.
+struct Slots {
+    fields: Vec<Option<Range<usize>>>,
     slots: Vec<PassSlot>,
-    error: Option<Error>,
 }
 
-impl SlotSink {
-    const OP: &'static str = "select a pass's dirty slots";
-
+impl Slots {
     fn with_capacity(capacity: usize) -> Self {
         Self {
-            buf: Vec::new(),
-            header: false,
-            ended: false,
             fields: Vec::with_capacity(4),
             slots: Vec::with_capacity(capacity),
-            error: None,
         }
-    }
-
-    fn feed(&mut self, chunk: &[u8]) -> Result<()> {
-        self.buf.extend_from_slice(chunk);
-        let mut at = 0;
-        if !self.header {
-            match copy_header_len(Self::OP, &self.buf)? {
-                Some(len) => (at, self.header) = (len, true),
-                None => return Ok(()),
-            }
-        }
-        while at < self.buf.len() {
-            if self.ended {
-                return Err(Error::decode(
-                    Self::OP,
-                    "data after the end of a COPY stream",
-                ));
-            }
-            match copy_tuple(Self::OP, &self.buf[at..], 4, &mut self.fields)? {
-                None => break,
-                Some(CopyItem::End) => (at, self.ended) = (at + 2, true),
-                Some(CopyItem::Tuple(len)) => {
-                    let slot = self.slot(&self.buf[at..at + len])?;
-                    self.slots.push(slot);
-                    at += len;
-                }
-            }
-        }
-        self.buf.drain(..at);
-        Ok(())
-    }
-
-    /// The slot of `tuple`, whose fields [`copy_tuple`] has just located.
-    fn slot(&self, tuple: &[u8]) -> Result<PassSlot> {
-        let field = |i: usize| {
-            self.fields
-                .get(i)
-                .cloned()
-                .flatten()
-                .and_then(|r| tuple.get(r))
-        };
-        let bigint = |i: usize| {
-            field(i)
-                .map(|b| <[u8; 8]>::try_from(b).map(i64::from_be_bytes))
-                .transpose()
-                .map_err(|_| Error::decode(Self::OP, "a bigint that is not 8 bytes"))
-        };
-        let row_id = field(0)
-            .and_then(|b| Uuid::from_slice(b).ok())
-            .ok_or_else(|| Error::decode(Self::OP, "a row id that is not 16 bytes"))?;
-        let changed_at = bigint(1)?.ok_or_else(|| Error::decode(Self::OP, "a NULL changed_at"))?;
-        let tid = field(3)
-            .and_then(|b| Tid::from_sql(&Type::TID, b).ok())
-            .ok_or_else(|| Error::decode(Self::OP, "a ctid that is not 6 bytes"))?;
-        Ok(PassSlot {
-            slot: Selected {
-                row_id,
-                changed_at,
-                tid,
-            },
-            deleted_at: bigint(2)?,
-        })
-    }
-
-    /// The slots, once the stream ended exactly at its end marker.
-    fn finish(&mut self) -> Result<Vec<PassSlot>> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        if !self.ended || !self.buf.is_empty() {
-            return Err(Error::decode(
-                Self::OP,
-                format!(
-                    "binary COPY stream ended early ({} bytes left)",
-                    self.buf.len()
-                ),
-            ));
-        }
-        Ok(std::mem::take(&mut self.slots))
     }
 }
 
-impl CopySink for SlotSink {
-    fn copy_data(&mut self, bytes: &[u8]) {
-        if self.error.is_none()
-            && let Err(e) = self.feed(bytes)
-        {
-            self.error = Some(e);
-        }
+impl Tuples for Slots {
+    fn take(&mut self, data: &[u8]) -> Result<Taken> {
+        let slots = &mut self.slots;
+        take_each(SELECT_OP, data, 4, &mut self.fields, |tuple, fields| {
+            slots.push(pass_slot(tuple, fields)?);
+            Ok(())
+        })
     }
+}
+
+/// The slot of `tuple`, whose fields lie at `fields`.
+fn pass_slot(tuple: &[u8], fields: &[Option<Range<usize>>]) -> Result<PassSlot> {
+    let field = |i: usize| fields.get(i).cloned().flatten().and_then(|r| tuple.get(r));
+    let bigint = |i: usize| {
+        field(i)
+            .map(|b| <[u8; 8]>::try_from(b).map(i64::from_be_bytes))
+            .transpose()
+            .map_err(|_| Error::decode(SELECT_OP, "a bigint that is not 8 bytes"))
+    };
+    let row_id = field(0)
+        .and_then(|b| Uuid::from_slice(b).ok())
+        .ok_or_else(|| Error::decode(SELECT_OP, "a row id that is not 16 bytes"))?;
+    let changed_at = bigint(1)?.ok_or_else(|| Error::decode(SELECT_OP, "a NULL changed_at"))?;
+    let tid = field(3)
+        .and_then(|b| Tid::from_sql(&Type::TID, b).ok())
+        .ok_or_else(|| Error::decode(SELECT_OP, "a ctid that is not 6 bytes"))?;
+    Ok(PassSlot {
+        slot: Selected {
+            row_id,
+            changed_at,
+            tid,
+        },
+        deleted_at: bigint(2)?,
+    })
 }
 
 /// The `change_log` batch of `slots` (`row_id, changed_at, deleted_at`), as a batch read
@@ -610,119 +557,61 @@ impl Drop for Spill {
 }
 
 /// A binary COPY stream's tuples routed by their first field (the row id) into a [`Spill`]:
-/// the sink a reader's connection tap feeds, or the reader itself when it has no tap.
-struct Router {
+/// what a reader's connection tap feeds, or the reader itself when it has no tap.
+type Router = CopyDecoder<Routing>;
+
+/// Where a reader's tuples go: the bucket of their row id, in its spill file.
+struct Routing {
     op: &'static str,
     cuts: Arc<[u128]>,
     fields: usize,
     spill: Spill,
-    /// An incomplete header or tuple, waiting for the next bytes.
-    buf: Vec<u8>,
-    header: bool,
-    ended: bool,
-    error: Option<Error>,
 }
 
-impl Router {
-    /// Routes the complete tuples at the front of `data`; returns the bytes they took. Only
-    /// a tuple's length and its first field are looked at: the values are decoded when the
-    /// bucket is loaded.
-    fn route(&mut self, data: &[u8]) -> Result<usize> {
-        let mut used = 0;
+impl Tuples for Routing {
+    /// Routes the complete tuples at the front of `data`. Only a tuple's length and its first
+    /// field are looked at: the values are decoded when the bucket is loaded.
+    fn take(&mut self, data: &[u8]) -> Result<Taken> {
+        let mut taken = Taken::default();
         loop {
-            let t = &data[used..];
+            let t = &data[taken.used..];
             let Some(count) = t.get(..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
-                return Ok(used);
+                return Ok(taken);
             };
             if count == -1 {
-                self.ended = true;
-                return Ok(used + 2);
+                taken.used += 2;
+                taken.end = true;
+                return Ok(taken);
             }
             if usize::try_from(count).ok() != Some(self.fields) {
                 return Err(Error::decode(self.op, "a malformed tuple: field count"));
             }
             // The row id: a 16-byte first field.
             match t.get(2..6) {
-                None => return Ok(used),
+                None => return Ok(taken),
                 Some(len) if len != 16i32.to_be_bytes() => {
                     return Err(Error::decode(self.op, "a row id that is not 16 bytes"));
                 }
                 Some(_) => {}
             }
             let Some(id) = t.get(6..22) else {
-                return Ok(used);
+                return Ok(taken);
             };
             let id = u128::from_be_bytes(<[u8; 16]>::try_from(id).unwrap_or_default());
             let mut at = 22;
             for _ in 1..self.fields {
                 let Some(len) = t.get(at..at + 4) else {
-                    return Ok(used);
+                    return Ok(taken);
                 };
                 let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
                 at += 4 + usize::try_from(len).unwrap_or(0);
             }
             if t.len() < at {
-                return Ok(used);
+                return Ok(taken);
             }
             self.spill.push(bucket_of(&self.cuts, id), &t[..at])?;
-            used += at;
-        }
-    }
-
-    fn feed(&mut self, chunk: &[u8]) -> Result<()> {
-        if self.ended {
-            return Err(Error::decode(
-                self.op,
-                "data after the end of a COPY stream",
-            ));
-        }
-        if self.header && self.buf.is_empty() {
-            let used = self.route(chunk)?;
-            self.buf.extend_from_slice(&chunk[used..]);
-            return Ok(());
-        }
-        self.buf.extend_from_slice(chunk);
-        if !self.header {
-            match copy_header_len(self.op, &self.buf)? {
-                Some(len) => {
-                    self.buf.drain(..len);
-                    self.header = true;
-                }
-                None => return Ok(()),
-            }
-        }
-        let buf = std::mem::take(&mut self.buf);
-        let used = self.route(&buf);
-        self.buf = buf;
-        self.buf.drain(..used?);
-        Ok(())
-    }
-
-    /// The stream ended: it must have ended exactly at its end marker. Ready for the next.
-    fn end_stream(&mut self) -> Result<()> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        if !self.ended || !self.buf.is_empty() {
-            return Err(Error::decode(
-                self.op,
-                format!(
-                    "binary COPY stream ended early ({} bytes left)",
-                    self.buf.len()
-                ),
-            ));
-        }
-        (self.header, self.ended) = (false, false);
-        Ok(())
-    }
-}
-
-impl CopySink for Router {
-    fn copy_data(&mut self, bytes: &[u8]) {
-        if self.error.is_none()
-            && let Err(e) = self.feed(bytes)
-        {
-            self.error = Some(e);
+            taken.used += at;
+            taken.tuples += 1;
         }
     }
 }
@@ -734,9 +623,9 @@ async fn copy_routed(
     router: &Arc<Mutex<Router>>,
     query: &str,
 ) -> Result<()> {
-    let op = copy_tap::lock(router).op;
+    let op = copy_tap::lock(router).into.op;
     copy_to_sink(tx, tap, op, query, router).await?;
-    copy_tap::lock(router).end_stream()
+    copy_tap::lock(router).end_stream().map(drop)
 }
 
 /// Every reader's spilled tuples, by bucket: what [`read_buckets`] read.
@@ -793,8 +682,8 @@ impl Spilled {
         order.sort_unstable_by_key(|t| t.0);
         let mut entities = BatchBuilder::entities(&self.bound, order.len());
         for &(_, from, to) in &order {
-            let (used, n, _) = decode_tuples(&raw[from..to], &mut entities)?;
-            if (used, n) != (to - from, 1) {
+            let taken = decode_tuples(&raw[from..to], &mut entities)?;
+            if (taken.used, taken.tuples) != (to - from, 1) {
                 return Err(Error::decode(OP, "a spilled tuple did not decode whole"));
             }
         }
@@ -803,8 +692,8 @@ impl Spilled {
         let mut eav = BatchBuilder::eav(usize::try_from(eav_rows).unwrap_or(0));
         for s in &self.eav {
             s.each_chunk(bucket, |data| {
-                let (used, _, end) = decode_tuples(data, &mut eav)?;
-                if used != data.len() || end {
+                let taken = decode_tuples(data, &mut eav)?;
+                if taken.used != data.len() || taken.end {
                     return Err(Error::decode(OP, "a spilled chunk is not whole tuples"));
                 }
                 Ok(())
@@ -884,16 +773,15 @@ where
     let n = readers.len();
     let buckets = plan.buckets();
     let router = |op, fields, path| -> Result<Arc<Mutex<Router>>> {
-        Ok(Arc::new(Mutex::new(Router {
+        Ok(Arc::new(Mutex::new(CopyDecoder::new(
             op,
-            cuts: plan.cuts.clone(),
-            fields,
-            spill: Spill::create(path, buckets)?,
-            buf: Vec::new(),
-            header: false,
-            ended: false,
-            error: None,
-        })))
+            Routing {
+                op,
+                cuts: plan.cuts.clone(),
+                fields,
+                spill: Spill::create(path, buckets)?,
+            },
+        ))))
     };
     let reads = readers
         .into_iter()
@@ -935,8 +823,8 @@ where
                         .map_err(|_| Error::Invariant("a spill router is still shared".into()))?
                         .into_inner()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    r.spill.finish()?;
-                    Ok(r.spill)
+                    r.into.spill.finish()?;
+                    Ok(r.into.spill)
                 };
                 Ok::<_, Error>((take(entity)?, take(eav)?))
             }
@@ -959,6 +847,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::copy_tap::CopySink;
 
     #[test]
     fn quantile_cuts_split_a_sample_evenly_and_strictly() {
@@ -1064,11 +953,13 @@ mod tests {
             .unwrap()
         };
         // Every split point, two bytes at a time at worst.
-        let mut sink = SlotSink::with_capacity(0);
+        let sink = || CopyDecoder::new(SELECT_OP, Slots::with_capacity(0));
+        let mut slots = sink();
         for piece in stream.chunks(2) {
-            sink.copy_data(piece);
+            slots.copy_data(piece);
         }
-        let slots = sink.finish().unwrap();
+        assert_eq!(slots.end_stream().unwrap(), 2);
+        let slots = slots.into.slots;
         let got: Vec<_> = slots.iter().map(|s| (s.slot, s.deleted_at)).collect();
         assert_eq!(
             got,
@@ -1092,14 +983,10 @@ mod tests {
             ]
         );
         // A stream cut short is an error, not fewer slots.
-        let mut sink = SlotSink::with_capacity(0);
-        sink.copy_data(&stream[..stream.len() - 2]);
-        assert!(
-            sink.finish()
-                .unwrap_err()
-                .to_string()
-                .contains("ended early")
-        );
+        let mut cut = sink();
+        cut.copy_data(&stream[..stream.len() - 2]);
+        let e = cut.end_stream().unwrap_err().to_string();
+        assert!(e.contains("ended early"), "{e}");
         // A NULL version is refused.
         let mut bad = stream[..19].to_vec();
         let mut t = 4i16.to_be_bytes().to_vec();
@@ -1109,9 +996,9 @@ mod tests {
         field(&mut t, Some(&[0u8; 6]));
         bad.extend(t);
         bad.extend((-1i16).to_be_bytes());
-        let mut sink = SlotSink::with_capacity(0);
-        sink.copy_data(&bad);
-        let e = sink.finish().unwrap_err().to_string();
+        let mut null = sink();
+        null.copy_data(&bad);
+        let e = null.end_stream().unwrap_err().to_string();
         assert!(e.contains("NULL changed_at"), "{e}");
     }
 
@@ -1138,30 +1025,32 @@ mod tests {
             stream.extend(t);
         }
         stream.extend((-1i16).to_be_bytes());
-        let router = |name: &str| Router {
-            op: "test",
-            cuts: vec![100, 500].into(),
-            fields: 2,
-            spill: Spill::create(dir.path().join(name), 3).unwrap(),
-            buf: Vec::new(),
-            header: false,
-            ended: false,
-            error: None,
+        let router = |name: &str| -> Router {
+            CopyDecoder::new(
+                "test",
+                Routing {
+                    op: "test",
+                    cuts: vec![100, 500].into(),
+                    fields: 2,
+                    spill: Spill::create(dir.path().join(name), 3).unwrap(),
+                },
+            )
         };
         let mut r = router("s");
         // Every split point, one byte at a time at worst.
         for piece in stream.chunks(3) {
             r.copy_data(piece);
         }
-        r.end_stream().unwrap();
-        r.spill.finish().unwrap();
-        assert_eq!(r.spill.rows, vec![2, 1, 1]);
+        assert_eq!(r.end_stream().unwrap(), 4);
+        let spill = &mut r.into.spill;
+        spill.finish().unwrap();
+        assert_eq!(spill.rows, vec![2, 1, 1]);
         assert_eq!(
-            r.spill.bucket(0).unwrap(),
+            spill.bucket(0).unwrap(),
             [&tuples[0][..], &tuples[2][..]].concat()
         );
-        assert_eq!(r.spill.bucket(1).unwrap(), tuples[1]);
-        assert_eq!(r.spill.bucket(2).unwrap(), tuples[3]);
+        assert_eq!(spill.bucket(1).unwrap(), tuples[1]);
+        assert_eq!(spill.bucket(2).unwrap(), tuples[3]);
         // A stream cut short is an error, not a short bucket.
         r.copy_data(&stream[..40]);
         assert!(r.end_stream().is_err());

@@ -330,16 +330,14 @@ async fn read_payload<F: std::future::Future<Output = ()>>(
     before_payload(&selected).await;
     let ids: Vec<Uuid> = selected.iter().map(|s| s.row_id).collect();
     let payload = choose_payload(&tx, stmts, schema_id, &ids).await?;
-    let entities = Decoding::shared(
+    let entities = Decoding::shared(CopyDecoder::data_rows(
         "read entity_main",
-        CopyDecoder::data_rows(),
         BatchBuilder::entities(&stmts.bound, ids.len()),
-    );
-    let eav = Decoding::shared(
+    ));
+    let eav = Decoding::shared(CopyDecoder::data_rows(
         "read eav_data",
-        CopyDecoder::data_rows(),
         BatchBuilder::eav(ids.len() * 4),
-    );
+    ));
     // Both reads are sent at once: tokio-postgres pipelines them on the connection, so the
     // server works on the second while the first's rows are decoded here. `try_join!` polls
     // the entity read first, and a prepared statement's `query_raw` sends before its first

@@ -22,7 +22,7 @@ use super::capture::{
     integer_row_id, key_text_expr, row_id_expr,
 };
 use super::connect::{timed, within};
-use super::copy_decoder::{CopyItem, copy_header_len, copy_tuple};
+use super::copy_decoder::{CopyDecoder, EachTuple, copy_tuple};
 use super::snapshot::{Selected, Tid};
 use super::stats::DirtyStats;
 use super::table_rows::{RowsBuilder, select_expr};
@@ -1618,29 +1618,11 @@ async fn copy_tuples(
     within(TIMEOUT, op, async {
         let stream = client.copy_out(sql).await.map_err(Error::postgres(op))?;
         futures::pin_mut!(stream);
-        let mut buf = bytes::BytesMut::new();
-        let mut header = false;
-        let mut fields = Vec::with_capacity(n);
+        let mut decoder = CopyDecoder::new(op, EachTuple::new(op, n, &mut each));
         while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
-            buf.extend_from_slice(&chunk);
-            if !header {
-                match copy_header_len(op, &buf)? {
-                    Some(len) => {
-                        bytes::Buf::advance(&mut buf, len);
-                        header = true;
-                    }
-                    None => continue,
-                }
-            }
-            while let Some(item) = copy_tuple(op, &buf, n, &mut fields)? {
-                let CopyItem::Tuple(used) = item else {
-                    return Ok(());
-                };
-                each(&buf[..used], &fields)?;
-                bytes::Buf::advance(&mut buf, used);
-            }
+            decoder.feed(&chunk)?;
         }
-        Ok(())
+        decoder.end_stream().map(drop)
     })
     .await
 }
