@@ -674,9 +674,10 @@ fn duck_array(array: &ArrayRef, uuid: bool) -> Result<ArrayRef> {
 
 /// UUID text (DuckDB's rendering of its UUID type) as 16-byte values.
 fn uuids_from_text(array: &ArrayRef) -> Result<ArrayRef> {
-    uuid_column(array, |s| match uuid_from_text(s) {
-        Some(id) => Ok(Some(id)),
-        None => Err(Error::decode("a UUID computed by DuckDB", format!("{s:?}"))),
+    uuid_column(array, |s| {
+        uuid_from_text(s)
+            .map(Some)
+            .ok_or_else(|| Error::decode("a UUID computed by DuckDB", format!("{s:?}")))
     })
 }
 

@@ -249,8 +249,11 @@ impl S3Store {
     }
 
     async fn put_multipart(&self, key: &str, path: &Path) -> Result<PutResult, StoreError> {
+        let file = tokio::fs::File::open(path).await?;
         let upload_id = self.create_multipart(key, true).await?;
-        let done = self.upload_parts(key, &upload_id, path).await;
+        let done = self
+            .upload_chunks(key, &upload_id, file_chunks(file), PART_CONCURRENCY)
+            .await;
         self.abort_failed(key, &upload_id, done).await
     }
 
@@ -393,37 +396,39 @@ impl S3Store {
         Ok(done.e_tag().unwrap_or_default().to_string())
     }
 
-    /// Reads the file sequentially (hashing as it goes) and uploads parts concurrently.
-    async fn upload_parts(
+    /// Uploads the parts of an object as `chunks` yields them, `concurrency` at a time,
+    /// counting and hashing them as they go out, and completes the upload once `chunks` ends.
+    /// The next chunk is taken (read from its file, or waited for from its writer) while the
+    /// parts before it are being sent.
+    async fn upload_chunks(
         &self,
         key: &str,
         upload_id: &str,
-        path: &Path,
+        chunks: impl futures::Stream<Item = Result<Bytes, StoreError>>,
+        concurrency: usize,
     ) -> Result<PutResult, StoreError> {
-        let mut file = tokio::fs::File::open(path).await?;
+        let mut chunks = std::pin::pin!(chunks);
         let mut sent = Uploaded::default();
         let mut pending = futures::stream::FuturesOrdered::new();
-        let mut parts = Vec::new();
+        let mut done = Vec::new();
+        let mut ended = false;
         loop {
-            let chunk = read_chunk(&mut file, PART_SIZE).await?;
-            if chunk.is_empty() && sent.parts > 0 {
-                break;
-            }
-            let part_number = sent.add(&chunk)?;
-            let last = chunk.len() < PART_SIZE;
-            pending.push_back(self.upload_part(key, upload_id, part_number, chunk));
-            while pending.len() >= PART_CONCURRENCY {
-                if let Some(part) = pending.next().await {
-                    parts.push(part?);
+            tokio::select! {
+                biased;
+                Some(part) = pending.next(), if !pending.is_empty() => done.push(part?),
+                next = chunks.next(), if !ended && pending.len() < concurrency => {
+                    match next.transpose()? {
+                        Some(chunk) => {
+                            let part_number = sent.add(&chunk)?;
+                            pending.push_back(self.upload_part(key, upload_id, part_number, chunk));
+                        }
+                        None => ended = true,
+                    }
                 }
-            }
-            if last {
-                break;
+                else => break,
             }
         }
-        let rest: Vec<CompletedPart> = pending.try_collect().await?;
-        parts.extend(rest);
-        self.complete_hashed(key, upload_id, parts, sent).await
+        self.complete_hashed(key, upload_id, done, sent).await
     }
 
     /// Completes a multipart upload whose parts `sent` counted and hashed as they went out.
@@ -442,43 +447,6 @@ impl S3Store {
             sha256: sent.hasher.finalize().into(),
             etag,
         })
-    }
-
-    /// Uploads the parts of a streamed object after its first two as they arrive, a few at a
-    /// time, and completes the upload once the writer ended the object.
-    async fn upload_streamed(
-        &self,
-        key: &str,
-        upload_id: &str,
-        first: [Bytes; 2],
-        parts: &mut Parts,
-    ) -> Result<PutResult, StoreError> {
-        let mut sent = Uploaded::default();
-        let mut pending = futures::stream::FuturesOrdered::new();
-        let mut done = Vec::new();
-        let mut start = |chunk: Bytes, pending: &mut futures::stream::FuturesOrdered<_>| {
-            let part_number = sent.add(&chunk)?;
-            pending.push_back(self.upload_part(key, upload_id, part_number, chunk));
-            Ok::<_, StoreError>(())
-        };
-        for chunk in first {
-            start(chunk, &mut pending)?;
-        }
-        let mut ended = false;
-        loop {
-            tokio::select! {
-                biased;
-                Some(part) = pending.next(), if !pending.is_empty() => done.push(part?),
-                next = stream::next(parts), if !ended && pending.len() < STREAM_CONCURRENCY => {
-                    match next? {
-                        Some(chunk) => start(chunk, &mut pending)?,
-                        None => ended = true,
-                    }
-                }
-                else => break,
-            }
-        }
-        self.complete_hashed(key, upload_id, done, sent).await
     }
 
     async fn upload_part(
@@ -615,6 +583,22 @@ impl Intercept for RequestLog {
         }
         Ok(())
     }
+}
+
+/// A file's bytes in chunks of [`PART_SIZE`], read in order. An empty file still makes one
+/// (empty) part; a longer one never ends with an empty part.
+fn file_chunks(file: tokio::fs::File) -> impl futures::Stream<Item = Result<Bytes, StoreError>> {
+    futures::stream::try_unfold((Some(file), true), |(file, first)| async move {
+        let Some(mut file) = file else {
+            return Ok(None);
+        };
+        let chunk = read_chunk(&mut file, PART_SIZE).await?;
+        if chunk.is_empty() && !first {
+            return Ok(None);
+        }
+        let more = (chunk.len() == PART_SIZE).then_some(file);
+        Ok(Some((chunk, (more, false))))
+    })
 }
 
 async fn read_chunk(file: &mut tokio::fs::File, max: usize) -> std::io::Result<Bytes> {
@@ -785,8 +769,12 @@ impl ObjectStore for S3Store {
             return self.put_bytes(key, first, PutMode::Overwrite).await;
         };
         let upload_id = self.create_multipart(key, true).await?;
+        let rest = futures::stream::try_unfold(&mut parts, |parts| async move {
+            Ok(stream::next(parts).await?.map(|chunk| (chunk, parts)))
+        });
+        let chunks = futures::stream::iter([Ok(first), Ok(second)]).chain(rest);
         let done = self
-            .upload_streamed(key, &upload_id, [first, second], &mut parts)
+            .upload_chunks(key, &upload_id, chunks, STREAM_CONCURRENCY)
             .await;
         self.abort_failed(key, &upload_id, done).await
     }
@@ -1123,6 +1111,27 @@ mod tests {
         let e = sent.add(b"e").unwrap_err().to_string();
         assert!(e.contains("passed 10000 parts"), "{e}");
         assert_eq!((sent.parts, sent.size), (10_000, 4));
+    }
+
+    #[tokio::test]
+    async fn a_file_is_read_in_whole_parts_with_no_empty_part_after_a_full_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunks = |len: usize| {
+            let path = dir.path().join(format!("f{len}"));
+            let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            std::fs::write(&path, &body).unwrap();
+            async move {
+                let file = tokio::fs::File::open(&path).await.unwrap();
+                let got: Vec<Bytes> = file_chunks(file).try_collect().await.unwrap();
+                assert_eq!(got.concat(), body, "a file of {len} bytes");
+                got.iter().map(Bytes::len).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(chunks(0).await, [0]);
+        assert_eq!(chunks(5).await, [5]);
+        assert_eq!(chunks(PART_SIZE).await, [PART_SIZE]);
+        assert_eq!(chunks(2 * PART_SIZE).await, [PART_SIZE, PART_SIZE]);
+        assert_eq!(chunks(PART_SIZE + 1).await, [PART_SIZE, 1]);
     }
 
     #[test]

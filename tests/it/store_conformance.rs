@@ -231,20 +231,26 @@ async fn racing_writers(store: Arc<dyn ObjectStore>) {
     assert_eq!(wins, 1);
 }
 
-/// A 40 MiB file: multipart on S3; the returned SHA-256 equals an independent hash of the
-/// downloaded bytes.
+/// A 40 MiB file and a file of exactly two 16 MiB parts: multipart on S3; the returned SHA-256
+/// equals an independent hash of the downloaded bytes.
 async fn large_upload(store: &dyn ObjectStore, reader: &dyn ObjectStore) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("big.bin");
-    let data = noise(40 * 1024 * 1024 + 123);
-    std::fs::write(&path, &data).unwrap();
-    let put = store.put_file("big/obj.bin", &path).await.unwrap();
-    assert_eq!(put.size, data.len() as u64);
-    let downloaded = reader.get_bytes("big/obj.bin").await.unwrap().bytes;
-    assert_eq!(downloaded.len(), data.len());
-    let independent: [u8; 32] = Sha256::digest(&downloaded).into();
-    assert_eq!(put.sha256, independent);
-    assert_eq!(downloaded[..], data[..]);
+    for (i, len) in [40 * 1024 * 1024 + 123, 32 * 1024 * 1024]
+        .into_iter()
+        .enumerate()
+    {
+        let path = dir.path().join(format!("big{i}.bin"));
+        let key = format!("big/obj{i}.bin");
+        let data = noise(len);
+        std::fs::write(&path, &data).unwrap();
+        let put = store.put_file(&key, &path).await.unwrap();
+        assert_eq!(put.size, data.len() as u64);
+        let downloaded = reader.get_bytes(&key).await.unwrap().bytes;
+        assert_eq!(downloaded.len(), data.len());
+        let independent: [u8; 32] = Sha256::digest(&downloaded).into();
+        assert_eq!(put.sha256, independent);
+        assert_eq!(downloaded[..], data[..]);
+    }
 }
 
 /// `len` bytes that do not compress.
