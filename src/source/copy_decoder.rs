@@ -138,13 +138,16 @@ impl<T: Tuples> CopyDecoder<T> {
         Ok(())
     }
 
+    /// The first error met while fed as a [`CopySink`], if any (taken).
+    pub(super) fn take_error(&mut self) -> Result<()> {
+        self.error.take().map_or(Ok(()), Err)
+    }
+
     /// Checks that the stream ended exactly at its end-of-data marker (DataRow payloads: at
-    /// the end of a row), or returns the first error met, and readies the decoder for the next
-    /// stream. Returns the stream's tuples.
+    /// the end of a row), or returns the first error met; on success readies the decoder for
+    /// the next stream and returns the stream's tuples.
     pub(super) fn end_stream(&mut self) -> Result<usize> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
+        self.take_error()?;
         if !(self.ended || self.rows_only) || !self.buf.is_empty() {
             let what = if self.rows_only {
                 "binary data rows ended inside a row"
@@ -296,7 +299,7 @@ pub(super) fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<Take
 }
 
 /// The length of a binary COPY stream's header, once `b` holds all of it.
-pub(super) fn copy_header_len(op: &'static str, b: &[u8]) -> Result<Option<usize>> {
+fn copy_header_len(op: &'static str, b: &[u8]) -> Result<Option<usize>> {
     if b.len() < COPY_SIGNATURE.len() + 8 {
         return Ok(None);
     }

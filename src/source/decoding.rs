@@ -54,7 +54,12 @@ pub(super) async fn stream_into(
         // The tap has passed CommandComplete on only after the rows before it: the rows
         // decoded either way must be the rows the server says it sent.
         let sent = stream.rows_affected();
-        let decoded = copy_tap::lock(decoding).rows();
+        let decoded = {
+            let mut decoding = copy_tap::lock(decoding);
+            // A tuple the tap could not decode is the error, not the count it left short.
+            decoding.take_error()?;
+            decoding.rows()
+        };
         if sent != Some(decoded as u64) {
             return Err(Error::decode(
                 op,
@@ -122,6 +127,11 @@ pub(super) struct Decoding {
 impl Decoding {
     pub(super) fn shared(decoder: CopyDecoder<BatchBuilder>) -> Arc<Mutex<Self>> {
         Arc::new(Mutex::new(Self { decoder, pushed: 0 }))
+    }
+
+    /// The first error the tap's data met, if any (taken).
+    pub(super) fn take_error(&mut self) -> Result<()> {
+        self.decoder.take_error()
     }
 
     /// Rows decoded so far, either way.
@@ -298,6 +308,20 @@ mod tests {
         decoder.copy_data(&[0]);
         let err = decoder.end_stream().unwrap_err().to_string();
         assert!(err.contains("data after the end"), "{err}");
+    }
+
+    #[test]
+    fn a_row_the_tap_could_not_decode_is_the_error_not_a_short_count() {
+        let decoding = Decoding::shared(CopyDecoder::data_rows("rows", builder()));
+        let mut d = copy_tap::lock(&decoding);
+        d.copy_data(&tuple(1, Some(1), None));
+        // A row of two fields where three are expected; later data is dropped.
+        d.copy_data(&2i16.to_be_bytes());
+        d.copy_data(&tuple(2, None, None));
+        assert_eq!(d.rows(), 1);
+        let e = d.take_error().unwrap_err().to_string();
+        assert!(e.contains("has 2 fields, expected 3"), "{e}");
+        assert!(d.take_error().is_ok(), "the error is taken once");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use super::capture::{
     integer_row_id, key_text_expr, row_id_expr,
 };
 use super::connect::{timed, within};
-use super::copy_decoder::{CopyDecoder, EachTuple, copy_tuple};
+use super::copy_decoder::{CopyDecoder, CopyItem, EachTuple, copy_tuple};
 use super::snapshot::{Selected, Tid};
 use super::stats::DirtyStats;
 use super::table_rows::{RowsBuilder, select_expr};
@@ -1418,7 +1418,9 @@ impl SnapshotRead {
             for (p, tuple) in pending.iter().zip(tuples) {
                 match tuple {
                     Some(t) => {
-                        copy_tuple(OP, &t, n, &mut fields)?;
+                        let Some(CopyItem::Tuple(_)) = copy_tuple(OP, &t, n, &mut fields)? else {
+                            return Err(Error::decode(OP, "a scanned row is not one whole tuple"));
+                        };
                         // The key text first, then the payload.
                         builder.push_fields(p.row_id, version(p), &t, &fields[1..])?;
                     }

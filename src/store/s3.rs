@@ -59,7 +59,7 @@ const MAX_PARTS: u64 = 10_000;
 const QUICK_PUT_BYTES: u64 = 1024 * 1024;
 
 /// The parts of a multipart upload handed out so far: how many, their bytes and the SHA-256
-/// of the whole, computed as they go (both upload loops and their completion share it).
+/// of the whole, computed as they go.
 #[derive(Default)]
 struct Uploaded {
     parts: i32,
@@ -427,6 +427,12 @@ impl S3Store {
                 }
                 else => break,
             }
+        }
+        if sent.parts == 0 {
+            return Err(StoreError::Backend {
+                message: format!("a multipart upload to {key} was given no part"),
+                source: None,
+            });
         }
         self.complete_hashed(key, upload_id, done, sent).await
     }
