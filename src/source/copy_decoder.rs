@@ -19,8 +19,8 @@ pub(super) const COPY_SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
 /// What a binary COPY stream's tuples are handed to.
 pub(super) trait Tuples {
     /// Takes the complete tuples at the front of `data` (which starts at a tuple or at the end
-    /// marker) and says what it took.
-    fn take(&mut self, data: &[u8]) -> Result<Taken>;
+    /// marker) and says what it took; `op` names the read in errors.
+    fn take(&mut self, op: &'static str, data: &[u8]) -> Result<Taken>;
 }
 
 /// What [`Tuples::take`] took from the front of its bytes.
@@ -36,8 +36,8 @@ pub(super) struct Taken {
 
 /// Values appended straight to the batch's columns.
 impl Tuples for BatchBuilder {
-    fn take(&mut self, data: &[u8]) -> Result<Taken> {
-        decode_tuples(data, self)
+    fn take(&mut self, op: &'static str, data: &[u8]) -> Result<Taken> {
+        decode_tuples(op, data, self)
     }
 }
 
@@ -84,6 +84,11 @@ impl<T: Tuples> CopyDecoder<T> {
         }
     }
 
+    /// The read this decoder's errors name.
+    pub(super) fn op(&self) -> &'static str {
+        self.op
+    }
+
     /// Tuples of the current stream taken so far.
     pub(super) fn tuples(&self) -> usize {
         self.tuples
@@ -100,7 +105,7 @@ impl<T: Tuples> CopyDecoder<T> {
         if self.header && self.buf.is_empty() {
             // The usual case (PostgreSQL sends each tuple in a message of its own): the tuples
             // are taken where they lie, and only an incomplete one is kept.
-            let taken = self.into.take(chunk)?;
+            let taken = self.into.take(self.op, chunk)?;
             self.record(taken, chunk.len())?;
             self.buf.extend_from_slice(&chunk[taken.used..]);
             return Ok(());
@@ -113,7 +118,7 @@ impl<T: Tuples> CopyDecoder<T> {
                 None => return Ok(()),
             }
         }
-        let taken = self.into.take(&self.buf[at..])?;
+        let taken = self.into.take(self.op, &self.buf[at..])?;
         self.record(taken, self.buf.len() - at)?;
         self.buf.drain(..at + taken.used);
         Ok(())
@@ -179,7 +184,6 @@ impl<T: Tuples + Send> CopySink for CopyDecoder<T> {
 
 /// Tuples handed one at a time to a function, with where each field lies in them.
 pub(super) struct EachTuple<F> {
-    op: &'static str,
     fields: usize,
     ranges: Vec<Option<Range<usize>>>,
     each: F,
@@ -188,9 +192,8 @@ pub(super) struct EachTuple<F> {
 impl<F: FnMut(&[u8], &[Option<Range<usize>>]) -> Result<()>> EachTuple<F> {
     /// Hands each tuple of `fields` fields to `each`: its bytes and where each field lies in
     /// them (`None`: NULL).
-    pub(super) fn new(op: &'static str, fields: usize, each: F) -> Self {
+    pub(super) fn new(fields: usize, each: F) -> Self {
         Self {
-            op,
             fields,
             ranges: Vec::with_capacity(fields),
             each,
@@ -199,8 +202,8 @@ impl<F: FnMut(&[u8], &[Option<Range<usize>>]) -> Result<()>> EachTuple<F> {
 }
 
 impl<F: FnMut(&[u8], &[Option<Range<usize>>]) -> Result<()>> Tuples for EachTuple<F> {
-    fn take(&mut self, data: &[u8]) -> Result<Taken> {
-        take_each(self.op, data, self.fields, &mut self.ranges, &mut self.each)
+    fn take(&mut self, op: &'static str, data: &[u8]) -> Result<Taken> {
+        take_each(op, data, self.fields, &mut self.ranges, &mut self.each)
     }
 }
 
@@ -232,54 +235,47 @@ pub(super) fn take_each(
     }
 }
 
-/// Decodes the complete tuples at the front of `data` into `into`.
-pub(super) fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<Taken> {
+/// Decodes the complete tuples at the front of `data` into `into`; `op` names the read in
+/// errors.
+pub(super) fn decode_tuples(
+    op: &'static str,
+    data: &[u8],
+    into: &mut BatchBuilder,
+) -> Result<Taken> {
     fn field_len(data: &[u8], at: usize) -> Option<i32> {
         let b = data.get(at..at + 4)?;
         Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
-    let mut rows = 0;
-    let mut used = 0;
+    let mut taken = Taken::default();
     loop {
-        let data = &data[used..];
+        let data = &data[taken.used..];
         let Some(count) = data.get(..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
-            return Ok(Taken {
-                used,
-                tuples: rows,
-                end: false,
-            });
+            return Ok(taken);
         };
         if count == -1 {
-            return Ok(Taken {
-                used: used + 2,
-                tuples: rows,
-                end: true,
-            });
+            taken.used += 2;
+            taken.end = true;
+            return Ok(taken);
         }
         if usize::try_from(count).ok() != Some(into.builders.len()) {
             return Err(Error::decode(
-                "binary COPY tuple",
-                format!("has {count} fields, expected {}", into.builders.len()),
+                op,
+                format!(
+                    "a binary tuple has {count} fields, expected {}",
+                    into.builders.len()
+                ),
             ));
         }
         // Only a complete tuple is decoded, so no column is ever left one value short.
         let mut end = 2;
-        let mut complete = true;
         for _ in 0..into.builders.len() {
-            match field_len(data, end) {
-                None => {
-                    complete = false;
-                    break;
-                }
-                Some(len) => end += 4 + usize::try_from(len).unwrap_or(0),
-            }
+            let Some(len) = field_len(data, end) else {
+                return Ok(taken);
+            };
+            end += 4 + usize::try_from(len).unwrap_or(0);
         }
-        if !complete || data.len() < end {
-            return Ok(Taken {
-                used,
-                tuples: rows,
-                end: false,
-            });
+        if data.len() < end {
+            return Ok(taken);
         }
         let mut at = 2;
         for b in into.builders.iter_mut() {
@@ -293,8 +289,8 @@ pub(super) fn decode_tuples(data: &[u8], into: &mut BatchBuilder) -> Result<Take
                 Err(_) => b.push_binary(None)?,
             }
         }
-        used += end;
-        rows += 1;
+        taken.used += end;
+        taken.tuples += 1;
     }
 }
 

@@ -215,7 +215,7 @@ mod tests {
                 t.truncate(t.len() - 4);
                 t.extend(i32::try_from(v.len()).unwrap().to_be_bytes());
                 t.extend(*v);
-                assert_eq!(decode_tuples(&t, &mut into).unwrap().tuples, 1);
+                assert_eq!(decode_tuples("test", &t, &mut into).unwrap().tuples, 1);
             }
             into.finish()
         };
@@ -312,7 +312,7 @@ mod tests {
 
     #[test]
     fn a_row_the_tap_could_not_decode_is_the_error_not_a_short_count() {
-        let decoding = Decoding::shared(CopyDecoder::data_rows("rows", builder()));
+        let decoding = Decoding::shared(CopyDecoder::data_rows("read the rows", builder()));
         let mut d = copy_tap::lock(&decoding);
         d.copy_data(&tuple(1, Some(1), None));
         // A row of two fields where three are expected; later data is dropped.
@@ -321,15 +321,16 @@ mod tests {
         assert_eq!(d.rows(), 1);
         let e = d.take_error().unwrap_err().to_string();
         assert!(e.contains("has 2 fields, expected 3"), "{e}");
+        assert!(e.contains("read the rows"), "the error names the read: {e}");
         assert!(d.take_error().is_ok(), "the error is taken once");
     }
 
     #[test]
     fn a_tuple_of_the_wrong_shape_is_an_error_not_a_shifted_column() {
-        assert!(decode_tuples(&2i16.to_be_bytes(), &mut builder()).is_err());
+        assert!(decode_tuples("test", &2i16.to_be_bytes(), &mut builder()).is_err());
         let mut t = tuple(1, Some(1), None);
         t[2..6].copy_from_slice(&4i32.to_be_bytes()); // a 4-byte "uuid"
         t.drain(10..22);
-        assert!(decode_tuples(&t, &mut builder()).is_err());
+        assert!(decode_tuples("test", &t, &mut builder()).is_err());
     }
 }

@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arrow::record_batch::RecordBatch;
-use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
@@ -333,9 +332,9 @@ impl Slots {
 }
 
 impl Tuples for Slots {
-    fn take(&mut self, data: &[u8]) -> Result<Taken> {
+    fn take(&mut self, op: &'static str, data: &[u8]) -> Result<Taken> {
         let slots = &mut self.slots;
-        take_each(SELECT_OP, data, 4, &mut self.fields, |tuple, fields| {
+        take_each(op, data, 4, &mut self.fields, |tuple, fields| {
             slots.push(pass_slot(tuple, fields)?);
             Ok(())
         })
@@ -356,7 +355,7 @@ fn pass_slot(tuple: &[u8], fields: &[Option<Range<usize>>]) -> Result<PassSlot> 
         .ok_or_else(|| Error::decode(SELECT_OP, "a row id that is not 16 bytes"))?;
     let changed_at = bigint(1)?.ok_or_else(|| Error::decode(SELECT_OP, "a NULL changed_at"))?;
     let tid = field(3)
-        .and_then(|b| Tid::from_sql(&Type::TID, b).ok())
+        .and_then(Tid::from_binary)
         .ok_or_else(|| Error::decode(SELECT_OP, "a ctid that is not 6 bytes"))?;
     Ok(PassSlot {
         slot: Selected {
@@ -562,7 +561,6 @@ type Router = CopyDecoder<Routing>;
 
 /// Where a reader's tuples go: the bucket of their row id, in its spill file.
 struct Routing {
-    op: &'static str,
     cuts: Arc<[u128]>,
     fields: usize,
     spill: Spill,
@@ -571,7 +569,7 @@ struct Routing {
 impl Tuples for Routing {
     /// Routes the complete tuples at the front of `data`. Only a tuple's length and its first
     /// field are looked at: the values are decoded when the bucket is loaded.
-    fn take(&mut self, data: &[u8]) -> Result<Taken> {
+    fn take(&mut self, op: &'static str, data: &[u8]) -> Result<Taken> {
         let mut taken = Taken::default();
         loop {
             let t = &data[taken.used..];
@@ -584,13 +582,13 @@ impl Tuples for Routing {
                 return Ok(taken);
             }
             if usize::try_from(count).ok() != Some(self.fields) {
-                return Err(Error::decode(self.op, "a malformed tuple: field count"));
+                return Err(Error::decode(op, "a malformed tuple: field count"));
             }
             // The row id: a 16-byte first field.
             match t.get(2..6) {
                 None => return Ok(taken),
                 Some(len) if len != 16i32.to_be_bytes() => {
-                    return Err(Error::decode(self.op, "a row id that is not 16 bytes"));
+                    return Err(Error::decode(op, "a row id that is not 16 bytes"));
                 }
                 Some(_) => {}
             }
@@ -623,7 +621,7 @@ async fn copy_routed(
     router: &Arc<Mutex<Router>>,
     query: &str,
 ) -> Result<()> {
-    let op = copy_tap::lock(router).into.op;
+    let op = copy_tap::lock(router).op();
     copy_to_sink(tx, tap, op, query, router).await?;
     copy_tap::lock(router).end_stream().map(drop)
 }
@@ -682,7 +680,7 @@ impl Spilled {
         order.sort_unstable_by_key(|t| t.0);
         let mut entities = BatchBuilder::entities(&self.bound, order.len());
         for &(_, from, to) in &order {
-            let taken = decode_tuples(&raw[from..to], &mut entities)?;
+            let taken = decode_tuples(OP, &raw[from..to], &mut entities)?;
             if (taken.used, taken.tuples) != (to - from, 1) {
                 return Err(Error::decode(OP, "a spilled tuple did not decode whole"));
             }
@@ -692,7 +690,7 @@ impl Spilled {
         let mut eav = BatchBuilder::eav(usize::try_from(eav_rows).unwrap_or(0));
         for s in &self.eav {
             s.each_chunk(bucket, |data| {
-                let taken = decode_tuples(data, &mut eav)?;
+                let taken = decode_tuples(OP, data, &mut eav)?;
                 if taken.used != data.len() || taken.end {
                     return Err(Error::decode(OP, "a spilled chunk is not whole tuples"));
                 }
@@ -776,7 +774,6 @@ where
         Ok(Arc::new(Mutex::new(CopyDecoder::new(
             op,
             Routing {
-                op,
                 cuts: plan.cuts.clone(),
                 fields,
                 spill: Spill::create(path, buckets)?,
@@ -946,11 +943,8 @@ mod tests {
         stream.extend(tuple(u128::MAX - 5, -4, Some(1_800_000_000_000), 70_000, 1));
         stream.extend((-1i16).to_be_bytes());
         let tid = |block: u32, offset: u16| {
-            Tid::from_sql(
-                &Type::TID,
-                &[block.to_be_bytes().as_slice(), &offset.to_be_bytes()].concat(),
-            )
-            .unwrap()
+            Tid::from_binary(&[block.to_be_bytes().as_slice(), &offset.to_be_bytes()].concat())
+                .unwrap()
         };
         // Every split point, two bytes at a time at worst.
         let sink = || CopyDecoder::new(SELECT_OP, Slots::with_capacity(0));
@@ -1029,7 +1023,6 @@ mod tests {
             CopyDecoder::new(
                 "test",
                 Routing {
-                    op: "test",
                     cuts: vec![100, 500].into(),
                     fields: 2,
                     spill: Spill::create(dir.path().join(name), 3).unwrap(),

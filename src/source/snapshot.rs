@@ -45,18 +45,26 @@ pub struct Tid {
     offset: u16,
 }
 
+impl Tid {
+    /// The `tid` in PostgreSQL's binary form (a 4-byte block, a 2-byte offset), as binary COPY
+    /// data carries it; `None` when `raw` is not 6 bytes.
+    pub(super) fn from_binary(raw: &[u8]) -> Option<Self> {
+        match raw {
+            [b0, b1, b2, b3, o0, o1] => Some(Self {
+                block: u32::from_be_bytes([*b0, *b1, *b2, *b3]),
+                offset: u16::from_be_bytes([*o0, *o1]),
+            }),
+            _ => None,
+        }
+    }
+}
+
 impl<'a> FromSql<'a> for Tid {
     fn from_sql(
         _: &Type,
         raw: &'a [u8],
     ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        match raw {
-            [b0, b1, b2, b3, o0, o1] => Ok(Self {
-                block: u32::from_be_bytes([*b0, *b1, *b2, *b3]),
-                offset: u16::from_be_bytes([*o0, *o1]),
-            }),
-            _ => Err(format!("a tid is 6 bytes, got {}", raw.len()).into()),
-        }
+        Self::from_binary(raw).ok_or_else(|| format!("a tid is 6 bytes, got {}", raw.len()).into())
     }
 
     fn accepts(ty: &Type) -> bool {

@@ -1620,18 +1620,13 @@ async fn copy_tuples(
     within(TIMEOUT, op, async {
         let stream = client.copy_out(sql).await.map_err(Error::postgres(op))?;
         futures::pin_mut!(stream);
-        let mut decoder = CopyDecoder::new(op, EachTuple::new(op, n, &mut each));
+        let mut decoder = CopyDecoder::new(op, EachTuple::new(n, &mut each));
         while let Some(chunk) = stream.try_next().await.map_err(Error::postgres(op))? {
             decoder.feed(&chunk)?;
         }
         decoder.end_stream().map(drop)
     })
     .await
-}
-
-/// A binary `tid`.
-fn tid(v: &[u8]) -> Option<Tid> {
-    <Tid as tokio_postgres::types::FromSql>::from_sql(&tokio_postgres::types::Type::TID, v).ok()
 }
 
 /// One touch of the touches' COPY stream.
@@ -1646,7 +1641,7 @@ fn decode_touch([id, touched, deleted, at, keyed]: [Option<&[u8]>; 5]) -> Result
         .map(i64::from_be_bytes)
         .ok_or_else(|| bad("touched_at"))?;
     let deleted = matches!(deleted.ok_or_else(|| bad("deleted"))?, [1]);
-    let at = at.and_then(tid).ok_or_else(|| bad("ctid"))?;
+    let at = at.and_then(Tid::from_binary).ok_or_else(|| bad("ctid"))?;
     let keyed = matches!(keyed.ok_or_else(|| bad("key"))?, [1]);
     Ok((id, touched, deleted, at, keyed))
 }
@@ -1813,7 +1808,7 @@ mod tests {
     #[test]
     fn a_rows_lookup_reads_the_key_of_a_touch_that_carries_one() {
         let id = Uuid::from_u128(7);
-        let at = |n: u8| tid(&[0, 0, 0, 0, 0, n]).unwrap();
+        let at = |n: u8| Tid::from_binary(&[0, 0, 0, 0, 0, n]).unwrap();
         // A keyless tombstone first (a requeue), then the capture's touches with the key.
         let folded = Folded::new(vec![
             (id, 5, true, at(1), false),
