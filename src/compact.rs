@@ -481,6 +481,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
                 p.source,
                 ctx.clock.as_ref(),
                 CommitPolicy::default(),
+                None,
                 |m| {
                     for f in m.files.iter_mut().filter(|f| deltas.contains(&f.path)) {
                         f.tier = Tier::Base;
@@ -931,6 +932,7 @@ async fn splice(
         p.source,
         ctx.clock.as_ref(),
         policy,
+        None,
         |m| {
             for s in &staged {
                 check_lease(p, &s.key, &s.staged)?;

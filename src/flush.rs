@@ -35,7 +35,7 @@ use crate::engine::export::Inputs;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::manifest::{CommitPolicy, FileEntry, Tier};
+use crate::lake::manifest::{CommitPolicy, FileEntry, Loaded, Tier};
 use crate::lake::{SourceGuard, footer, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
@@ -523,6 +523,23 @@ struct Publisher<'a> {
     lock: &'a SchemaLock,
 }
 
+/// What a run's batches are published against, kept from batch to batch: whose data prefix
+/// this is (read before the first batch) and the manifest as the run's last save left it,
+/// which the next save starts from instead of reading it again (`manifest::commit_from`).
+struct Publishing {
+    ownership: owner::Ownership,
+    saved: Option<Loaded>,
+}
+
+impl Publishing {
+    fn new(ownership: owner::Ownership) -> Self {
+        Self {
+            ownership,
+            saved: None,
+        }
+    }
+}
+
 /// One schema's flush: what every step of its batches needs.
 struct SchemaFlush<'a> {
     ctx: &'a Context,
@@ -629,7 +646,7 @@ async fn drain(
     let mut engine: Option<Engine> = None;
     let mut staged: Option<Staged> = None;
     // Whose data prefix this is, read before the first batch (see `publish`).
-    let mut ownership: Option<owner::Ownership> = None;
+    let mut publishing: Option<Publishing> = None;
     let mut marker: Option<Arc<snapshot::Marker>> = None;
     loop {
         if ctx.shutdown.is_requested() {
@@ -649,7 +666,7 @@ async fn drain(
             // The pass's last batch is published and its mark lands first: the next selection
             // would pick its slots again.
             if let Some(st) = staged.take() {
-                publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await?;
+                publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await?;
             }
             settle_mark(pending.take(), report).await?;
             match reads.after_pass(sf, report).await {
@@ -674,7 +691,7 @@ async fn drain(
                     staged = Some(st);
                 }
                 None => {
-                    publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await?
+                    publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await?
                 }
             }
         }
@@ -700,7 +717,7 @@ async fn drain(
                 // The batch written before the failed read is complete: it is published (and
                 // marked) before the run fails.
                 if let Some(st) = staged.take() {
-                    publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await?;
+                    publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await?;
                 }
                 return Err(e);
             }
@@ -720,10 +737,11 @@ async fn drain(
         // So does a manifest written from another database (docs/design.md §4.9); its load
         // also makes a plan fail on a manifest the run could not commit to (malformed, another
         // schema's stamp, too large).
-        if ownership.is_none() {
+        if publishing.is_none() {
             let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
             owner::check_source(store, layout, schema_id, sf.source).await?;
-            ownership = Some(owner::check_writable(store, layout, schema_id).await?);
+            let ownership = owner::check_writable(store, layout, schema_id).await?;
+            publishing = Some(Publishing::new(ownership));
         }
         match batch {
             read_ahead::Fetched::Planned(slots) => {
@@ -758,7 +776,7 @@ async fn drain(
                 // happens, so no file outlives the run.
                 let published = match staged.take() {
                     Some(st) => {
-                        publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await
+                        publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await
                     }
                     None => Ok(()),
                 };
@@ -777,7 +795,7 @@ async fn drain(
     }
     // The batch in progress completes: the stop or budget came after it was written.
     if let Some(st) = staged.take() {
-        publish_staged(sf, st, &mut ownership, &mut marker, pending, report).await?;
+        publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await?;
     }
     Ok(())
 }
@@ -808,13 +826,13 @@ struct Staged {
 async fn publish_staged(
     sf: &SchemaFlush<'_>,
     st: Staged,
-    ownership: &mut Option<owner::Ownership>,
+    publishing: &mut Option<Publishing>,
     marker: &mut Option<Arc<snapshot::Marker>>,
     pending: &mut Option<PendingMark>,
     report: &mut SchemaReport,
 ) -> Result<()> {
     let ctx = sf.ctx;
-    let owned = ownership.as_mut().ok_or_else(|| {
+    let state = publishing.as_mut().ok_or_else(|| {
         Error::Invariant("a batch published before the prefix was checked".into())
     })?;
     let Staged {
@@ -823,7 +841,7 @@ async fn publish_staged(
         written,
     } = st;
     sf.publisher()
-        .publish(&versions, &file.0, written, owned, report)
+        .publish(&versions, &file.0, written, state, report)
         .await?;
     drop(file);
     settle_mark(pending.take(), report).await?;
@@ -1012,7 +1030,7 @@ impl Publisher<'_> {
         versions: &[Selected],
         local: &std::path::Path,
         written: Written,
-        ownership: &mut owner::Ownership,
+        publishing: &mut Publishing,
         report: &mut SchemaReport,
     ) -> Result<()> {
         let Publisher {
@@ -1056,10 +1074,11 @@ impl Publisher<'_> {
             layout,
             schema_id,
             &report.schema,
-            ownership,
+            &publishing.ownership,
             self.source,
             ctx.clock.as_ref(),
             opts.commit,
+            publishing.saved.take(),
             |m| {
                 m.files.push(entry.clone());
                 Ok(())
@@ -1067,7 +1086,10 @@ impl Publisher<'_> {
         )
         .await;
         match committed {
-            Ok(_) => *ownership = owner::Ownership::Ours,
+            Ok(c) => {
+                publishing.ownership = owner::Ownership::Ours;
+                publishing.saved = c.into_known();
+            }
             // The save may have landed and list the delta: it stays (a rerun converges).
             Err(e @ Error::AmbiguousCommit { .. }) => return Err(e),
             // Certainly not saved (the prefix could not be claimed, the manifest could not be read

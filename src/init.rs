@@ -510,6 +510,7 @@ async fn publish(
             source,
             ctx.clock.as_ref(),
             CommitPolicy::default(),
+            None,
             |m| {
                 // The whole base tier, and exactly the deltas inventoried at the start (what
                 // `--replace-delta` agreed to replace; any other delta is newer than this

@@ -13,8 +13,8 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    Context, FlushHooks, FlushOptions, PendingMark, Publisher, SchemaReport, due, settle_mark,
-    step_done, stopped, under_lock,
+    Context, FlushHooks, FlushOptions, PendingMark, Publisher, Publishing, SchemaReport, due,
+    settle_mark, step_done, stopped, under_lock,
 };
 use crate::engine;
 use crate::error::{Error, Result};
@@ -77,7 +77,7 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     }
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
     owner::check_source(store, layout, p.schema_id, p.source).await?;
-    let mut ownership = owner::check_writable(store, layout, p.schema_id).await?;
+    let mut publishing = Publishing::new(owner::check_writable(store, layout, p.schema_id).await?);
     if src.has_new_columns() && !opts.dry_run {
         // Recorded now, so a later type change of the new column is caught too.
         table_source::record(&client, &src, None).await?;
@@ -143,7 +143,7 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
             &src,
             &reader,
             marker.as_ref(),
-            &mut ownership,
+            &mut publishing,
             started,
             report,
         )
@@ -178,7 +178,7 @@ async fn drain(
     src: &Arc<TableSource>,
     reader: &Arc<table_source::SnapshotRead>,
     marker: Option<&Arc<tokio_postgres::Client>>,
-    ownership: &mut owner::Ownership,
+    publishing: &mut Publishing,
     started: Instant,
     report: &mut SchemaReport,
 ) -> Result<()> {
@@ -249,7 +249,7 @@ async fn drain(
                 reader.reserve(&m).await?;
                 reserved = true;
             }
-            export(p, &batch, ownership, report).await?;
+            export(p, &batch, publishing, report).await?;
             settle_mark(pending.take(), report).await?;
             let src = src.clone();
             pending = Some(tokio::spawn(async move {
@@ -298,7 +298,7 @@ impl Drop for Guarded {
 async fn export(
     p: &Publisher<'_>,
     batch: &table_source::Batch,
-    ownership: &mut owner::Ownership,
+    publishing: &mut Publishing,
     report: &mut SchemaReport,
 ) -> Result<()> {
     let local = p
@@ -329,7 +329,7 @@ async fn export(
     step_done("write parquet", t);
     let outcome = match written {
         Ok(written) => {
-            p.publish(&batch.versions, &local, written, ownership, report)
+            p.publish(&batch.versions, &local, written, publishing, report)
                 .await
         }
         Err(e) => Err(e),

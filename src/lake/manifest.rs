@@ -407,6 +407,22 @@ pub struct Committed {
     pub etag: String,
     /// Conditional writes it took (1 = no conflict).
     pub attempts: u32,
+    /// Whether a later save may start from this one ([`Committed::into_known`]): false when
+    /// the save started from a known manifest that the store refused although nothing had
+    /// been saved since, so the store does not take its own etags back in `If-Match`.
+    pub resumable: bool,
+}
+
+impl Committed {
+    /// The saved manifest and its etag, for the next save of the same run to start from
+    /// ([`commit_from`]); `None` when the store gave no etag or does not take its etags
+    /// back.
+    pub fn into_known(self) -> Option<Loaded> {
+        (self.resumable && !self.etag.is_empty()).then_some(Loaded {
+            manifest: self.manifest,
+            etag: self.etag,
+        })
+    }
 }
 
 /// [`commit_within`] the manifest at `key`, read within the default [`ReadLimits`] and
@@ -426,7 +442,7 @@ where
         limits: &ReadLimits::default(),
         history: true,
     };
-    save(store, key, schema_id, clock, policy, &rules, modify).await
+    save(store, key, schema_id, clock, policy, &rules, None, modify).await
 }
 
 /// Loads the manifest of `schema_id` under `layout` (within its limits, [`load_within`]),
@@ -450,12 +466,33 @@ pub async fn commit_within<F>(
 where
     F: FnMut(&mut Manifest) -> Result<()>,
 {
+    commit_from(store, layout, schema_id, clock, policy, None, modify).await
+}
+
+/// [`commit_within`], its first write starting from `known` when given instead of a load:
+/// the manifest as this run's last save left it ([`Committed::into_known`]), so that a job
+/// saving once per batch reads the manifest only when someone else wrote it. The write is
+/// conditional on `known`'s etag: if the manifest changed since, the store refuses it and the
+/// save goes on from a fresh load at once (no backoff; the refused write does not count
+/// against `policy`'s attempts). Nothing is saved from a stale manifest (docs/design.md §3.2.3).
+pub async fn commit_from<F>(
+    store: &dyn ObjectStore,
+    layout: &Layout,
+    schema_id: i16,
+    clock: &dyn Clock,
+    policy: CommitPolicy,
+    known: Option<Loaded>,
+    modify: F,
+) -> Result<Committed>
+where
+    F: FnMut(&mut Manifest) -> Result<()>,
+{
     let key = layout.manifest_key(schema_id);
     let rules = SaveRules {
         limits: layout.limits(),
         history: !layout.history_retention().is_zero(),
     };
-    save(store, &key, schema_id, clock, policy, &rules, modify).await
+    save(store, &key, schema_id, clock, policy, &rules, known, modify).await
 }
 
 /// How a save reads and what it writes besides the manifest.
@@ -466,6 +503,7 @@ struct SaveRules<'a> {
     history: bool,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn save<F>(
     store: &dyn ObjectStore,
     key: &str,
@@ -473,6 +511,7 @@ async fn save<F>(
     clock: &dyn Clock,
     policy: CommitPolicy,
     rules: &SaveRules<'_>,
+    mut known: Option<Loaded>,
     mut modify: F,
 ) -> Result<Committed>
 where
@@ -480,11 +519,35 @@ where
 {
     let limits = rules.limits;
     let max_attempts = policy.max_attempts.max(1);
-    for attempt in 1..=max_attempts {
-        let (mut manifest, mode) = match load_within(store, key, schema_id, limits).await? {
-            Some(l) => (l.manifest, PutMode::Update(l.etag)),
-            None => (Manifest::empty(schema_id), PutMode::Create),
+    // Conditional writes made, and those of them that followed a load.
+    let (mut writes, mut attempt) = (0, 0);
+    // The version of a known manifest the store refused: if a load then finds that very
+    // version, nothing was saved in between and the store does not take its own etag back.
+    let mut refused: Option<i64> = None;
+    let mut resumable = true;
+    loop {
+        let started_known = known.is_some();
+        let (mut manifest, mode) = match known.take() {
+            Some(k) => (k.manifest, PutMode::Update(k.etag)),
+            None => {
+                attempt += 1;
+                let loaded = load_within(store, key, schema_id, limits).await?;
+                if let (Some(l), Some(v)) = (&loaded, refused.take())
+                    && l.manifest.version == v
+                {
+                    resumable = false;
+                    tracing::debug!(
+                        key,
+                        "the store refused the etag its own save returned; later saves read the manifest first"
+                    );
+                }
+                match loaded {
+                    Some(l) => (l.manifest, PutMode::Update(l.etag)),
+                    None => (Manifest::empty(schema_id), PutMode::Create),
+                }
+            }
         };
+        let known_version = manifest.version;
         modify(&mut manifest)?;
         manifest.check_entries(key)?;
         // Numbers read from the lake: saturating, never overflowing (docs/hazards.md S4).
@@ -504,6 +567,7 @@ where
                 why: "the save would make it larger than jobs read; nothing was written: compact the schema, or raise --max-manifest-size".into(),
             });
         }
+        writes += 1;
         match store.put_bytes(key, body, mode).await {
             Ok(put) => {
                 if rules.history {
@@ -512,8 +576,16 @@ where
                 return Ok(Committed {
                     manifest,
                     etag: put.etag,
-                    attempts: attempt,
+                    attempts: writes,
+                    resumable,
                 });
+            }
+            Err(StoreError::Conflict) if started_known => {
+                tracing::debug!(
+                    key,
+                    "the manifest changed since this run saved it; reading it"
+                );
+                refused = Some(known_version);
             }
             Err(StoreError::Conflict) if attempt < max_attempts => {
                 tracing::debug!(key, attempt, "manifest conflict, retrying");
@@ -702,6 +774,112 @@ mod tests {
         let back = load(&store, "m", 7).await.unwrap().unwrap();
         assert_eq!(back.manifest, c2.manifest);
         assert_eq!(back.etag, c2.etag);
+    }
+
+    /// The calls `store` recorded on the manifest `m7` itself (not its history copies).
+    fn manifest_calls(store: &FaultStore) -> Vec<Op> {
+        store
+            .calls()
+            .into_iter()
+            .filter(|c| c.key == "m7")
+            .map(|c| c.op)
+            .collect()
+    }
+
+    fn add(path: &'static str) -> impl FnMut(&mut Manifest) -> Result<()> {
+        move |m| {
+            m.files.push(entry(path, Tier::Delta));
+            Ok(())
+        }
+    }
+
+    fn paths(m: &Manifest) -> Vec<&str> {
+        m.files.iter().map(|f| f.path.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_save_from_the_run_s_last_save_reads_nothing() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let (layout, clock, policy) =
+            (within(1 << 20), ManualClock::new(1_000), Default::default());
+        let c1 = commit_from(&store, &layout, 7, &clock, policy, None, add("a"))
+            .await
+            .unwrap();
+        assert_eq!(manifest_calls(&store), [Op::GetBytes, Op::PutBytes]);
+        let known = c1.into_known().unwrap();
+        let c2 = commit_from(&store, &layout, 7, &clock, policy, Some(known), add("b"))
+            .await
+            .unwrap();
+        // One conditional write, no read.
+        assert_eq!(
+            manifest_calls(&store),
+            [Op::GetBytes, Op::PutBytes, Op::PutBytes]
+        );
+        assert_eq!((c2.attempts, c2.manifest.version), (1, 2));
+        let back = load_within(&store, "m7", 7, layout.limits())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.manifest, c2.manifest);
+        assert_eq!(paths(&back.manifest), ["a", "b"]);
+        assert_eq!(back.etag, c2.into_known().unwrap().etag);
+    }
+
+    #[tokio::test]
+    async fn a_known_manifest_saved_since_by_another_is_read_again_and_nothing_is_lost() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let (layout, clock, policy) =
+            (within(1 << 20), ManualClock::new(1_000), Default::default());
+        let ours = commit_from(&store, &layout, 7, &clock, policy, None, add("a"))
+            .await
+            .unwrap();
+        // Another job saves in between (a compaction, gc).
+        commit_within(&store, &layout, 7, &clock, policy, add("other"))
+            .await
+            .unwrap();
+        let before = manifest_calls(&store).len();
+        let known = ours.into_known().unwrap();
+        let c = commit_from(&store, &layout, 7, &clock, policy, Some(known), add("b"))
+            .await
+            .unwrap();
+        // The write from the stale manifest is refused; the save goes on from a fresh load.
+        assert_eq!(
+            manifest_calls(&store)[before..],
+            [Op::PutBytes, Op::GetBytes, Op::PutBytes]
+        );
+        assert_eq!((c.attempts, c.manifest.version), (2, 3));
+        assert!(c.resumable);
+        let back = load_within(&store, "m7", 7, layout.limits())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(paths(&back.manifest), ["a", "other", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_store_that_refuses_its_own_etags_is_read_before_every_later_save() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let (layout, clock, policy) =
+            (within(1 << 20), ManualClock::new(1_000), Default::default());
+        store.arm(Op::PutBytes, Some("m7"), 1, Action::ForeignEtag);
+        let c1 = commit_from(&store, &layout, 7, &clock, policy, None, add("a"))
+            .await
+            .unwrap();
+        let known = c1.into_known().unwrap();
+        let c2 = commit_from(&store, &layout, 7, &clock, policy, Some(known), add("b"))
+            .await
+            .unwrap();
+        // Refused although nothing was saved in between: the store's answer is not an etag
+        // it matches, so no later save starts from one.
+        assert!(!c2.resumable);
+        assert_eq!(c2.manifest.version, 2);
+        assert_eq!(paths(&c2.manifest), ["a", "b"]);
+        assert!(c2.into_known().is_none());
+        let back = load_within(&store, "m7", 7, layout.limits())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(paths(&back.manifest), ["a", "b"]);
     }
 
     fn limits(manifest_bytes: u64) -> ReadLimits {

@@ -70,6 +70,9 @@ pub enum Action {
     /// For `put_bytes`: write with [`PutMode::Overwrite`] whatever mode was asked, as a store
     /// that ignores `If-None-Match`/`If-Match` does (other operations run unchanged).
     IgnoreCondition,
+    /// For `put_bytes`: write, then answer with an etag the store will not match, as a store
+    /// whose write answers and `If-Match` disagree (other operations run unchanged).
+    ForeignEtag,
 }
 
 /// A rendezvous for a paused call: the test waits until the call arrives, then releases it.
@@ -197,7 +200,7 @@ impl FaultStore {
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         match action {
-            None | Some(Action::IgnoreCondition) => call.await,
+            None | Some(Action::IgnoreCondition | Action::ForeignEtag) => call.await,
             Some(Action::Fail) => Err(StoreError::Injected),
             Some(Action::FailAfter) => {
                 call.await?;
@@ -261,8 +264,15 @@ impl ObjectStore for FaultStore {
             Some(Action::IgnoreCondition) => PutMode::Overwrite,
             _ => mode,
         };
-        self.apply(action, self.inner.put_bytes(key, body, mode))
-            .await
+        let foreign = matches!(action, Some(Action::ForeignEtag));
+        let put = self.apply(action, self.inner.put_bytes(key, body, mode));
+        put.await.map(|put| match foreign {
+            true => PutResult {
+                etag: format!("foreign-{}", put.etag),
+                ..put
+            },
+            false => put,
+        })
     }
 
     async fn get_bytes_within(&self, key: &str, limit: u64) -> Result<GetResult, StoreError> {

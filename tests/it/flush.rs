@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -775,6 +776,102 @@ async fn a_manifest_changed_between_load_and_save_is_reread() {
     assert_eq!(m["files"].as_array().unwrap().len(), 1);
     assert_eq!(m["version"], 2);
     assert_eq!(rig.assert_oracle().await, (5, 0));
+}
+
+/// The operations the run made on the manifest itself (not its history copies).
+fn manifest_ops(rig: &Rig, from: usize) -> Vec<Op> {
+    rig.store.calls()[from..]
+        .iter()
+        .filter(|c| c.key == MANIFEST)
+        .map(|c| c.op)
+        .collect()
+}
+
+#[tokio::test]
+async fn each_batch_saves_the_manifest_without_reading_it_again() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(78);
+    rig.seed(100, &mut r).await;
+    rig.opts.batch_size = 20;
+    let from = rig.store.calls().len();
+    let report = rig.flush().await;
+    assert_eq!(only(&report).batches, 5);
+    // Read before the first batch (the source check) and by the first save; every later
+    // save starts from the one before it (docs/design.md §3.2.3).
+    let ops = manifest_ops(&rig, from);
+    assert_eq!(
+        ops,
+        [
+            Op::GetBytes,
+            Op::GetBytes,
+            Op::PutBytes,
+            Op::PutBytes,
+            Op::PutBytes,
+            Op::PutBytes,
+            Op::PutBytes
+        ],
+        "{ops:?}"
+    );
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert_eq!(m["version"], 5);
+    assert_eq!(m["files"].as_array().unwrap().len(), 5);
+    assert_eq!(rig.assert_oracle().await, (100, 0));
+}
+
+#[tokio::test]
+async fn a_manifest_saved_by_another_between_batches_is_read_again_and_kept() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(79);
+    rig.seed(100, &mut r).await;
+    rig.opts.batch_size = 20;
+    let store = rig.store.clone();
+    let marks = Arc::new(AtomicUsize::new(0));
+    let hooks = FlushHooks {
+        before_mark: Some(Rig::hook(move || {
+            let (store, marks) = (store.clone(), marks.clone());
+            async move {
+                // Another writer (say, compact) saves after the second batch's save.
+                if marks.fetch_add(1, AtomicOrdering::SeqCst) == 1 {
+                    lakecdc::lake::manifest::commit(
+                        store.as_ref(),
+                        MANIFEST,
+                        CUSTOMER,
+                        &SystemClock,
+                        Default::default(),
+                        |m| {
+                            m.extra.insert("touched_by".into(), "another writer".into());
+                            Ok(())
+                        },
+                    )
+                    .await
+                    .unwrap();
+                }
+            }
+            .boxed()
+        })),
+        ..Default::default()
+    };
+    let from = rig.store.calls().len();
+    let report = rig.flush_with(&hooks).await;
+    assert_eq!(only(&report).batches, 5);
+    // The other writer's load and save sit between the second and third batch's saves; the
+    // third batch's write from the run's own last save is refused, and it reads again.
+    let ops = manifest_ops(&rig, from);
+    let (get, put) = (Op::GetBytes, Op::PutBytes);
+    assert_eq!(
+        ops,
+        [get, get, put, put, get, put, put, get, put, put, put],
+        "{ops:?}"
+    );
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert_eq!(m["touched_by"], "another writer");
+    assert_eq!(m["version"], 6);
+    assert_eq!(m["files"].as_array().unwrap().len(), 5);
+    assert_eq!(rig.assert_oracle().await, (100, 0));
 }
 
 #[tokio::test]

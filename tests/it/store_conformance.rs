@@ -120,6 +120,13 @@ async fn conditional_writes(store: &dyn ObjectStore) {
         Err(StoreError::Conflict)
     ));
     assert_eq!(&store.get_bytes(key).await.unwrap().bytes[..], b"v2");
+    // The etag an If-Match write answers is one If-Match takes: a flush chains its saves on
+    // them without reading the manifest again (docs/design.md §3.2.3).
+    store
+        .put_bytes(key, Bytes::from_static(b"v3"), PutMode::Update(second.etag))
+        .await
+        .unwrap();
+    assert_eq!(&store.get_bytes(key).await.unwrap().bytes[..], b"v3");
     // If-Match on a missing key → conflict (never a blind create)
     assert!(matches!(
         store
