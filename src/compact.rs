@@ -47,7 +47,7 @@ use uuid::Uuid;
 use crate::engine::EngineConfig;
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, Tier};
+use crate::lake::manifest::{self, CommitPolicy, FileEntry, Manifest, SaveFrom, Tier};
 use crate::lake::owner;
 use crate::lake::ranges::{self, Ranges, parse_key};
 use crate::lake::streamed::{self, Source};
@@ -481,7 +481,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
                 p.source,
                 ctx.clock.as_ref(),
                 CommitPolicy::default(),
-                None,
+                SaveFrom::default(),
                 |m| {
                     for f in m.files.iter_mut().filter(|f| deltas.contains(&f.path)) {
                         f.tier = Tier::Base;
@@ -932,7 +932,7 @@ async fn splice(
         p.source,
         ctx.clock.as_ref(),
         policy,
-        None,
+        SaveFrom::default(),
         |m| {
             for s in &staged {
                 check_lease(p, &s.key, &s.staged)?;

@@ -35,7 +35,7 @@ use crate::engine::export::Inputs;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::manifest::{CommitPolicy, FileEntry, Loaded, Tier};
+use crate::lake::manifest::{CommitPolicy, FileEntry, Loaded, SaveFrom, Tier};
 use crate::lake::{SourceGuard, footer, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
@@ -529,6 +529,9 @@ struct Publisher<'a> {
 struct Publishing {
     ownership: owner::Ownership,
     saved: Option<Loaded>,
+    /// The history copy of the last save, written while the run goes on; it lands before the
+    /// next save and before the run ends.
+    copying: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Publishing {
@@ -536,6 +539,16 @@ impl Publishing {
         Self {
             ownership,
             saved: None,
+            copying: None,
+        }
+    }
+
+    /// Waits for the history copy in flight, if any (its failure was logged and counted).
+    async fn copied(&mut self) {
+        if let Some(task) = self.copying.take()
+            && let Err(e) = task.await
+        {
+            tracing::warn!(error = %e, "a manifest history copy did not finish");
         }
     }
 }
@@ -579,8 +592,13 @@ async fn flush_locked(sf: &SchemaFlush<'_>, report: &mut SchemaReport) -> Result
         return Ok(());
     }
     let mut pending: Option<PendingMark> = None;
-    let result = drain(sf, conn, &mut pending, report).await;
-    // A started mark always finishes and is accounted for, whatever happened after it.
+    let mut publishing: Option<Publishing> = None;
+    let result = drain(sf, conn, &mut pending, &mut publishing, report).await;
+    // A started mark always finishes and is accounted for, whatever happened after it; so
+    // does a started history copy.
+    if let Some(p) = publishing.as_mut() {
+        p.copied().await;
+    }
     let settled = settle_mark(pending.take(), report).await;
     result.and(settled)
 }
@@ -625,6 +643,7 @@ async fn drain(
     sf: &SchemaFlush<'_>,
     conn: TappedClient,
     pending: &mut Option<PendingMark>,
+    publishing: &mut Option<Publishing>,
     report: &mut SchemaReport,
 ) -> Result<()> {
     let SchemaFlush {
@@ -645,8 +664,6 @@ async fn drain(
     };
     let mut engine: Option<Engine> = None;
     let mut staged: Option<Staged> = None;
-    // Whose data prefix this is, read before the first batch (see `publish`).
-    let mut publishing: Option<Publishing> = None;
     let mut marker: Option<Arc<snapshot::Marker>> = None;
     loop {
         if ctx.shutdown.is_requested() {
@@ -666,7 +683,7 @@ async fn drain(
             // The pass's last batch is published and its mark lands first: the next selection
             // would pick its slots again.
             if let Some(st) = staged.take() {
-                publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await?;
+                publish_staged(sf, st, publishing, &mut marker, pending, report).await?;
             }
             settle_mark(pending.take(), report).await?;
             match reads.after_pass(sf, report).await {
@@ -690,9 +707,7 @@ async fn drain(
                     next = Some(fetched);
                     staged = Some(st);
                 }
-                None => {
-                    publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await?
-                }
+                None => publish_staged(sf, st, publishing, &mut marker, pending, report).await?,
             }
         }
         // A stop request while the next batch is still being read ends the run now: the read
@@ -717,7 +732,7 @@ async fn drain(
                 // The batch written before the failed read is complete: it is published (and
                 // marked) before the run fails.
                 if let Some(st) = staged.take() {
-                    publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await?;
+                    publish_staged(sf, st, publishing, &mut marker, pending, report).await?;
                 }
                 return Err(e);
             }
@@ -741,7 +756,7 @@ async fn drain(
             let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
             owner::check_source(store, layout, schema_id, sf.source).await?;
             let ownership = owner::check_writable(store, layout, schema_id).await?;
-            publishing = Some(Publishing::new(ownership));
+            *publishing = Some(Publishing::new(ownership));
         }
         match batch {
             read_ahead::Fetched::Planned(slots) => {
@@ -776,7 +791,7 @@ async fn drain(
                 // happens, so no file outlives the run.
                 let published = match staged.take() {
                     Some(st) => {
-                        publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await
+                        publish_staged(sf, st, publishing, &mut marker, pending, report).await
                     }
                     None => Ok(()),
                 };
@@ -795,7 +810,7 @@ async fn drain(
     }
     // The batch in progress completes: the stop or budget came after it was written.
     if let Some(st) = staged.take() {
-        publish_staged(sf, st, &mut publishing, &mut marker, pending, report).await?;
+        publish_staged(sf, st, publishing, &mut marker, pending, report).await?;
     }
     Ok(())
 }
@@ -1069,6 +1084,8 @@ impl Publisher<'_> {
             delete_or_leave(store, &key, "unlisted delta").await;
             return Err(e);
         }
+        // The last save's history copy lands first: copies stay in version order.
+        publishing.copied().await;
         let committed = owner::claim_and_commit(
             store,
             layout,
@@ -1078,7 +1095,10 @@ impl Publisher<'_> {
             self.source,
             ctx.clock.as_ref(),
             opts.commit,
-            publishing.saved.take(),
+            SaveFrom {
+                known: publishing.saved.take(),
+                leave_copy: true,
+            },
             |m| {
                 m.files.push(entry.clone());
                 Ok(())
@@ -1086,8 +1106,13 @@ impl Publisher<'_> {
         )
         .await;
         match committed {
-            Ok(c) => {
+            Ok(mut c) => {
                 publishing.ownership = owner::Ownership::Ours;
+                if let Some(copy) = c.copy.take() {
+                    let store = ctx.lake.store.clone();
+                    let task = async move { copy.write(store.as_ref()).await };
+                    publishing.copying = Some(tokio::spawn(task.in_current_span()));
+                }
                 publishing.saved = c.into_known();
             }
             // The save may have landed and list the delta: it stays (a rerun converges).

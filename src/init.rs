@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 use crate::job;
 use crate::job::Context;
 use crate::lake::footer;
-use crate::lake::manifest::{self, CommitPolicy, FileEntry, Tier};
+use crate::lake::manifest::{self, CommitPolicy, FileEntry, SaveFrom, Tier};
 use crate::lake::{SourceGuard, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
@@ -510,7 +510,7 @@ async fn publish(
             source,
             ctx.clock.as_ref(),
             CommitPolicy::default(),
-            None,
+            SaveFrom::default(),
             |m| {
                 // The whole base tier, and exactly the deltas inventoried at the start (what
                 // `--replace-delta` agreed to replace; any other delta is newer than this

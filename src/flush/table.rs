@@ -148,6 +148,7 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
             report,
         )
         .await;
+        publishing.copied().await;
         // Read-only: closing (or dropping the connection on an error) leaves what was not
         // marked pending.
         let closed = reader.close().await;

@@ -411,6 +411,36 @@ pub struct Committed {
     /// the save started from a known manifest that the store refused although nothing had
     /// been saved since, so the store does not take its own etags back in `If-Match`.
     pub resumable: bool,
+    /// The history copy of the saved version, when the save left it to its caller
+    /// ([`SaveFrom::leave_copy`]); `None` when it was written or history is off.
+    pub copy: Option<HistoryCopy>,
+}
+
+/// How a save of a run that saves once per batch (a flush) starts and ends ([`commit_from`]).
+#[derive(Debug, Default)]
+pub struct SaveFrom {
+    /// The run's last save of this manifest ([`Committed::into_known`]): the save starts from
+    /// it instead of a load.
+    pub known: Option<Loaded>,
+    /// The history copy is not written by the save but handed back ([`Committed::copy`]), for
+    /// the caller to write while it goes on: one request fewer before the next step.
+    pub leave_copy: bool,
+}
+
+/// The history copy of a saved version, not yet written ([`SaveFrom::leave_copy`]).
+#[derive(Debug, Clone)]
+pub struct HistoryCopy {
+    manifest_key: String,
+    version: i64,
+    body: Bytes,
+}
+
+impl HistoryCopy {
+    /// Writes the copy. A failure is logged and counted ([`history_copy_failures`]), never
+    /// returned: the save stands, only time travel to this version is lost.
+    pub async fn write(self, store: &dyn ObjectStore) {
+        save_copy(store, &self.manifest_key, self.version, self.body).await;
+    }
 }
 
 impl Committed {
@@ -442,7 +472,8 @@ where
         limits: &ReadLimits::default(),
         history: true,
     };
-    save(store, key, schema_id, clock, policy, &rules, None, modify).await
+    let from = SaveFrom::default();
+    save(store, key, schema_id, clock, policy, &rules, from, modify).await
 }
 
 /// Loads the manifest of `schema_id` under `layout` (within its limits, [`load_within`]),
@@ -466,22 +497,24 @@ pub async fn commit_within<F>(
 where
     F: FnMut(&mut Manifest) -> Result<()>,
 {
-    commit_from(store, layout, schema_id, clock, policy, None, modify).await
+    let from = SaveFrom::default();
+    commit_from(store, layout, schema_id, clock, policy, from, modify).await
 }
 
-/// [`commit_within`], its first write starting from `known` when given instead of a load:
-/// the manifest as this run's last save left it ([`Committed::into_known`]), so that a job
-/// saving once per batch reads the manifest only when someone else wrote it. The write is
-/// conditional on `known`'s etag: if the manifest changed since, the store refuses it and the
+/// [`commit_within`], its first write starting from `from.known` when given instead of a
+/// load: the manifest as this run's last save left it ([`Committed::into_known`]), so that a
+/// job saving once per batch reads the manifest only when someone else wrote it. The write is
+/// conditional on the known etag: if the manifest changed since, the store refuses it and the
 /// save goes on from a fresh load at once (no backoff; the refused write does not count
-/// against `policy`'s attempts). Nothing is saved from a stale manifest (docs/design.md §3.2.3).
+/// against `policy`'s attempts). Nothing is saved from a stale manifest (docs/design.md
+/// §3.2.3). With `from.leave_copy`, the history copy is the caller's to write.
 pub async fn commit_from<F>(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,
     clock: &dyn Clock,
     policy: CommitPolicy,
-    known: Option<Loaded>,
+    from: SaveFrom,
     modify: F,
 ) -> Result<Committed>
 where
@@ -492,7 +525,7 @@ where
         limits: layout.limits(),
         history: !layout.history_retention().is_zero(),
     };
-    save(store, &key, schema_id, clock, policy, &rules, known, modify).await
+    save(store, &key, schema_id, clock, policy, &rules, from, modify).await
 }
 
 /// How a save reads and what it writes besides the manifest.
@@ -511,12 +544,16 @@ async fn save<F>(
     clock: &dyn Clock,
     policy: CommitPolicy,
     rules: &SaveRules<'_>,
-    mut known: Option<Loaded>,
+    from: SaveFrom,
     mut modify: F,
 ) -> Result<Committed>
 where
     F: FnMut(&mut Manifest) -> Result<()>,
 {
+    let SaveFrom {
+        mut known,
+        leave_copy,
+    } = from;
     let limits = rules.limits;
     let max_attempts = policy.max_attempts.max(1);
     // Conditional writes made, and those of them that followed a load.
@@ -570,14 +607,24 @@ where
         writes += 1;
         match store.put_bytes(key, body, mode).await {
             Ok(put) => {
-                if rules.history {
-                    save_copy(store, key, manifest.version, saved).await;
-                }
+                let copy = rules.history.then(|| HistoryCopy {
+                    manifest_key: key.to_string(),
+                    version: manifest.version,
+                    body: saved,
+                });
+                let copy = match (copy, leave_copy) {
+                    (Some(copy), false) => {
+                        copy.write(store).await;
+                        None
+                    }
+                    (copy, _) => copy,
+                };
                 return Ok(Committed {
                     manifest,
                     etag: put.etag,
                     attempts: writes,
                     resumable,
+                    copy,
                 });
             }
             Err(StoreError::Conflict) if started_known => {
@@ -793,6 +840,49 @@ mod tests {
         }
     }
 
+    fn from(known: Option<Loaded>) -> SaveFrom {
+        SaveFrom {
+            known,
+            leave_copy: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_history_copy_left_to_the_caller_is_written_only_by_it() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let (layout, clock, policy) =
+            (within(1 << 20), ManualClock::new(1_000), Default::default());
+        let leave = SaveFrom {
+            known: None,
+            leave_copy: true,
+        };
+        let mut c = commit_from(&store, &layout, 7, &clock, policy, leave, add("a"))
+            .await
+            .unwrap();
+        let copy_key = history_key_of("m7", 1);
+        assert!(!store.calls().iter().any(|c| c.key == copy_key));
+        let copy = c.copy.take().unwrap();
+        copy.write(&store).await;
+        let saved = store.get_bytes("m7").await.unwrap().bytes;
+        assert_eq!(store.get_bytes(&copy_key).await.unwrap().bytes, saved);
+        // Written by the save itself otherwise.
+        let c2 = commit_from(
+            &store,
+            &layout,
+            7,
+            &clock,
+            policy,
+            from(c.into_known()),
+            add("b"),
+        )
+        .await
+        .unwrap();
+        assert!(c2.copy.is_none());
+        let saved = store.get_bytes("m7").await.unwrap().bytes;
+        let copy = store.get_bytes(&history_key_of("m7", 2)).await.unwrap();
+        assert_eq!(copy.bytes, saved);
+    }
+
     fn paths(m: &Manifest) -> Vec<&str> {
         m.files.iter().map(|f| f.path.as_str()).collect()
     }
@@ -802,14 +892,22 @@ mod tests {
         let store = FaultStore::new(Arc::new(MemoryStore::new()));
         let (layout, clock, policy) =
             (within(1 << 20), ManualClock::new(1_000), Default::default());
-        let c1 = commit_from(&store, &layout, 7, &clock, policy, None, add("a"))
+        let c1 = commit_from(&store, &layout, 7, &clock, policy, from(None), add("a"))
             .await
             .unwrap();
         assert_eq!(manifest_calls(&store), [Op::GetBytes, Op::PutBytes]);
         let known = c1.into_known().unwrap();
-        let c2 = commit_from(&store, &layout, 7, &clock, policy, Some(known), add("b"))
-            .await
-            .unwrap();
+        let c2 = commit_from(
+            &store,
+            &layout,
+            7,
+            &clock,
+            policy,
+            from(Some(known)),
+            add("b"),
+        )
+        .await
+        .unwrap();
         // One conditional write, no read.
         assert_eq!(
             manifest_calls(&store),
@@ -830,7 +928,7 @@ mod tests {
         let store = FaultStore::new(Arc::new(MemoryStore::new()));
         let (layout, clock, policy) =
             (within(1 << 20), ManualClock::new(1_000), Default::default());
-        let ours = commit_from(&store, &layout, 7, &clock, policy, None, add("a"))
+        let ours = commit_from(&store, &layout, 7, &clock, policy, from(None), add("a"))
             .await
             .unwrap();
         // Another job saves in between (a compaction, gc).
@@ -839,9 +937,17 @@ mod tests {
             .unwrap();
         let before = manifest_calls(&store).len();
         let known = ours.into_known().unwrap();
-        let c = commit_from(&store, &layout, 7, &clock, policy, Some(known), add("b"))
-            .await
-            .unwrap();
+        let c = commit_from(
+            &store,
+            &layout,
+            7,
+            &clock,
+            policy,
+            from(Some(known)),
+            add("b"),
+        )
+        .await
+        .unwrap();
         // The write from the stale manifest is refused; the save goes on from a fresh load.
         assert_eq!(
             manifest_calls(&store)[before..],
@@ -862,13 +968,21 @@ mod tests {
         let (layout, clock, policy) =
             (within(1 << 20), ManualClock::new(1_000), Default::default());
         store.arm(Op::PutBytes, Some("m7"), 1, Action::ForeignEtag);
-        let c1 = commit_from(&store, &layout, 7, &clock, policy, None, add("a"))
+        let c1 = commit_from(&store, &layout, 7, &clock, policy, from(None), add("a"))
             .await
             .unwrap();
         let known = c1.into_known().unwrap();
-        let c2 = commit_from(&store, &layout, 7, &clock, policy, Some(known), add("b"))
-            .await
-            .unwrap();
+        let c2 = commit_from(
+            &store,
+            &layout,
+            7,
+            &clock,
+            policy,
+            from(Some(known)),
+            add("b"),
+        )
+        .await
+        .unwrap();
         // Refused although nothing was saved in between: the store's answer is not an etag
         // it matches, so no later save starts from one.
         assert!(!c2.resumable);

@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::manifest::{self, CommitPolicy, Committed, Loaded, Manifest};
+use super::manifest::{self, CommitPolicy, Committed, Manifest, SaveFrom};
 use super::{Capped, Layout, SourceGuard, read_capped};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -143,7 +143,7 @@ pub(crate) async fn check_source(
 
 /// How every writer publishes: claims the data prefix when `ownership` says it is unclaimed
 /// ([`claim`]), then commits `modify` to the schema's manifest ([`manifest::commit_from`],
-/// starting from `known` when given), which must name `source`'s database or none (then it is
+/// as `from` says), which must name `source`'s database or none (then it is
 /// stamped with it). Every error but [`Error::AmbiguousCommit`] means nothing was saved (a failed claim included), so
 /// a caller may then delete what it uploaded for this save.
 #[allow(clippy::too_many_arguments)]
@@ -156,7 +156,7 @@ pub(crate) async fn claim_and_commit<F>(
     source: &SourceGuard,
     clock: &dyn Clock,
     policy: CommitPolicy,
-    known: Option<Loaded>,
+    from: SaveFrom,
     mut modify: F,
 ) -> Result<Committed>
 where
@@ -166,7 +166,7 @@ where
     // Every writer's save records the schema's name, so readers name its view from the lake
     // alone (docs/design.md §3.2.1).
     let key = layout.manifest_key(schema_id);
-    manifest::commit_from(store, layout, schema_id, clock, policy, known, |m| {
+    manifest::commit_from(store, layout, schema_id, clock, policy, from, |m| {
         source.stamp(&key, &mut m.source)?;
         m.schema_name = Some(schema_name.to_string());
         modify(m)

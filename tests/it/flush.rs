@@ -817,6 +817,20 @@ async fn each_batch_saves_the_manifest_without_reading_it_again() {
         .unwrap();
     assert_eq!(m["version"], 5);
     assert_eq!(m["files"].as_array().unwrap().len(), 5);
+    // Every version's history copy landed (written while the run went on), each the bytes
+    // saved: the last one is the manifest itself.
+    let layout = &rig.ctx.lake.layout;
+    for v in 1..=5 {
+        let copy = rig.store.get_bytes(&layout.history_key(CUSTOMER, v)).await;
+        let copy: serde_json::Value = serde_json::from_slice(&copy.unwrap().bytes).unwrap();
+        assert_eq!(copy["version"], v);
+        assert_eq!(copy["files"].as_array().unwrap().len(), v as usize);
+    }
+    let last = rig.store.get_bytes(&layout.history_key(CUSTOMER, 5)).await;
+    assert_eq!(
+        last.unwrap().bytes,
+        rig.store.get_bytes(MANIFEST).await.unwrap().bytes
+    );
     assert_eq!(rig.assert_oracle().await, (100, 0));
 }
 
