@@ -21,6 +21,11 @@
 #                               (env LAKECDC_BENCH_IDS)
 #   --sslmode require|disable   the sslmode of lakecdc's and the peer's connections: TLS without
 #                               server verification (default) or plain TCP (env LAKECDC_BENCH_SSLMODE)
+# Option of flush:
+#   --s3-delay MS               also flush the same backlog again (into another prefix) through a
+#                               relay that delays every request to the S3 server by MS ms, as a
+#                               distant store would (scripts/bench/delay_proxy.py; env
+#                               LAKECDC_BENCH_S3_DELAY_MS; 0, the default, skips that run)
 # Option of query:
 #   --rounds R                  R flushed rounds of changes (default 10; env LAKECDC_BENCH_ROUNDS),
 #                               each its own delta: a lake of hundreds of small deltas with R = 300
@@ -165,18 +170,21 @@ what="${1:-flush}"
 IDS="${LAKECDC_BENCH_IDS:-v7}"
 SSLMODE="${LAKECDC_BENCH_SSLMODE:-require}"
 ROUNDS="${LAKECDC_BENCH_ROUNDS:-10}"
+S3_DELAY="${LAKECDC_BENCH_S3_DELAY_MS:-0}"
 N=""
 while [ $# -gt 0 ]; do
 	case "$1" in
-	--ids | --sslmode | --rounds)
+	--ids | --sslmode | --rounds | --s3-delay)
 		[ $# -ge 2 ] || usage
 		case "$1" in
 		--ids) IDS="$2" ;;
 		--sslmode) SSLMODE="$2" ;;
+		--s3-delay) S3_DELAY="$2" ;;
 		*) ROUNDS="$2" ;;
 		esac
 		shift 2
 		;;
+	--s3-delay=*) S3_DELAY="${1#*=}" && shift ;;
 	--ids=*) IDS="${1#*=}" && shift ;;
 	--sslmode=*) SSLMODE="${1#*=}" && shift ;;
 	--rounds=*) ROUNDS="${1#*=}" && shift ;;
@@ -218,6 +226,10 @@ disable | require) ;;
 	;;
 esac
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || usage
+if ! [[ "$S3_DELAY" =~ ^[0-9]+$ ]] || { [ "$S3_DELAY" != 0 ] && [ "$what" != flush ]; }; then
+	echo "bench: --s3-delay (LAKECDC_BENCH_S3_DELAY_MS) takes whole milliseconds, and only for flush" >&2
+	exit 2
+fi
 if ! [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || [ "$ROUNDS" -gt 900 ]; then
 	echo "bench: the query's rounds (--rounds, LAKECDC_BENCH_ROUNDS) must be 1 to 900" >&2
 	exit 2
@@ -1307,10 +1319,27 @@ t0=$(now)
 "$BIN" -q flush --json >/dev/null
 idle=$(secs "$t0" "$(now)")
 
-python3 - "$exported" "$floor" "$flush" "$rss_kb" "$idle" "$cpu" "$files" "$mib" "$IDS" "$SSLMODE" "$by_range" <<'PY'
+# The same backlog again, through a relay that delays every request to the S3 server.
+delayed=0
+if [ "$S3_DELAY" != 0 ]; then
+	reset_backlog
+	s3=${LAKECDC_TEST_S3_ENDPOINT#http://}
+	python3 scripts/bench/delay_proxy.py "${s3%:*}" "${s3##*:}" "$S3_DELAY" >"$work/relay" &
+	relay=$!
+	trap 'kill "$relay" 2>/dev/null || true; [ "${LAKECDC_BENCH_KEEP:-}" = 1 ] || scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+	for _ in $(seq 50); do [ -s "$work/relay" ] && break; sleep 0.1; done
+	[ -s "$work/relay" ] || { echo "bench: the S3 delay relay did not start" >&2; exit 1; }
+	res=$(LAKECDC_S3_ENDPOINT="http://127.0.0.1:$(head -1 "$work/relay")" \
+		flush_once "$SSLMODE" s3://bench/lake-delayed "$work/delayed.json")
+	kill "$relay" 2>/dev/null || true
+	read -r delayed _ <<<"$res"
+fi
+
+python3 - "$exported" "$floor" "$flush" "$rss_kb" "$idle" "$cpu" "$files" "$mib" "$IDS" "$SSLMODE" "$by_range" "$S3_DELAY" "$delayed" <<'PY'
 import sys
 n, floor, flush, rss_kb, idle, cpu = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
-files, mib, ids, ssl, by_range = sys.argv[7:]
+files, mib, ids, ssl, by_range = sys.argv[7:12]
+s3_delay, delayed = int(sys.argv[12]), float(sys.argv[13])
 print(f"flush bench: {n} changes ({ids} row ids, sslmode={ssl}), all exported, none left dirty; {files} files "
       f"({by_range} read by their row-id range), {mib} MiB")
 print(f"  read floor (COPY binary entity_main + eav_data): {floor:.2f} s")
@@ -1319,5 +1348,8 @@ print(f"  ratio flush / read floor:                       {flush / floor:.2f}")
 print(f"  lakecdc CPU (user + system):                  {cpu:.2f} s")
 print(f"  peak RSS:                                       {rss_kb / 1024:.0f} MiB")
 print(f"  idle run (nothing to flush):                    {idle:.3f} s")
+if s3_delay:
+    print(f"  the same backlog, each S3 request delayed {s3_delay} ms: {delayed:.2f} s  = {n / delayed:,.0f} changes/s "
+          f"({delayed / flush:.2f} x the direct run)")
 PY
 rm -rf "$work"
