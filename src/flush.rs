@@ -524,7 +524,7 @@ struct Publisher<'a> {
 }
 
 /// What a run's batches are published against, kept from batch to batch: whose data prefix
-/// this is (read before the first batch) and the manifest as the run's last save left it,
+/// this is (read before the first batch) and the manifest as the run last read or saved it,
 /// which the next save starts from instead of reading it again (`manifest::commit_from`).
 struct Publishing {
     ownership: owner::Ownership,
@@ -535,10 +535,12 @@ struct Publishing {
 }
 
 impl Publishing {
-    fn new(ownership: owner::Ownership) -> Self {
+    /// Before the first batch: whose prefix this is, and the manifest as the run's checks
+    /// read it.
+    fn new(ownership: owner::Ownership, read: Option<Loaded>) -> Self {
         Self {
             ownership,
-            saved: None,
+            saved: read,
             copying: None,
         }
     }
@@ -754,9 +756,9 @@ async fn drain(
         // schema's stamp, too large).
         if publishing.is_none() {
             let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-            owner::check_source(store, layout, schema_id, sf.source).await?;
+            let read = owner::check_source(store, layout, schema_id, sf.source).await?;
             let ownership = owner::check_writable(store, layout, schema_id).await?;
-            *publishing = Some(Publishing::new(ownership));
+            *publishing = Some(Publishing::new(ownership, read));
         }
         match batch {
             read_ahead::Fetched::Planned(slots) => {

@@ -213,7 +213,7 @@ pub(super) async fn ownership(
             Err(e) => failed.push(at(e.chain())),
         }
         match owner::check_source(store, layout, reg.id, guard).await {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(e @ Error::ForeignSource { .. }) => foreign.push(at(e.chain())),
             Err(e) => failed.push(at(e.chain())),
         }

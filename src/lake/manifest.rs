@@ -833,13 +833,6 @@ mod tests {
             .collect()
     }
 
-    fn add(path: &'static str) -> impl FnMut(&mut Manifest) -> Result<()> {
-        move |m| {
-            m.files.push(entry(path, Tier::Delta));
-            Ok(())
-        }
-    }
-
     fn from(known: Option<Loaded>) -> SaveFrom {
         SaveFrom {
             known,
@@ -847,153 +840,91 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_history_copy_left_to_the_caller_is_written_only_by_it() {
-        let store = FaultStore::new(Arc::new(MemoryStore::new()));
-        let (layout, clock, policy) =
-            (within(1 << 20), ManualClock::new(1_000), Default::default());
-        let leave = SaveFrom {
-            known: None,
-            leave_copy: true,
+    /// Adds the delta `path` to schema 7's manifest `m7` ([`within`]) as `from` says.
+    async fn save7(store: &FaultStore, from: SaveFrom, path: &'static str) -> Committed {
+        let (layout, clock) = (within(1 << 20), ManualClock::new(1_000));
+        let add = move |m: &mut Manifest| {
+            m.files.push(entry(path, Tier::Delta));
+            Ok(())
         };
-        let mut c = commit_from(&store, &layout, 7, &clock, policy, leave, add("a"))
+        let policy = Default::default();
+        commit_from(store, &layout, 7, &clock, policy, from, add)
             .await
-            .unwrap();
-        let copy_key = history_key_of("m7", 1);
-        assert!(!store.calls().iter().any(|c| c.key == copy_key));
-        let copy = c.copy.take().unwrap();
-        copy.write(&store).await;
-        let saved = store.get_bytes("m7").await.unwrap().bytes;
-        assert_eq!(store.get_bytes(&copy_key).await.unwrap().bytes, saved);
-        // Written by the save itself otherwise.
-        let c2 = commit_from(
-            &store,
-            &layout,
-            7,
-            &clock,
-            policy,
-            from(c.into_known()),
-            add("b"),
-        )
-        .await
-        .unwrap();
-        assert!(c2.copy.is_none());
-        let saved = store.get_bytes("m7").await.unwrap().bytes;
-        let copy = store.get_bytes(&history_key_of("m7", 2)).await.unwrap();
-        assert_eq!(copy.bytes, saved);
+            .unwrap()
     }
 
-    fn paths(m: &Manifest) -> Vec<&str> {
-        m.files.iter().map(|f| f.path.as_str()).collect()
+    /// The paths `m7` lists now.
+    async fn paths7(store: &FaultStore) -> Vec<String> {
+        let back = load_within(store, "m7", 7, &limits(1 << 20)).await.unwrap();
+        let files = back.unwrap().manifest.files;
+        files.into_iter().map(|f| f.path).collect()
     }
 
     #[tokio::test]
     async fn a_save_from_the_run_s_last_save_reads_nothing() {
         let store = FaultStore::new(Arc::new(MemoryStore::new()));
-        let (layout, clock, policy) =
-            (within(1 << 20), ManualClock::new(1_000), Default::default());
-        let c1 = commit_from(&store, &layout, 7, &clock, policy, from(None), add("a"))
-            .await
-            .unwrap();
+        let c1 = save7(&store, from(None), "a").await;
         assert_eq!(manifest_calls(&store), [Op::GetBytes, Op::PutBytes]);
-        let known = c1.into_known().unwrap();
-        let c2 = commit_from(
-            &store,
-            &layout,
-            7,
-            &clock,
-            policy,
-            from(Some(known)),
-            add("b"),
-        )
-        .await
-        .unwrap();
+        let c2 = save7(&store, from(c1.into_known()), "b").await;
         // One conditional write, no read.
-        assert_eq!(
-            manifest_calls(&store),
-            [Op::GetBytes, Op::PutBytes, Op::PutBytes]
-        );
+        let (get, put) = (Op::GetBytes, Op::PutBytes);
+        assert_eq!(manifest_calls(&store), [get, put, put]);
         assert_eq!((c2.attempts, c2.manifest.version), (1, 2));
-        let back = load_within(&store, "m7", 7, layout.limits())
-            .await
-            .unwrap()
-            .unwrap();
+        let back = load(&store, "m7", 7).await.unwrap().unwrap();
         assert_eq!(back.manifest, c2.manifest);
-        assert_eq!(paths(&back.manifest), ["a", "b"]);
         assert_eq!(back.etag, c2.into_known().unwrap().etag);
+        assert_eq!(paths7(&store).await, ["a", "b"]);
     }
 
     #[tokio::test]
     async fn a_known_manifest_saved_since_by_another_is_read_again_and_nothing_is_lost() {
         let store = FaultStore::new(Arc::new(MemoryStore::new()));
-        let (layout, clock, policy) =
-            (within(1 << 20), ManualClock::new(1_000), Default::default());
-        let ours = commit_from(&store, &layout, 7, &clock, policy, from(None), add("a"))
-            .await
-            .unwrap();
+        let ours = save7(&store, from(None), "a").await;
         // Another job saves in between (a compaction, gc).
-        commit_within(&store, &layout, 7, &clock, policy, add("other"))
-            .await
-            .unwrap();
+        save7(&store, from(None), "other").await;
         let before = manifest_calls(&store).len();
-        let known = ours.into_known().unwrap();
-        let c = commit_from(
-            &store,
-            &layout,
-            7,
-            &clock,
-            policy,
-            from(Some(known)),
-            add("b"),
-        )
-        .await
-        .unwrap();
+        let c = save7(&store, from(ours.into_known()), "b").await;
         // The write from the stale manifest is refused; the save goes on from a fresh load.
-        assert_eq!(
-            manifest_calls(&store)[before..],
-            [Op::PutBytes, Op::GetBytes, Op::PutBytes]
-        );
+        let (get, put) = (Op::GetBytes, Op::PutBytes);
+        assert_eq!(manifest_calls(&store)[before..], [put, get, put]);
         assert_eq!((c.attempts, c.manifest.version), (2, 3));
         assert!(c.resumable);
-        let back = load_within(&store, "m7", 7, layout.limits())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(paths(&back.manifest), ["a", "other", "b"]);
+        assert_eq!(paths7(&store).await, ["a", "other", "b"]);
     }
 
     #[tokio::test]
     async fn a_store_that_refuses_its_own_etags_is_read_before_every_later_save() {
         let store = FaultStore::new(Arc::new(MemoryStore::new()));
-        let (layout, clock, policy) =
-            (within(1 << 20), ManualClock::new(1_000), Default::default());
         store.arm(Op::PutBytes, Some("m7"), 1, Action::ForeignEtag);
-        let c1 = commit_from(&store, &layout, 7, &clock, policy, from(None), add("a"))
-            .await
-            .unwrap();
-        let known = c1.into_known().unwrap();
-        let c2 = commit_from(
-            &store,
-            &layout,
-            7,
-            &clock,
-            policy,
-            from(Some(known)),
-            add("b"),
-        )
-        .await
-        .unwrap();
+        let c1 = save7(&store, from(None), "a").await;
+        let c2 = save7(&store, from(c1.into_known()), "b").await;
         // Refused although nothing was saved in between: the store's answer is not an etag
         // it matches, so no later save starts from one.
         assert!(!c2.resumable);
         assert_eq!(c2.manifest.version, 2);
-        assert_eq!(paths(&c2.manifest), ["a", "b"]);
         assert!(c2.into_known().is_none());
-        let back = load_within(&store, "m7", 7, layout.limits())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(paths(&back.manifest), ["a", "b"]);
+        assert_eq!(paths7(&store).await, ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_history_copy_left_to_the_caller_is_written_only_by_it() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let leave = SaveFrom {
+            known: None,
+            leave_copy: true,
+        };
+        let mut c = save7(&store, leave, "a").await;
+        let copy_key = history_key_of("m7", 1);
+        assert!(!store.calls().iter().any(|c| c.key == copy_key));
+        c.copy.take().unwrap().write(&store).await;
+        let saved = store.get_bytes("m7").await.unwrap().bytes;
+        assert_eq!(store.get_bytes(&copy_key).await.unwrap().bytes, saved);
+        // Written by the save itself otherwise.
+        let c2 = save7(&store, from(c.into_known()), "b").await;
+        assert!(c2.copy.is_none());
+        let saved = store.get_bytes("m7").await.unwrap().bytes;
+        let copy = store.get_bytes(&history_key_of("m7", 2)).await.unwrap();
+        assert_eq!(copy.bytes, saved);
     }
 
     fn limits(manifest_bytes: u64) -> ReadLimits {

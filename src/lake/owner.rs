@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::manifest::{self, CommitPolicy, Committed, Manifest, SaveFrom};
+use super::manifest::{self, CommitPolicy, Committed, Loaded, Manifest, SaveFrom};
 use super::{Capped, Layout, SourceGuard, read_capped};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -127,18 +127,20 @@ pub(crate) async fn claim(
 }
 
 /// Fails when the schema's manifest names another source database than `source`'s
-/// ([`SourceGuard::check`]); a missing manifest passes.
+/// ([`SourceGuard::check`]); a missing manifest passes. Returns the manifest read (`None` when
+/// there is none): a run's first save may start from it ([`manifest::SaveFrom`]).
 pub(crate) async fn check_source(
     store: &dyn ObjectStore,
     layout: &Layout,
     schema_id: i16,
     source: &SourceGuard,
-) -> Result<()> {
+) -> Result<Option<Loaded>> {
     let key = layout.manifest_key(schema_id);
-    if let Some(l) = manifest::load_within(store, &key, schema_id, layout.limits()).await? {
+    let loaded = manifest::load_within(store, &key, schema_id, layout.limits()).await?;
+    if let Some(l) = &loaded {
         source.check(&key, l.manifest.source.as_ref())?;
     }
-    Ok(())
+    Ok(loaded)
 }
 
 /// How every writer publishes: claims the data prefix when `ownership` says it is unclaimed

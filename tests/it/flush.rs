@@ -752,20 +752,7 @@ async fn a_manifest_changed_between_load_and_save_is_reread() {
     let opts = rig.opts.clone();
     let task = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts).await });
     gate.wait_reached().await;
-    // Another writer (say, compact) commits in between.
-    lakecdc::lake::manifest::commit(
-        rig.store.as_ref(),
-        MANIFEST,
-        CUSTOMER,
-        &SystemClock,
-        Default::default(),
-        |m| {
-            m.extra.insert("touched_by".into(), "another writer".into());
-            Ok(())
-        },
-    )
-    .await
-    .unwrap();
+    another_writer_saves(rig.store.as_ref()).await;
     gate.release();
     let report = task.await.unwrap().unwrap();
     assert_eq!(only(&report).outcome, Outcome::Flushed);
@@ -776,6 +763,18 @@ async fn a_manifest_changed_between_load_and_save_is_reread() {
     assert_eq!(m["files"].as_array().unwrap().len(), 1);
     assert_eq!(m["version"], 2);
     assert_eq!(rig.assert_oracle().await, (5, 0));
+}
+
+/// Another writer (say, compact) saves the manifest: it marks it `touched_by`.
+async fn another_writer_saves(store: &dyn ObjectStore) {
+    let touch = |m: &mut lakecdc::lake::Manifest| {
+        m.extra.insert("touched_by".into(), "another writer".into());
+        Ok(())
+    };
+    let policy = Default::default();
+    let saved =
+        lakecdc::lake::manifest::commit(store, MANIFEST, CUSTOMER, &SystemClock, policy, touch);
+    saved.await.unwrap();
 }
 
 /// The operations the run made on the manifest itself (not its history copies).
@@ -793,45 +792,41 @@ async fn each_batch_saves_the_manifest_without_reading_it_again() {
     let mut r = Rng::new(78);
     rig.seed(100, &mut r).await;
     rig.opts.batch_size = 20;
+    let (get, put) = (Op::GetBytes, Op::PutBytes);
     let from = rig.store.calls().len();
     let report = rig.flush().await;
     assert_eq!(only(&report).batches, 5);
-    // Read before the first batch (the source check) and by the first save; every later
-    // save starts from the one before it (docs/design.md §3.2.3).
+    // A new lake: the source check finds no manifest, the first save reads again (and
+    // creates it); every later save starts from the one before it (docs/design.md §3.2.3).
     let ops = manifest_ops(&rig, from);
-    assert_eq!(
-        ops,
-        [
-            Op::GetBytes,
-            Op::GetBytes,
-            Op::PutBytes,
-            Op::PutBytes,
-            Op::PutBytes,
-            Op::PutBytes,
-            Op::PutBytes
-        ],
-        "{ops:?}"
-    );
+    assert_eq!(ops, [get, get, put, put, put, put, put], "{ops:?}");
+    // Once the manifest exists, a run reads it once, for its checks, and saves from that.
+    rig.seed(40, &mut r).await;
+    let from = rig.store.calls().len();
+    let report = rig.flush().await;
+    assert_eq!(only(&report).batches, 2);
+    let ops = manifest_ops(&rig, from);
+    assert_eq!(ops, [get, put, put], "{ops:?}");
     let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
         .await
         .unwrap();
-    assert_eq!(m["version"], 5);
-    assert_eq!(m["files"].as_array().unwrap().len(), 5);
+    assert_eq!(m["version"], 7);
+    assert_eq!(m["files"].as_array().unwrap().len(), 7);
     // Every version's history copy landed (written while the run went on), each the bytes
     // saved: the last one is the manifest itself.
     let layout = &rig.ctx.lake.layout;
-    for v in 1..=5 {
+    for v in 1..=7 {
         let copy = rig.store.get_bytes(&layout.history_key(CUSTOMER, v)).await;
         let copy: serde_json::Value = serde_json::from_slice(&copy.unwrap().bytes).unwrap();
         assert_eq!(copy["version"], v);
         assert_eq!(copy["files"].as_array().unwrap().len(), v as usize);
     }
-    let last = rig.store.get_bytes(&layout.history_key(CUSTOMER, 5)).await;
+    let last = rig.store.get_bytes(&layout.history_key(CUSTOMER, 7)).await;
     assert_eq!(
         last.unwrap().bytes,
         rig.store.get_bytes(MANIFEST).await.unwrap().bytes
     );
-    assert_eq!(rig.assert_oracle().await, (100, 0));
+    assert_eq!(rig.assert_oracle().await, (140, 0));
 }
 
 #[tokio::test]
@@ -846,21 +841,9 @@ async fn a_manifest_saved_by_another_between_batches_is_read_again_and_kept() {
         before_mark: Some(Rig::hook(move || {
             let (store, marks) = (store.clone(), marks.clone());
             async move {
-                // Another writer (say, compact) saves after the second batch's save.
+                // After the second batch's save.
                 if marks.fetch_add(1, AtomicOrdering::SeqCst) == 1 {
-                    lakecdc::lake::manifest::commit(
-                        store.as_ref(),
-                        MANIFEST,
-                        CUSTOMER,
-                        &SystemClock,
-                        Default::default(),
-                        |m| {
-                            m.extra.insert("touched_by".into(), "another writer".into());
-                            Ok(())
-                        },
-                    )
-                    .await
-                    .unwrap();
+                    another_writer_saves(store.as_ref()).await;
                 }
             }
             .boxed()
