@@ -756,9 +756,13 @@ async fn drain(
         // schema's stamp, too large).
         if publishing.is_none() {
             let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-            let read = owner::check_source(store, layout, schema_id, sf.source).await?;
-            let ownership = owner::check_writable(store, layout, schema_id).await?;
-            *publishing = Some(Publishing::new(ownership, read));
+            // Both reads at once; the source's refusal is the one reported when both fail.
+            let (read, ownership) = tokio::join!(
+                owner::check_source(store, layout, schema_id, sf.source),
+                owner::check_writable(store, layout, schema_id),
+            );
+            let read = read?;
+            *publishing = Some(Publishing::new(ownership?, read));
         }
         match batch {
             read_ahead::Fetched::Planned(slots) => {

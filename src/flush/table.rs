@@ -76,9 +76,13 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
         return Ok(());
     }
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-    let read = owner::check_source(store, layout, p.schema_id, p.source).await?;
-    let ownership = owner::check_writable(store, layout, p.schema_id).await?;
-    let mut publishing = Publishing::new(ownership, read);
+    // Both reads at once; the source's refusal is the one reported when both fail.
+    let (read, ownership) = tokio::join!(
+        owner::check_source(store, layout, p.schema_id, p.source),
+        owner::check_writable(store, layout, p.schema_id),
+    );
+    let read = read?;
+    let mut publishing = Publishing::new(ownership?, read);
     if src.has_new_columns() && !opts.dry_run {
         // Recorded now, so a later type change of the new column is caught too.
         table_source::record(&client, &src, None).await?;
