@@ -171,6 +171,7 @@ IDS="${LAKECDC_BENCH_IDS:-v7}"
 SSLMODE="${LAKECDC_BENCH_SSLMODE:-require}"
 ROUNDS="${LAKECDC_BENCH_ROUNDS:-10}"
 S3_DELAY="${LAKECDC_BENCH_S3_DELAY_MS:-0}"
+S3_DELAY_FLAG=""
 N=""
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -179,12 +180,12 @@ while [ $# -gt 0 ]; do
 		case "$1" in
 		--ids) IDS="$2" ;;
 		--sslmode) SSLMODE="$2" ;;
-		--s3-delay) S3_DELAY="$2" ;;
+		--s3-delay) S3_DELAY="$2" S3_DELAY_FLAG=1 ;;
 		*) ROUNDS="$2" ;;
 		esac
 		shift 2
 		;;
-	--s3-delay=*) S3_DELAY="${1#*=}" && shift ;;
+	--s3-delay=*) S3_DELAY="${1#*=}" S3_DELAY_FLAG=1 && shift ;;
 	--ids=*) IDS="${1#*=}" && shift ;;
 	--sslmode=*) SSLMODE="${1#*=}" && shift ;;
 	--rounds=*) ROUNDS="${1#*=}" && shift ;;
@@ -226,10 +227,11 @@ disable | require) ;;
 	;;
 esac
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || usage
-if ! [[ "$S3_DELAY" =~ ^[0-9]+$ ]] || { [ "$S3_DELAY" != 0 ] && [ "$what" != flush ]; }; then
+if ! [[ "$S3_DELAY" =~ ^[0-9]+$ ]] || { [ -n "$S3_DELAY_FLAG" ] && [ "$what" != flush ]; }; then
 	echo "bench: --s3-delay (LAKECDC_BENCH_S3_DELAY_MS) takes whole milliseconds, and only for flush" >&2
 	exit 2
 fi
+S3_DELAY=$((10#$S3_DELAY))
 if ! [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || [ "$ROUNDS" -gt 900 ]; then
 	echo "bench: the query's rounds (--rounds, LAKECDC_BENCH_ROUNDS) must be 1 to 900" >&2
 	exit 2
@@ -1332,6 +1334,8 @@ if [ "$S3_DELAY" != 0 ]; then
 	res=$(LAKECDC_S3_ENDPOINT="http://127.0.0.1:$(head -1 "$work/relay")" \
 		flush_once "$SSLMODE" s3://bench/lake-delayed "$work/delayed.json")
 	kill "$relay" 2>/dev/null || true
+	wait "$relay" 2>/dev/null || true
+	trap '[ "${LAKECDC_BENCH_KEEP:-}" = 1 ] || scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
 	read -r delayed _ <<<"$res"
 fi
 

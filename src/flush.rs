@@ -35,8 +35,8 @@ use crate::engine::export::Inputs;
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{Error, Result};
 use crate::job;
-use crate::lake::manifest::{CommitPolicy, FileEntry, Loaded, SaveFrom, Tier};
-use crate::lake::{SourceGuard, footer, owner};
+use crate::lake::manifest::{CommitPolicy, Committed, FileEntry, Loaded, SaveFrom, Tier};
+use crate::lake::{Layout, SourceGuard, footer, owner};
 pub use crate::report::FileReport;
 use crate::report::label;
 use crate::schema::{SchemaDef, dir};
@@ -46,7 +46,7 @@ use crate::source::registry::{self, Kind, Registered};
 use crate::source::snapshot::{self, Selected, Snapshot};
 use crate::source::stats;
 use crate::source::table_source;
-use crate::store::delete_or_leave;
+use crate::store::{ObjectStore, delete_or_leave};
 
 mod heap_pass;
 mod read_ahead;
@@ -529,20 +529,49 @@ struct Publisher<'a> {
 struct Publishing {
     ownership: owner::Ownership,
     saved: Option<Loaded>,
+    /// False once the store refused an etag it had returned (`Committed::resumable`): every
+    /// later save of the run reads the manifest first.
+    chained: bool,
     /// The history copy of the last save, written while the run goes on; it lands before the
     /// next save and before the run ends.
     copying: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Publishing {
-    /// Before the first batch: whose prefix this is, and the manifest as the run's checks
-    /// read it.
-    fn new(ownership: owner::Ownership, read: Option<Loaded>) -> Self {
-        Self {
-            ownership,
-            saved: read,
+    /// Before the first batch: reads the manifest (its source database must be `source`'s)
+    /// and the data prefix's owner marker, at once. When both fail, the source's refusal is
+    /// the one returned.
+    async fn check(
+        store: &dyn ObjectStore,
+        layout: &Layout,
+        schema_id: i16,
+        source: &SourceGuard,
+    ) -> Result<Self> {
+        let (read, ownership) = tokio::join!(
+            owner::check_source(store, layout, schema_id, source),
+            owner::check_writable(store, layout, schema_id),
+        );
+        let read = read?;
+        Ok(Self {
+            ownership: ownership?,
+            saved: read.filter(|l| !l.etag.is_empty()),
+            chained: true,
             copying: None,
+        })
+    }
+
+    /// Takes the run's last save: ownership is now the run's, its history copy is written
+    /// while the run goes on, and the next save starts from it while the store takes its
+    /// etags back.
+    fn saved(&mut self, store: &Arc<dyn ObjectStore>, mut committed: Committed) {
+        self.ownership = owner::Ownership::Ours;
+        if let Some(copy) = committed.copy.take() {
+            let store = store.clone();
+            let task = async move { copy.write(store.as_ref()).await };
+            self.copying = Some(tokio::spawn(task.in_current_span()));
         }
+        self.chained &= committed.resumable;
+        self.saved = committed.into_known().filter(|_| self.chained);
     }
 
     /// Waits for the history copy in flight, if any (its failure was logged and counted).
@@ -756,13 +785,7 @@ async fn drain(
         // schema's stamp, too large).
         if publishing.is_none() {
             let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-            // Both reads at once; the source's refusal is the one reported when both fail.
-            let (read, ownership) = tokio::join!(
-                owner::check_source(store, layout, schema_id, sf.source),
-                owner::check_writable(store, layout, schema_id),
-            );
-            let read = read?;
-            *publishing = Some(Publishing::new(ownership?, read));
+            *publishing = Some(Publishing::check(store, layout, schema_id, sf.source).await?);
         }
         match batch {
             read_ahead::Fetched::Planned(slots) => {
@@ -1112,15 +1135,7 @@ impl Publisher<'_> {
         )
         .await;
         match committed {
-            Ok(mut c) => {
-                publishing.ownership = owner::Ownership::Ours;
-                if let Some(copy) = c.copy.take() {
-                    let store = ctx.lake.store.clone();
-                    let task = async move { copy.write(store.as_ref()).await };
-                    publishing.copying = Some(tokio::spawn(task.in_current_span()));
-                }
-                publishing.saved = c.into_known();
-            }
+            Ok(c) => publishing.saved(&ctx.lake.store, c),
             // The save may have landed and list the delta: it stays (a rerun converges).
             Err(e @ Error::AmbiguousCommit { .. }) => return Err(e),
             // Certainly not saved (the prefix could not be claimed, the manifest could not be read

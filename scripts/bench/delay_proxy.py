@@ -35,10 +35,17 @@ async def pump(reader, writer, delay):
             writer.write(data)
             await writer.drain()
 
+    # Either side failing (a reset) ends both, and the connection is closed.
+    tasks = [asyncio.ensure_future(read()), asyncio.ensure_future(write())]
     try:
-        await asyncio.gather(read(), write())
-    except (ConnectionError, OSError):
-        pass
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and task.exception() is not None:
+                writer.close()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def main():

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::engine;
 use crate::error::{Error, Result};
-use crate::lake::{SourceGuard, footer, owner};
+use crate::lake::{SourceGuard, footer};
 use crate::report::FileReport;
 use crate::source::registry::Registered;
 use crate::source::snapshot;
@@ -76,13 +76,7 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
         return Ok(());
     }
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
-    // Both reads at once; the source's refusal is the one reported when both fail.
-    let (read, ownership) = tokio::join!(
-        owner::check_source(store, layout, p.schema_id, p.source),
-        owner::check_writable(store, layout, p.schema_id),
-    );
-    let read = read?;
-    let mut publishing = Publishing::new(ownership?, read);
+    let mut publishing = Publishing::check(store, layout, p.schema_id, p.source).await?;
     if src.has_new_columns() && !opts.dry_run {
         // Recorded now, so a later type change of the new column is caught too.
         table_source::record(&client, &src, None).await?;

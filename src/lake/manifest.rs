@@ -429,6 +429,7 @@ pub struct SaveFrom {
 
 /// The history copy of a saved version, not yet written ([`SaveFrom::leave_copy`]).
 #[derive(Debug, Clone)]
+#[must_use = "a history copy left to the caller is lost unless written"]
 pub struct HistoryCopy {
     manifest_key: String,
     version: i64,
@@ -485,7 +486,7 @@ where
 /// After the save, while the layout keeps history ([`Layout::history_retention`] above zero),
 /// the same bytes are copied to the version's history key ([`super::history`]); a failed
 /// copy is logged and counted, never an error of the save.
-/// This is the one save path of every job (flush, init, compact, gc).
+/// Every job saves through it or [`commit_from`] (flush, init, compact, gc).
 pub async fn commit_within<F>(
     store: &dyn ObjectStore,
     layout: &Layout,
@@ -564,7 +565,7 @@ where
     let mut resumable = true;
     loop {
         let started_known = known.is_some();
-        let (mut manifest, mode) = match known.take() {
+        let (manifest, mode) = match known.take() {
             Some(k) => (k.manifest, PutMode::Update(k.etag)),
             None => {
                 attempt += 1;
@@ -575,7 +576,7 @@ where
                     resumable = false;
                     tracing::debug!(
                         key,
-                        "the store refused the etag its own save returned; later saves read the manifest first"
+                        "the store refused an etag it returned; this run's later saves read the manifest first"
                     );
                 }
                 match loaded {
@@ -585,25 +586,15 @@ where
             }
         };
         let known_version = manifest.version;
-        modify(&mut manifest)?;
-        manifest.check_entries(key)?;
-        // Numbers read from the lake: saturating, never overflowing (docs/hazards.md S4).
-        manifest.version = manifest.version.saturating_add(1);
-        manifest.updated_at_ms = clock.now_ms().max(manifest.updated_at_ms.saturating_add(1));
-        let body = Bytes::from(manifest.to_json()?);
-        let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
+        let (manifest, body) = match prepare(key, clock, limits, &mut modify, manifest) {
+            Ok(prepared) => prepared,
+            // A document the run knew may be stale (a compaction since made it smaller, say):
+            // whether the change can be saved is decided on a fresh load.
+            Err(_) if started_known => continue,
+            Err(e) => return Err(e),
+        };
         // A clone of `Bytes` shares the buffer: the copy is of exactly the bytes saved.
         let saved = body.clone();
-        if size > limits.manifest_bytes {
-            // Written, it would be refused by every later load.
-            return Err(Error::TooLarge {
-                what: "manifest",
-                key: key.to_string(),
-                size,
-                limit: limits.manifest_bytes,
-                why: "the save would make it larger than jobs read; nothing was written: compact the schema, or raise --max-manifest-size".into(),
-            });
-        }
         writes += 1;
         match store.put_bytes(key, body, mode).await {
             Ok(put) => {
@@ -630,7 +621,7 @@ where
             Err(StoreError::Conflict) if started_known => {
                 tracing::debug!(
                     key,
-                    "the manifest changed since this run saved it; reading it"
+                    "the manifest changed since this run last read or saved it; reading it"
                 );
                 refused = Some(known_version);
             }
@@ -649,8 +640,40 @@ where
     }
     Err(Error::ManifestConflict {
         key: key.to_string(),
-        attempts: max_attempts,
+        attempts: writes,
     })
+}
+
+/// `manifest` changed by `modify` as the next version, and its JSON: refused if a load would
+/// refuse it (an entry that does not check, a size over `limits`).
+fn prepare<F>(
+    key: &str,
+    clock: &dyn Clock,
+    limits: &ReadLimits,
+    modify: &mut F,
+    mut manifest: Manifest,
+) -> Result<(Manifest, Bytes)>
+where
+    F: FnMut(&mut Manifest) -> Result<()>,
+{
+    modify(&mut manifest)?;
+    manifest.check_entries(key)?;
+    // Numbers read from the lake: saturating, never overflowing (docs/hazards.md S4).
+    manifest.version = manifest.version.saturating_add(1);
+    manifest.updated_at_ms = clock.now_ms().max(manifest.updated_at_ms.saturating_add(1));
+    let body = Bytes::from(manifest.to_json()?);
+    let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
+    if size > limits.manifest_bytes {
+        // Written, it would be refused by every later load.
+        return Err(Error::TooLarge {
+            what: "manifest",
+            key: key.to_string(),
+            size,
+            limit: limits.manifest_bytes,
+            why: "the save would make it larger than jobs read; nothing was written: compact the schema, or raise --max-manifest-size".into(),
+        });
+    }
+    Ok((manifest, body))
 }
 
 /// History copies that could not be written since the process started.
@@ -842,15 +865,46 @@ mod tests {
 
     /// Adds the delta `path` to schema 7's manifest `m7` ([`within`]) as `from` says.
     async fn save7(store: &FaultStore, from: SaveFrom, path: &'static str) -> Committed {
-        let (layout, clock) = (within(1 << 20), ManualClock::new(1_000));
+        save7_within(store, 1 << 20, from, path).await.unwrap()
+    }
+
+    async fn save7_within(
+        store: &FaultStore,
+        manifest_bytes: u64,
+        from: SaveFrom,
+        path: &'static str,
+    ) -> Result<Committed> {
+        let (layout, clock) = (within(manifest_bytes), ManualClock::new(1_000));
         let add = move |m: &mut Manifest| {
             m.files.push(entry(path, Tier::Delta));
             Ok(())
         };
-        let policy = Default::default();
-        commit_from(store, &layout, 7, &clock, policy, from, add)
+        commit_from(store, &layout, 7, &clock, Default::default(), from, add).await
+    }
+
+    #[tokio::test]
+    async fn a_known_manifest_too_large_to_save_to_is_read_again_before_the_save_is_refused() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        save7(&store, from(None), "a1").await;
+        let ours = save7(&store, from(None), "a2").await;
+        let two = store.get_bytes("m7").await.unwrap().bytes.len() as u64;
+        // A compaction empties the delta tier meanwhile.
+        let (layout, clock) = (within(1 << 20), ManualClock::new(1_000));
+        let clear = |m: &mut Manifest| {
+            m.files.clear();
+            Ok(())
+        };
+        commit_within(&store, &layout, 7, &clock, Default::default(), clear)
             .await
-            .unwrap()
+            .unwrap();
+        // Three entries would not fit, one does: the known (stale) document is not the one
+        // that decides.
+        let c = save7_within(&store, two + 20, from(ours.into_known()), "b").await;
+        assert_eq!(c.unwrap().manifest.files.len(), 1);
+        assert_eq!(paths7(&store).await, ["b"]);
+        // Without a stale document to blame, the limit is the error.
+        let big = save7_within(&store, 10, from(None), "c").await.unwrap_err();
+        assert!(matches!(big, Error::TooLarge { .. }), "{big}");
     }
 
     /// The paths `m7` lists now.
@@ -893,7 +947,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_store_that_refuses_its_own_etags_is_read_before_every_later_save() {
+    async fn a_known_etag_refused_on_an_unchanged_manifest_makes_the_save_not_resumable() {
         let store = FaultStore::new(Arc::new(MemoryStore::new()));
         store.arm(Op::PutBytes, Some("m7"), 1, Action::ForeignEtag);
         let c1 = save7(&store, from(None), "a").await;

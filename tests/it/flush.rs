@@ -830,6 +830,34 @@ async fn each_batch_saves_the_manifest_without_reading_it_again() {
 }
 
 #[tokio::test]
+async fn a_store_that_refuses_its_own_etags_is_read_before_every_later_save() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(80);
+    rig.seed(100, &mut r).await;
+    rig.opts.batch_size = 20;
+    // Every write to the manifest (and its history) answers an etag the store will not match.
+    for nth in 1..=20 {
+        rig.store
+            .arm(Op::PutBytes, Some(MANIFEST), nth, Action::ForeignEtag);
+    }
+    let from = rig.store.calls().len();
+    let report = rig.flush().await;
+    assert_eq!(only(&report).batches, 5);
+    // The second save, from the first's answer, is refused although nothing came between;
+    // from then on every save reads first (docs/design.md §3.2.3 step 5).
+    let ops = manifest_ops(&rig, from);
+    let (get, put) = (Op::GetBytes, Op::PutBytes);
+    let expected = [get, get, put, put, get, put, get, put, get, put, get, put];
+    assert_eq!(ops, expected, "{ops:?}");
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert_eq!(m["version"], 5);
+    assert_eq!(m["files"].as_array().unwrap().len(), 5);
+    assert_eq!(rig.assert_oracle().await, (100, 0));
+}
+
+#[tokio::test]
 async fn a_manifest_saved_by_another_between_batches_is_read_again_and_kept() {
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(79);
