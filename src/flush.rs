@@ -563,7 +563,7 @@ impl Publishing {
     /// Takes the run's last save: ownership is now the run's, its history copy is written
     /// while the run goes on, and the next save starts from it while the store takes its
     /// etags back.
-    fn saved(&mut self, store: &Arc<dyn ObjectStore>, mut committed: Committed) {
+    fn after_save(&mut self, store: &Arc<dyn ObjectStore>, mut committed: Committed) {
         self.ownership = owner::Ownership::Ours;
         if let Some(copy) = committed.copy.take() {
             let store = store.clone();
@@ -1135,7 +1135,7 @@ impl Publisher<'_> {
         )
         .await;
         match committed {
-            Ok(c) => publishing.saved(&ctx.lake.store, c),
+            Ok(c) => publishing.after_save(&ctx.lake.store, c),
             // The save may have landed and list the delta: it stays (a rerun converges).
             Err(e @ Error::AmbiguousCommit { .. }) => return Err(e),
             // Certainly not saved (the prefix could not be claimed, the manifest could not be read

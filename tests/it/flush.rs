@@ -777,6 +777,25 @@ async fn another_writer_saves(store: &dyn ObjectStore) {
     saved.await.unwrap();
 }
 
+/// An S3 rig holding 100 new entities, flushed 20 to a batch: five saves of the manifest.
+async fn five_batch_rig(seed: u64) -> (Rig, Rng) {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(seed);
+    rig.seed(100, &mut r).await;
+    rig.opts.batch_size = 20;
+    (rig, r)
+}
+
+/// The manifest is at `version` and lists `files` files.
+async fn assert_manifest(rig: &Rig, version: i64, files: usize) -> serde_json::Value {
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert_eq!(m["version"], version);
+    assert_eq!(m["files"].as_array().unwrap().len(), files);
+    m
+}
+
 /// The operations the run made on the manifest itself (not its history copies).
 fn manifest_ops(rig: &Rig, from: usize) -> Vec<Op> {
     rig.store.calls()[from..]
@@ -788,10 +807,7 @@ fn manifest_ops(rig: &Rig, from: usize) -> Vec<Op> {
 
 #[tokio::test]
 async fn each_batch_saves_the_manifest_without_reading_it_again() {
-    let mut rig = rig(LakeKind::S3).await;
-    let mut r = Rng::new(78);
-    rig.seed(100, &mut r).await;
-    rig.opts.batch_size = 20;
+    let (mut rig, mut r) = five_batch_rig(78).await;
     let (get, put) = (Op::GetBytes, Op::PutBytes);
     let from = rig.store.calls().len();
     let report = rig.flush().await;
@@ -807,11 +823,7 @@ async fn each_batch_saves_the_manifest_without_reading_it_again() {
     assert_eq!(only(&report).batches, 2);
     let ops = manifest_ops(&rig, from);
     assert_eq!(ops, [get, put, put], "{ops:?}");
-    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
-        .await
-        .unwrap();
-    assert_eq!(m["version"], 7);
-    assert_eq!(m["files"].as_array().unwrap().len(), 7);
+    assert_manifest(&rig, 7, 7).await;
     // Every version's history copy landed (written while the run went on), each the bytes
     // saved: the last one is the manifest itself.
     let layout = &rig.ctx.lake.layout;
@@ -831,10 +843,7 @@ async fn each_batch_saves_the_manifest_without_reading_it_again() {
 
 #[tokio::test]
 async fn a_store_that_refuses_its_own_etags_is_read_before_every_later_save() {
-    let mut rig = rig(LakeKind::S3).await;
-    let mut r = Rng::new(80);
-    rig.seed(100, &mut r).await;
-    rig.opts.batch_size = 20;
+    let (rig, _) = five_batch_rig(80).await;
     // Every write to the manifest (and its history) answers an etag the store will not match.
     for nth in 1..=20 {
         rig.store
@@ -849,20 +858,13 @@ async fn a_store_that_refuses_its_own_etags_is_read_before_every_later_save() {
     let (get, put) = (Op::GetBytes, Op::PutBytes);
     let expected = [get, get, put, put, get, put, get, put, get, put, get, put];
     assert_eq!(ops, expected, "{ops:?}");
-    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
-        .await
-        .unwrap();
-    assert_eq!(m["version"], 5);
-    assert_eq!(m["files"].as_array().unwrap().len(), 5);
+    assert_manifest(&rig, 5, 5).await;
     assert_eq!(rig.assert_oracle().await, (100, 0));
 }
 
 #[tokio::test]
 async fn a_manifest_saved_by_another_between_batches_is_read_again_and_kept() {
-    let mut rig = rig(LakeKind::S3).await;
-    let mut r = Rng::new(79);
-    rig.seed(100, &mut r).await;
-    rig.opts.batch_size = 20;
+    let (rig, _) = five_batch_rig(79).await;
     let store = rig.store.clone();
     let marks = Arc::new(AtomicUsize::new(0));
     let hooks = FlushHooks {
@@ -890,12 +892,8 @@ async fn a_manifest_saved_by_another_between_batches_is_read_again_and_kept() {
         [get, get, put, put, get, put, put, get, put, put, put],
         "{ops:?}"
     );
-    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
-        .await
-        .unwrap();
+    let m = assert_manifest(&rig, 6, 5).await;
     assert_eq!(m["touched_by"], "another writer");
-    assert_eq!(m["version"], 6);
-    assert_eq!(m["files"].as_array().unwrap().len(), 5);
     assert_eq!(rig.assert_oracle().await, (100, 0));
 }
 
