@@ -982,11 +982,13 @@ if [ "$what" = matrix ]; then
 				echo "bench: $ids ids, sslmode=$ssl, run $run of $RUNS: init ($first first)" >&2
 				res=$(init_once "$ssl" "$work/init-$case_" "$first" "s3://bench/init-$case_")
 				echo "init $ids $ssl $res" >>"$table"
+				echo "bench: $(date +%T) init $ids $ssl run $run: $res" >&2
 				rm -rf "$work/init-$case_"
 				echo "bench: $ids ids, sslmode=$ssl, run $run of $RUNS: flush" >&2
 				reset_backlog
 				res=$(flush_once "$ssl" "s3://bench/flush-$case_" "$work/flush.json")
 				echo "flush $ids $ssl $res" >>"$table"
+				echo "bench: $(date +%T) flush $ids $ssl run $run: $res" >&2
 			done
 		done
 	done

@@ -37,6 +37,7 @@ use parquet::schema::types::{ColumnDescriptor, ColumnPath};
 use super::ROW_GROUP_SIZE;
 use super::writer::lake_properties;
 use crate::error::{Error, Result};
+use crate::scratch::Piecewise;
 
 /// A column's writer, by the column's position in the schema.
 type Column = (usize, ArrowColumnWriter);
@@ -246,7 +247,7 @@ pub(crate) trait Stream: std::io::Write + Send {
 }
 
 /// A local file is complete once written.
-impl Stream for File {
+impl Stream for Piecewise<File> {
     fn end(&mut self) -> std::io::Result<()> {
         Ok(())
     }
@@ -353,7 +354,7 @@ impl ParallelWriter {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::streamed(path, Box::new(file), schema)
+        Self::streamed(path, Box::new(Piecewise(file)), schema)
     }
 
     /// A file of batches of `schema` written to `sink` as it is made (`path` names it in

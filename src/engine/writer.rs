@@ -37,6 +37,7 @@ use crate::error::{Error, Result};
 use crate::schema::batch::{change_log, entities, uuid_field};
 use crate::schema::columns::{SYSTEM_COLUMNS, duckdb_type};
 use crate::schema::{Attribute, Encoding as SlotEncoding, SchemaDef, ValueType};
+use crate::scratch::Piecewise;
 
 /// A string column's dictionary is given up for delta-length pages past this size: a column
 /// of (nearly) unique values stops paying for hashing early, one of a few thousand values
@@ -271,7 +272,7 @@ pub(crate) fn write(
         }
         Some(columns)
     };
-    let mut writer: Option<ArrowWriter<File>> = None;
+    let mut writer: Option<ArrowWriter<Piecewise<File>>> = None;
     let mut offset = 0;
     let parquet_error = |e: parquet::errors::ParquetError| Error::Parquet {
         path: path.display().to_string(),
@@ -320,7 +321,10 @@ pub fn write_lake_file(path: &Path, batches: &[RecordBatch]) -> Result<u64> {
 }
 
 /// A writer with the lake's file options and the encodings DuckDB picks for each type.
-pub(crate) fn open_lake_writer(path: &Path, first: &RecordBatch) -> Result<ArrowWriter<File>> {
+pub(crate) fn open_lake_writer(
+    path: &Path,
+    first: &RecordBatch,
+) -> Result<ArrowWriter<Piecewise<File>>> {
     let props = lake_properties(path, &first.schema())?;
     let file = crate::scratch::create_file(path).map_err(|source| Error::Io {
         op: "create parquet file",
@@ -331,6 +335,7 @@ pub(crate) fn open_lake_writer(path: &Path, first: &RecordBatch) -> Result<Arrow
     let options = ArrowWriterOptions::new()
         .with_properties(props)
         .with_skip_arrow_metadata(true);
+    let file = Piecewise(file);
     ArrowWriter::try_new_with_options(file, first.schema(), options).map_err(|e| Error::Parquet {
         path: path.display().to_string(),
         message: format!("open writer: {e}"),

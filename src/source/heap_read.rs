@@ -39,6 +39,7 @@ use crate::config::Tables;
 use crate::error::{Error, Result};
 use crate::schema::batch::change_log;
 use crate::schema::{SchemaDef, SlotType};
+use crate::scratch::Piecewise;
 
 /// How init reads a schema's live entities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -498,7 +499,7 @@ impl Spill {
         if n == 0 {
             return Ok(());
         }
-        let written = self.file.write_all(&self.bufs[bucket]);
+        let written = Piecewise(&mut self.file).write_all(&self.bufs[bucket]);
         written.map_err(|source| Error::Io {
             op: "write a spill file",
             path: self.path.clone(),

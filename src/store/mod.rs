@@ -343,7 +343,8 @@ pub fn copy_hashing(
     dst: &mut impl std::io::Write,
 ) -> std::io::Result<(u64, [u8; 32])> {
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
+    // No larger than a write lakecdc hands the kernel (`scratch::WRITE_PIECE`).
+    let mut buf = vec![0u8; crate::scratch::WRITE_PIECE];
     let mut total = 0u64;
     loop {
         let n = src.read(&mut buf)?;

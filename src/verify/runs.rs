@@ -76,7 +76,7 @@ impl Runs {
             .create_new(true)
             .open(&path)
             .map_err(io)?;
-        let mut w = BufWriter::with_capacity(1 << 20, file);
+        let mut w = BufWriter::with_capacity(crate::scratch::WRITE_PIECE, file);
         for (id, v) in run {
             w.write_all(&id.to_be_bytes()).map_err(io)?;
             w.write_all(&v.to_le_bytes()).map_err(io)?;
