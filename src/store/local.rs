@@ -35,6 +35,7 @@ use super::{
     AbandonedWrite, Download, GetResult, ObjectMeta, ObjectStore, PutMode, PutResult, StoreError,
     copy_hashing, range_within, stream::Part,
 };
+use crate::scratch::Piecewise;
 
 const OWN_PREFIX: &str = ".lakecdc-";
 const LOCK_FILE: &str = ".lakecdc-lock";
@@ -255,7 +256,7 @@ impl LocalStore {
             None => make_parent(root.as_fd(), key)?,
         };
         let (size, sha256, etag) = Self::write_atomic(&p, |f| {
-            f.write_all(body)?;
+            Piecewise(&mut *f).write_all(body)?;
             Ok((body.len() as u64, super::sha256(body)))
         })?;
         Ok(PutResult { size, sha256, etag })
@@ -571,7 +572,7 @@ impl ObjectStore for LocalStore {
                 match parts.blocking_recv() {
                     Some(Part::Bytes(b)) => {
                         hasher.update(&b);
-                        f.write_all(&b)?;
+                        Piecewise(&mut *f).write_all(&b)?;
                         size += b.len() as u64;
                     }
                     Some(Part::End) => return Ok((size, hasher.finalize().into())),

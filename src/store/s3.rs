@@ -917,6 +917,8 @@ impl ObjectStore for S3Store {
     ) -> Result<Download, StoreError> {
         let mut out = self.get_object(key, limit).await?;
         let mut file = tokio::fs::File::from_std(crate::scratch::create_file(path)?);
+        // Each of tokio's writes hands the kernel what it has buffered (`scratch::WRITE_PIECE`).
+        file.set_max_buf_size(crate::scratch::WRITE_PIECE);
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         while let Some(chunk) = out.body.next().await {
