@@ -308,8 +308,11 @@ PY
 fi
 
 # LAKECDC_BENCH_KEEP=1 leaves the services (and the bench database and lake) running, to look
-# into a run afterwards.
-[ "${LAKECDC_BENCH_KEEP:-}" = 1 ] || trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+# into a run afterwards. Every EXIT trap of this script ends with it.
+stop_services() {
+	[ "${LAKECDC_BENCH_KEEP:-}" = 1 ] || scripts/services.sh stop >/dev/null 2>&1 || true
+}
+trap stop_services EXIT
 scripts/services.sh start >/dev/null
 # shellcheck source=/dev/null
 source "$LAKECDC_SERVICES_DIR/env"
@@ -1058,7 +1061,7 @@ if [ "$what" = compact-scale ]; then
 	manifest_url="$LAKECDC_TEST_S3_ENDPOINT/bench/lake/manifest/100.json"
 	# A du poller left running by a failure stops with the script.
 	poller=""
-	trap '[ -z "$poller" ] || kill "$poller" 2>/dev/null || true; [ "${LAKECDC_BENCH_KEEP:-}" = 1 ] || scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+	trap '[ -z "$poller" ] || kill "$poller" 2>/dev/null || true; stop_services' EXIT
 	compact_help=$("$BIN" compact --help)
 	max_deltas=()
 	if grep -q -- --max-deltas <<<"$compact_help"; then
@@ -1330,14 +1333,14 @@ if [ "$S3_DELAY" != 0 ]; then
 	s3=${LAKECDC_TEST_S3_ENDPOINT#http://}
 	python3 scripts/bench/delay_proxy.py "${s3%:*}" "${s3##*:}" "$S3_DELAY" >"$work/relay" &
 	relay=$!
-	trap 'kill "$relay" 2>/dev/null || true; [ "${LAKECDC_BENCH_KEEP:-}" = 1 ] || scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+	trap 'kill "$relay" 2>/dev/null || true; stop_services' EXIT
 	for _ in $(seq 50); do [ -s "$work/relay" ] && break; sleep 0.1; done
 	[ -s "$work/relay" ] || { echo "bench: the S3 delay relay did not start" >&2; exit 1; }
 	res=$(LAKECDC_S3_ENDPOINT="http://127.0.0.1:$(head -1 "$work/relay")" \
 		flush_once "$SSLMODE" s3://bench/lake-delayed "$work/delayed.json")
 	kill "$relay" 2>/dev/null || true
 	wait "$relay" 2>/dev/null || true
-	trap '[ "${LAKECDC_BENCH_KEEP:-}" = 1 ] || scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+	trap stop_services EXIT
 	read -r delayed _ <<<"$res"
 fi
 

@@ -554,7 +554,7 @@ impl Publishing {
         let read = read?;
         Ok(Self {
             ownership: ownership?,
-            saved: read.filter(|l| !l.etag.is_empty()),
+            saved: read,
             chained: true,
             copying: None,
         })

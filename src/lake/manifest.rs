@@ -446,10 +446,9 @@ impl HistoryCopy {
 
 impl Committed {
     /// The saved manifest and its etag, for the next save of the same run to start from
-    /// ([`commit_from`]); `None` when the store gave no etag or does not take its etags
-    /// back.
+    /// ([`commit_from`]); `None` when the store does not take its etags back.
     pub fn into_known(self) -> Option<Loaded> {
-        (self.resumable && !self.etag.is_empty()).then_some(Loaded {
+        self.resumable.then_some(Loaded {
             manifest: self.manifest,
             etag: self.etag,
         })
@@ -551,10 +550,9 @@ async fn save<F>(
 where
     F: FnMut(&mut Manifest) -> Result<()>,
 {
-    let SaveFrom {
-        mut known,
-        leave_copy,
-    } = from;
+    let SaveFrom { known, leave_copy } = from;
+    // A write can be conditional only on an etag: a known document without one is loaded.
+    let mut known = known.filter(|k| !k.etag.is_empty());
     let limits = rules.limits;
     let max_attempts = policy.max_attempts.max(1);
     // Conditional writes made, and those of them that followed a load.
@@ -927,6 +925,19 @@ mod tests {
         let back = load(&store, "m7", 7).await.unwrap().unwrap();
         assert_eq!(back.manifest, c2.manifest);
         assert_eq!(back.etag, c2.into_known().unwrap().etag);
+        assert_eq!(paths7(&store).await, ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_known_manifest_without_an_etag_is_read_before_the_save() {
+        let store = FaultStore::new(Arc::new(MemoryStore::new()));
+        let c1 = save7(&store, from(None), "a").await;
+        let mut known = c1.into_known().unwrap();
+        known.etag.clear();
+        let c2 = save7(&store, from(Some(known)), "b").await;
+        let (get, put) = (Op::GetBytes, Op::PutBytes);
+        assert_eq!(manifest_calls(&store), [get, put, get, put]);
+        assert_eq!((c2.attempts, c2.manifest.version), (1, 2));
         assert_eq!(paths7(&store).await, ["a", "b"]);
     }
 

@@ -177,12 +177,13 @@ impl LocalStore {
         Ok(out)
     }
 
-    /// Writes `fill`'s output to a temp file (mode 0640) in `p`'s directory, fsyncs it,
+    /// Writes `fill`'s output to a temp file (mode 0640) in `p`'s directory (in pieces,
+    /// [`crate::scratch::WRITE_PIECE`]), fsyncs it,
     /// renames it over the key and fsyncs the directory. Returns `fill`'s result and the new
     /// object's etag.
     fn write_atomic(
         p: &Parent<'_>,
-        fill: impl FnOnce(&mut File) -> Result<(u64, [u8; 32]), StoreError>,
+        fill: impl FnOnce(&mut Piecewise<&mut File>) -> Result<(u64, [u8; 32]), StoreError>,
     ) -> Result<(u64, [u8; 32], String), StoreError> {
         let tmp = format!("{OWN_PREFIX}tmp-{}", uuid::Uuid::new_v4());
         let flags =
@@ -190,7 +191,7 @@ impl LocalStore {
         let mut file =
             File::from(rustix::fs::openat(&p.dir, &tmp, flags, OBJECT_MODE).map_err(sys)?);
         let result = (|| {
-            let (size, sha256) = fill(&mut file)?;
+            let (size, sha256) = fill(&mut Piecewise(&mut file))?;
             file.sync_all()?;
             // The rename keeps the inode and its mtime: this is the stored object's etag.
             let etag = etag_of(&file.metadata()?);
@@ -210,7 +211,9 @@ impl LocalStore {
     async fn put_new(
         &self,
         key: &str,
-        fill: impl FnOnce(&mut File) -> Result<(u64, [u8; 32]), StoreError> + Send + 'static,
+        fill: impl FnOnce(&mut Piecewise<&mut File>) -> Result<(u64, [u8; 32]), StoreError>
+        + Send
+        + 'static,
     ) -> Result<PutResult, StoreError> {
         let key = key.to_string();
         self.blocking(move |s| {
@@ -256,7 +259,7 @@ impl LocalStore {
             None => make_parent(root.as_fd(), key)?,
         };
         let (size, sha256, etag) = Self::write_atomic(&p, |f| {
-            Piecewise(&mut *f).write_all(body)?;
+            f.write_all(body)?;
             Ok((body.len() as u64, super::sha256(body)))
         })?;
         Ok(PutResult { size, sha256, etag })
@@ -572,7 +575,7 @@ impl ObjectStore for LocalStore {
                 match parts.blocking_recv() {
                     Some(Part::Bytes(b)) => {
                         hasher.update(&b);
-                        Piecewise(&mut *f).write_all(&b)?;
+                        f.write_all(&b)?;
                         size += b.len() as u64;
                     }
                     Some(Part::End) => return Ok((size, hasher.finalize().into())),
