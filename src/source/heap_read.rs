@@ -520,6 +520,11 @@ impl Spill {
         self.file.flush().map_err(self.io("write a spill file"))
     }
 
+    /// The bytes of `bucket`'s tuples.
+    fn bucket_bytes(&self, bucket: usize) -> usize {
+        self.chunks[bucket].iter().map(|&(_, len)| len).sum()
+    }
+
     /// Hands the chunks of `bucket`, read back in order, to `each` (one buffer, reused).
     fn each_chunk(&self, bucket: usize, mut each: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
         let chunks = &self.chunks[bucket];
@@ -655,7 +660,8 @@ impl Spilled {
         if rows == 0 {
             return Ok(None);
         }
-        let mut raw = Vec::new();
+        // Sized once: grown chunk by chunk, the buffer would be copied as it doubles.
+        let mut raw = Vec::with_capacity(self.entity.iter().map(|s| s.bucket_bytes(bucket)).sum());
         for s in &self.entity {
             s.each_chunk(bucket, |c| {
                 raw.extend_from_slice(c);
