@@ -471,9 +471,11 @@ where
     let rules = SaveRules {
         limits: &ReadLimits::default(),
         history: true,
+        clock,
+        policy,
     };
     let from = SaveFrom::default();
-    save(store, key, schema_id, clock, policy, &rules, from, modify).await
+    save(store, key, schema_id, &rules, from, modify).await
 }
 
 /// Loads the manifest of `schema_id` under `layout` (within its limits, [`load_within`]),
@@ -524,25 +526,28 @@ where
     let rules = SaveRules {
         limits: layout.limits(),
         history: !layout.history_retention().is_zero(),
+        clock,
+        policy,
     };
-    save(store, &key, schema_id, clock, policy, &rules, from, modify).await
+    save(store, &key, schema_id, &rules, from, modify).await
 }
 
-/// How a save reads and what it writes besides the manifest.
+/// How a save reads, retries and stamps, and what it writes besides the manifest.
 struct SaveRules<'a> {
     /// The limits of the load before the save (and of the saved size).
     limits: &'a ReadLimits,
     /// Whether the saved bytes are copied to the version's history key.
     history: bool,
+    /// Stamps the saved version's `updated_at_ms`.
+    clock: &'a dyn Clock,
+    /// The attempts and backoff after confirmed conflicts.
+    policy: CommitPolicy,
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn save<F>(
     store: &dyn ObjectStore,
     key: &str,
     schema_id: i16,
-    clock: &dyn Clock,
-    policy: CommitPolicy,
     rules: &SaveRules<'_>,
     from: SaveFrom,
     mut modify: F,
@@ -553,7 +558,12 @@ where
     let SaveFrom { known, leave_copy } = from;
     // A write can be conditional only on an etag: a known document without one is loaded.
     let mut known = known.filter(|k| !k.etag.is_empty());
-    let limits = rules.limits;
+    let SaveRules {
+        limits,
+        clock,
+        policy,
+        ..
+    } = *rules;
     let max_attempts = policy.max_attempts.max(1);
     // Conditional writes made, and those of them that followed a load.
     let (mut writes, mut attempt) = (0, 0);
