@@ -90,6 +90,12 @@ pub fn create_file(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// [`create_file`] for a file lakecdc only writes: its writes reach the kernel in pieces of
+/// at most [`WRITE_PIECE`] bytes, whatever size the caller hands over.
+pub fn create_writer(path: &Path) -> io::Result<Piecewise<File>> {
+    create_file(path).map(Piecewise)
+}
+
 /// The most one `write` call hands the kernel when lakecdc writes a local file.
 ///
 /// A larger buffered write makes the page cache take one large folio for it, from the large

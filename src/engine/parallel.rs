@@ -349,12 +349,12 @@ fn write_columns(
 impl ParallelWriter {
     /// Creates `path` (0600, new) for batches of `schema`.
     pub(crate) fn create(path: &Path, schema: SchemaRef) -> Result<Self> {
-        let file = crate::scratch::create_file(path).map_err(|source| Error::Io {
+        let file = crate::scratch::create_writer(path).map_err(|source| Error::Io {
             op: "create parquet file",
             path: path.to_path_buf(),
             source,
         })?;
-        Self::streamed(path, Box::new(Piecewise(file)), schema)
+        Self::streamed(path, Box::new(file), schema)
     }
 
     /// A file of batches of `schema` written to `sink` as it is made (`path` names it in

@@ -326,7 +326,7 @@ pub(crate) fn open_lake_writer(
     first: &RecordBatch,
 ) -> Result<ArrowWriter<Piecewise<File>>> {
     let props = lake_properties(path, &first.schema())?;
-    let file = crate::scratch::create_file(path).map_err(|source| Error::Io {
+    let file = crate::scratch::create_writer(path).map_err(|source| Error::Io {
         op: "create parquet file",
         path: path.to_path_buf(),
         source,
@@ -335,7 +335,6 @@ pub(crate) fn open_lake_writer(
     let options = ArrowWriterOptions::new()
         .with_properties(props)
         .with_skip_arrow_metadata(true);
-    let file = Piecewise(file);
     ArrowWriter::try_new_with_options(file, first.schema(), options).map_err(|e| Error::Parquet {
         path: path.display().to_string(),
         message: format!("open writer: {e}"),

@@ -450,7 +450,7 @@ fn quantile_cuts(ids: &[u128], buckets: usize) -> Vec<u128> {
 /// bucket's tuples are buffered and appended as a chunk when the buffer fills.
 struct Spill {
     path: PathBuf,
-    file: File,
+    file: Piecewise<File>,
     len: u64,
     /// Per bucket: its chunks (offset, length) in the file.
     chunks: Vec<Vec<(u64, usize)>>,
@@ -461,7 +461,7 @@ struct Spill {
 
 impl Spill {
     fn create(path: PathBuf, buckets: usize) -> Result<Self> {
-        let file = crate::scratch::create_file(&path).map_err(|source| Error::Io {
+        let file = crate::scratch::create_writer(&path).map_err(|source| Error::Io {
             op: "create a spill file",
             path: path.clone(),
             source,
@@ -499,7 +499,7 @@ impl Spill {
         if n == 0 {
             return Ok(());
         }
-        let written = Piecewise(&mut self.file).write_all(&self.bufs[bucket]);
+        let written = self.file.write_all(&self.bufs[bucket]);
         written.map_err(|source| Error::Io {
             op: "write a spill file",
             path: self.path.clone(),

@@ -643,10 +643,10 @@ impl ObjectStore for LocalStore {
             within(meta.size(), limit)?;
             // A scratch path lakecdc chose, fresh in a private directory: never an existing
             // file, and readable by this user only.
-            let mut out = crate::scratch::create_file(&dest)?;
+            let mut out = crate::scratch::create_writer(&dest)?;
             let (size, sha256) = copy_hashing(&mut input.take(limit.saturating_add(1)), &mut out)?;
             within(size, limit)?;
-            out.sync_all()?;
+            out.0.sync_all()?;
             Ok(Download { size, sha256 })
         })
         .await

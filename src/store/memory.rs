@@ -149,7 +149,7 @@ impl ObjectStore for MemoryStore {
         limit: u64,
     ) -> Result<Download, StoreError> {
         let e = self.within(key, limit)?;
-        std::io::Write::write_all(&mut crate::scratch::create_file(path)?, &e.bytes)?;
+        std::io::Write::write_all(&mut crate::scratch::create_writer(path)?, &e.bytes)?;
         Ok(Download {
             size: e.bytes.len() as u64,
             sha256: sha256(&e.bytes),
