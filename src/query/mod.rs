@@ -146,9 +146,9 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
     if let Some((_, _, clash)) = catalog::view_name_clashes(&regs).into_iter().next() {
         return Err(clash);
     }
-    // Files the earlier views keep open until the query ends: the descriptor budget is the
-    // whole query's.
-    let mut held_open = 0usize;
+    // What the earlier views hold until the query ends: the descriptor budget and the cache's
+    // eviction are the whole query's.
+    let mut held = Held::default();
     for schema in schemas {
         let reg = &schema.reg;
         let m = pinned(ctx, reg, schema.manifest, as_of.as_ref()).await?;
@@ -168,11 +168,10 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
             cache.as_ref(),
             &scratch,
             &files,
-            held_open,
+            &mut held,
             &mut read,
         )
         .await?;
-        held_open += ready.iter().filter(|r| r._open.is_some()).count();
         tracing::debug!(schema = %reg.name, files = files.len(), ms = t.elapsed().as_millis() as u64, "files checked and ready");
         views.push((reg.name.clone(), ready));
         report.schemas.push(read);
@@ -404,24 +403,34 @@ fn can_hold_open(files: usize) -> bool {
     enough
 }
 
-/// Makes every file of one view readable, checked; `held_open` files of earlier views are
-/// held open already.
+/// What the views made so far hold until the query ends.
+#[derive(Default)]
+struct Held {
+    /// Local lake files held open.
+    open: usize,
+    /// Cached files the views name: no later view's eviction may remove them.
+    cached: BTreeSet<PathBuf>,
+}
+
+/// Makes every file of one view readable, checked, beside what the earlier views `held`
+/// (which it adds to).
 async fn materialise(
     ctx: &Context,
     opts: &QueryOptions,
     cache: Option<&cache::Cache>,
     scratch: &Scratch,
     files: &[FileEntry],
-    held_open: usize,
+    held: &mut Held,
     read: &mut SchemaRead,
 ) -> Result<Vec<Ready>> {
     let store = ctx.lake.store.as_ref();
     let Some(cache) = cache else {
-        let hold = can_hold_open(held_open.saturating_add(files.len()));
+        let hold = can_hold_open(held.open.saturating_add(files.len()));
         let mut ready = Vec::new();
         for f in files {
             ready.push(in_place(store, f, opts.verify, hold).await?);
         }
+        held.open += ready.iter().filter(|r| r._open.is_some()).count();
         return Ok(ready);
     };
     let mut ready = Vec::with_capacity(files.len());
@@ -445,14 +454,11 @@ async fn materialise(
             }
         }
     }
+    held.cached
+        .extend(ready.iter().flatten().map(|r| PathBuf::from(&r.path)));
     if !missing.is_empty() {
         let incoming: u64 = missing.iter().map(|i| size_of(&files[*i])).sum();
-        let keep: BTreeSet<PathBuf> = ready
-            .iter()
-            .flatten()
-            .map(|r| PathBuf::from(&r.path))
-            .collect();
-        cache.evict(cache.max_bytes().saturating_sub(incoming), &keep)?;
+        cache.evict(cache.max_bytes().saturating_sub(incoming), &held.cached)?;
     }
     let fetched: Vec<(usize, PathBuf)> = stream::iter(missing.iter().copied())
         .map(|i| {
@@ -469,6 +475,7 @@ async fn materialise(
         .try_collect()
         .await?;
     for (i, path) in fetched {
+        held.cached.insert(path.clone());
         read.downloaded += 1;
         read.downloaded_bytes += size_of(&files[i]);
         ready[i] = Some(Ready {

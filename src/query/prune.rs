@@ -30,7 +30,9 @@ enum Token {
 }
 
 /// Splits `sql` into tokens; `None` on anything this tokenizer does not know (dollar quoting,
-/// escape strings' prefixes are words and so harmless, unknown characters).
+/// prefixed strings, whitespace other than DuckDB's six, a number run into a word, unknown
+/// characters). Where DuckDB's lexer and this one could split the text differently, the
+/// answer is `None`: a token this one saw whole must be one DuckDB sees whole.
 fn tokens(sql: &str) -> Option<Vec<Token>> {
     const PUNCT: [&str; 21] = [
         "::", "<=", ">=", "<>", "!=", "||", "(", ")", ",", ";", "=", "<", ">", "*", "+", "-", "/",
@@ -39,10 +41,11 @@ fn tokens(sql: &str) -> Option<Vec<Token>> {
     let mut out = Vec::new();
     let mut rest = sql;
     while let Some(c) = rest.chars().next() {
-        if c.is_whitespace() {
-            rest = &rest[c.len_utf8()..];
+        if [' ', '\t', '\n', '\r', '\x0b', '\x0c'].contains(&c) {
+            rest = &rest[1..];
         } else if rest.starts_with("--") {
-            rest = rest.find('\n').map_or("", |i| &rest[i..]);
+            // DuckDB ends a line comment at a carriage return as at a newline.
+            rest = rest.find(['\n', '\r']).map_or("", |i| &rest[i..]);
         } else if rest.starts_with("/*") {
             rest = after_block_comment(rest)?;
         } else if c == '\'' || c == '"' {
@@ -54,11 +57,8 @@ fn tokens(sql: &str) -> Option<Vec<Token>> {
             });
             rest = tail;
         } else if c.is_ascii_digit() {
-            let end = rest
-                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '.' || ch == '_'))
-                .unwrap_or(rest.len());
+            rest = after_number(rest)?;
             out.push(Token::Number);
-            rest = &rest[end..];
         } else if c.is_alphabetic() || c == '_' {
             let end = rest
                 .find(|ch: char| !(ch.is_alphanumeric() || ch == '_'))
@@ -77,6 +77,29 @@ fn tokens(sql: &str) -> Option<Vec<Token>> {
         }
     }
     Some(out)
+}
+
+/// What follows the decimal number at the start of `s` (`12`, `1_000`, `1.5`, `2e-3`); `None`
+/// when a letter, digit, `_` or `.` follows it: DuckDB reads `1OR` as `1` then `OR`, and other
+/// forms (`0x1F`) are not worth telling apart from that.
+fn after_number(s: &str) -> Option<&str> {
+    fn digits(s: &str) -> Option<&str> {
+        let end = s
+            .find(|ch: char| !(ch.is_ascii_digit() || ch == '_'))
+            .unwrap_or(s.len());
+        (end > 0).then(|| &s[end..])
+    }
+    let mut rest = digits(s)?;
+    if let Some(frac) = rest.strip_prefix('.') {
+        rest = digits(frac).unwrap_or(frac);
+    }
+    if let Some(exp) = rest.strip_prefix(['e', 'E']) {
+        rest = digits(exp.strip_prefix(['+', '-']).unwrap_or(exp))?;
+    }
+    match rest.chars().next() {
+        Some(ch) if ch.is_alphanumeric() || ch == '_' || ch == '.' => None,
+        _ => Some(rest),
+    }
 }
 
 /// What follows the block comment at the start of `s`; block comments nest, as in DuckDB
@@ -373,6 +396,14 @@ mod tests {
             format!(
                 "SELECT * FROM customer WHERE /* off: /* one id */ row_id = '{A}' AND */ age > 3"
             ),
+            // DuckDB ends a line comment at a lone carriage return: it runs the `OR`.
+            format!("SELECT * FROM customer WHERE row_id = '{A}' -- note\rOR true"),
+            // A number run into a keyword is two tokens to DuckDB: `1` and `OR`.
+            format!("SELECT * FROM customer WHERE row_id = '{A}' AND 1OR true"),
+            format!("SELECT * FROM customer WHERE row_id = '{A}' AND 1.5OR true"),
+            format!("SELECT * FROM customer WHERE row_id = '{A}' AND 1e5OR true"),
+            // Whitespace DuckDB does not know is not skipped.
+            format!("SELECT * FROM customer WHERE row_id = '{A}'\u{a0}AND x"),
             // `TABLE customer` reads the view's other rows without a SELECT or FROM.
             format!(
                 "SELECT * FROM customer WHERE row_id = '{A}' AND NOT EXISTS (TABLE customer OFFSET 1)"
@@ -394,6 +425,30 @@ mod tests {
         assert_eq!(
             pin(&format!(
                 "SELECT * FROM customer /* a /* b */ c */ WHERE row_id = '{A}'"
+            )),
+            Some(("customer".to_string(), vec![A.to_string()]))
+        );
+    }
+
+    #[test]
+    fn numbers_end_where_duckdb_ends_them() {
+        for (sql, rest) in [
+            ("12 x", Some(" x")),
+            ("1_000)", Some(")")),
+            ("1.5,", Some(",")),
+            ("2.", Some("")),
+            ("2e-3 ", Some(" ")),
+            ("2E+3", Some("")),
+            ("1OR", None),
+            ("1e", None),
+            ("0x1F", None),
+            ("1.2.3", None),
+        ] {
+            assert_eq!(after_number(sql), rest, "{sql}");
+        }
+        assert_eq!(
+            pin(&format!(
+                "SELECT * FROM customer WHERE age > 1.5e3 AND row_id = '{A}'\r\n"
             )),
             Some(("customer".to_string(), vec![A.to_string()]))
         );

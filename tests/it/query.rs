@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::support::harness;
 use crate::support::oracle::{self, LakeRow, V};
 use crate::support::rig::{LakeKind, Rig, rig, schema_dir_with_nickname};
-use crate::support::writer::{Customer, Rng};
+use crate::support::writer::{Customer, Rng, Writer};
 
 const MANIFEST: &str = "manifest/100.json";
 
@@ -322,6 +322,82 @@ async fn s3_reads_are_checked_cached_by_checksum_and_evicted_under_the_cap() {
         .filter(|n| n.starts_with(".out.csv"))
         .collect();
     assert!(beside.is_empty(), "{beside:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_query_over_two_schemas_keeps_every_file_it_names_while_the_cache_evicts() {
+    let mut rig = rig(LakeKind::S3).await;
+    // `order` takes customer's attributes, so one writer model serves both schemas.
+    let dir = schema_dir_with_nickname();
+    std::fs::copy(
+        dir.path().join("customer_attributes.json"),
+        dir.path().join("order_attributes.json"),
+    )
+    .unwrap();
+    rig.ctx.schema_dir = Some(dir.path().to_path_buf());
+    let mut r = Rng::new(1905);
+    rig.seed(40, &mut r).await;
+    let mut order = Writer::new(rig.db.client().await, 101).await;
+    let mut orders = Vec::new();
+    for _ in 0..40 {
+        let id = r.uuid();
+        order.create(id, Customer::random(&mut r)).await;
+        orders.push(id);
+    }
+    rig.flush().await;
+    for _ in 0..3 {
+        random_ops(&mut rig, &mut r, 10).await;
+        for id in orders.iter().take(8) {
+            order.update(*id, Customer::random(&mut r)).await;
+        }
+        rig.flush().await;
+    }
+    let mut totals = Vec::new();
+    let mut live = Vec::new();
+    for key in [MANIFEST, "manifest/101.json"] {
+        let m = oracle::manifest_json(rig.store.as_ref(), key)
+            .await
+            .unwrap();
+        let files = m["files"].as_array().unwrap().clone();
+        assert!(files.len() >= 4, "{key}: {}", files.len());
+        totals.push(
+            files
+                .iter()
+                .map(|f| f["size_bytes"].as_u64().unwrap())
+                .sum::<u64>(),
+        );
+        live.push(oracle::lake_state(rig.store.as_ref(), key).await.len());
+    }
+    // Either schema's files fit under the cap, both together do not: the second view's
+    // eviction must spare the files the first view names.
+    let cap = totals[0].max(totals[1]);
+    assert!(cap < totals[0] + totals[1]);
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let out = t.path().join("out.csv");
+    let opts = QueryOptions {
+        cache_max: cap,
+        ..options(
+            &rig,
+            "SELECT (SELECT count(*) FROM customer) AS c, (SELECT count(*) FROM \"order\") AS o",
+            Format::Csv,
+            &out,
+            &cache,
+        )
+    };
+    let (report, text) = count_sum(&rig, &opts).await;
+    assert_eq!(text, format!("c,o\n{},{}\n", live[0], live[1]));
+    assert_eq!(report.schemas.len(), 2);
+    // Warm and over the cap: the next query evicts what it does not name, and still runs.
+    let (_, text) = count_sum(&rig, &opts).await;
+    assert_eq!(text, format!("c,o\n{},{}\n", live[0], live[1]));
+    let one = QueryOptions {
+        sql: SqlSource::Text("SELECT count(*) AS o FROM \"order\"".into()),
+        ..opts.clone()
+    };
+    let (report, text) = count_sum(&rig, &one).await;
+    assert_eq!(text, format!("o\n{}\n", live[1]));
+    assert_eq!(report.schemas.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
