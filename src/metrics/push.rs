@@ -47,6 +47,12 @@ impl Pushgateway {
             return Err("must be a base URL without query, fragment or spaces".into());
         }
         let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        // An `@` after the first `/` is most likely a password with a raw `/` in it: taking
+        // the text before that `/` as the host would send the request elsewhere and put the
+        // password in every message naming the URL.
+        if path.contains('@') {
+            return Err("has an '@' after its first '/': percent-encode a '/' in the user or password as %2F (and an '@' in the path as %40)".into());
+        }
         let (userinfo, host) = match authority.rsplit_once('@') {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
@@ -74,11 +80,12 @@ impl Pushgateway {
         })
     }
 
-    /// Whether `url` carries a password (`user:password@`).
+    /// Whether `url` may carry a password (`user:password@`): any `:` before its last `@`
+    /// counts, wherever a raw `/` puts it (such a URL is refused by [`Pushgateway::parse`]
+    /// anyway, but not before the flag is refused for its password).
     pub fn has_password(url: &str) -> bool {
         url.split_once("://")
-            .map(|(_, rest)| rest.split('/').next().unwrap_or_default())
-            .and_then(|authority| authority.rsplit_once('@'))
+            .and_then(|(_, rest)| rest.rsplit_once('@'))
             .is_some_and(|(userinfo, _)| userinfo.contains(':'))
     }
 
@@ -194,7 +201,12 @@ mod tests {
         assert!(!format!("{gw:?}").contains("dTpw"));
         assert!(Pushgateway::has_password("https://u:p@h"));
         assert!(!Pushgateway::has_password("https://u@h"));
-        assert!(!Pushgateway::has_password("https://h/a:b@c"));
+        // A raw `/` in the password: refused without naming it, and counted as a password.
+        let raw = "http://metrics:s3cr/etPW@127.0.0.1:9091";
+        let e = Pushgateway::parse(raw).unwrap_err();
+        assert!(!e.contains("etPW") && e.contains("%2F"), "{e}");
+        assert!(Pushgateway::has_password(raw));
+        assert!(Pushgateway::parse("https://h/a:b@c").is_err());
         for bad in [
             "ftp://h",
             "h:9091",

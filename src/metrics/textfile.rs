@@ -40,9 +40,22 @@ pub fn directory_of(path: &Path) -> &Path {
 }
 
 /// The previous file's text, when there is one (at most 1 MiB is read; a character cut by the
-/// limit does not lose the rest).
+/// limit does not lose the rest). Only a regular file at the path itself counts: the directory
+/// may be shared (docs/security.md S14), so a link is not followed and a FIFO or device is
+/// opened without waiting for a writer and then left unread.
 pub fn previous(path: &Path) -> Option<String> {
-    let file = std::fs::File::open(path).ok()?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits() as i32)
+        .open(path)
+        .ok()?;
+    // A regular file's reads ignore O_NONBLOCK.
+    if !file.metadata().ok()?.is_file() {
+        tracing::warn!(path = %path.display(), "the metrics file is not a regular file: its last-success sample is not carried over");
+        return None;
+    }
     let mut bytes = Vec::new();
     file.take(PREVIOUS_LIMIT).read_to_end(&mut bytes).ok()?;
     Some(String::from_utf8_lossy(&bytes).into_owned())
@@ -109,6 +122,30 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![OsString::from("m.prom")]);
+    }
+
+    #[test]
+    fn a_fifo_or_a_link_at_the_path_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.prom");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        // Opened without waiting for a writer (a plain open would block forever).
+        assert_eq!(previous(&fifo), None);
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "lakecdc_last_success_timestamp_seconds 7\n").unwrap();
+        let link = dir.path().join("link.prom");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(previous(&link), None);
+        // The run's own write replaces either with a regular file.
+        write(&fifo, "a 1\n").unwrap();
+        assert_eq!(previous(&fifo).as_deref(), Some("a 1\n"));
     }
 
     #[test]
