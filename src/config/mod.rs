@@ -30,16 +30,7 @@ impl TableName {
             Some((a, b)) => (Some(a), b),
             None => (None, s),
         };
-        let valid = |p: &str| {
-            !p.is_empty()
-                && p.len() <= 63
-                && p.chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && p.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
-        };
-        if !valid(name) || schema.is_some_and(|sc| !valid(sc)) {
+        if !is_plain_identifier(name) || schema.is_some_and(|sc| !is_plain_identifier(sc)) {
             return Err(bad());
         }
         Ok(Self {
@@ -51,8 +42,8 @@ impl TableName {
     /// The quoted SQL identifier, e.g. `"public"."change_log"`.
     pub fn quoted(&self) -> String {
         match &self.schema {
-            Some(s) => format!("\"{s}\".\"{}\"", self.name),
-            None => format!("\"{}\"", self.name),
+            Some(s) => format!("{}.{}", quote_ident(s), quote_ident(&self.name)),
+            None => quote_ident(&self.name),
         }
     }
 
@@ -63,7 +54,7 @@ impl TableName {
 
     /// A quoted identifier derived from the table name (e.g. an index name).
     pub fn derived(&self, suffix: &str) -> String {
-        format!("\"{}_{suffix}\"", self.name)
+        quote_ident(&format!("{}_{suffix}", self.name))
     }
 
     /// The table's schema, when the name is qualified.
@@ -80,13 +71,30 @@ impl TableName {
     }
 
     /// This table qualified with `schema` when it is not already (for SQL that runs with a
-    /// pinned `search_path`, such as a `SECURITY DEFINER` trigger function).
-    pub fn qualified_in(&self, schema: &str) -> TableName {
-        TableName {
+    /// pinned `search_path`, such as a `SECURITY DEFINER` trigger function); `None` when
+    /// `schema` is needed and is not a plain identifier without `$` (it comes from the
+    /// database, and the function's body is dollar-quoted).
+    pub fn qualified_in(&self, schema: &str) -> Option<TableName> {
+        if self.schema.is_none() && (!is_plain_identifier(schema) || schema.contains('$')) {
+            return None;
+        }
+        Some(TableName {
             schema: Some(self.schema.clone().unwrap_or_else(|| schema.to_string())),
             name: self.name.clone(),
-        }
+        })
     }
+}
+
+/// Whether `p` is an identifier that needs no quoting to mean itself, lowercased: a letter or
+/// `_`, then letters, digits, `_` and `$`, at most 63 bytes.
+fn is_plain_identifier(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 63
+        && p.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && p.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
 }
 
 /// Quotes a SQL identifier (PostgreSQL and DuckDB spell it the same): `"` doubled.

@@ -214,10 +214,14 @@ pub(super) async fn qualified_tables(
             "no schema of the search_path exists, so lakecdc_sources and lakecdc_touch have no place: set the role's search_path or qualify --registry-table",
         )
     })?;
-    Ok((
-        tables.sources().qualified_in(&schema),
-        tables.touch_log().qualified_in(&schema),
-    ))
+    let unfit = || {
+        Error::config(format!(
+            "the connection's current schema {schema:?} is not a plain identifier (letters, digits and _), so lakecdc_sources and lakecdc_touch cannot be named in it: set the role's search_path to such a schema or qualify --registry-table"
+        ))
+    };
+    let sources = tables.sources().qualified_in(&schema).ok_or_else(unfit)?;
+    let touch_log = tables.touch_log().qualified_in(&schema).ok_or_else(unfit)?;
+    Ok((sources, touch_log))
 }
 
 /// The row-id rule of the key `names` as the source's recorded `columns` (its JSON array)

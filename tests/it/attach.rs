@@ -358,6 +358,55 @@ async fn a_table_without_a_primary_key_is_refused_and_nothing_is_created() {
 }
 
 #[tokio::test]
+async fn a_current_schema_that_is_not_a_plain_identifier_is_refused_before_any_ddl() {
+    // The schema comes from the database (the role's search_path): quoted into DDL and a
+    // dollar-quoted function body, a `"` or a `$` would end the name or the body early.
+    let db = harness::examples_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+        .await
+        .unwrap();
+    let this: String = client
+        .query_one("SELECT current_database()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for schema in ["a\"b", "x$lakecdc$y"] {
+        let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA {quoted}; ALTER DATABASE \"{this}\" SET search_path = {quoted}, public"
+            ))
+            .await
+            .unwrap();
+        let (code, _, err) = lakecdc(&db, &["attach", "public.t"]);
+        client
+            .batch_execute(&format!("ALTER DATABASE \"{this}\" RESET search_path"))
+            .await
+            .unwrap();
+        assert_eq!(code, 2, "{schema}: {err}");
+        assert!(
+            err.contains("current schema")
+                && err.contains("search_path")
+                && err.lines().count() == 1,
+            "{schema}: {err}"
+        );
+        let made: i64 = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1)
+                      + (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lakecdc%')
+                      + (SELECT count(*) FROM pg_proc WHERE proname LIKE 'lakecdc%')",
+                &[&schema],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(made, 0, "{schema}");
+    }
+}
+
+#[tokio::test]
 async fn print_sql_applied_by_psql_gives_the_same_objects_and_ids_stay_shared() {
     let (a, b) = (harness::examples_db().await, harness::examples_db().await);
     for db in [&a, &b] {
