@@ -259,6 +259,46 @@ fn tree_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// The first directory, of `dir` and its ancestors, in which another user could rename or
+/// replace an entry: one owned by neither this user nor root, or one that group or others may
+/// write without the sticky bit. Such a user could swap a private directory lakecdc made or
+/// checked there for one of theirs, and have it write or read files they control. Judged on
+/// the path as given (made absolute, so a link in it is judged where it lives) and on its
+/// canonical form (where the link leads). `None`: no other user can change what the path names.
+pub fn untrusted_ancestor(dir: &Path) -> io::Result<Option<PathBuf>> {
+    let me = rustix::process::geteuid().as_raw();
+    let absolute = std::path::absolute(dir)?;
+    let canonical = std::fs::canonicalize(dir)?;
+    for path in [&absolute, &canonical] {
+        for a in path.ancestors() {
+            let meta = std::fs::metadata(a)?;
+            let owner_trusted = meta.uid() == me || meta.uid() == 0;
+            let shared = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
+            if !owner_trusted || shared {
+                return Ok(Some(a.to_path_buf()));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Refuses `dir` (the value of `setting`) when [`untrusted_ancestor`] finds a directory another
+/// user could change: one line naming it and the fix. A path that cannot be judged (missing,
+/// unreadable) is left to the caller's own open, which names it.
+pub fn refuse_untrusted(setting: &'static str, dir: &Path) -> crate::error::Result<()> {
+    match untrusted_ancestor(dir) {
+        Ok(Some(at)) => Err(crate::error::Error::setting(
+            setting,
+            format!(
+                "{} lies in {}, which another user may change (owned by another user, or writable by others without the sticky bit), so lakecdc's private files there could be swapped for theirs: choose a directory that only you and root control",
+                dir.display(),
+                at.display()
+            ),
+        )),
+        Ok(None) | Err(_) => Ok(()),
+    }
+}
+
 /// Sets a file another writer created (DuckDB's `COPY … TO` recreates its target with the
 /// process umask) to mode 0600.
 pub fn restrict(path: &Path) -> io::Result<()> {
@@ -283,6 +323,38 @@ mod tests {
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn a_directory_others_may_change_is_found_among_the_ancestors() {
+        let t = tempfile::tempdir().unwrap();
+        let mine = t.path().join("mine");
+        std::fs::create_dir_all(mine.join("deep")).unwrap();
+        assert_eq!(untrusted_ancestor(&mine.join("deep")).unwrap(), None);
+        // Writable by all without the sticky bit: anyone may rename `deep` away.
+        std::fs::set_permissions(&mine, Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(
+            untrusted_ancestor(&mine.join("deep")).unwrap(),
+            Some(mine.clone())
+        );
+        // The sticky bit (a shared /tmp) lets only an entry's owner rename it.
+        std::fs::set_permissions(&mine, Permissions::from_mode(0o1777)).unwrap();
+        assert_eq!(untrusted_ancestor(&mine.join("deep")).unwrap(), None);
+        // A link in the path is judged where it lives, and where it leads.
+        std::fs::set_permissions(&mine, Permissions::from_mode(0o777)).unwrap();
+        let safe = t.path().join("safe");
+        std::fs::create_dir(&safe).unwrap();
+        std::os::unix::fs::symlink(mine.join("deep"), safe.join("link")).unwrap();
+        assert_eq!(
+            untrusted_ancestor(&safe.join("link")).unwrap(),
+            Some(mine.clone())
+        );
+        std::os::unix::fs::symlink(&safe, mine.join("back")).unwrap();
+        assert_eq!(
+            untrusted_ancestor(&mine.join("back")).unwrap(),
+            Some(mine.clone())
+        );
+        std::fs::set_permissions(&mine, Permissions::from_mode(0o700)).unwrap();
     }
 
     #[test]

@@ -166,6 +166,7 @@ pub async fn each_until_stopped<I, T, F: std::future::Future<Output = T>>(
 /// removed when the returned [`Scratch`] drops; the directories killed runs left in `work_dir`
 /// are removed first (docs/hazards.md L64).
 pub(crate) fn scratch(work_dir: &Path, engine: &EngineConfig) -> Result<(Scratch, EngineConfig)> {
+    crate::scratch::refuse_untrusted("work-dir", work_dir)?;
     let scratch = Scratch::create(work_dir).map_err(|source| Error::Io {
         op: "create a private scratch directory in",
         path: work_dir.to_path_buf(),

@@ -48,7 +48,8 @@ fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error {
 
 impl Cache {
     /// Opens (creating, mode 0700) the cache at `dir` and takes its shared lock. Refuses a
-    /// directory another user owns or may write, or one that is a symbolic link.
+    /// directory another user owns or may write, one that is a symbolic link, and one under a
+    /// directory another user could swap it in (docs/security.md, "The host").
     pub(crate) fn open(dir: &Path, max_bytes: u64) -> Result<Self> {
         fs::DirBuilder::new()
             .recursive(true)
@@ -66,6 +67,7 @@ impl Cache {
                 ),
             ));
         }
+        crate::scratch::refuse_untrusted("cache-dir", dir)?;
         let lock_path = dir.join(".lock");
         let lock = File::options()
             .read(true)
@@ -241,6 +243,13 @@ mod tests {
         fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
         let e = Cache::open(&open, 1).unwrap_err().to_string();
         assert!(e.contains("no other user may write"), "{e}");
+        // A private directory under one others may write without the sticky bit: they
+        // could rename it away and put theirs in its place.
+        let e = Cache::open(&open.join("c"), 1).unwrap_err().to_string();
+        assert!(
+            e.contains("another user may change") && e.starts_with("cache-dir"),
+            "{e}"
+        );
         let made = t.path().join("a/b");
         Cache::open(&made, 1).unwrap();
         assert_eq!(
