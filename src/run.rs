@@ -504,6 +504,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 grace,
                 dry_run,
                 repair: s.flag("repair"),
+                settle_rows: crate::gc::SETTLE_ROWS,
             })
         }
         Command::Verify => Job::Verify(verify_options(s, schemas)?),

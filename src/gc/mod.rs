@@ -79,7 +79,14 @@ pub struct GcOptions {
     /// Requeue the rows of unlisted deltas that the listed state lacks (lost data), so the
     /// next flush lists them.
     pub repair: bool,
+    /// The most unlisted-delta rows settled at once ([`SETTLE_ROWS`]; a test sets fewer).
+    pub settle_rows: usize,
 }
+
+/// The most unlisted-delta rows gc holds at once while settling them (about 130 bytes each
+/// with their listed copies): a hundred default flush batches. Lake content decides how many
+/// rows the unlisted deltas hold; gc's memory must not follow it (docs/hazards.md S21).
+pub const SETTLE_ROWS: usize = 1_000_000;
 
 /// The sighting state next to the manifest.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -605,7 +612,7 @@ async fn plan(
         }
     }
     // Unlisted deltas: deletable once every row is covered by the listed state.
-    let verdicts = settle::settle(ctx, schema_id, &files, &orphans, hook).await?;
+    let verdicts = settle::settle(ctx, schema_id, &files, &orphans, hook, opts.settle_rows).await?;
     for (o, v) in orphans.iter().zip(verdicts) {
         match v {
             settle::Verdict::Covered => clock.sight(&mut plan, o, None),

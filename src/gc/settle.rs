@@ -56,18 +56,25 @@ pub struct LostDelta {
 type OrphanRow = (u128, i64, bool, usize);
 
 /// The verdict on each of `orphans` (unlisted deltas of `schema_id`) against the listed
-/// `files`.
+/// `files`. Orphans are read and settled in groups of at most `max_rows` rows, so memory is
+/// bounded by that, not by what the prefix holds (docs/hazards.md S21); an orphan holding more
+/// rows alone is left for a person.
 pub(super) async fn settle(
     ctx: &Context,
     schema_id: i16,
     files: &[FileEntry],
     orphans: &[ObjectMeta],
     hook: Option<&super::SettleHook>,
+    max_rows: usize,
 ) -> Result<Vec<Verdict>> {
-    if orphans.is_empty() {
-        return Ok(Vec::new());
-    }
     let mut verdicts: Vec<Option<Verdict>> = vec![None; orphans.len()];
+    let mut group = Group {
+        ctx,
+        schema_id,
+        files,
+        orphans,
+        hook,
+    };
     let mut rows: Vec<OrphanRow> = Vec::new();
     for (i, o) in orphans.iter().enumerate() {
         if o.size > MAX_ORPHAN_BYTES {
@@ -77,12 +84,64 @@ pub(super) async fn settle(
             )));
             continue;
         }
-        match read_orphan(ctx, o).await {
-            Ok(r) => rows.extend(r.into_iter().map(|(id, v, t)| (id, v, t, i))),
+        match read_orphan(ctx, o, max_rows).await {
+            Ok(Some(r)) => {
+                if rows.len().saturating_add(r.len()) > max_rows {
+                    group
+                        .settle(std::mem::take(&mut rows), &mut verdicts)
+                        .await?;
+                }
+                rows.extend(r.into_iter().map(|(id, v, t)| (id, v, t, i)));
+            }
+            Ok(None) => {
+                verdicts[i] = Some(Verdict::Unreadable(format!(
+                    "holds more than {max_rows} rows, more than gc settles at once: not settled"
+                )));
+            }
             Err(e) if store_failed(&e) => return Err(e),
             Err(e) => verdicts[i] = Some(Verdict::Unreadable(e.chain())),
         }
     }
+    group.settle(rows, &mut verdicts).await?;
+    Ok(verdicts
+        .into_iter()
+        .map(|v| v.unwrap_or(Verdict::Covered))
+        .collect())
+}
+
+/// What settling a group of orphan rows needs.
+struct Group<'a> {
+    ctx: &'a Context,
+    schema_id: i16,
+    files: &'a [FileEntry],
+    orphans: &'a [ObjectMeta],
+    hook: Option<&'a super::SettleHook>,
+}
+
+impl Group<'_> {
+    /// Settles `rows` (every row of the orphans they name): each such orphan holding a row
+    /// that is not covered gets its [`Verdict::Lost`]; the others stay `None` (covered).
+    async fn settle(
+        &mut self,
+        mut rows: Vec<OrphanRow>,
+        verdicts: &mut [Option<Verdict>],
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let lost = lost_rows(self, &mut rows).await?;
+        for (i, l) in lost.into_iter().enumerate() {
+            if let Some(l) = l {
+                verdicts[i] = Some(Verdict::Lost(l));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The orphans (by index) holding rows of `rows` that are not covered.
+async fn lost_rows(g: &Group<'_>, rows: &mut [OrphanRow]) -> Result<Vec<Option<LostDelta>>> {
+    let (ctx, schema_id, files, orphans, hook) = (g.ctx, g.schema_id, g.files, g.orphans, g.hook);
     rows.sort_unstable();
     // The newest listed copy of each orphan row.
     let sorted: Vec<u128> = rows.iter().map(|r| r.0).collect();
@@ -166,15 +225,7 @@ pub(super) async fn settle(
             floor: version.max(l.map_or(0, |(v, _)| v)),
         });
     }
-    Ok(verdicts
-        .into_iter()
-        .zip(lost)
-        .map(|(v, l)| match (v, l) {
-            (Some(v), _) => v,
-            (None, Some(l)) => Verdict::Lost(l),
-            (None, None) => Verdict::Covered,
-        })
-        .collect())
+    Ok(lost)
 }
 
 /// Whether reading an orphan failed in the store (unreachable, timed out, refused) rather than
@@ -183,8 +234,13 @@ fn store_failed(e: &Error) -> bool {
     matches!(e, Error::Storage { source, .. } if !source.is_about_the_object())
 }
 
-/// The rows of an unlisted delta: `(row_id, changed_at, tombstone)` in `row_id` order.
-async fn read_orphan(ctx: &Context, o: &ObjectMeta) -> Result<Vec<(u128, i64, bool)>> {
+/// The rows of an unlisted delta: `(row_id, changed_at, tombstone)` in `row_id` order;
+/// `None` once it holds more than `max_rows`.
+async fn read_orphan(
+    ctx: &Context,
+    o: &ObjectMeta,
+    max_rows: usize,
+) -> Result<Option<Vec<(u128, i64, bool)>>> {
     let entry = FileEntry {
         tier: Tier::Delta,
         path: o.key.clone(),
@@ -204,7 +260,10 @@ async fn read_orphan(ctx: &Context, o: &ObjectMeta) -> Result<Vec<(u128, i64, bo
     loop {
         let chunk = state.next_chunk(64 * 1024).await?;
         if chunk.is_empty() {
-            return Ok(out);
+            return Ok(Some(out));
+        }
+        if out.len().saturating_add(chunk.len()) > max_rows {
+            return Ok(None);
         }
         out.extend(
             chunk

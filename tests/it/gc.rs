@@ -33,6 +33,7 @@ fn opts(dry_run: bool) -> GcOptions {
         grace: std::time::Duration::from_secs(15 * 60),
         dry_run,
         repair: false,
+        settle_rows: lakecdc::gc::SETTLE_ROWS,
     }
 }
 

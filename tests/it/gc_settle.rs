@@ -4,7 +4,7 @@
 //! `verify --source` exit 0 and the orphan is deleted in turn; right after a compaction gc
 //! exits 0.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use lakecdc::gc::Outcome;
 use lakecdc::store::ObjectStore;
@@ -277,4 +277,95 @@ async fn a_row_recreated_while_gc_asks_the_source_is_pending_not_lost() {
     assert_eq!((s.outcome, report.exit_code()), (Some(Outcome::Pending), 0));
     assert!(!rig.flush().await.failed());
     rig.assert_oracle().await;
+}
+
+/// The rows gc found lost, by orphan, and the orphans it could not settle.
+fn lost_and_kept(report: &lakecdc::gc::GcReport) -> (BTreeMap<String, u64>, Vec<String>) {
+    let s = &report.schemas[0];
+    (
+        s.lost.iter().map(|l| (l.key.clone(), l.rows)).collect(),
+        s.unlisted_deltas.clone(),
+    )
+}
+
+/// docs/hazards.md S21: gc's memory follows its bound, not what the prefix holds. Unlisted
+/// deltas are settled in groups of at most `settle_rows` rows with the verdicts of one group;
+/// an orphan holding more rows alone is kept for a person, and the others are settled.
+#[tokio::test]
+async fn unlisted_deltas_are_settled_in_groups_of_bounded_rows() {
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(3104);
+    rig.seed(40, &mut r).await;
+    assert!(!rig.flush().await.failed());
+    let mut orphans = Vec::new();
+    for _ in 0..3 {
+        for _ in 0..6 {
+            rig.writer.random_op(&mut r).await;
+        }
+        let before: BTreeSet<String> = rig.keys("data/100/").await.into_iter().collect();
+        rig.store.arm(Op::PutBytes, Some(MANIFEST), 1, Action::Fail);
+        assert!(rig.flush().await.failed());
+        let new: Vec<String> = rig
+            .keys("data/100/")
+            .await
+            .into_iter()
+            .filter(|k| !before.contains(k) && !k.contains("/_tmp/"))
+            .collect();
+        assert_eq!(new.len(), 1, "{new:?}");
+        orphans.push(new[0].clone());
+    }
+    let mut sizes = Vec::new();
+    for o in &orphans {
+        let bytes = rig.store.get_bytes(o).await.unwrap().bytes;
+        sizes.push(oracle::read_parquet(bytes).len());
+    }
+    // A failed save leaves its rows dirty: each orphan holds the earlier ones' rows too.
+    assert!(sizes[0] < sizes[1] && sizes[1] < sizes[2], "{sizes:?}");
+    // The rows were marked flushed anyway (by hand): nothing will export them again.
+    rig.writer
+        .client
+        .execute(
+            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND flushed_at = 0",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (_, gctx, gopts) = rig.gc_on_a_manual_clock();
+    let run = |settle_rows: usize| {
+        let opts = lakecdc::gc::GcOptions {
+            dry_run: true,
+            settle_rows,
+            ..gopts.clone()
+        };
+        let gctx = &gctx;
+        async move { lakecdc::gc::run(gctx, &opts).await.unwrap() }
+    };
+    let whole = run(usize::MAX).await;
+    let (lost, kept) = lost_and_kept(&whole);
+    assert_eq!(whole.exit_code(), 3);
+    assert!(kept.is_empty(), "{kept:?}");
+    assert_eq!(
+        lost.keys().cloned().collect::<BTreeSet<_>>(),
+        orphans.iter().cloned().collect()
+    );
+    // The largest orphan fills a group alone: the others are settled apart from it, alike.
+    let grouped = run(sizes[2]).await;
+    assert_eq!(lost_and_kept(&grouped), (lost.clone(), Vec::new()));
+    let tiny = run(sizes[0]).await;
+    assert_eq!(
+        lost_and_kept(&tiny),
+        (
+            lost.iter()
+                .filter(|(k, _)| **k == orphans[0])
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            orphans[1..].to_vec()
+        )
+    );
+    // One row short of the largest: it alone is kept, unread, and named.
+    let short = run(sizes[2] - 1).await;
+    let mut rest = lost.clone();
+    rest.remove(&orphans[2]);
+    assert_eq!(lost_and_kept(&short), (rest, vec![orphans[2].clone()]));
+    assert!(short.to_text().contains(&orphans[2]), "{}", short.to_text());
 }

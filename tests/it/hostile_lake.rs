@@ -101,6 +101,7 @@ fn gc_opts() -> lakecdc::gc::GcOptions {
         grace: std::time::Duration::from_secs(15 * 60),
         dry_run: false,
         repair: false,
+        settle_rows: lakecdc::gc::SETTLE_ROWS,
     }
 }
 

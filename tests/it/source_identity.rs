@@ -98,6 +98,7 @@ async fn a_lake_refuses_writers_of_another_database_unless_adopted() {
             grace: std::time::Duration::from_secs(900),
             dry_run: false,
             repair: false,
+            settle_rows: lakecdc::gc::SETTLE_ROWS,
         },
     )
     .await

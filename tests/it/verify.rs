@@ -131,6 +131,7 @@ async fn a_stop_request_reports_every_schema_skipped_and_writes_nothing() {
             grace: std::time::Duration::from_secs(15 * 60),
             dry_run: false,
             repair: false,
+            settle_rows: lakecdc::gc::SETTLE_ROWS,
         },
     )
     .await

@@ -142,6 +142,7 @@ impl Rig {
             grace: Duration::from_secs(900),
             dry_run: false,
             repair: false,
+            settle_rows: lakecdc::gc::SETTLE_ROWS,
         };
         (clock, ctx, opts)
     }
