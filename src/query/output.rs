@@ -1,6 +1,6 @@
 //! Writes a query's result, batch by batch, in the format asked for: an aligned table (for a
 //! terminal; the only format held whole, to size its columns), CSV (RFC 4180, a header row,
-//! NULL as an empty field, lists and structs as DuckDB-like text), JSON (one array of objects),
+//! NULL as an empty field, lists and structs as JSON text), JSON (one array of objects),
 //! NDJSON (one object per line); Parquet is written by DuckDB itself ([`parquet_via`]). A file is written under a temporary name
 //! beside it and renamed when complete, so a failed query never leaves half an export.
 
@@ -160,8 +160,9 @@ impl Output {
         let path = self.path().map(Path::to_path_buf);
         let werr = || write_err(path.as_deref());
         match self.format {
-            Format::Table => self.table.push(batch.clone()),
+            Format::Table => self.table.push(as_text_cells(batch)?),
             Format::Csv => {
+                let batch = &as_text_cells(batch)?;
                 if self.first {
                     let names: Vec<String> = batch
                         .schema()
@@ -317,6 +318,85 @@ impl Drop for Output {
     }
 }
 
+/// `batch` with what a text cell cannot show as Arrow's display writes it made text: a
+/// nested value (list, struct, map) as its JSON, so an empty list, a list of one empty string
+/// and a list of one NULL stay apart (`[]`, `[""]`, `[null]`) and an element holding a comma
+/// stays one element; a whole number of 128 bits (DuckDB's HUGEINT, a `Decimal128` of scale
+/// 0) in all its digits. A NULL stays NULL.
+fn as_text_cells(batch: &RecordBatch) -> Result<RecordBatch> {
+    use arrow::array::{Array, ArrayRef, Decimal128Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    let nested = |t: &DataType| t.is_nested();
+    let huge = |t: &DataType| matches!(t, DataType::Decimal128(_, 0));
+    let schema = batch.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| nested(f.data_type()) || huge(f.data_type()))
+    {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(fields.capacity());
+    for (f, c) in schema.fields().iter().zip(batch.columns()) {
+        let text: Option<StringArray> = if huge(f.data_type()) {
+            c.as_any()
+                .downcast_ref::<Decimal128Array>()
+                .map(|d| d.iter().map(|v| v.map(|v| v.to_string())).collect())
+        } else if nested(f.data_type()) {
+            Some(json_cells(c)?)
+        } else {
+            None
+        };
+        match text {
+            Some(t) => {
+                fields.push(Field::new(f.name(), DataType::Utf8, true));
+                columns.push(Arc::new(t));
+            }
+            None => {
+                fields.push(f.as_ref().clone());
+                columns.push(Arc::clone(c));
+            }
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(Error::arrow("format a value"))
+}
+
+/// Each value of the nested column `c` as JSON text (the JSON output's encoding); NULL as NULL.
+fn json_cells(c: &arrow::array::ArrayRef) -> Result<arrow::array::StringArray> {
+    use arrow::array::Array;
+    use arrow::datatypes::{Field, Schema};
+    let one = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new(
+            "v",
+            c.data_type().clone(),
+            true,
+        )])),
+        vec![Arc::clone(c)],
+    )
+    .map_err(Error::arrow("format a value"))?;
+    let mut buf = Vec::new();
+    {
+        let mut w = arrow::json::WriterBuilder::new()
+            .with_explicit_nulls(true)
+            .build::<_, arrow::json::writer::LineDelimited>(&mut buf);
+        w.write(&one).map_err(Error::arrow("format a value"))?;
+        w.finish().map_err(Error::arrow("format a value"))?;
+    }
+    let mut cells = Vec::with_capacity(c.len());
+    for (row, line) in buf
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .enumerate()
+    {
+        let v: serde_json::Value = serde_json::from_slice(line)
+            .map_err(|e| Error::Invariant(format!("a JSON cell of its own making: {e}")))?;
+        cells.push((!c.is_null(row)).then(|| v["v"].to_string()));
+    }
+    Ok(cells.into_iter().collect())
+}
+
 enum CsvError {
     Io(io::Error),
     Arrow(arrow::error::ArrowError),
@@ -435,6 +515,68 @@ mod tests {
             "{text:?}"
         );
         assert!(text.contains(r"a\u{1b}[2Jb\u{9b}c\u{7}"), "{text}");
+    }
+
+    #[test]
+    fn lists_keep_empty_null_and_comma_apart_and_huge_integers_all_their_digits() {
+        use arrow::array::{Array, Decimal128Array, ListBuilder, StringBuilder};
+        let mut lists = ListBuilder::new(StringBuilder::new());
+        lists.append(true); // []
+        lists.values().append_value("");
+        lists.append(true); // [""]
+        lists.values().append_null();
+        lists.append(true); // [null]
+        lists.values().append_value("a, b");
+        lists.append(true); // ["a, b"]
+        lists.values().append_value("a");
+        lists.values().append_value("b");
+        lists.append(true); // ["a","b"]
+        lists.append(false); // NULL
+        let lists = lists.finish();
+        let big = 10i128.pow(38);
+        let huge = Decimal128Array::from(vec![
+            Some(big),
+            Some(-big - 1),
+            None,
+            Some(7),
+            Some(0),
+            None,
+        ])
+        .with_precision_and_scale(38, 0)
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("l", lists.data_type().clone(), true),
+            Field::new("h", DataType::Decimal128(38, 0), true),
+        ]));
+        let b =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(lists), Arc::new(huge)]).unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("out.csv");
+        let mut o = Output::open(&Destination::File(path.clone()), Format::Csv).unwrap();
+        o.batch(&b).unwrap();
+        o.finish(schema.clone()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            format!(
+                "l,h\n[],{big}\n\"[\"\"\"\"]\",-{}\n[null],\n\"[\"\"a, b\"\"]\",7\n\"[\"\"a\"\",\"\"b\"\"]\",0\n,\n",
+                big + 1
+            )
+        );
+        let path = t.path().join("out.txt");
+        let mut o = Output::open(&Destination::File(path.clone()), Format::Table).unwrap();
+        o.batch(&b).unwrap();
+        o.finish(schema).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for cell in [
+            "| []",
+            "[\"\"]",
+            "[null]",
+            "[\"a, b\"]",
+            "[\"a\",\"b\"]",
+            &big.to_string(),
+        ] {
+            assert!(text.contains(cell), "{cell}: {text}");
+        }
     }
 
     #[test]
