@@ -282,23 +282,6 @@ pub fn untrusted_ancestor(dir: &Path) -> io::Result<Option<PathBuf>> {
     Ok(None)
 }
 
-/// Refuses `dir` (the value of `setting`) when [`untrusted_ancestor`] finds a directory another
-/// user could change: one line naming it and the fix. A path that cannot be judged (missing,
-/// unreadable) is left to the caller's own open, which names it.
-pub fn refuse_untrusted(setting: &'static str, dir: &Path) -> crate::error::Result<()> {
-    match untrusted_ancestor(dir) {
-        Ok(Some(at)) => Err(crate::error::Error::setting(
-            setting,
-            format!(
-                "{} lies in {}, which another user may change (owned by another user, or writable by others without the sticky bit), so lakecdc's private files there could be swapped for theirs: choose a directory that only you and root control",
-                dir.display(),
-                at.display()
-            ),
-        )),
-        Ok(None) | Err(_) => Ok(()),
-    }
-}
-
 /// Sets a file another writer created (DuckDB's `COPY … TO` recreates its target with the
 /// process umask) to mode 0600.
 pub fn restrict(path: &Path) -> io::Result<()> {

@@ -161,12 +161,29 @@ pub async fn each_until_stopped<I, T, F: std::future::Future<Output = T>>(
     out
 }
 
+/// Refuses `dir` (the value of `setting`) when [`crate::scratch::untrusted_ancestor`] finds a directory another
+/// user could change: one line naming it and the fix. A path that cannot be judged (missing,
+/// unreadable) is left to the caller's own open, which names it.
+pub(crate) fn refuse_untrusted(setting: &'static str, dir: &Path) -> Result<()> {
+    match crate::scratch::untrusted_ancestor(dir) {
+        Ok(Some(at)) => Err(Error::setting(
+            setting,
+            format!(
+                "{} lies in {}, which another user may change (owned by another user, or writable by others without the sticky bit), so lakecdc's private files there could be swapped for theirs: choose a directory that only you and root control",
+                dir.display(),
+                at.display()
+            ),
+        )),
+        Ok(None) | Err(_) => Ok(()),
+    }
+}
+
 /// The run's private scratch directory under `work_dir` (docs/security.md, "Local files"), and
 /// `engine` set to spill inside it. Every local file of the run goes in the directory, which is
 /// removed when the returned [`Scratch`] drops; the directories killed runs left in `work_dir`
 /// are removed first (docs/hazards.md L64).
 pub(crate) fn scratch(work_dir: &Path, engine: &EngineConfig) -> Result<(Scratch, EngineConfig)> {
-    crate::scratch::refuse_untrusted("work-dir", work_dir)?;
+    refuse_untrusted("work-dir", work_dir)?;
     let scratch = Scratch::create(work_dir).map_err(|source| Error::Io {
         op: "create a private scratch directory in",
         path: work_dir.to_path_buf(),

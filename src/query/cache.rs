@@ -67,7 +67,7 @@ impl Cache {
                 ),
             ));
         }
-        crate::scratch::refuse_untrusted("cache-dir", dir)?;
+        crate::job::refuse_untrusted("cache-dir", dir)?;
         let lock_path = dir.join(".lock");
         let lock = File::options()
             .read(true)
