@@ -192,8 +192,12 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 /// `standard_conforming_strings = off` would read with backslash escapes (docs/hazards.md S16).
 /// And the server (PostgreSQL 14 and later) checks every second, while a query runs, that
 /// lakecdc is still connected: a killed or stopped run's queries (a read waiting on a lock, a
-/// long COPY) then end within a second instead of running on for nobody.
+/// long COPY) then end within a second instead of running on for nobody. And no row-level
+/// security policy filters what lakecdc reads: a role it applies to would export part of a
+/// table, and publish the rows it cannot see as deleted; with `row_security` off the read
+/// fails instead, naming the table (docs/hazards.md L85).
 const SESSION_SQL: &str = "SET standard_conforming_strings = on; \
+     SET row_security = off; \
      SELECT set_config('client_connection_check_interval', '1s', false) \
      WHERE current_setting('server_version_num')::int >= 140000";
 

@@ -407,6 +407,77 @@ async fn a_current_schema_that_is_not_a_plain_identifier_is_refused_before_any_d
 }
 
 #[tokio::test]
+async fn row_level_security_fails_the_read_instead_of_filtering_it() {
+    // docs/hazards.md L85: a role a policy applies to saw half the table, and the hidden
+    // half went out as deleted rows.
+    let db = harness::examples_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE trls (id int PRIMARY KEY, tenant text, v int);
+             INSERT INTO trls SELECT g, CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM generate_series(1, 10) g;
+             ALTER TABLE trls ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY only_a ON trls USING (tenant = 'a')",
+        )
+        .await
+        .unwrap();
+    attach_json(&db, &["trls"]);
+    let role = format!("t_rls_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let admin = harness::pg_client(&harness::pg_admin_url()).await;
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
+        .await
+        .unwrap();
+    client
+        .batch_execute(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
+             GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"
+        ))
+        .await
+        .unwrap();
+    let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(url, db.url);
+    let lake = tempfile::tempdir().unwrap();
+    let init = |url: &str| {
+        let out = harness::bin()
+            .args(["init", "--schema", "trls", "--lake"])
+            .arg(lake.path())
+            .arg("--schema-dir")
+            .arg(harness::examples_dir())
+            .args(["--pg-url", url])
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = init(&url);
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.lines().any(|l| l.contains("ERROR")
+            && l.contains(
+                "query would be affected by row-level security policy for table \"trls\""
+            )),
+        "{err}"
+    );
+    assert!(
+        !lake.path().join("manifest").exists(),
+        "nothing is published"
+    );
+    // The owner's superuser session is not filtered: all ten rows.
+    let (code, err) = init(&db.url);
+    assert_eq!(code, 0, "{err}");
+    client
+        .batch_execute(&format!("DROP OWNED BY {role}"))
+        .await
+        .unwrap();
+    if let Err(e) = admin.batch_execute(&format!("DROP ROLE {role}")).await {
+        eprintln!("test cleanup: could not drop role {role}: {e}");
+    }
+}
+
+#[tokio::test]
 async fn print_sql_applied_by_psql_gives_the_same_objects_and_ids_stay_shared() {
     let (a, b) = (harness::examples_db().await, harness::examples_db().await);
     for db in [&a, &b] {
