@@ -124,11 +124,12 @@ pub(super) async fn describe(client: &impl GenericClient, table: &TableName) -> 
             "WITH c AS (SELECT a.attnum, a.attname::text AS name, \
                    format_type(a.atttypid, a.atttypmod) AS shown, \
                    CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END AS base, \
-                   CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END AS typmod \
+                   CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END AS typmod, \
+                   a.atthasdef OR a.attgenerated <> '' AS filled \
                FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
                WHERE a.attrelid = $1::int8::oid AND a.attnum > 0 AND NOT a.attisdropped) \
              SELECT c.name, c.shown, b.typname::text, b.typtype::text, c.typmod, \
-                    e.typname::text, e.typtype::text, c.attnum \
+                    e.typname::text, e.typtype::text, c.attnum, c.filled \
              FROM c JOIN pg_type b ON b.oid = c.base \
              LEFT JOIN pg_type e ON e.oid = b.typelem AND b.typcategory = 'A' \
              ORDER BY c.attnum",
@@ -155,6 +156,7 @@ pub(super) async fn describe(client: &impl GenericClient, table: &TableName) -> 
                 pg_type: r.get(1),
                 lake_type: lake.describe(),
                 lake,
+                filled: r.get(8),
             }
         })
         .collect();
@@ -297,9 +299,38 @@ async fn taken(
     Ok(out)
 }
 
-/// How much of a capture is installed: its triggers on the table, and whether its function
-/// exists.
-async fn capture_parts(client: &impl GenericClient, capture: &Capture) -> Result<(i64, bool)> {
+/// How much of a capture is installed on its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CaptureParts {
+    /// Its triggers present, of the four.
+    pub triggers: i64,
+    /// Of them, enabled (`tgenabled` other than `D`): they fire for the application's writes.
+    pub enabled: i64,
+    /// Of them, enabled `ALWAYS`: they fire under `session_replication_role = replica` too (a
+    /// subscription's apply, `pg_restore --disable-triggers`).
+    pub always: i64,
+    /// Whether its function exists.
+    pub function: bool,
+}
+
+impl CaptureParts {
+    /// Whether nothing of the capture is installed: detached (or never attached).
+    pub(super) fn absent(&self) -> bool {
+        self.triggers == 0 && !self.function
+    }
+
+    /// Whether every write to the table is recorded: all four triggers enabled.
+    pub(super) fn recording(&self) -> bool {
+        self.enabled == Capture::triggers().len() as i64
+    }
+}
+
+/// How much of a capture is installed: its triggers on the table and their state, and
+/// whether its function exists.
+pub(super) async fn capture_parts(
+    client: &impl GenericClient,
+    capture: &Capture,
+) -> Result<CaptureParts> {
     let names: Vec<String> = Capture::triggers()
         .iter()
         .map(|(n, _)| (*n).to_string())
@@ -308,24 +339,28 @@ async fn capture_parts(client: &impl GenericClient, capture: &Capture) -> Result
         TIMEOUT,
         "check the capture triggers",
         client.query_one(
-            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = ANY($2)), \
-                    to_regprocedure($3 || '()') IS NOT NULL",
+            "SELECT count(*), count(*) FILTER (WHERE tgenabled <> 'D'), count(*) FILTER (WHERE tgenabled = 'A'), \
+                    to_regprocedure($3 || '()') IS NOT NULL \
+             FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = ANY($2)",
             &[&capture.table.quoted(), &names, &capture.function().quoted()],
         ),
     )
     .await?;
     let column = |c: &'static str| Error::postgres(format!("check the capture triggers: {c}"));
-    Ok((
-        row.try_get(0).map_err(column("triggers"))?,
-        row.try_get(1).map_err(column("function"))?,
-    ))
+    Ok(CaptureParts {
+        triggers: row.try_get(0).map_err(column("triggers"))?,
+        enabled: row.try_get(1).map_err(column("enabled"))?,
+        always: row.try_get(2).map_err(column("always"))?,
+        function: row.try_get(3).map_err(column("function"))?,
+    })
 }
 
 /// Whether the table's function, as this build writes it (body and settings), and its four
-/// triggers are all in place: a capture an earlier build installed is replaced by `attach`.
+/// triggers, enabled `ALWAYS`, are all in place: a capture an earlier build installed is
+/// replaced by `attach`.
 async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
-    let (triggers, function) = capture_parts(client, capture).await?;
-    if !function || triggers != Capture::triggers().len() as i64 {
+    let parts = capture_parts(client, capture).await?;
+    if !parts.function || parts.always != Capture::triggers().len() as i64 {
         return Ok(false);
     }
     Ok(installed_function_matches(client, capture).await? == Some(true))
@@ -448,8 +483,7 @@ async fn same_as_recorded(
 
 /// Whether any part of the capture (the function, a trigger) is installed.
 async fn capture_present(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
-    let (triggers, function) = capture_parts(client, capture).await?;
-    Ok(function || triggers > 0)
+    Ok(!capture_parts(client, capture).await?.absent())
 }
 
 /// Checks `request` against the catalog and the registries and decides the capture; changes

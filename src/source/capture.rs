@@ -56,6 +56,9 @@ pub struct SourceColumn {
     /// Its lake type.
     #[serde(skip)]
     pub lake: super::table_types::LakeType,
+    /// Whether it has a default or is generated: added so, it filled rows no touch recorded.
+    #[serde(skip)]
+    pub filled: bool,
 }
 
 /// The exported columns as `lakecdc_sources.columns` records them.
@@ -455,6 +458,13 @@ END
                 self.table.quoted(),
                 self.function().quoted()
             ));
+            // Also under `session_replication_role = replica` (a subscription's apply,
+            // `pg_restore --disable-triggers`): those writes change the table too.
+            out.push(format!(
+                "ALTER TABLE {} ENABLE ALWAYS TRIGGER {}",
+                self.table.quoted(),
+                ident(name)
+            ));
         }
         out
     }
@@ -468,10 +478,18 @@ END
         let key: Vec<String> = self.key.iter().map(|k| k.name.clone()).collect();
         let columns = columns_json(&self.columns);
         let attnums: Vec<String> = self.excluded_attnums.iter().map(i16::to_string).collect();
+        let names: Vec<String> = Self::triggers()
+            .iter()
+            .map(|(n, _)| (*n).to_string())
+            .collect();
         // Attached already: only the excluded columns' names and attnums are brought up to
-        // date (attach checked they are the same columns).
+        // date (attach checked they are the same columns), and when the capture was not
+        // recording every write (detached, its table recreated, a trigger disabled or
+        // dropped), writes went unrecorded: the lake needs an init (docs/hazards.md L86). Run
+        // before the capture's DDL, so the triggers counted are the old ones.
         format!(
-            "INSERT INTO {} AS s (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, excluded_attnums, columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, ARRAY[{}]::smallint[], {}::jsonb, {attached_at}) ON CONFLICT (source_id) DO UPDATE SET excluded_columns = EXCLUDED.excluded_columns, excluded_attnums = EXCLUDED.excluded_attnums",
+            "INSERT INTO {} AS s (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, excluded_attnums, columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, ARRAY[{}]::smallint[], {}::jsonb, {attached_at}) ON CONFLICT (source_id) DO UPDATE SET excluded_columns = EXCLUDED.excluded_columns, excluded_attnums = EXCLUDED.excluded_attnums, \
+             needs_init_at = CASE WHEN (SELECT count(*) FROM pg_trigger WHERE tgrelid = {}::regclass AND tgname = ANY({}) AND tgenabled <> 'D') < {} THEN coalesce(s.needs_init_at, EXCLUDED.attached_at) ELSE s.needs_init_at END",
             self.sources.quoted(),
             self.source_id,
             literal(&self.name),
@@ -481,6 +499,9 @@ END
             array(&self.excluded),
             attnums.join(", "),
             literal(&columns.to_string()),
+            literal(&self.table.quoted()),
+            array(&names),
+            names.len(),
         )
     }
 
@@ -648,6 +669,7 @@ mod tests {
                 lake_type: "UTF8".into(),
                 lake_name: "note".into(),
                 lake: crate::source::table_types::LakeType::Utf8,
+                filled: false,
             }],
             sources: TableName::parse("t", "public.lakecdc_sources").unwrap(),
             touch_log: TableName::parse("t", "public.lakecdc_touch").unwrap(),

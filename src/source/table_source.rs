@@ -47,6 +47,10 @@ pub struct TableSource {
     /// The columns as last recorded (by attach, a flush that saw new ones, or init): name and
     /// lake type.
     recorded: Vec<(String, String)>,
+    /// The key columns' PostgreSQL types (with modifiers) as last recorded: a hashed row id
+    /// is the key's text, which a type change can change (`char(5)` → `text` drops the
+    /// padding) while the lake type stays.
+    recorded_key_types: Vec<(String, String)>,
     /// Set by the truncate trigger: the lake no longer follows the table until `init`.
     pub needs_init_at: Option<i64>,
     sources: TableName,
@@ -152,6 +156,19 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
         sources: sources.clone(),
         touch_log: touch_log.clone(),
     };
+    // Every write must be recorded: a capture partly gone (its table dropped and made again,
+    // a trigger dropped or disabled) let writes through unrecorded, and flush would say
+    // nothing is pending (docs/hazards.md L86). A detached source has nothing installed.
+    let parts = super::attach::capture_parts(client, &capture).await?;
+    if !parts.absent() && !parts.recording() {
+        return Err(Error::config(format!(
+            "source {name}: {} of the {} capture triggers of {} are missing or disabled, so writes to it went unrecorded: run lakecdc attach {} again, then lakecdc init --schema {name} --replace-delta",
+            Capture::triggers().len() as i64 - parts.enabled,
+            Capture::triggers().len(),
+            table.quoted(),
+            table.quoted()
+        )));
+    }
     if installed_function_matches(client, &capture).await? == Some(false) {
         let rule = super::attach::recorded_rule(&recorded, &key_names);
         return Err(Error::config(format!(
@@ -169,14 +186,15 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
             table.quoted()
         )));
     }
+    let field = |c: &serde_json::Value, f: &str| Some(c.get(f)?.as_str()?.to_string());
+    let recorded_key_types = recorded
+        .iter()
+        .filter_map(|c| Some((field(c, "name")?, field(c, "pg_type")?)))
+        .filter(|(n, _)| key_names.contains(n))
+        .collect();
     let recorded = recorded
         .iter()
-        .filter_map(|c| {
-            Some((
-                c.get("name")?.as_str()?.to_string(),
-                c.get("lake_type")?.as_str()?.to_string(),
-            ))
-        })
+        .filter_map(|c| Some((field(c, "name")?, field(c, "lake_type")?)))
         .collect();
     // Excluded by name, and by attnum once recorded: a renamed excluded column stays out
     // (docs/hazards.md L77).
@@ -195,6 +213,7 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
         key: shape.key,
         columns,
         recorded,
+        recorded_key_types,
         needs_init_at,
         sources,
         touch_log,
@@ -207,15 +226,50 @@ impl TableSource {
         &self.touch_log
     }
 
-    /// Columns whose lake type differs from the recorded one: `name: was → now`.
+    /// Columns whose lake type differs from the recorded one, and key columns whose
+    /// PostgreSQL type does (their text, so the row ids, may differ): `name: was → now`.
     pub fn type_changes(&self) -> Vec<String> {
         self.columns
             .iter()
             .filter_map(|c| {
+                if let Some((_, was)) = self.recorded_key_types.iter().find(|(n, _)| *n == c.name)
+                    && *was != c.pg_type
+                {
+                    return Some(format!("{} (a key column): {was} → {}", c.name, c.pg_type));
+                }
                 let (_, was) = self.recorded.iter().find(|(n, _)| *n == c.name)?;
                 (*was != c.lake_type).then(|| format!("{}: {was} → {}", c.name, c.lake_type))
             })
             .collect()
+    }
+
+    /// Why columns that appeared since the columns were recorded cannot simply start in new
+    /// files: one added with a default or as generated filled every row without a touch, and
+    /// one appearing while a recorded one is gone may be that one renamed (the lake holds
+    /// its values under the old name). `None`: only plain nullable columns were added, which
+    /// every untouched row holds as NULL, as the lake reads them (docs/hazards.md L88).
+    fn unfollowed_columns(&self) -> Option<String> {
+        let recorded = |name: &str| self.recorded.iter().any(|(n, _)| n == name);
+        let new: Vec<&SourceColumn> = self.columns.iter().filter(|c| !recorded(&c.name)).collect();
+        if let Some(c) = new.iter().find(|c| c.filled) {
+            return Some(format!(
+                "column {} was added with a default or as generated",
+                c.name
+            ));
+        }
+        let gone: Vec<&str> = self
+            .recorded
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !self.columns.iter().any(|c| c.name == *n))
+            .collect();
+        match (new.first(), gone.first()) {
+            (Some(c), Some(g)) => Some(format!(
+                "column {} appeared while column {g} is gone (renamed?)",
+                c.name
+            )),
+            _ => None,
+        }
     }
 
     /// Whether a column appeared since the columns were recorded.
@@ -225,10 +279,11 @@ impl TableSource {
             .any(|c| !self.recorded.iter().any(|(n, _)| *n == c.name))
     }
 
-    /// The refusal of a source truncated since its last init.
+    /// The refusal of a source whose lake needs an init: truncated since its last init, or
+    /// attached again after writes went unrecorded.
     pub fn refuse_truncated(&self) -> Result<()> {
         Err(Error::config(format!(
-            "{} was truncated (a TRUNCATE records no row): the lake no longer follows it; run lakecdc init --schema {} --replace-delta to rebuild it",
+            "the lake does not follow {}: it was truncated (a TRUNCATE records no row), or attached again after writes went unrecorded; run lakecdc init --schema {} --replace-delta to build it from the table",
             self.table.quoted(),
             self.name
         )))
@@ -239,6 +294,13 @@ impl TableSource {
     pub fn check_flushable(&self) -> Result<()> {
         if self.needs_init_at.is_some() {
             return self.refuse_truncated();
+        }
+        if let Some(why) = self.unfollowed_columns() {
+            return Err(Error::config(format!(
+                "{}: {why}, so rows no write touched hold values the lake lacks; run lakecdc init --schema {} --replace-delta to rewrite the lake from the table",
+                self.table.quoted(),
+                self.name
+            )));
         }
         let changed = self.type_changes();
         if !changed.is_empty() {

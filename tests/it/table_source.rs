@@ -156,6 +156,11 @@ pub(crate) fn insert_sql(t: &Table, key: &str, from: i64, to: i64, seed: u64) ->
     )
 }
 
+/// Ends a transaction of writes made behind the capture's back: the touches its triggers
+/// appended (in the same transaction) are deleted before it commits, as if nothing had
+/// recorded them (the triggers fire `ALWAYS`, so no session setting can keep them quiet).
+const BEHIND: &str = "DELETE FROM lakecdc_touch WHERE xmin = pg_current_xact_id()::xid; COMMIT";
+
 /// Runs the binary on the rig's database and local lake.
 fn run_bin(rig: &Rig, args: &[&str]) -> std::process::Output {
     let lake = rig.work.path().join("lake");
@@ -659,6 +664,209 @@ async fn a_key_update_moves_the_row_and_truncate_stops_flush_until_init() {
     assert_equal(&rig, t, "after a write following the init").await;
 }
 
+/// docs/hazards.md L86: every write is recorded or the flush refuses. Writes under
+/// `session_replication_role = replica` are captured; writes while the capture was detached,
+/// disabled or gone with its table (dropped and made again) make flush refuse until the
+/// capture is attached again and an init rebuilds the lake.
+#[tokio::test]
+async fn writes_the_capture_did_not_record_stop_flush_until_attach_and_init() {
+    let (rig, client) = five_rows_flushed().await;
+    let t = &TABLES[1];
+    // A subscription's apply or `pg_restore --disable-triggers` writes as a replica.
+    client
+        .batch_execute(
+            "SET session_replication_role = replica; UPDATE t_big SET note = 'replica' WHERE id = 1; RESET session_replication_role",
+        )
+        .await
+        .unwrap();
+    assert_eq!(flush(&rig, "t_big").await.rows_exported, 1);
+    assert_equal(&rig, t, "after a replica's write").await;
+    let refused = |f: &lakecdc::flush::SchemaReport, says: &[&str]| {
+        assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
+        let reason = f.reason.clone().unwrap_or_default();
+        assert!(says.iter().all(|s| reason.contains(s)), "{reason}");
+    };
+    let rebuild = async |rig: &Rig| {
+        let init = lakecdc::init::run(&rig.job_context(), &init_opts(rig, "t_big"))
+            .await
+            .unwrap();
+        assert_eq!(init.exit_code(), 0, "{init:?}");
+    };
+
+    // Detached, written, attached again: the writes in between were never recorded.
+    let out = run_bin(&rig, &["detach", "t_big"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    client
+        .batch_execute(
+            "UPDATE t_big SET note = 'unseen' WHERE id <= 2; DELETE FROM t_big WHERE id = 5",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "t_big");
+    client
+        .batch_execute("UPDATE t_big SET note = 'seen' WHERE id = 3")
+        .await
+        .unwrap();
+    refused(
+        &flush(&rig, "t_big").await,
+        &[
+            "went unrecorded",
+            "lakecdc init --schema t_big --replace-delta",
+        ],
+    );
+    rebuild(&rig).await;
+    flush(&rig, "t_big").await;
+    assert_equal(&rig, t, "after attach and init").await;
+
+    // A trigger disabled: refused naming the fix; attached again (re-armed), then an init.
+    client
+        .batch_execute("ALTER TABLE t_big DISABLE TRIGGER lakecdc_capture_update; UPDATE t_big SET note = 'off' WHERE id = 4")
+        .await
+        .unwrap();
+    refused(
+        &flush(&rig, "t_big").await,
+        &[
+            "1 of the 4 capture triggers",
+            "missing or disabled",
+            "lakecdc attach",
+        ],
+    );
+    attach(&rig, "t_big");
+    refused(&flush(&rig, "t_big").await, &["went unrecorded"]);
+    rebuild(&rig).await;
+    flush(&rig, "t_big").await;
+    assert_equal(&rig, t, "after the disabled trigger").await;
+
+    // The table dropped and made again: its triggers went with it, the function stayed.
+    client
+        .batch_execute(&format!("DROP TABLE t_big; {}", create_sql(t)))
+        .await
+        .unwrap();
+    client
+        .batch_execute(&insert_sql(t, "g", 1, 3, 9))
+        .await
+        .unwrap();
+    refused(
+        &flush(&rig, "t_big").await,
+        &["4 of the 4 capture triggers", "lakecdc attach"],
+    );
+    attach(&rig, "t_big");
+    rebuild(&rig).await;
+    assert_eq!(flush(&rig, "t_big").await.outcome, Outcome::NothingToDo);
+    assert_equal(&rig, t, "after the table was made again").await;
+}
+
+/// docs/hazards.md L87: a hashed row id is the key's text, which a type change of the key can
+/// change while its lake type stays (`char(5)` pads, `text` does not): flush refuses until an
+/// init rewrites the lake with the new ids, instead of leaving the old copies live.
+#[tokio::test]
+async fn a_key_type_change_that_keeps_the_lake_type_waits_for_init() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE tchar (k char(5) PRIMARY KEY, v int);
+             INSERT INTO tchar VALUES ('c1', 1), ('c2', 2), ('c3', 3)",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "tchar");
+    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "tchar"))
+        .await
+        .unwrap();
+    assert_eq!(init.exit_code(), 0, "{init:?}");
+    client
+        .batch_execute("ALTER TABLE tchar ALTER COLUMN k TYPE text; UPDATE tchar SET v = v + 10 WHERE k = 'c1'")
+        .await
+        .unwrap();
+    let f = flush(&rig, "tchar").await;
+    assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
+    let reason = f.reason.unwrap_or_default();
+    assert!(
+        reason.contains("k (a key column): character(5) → text")
+            && reason.contains("lakecdc init --schema tchar --replace-delta"),
+        "{reason}"
+    );
+    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "tchar"))
+        .await
+        .unwrap();
+    assert_eq!(init.exit_code(), 0, "{init:?}");
+    flush(&rig, "tchar").await;
+    assert_eq!(
+        lake_csv(&rig, "SELECT k, v FROM tchar ORDER BY k").await,
+        "k,v\nc1,11\nc2,2\nc3,3\n"
+    );
+}
+
+/// docs/hazards.md L88: a column added with a default (or generated) fills every row without
+/// a touch, and a renamed one leaves its values under the old name: flush refuses until an
+/// init rewrites the lake, where a plain nullable column simply starts in new files.
+#[tokio::test]
+async fn a_column_added_with_a_default_or_renamed_waits_for_init() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE tdef (id int PRIMARY KEY, v int, w text);
+             INSERT INTO tdef SELECT g, g, 'w' || g FROM generate_series(1, 4) g",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "tdef");
+    let init = async || {
+        let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "tdef"))
+            .await
+            .unwrap();
+        assert_eq!(init.exit_code(), 0, "{init:?}");
+    };
+    init().await;
+    let refused = async |says: &str| {
+        let f = flush(&rig, "tdef").await;
+        assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
+        let reason = f.reason.unwrap_or_default();
+        assert!(
+            reason.contains(says) && reason.contains("lakecdc init --schema tdef --replace-delta"),
+            "{reason}"
+        );
+    };
+    client
+        .batch_execute("ALTER TABLE tdef ADD COLUMN d int NOT NULL DEFAULT 5; UPDATE tdef SET v = 10 WHERE id = 1")
+        .await
+        .unwrap();
+    refused("column d was added with a default or as generated").await;
+    init().await;
+    flush(&rig, "tdef").await;
+    assert_eq!(
+        lake_csv(&rig, "SELECT id, v, d FROM tdef ORDER BY id").await,
+        "id,v,d\n1,10,5\n2,2,5\n3,3,5\n4,4,5\n"
+    );
+    client
+        .batch_execute("ALTER TABLE tdef RENAME COLUMN w TO w2")
+        .await
+        .unwrap();
+    refused("column w2 appeared while column w is gone").await;
+    init().await;
+    flush(&rig, "tdef").await;
+    assert_eq!(
+        lake_csv(&rig, "SELECT id, w2 FROM tdef ORDER BY id").await,
+        "id,w2\n1,w1\n2,w2\n3,w3\n4,w4\n"
+    );
+    // A plain nullable column starts in new files: no init.
+    client
+        .batch_execute("ALTER TABLE tdef ADD COLUMN n int; UPDATE tdef SET n = 7 WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(flush(&rig, "tdef").await.outcome, Outcome::Flushed);
+    assert_eq!(
+        lake_csv(&rig, "SELECT id, n FROM tdef ORDER BY id").await,
+        "id,n\n1,\n2,7\n3,\n4,\n"
+    );
+}
+
 #[tokio::test]
 async fn writes_racing_a_flush_stay_dirty_and_go_out_next_time() {
     let rig = rig(LakeKind::Local).await;
@@ -744,11 +952,11 @@ async fn verify_source_proves_a_table_source_and_finds_rows_changed_behind_the_c
     assert_eq!(s.outcome, Verified::Intact, "{s:?}");
     let check = s.source.as_ref().unwrap();
     assert_eq!((check.source_rows, check.dirty_rows), (39, 1), "{check:?}");
-    // Behind the capture's back (triggers off for the session): a row deleted, one inserted.
+    // Behind the capture's back (its touches deleted): a row deleted, one inserted.
     client
         .batch_execute(&format!(
-            "SET session_replication_role = replica; DELETE FROM t_comp WHERE n = 10; \
-             INSERT INTO t_comp (region, n, {}) SELECT 'r', 99, {}; RESET session_replication_role",
+            "BEGIN; DELETE FROM t_comp WHERE n = 10; \
+             INSERT INTO t_comp (region, n, {}) SELECT 'r', 99, {}; {BEHIND}",
             cols.join(", "),
             payload_sql(&mut Rng::new(6), "99")
         ))
@@ -1651,11 +1859,11 @@ async fn repair_and_requeue_put_a_table_source_right_with_every_key_rule() {
         // Behind the capture's back: rows 3 and 4 deleted, row 99 inserted, row 5 changed.
         client
             .batch_execute(&format!(
-                "SET session_replication_role = replica; \
+                "BEGIN; \
                  DELETE FROM {t} WHERE {k3}; DELETE FROM {t} WHERE {k4}; \
                  INSERT INTO {t} ({key}, {cols}) SELECT {new}, {payload}; \
                  UPDATE {t} SET note = 'changed behind' WHERE {k5}; \
-                 RESET session_replication_role",
+                 {BEHIND}",
                 t = t.name,
                 k3 = key_of(3),
                 k4 = key_of(4),
@@ -1738,10 +1946,7 @@ async fn a_requeued_tombstone_does_not_hide_the_key_of_a_row_inserted_again() {
     // Deleted behind the capture, requeued as a tombstone (its touch has no key: the table no
     // longer holds the row)…
     client
-        .batch_execute(
-            "SET session_replication_role = replica; DELETE FROM t_comp WHERE n = 2; \
-             RESET session_replication_role",
-        )
+        .batch_execute(&format!("BEGIN; DELETE FROM t_comp WHERE n = 2; {BEHIND}"))
         .await
         .unwrap();
     let (code, text) = requeue_bin(&rig, t.name, &["--row-id", &id]);
@@ -1901,9 +2106,9 @@ async fn verify_deep_compares_a_table_sources_values_typed_and_repair_puts_them_
         // Values changed behind the capture: a text, a numeric, an array, a NULL.
         client
             .batch_execute(&format!(
-                "SET session_replication_role = replica; \
+                "BEGIN; \
                  UPDATE {t} SET note = 'behind', amount = 1.25, tags = '{{x,y}}', doc = NULL \
-                 WHERE ctid IN (SELECT ctid FROM {t} LIMIT 2); RESET session_replication_role",
+                 WHERE ctid IN (SELECT ctid FROM {t} LIMIT 2); {BEHIND}",
                 t = t.name
             ))
             .await
