@@ -518,6 +518,17 @@ END
         ));
         out.push(self.register_sql(attached_at));
         out.extend(self.capture_ddl());
+        // A new source whose table holds rows needs an init before a flush: a flush alone
+        // would publish the touched rows only, a lake that looks whole and is not
+        // (docs/hazards.md L89). Asked once the triggers hold the table's lock, so no write
+        // can slip between the question and the capture; a source attached before keeps its
+        // own `attached_at`, so this touches only the row this attach made.
+        out.push(format!(
+            "UPDATE {} SET needs_init_at = attached_at WHERE source_id = {} AND attached_at = {attached_at} AND needs_init_at IS NULL AND EXISTS (SELECT 1 FROM {})",
+            self.sources.quoted(),
+            self.source_id,
+            self.table.quoted()
+        ));
         out
     }
 

@@ -279,11 +279,12 @@ impl TableSource {
             .any(|c| !self.recorded.iter().any(|(n, _)| *n == c.name))
     }
 
-    /// The refusal of a source whose lake needs an init: truncated since its last init, or
-    /// attached again after writes went unrecorded.
+    /// The refusal of a source whose lake needs an init: attached holding rows and not
+    /// initialised yet, truncated since its last init, or attached again after writes went
+    /// unrecorded.
     pub fn refuse_truncated(&self) -> Result<()> {
         Err(Error::config(format!(
-            "the lake does not follow {}: it was truncated (a TRUNCATE records no row), or attached again after writes went unrecorded; run lakecdc init --schema {} --replace-delta to build it from the table",
+            "the lake does not follow {}: it was attached holding rows no init has exported yet, truncated (a TRUNCATE records no row), or attached again after writes went unrecorded; run lakecdc init --schema {} --replace-delta to build it from the table",
             self.table.quoted(),
             self.name
         )))

@@ -760,6 +760,47 @@ async fn writes_the_capture_did_not_record_stop_flush_until_attach_and_init() {
     assert_equal(&rig, t, "after the table was made again").await;
 }
 
+/// docs/hazards.md L89: a table attached holding rows is not in the lake until an init; a
+/// flush alone would publish the touched rows only, a lake that looks whole and is not. A
+/// table attached empty needs no init: every row it will hold is touched.
+#[tokio::test]
+async fn a_table_attached_with_rows_is_flushed_only_after_an_init() {
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE tfull (id int PRIMARY KEY, v int);
+             INSERT INTO tfull SELECT g, g FROM generate_series(1, 10) g;
+             CREATE TABLE tempty (id int PRIMARY KEY, v int)",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "tfull");
+    attach(&rig, "tempty");
+    client
+        .batch_execute("UPDATE tfull SET v = 100 WHERE id = 1; INSERT INTO tempty VALUES (1, 1)")
+        .await
+        .unwrap();
+    let f = flush(&rig, "tfull").await;
+    assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
+    let reason = f.reason.unwrap_or_default();
+    assert!(
+        reason.contains("attached holding rows no init has exported yet")
+            && reason.contains("lakecdc init --schema tfull"),
+        "{reason}"
+    );
+    assert_eq!(flush(&rig, "tempty").await.rows_exported, 1);
+    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "tfull"))
+        .await
+        .unwrap();
+    assert_eq!(init.exit_code(), 0, "{init:?}");
+    assert_ne!(flush(&rig, "tfull").await.outcome, Outcome::Failed);
+    assert_eq!(
+        lake_csv(&rig, "SELECT count(*) AS n, sum(v) AS s FROM tfull").await,
+        "n,s\n10,154\n"
+    );
+}
+
 /// docs/hazards.md L87: a hashed row id is the key's text, which a type change of the key can
 /// change while its lake type stays (`char(5)` pads, `text` does not): flush refuses until an
 /// init rewrites the lake with the new ids, instead of leaving the old copies live.
