@@ -28,6 +28,13 @@ async fn lake_with_orphan(seed: u64) -> (Rig, Rng, String) {
     for _ in 0..15 {
         rig.writer.random_op(&mut r).await;
     }
+    let orphan = orphan_of_a_failed_save(&rig).await;
+    (rig, r, orphan)
+}
+
+/// A flush whose manifest save fails ambiguously (the delta is kept, its rows stay dirty):
+/// the key of the delta it leaves unlisted.
+async fn orphan_of_a_failed_save(rig: &Rig) -> String {
     let before: BTreeSet<String> = rig.keys("data/100/").await.into_iter().collect();
     rig.store.arm(Op::PutBytes, Some(MANIFEST), 1, Action::Fail);
     let report = rig.flush().await;
@@ -40,7 +47,23 @@ async fn lake_with_orphan(seed: u64) -> (Rig, Rng, String) {
         .collect();
     assert_eq!(orphans.len(), 1, "{orphans:?}");
     assert!(!rig.listed().await.contains(&orphans[0]));
-    (rig, r, orphans[0].clone())
+    orphans[0].clone()
+}
+
+/// Marks every dirty slot flushed by hand, as if exported: nothing will export those rows
+/// again. Returns how many.
+async fn marked_by_hand(rig: &Rig) -> u64 {
+    let marked = rig
+        .writer
+        .client
+        .execute(
+            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND flushed_at = 0",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(marked > 0);
+    marked
 }
 
 /// One compaction of the customer schema that must succeed.
@@ -106,17 +129,7 @@ async fn an_orphan_whose_rows_are_still_dirty_is_deleted_past_the_grace() {
 #[tokio::test]
 async fn an_orphan_holding_rows_the_lake_lacks_is_lost_until_repaired() {
     let (mut rig, _, orphan) = lake_with_orphan(3102).await;
-    // The rows were marked flushed anyway (by hand): nothing will export them again.
-    let marked = rig
-        .writer
-        .client
-        .execute(
-            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND flushed_at = 0",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert!(marked > 0);
+    let marked = marked_by_hand(&rig).await;
     let (clock, gctx, mut gopts) = rig.gc_on_a_manual_clock();
     let report = lakecdc::gc::run(&gctx, &gopts).await.unwrap();
     let s = &report.schemas[0];
@@ -302,17 +315,7 @@ async fn unlisted_deltas_are_settled_in_groups_of_bounded_rows() {
         for _ in 0..6 {
             rig.writer.random_op(&mut r).await;
         }
-        let before: BTreeSet<String> = rig.keys("data/100/").await.into_iter().collect();
-        rig.store.arm(Op::PutBytes, Some(MANIFEST), 1, Action::Fail);
-        assert!(rig.flush().await.failed());
-        let new: Vec<String> = rig
-            .keys("data/100/")
-            .await
-            .into_iter()
-            .filter(|k| !before.contains(k) && !k.contains("/_tmp/"))
-            .collect();
-        assert_eq!(new.len(), 1, "{new:?}");
-        orphans.push(new[0].clone());
+        orphans.push(orphan_of_a_failed_save(&rig).await);
     }
     let mut sizes = Vec::new();
     for o in &orphans {
@@ -321,15 +324,7 @@ async fn unlisted_deltas_are_settled_in_groups_of_bounded_rows() {
     }
     // A failed save leaves its rows dirty: each orphan holds the earlier ones' rows too.
     assert!(sizes[0] < sizes[1] && sizes[1] < sizes[2], "{sizes:?}");
-    // The rows were marked flushed anyway (by hand): nothing will export them again.
-    rig.writer
-        .client
-        .execute(
-            "UPDATE change_log SET flushed_at = 1 WHERE schema_id = 100 AND flushed_at = 0",
-            &[],
-        )
-        .await
-        .unwrap();
+    marked_by_hand(&rig).await;
     let (_, gctx, gopts) = rig.gc_on_a_manual_clock();
     let run = |settle_rows: usize| {
         let opts = lakecdc::gc::GcOptions {

@@ -485,6 +485,21 @@ async fn flush_running_before_mark(
         .unwrap()
 }
 
+/// An init of source `name` that must succeed.
+async fn init_source(rig: &Rig, name: &str) {
+    let init = lakecdc::init::run(&rig.job_context(), &init_opts(rig, name))
+        .await
+        .unwrap();
+    assert_eq!(init.exit_code(), 0, "{init:?}");
+}
+
+/// Asserts that flush report `f` failed with a reason saying each of `says`.
+fn refused(f: &lakecdc::flush::SchemaReport, says: &[&str]) {
+    assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
+    let reason = f.reason.clone().unwrap_or_default();
+    assert!(says.iter().all(|s| reason.contains(s)), "{reason}");
+}
+
 fn init_opts(rig: &Rig, name: &str) -> InitOptions {
     InitOptions {
         schemas: vec![name.into()],
@@ -681,17 +696,6 @@ async fn writes_the_capture_did_not_record_stop_flush_until_attach_and_init() {
         .unwrap();
     assert_eq!(flush(&rig, "t_big").await.rows_exported, 1);
     assert_equal(&rig, t, "after a replica's write").await;
-    let refused = |f: &lakecdc::flush::SchemaReport, says: &[&str]| {
-        assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
-        let reason = f.reason.clone().unwrap_or_default();
-        assert!(says.iter().all(|s| reason.contains(s)), "{reason}");
-    };
-    let rebuild = async |rig: &Rig| {
-        let init = lakecdc::init::run(&rig.job_context(), &init_opts(rig, "t_big"))
-            .await
-            .unwrap();
-        assert_eq!(init.exit_code(), 0, "{init:?}");
-    };
 
     // Detached, written, attached again: the writes in between were never recorded.
     let out = run_bin(&rig, &["detach", "t_big"]);
@@ -718,7 +722,7 @@ async fn writes_the_capture_did_not_record_stop_flush_until_attach_and_init() {
             "lakecdc init --schema t_big --replace-delta",
         ],
     );
-    rebuild(&rig).await;
+    init_source(&rig, "t_big").await;
     flush(&rig, "t_big").await;
     assert_equal(&rig, t, "after attach and init").await;
 
@@ -737,7 +741,7 @@ async fn writes_the_capture_did_not_record_stop_flush_until_attach_and_init() {
     );
     attach(&rig, "t_big");
     refused(&flush(&rig, "t_big").await, &["went unrecorded"]);
-    rebuild(&rig).await;
+    init_source(&rig, "t_big").await;
     flush(&rig, "t_big").await;
     assert_equal(&rig, t, "after the disabled trigger").await;
 
@@ -755,7 +759,7 @@ async fn writes_the_capture_did_not_record_stop_flush_until_attach_and_init() {
         &["4 of the 4 capture triggers", "lakecdc attach"],
     );
     attach(&rig, "t_big");
-    rebuild(&rig).await;
+    init_source(&rig, "t_big").await;
     assert_eq!(flush(&rig, "t_big").await.outcome, Outcome::NothingToDo);
     assert_equal(&rig, t, "after the table was made again").await;
 }
@@ -781,19 +785,15 @@ async fn a_table_attached_with_rows_is_flushed_only_after_an_init() {
         .batch_execute("UPDATE tfull SET v = 100 WHERE id = 1; INSERT INTO tempty VALUES (1, 1)")
         .await
         .unwrap();
-    let f = flush(&rig, "tfull").await;
-    assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
-    let reason = f.reason.unwrap_or_default();
-    assert!(
-        reason.contains("attached holding rows no init has exported yet")
-            && reason.contains("lakecdc init --schema tfull"),
-        "{reason}"
+    refused(
+        &flush(&rig, "tfull").await,
+        &[
+            "attached holding rows no init has exported yet",
+            "lakecdc init --schema tfull",
+        ],
     );
     assert_eq!(flush(&rig, "tempty").await.rows_exported, 1);
-    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "tfull"))
-        .await
-        .unwrap();
-    assert_eq!(init.exit_code(), 0, "{init:?}");
+    init_source(&rig, "tfull").await;
     assert_ne!(flush(&rig, "tfull").await.outcome, Outcome::Failed);
     assert_eq!(
         lake_csv(&rig, "SELECT count(*) AS n, sum(v) AS s FROM tfull").await,
@@ -816,26 +816,19 @@ async fn a_key_type_change_that_keeps_the_lake_type_waits_for_init() {
         .await
         .unwrap();
     attach(&rig, "tchar");
-    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "tchar"))
-        .await
-        .unwrap();
-    assert_eq!(init.exit_code(), 0, "{init:?}");
+    init_source(&rig, "tchar").await;
     client
         .batch_execute("ALTER TABLE tchar ALTER COLUMN k TYPE text; UPDATE tchar SET v = v + 10 WHERE k = 'c1'")
         .await
         .unwrap();
-    let f = flush(&rig, "tchar").await;
-    assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
-    let reason = f.reason.unwrap_or_default();
-    assert!(
-        reason.contains("k (a key column): character(5) → text")
-            && reason.contains("lakecdc init --schema tchar --replace-delta"),
-        "{reason}"
+    refused(
+        &flush(&rig, "tchar").await,
+        &[
+            "k (a key column): character(5) → text",
+            "lakecdc init --schema tchar --replace-delta",
+        ],
     );
-    let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "tchar"))
-        .await
-        .unwrap();
-    assert_eq!(init.exit_code(), 0, "{init:?}");
+    init_source(&rig, "tchar").await;
     flush(&rig, "tchar").await;
     assert_eq!(
         lake_csv(&rig, "SELECT k, v FROM tchar ORDER BY k").await,
@@ -858,28 +851,17 @@ async fn a_column_added_with_a_default_or_renamed_waits_for_init() {
         .await
         .unwrap();
     attach(&rig, "tdef");
-    let init = async || {
-        let init = lakecdc::init::run(&rig.job_context(), &init_opts(&rig, "tdef"))
-            .await
-            .unwrap();
-        assert_eq!(init.exit_code(), 0, "{init:?}");
-    };
-    init().await;
-    let refused = async |says: &str| {
-        let f = flush(&rig, "tdef").await;
-        assert_eq!(f.outcome, Outcome::Failed, "{f:?}");
-        let reason = f.reason.unwrap_or_default();
-        assert!(
-            reason.contains(says) && reason.contains("lakecdc init --schema tdef --replace-delta"),
-            "{reason}"
-        );
-    };
+    init_source(&rig, "tdef").await;
+    let says = |what: &'static str| [what, "lakecdc init --schema tdef --replace-delta"];
     client
         .batch_execute("ALTER TABLE tdef ADD COLUMN d int NOT NULL DEFAULT 5; UPDATE tdef SET v = 10 WHERE id = 1")
         .await
         .unwrap();
-    refused("column d was added with a default or as generated").await;
-    init().await;
+    refused(
+        &flush(&rig, "tdef").await,
+        &says("column d was added with a default or as generated"),
+    );
+    init_source(&rig, "tdef").await;
     flush(&rig, "tdef").await;
     assert_eq!(
         lake_csv(&rig, "SELECT id, v, d FROM tdef ORDER BY id").await,
@@ -889,8 +871,11 @@ async fn a_column_added_with_a_default_or_renamed_waits_for_init() {
         .batch_execute("ALTER TABLE tdef RENAME COLUMN w TO w2")
         .await
         .unwrap();
-    refused("column w2 appeared while column w is gone").await;
-    init().await;
+    refused(
+        &flush(&rig, "tdef").await,
+        &says("column w2 appeared while column w is gone"),
+    );
+    init_source(&rig, "tdef").await;
     flush(&rig, "tdef").await;
     assert_eq!(
         lake_csv(&rig, "SELECT id, w2 FROM tdef ORDER BY id").await,
@@ -1299,6 +1284,7 @@ async fn the_snapshot_not_the_order_of_touches_decides_whether_a_row_is_live() {
         .await
         .unwrap();
     attach(&rig, "d");
+    init_source(&rig, "d").await;
     // A writer inserts key 1 again (the deferred key check waits for its commit): its touch
     // takes the lower number. Another deletes the old row 1 and commits first: its touch, the
     // higher number, says gone — yet the table ends with row 1.
