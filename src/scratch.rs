@@ -259,27 +259,37 @@ fn tree_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// The first directory, of `dir` and its ancestors, in which another user could rename or
-/// replace an entry: one owned by neither this user nor root, or one that group or others may
-/// write without the sticky bit. Such a user could swap a private directory lakecdc made or
-/// checked there for one of theirs, and have it write or read files they control. Judged on
-/// the path as given (made absolute, so a link in it is judged where it lives) and on its
-/// canonical form (where the link leads). `None`: no other user can change what the path names.
-pub fn untrusted_ancestor(dir: &Path) -> io::Result<Option<PathBuf>> {
+/// A directory on a path in which another user could rename or replace an entry, so swap a
+/// private directory lakecdc made or checked there for one of theirs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Untrusted {
+    /// Owned by neither this user nor root: its owner may do anything in it.
+    Foreign(PathBuf),
+    /// Writable by group or others without the sticky bit (a Kubernetes `emptyDir` is 0777).
+    Shared(PathBuf),
+}
+
+/// What, of `dir` and its ancestors, another user could change ([`Untrusted`]): the first
+/// foreign directory, else the first shared one; `None` when no other user can change what
+/// the path names. Judged on the path as given (made absolute, so a link in it is judged
+/// where it lives) and on its canonical form (where the link leads).
+pub fn untrusted_ancestor(dir: &Path) -> io::Result<Option<Untrusted>> {
     let me = rustix::process::geteuid().as_raw();
     let absolute = std::path::absolute(dir)?;
     let canonical = std::fs::canonicalize(dir)?;
+    let mut shared = None;
     for path in [&absolute, &canonical] {
         for a in path.ancestors() {
             let meta = std::fs::metadata(a)?;
-            let owner_trusted = meta.uid() == me || meta.uid() == 0;
-            let shared = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
-            if !owner_trusted || shared {
-                return Ok(Some(a.to_path_buf()));
+            if meta.uid() != me && meta.uid() != 0 {
+                return Ok(Some(Untrusted::Foreign(a.to_path_buf())));
+            }
+            if shared.is_none() && meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
+                shared = Some(Untrusted::Shared(a.to_path_buf()));
             }
         }
     }
-    Ok(None)
+    Ok(shared)
 }
 
 /// Sets a file another writer created (DuckDB's `COPY … TO` recreates its target with the
@@ -318,7 +328,7 @@ mod tests {
         std::fs::set_permissions(&mine, Permissions::from_mode(0o777)).unwrap();
         assert_eq!(
             untrusted_ancestor(&mine.join("deep")).unwrap(),
-            Some(mine.clone())
+            Some(Untrusted::Shared(mine.clone()))
         );
         // The sticky bit (a shared /tmp) lets only an entry's owner rename it.
         std::fs::set_permissions(&mine, Permissions::from_mode(0o1777)).unwrap();
@@ -330,13 +340,25 @@ mod tests {
         std::os::unix::fs::symlink(mine.join("deep"), safe.join("link")).unwrap();
         assert_eq!(
             untrusted_ancestor(&safe.join("link")).unwrap(),
-            Some(mine.clone())
+            Some(Untrusted::Shared(mine.clone()))
         );
         std::os::unix::fs::symlink(&safe, mine.join("back")).unwrap();
         assert_eq!(
             untrusted_ancestor(&mine.join("back")).unwrap(),
-            Some(mine.clone())
+            Some(Untrusted::Shared(mine.clone()))
         );
+        // Owned by another user (only root can make one): foreign, whatever comes first.
+        if rustix::process::geteuid().is_root() {
+            let theirs = safe.join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).unwrap();
+            std::fs::create_dir(theirs.join("x")).unwrap();
+            std::os::unix::fs::symlink(theirs.join("x"), mine.join("to_theirs")).unwrap();
+            assert_eq!(
+                untrusted_ancestor(&mine.join("to_theirs")).unwrap(),
+                Some(Untrusted::Foreign(theirs.clone()))
+            );
+        }
         std::fs::set_permissions(&mine, Permissions::from_mode(0o700)).unwrap();
     }
 

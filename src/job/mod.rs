@@ -161,21 +161,34 @@ pub async fn each_until_stopped<I, T, F: std::future::Future<Output = T>>(
     out
 }
 
-/// Refuses `dir` (the value of `setting`) when [`crate::scratch::untrusted_ancestor`] finds a directory another
-/// user could change: one line naming it and the fix. A path that cannot be judged (missing,
-/// unreadable) is left to the caller's own open, which names it.
-pub(crate) fn refuse_untrusted(setting: &'static str, dir: &Path) -> Result<()> {
-    match crate::scratch::untrusted_ancestor(dir) {
-        Ok(Some(at)) => Err(Error::setting(
-            setting,
-            format!(
-                "{} lies in {}, which another user may change (owned by another user, or writable by others without the sticky bit), so lakecdc's private files there could be swapped for theirs: choose a directory that only you and root control",
-                dir.display(),
-                at.display()
-            ),
-        )),
-        Ok(None) | Err(_) => Ok(()),
-    }
+/// Refuses `dir` (the value of `setting`) when a directory on its path is another user's, or
+/// one others may write without the sticky bit ([`crate::scratch::untrusted_ancestor`]): one
+/// line naming it and the fix. With `shared_ok` a shared one only warns: a work dir is often a
+/// container's 0777 volume (Kubernetes `emptyDir`) that no other user can reach. A path that
+/// cannot be judged (missing, unreadable) is left to the caller's own open, which names it.
+pub(crate) fn refuse_untrusted(setting: &'static str, dir: &Path, shared_ok: bool) -> Result<()> {
+    use crate::scratch::Untrusted;
+    let (at, how) = match crate::scratch::untrusted_ancestor(dir) {
+        Ok(Some(Untrusted::Foreign(at))) => (at, "owned by another user"),
+        Ok(Some(Untrusted::Shared(at))) if shared_ok => {
+            tracing::warn!(
+                dir = %dir.display(),
+                shared = %at.display(),
+                "{setting} lies in a directory others may write without the sticky bit: another user of this host could swap lakecdc's private directory for theirs (chmod +t it, or choose a directory only you and root control)"
+            );
+            return Ok(());
+        }
+        Ok(Some(Untrusted::Shared(at))) => (at, "writable by others without the sticky bit"),
+        Ok(None) | Err(_) => return Ok(()),
+    };
+    Err(Error::setting(
+        setting,
+        format!(
+            "{} lies in {}, {how}, so lakecdc's private files there could be swapped for theirs: choose a directory that only you and root control",
+            dir.display(),
+            at.display()
+        ),
+    ))
 }
 
 /// The run's private scratch directory under `work_dir` (docs/security.md, "Local files"), and
@@ -183,7 +196,7 @@ pub(crate) fn refuse_untrusted(setting: &'static str, dir: &Path) -> Result<()> 
 /// removed when the returned [`Scratch`] drops; the directories killed runs left in `work_dir`
 /// are removed first (docs/hazards.md L64).
 pub(crate) fn scratch(work_dir: &Path, engine: &EngineConfig) -> Result<(Scratch, EngineConfig)> {
-    refuse_untrusted("work-dir", work_dir)?;
+    refuse_untrusted("work-dir", work_dir, true)?;
     let scratch = Scratch::create(work_dir).map_err(|source| Error::Io {
         op: "create a private scratch directory in",
         path: work_dir.to_path_buf(),

@@ -67,7 +67,7 @@ impl Cache {
                 ),
             ));
         }
-        crate::job::refuse_untrusted("cache-dir", dir)?;
+        crate::job::refuse_untrusted("cache-dir", dir, false)?;
         let lock_path = dir.join(".lock");
         let lock = File::options()
             .read(true)
@@ -247,7 +247,7 @@ mod tests {
         // could rename it away and put theirs in its place.
         let e = Cache::open(&open.join("c"), 1).unwrap_err().to_string();
         assert!(
-            e.contains("another user may change") && e.starts_with("cache-dir"),
+            e.contains("writable by others without the sticky bit") && e.starts_with("cache-dir"),
             "{e}"
         );
         let made = t.path().join("a/b");

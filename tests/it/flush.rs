@@ -1340,33 +1340,39 @@ async fn a_stop_request_does_not_wait_for_a_slow_read() {
 }
 
 #[tokio::test]
-async fn a_work_dir_another_user_could_swap_is_refused_before_anything_is_read() {
-    // docs/hazards.md S20: a private directory made where others may rename entries could be
-    // replaced by theirs between lakecdc's write of a file and its upload.
+async fn a_work_dir_another_user_owns_is_refused_before_anything_is_read() {
+    // docs/hazards.md S20: a private directory made where another user may rename entries
+    // could be replaced by theirs between lakecdc's write of a file and its upload.
     use std::os::unix::fs::PermissionsExt;
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(20);
     rig.seed(5, &mut r).await;
     let before = rig.change_log().await;
     let t = tempfile::tempdir().unwrap();
+    // Owned by another user (only root can make one here).
+    if rustix::process::geteuid().is_root() {
+        let theirs = t.path().join("theirs");
+        std::fs::create_dir_all(theirs.join("work")).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).unwrap();
+        rig.opts.work_dir = theirs.join("work");
+        let err = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("work-dir")
+                && msg.contains(&theirs.display().to_string())
+                && msg.contains("owned by another user"),
+            "{msg}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
+        assert_eq!(rig.change_log().await, before);
+        assert_eq!(std::fs::read_dir(theirs.join("work")).unwrap().count(), 0);
+    }
+    // Writable by all without the sticky bit (a Kubernetes emptyDir): a warning, and the run.
     let shared = t.path().join("shared");
     std::fs::create_dir_all(shared.join("work")).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
     rig.opts.work_dir = shared.join("work");
-    let err = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap_err();
-    let msg = err.to_string();
-    assert!(
-        msg.starts_with("work-dir")
-            && msg.contains(&shared.display().to_string())
-            && msg.contains("sticky"),
-        "{msg}"
-    );
-    assert_eq!(err.exit_code(), 2);
-    assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
-    assert_eq!(rig.change_log().await, before);
-    assert_eq!(std::fs::read_dir(shared.join("work")).unwrap().count(), 0);
-    // With the sticky bit (a shared /tmp) only an entry's owner may rename it: the flush runs.
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let report = rig.flush().await;
     assert_eq!(only(&report).rows_exported, 5);
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o700)).unwrap();
