@@ -414,7 +414,11 @@ BEGIN
     ELSIF TG_OP = 'DELETE' THEN
         {delete}
     ELSIF TG_OP = 'TRUNCATE' THEN
-        UPDATE {sources} SET needs_init_at = now_ms WHERE source_id = {id};
+        -- Above the mark init's snapshot may have read, whatever the clock: init clears
+        -- only the value it read, so a second TRUNCATE in the same millisecond (or after the
+        -- clock stepped back) must not write that value again.
+        UPDATE {sources} SET needs_init_at = GREATEST(now_ms, coalesce(needs_init_at, 0) + 1)
+        WHERE source_id = {id};
     END IF;
     RETURN NULL;
 END
@@ -489,7 +493,7 @@ END
         // before the capture's DDL, so the triggers counted are the old ones.
         format!(
             "INSERT INTO {} AS s (source_id, name, kind, table_schema, table_name, key_columns, excluded_columns, excluded_attnums, columns, attached_at) VALUES ({}, {}, 'table', {}, {}, {}, {}, ARRAY[{}]::smallint[], {}::jsonb, {attached_at}) ON CONFLICT (source_id) DO UPDATE SET excluded_columns = EXCLUDED.excluded_columns, excluded_attnums = EXCLUDED.excluded_attnums, \
-             needs_init_at = CASE WHEN (SELECT count(*) FROM pg_trigger WHERE tgrelid = {}::regclass AND tgname = ANY({}) AND tgenabled <> 'D') < {} THEN coalesce(s.needs_init_at, EXCLUDED.attached_at) ELSE s.needs_init_at END",
+             needs_init_at = CASE WHEN (SELECT count(*) FROM pg_trigger WHERE tgrelid = {}::regclass AND tgname = ANY({}) AND tgenabled <> 'D') < {} THEN GREATEST(EXCLUDED.attached_at, coalesce(s.needs_init_at, 0) + 1) ELSE s.needs_init_at END",
             self.sources.quoted(),
             self.source_id,
             literal(&self.name),

@@ -165,6 +165,18 @@ async fn statements_append_one_touch_per_touched_row_and_a_key_update_moves_it()
         .unwrap();
     client.batch_execute("TRUNCATE orders").await.unwrap();
     assert!(needs(&client).await.is_some());
+    // Each mark is above the last, whatever the clock: init clears only the value its
+    // snapshot read, and a TRUNCATE after it must not write that value again.
+    let ahead = 9_999_999_999_999i64;
+    client
+        .execute(
+            "UPDATE lakecdc_sources SET needs_init_at = $1 WHERE source_id = 102",
+            &[&ahead],
+        )
+        .await
+        .unwrap();
+    client.batch_execute("TRUNCATE orders").await.unwrap();
+    assert_eq!(needs(&client).await, Some(ahead + 1));
 }
 
 #[tokio::test]
