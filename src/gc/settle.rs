@@ -68,7 +68,7 @@ pub(super) async fn settle(
     max_rows: usize,
 ) -> Result<Vec<Verdict>> {
     let mut verdicts: Vec<Option<Verdict>> = vec![None; orphans.len()];
-    let mut group = Group {
+    let group = Group {
         ctx,
         schema_id,
         files,
@@ -122,110 +122,115 @@ impl Group<'_> {
     /// Settles `rows` (every row of the orphans they name): each such orphan holding a row
     /// that is not covered gets its [`Verdict::Lost`]; the others stay `None` (covered).
     async fn settle(
-        &mut self,
+        &self,
         mut rows: Vec<OrphanRow>,
         verdicts: &mut [Option<Verdict>],
     ) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
-        let lost = lost_rows(self, &mut rows).await?;
-        for (i, l) in lost.into_iter().enumerate() {
+        for (i, l) in self.lost(&mut rows).await?.into_iter().enumerate() {
             if let Some(l) = l {
                 verdicts[i] = Some(Verdict::Lost(l));
             }
         }
         Ok(())
     }
-}
 
-/// The orphans (by index) holding rows of `rows` that are not covered.
-async fn lost_rows(g: &Group<'_>, rows: &mut [OrphanRow]) -> Result<Vec<Option<LostDelta>>> {
-    let (ctx, schema_id, files, orphans, hook) = (g.ctx, g.schema_id, g.files, g.orphans, g.hook);
-    rows.sort_unstable();
-    // The newest listed copy of each orphan row.
-    let sorted: Vec<u128> = rows.iter().map(|r| r.0).collect();
-    let listed = listed_copies(ctx.lake.store.clone(), files, &sorted).await?;
-    let ids: Vec<Uuid> = rows.iter().map(|r| Uuid::from_u128(r.0)).collect();
-    let client = ctx.connector.connect().await?;
-    // The registry is read once for both questions asked of the source.
-    let source = crate::source::repair::Source::of(&client, &ctx.tables, schema_id).await?;
-    let dirty = source.pending_among(&client, &ctx.tables, &ids).await?;
-    let covered_by_lake = |(r, l): (&OrphanRow, &Option<(i64, bool)>)| {
-        let (id, version, tombstone, _) = *r;
-        dirty.contains(&id)
-            || match l {
-                Some((v, t)) => *v >= version || (tombstone && *t),
-                None => tombstone,
-            }
-    };
-    // A live copy of a row the lake has absent or deleted is stale when the source no longer
-    // holds the row either: its deletion was exported, then dropped by a compaction or an init
-    // (which keep no tombstones in bases). Asked after the pending rows, so a row deleted in
-    // between is pending and its tombstone goes out; one inserted in between is asked about
-    // again below.
-    let gone_from_lake: Vec<Uuid> = rows
-        .iter()
-        .zip(&listed)
-        .filter(|(r, l)| !covered_by_lake((r, l)) && l.is_none_or(|(_, t)| t))
-        .map(|(r, _)| Uuid::from_u128(r.0))
-        .collect();
-    if let Some(hook) = hook
-        && !gone_from_lake.is_empty()
-    {
-        hook(schema_id).await;
-    }
-    let live: std::collections::BTreeSet<u128> = if gone_from_lake.is_empty() {
-        Default::default()
-    } else {
-        // Unanswered (a hashed key's table scan timing out, the table gone), every such row
-        // counts as live: reported lost, never deleted on a guess.
-        source
+    /// The orphans (by index) holding rows of `rows` that are not covered.
+    async fn lost(&self, rows: &mut [OrphanRow]) -> Result<Vec<Option<LostDelta>>> {
+        let (ctx, schema_id, files, orphans, hook) = (
+            self.ctx,
+            self.schema_id,
+            self.files,
+            self.orphans,
+            self.hook,
+        );
+        rows.sort_unstable();
+        // The newest listed copy of each orphan row.
+        let sorted: Vec<u128> = rows.iter().map(|r| r.0).collect();
+        let listed = listed_copies(ctx.lake.store.clone(), files, &sorted).await?;
+        let ids: Vec<Uuid> = rows.iter().map(|r| Uuid::from_u128(r.0)).collect();
+        let client = ctx.connector.connect().await?;
+        // The registry is read once for both questions asked of the source.
+        let source = crate::source::repair::Source::of(&client, &ctx.tables, schema_id).await?;
+        let dirty = source.pending_among(&client, &ctx.tables, &ids).await?;
+        let covered_by_lake = |(r, l): (&OrphanRow, &Option<(i64, bool)>)| {
+            let (id, version, tombstone, _) = *r;
+            dirty.contains(&id)
+                || match l {
+                    Some((v, t)) => *v >= version || (tombstone && *t),
+                    None => tombstone,
+                }
+        };
+        // A live copy of a row the lake has absent or deleted is stale when the source no longer
+        // holds the row either: its deletion was exported, then dropped by a compaction or an init
+        // (which keep no tombstones in bases). Asked after the pending rows, so a row deleted in
+        // between is pending and its tombstone goes out; one inserted in between is asked about
+        // again below.
+        let gone_from_lake: Vec<Uuid> = rows
+            .iter()
+            .zip(&listed)
+            .filter(|(r, l)| !covered_by_lake((r, l)) && l.is_none_or(|(_, t)| t))
+            .map(|(r, _)| Uuid::from_u128(r.0))
+            .collect();
+        if let Some(hook) = hook
+            && !gone_from_lake.is_empty()
+        {
+            hook(schema_id).await;
+        }
+        let live: std::collections::BTreeSet<u128> = if gone_from_lake.is_empty() {
+            Default::default()
+        } else {
+            // Unanswered (a hashed key's table scan timing out, the table gone), every such row
+            // counts as live: reported lost, never deleted on a guess.
+            source
             .live_among(&client, &ctx.tables, &gone_from_lake)
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(schema_id, error = %e.chain(), "could not ask the source which rows it still holds; their orphans are kept");
                 gone_from_lake.iter().map(|id| id.as_u128()).collect()
             })
-    };
-    // A row inserted or recreated between the two questions holds a dirty slot now (written
-    // in its insert's transaction), which no flush can mark while gc holds the schema lock:
-    // it is pending, its next copy goes out, and the orphan's is covered (docs/hazards.md L78).
-    let live_ids: Vec<Uuid> = live.iter().map(|id| Uuid::from_u128(*id)).collect();
-    let pending_since = if live_ids.is_empty() {
-        Default::default()
-    } else {
-        source
+        };
+        // A row inserted or recreated between the two questions holds a dirty slot now (written
+        // in its insert's transaction), which no flush can mark while gc holds the schema lock:
+        // it is pending, its next copy goes out, and the orphan's is covered (docs/hazards.md L78).
+        let live_ids: Vec<Uuid> = live.iter().map(|id| Uuid::from_u128(*id)).collect();
+        let pending_since = if live_ids.is_empty() {
+            Default::default()
+        } else {
+            source
             .pending_among(&client, &ctx.tables, &live_ids)
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(schema_id, error = %e.chain(), "could not ask the source again which rows are pending; their orphans are kept");
                 Default::default()
             })
-    };
-    let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
-    for (r, l) in rows.iter().zip(&listed) {
-        let (id, version, _, i) = *r;
-        let stale = l.is_none_or(|(_, t)| t) && !live.contains(&id);
-        if covered_by_lake((r, l)) || stale || pending_since.contains(&id) {
-            continue;
+        };
+        let mut lost: Vec<Option<LostDelta>> = vec![None; orphans.len()];
+        for (r, l) in rows.iter().zip(&listed) {
+            let (id, version, _, i) = *r;
+            let stale = l.is_none_or(|(_, t)| t) && !live.contains(&id);
+            if covered_by_lake((r, l)) || stale || pending_since.contains(&id) {
+                continue;
+            }
+            let d = lost[i].get_or_insert_with(|| LostDelta {
+                key: orphans[i].key.clone(),
+                rows: 0,
+                ids: Vec::new(),
+                requeue: Vec::new(),
+            });
+            d.rows += 1;
+            if d.ids.len() < 100 {
+                d.ids.push(Uuid::from_u128(id).to_string());
+            }
+            d.requeue.push(Requeue {
+                row_id: Uuid::from_u128(id),
+                floor: version.max(l.map_or(0, |(v, _)| v)),
+            });
         }
-        let d = lost[i].get_or_insert_with(|| LostDelta {
-            key: orphans[i].key.clone(),
-            rows: 0,
-            ids: Vec::new(),
-            requeue: Vec::new(),
-        });
-        d.rows += 1;
-        if d.ids.len() < 100 {
-            d.ids.push(Uuid::from_u128(id).to_string());
-        }
-        d.requeue.push(Requeue {
-            row_id: Uuid::from_u128(id),
-            floor: version.max(l.map_or(0, |(v, _)| v)),
-        });
+        Ok(lost)
     }
-    Ok(lost)
 }
 
 /// Whether reading an orphan failed in the store (unreachable, timed out, refused) rather than

@@ -321,7 +321,7 @@ impl CaptureParts {
 
     /// Whether every write to the table is recorded: all four triggers enabled.
     pub(super) fn recording(&self) -> bool {
-        self.enabled == Capture::triggers().len() as i64
+        self.enabled == Capture::TRIGGERS
     }
 }
 
@@ -331,10 +331,7 @@ pub(super) async fn capture_parts(
     client: &impl GenericClient,
     capture: &Capture,
 ) -> Result<CaptureParts> {
-    let names: Vec<String> = Capture::triggers()
-        .iter()
-        .map(|(n, _)| (*n).to_string())
-        .collect();
+    let names = Capture::trigger_names();
     let row = timed(
         TIMEOUT,
         "check the capture triggers",
@@ -360,7 +357,7 @@ pub(super) async fn capture_parts(
 /// replaced by `attach`.
 async fn capture_installed(client: &impl GenericClient, capture: &Capture) -> Result<bool> {
     let parts = capture_parts(client, capture).await?;
-    if !parts.function || parts.always != Capture::triggers().len() as i64 {
+    if !parts.function || parts.always != Capture::TRIGGERS {
         return Ok(false);
     }
     Ok(installed_function_matches(client, capture).await? == Some(true))

@@ -307,8 +307,19 @@ impl Capture {
             .sibling(&format!("lakecdc_capture_{}", self.source_id))
     }
 
+    /// How many triggers a capture has ([`Capture::triggers`]).
+    pub const TRIGGERS: i64 = 4;
+
+    /// The trigger names alone, as SQL and the catalog queries take them.
+    pub fn trigger_names() -> Vec<String> {
+        Self::triggers()
+            .iter()
+            .map(|(n, _)| (*n).to_string())
+            .collect()
+    }
+
     /// The trigger names, with the event each fires on.
-    pub fn triggers() -> [(&'static str, &'static str); 4] {
+    pub fn triggers() -> [(&'static str, &'static str); Self::TRIGGERS as usize] {
         [
             ("lakecdc_capture_insert", "INSERT"),
             ("lakecdc_capture_update", "UPDATE"),
@@ -482,10 +493,7 @@ END
         let key: Vec<String> = self.key.iter().map(|k| k.name.clone()).collect();
         let columns = columns_json(&self.columns);
         let attnums: Vec<String> = self.excluded_attnums.iter().map(i16::to_string).collect();
-        let names: Vec<String> = Self::triggers()
-            .iter()
-            .map(|(n, _)| (*n).to_string())
-            .collect();
+        let names = Self::trigger_names();
         // Attached already: only the excluded columns' names and attnums are brought up to
         // date (attach checked they are the same columns), and when the capture was not
         // recording every write (detached, its table recreated, a trigger disabled or
@@ -505,7 +513,7 @@ END
             literal(&columns.to_string()),
             literal(&self.table.quoted()),
             array(&names),
-            names.len(),
+            Self::TRIGGERS,
         )
     }
 

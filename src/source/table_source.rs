@@ -163,8 +163,8 @@ pub async fn load(client: &Client, tables: &Tables, id: i16) -> Result<TableSour
     if !parts.absent() && !parts.recording() {
         return Err(Error::config(format!(
             "source {name}: {} of the {} capture triggers of {} are missing or disabled, so writes to it went unrecorded: run lakecdc attach {} again, then lakecdc init --schema {name} --replace-delta",
-            Capture::triggers().len() as i64 - parts.enabled,
-            Capture::triggers().len(),
+            Capture::TRIGGERS - parts.enabled,
+            Capture::TRIGGERS,
             table.quoted(),
             table.quoted()
         )));

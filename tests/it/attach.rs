@@ -457,7 +457,7 @@ async fn row_level_security_fails_the_read_instead_of_filtering_it() {
     let lake = tempfile::tempdir().unwrap();
     let init = |url: &str| {
         let out = harness::bin()
-            .args(["init", "--schema", "trls", "--lake"])
+            .args(["init", "--json", "--schema", "trls", "--lake"])
             .arg(lake.path())
             .arg("--schema-dir")
             .arg(harness::examples_dir())
@@ -467,9 +467,10 @@ async fn row_level_security_fails_the_read_instead_of_filtering_it() {
         (
             out.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&out.stderr).into_owned(),
+            serde_json::from_slice::<serde_json::Value>(&out.stdout).ok(),
         )
     };
-    let (code, err) = init(&url);
+    let (code, err, _) = init(&url);
     assert_ne!(code, 0, "{err}");
     assert!(
         err.lines().any(|l| l.contains("ERROR")
@@ -483,8 +484,10 @@ async fn row_level_security_fails_the_read_instead_of_filtering_it() {
         "nothing is published"
     );
     // The owner's superuser session is not filtered: all ten rows.
-    let (code, err) = init(&db.url);
+    let (code, err, report) = init(&db.url);
     assert_eq!(code, 0, "{err}");
+    let report = report.unwrap_or_default();
+    assert_eq!(report["schemas"][0]["rows"], 10, "{report}");
     client
         .batch_execute(&format!("DROP OWNED BY {role}"))
         .await
