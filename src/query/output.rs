@@ -184,7 +184,8 @@ impl Output {
                     let mut w = arrow::json::WriterBuilder::new()
                         .with_explicit_nulls(true)
                         .build::<_, arrow::json::writer::LineDelimited>(&mut buf);
-                    w.write(batch).map_err(Error::arrow("write JSON"))?;
+                    w.write(&wide_decimals(batch)?)
+                        .map_err(Error::arrow("write JSON"))?;
                     w.finish().map_err(Error::arrow("write JSON"))?;
                 }
                 for line in buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
@@ -376,6 +377,7 @@ fn json_cells(c: &arrow::array::ArrayRef) -> Result<arrow::array::StringArray> {
         vec![Arc::clone(c)],
     )
     .map_err(Error::arrow("format a value"))?;
+    let one = wide_decimals(&one)?;
     let mut buf = Vec::new();
     {
         let mut w = arrow::json::WriterBuilder::new()
@@ -390,11 +392,79 @@ fn json_cells(c: &arrow::array::ArrayRef) -> Result<arrow::array::StringArray> {
         .filter(|l| !l.is_empty())
         .enumerate()
     {
-        let v: serde_json::Value = serde_json::from_slice(line)
-            .map_err(|e| Error::Invariant(format!("a JSON cell of its own making: {e}")))?;
-        cells.push((!c.is_null(row)).then(|| v["v"].to_string()));
+        // `{"v":<value>}`: the value's text is taken as written (parsed, a number past
+        // 2^53 would come back rounded).
+        let v = line
+            .strip_prefix(b"{\"v\":")
+            .and_then(|l| l.strip_suffix(b"}"))
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .ok_or_else(|| {
+                Error::Invariant(format!(
+                    "a JSON cell of its own making: {}",
+                    String::from_utf8_lossy(line)
+                ))
+            })?;
+        cells.push((!c.is_null(row)).then(|| v.to_string()));
     }
     Ok(cells.into_iter().collect())
+}
+
+/// `batch` with every `Decimal128(p, s)`, at any depth, made a `Decimal256(76, s)`: Arrow writes
+/// a decimal in at most its precision's digits, and DuckDB hands a HUGEINT over as a
+/// `Decimal128(38, 0)` whose values may have 39 (the JSON output would drop the last one).
+fn wide_decimals(batch: &RecordBatch) -> Result<RecordBatch> {
+    use arrow::datatypes::{DataType, Field, Schema};
+    fn widened(t: &DataType) -> Option<DataType> {
+        let field = |f: &Field| -> Option<Field> {
+            widened(f.data_type()).map(|t| f.clone().with_data_type(t))
+        };
+        match t {
+            DataType::Decimal128(_, s) => Some(DataType::Decimal256(76, *s)),
+            DataType::List(f) => field(f).map(|f| DataType::List(Arc::new(f))),
+            DataType::LargeList(f) => field(f).map(|f| DataType::LargeList(Arc::new(f))),
+            DataType::FixedSizeList(f, n) => {
+                field(f).map(|f| DataType::FixedSizeList(Arc::new(f), *n))
+            }
+            DataType::Struct(fields) => {
+                let wide: Vec<Option<Field>> = fields.iter().map(|f| field(f)).collect();
+                wide.iter().any(Option::is_some).then(|| {
+                    DataType::Struct(
+                        fields
+                            .iter()
+                            .zip(wide)
+                            .map(|(f, w)| w.unwrap_or_else(|| f.as_ref().clone()))
+                            .collect(),
+                    )
+                })
+            }
+            DataType::Map(f, sorted) => field(f).map(|f| DataType::Map(Arc::new(f), *sorted)),
+            _ => None,
+        }
+    }
+    let schema = batch.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| widened(f.data_type()).is_some())
+    {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(fields.capacity());
+    for (f, c) in schema.fields().iter().zip(batch.columns()) {
+        match widened(f.data_type()) {
+            Some(t) => {
+                columns.push(arrow::compute::cast(c, &t).map_err(Error::arrow("widen a decimal"))?);
+                fields.push(f.as_ref().clone().with_data_type(t));
+            }
+            None => {
+                fields.push(f.as_ref().clone());
+                columns.push(Arc::clone(c));
+            }
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(Error::arrow("widen a decimal"))
 }
 
 enum CsvError {
@@ -577,6 +647,53 @@ mod tests {
         ] {
             assert!(text.contains(cell), "{cell}: {text}");
         }
+    }
+
+    #[test]
+    fn json_writes_a_huge_integer_in_all_its_digits_at_any_depth() {
+        use arrow::array::{Array, Decimal128Builder, ListBuilder};
+        let huge = [i128::MAX, i128::MIN, 10i128.pow(38), 7];
+        let top = arrow::array::Decimal128Array::from(huge.to_vec())
+            .with_precision_and_scale(38, 0)
+            .unwrap();
+        let mut lists =
+            ListBuilder::new(Decimal128Builder::new().with_data_type(DataType::Decimal128(38, 0)));
+        for v in huge {
+            lists.values().append_value(v);
+            lists.values().append_null();
+            lists.append(true);
+        }
+        let lists = lists.finish();
+        let scaled = arrow::array::Decimal128Array::from(vec![12345, -5, 0, 100])
+            .with_precision_and_scale(9, 2)
+            .unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("h", DataType::Decimal128(38, 0), true),
+            Field::new("l", lists.data_type().clone(), true),
+            Field::new("d", DataType::Decimal128(9, 2), true),
+        ]));
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(top), Arc::new(lists), Arc::new(scaled)],
+        )
+        .unwrap();
+        let text = write(Format::Ndjson, std::slice::from_ref(&b));
+        let want: Vec<String> = huge
+            .iter()
+            .zip(["123.45", "-0.05", "0.00", "1.00"])
+            .map(|(v, d)| format!("{{\"h\":{v},\"l\":[{v},null],\"d\":{d}}}"))
+            .collect();
+        assert_eq!(text.lines().collect::<Vec<_>>(), want);
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("out.csv");
+        let mut o = Output::open(&Destination::File(path.clone()), Format::Csv).unwrap();
+        o.batch(&b).unwrap();
+        o.finish(schema).unwrap();
+        let csv = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            csv.contains(&format!("{},\"[{},null]\",123.45", i128::MAX, i128::MAX)),
+            "{csv}"
+        );
     }
 
     #[test]
