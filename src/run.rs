@@ -313,6 +313,9 @@ fn metrics(s: &Resolved, warnings: &mut Vec<String>) -> Result<MetricsOptions> {
                 ),
             ));
         }
+        if let Some(why) = crate::metrics::textfile::occupied(&path) {
+            return Err(Error::setting("metrics-file", why));
+        }
         if path.extension().is_none_or(|e| e != "prom") {
             warnings.push(format!(
                 "--metrics-file {} does not end in .prom: node-exporter's textfile collector reads only *.prom files",

@@ -39,6 +39,32 @@ pub fn directory_of(path: &Path) -> &Path {
     }
 }
 
+/// Why `path` cannot be the metrics file: a device, FIFO, socket or directory is there, which
+/// renaming over would replace — `/dev/null` among them (docs/hazards.md S22). `None` when
+/// the path is free, a regular file or a link (a link is replaced, not followed: S14).
+pub fn occupied(path: &Path) -> Option<String> {
+    let kind = std::fs::symlink_metadata(path).ok()?.file_type();
+    use std::os::unix::fs::FileTypeExt;
+    // A link is replaced, not followed (S14): the link itself is what the rename removes.
+    let what = if kind.is_file() || kind.is_symlink() {
+        return None;
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Some(format!(
+        "{} is {what}, which writing the metrics (a rename over the path) would replace: name a file of lakecdc's own, such as lakecdc_{{job}}.prom in the textfile collector's directory, or leave --metrics-file out",
+        path.display()
+    ))
+}
+
 /// The previous file's text, when there is one (at most 1 MiB is read; a character cut by the
 /// limit does not lose the rest). Only a regular file at the path itself counts: the directory
 /// may be shared (docs/security.md S14), so a link is not followed and a FIFO or device is
@@ -85,6 +111,14 @@ pub fn write(path: &Path, text: &str) -> Result<()> {
     tmp.write_all(text.as_bytes())
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(failed("write the temporary file of"))?;
+    // Checked again here: the path may have changed since the run started.
+    if let Some(why) = occupied(path) {
+        return Err(Error::Metrics {
+            op: "write",
+            target: path.display().to_string(),
+            reason: why,
+        });
+    }
     tmp.persist(path)
         .map_err(|e| failed("rename the temporary file over")(e.error))?;
     Ok(())
@@ -93,6 +127,7 @@ pub fn write(path: &Path, text: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileTypeExt;
 
     #[test]
     fn the_job_placeholder_is_replaced_everywhere() {
@@ -106,6 +141,51 @@ mod tests {
         );
         assert_eq!(path_for(Path::new("x.prom"), "gc"), PathBuf::from("x.prom"));
         assert_eq!(directory_of(Path::new("x.prom")), Path::new("."));
+    }
+
+    #[test]
+    fn a_device_fifo_directory_or_link_at_the_path_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("f.prom");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let sub = dir.path().join("d.prom");
+        std::fs::create_dir(&sub).unwrap();
+        for (path, kind) in [
+            (Path::new("/dev/null"), "a device"),
+            (fifo.as_path(), "a FIFO"),
+            (sub.as_path(), "a directory"),
+        ] {
+            let why = occupied(path).unwrap();
+            assert!(why.contains(kind), "{why}");
+            let before = std::fs::symlink_metadata(path).unwrap().file_type();
+            let err = write(path, "a 1\n").unwrap_err().to_string();
+            assert!(err.contains(kind), "{err}");
+            assert_eq!(std::fs::symlink_metadata(path).unwrap().file_type(), before);
+        }
+        assert!(
+            std::fs::metadata("/dev/null")
+                .unwrap()
+                .file_type()
+                .is_char_device()
+        );
+        let file = dir.path().join("m.prom");
+        assert_eq!(occupied(&file), None);
+        write(&file, "a 1\n").unwrap();
+        assert_eq!(occupied(&file), None);
+        // No temporary file is left beside them.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["d.prom", "f.prom", "m.prom"]);
     }
 
     #[test]
@@ -143,9 +223,10 @@ mod tests {
         let link = dir.path().join("link.prom");
         std::os::unix::fs::symlink(&target, &link).unwrap();
         assert_eq!(previous(&link), None);
-        // The run's own write replaces either with a regular file.
-        write(&fifo, "a 1\n").unwrap();
-        assert_eq!(previous(&fifo).as_deref(), Some("a 1\n"));
+        // The run's own write replaces the link with a regular file and leaves the FIFO be
+        // (see the test below).
+        write(&link, "a 1\n").unwrap();
+        assert_eq!(previous(&link).as_deref(), Some("a 1\n"));
     }
 
     #[test]

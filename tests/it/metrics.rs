@@ -445,6 +445,7 @@ async fn a_pushgateway_error_is_logged_and_the_jobs_exit_code_stands() {
 
 #[test]
 fn metrics_settings_are_checked_before_anything_runs() {
+    use std::os::unix::fs::FileTypeExt;
     let run = |args: &[&str]| {
         let out = harness::bin()
             .args(args)
@@ -462,6 +463,29 @@ fn metrics_settings_are_checked_before_anything_runs() {
         err.contains("--metrics-file") && err.contains("/nonexistent-dir/x"),
         "{err}"
     );
+    // `/dev/null` (a natural "no metrics") and a directory would be replaced by the rename.
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("d.prom");
+    std::fs::create_dir(&sub).unwrap();
+    for (path, kind) in [
+        ("/dev/null", "a device"),
+        (sub.to_str().unwrap(), "a directory"),
+    ] {
+        let (code, err) = run(&["inspect", "--metrics-file", path]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains("--metrics-file") && err.contains(path) && err.contains(kind),
+            "{err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    assert!(
+        std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+    assert!(sub.is_dir());
     let (code, err) = run(&["flush", "--pushgateway", "http://user:s3cret@pgw:9091"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
