@@ -289,7 +289,7 @@ enum Command {
     /// Run SQL over the lake: each schema is a view of its current state, <name>__history of
     /// every copy; every file checked before it is read.
     Query {
-        /// The SQL (else -f FILE, else standard input).
+        /// The SQL (else -f FILE, else standard input); after `--` when it starts with `-`.
         sql: Option<String>,
         /// Read the SQL from this file.
         #[arg(short = 'f', long)]
@@ -302,7 +302,7 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
         /// Read the lake as of a manifest version, an RFC 3339 time, or an age like -1h.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         as_of: Option<String>,
         /// Also check each file's SHA-256 before reading it (local lakes and cache hits).
         #[arg(long)]
@@ -330,7 +330,7 @@ enum Command {
         #[arg(long)]
         ids_from: Option<PathBuf>,
         /// The entity rows matching this SQL predicate (run in a read-only transaction).
-        #[arg(long = "where", id = "where")]
+        #[arg(long = "where", id = "where", allow_hyphen_values = true)]
         where_sql: Option<String>,
         /// List what would be requeued; change nothing.
         #[arg(long)]

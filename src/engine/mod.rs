@@ -148,8 +148,31 @@ impl Engine {
             .map_err(Error::duckdb(op.to_string()))
     }
 
-    /// Runs one statement of a user's, handing each result batch to `each`, and returns the
-    /// result's schema. DuckDB's complaint about the statement is [`Error::Query`], on one line.
+    /// Closes the database around what a user's query may touch (docs/security.md, "query"):
+    /// no file but `readable` (the views' files) and `output` (a Parquet result) can be opened,
+    /// no extension installed or loaded, and no setting changed after this.
+    pub fn seal(&self, readable: &[&str], output: Option<&Path>) -> Result<()> {
+        let mut paths: Vec<String> = readable
+            .iter()
+            .map(|p| format!("'{}'", sql_string(p)))
+            .collect();
+        if let Some(p) = output {
+            paths.push(format!("'{}'", sql_string(&p.display().to_string())));
+        }
+        self.conn
+            .execute_batch(&format!(
+                "SET allowed_paths = [{}]; SET enable_external_access = false; \
+                 SET autoinstall_known_extensions = false; SET autoload_known_extensions = false; \
+                 SET lock_configuration = true;",
+                paths.join(", ")
+            ))
+            .map_err(Error::duckdb("seal the query's database"))
+    }
+
+    /// Runs one statement of a user's, a query (it is read as a subquery: a second statement,
+    /// or one that is not a query, fails to parse), handing each result batch to `each`, and
+    /// returns the result's schema. DuckDB's complaint about the statement is
+    /// [`Error::Query`], on one line.
     pub fn stream(
         &self,
         sql: &str,
@@ -158,7 +181,11 @@ impl Engine {
         let query = |e: duckdb::Error| Error::Query {
             message: one_line(&e.to_string()),
         };
-        let mut stmt = self.conn.prepare(sql).map_err(query)?;
+        // duckdb-rs runs every statement before a text's last when preparing it; as a
+        // subquery there is only one. On lines of its own: a line comment ending the
+        // statement must not swallow the `)`.
+        let sql = format!("SELECT * FROM (\n{sql}\n)");
+        let mut stmt = self.conn.prepare(&sql).map_err(query)?;
         stmt.execute([]).map_err(query)?;
         while let Some(rows) = stmt.step().map_err(query)? {
             each(&RecordBatch::from(&rows))?;
@@ -171,8 +198,10 @@ impl Engine {
     pub fn export_parquet(&self, sql: &str, path: &Path) -> Result<u64> {
         let select = sql.trim().trim_end_matches(';');
         // On lines of its own: a line comment ending the statement must not swallow the `)`.
+        // Straight to `path` (the caller's own temporary name), the one file a sealed
+        // database may write.
         let copy = format!(
-            "COPY (\n{select}\n) TO '{}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL})",
+            "COPY (\n{select}\n) TO '{}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, USE_TMP_FILE false)",
             sql_string(&path.display().to_string())
         );
         let rows = self.conn.execute(&copy, []).map_err(|e| Error::Query {

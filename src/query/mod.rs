@@ -110,7 +110,19 @@ struct Ready {
 
 /// Runs the query of `opts` and writes its result.
 pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
-    let sql = read_sql(&opts.sql).await?;
+    let sql = match prune::statements(&read_sql(&opts.sql).await?) {
+        prune::Statements::One(sql) | prune::Statements::Unknown(sql) => sql.to_string(),
+        prune::Statements::None => {
+            return Err(Error::config(
+                "the SQL holds no statement, only comments or semicolons: give one query",
+            ));
+        }
+        prune::Statements::Many => {
+            return Err(Error::config(
+                "the SQL holds more than one statement: query runs one query (SELECT, FROM, WITH, VALUES, DESCRIBE, SUMMARIZE, SHOW or PIVOT), so run each on its own",
+            ));
+        }
+    };
     let started = std::time::Instant::now();
     let schemas = catalog::lake_schemas(ctx, &opts.schemas).await?;
     tracing::debug!(
@@ -191,11 +203,19 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
             "engine open, views made"
         );
         let t = std::time::Instant::now();
+        let readable: Vec<&str> = views
+            .iter()
+            .flat_map(|(_, files)| files.iter().map(|f| f.path.as_str()))
+            .collect();
         let rows = if format == Format::Parquet {
-            output::parquet_via(&output, &spill, |path| db.export_parquet(&sql_text, path))
-                .map_err(|e| unknown_table(e, &names, &lake))?
+            output::parquet_via(&output, &spill, |path| {
+                db.seal(&readable, Some(path))?;
+                db.export_parquet(&sql_text, path)
+            })
+            .map_err(|e| unknown_table(e, &names, &lake))?
         } else {
             let mut out = output::Output::open(&output, format)?;
+            db.seal(&readable, None)?;
             let schema = db
                 .stream(&sql_text, |batch| out.batch(batch))
                 .map_err(|e| unknown_table(e, &names, &lake))?;
@@ -254,27 +274,50 @@ fn unknown_table(e: Error, names: &[String], lake: &str) -> Error {
     ))
 }
 
+/// The most SQL read from a file or standard input: a query is text a person wrote, and a
+/// path such as `/dev/zero` must not grow the process without end.
+const SQL_LIMIT: u64 = 16 * 1024 * 1024;
+
 async fn read_sql(source: &SqlSource) -> Result<String> {
+    let read = |from: Box<dyn Read + Send>, path: PathBuf| -> Result<String> {
+        let mut bytes = Vec::new();
+        from.take(SQL_LIMIT + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|source| Error::Io {
+                op: "read the SQL from",
+                path: path.clone(),
+                source,
+            })?;
+        if bytes.len() as u64 > SQL_LIMIT {
+            return Err(Error::config(format!(
+                "the SQL in {} is longer than {} MiB: give a query, not data",
+                path.display(),
+                SQL_LIMIT >> 20
+            )));
+        }
+        String::from_utf8(bytes)
+            .map_err(|_| Error::config(format!("the SQL in {} is not UTF-8 text", path.display())))
+    };
     let sql = match source {
         SqlSource::Text(s) => s.clone(),
-        SqlSource::File(p) => tokio::fs::read_to_string(p)
+        SqlSource::File(p) => {
+            let p = p.clone();
+            tokio::task::spawn_blocking(move || {
+                let file = File::open(&p).map_err(|source| Error::Io {
+                    op: "read the SQL file",
+                    path: p.clone(),
+                    source,
+                })?;
+                read(Box::new(file), p)
+            })
             .await
-            .map_err(|source| Error::Io {
-                op: "read the SQL file",
-                path: p.clone(),
-                source,
-            })?,
-        SqlSource::Stdin => tokio::task::spawn_blocking(|| {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).map(|_| s)
+            .map_err(Error::task("read the SQL"))??
+        }
+        SqlSource::Stdin => tokio::task::spawn_blocking(move || {
+            read(Box::new(std::io::stdin()), PathBuf::from("<stdin>"))
         })
         .await
-        .map_err(Error::task("read the SQL"))?
-        .map_err(|source| Error::Io {
-            op: "read the SQL from",
-            path: PathBuf::from("<stdin>"),
-            source,
-        })?,
+        .map_err(Error::task("read the SQL"))??,
     };
     if sql.trim().is_empty() {
         return Err(Error::config(

@@ -34,13 +34,22 @@ enum Token {
 /// characters). Where DuckDB's lexer and this one could split the text differently, the
 /// answer is `None`: a token this one saw whole must be one DuckDB sees whole.
 fn tokens(sql: &str) -> Option<Vec<Token>> {
+    lex(sql).map(|(tokens, _)| tokens)
+}
+
+/// [`tokens`], with the byte offset where each token ends.
+fn lex(sql: &str) -> Option<(Vec<Token>, Vec<usize>)> {
     const PUNCT: [&str; 21] = [
         "::", "<=", ">=", "<>", "!=", "||", "(", ")", ",", ";", "=", "<", ">", "*", "+", "-", "/",
         "%", ".", "[", "]",
     ];
     let mut out = Vec::new();
+    let mut ends = Vec::new();
     let mut rest = sql;
     while let Some(c) = rest.chars().next() {
+        if ends.len() < out.len() {
+            ends.push(sql.len() - rest.len());
+        }
         if [' ', '\t', '\n', '\r', '\x0b', '\x0c'].contains(&c) {
             rest = &rest[1..];
         } else if rest.starts_with("--") {
@@ -76,7 +85,40 @@ fn tokens(sql: &str) -> Option<Vec<Token>> {
             rest = &rest[p.len()..];
         }
     }
-    Some(out)
+    if ends.len() < out.len() {
+        ends.push(sql.len());
+    }
+    Some((out, ends))
+}
+
+/// What a query's text holds, as far as statements go.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Statements<'a> {
+    /// One statement: the text up to its last token (the `;`, blanks and comments after it
+    /// left out, so the text can be wrapped).
+    One(&'a str),
+    /// Nothing but blanks, comments and semicolons.
+    None,
+    /// More than one statement.
+    Many,
+    /// Text this tokenizer does not know: DuckDB's parser judges it (wrapped, more than one
+    /// statement is a syntax error there).
+    Unknown(&'a str),
+}
+
+/// How many statements `sql` holds (docs/hazards.md R12).
+pub(crate) fn statements(sql: &str) -> Statements<'_> {
+    let Some((tokens, ends)) = lex(sql) else {
+        return Statements::Unknown(sql.trim_end().trim_end_matches(';'));
+    };
+    let semi = Token::Punct(";");
+    let Some(last) = tokens.iter().rposition(|t| *t != semi) else {
+        return Statements::None;
+    };
+    if tokens[..last].contains(&semi) {
+        return Statements::Many;
+    }
+    Statements::One(&sql[..ends[last]])
 }
 
 /// What follows the decimal number at the start of `s` (`12`, `1_000`, `1.5`, `2e-3`); `None`
@@ -452,6 +494,27 @@ mod tests {
             )),
             Some(("customer".to_string(), vec![A.to_string()]))
         );
+    }
+
+    #[test]
+    fn one_statement_is_told_from_none_and_many() {
+        use Statements::*;
+        for (sql, want) in [
+            ("SELECT 1", One("SELECT 1")),
+            ("SELECT 1;", One("SELECT 1")),
+            ("  SELECT 1 ; ;\n-- done\n", One("  SELECT 1")),
+            ("SELECT 1; -- done", One("SELECT 1")),
+            ("SELECT ';' /* ; */ -- ;\n", One("SELECT ';'")),
+            ("SELECT 1 -- a comment", One("SELECT 1")),
+            ("SELECT 1; SELECT 2", Many),
+            ("COPY (SELECT 1) TO 'x'; SELECT 2;", Many),
+            ("", None),
+            ("-- only a comment", None),
+            (" ; /* c */ ;", None),
+            ("SELECT {'a': 1};", Unknown("SELECT {'a': 1}")),
+        ] {
+            assert_eq!(statements(sql), want, "{sql:?}");
+        }
     }
 
     #[test]

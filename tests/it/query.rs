@@ -655,6 +655,129 @@ async fn every_format_parses_and_the_binary_speaks_one_line_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_query_reads_only_its_views_files_and_runs_one_statement() {
+    // docs/hazards.md R12, S23: the SQL is a query over the lake, not a shell: no host file is
+    // read or written, nothing lands in the lake, and a second statement is refused, not run.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(2212);
+    rig.seed(30, &mut r).await;
+    rig.flush().await;
+    let live = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("cache");
+    let lake = rig.work.path().join("lake");
+    let secret = t.path().join("secret.toml");
+    std::fs::write(&secret, "pg-url = \"postgres://u:hunter2@db/x\"\n").unwrap();
+    let planted = lake.join("data/100/planted.parquet");
+    let written = t.path().join("written.csv");
+    let listing = || {
+        let mut keys: Vec<String> = walk(&lake);
+        keys.sort();
+        keys
+    };
+    let before = listing();
+    let run = |args: &[&str]| {
+        let out = harness::bin()
+            .args(["query", "--pg-url", &rig.db.url, "--cache-dir"])
+            .arg(&cache)
+            .arg("--lake")
+            .arg(&lake)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let counted = format!("n\n{}\n", live.len());
+    for sql in [
+        format!("SELECT * FROM read_text('{}')", secret.display()),
+        "SELECT * FROM read_csv('/etc/passwd', sep = ':')".to_string(),
+        "SELECT * FROM glob('/etc/*')".to_string(),
+        format!("COPY (SELECT 1) TO '{}'", planted.display()),
+        format!("COPY (SELECT 1) TO '{}'", written.display()),
+        format!("ATTACH '{}' AS other", t.path().join("new.db").display()),
+        "INSTALL httpfs".to_string(),
+        "LOAD httpfs".to_string(),
+        "SET enable_external_access = true".to_string(),
+        "SELECT count(*) AS n FROM customer; SELECT 2 AS two".to_string(),
+        format!(
+            "COPY (SELECT 1) TO '{}'; SELECT count(*) AS n FROM customer",
+            written.display()
+        ),
+        "-- only a comment".to_string(),
+        " ; ".to_string(),
+    ] {
+        for format in ["csv", "json", "parquet"] {
+            let out = t.path().join(format!("out.{format}"));
+            let (code, stdout, err) =
+                run(&["--format", format, "-o", out.to_str().unwrap(), "--", &sql]);
+            assert_ne!(code, Some(0), "{sql} ({format}): {stdout}{err}");
+            // (A warning about another run's leftovers in the shared work dir may precede it.)
+            let lines = err.lines().filter(|l| !l.contains(" WARN ")).count();
+            assert_eq!(lines, 1, "{sql} ({format}): {err}");
+            assert!(
+                !stdout.contains("hunter2") && !err.contains("hunter2"),
+                "{err}"
+            );
+            assert!(!out.exists(), "{sql} ({format})");
+        }
+    }
+    assert!(!written.exists() && !t.path().join("new.db").exists());
+    assert_eq!(listing(), before, "nothing lands in the lake");
+    let (code, _, err) = run(&["SELECT 1; SELECT 2"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("more than one statement"), "{err}");
+    let (code, _, err) = run(&["/* nothing */ ;"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no statement"), "{err}");
+    // One statement with trailing semicolons and comments, and the read-only forms DuckDB
+    // takes as a query, all run in every format.
+    for sql in [
+        "SELECT count(*) AS n FROM customer; -- done",
+        "SELECT count(*) AS n FROM customer;\n;\n/* end */",
+        "FROM customer SELECT count(*) AS n",
+        "WITH c AS (SELECT * FROM customer) SELECT count(*) AS n FROM c",
+    ] {
+        let (code, stdout, err) = run(&[sql]);
+        assert_eq!(
+            (code, stdout.as_str()),
+            (Some(0), counted.as_str()),
+            "{sql}: {err}"
+        );
+        let out = t.path().join("ok.parquet");
+        let (code, _, err) = run(&["-o", out.to_str().unwrap(), sql]);
+        assert_eq!(code, Some(0), "{sql}: {err}");
+        assert!(std::fs::metadata(&out).unwrap().len() > 0);
+    }
+    // An age is given as documented, `--as-of -1h`, not only `--as-of=-1h`.
+    let (code, stdout, err) = run(&["--as-of", "-1h", "SELECT 1 AS y"]);
+    assert_eq!((code, stdout.as_str()), (Some(0), "y\n1\n"), "{err}");
+    let (code, stdout, err) = run(&["DESCRIBE customer"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(stdout.contains("row_id,UUID"), "{stdout}");
+}
+
+/// Every file under `dir`, as paths relative to it.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_filter_sees_each_rows_newest_copy_only() {
     // docs/hazards.md #178: filtering copies before picking each row's newest one lets an older
     // matching copy surface. The view picks first; the user's WHERE applies to the winner.
