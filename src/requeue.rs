@@ -189,14 +189,27 @@ pub async fn run(ctx: &Context, opts: &RequeueOptions) -> Result<RequeueReport> 
     Ok(report)
 }
 
+/// The most of an `--ids-from` file read (about five million ids of 37 bytes and more).
+const IDS_LIMIT: u64 = 192 * 1024 * 1024;
+
 /// The ids of a file: one UUID per line; blank lines and `#` comments are skipped.
 fn read_ids(path: &Path) -> Result<Vec<Uuid>> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let cannot = |why: String| {
         Error::setting(
             "ids-from",
-            format!("{}: cannot read it ({e})", path.display()),
+            format!("{}: cannot read it ({why})", path.display()),
         )
-    })?;
+    };
+    let bytes = std::fs::File::open(path)
+        .and_then(|f| crate::config::read_at_most(f, IDS_LIMIT))
+        .map_err(|e| cannot(e.to_string()))?
+        .ok_or_else(|| {
+            cannot(format!(
+                "longer than {} MiB, about five million ids: requeue them in parts",
+                IDS_LIMIT >> 20
+            ))
+        })?;
+    let text = String::from_utf8(bytes).map_err(|_| cannot("not UTF-8 text".into()))?;
     let mut ids = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
@@ -234,5 +247,9 @@ mod tests {
         let err = read_ids(&path).unwrap_err().to_string();
         assert!(err.contains(":2: \"not-a-uuid\""), "{err}");
         assert_eq!(read_ids(&path).unwrap_err().exit_code(), 2);
+        // An endless file is refused once past the limit, not read until memory runs out.
+        let err = read_ids(Path::new("/dev/zero")).unwrap_err();
+        assert!(err.to_string().contains("longer than 192 MiB"), "{err}");
+        assert_eq!(err.exit_code(), 2);
     }
 }

@@ -97,6 +97,16 @@ fn is_plain_identifier(p: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
 }
 
+/// At most `limit` bytes of `from`, or `None` when it holds more: a settings file, an id list
+/// or a query is text a person wrote, and a path such as `/dev/zero` must not grow the process
+/// without end.
+pub fn read_at_most(from: impl std::io::Read, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    from.take(limit + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
+}
+
 /// Quotes a SQL identifier (PostgreSQL and DuckDB spell it the same): `"` doubled.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))

@@ -400,14 +400,25 @@ pub struct ConfigFile {
     exposed_mode: Option<u32>,
 }
 
+/// The most of a `--config` file read.
+const CONFIG_LIMIT: u64 = 1024 * 1024;
+
 impl ConfigFile {
     /// Reads and checks the TOML file at `path`: every key must be a setting (a top-level key
     /// of some command, a table's key of that command), so a misspelt setting is an error, not
     /// silently ignored.
     pub fn load(path: &Path) -> Result<Self> {
         let at = |what: String| Error::setting("config", format!("{}: {what}", path.display()));
-        let text =
-            std::fs::read_to_string(path).map_err(|e| at(format!("cannot read it ({e})")))?;
+        let bytes = std::fs::File::open(path)
+            .and_then(|f| super::read_at_most(f, CONFIG_LIMIT))
+            .map_err(|e| at(format!("cannot read it ({e})")))?
+            .ok_or_else(|| {
+                at(format!(
+                    "longer than {} KiB: not a settings file",
+                    CONFIG_LIMIT >> 10
+                ))
+            })?;
+        let text = String::from_utf8(bytes).map_err(|_| at("not UTF-8 text".to_string()))?;
         let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
             at(format!(
                 "not valid TOML ({})",
@@ -802,6 +813,21 @@ mod tests {
             keys.dedup();
             assert_eq!(keys.len(), n, "{c:?}");
         }
+    }
+
+    #[test]
+    fn an_endless_or_binary_config_file_is_refused_in_one_line() {
+        let err = ConfigFile::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(
+            err.to_string().contains("/dev/zero: longer than 1024 KiB"),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, b"lake = \"\xff\"\n").unwrap();
+        let err = ConfigFile::load(&path).unwrap_err().to_string();
+        assert!(err.contains("not UTF-8"), "{err}");
     }
 
     #[test]

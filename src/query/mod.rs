@@ -280,21 +280,19 @@ const SQL_LIMIT: u64 = 16 * 1024 * 1024;
 
 async fn read_sql(source: &SqlSource) -> Result<String> {
     let read = |from: Box<dyn Read + Send>, path: PathBuf| -> Result<String> {
-        let mut bytes = Vec::new();
-        from.take(SQL_LIMIT + 1)
-            .read_to_end(&mut bytes)
+        let bytes = crate::config::read_at_most(from, SQL_LIMIT)
             .map_err(|source| Error::Io {
                 op: "read the SQL from",
                 path: path.clone(),
                 source,
+            })?
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "the SQL in {} is longer than {} MiB: give a query, not data",
+                    path.display(),
+                    SQL_LIMIT >> 20
+                ))
             })?;
-        if bytes.len() as u64 > SQL_LIMIT {
-            return Err(Error::config(format!(
-                "the SQL in {} is longer than {} MiB: give a query, not data",
-                path.display(),
-                SQL_LIMIT >> 20
-            )));
-        }
         String::from_utf8(bytes)
             .map_err(|_| Error::config(format!("the SQL in {} is not UTF-8 text", path.display())))
     };
