@@ -59,6 +59,9 @@ pub struct RequeueReport {
     pub tombstones: usize,
     /// Chosen ids the source has never held: nothing was requeued for them.
     pub unknown: usize,
+    /// Chosen rows the application wrote while they were requeued: its own write re-exports
+    /// them, so nothing was written for them.
+    pub changed: usize,
     /// The ids of each class, up to `--max-ids`.
     pub ids: Requeued,
 }
@@ -91,11 +94,18 @@ impl RequeueReport {
                 self.unknown
             ));
         }
+        if self.changed > 0 {
+            out.push_str(&format!(
+                "; {} written by the application meanwhile (its own write re-exports them)",
+                self.changed
+            ));
+        }
         out.push('\n');
         for (name, ids) in [
             ("re-exported", &self.ids.live),
             ("tombstones", &self.ids.tombstones),
             ("unknown", &self.ids.unknown),
+            ("written meanwhile", &self.ids.changed),
         ] {
             if !ids.is_empty() {
                 let list: Vec<String> = ids.iter().map(Uuid::to_string).collect();
@@ -170,10 +180,12 @@ pub async fn run(ctx: &Context, opts: &RequeueOptions) -> Result<RequeueReport> 
         live: done.live.len(),
         tombstones: done.tombstones.len(),
         unknown: done.unknown.len(),
+        changed: done.changed.len(),
         ids: {
             done.live.truncate(opts.max_ids);
             done.tombstones.truncate(opts.max_ids);
             done.unknown.truncate(opts.max_ids);
+            done.changed.truncate(opts.max_ids);
             done
         },
     };
@@ -183,6 +195,7 @@ pub async fn run(ctx: &Context, opts: &RequeueOptions) -> Result<RequeueReport> 
         live = report.live,
         tombstones = report.tombstones,
         unknown = report.unknown,
+        changed = report.changed,
         dry_run = report.dry_run,
         "requeue done"
     );

@@ -36,6 +36,9 @@ pub struct Requeued {
     pub tombstones: Vec<Uuid>,
     /// Rows with no entity row, no `change_log` history and no floor: nothing to requeue.
     pub unknown: Vec<Uuid>,
+    /// Rows the application wrote while they were being requeued (made again, deleted, or
+    /// given a newer version): its own dirty slot re-exports them, so none was written.
+    pub changed: Vec<Uuid>,
 }
 
 impl Requeued {
@@ -48,6 +51,7 @@ impl Requeued {
         self.live.extend(other.live);
         self.tombstones.extend(other.tombstones);
         self.unknown.extend(other.unknown);
+        self.changed.extend(other.changed);
     }
 }
 
@@ -139,34 +143,56 @@ async fn requeue_chunk(
         return Ok(out);
     }
     // Present rows: bump the entity's version (re-reading it under the row lock, so a write
-    // that committed meanwhile is still exceeded), then the dirty slot; absent ones: a
-    // tombstone slot.
-    let write = format!(
+    // that committed meanwhile is still exceeded), then the dirty slot. A row hard-deleted
+    // since the classification is not there to bump: the application's delete wrote its own
+    // tombstone slot, which the next flush exports.
+    let present = format!(
         "WITH ids AS (SELECT * FROM unnest($2::uuid[], $3::int8[]) AS t(row_id, v)), \
          bumped AS (UPDATE {e} e SET ltbase_updated_at = GREATEST(ids.v, e.ltbase_updated_at + 1) \
             FROM ids WHERE e.ltbase_schema_id = $1 AND e.ltbase_row_id = ids.row_id \
-            RETURNING e.ltbase_row_id AS row_id, e.ltbase_updated_at AS v, e.ltbase_deleted_at IS NOT NULL AS soft), \
-         slots AS (SELECT row_id, v, CASE WHEN soft THEN v END AS deleted_at FROM bumped \
-            UNION ALL SELECT row_id, v, v FROM unnest($4::uuid[], $5::int8[]) AS g(row_id, v)) \
-         INSERT INTO {cl} (schema_id, row_id, flushed_at, changed_at, deleted_at) \
-         SELECT $1, row_id, 0, v, deleted_at FROM slots \
+            RETURNING e.ltbase_row_id AS row_id, e.ltbase_updated_at AS v, e.ltbase_deleted_at IS NOT NULL AS soft) \
+         INSERT INTO {cl} AS cl (schema_id, row_id, flushed_at, changed_at, deleted_at) \
+         SELECT $1, row_id, 0, v, CASE WHEN soft THEN v END FROM bumped \
          ON CONFLICT (schema_id, row_id, flushed_at) DO UPDATE \
-            SET changed_at = EXCLUDED.changed_at, deleted_at = EXCLUDED.deleted_at"
+            SET changed_at = EXCLUDED.changed_at, deleted_at = EXCLUDED.deleted_at \
+            WHERE cl.changed_at < EXCLUDED.changed_at \
+         RETURNING row_id"
     );
-    let written = timed(
-        TIMEOUT,
-        op,
-        tx.execute(&write, &[&schema_id, &live, &live_v, &gone, &gone_v]),
-    )
-    .await?;
-    if written != (live.len() + gone.len()) as u64 {
-        // A present row vanished between the two statements (a concurrent hard delete):
-        // requeue again rather than leave it half done.
-        timed(TIMEOUT, op, tx.rollback()).await?;
-        return Err(Error::Invariant(format!(
-            "requeue wrote {written} slots for {} rows (a row was deleted meanwhile): run it again",
-            live.len() + gone.len()
-        )));
+    // Absent rows: a tombstone slot, only while the row is still absent (a row the
+    // application made again since the classification is exported from its own slot) and
+    // never over a live dirty slot or a newer version: there is no row to lock, so a
+    // concurrent re-creation shows only as its slot (docs/hazards.md L91).
+    let absent = format!(
+        "INSERT INTO {cl} AS cl (schema_id, row_id, flushed_at, changed_at, deleted_at) \
+         SELECT $1, g.row_id, 0, g.v, g.v FROM unnest($2::uuid[], $3::int8[]) AS g(row_id, v) \
+         WHERE NOT EXISTS (SELECT 1 FROM {e} e WHERE e.ltbase_schema_id = $1 AND e.ltbase_row_id = g.row_id) \
+         ON CONFLICT (schema_id, row_id, flushed_at) DO UPDATE \
+            SET changed_at = EXCLUDED.changed_at, deleted_at = EXCLUDED.deleted_at \
+            WHERE cl.deleted_at IS NOT NULL AND cl.changed_at < EXCLUDED.changed_at \
+         RETURNING row_id"
+    );
+    let mut written = std::collections::HashSet::new();
+    for (sql, ids, versions) in [(&present, &live, &live_v), (&absent, &gone, &gone_v)] {
+        if ids.is_empty() {
+            continue;
+        }
+        let rows = timed(
+            TIMEOUT,
+            op,
+            tx.query(sql.as_str(), &[&schema_id, ids, versions]),
+        )
+        .await?;
+        written.extend(rows.iter().map(|r| r.get::<_, Uuid>(0)));
+    }
+    // What the application wrote meanwhile is re-exported by its own write, not requeued.
+    for class in [&mut out.live, &mut out.tombstones] {
+        class.retain(|id| {
+            let kept = written.contains(id);
+            if !kept {
+                out.changed.push(*id);
+            }
+            kept
+        });
     }
     timed(TIMEOUT, op, tx.commit()).await?;
     Ok(out)

@@ -152,3 +152,183 @@ async fn requeued_rows_and_only_they_are_re_exported_at_new_versions() {
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+#[tokio::test]
+async fn a_row_made_again_while_it_is_requeued_keeps_the_applications_slot() {
+    // docs/hazards.md L91: requeue found the row absent, then the application made it again
+    // before requeue wrote: the tombstone overwrote the application's live slot (at a lower
+    // version), and the next flush deleted a live row from the lake.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(4491);
+    let ids = rig.seed(10, &mut r).await;
+    let gone = ids[3];
+    rig.writer.hard_delete(gone).await;
+    assert!(!rig.flush().await.failed());
+    assert!(
+        !oracle::lake_state(rig.store.as_ref(), "manifest/100.json")
+            .await
+            .contains_key(&gone)
+    );
+    // The application makes it again, in a transaction still open while requeue runs.
+    let mut app = harness::pg_client(&rig.db.url).await;
+    let tx = app.transaction().await.unwrap();
+    let version: i64 = tx
+        .query_one(
+            "SELECT GREATEST((extract(epoch FROM clock_timestamp()) * 1000)::int8, max(changed_at) + 1) \
+             FROM change_log WHERE schema_id = 100 AND row_id = $1",
+            &[&gone],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    tx.execute(
+        "INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, ltbase_updated_at, text_01) \
+         VALUES (100, $1, $2, $2, 'made again')",
+        &[&gone, &version],
+    )
+    .await
+    .unwrap();
+    tx.execute(
+        "INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at) VALUES (100, $1, 0, $2)",
+        &[&gone, &version],
+    )
+    .await
+    .unwrap();
+    let out = requeue_while_open(&rig, gone, tx, "INSERT INTO%change_log%").await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("requeued 0 of 1")
+            && stdout.contains("1 written by the application meanwhile"),
+        "{stdout}"
+    );
+    let slot = rig
+        .writer
+        .client
+        .query_one(
+            "SELECT changed_at, deleted_at FROM change_log WHERE schema_id = 100 AND row_id = $1 AND flushed_at = 0",
+            &[&gone],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (slot.get::<_, i64>(0), slot.get::<_, Option<i64>>(1)),
+        (version, None)
+    );
+    assert!(!rig.flush().await.failed());
+    let lake = oracle::lake_state(rig.store.as_ref(), "manifest/100.json").await;
+    assert_eq!(lake.get(&gone).map(|r| r.changed_at), Some(version));
+}
+
+/// Runs `requeue --row-id id` while the application's transaction `tx` is open, waits until
+/// requeue's statement like `waits_in` waits on a lock `tx` holds, then commits `tx`.
+async fn requeue_while_open(
+    rig: &Rig,
+    id: Uuid,
+    tx: tokio_postgres::Transaction<'_>,
+    waits_in: &str,
+) -> std::process::Output {
+    let run = {
+        let (lake, url, id) = (
+            rig.work.path().to_path_buf(),
+            rig.db.url.clone(),
+            id.to_string(),
+        );
+        std::thread::spawn(move || {
+            harness::bin()
+                .args(["requeue", "--schema", "customer", "--row-id", &id, "--lake"])
+                .arg(lake)
+                .env("DATABASE_URL", url)
+                .output()
+                .unwrap()
+        })
+    };
+    let watch = harness::pg_client(&rig.db.url).await;
+    let mut waited = false;
+    for _ in 0..600 {
+        let n: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                &[&waits_in],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            waited = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        waited,
+        "requeue never waited on the application's transaction"
+    );
+    tx.commit().await.unwrap();
+    run.join().unwrap()
+}
+
+#[tokio::test]
+async fn a_row_deleted_while_it_is_requeued_is_left_to_the_applications_tombstone() {
+    // A requeue failed ("a row was deleted meanwhile"), and one of more than a chunk ended
+    // half done, whenever the application deleted a chosen row while it ran.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(4492);
+    let ids = rig.seed(10, &mut r).await;
+    assert!(!rig.flush().await.failed());
+    let (id, other) = (ids[5], ids[6]);
+    let mut app = harness::pg_client(&rig.db.url).await;
+    let tx = app.transaction().await.unwrap();
+    let version: i64 = tx
+        .query_one(
+            "SELECT GREATEST((extract(epoch FROM clock_timestamp()) * 1000)::int8, max(changed_at) + 1) \
+             FROM change_log WHERE schema_id = 100 AND row_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for sql in [
+        "DELETE FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_row_id = $1",
+        "DELETE FROM eav_data WHERE schema_id = 100 AND row_id = $1",
+    ] {
+        tx.execute(sql, &[&id]).await.unwrap();
+    }
+    tx.execute(
+        "INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at, deleted_at) VALUES (100, $1, 0, $2, $2)",
+        &[&id, &version],
+    )
+    .await
+    .unwrap();
+    let out = requeue_while_open(&rig, id, tx, "WITH ids AS%UPDATE%entity_main%").await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("1 written by the application meanwhile"),
+        "{stdout}"
+    );
+    let slot = rig
+        .writer
+        .client
+        .query_one(
+            "SELECT changed_at, deleted_at FROM change_log WHERE schema_id = 100 AND row_id = $1 AND flushed_at = 0",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (slot.get::<_, i64>(0), slot.get::<_, Option<i64>>(1)),
+        (version, Some(version))
+    );
+    assert!(!rig.flush().await.failed());
+    let lake = oracle::lake_state(rig.store.as_ref(), "manifest/100.json").await;
+    assert!(!lake.contains_key(&id) && lake.contains_key(&other));
+}
