@@ -207,9 +207,13 @@ pub async fn select_where(
     schema_id: i16,
     predicate: &str,
 ) -> Result<Vec<Uuid>> {
+    // The schema's rows first, named as the table so the predicate may qualify its columns:
+    // a predicate that closes its parenthesis (`true) OR (true`) cannot reach other schemas.
     let sql = format!(
-        "SELECT ltbase_row_id FROM {} WHERE ltbase_schema_id = $1 AND ({predicate}) ORDER BY ltbase_row_id",
-        tables.entity.quoted()
+        "SELECT ltbase_row_id FROM (SELECT * FROM {} WHERE ltbase_schema_id = $1) AS {} \
+         WHERE ({predicate}) ORDER BY ltbase_row_id",
+        tables.entity.quoted(),
+        crate::config::quote_ident(tables.entity.name())
     );
     ids_read_only(client, &sql, &[&schema_id]).await
 }

@@ -151,6 +151,29 @@ async fn requeued_rows_and_only_they_are_re_exported_at_new_versions() {
     let (code, _, err) = requeue(&rig, &["--row-id", &b, "--where", "true"]);
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    // A predicate that closes its parenthesis still sees this schema's rows only (another
+    // schema's row is in the table); columns may be qualified by the table's name.
+    rig.writer
+        .client
+        .execute(
+            "INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, ltbase_updated_at) \
+             VALUES (101, $1, 1, 1)",
+            &[&Uuid::new_v4()],
+        )
+        .await
+        .unwrap();
+    let all = rig.writer.rows.len();
+    for predicate in [
+        "true) OR (true",
+        "entity_main.ltbase_schema_id <> 100 OR true",
+    ] {
+        let (code, out, err) = requeue(&rig, &["--dry-run", "--where", predicate]);
+        assert_eq!(code, 0, "{predicate}: {out}{err}");
+        assert!(
+            out.contains(&format!("would requeue {all} of {all} chosen rows")),
+            "{predicate}: {out}"
+        );
+    }
 }
 
 #[tokio::test]
