@@ -132,44 +132,7 @@ fn select(all: Vec<LakeSchema>, selectors: &[String], lake: &str) -> Result<Vec<
     Ok(out)
 }
 
-/// The two views a reader makes of schema `r`: `<name>` and `<name>__history`.
-fn views_of(r: &Registered) -> [String; 2] {
-    [r.name.clone(), format!("{}__history", r.name)]
-}
-
-/// The schemas of `regs` whose views DuckDB would take for one (its names ignore ASCII case):
-/// `Orders` meets `orders`, and a schema named `x__history` meets `x`'s history. Returns each
-/// clashing pair (first, second index, in order) with the error that names both.
-pub fn view_name_clashes(regs: &[&Registered]) -> Vec<(usize, usize, Error)> {
-    let mut out = Vec::new();
-    for (i, a) in regs.iter().enumerate() {
-        for (j, b) in regs.iter().enumerate().skip(i + 1) {
-            if let Some(view) = shared_view(a, b) {
-                out.push((i, j, clash(a, b, &view)));
-            }
-        }
-    }
-    out
-}
-
-/// The first view of `a` (as `a` spells it) that is also one of `b`'s to DuckDB.
-fn shared_view(a: &Registered, b: &Registered) -> Option<String> {
-    let theirs = views_of(b);
-    views_of(a)
-        .into_iter()
-        .find(|v| theirs.iter().any(|t| t.eq_ignore_ascii_case(v)))
-}
-
-/// The error for schemas `a` and `b` both making `view`.
-fn clash(a: &Registered, b: &Registered, view: &str) -> Error {
-    Error::ViewNameClash {
-        first: crate::config::escape_name(&a.name),
-        first_id: a.id,
-        second: crate::config::escape_name(&b.name),
-        second_id: b.id,
-        view: crate::config::escape_name(view),
-    }
-}
+pub use crate::source::registry::view_name_clashes;
 
 #[cfg(test)]
 mod tests {

@@ -372,6 +372,28 @@ async fn a_table_without_a_primary_key_is_refused_and_nothing_is_created() {
     let (code, _, err) = lakecdc(&db, &["attach", "t", "--name", "customer"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--name") && err.contains("taken"), "{err}");
+    // So is one a reader would take for its view or history view (R13), and nothing is
+    // installed for it.
+    for name in ["Customer", "customer__history", "CUSTOMER__History"] {
+        let (code, _, err) = lakecdc(&db, &["attach", "t", "--name", name]);
+        assert_eq!(code, 2, "{name}: {err}");
+        assert!(
+            err.contains("--name") && err.contains("same view as \"customer\""),
+            "{name}: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+    let triggers: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lakecdc%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(triggers, 0);
+    let (code, out, err) = lakecdc(&db, &["attach", "t", "--name", "customers"]);
+    assert_eq!(code, 0, "{out}{err}");
 }
 
 #[tokio::test]
