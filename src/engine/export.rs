@@ -280,7 +280,17 @@ impl Engine {
             self.create_view(name, &format!("SELECT * FROM {}", registered.scan_sql()))?;
             guards.push(registered);
         }
-        let rows = self.copy_to_parquet(&export_sql(schema, schema_id, driver), path);
+        // DuckDB joins, pivots and sorts; the lake's writer writes (see
+        // `writer::write_duck_result`). A result of no rows has no batch to take the types
+        // from, and no values to encode: DuckDB writes it.
+        let sql = export_sql(schema, schema_id, driver);
+        let rows = self.query_arrow(&sql).and_then(|batches| {
+            if batches.iter().all(|b| b.num_rows() == 0) {
+                self.copy_to_parquet(&sql, path)
+            } else {
+                writer::write_duck_result(schema, &batches, path)
+            }
+        });
         for name in ["cl", "m", "eav"] {
             self.drop_view(name)?;
         }

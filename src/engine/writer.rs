@@ -299,6 +299,58 @@ pub(crate) fn write(
     Ok(rows as u64)
 }
 
+/// Writes DuckDB's result `duck` — every column of a lake file of `schema`, in file order, as
+/// [`super::Engine::query_arrow`] hands it over (UUIDs as text) — to a lake file at `path` with
+/// the lake's writer. DuckDB's own Parquet writer delta-encodes a 32-bit integer column with
+/// 64-bit deltas, which the `parquet` crate (compaction's reader) and pyarrow refuse once two
+/// neighbouring values are more than 2^31 apart (docs/hazards.md L92). Returns the rows
+/// written.
+pub(crate) fn write_duck_result(
+    schema: &SchemaDef,
+    duck: &[RecordBatch],
+    path: &Path,
+) -> Result<u64> {
+    let types: HashMap<&str, String> = SYSTEM_COLUMNS
+        .iter()
+        .map(|(n, t)| (*n, t.to_string()))
+        .chain(
+            schema
+                .attributes
+                .iter()
+                .map(|a| (a.column.as_str(), duckdb_type(a))),
+        )
+        .collect();
+    let mut lake = Vec::with_capacity(duck.len());
+    for batch in duck {
+        let mut fields = Vec::with_capacity(batch.num_columns());
+        let mut arrays = Vec::with_capacity(batch.num_columns());
+        for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+            let t = types.get(field.name().as_str()).ok_or_else(|| {
+                Error::Invariant(format!(
+                    "DuckDB's lake file column {} is neither a system column nor an attribute",
+                    field.name()
+                ))
+            })?;
+            let array = duck_array(array, t.starts_with("UUID"))?;
+            // A list's items are named `element`, as the lake's writer names them.
+            let array = match array.data_type() {
+                DataType::List(_) => {
+                    let list = array.as_list::<i32>();
+                    with_items(list, list.values().clone())?
+                }
+                _ => array,
+            };
+            fields.push(lake_field(field.name(), array.data_type()));
+            arrays.push(array);
+        }
+        lake.push(
+            RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
+                .map_err(Error::arrow("make a lake batch of DuckDB's result"))?,
+        );
+    }
+    write_lake_file(path, &lake)
+}
+
 /// Writes lake rows that are already in their lake types (a table source's, docs/design.md
 /// §9.2: all of one schema, in `row_id` order) to a lake file at `path`. Returns the rows
 /// written.

@@ -796,3 +796,52 @@ async fn a_runs_local_files_are_private_and_gone_when_it_ends() {
         "the scratch directory outlived the run"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_file_duckdb_pivots_is_readable_by_compaction_whatever_its_integers() {
+    // docs/hazards.md L92: a batch only DuckDB's pivot can export (here a list item whose
+    // index is not an integer) was written by DuckDB's Parquet writer, which delta-encodes a
+    // 32-bit column with 64-bit deltas: with neighbours 2^31 apart the parquet crate (the
+    // compaction's reader) refused the file and every compaction failed.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(4592);
+    let mut ids: Vec<uuid::Uuid> = (0..3).map(|_| r.uuid()).collect();
+    ids.sort();
+    for (id, points) in ids.iter().zip([i32::MAX, i32::MIN, i32::MAX]) {
+        let mut c = Customer::random(&mut r);
+        c.loyalty_points = Some(points);
+        rig.writer.create(*id, c).await;
+    }
+    rig.writer
+        .client
+        .execute(
+            "INSERT INTO eav_data (schema_id, row_id, attr_id, array_indices, value_text) VALUES (100, $1, 19, 'x', 'odd')",
+            &[&ids[2]],
+        )
+        .await
+        .unwrap();
+    assert!(!rig.flush().await.failed());
+    // Read with the parquet crate, as compaction reads it.
+    let lake = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    let points: Vec<_> = ids
+        .iter()
+        .map(|id| lake[id].columns["loyalty_points"].clone())
+        .collect();
+    assert_eq!(
+        points,
+        [i32::MAX, i32::MIN, i32::MAX].map(|p| oracle::V::Int(i64::from(p)))
+    );
+    let s = compact(
+        &rig,
+        &CompactOptions {
+            max_deltas: 0,
+            ..opts(&rig)
+        },
+    )
+    .await;
+    assert!(s.error.is_none(), "{:?}", s.error);
+    assert_eq!(
+        oracle::lake_state(rig.store.as_ref(), MANIFEST).await.len(),
+        3
+    );
+}
