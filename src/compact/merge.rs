@@ -82,21 +82,15 @@ pub(crate) fn merged_schema(sources: &[(FileEntry, SchemaRef)]) -> Result<Schema
 /// cast, and a NULL `deleted_at` (older writers' live rows) is 0.
 fn conform(src: &Source, batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     let rows = batch.num_rows();
-    let strict = CastOptions {
-        safe: false,
-        ..CastOptions::default()
-    };
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
         let column = match batch.column_by_name(f.name()) {
             None => new_null_array(f.data_type(), rows),
             Some(a) if a.data_type() == f.data_type() => a.clone(),
-            Some(a) => {
-                cast_with_options(a, f.data_type(), &strict).map_err(|e| Error::Parquet {
-                    path: src.entry.path.clone(),
-                    message: format!("column {}: {e}", f.name()),
-                })?
-            }
+            Some(a) => retyped(a, f.data_type()).map_err(|e| Error::Parquet {
+                path: src.entry.path.clone(),
+                message: format!("column {}: {e}", f.name()),
+            })?,
         };
         let column = if f.name() == "deleted_at" && column.null_count() > 0 {
             let values = column
@@ -114,6 +108,29 @@ fn conform(src: &Source, batch: &RecordBatch, schema: &SchemaRef) -> Result<Reco
         columns.push(column);
     }
     RecordBatch::try_new(schema.clone(), columns).map_err(Error::arrow("conform a merge input"))
+}
+
+/// An older file's column in the newer type, as the export's `TRY_CAST` makes the source's
+/// value of it (docs/hazards.md L93): a double becomes a whole number by rounding half to even,
+/// and NaN, an infinity or a value out of range is NULL, as is any value the cast cannot take —
+/// a strict cast failed every compaction on one NaN and cut 1.5 to 1.
+fn retyped(
+    a: &ArrayRef,
+    to: &arrow::datatypes::DataType,
+) -> Result<ArrayRef, arrow::error::ArrowError> {
+    use crate::engine::writer::double_to_bigint;
+    use arrow::datatypes::{DataType, Float64Type};
+    if let (Some(doubles), DataType::Int64 | DataType::Int32 | DataType::Int16) =
+        (a.as_primitive_opt::<Float64Type>(), to)
+    {
+        let whole: Int64Array = doubles
+            .iter()
+            .map(|v| v.and_then(double_to_bigint))
+            .collect();
+        let whole: ArrayRef = Arc::new(whole);
+        return cast_with_options(&whole, to, &CastOptions::default());
+    }
+    cast_with_options(a, to, &CastOptions::default())
 }
 
 /// The current batch of a stream and where the merge is in it.
@@ -613,6 +630,54 @@ impl<'a> Merge<'a> {
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc::sync_channel;
+
+    #[test]
+    fn an_older_generations_doubles_become_whole_numbers_as_the_export_makes_them() {
+        use arrow::array::{Float64Array, Int16Array};
+        use arrow::datatypes::DataType;
+        let doubles: ArrayRef = Arc::new(Float64Array::from(vec![
+            Some(1.5),
+            Some(2.5),
+            Some(-0.5),
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+            Some(1e300),
+            None,
+            Some(70_000.0),
+        ]));
+        let big = retyped(&doubles, &DataType::Int64).unwrap();
+        assert_eq!(
+            big.as_primitive::<Int64Type>().iter().collect::<Vec<_>>(),
+            [
+                Some(2),
+                Some(2),
+                Some(0),
+                None,
+                None,
+                None,
+                None,
+                Some(70_000)
+            ]
+        );
+        let small = retyped(&doubles, &DataType::Int16).unwrap();
+        let small: Vec<_> = small
+            .as_any()
+            .downcast_ref::<Int16Array>()
+            .unwrap()
+            .iter()
+            .collect();
+        assert_eq!(
+            small,
+            [Some(2), Some(2), Some(0), None, None, None, None, None]
+        );
+        // Text that is no number is NULL, not a failed compaction.
+        let text: ArrayRef = Arc::new(StringArray::from(vec![Some("12"), Some("x"), None]));
+        let n = retyped(&text, &DataType::Int64).unwrap();
+        assert_eq!(
+            n.as_primitive::<Int64Type>().iter().collect::<Vec<_>>(),
+            [Some(12), None, None]
+        );
+    }
 
     use arrow::array::{FixedSizeBinaryArray, StringArray};
     use bytes::Bytes;
