@@ -45,6 +45,60 @@ pub fn check_file(path: &Path) -> Result<FooterInfo> {
     check_metadata(&name, reader.metadata().file_metadata())
 }
 
+/// The smallest and largest `row_id` a local Parquet file holds, read from the column itself
+/// (its statistics are a writer's claim); `None` for a file of no rows. A manifest's range
+/// is what point lookups prune by, so `verify` holds it to this (docs/hazards.md R14).
+pub fn row_id_range(path: &Path) -> Result<Option<(uuid::Uuid, uuid::Uuid)>> {
+    use arrow::array::{Array, FixedSizeBinaryArray};
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let name = path.display().to_string();
+    let bad = |message: String| Error::Parquet {
+        path: name.clone(),
+        message,
+    };
+    let file = File::open(path).map_err(|source| Error::Io {
+        op: "open parquet file",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| bad(format!("unreadable footer: {e}")))?;
+    let leaf = builder
+        .parquet_schema()
+        .columns()
+        .iter()
+        .position(|c| c.path().parts() == ["row_id"])
+        .ok_or_else(|| bad("no row_id column".into()))?;
+    let mask = ProjectionMask::leaves(builder.parquet_schema(), [leaf]);
+    let reader = builder
+        .with_projection(mask)
+        .build()
+        .map_err(|e| bad(format!("read row_id: {e}")))?;
+    let mut range: Option<(uuid::Uuid, uuid::Uuid)> = None;
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(format!("read row_id: {e}")))?;
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<FixedSizeBinaryArray>()
+            .filter(|a| a.value_length() == 16)
+            .ok_or_else(|| bad("row_id is not 16-byte values".into()))?;
+        for i in 0..ids.len() {
+            if ids.is_null(i) {
+                return Err(bad("a NULL row_id".into()));
+            }
+            let id =
+                uuid::Uuid::from_slice(ids.value(i)).map_err(|e| bad(format!("row_id: {e}")))?;
+            range = Some(match range {
+                None => (id, id),
+                Some((lo, hi)) => (lo.min(id), hi.max(id)),
+            });
+        }
+    }
+    Ok(range)
+}
+
 /// Checks the system columns of a file's parsed footer (`name` for messages).
 pub fn check_metadata(name: &str, meta: &FileMetaData) -> Result<FooterInfo> {
     let root = meta.schema_descr().root_schema();

@@ -500,6 +500,21 @@ async fn check_entry(ctx: &Context, opts: &VerifyOptions, e: &FileEntry) -> Resu
                         {
                             problem("columns", format!("manifest {stamp:?}, footer {found:?}"));
                         }
+                        // Point lookups prune by the listed range: it must be the file's own
+                        // (a range that parses; one that does not prunes nothing).
+                        if let (Ok(lo), Ok(hi)) = (
+                            uuid::Uuid::parse_str(&e.row_id_min),
+                            uuid::Uuid::parse_str(&e.row_id_max),
+                        ) {
+                            match footer::row_id_range(&path) {
+                                Err(err) => problem("row_id_range", err.to_string()),
+                                Ok(Some(actual)) if actual != (lo, hi) => problem(
+                                    "row_id_range",
+                                    format!("manifest {lo}..{hi}, file {}..{}", actual.0, actual.1),
+                                ),
+                                Ok(_) => {}
+                            }
+                        }
                     }
                 }
                 Check::Present {

@@ -299,4 +299,37 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
         .map(|p| (p.kind, p.path.as_str()))
         .collect();
     assert_eq!(named, [("columns", victim.as_str())]);
+    // A listed row-id range that is not the file's (point lookups prune by it) is named too
+    // (docs/hazards.md R14).
+    let other = loaded.files[1].path.clone();
+    manifest::commit(
+        rig.store.as_ref(),
+        "manifest/100.json",
+        100,
+        &lakecdc::clock::SystemClock,
+        Default::default(),
+        |m| {
+            let f = m.files.iter_mut().find(|f| f.path == other).unwrap();
+            f.row_id_min = "00000000-0000-0000-0000-000000000000".into();
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
+        .await
+        .unwrap();
+    let mut named: Vec<(&str, &str)> = report.schemas[0]
+        .problems
+        .iter()
+        .map(|p| (p.kind, p.path.as_str()))
+        .collect();
+    named.sort();
+    assert_eq!(
+        named,
+        [
+            ("columns", victim.as_str()),
+            ("row_id_range", other.as_str())
+        ]
+    );
 }
