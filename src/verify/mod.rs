@@ -261,6 +261,13 @@ async fn verify_source(
             return Ok(());
         };
         out.files = files.len();
+        // A listed file that is gone or of another size cannot be read to prove its rows: the
+        // schema diverges, naming it, and the comparison waits for the file or an init.
+        out.problems = unreadable_listed(ctx, opts, reg.id, &files).await?;
+        if !out.problems.is_empty() {
+            out.outcome = Outcome::Diverged;
+            return Ok(());
+        }
         let (mut check, divergent) = source::check(
             ctx,
             so,
@@ -292,6 +299,73 @@ async fn verify_source(
     })
     .await;
     finished(out, result, started)
+}
+
+/// The listed files of `files` that are missing from the store (`dangling`, after a second
+/// look at the manifest, as plain verify makes it) or whose size is not the listed one
+/// (`size`): one HEAD each, `--parallelism` at once (docs/hazards.md L94).
+async fn unreadable_listed(
+    ctx: &Context,
+    opts: &VerifyOptions,
+    schema_id: i16,
+    files: &[FileEntry],
+) -> Result<Vec<Problem>> {
+    let store = ctx.lake.store.as_ref();
+    let fix = "restore the object, or rebuild the schema with lakecdc init --replace-delta";
+    let listed: Vec<(String, i64)> = files
+        .iter()
+        .map(|f| (f.path.clone(), f.size_bytes))
+        .collect();
+    let heads: Vec<(String, i64, std::result::Result<u64, StoreError>)> = stream::iter(listed)
+        .map(|(path, size)| async move {
+            let head = store.head(&path).await.map(|m| m.size);
+            (path, size, head)
+        })
+        .buffer_unordered(opts.parallelism.max(1))
+        .collect()
+        .await;
+    let mut problems = Vec::new();
+    let mut missing = Vec::new();
+    for (path, listed, head) in heads {
+        match head {
+            Ok(size) if i64::try_from(size).ok() == Some(listed) => {}
+            Ok(size) => problems.push(Problem {
+                path,
+                kind: "size",
+                detail: format!("manifest {listed} bytes, object {size}: {fix}"),
+            }),
+            Err(StoreError::NotFound) => missing.push(path),
+            Err(source) => {
+                return Err(Error::Storage {
+                    op: "probe listed object",
+                    key: path,
+                    source,
+                });
+            }
+        }
+    }
+    if !missing.is_empty() {
+        // Second look: a compaction may have retired it meanwhile.
+        let (layout, limits) = (&ctx.lake.layout, ctx.lake.limits());
+        let key = layout.manifest_key(schema_id);
+        let relisted: Vec<String> = manifest::load_within(store, &key, schema_id, limits)
+            .await?
+            .map(|l| l.manifest.files.into_iter().map(|f| f.path).collect())
+            .unwrap_or_default();
+        for path in missing {
+            if relisted.contains(&path)
+                && matches!(store.head(&path).await, Err(StoreError::NotFound))
+            {
+                problems.push(Problem {
+                    path,
+                    kind: "dangling",
+                    detail: format!("listed in the manifest but the object does not exist: {fix}"),
+                });
+            }
+        }
+    }
+    problems.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(problems)
 }
 
 /// A schema's report once its locked step returned `result` (`None`: the lock was held).

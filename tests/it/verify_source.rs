@@ -287,3 +287,43 @@ async fn a_repair_whose_lock_session_ends_requeues_nothing_and_a_rerun_does() {
     assert_eq!((after.outcome, code), (Outcome::Intact, 0), "{after:?}");
     rig.assert_oracle().await;
 }
+
+#[tokio::test]
+async fn a_listed_file_gone_or_resized_is_a_divergence_naming_it_not_a_failure() {
+    use lakecdc::store::ObjectStore;
+    // docs/hazards.md L94: verify --source failed the schema (exit 1, "read compaction
+    // source … not found") and named no row, so the divergence alert stayed silent.
+    let (rig, _) = worked_rig(74).await;
+    let listed = rig.listed().await;
+    let (gone, grown) = (&listed[0], &listed[1]);
+    let mut bytes = rig.store.get_bytes(grown).await.unwrap().bytes.to_vec();
+    bytes.extend_from_slice(b"appended");
+    rig.store
+        .put_bytes(
+            grown,
+            bytes::Bytes::from(bytes),
+            lakecdc::store::PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    rig.store.delete(gone).await.unwrap();
+    for repair in [false, true] {
+        let (s, code) = verify_source(&rig, false, repair).await;
+        assert_eq!((s.outcome, code), (Outcome::Diverged, 3), "{s:?}");
+        let mut named: Vec<(&str, &str)> = s
+            .problems
+            .iter()
+            .map(|p| (p.kind, p.path.as_str()))
+            .collect();
+        named.sort();
+        let mut want = vec![("dangling", gone.as_str()), ("size", grown.as_str())];
+        want.sort();
+        assert_eq!(named, want);
+        assert!(
+            s.problems
+                .iter()
+                .all(|p| p.detail.contains("init --replace-delta")),
+            "{s:?}"
+        );
+    }
+}
