@@ -256,9 +256,11 @@ async fn verify_source(
     let started = Instant::now();
     let mut out = SchemaVerify::new(reg);
     let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
-        let Some((files, lake_source)) = job::listed(ctx, reg.id).await? else {
-            out.outcome = Outcome::NoManifest;
-            return Ok(());
+        // No manifest is a lake holding no row: the source's flushed rows are then missing
+        // from it, not proven (docs/hazards.md L95); with none, the outcome is `no_manifest`.
+        let (files, lake_source, no_manifest) = match job::listed(ctx, reg.id).await? {
+            Some((files, lake_source)) => (files, lake_source, false),
+            None => (Vec::new(), None, true),
         };
         out.files = files.len();
         // A listed file that is gone or of another size cannot be read to prove its rows: the
@@ -289,6 +291,8 @@ async fn verify_source(
         }
         if check.divergent() > 0 {
             out.outcome = Outcome::Diverged;
+        } else if no_manifest {
+            out.outcome = Outcome::NoManifest;
         }
         // The comparison stays in the report even when the repair cannot be made.
         let check = out.source.insert(check);

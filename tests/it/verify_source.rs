@@ -327,3 +327,23 @@ async fn a_listed_file_gone_or_resized_is_a_divergence_naming_it_not_a_failure()
         );
     }
 }
+
+#[tokio::test]
+async fn a_lost_manifest_leaves_every_flushed_row_missing_not_proven() {
+    // docs/hazards.md L95: with its manifest gone, a schema whose rows were all flushed
+    // passed verify --source as `no_manifest`, exit 0.
+    use lakecdc::store::ObjectStore;
+    let (rig, _) = worked_rig(75).await;
+    let dirty = crate::support::oracle::dirty(&rig.writer).await;
+    rig.store.delete("manifest/100.json").await.unwrap();
+    let (s, code) = verify_source(&rig, false, false).await;
+    assert_eq!((s.outcome, code), (Outcome::Diverged, 3), "{s:?}");
+    let c = s.source.as_ref().unwrap();
+    let live = rig
+        .writer
+        .rows
+        .iter()
+        .filter(|(id, m)| !m.soft_deleted && !dirty.contains(id));
+    assert_eq!(c.missing.count, live.count() as u64, "{c:?}");
+    assert_eq!((c.lake_rows, c.extra.count, c.stale.count), (0, 0, 0));
+}
