@@ -35,14 +35,14 @@ fn row_id(ids: &FixedSizeBinaryArray, i: usize) -> Result<RowId> {
     Ok(u128::from_be_bytes(bytes))
 }
 
-/// The row ids of the schema's dirty `change_log` slots (`flushed_at = 0`), sorted, read in
-/// the snapshot of `ticket`.
+/// The schema's dirty `change_log` slots (`flushed_at = 0`) as `(row_id, changed_at)`, sorted
+/// by row id, read in the snapshot of `ticket`.
 pub async fn dirty_ids(
     conn: &mut TappedClient,
     ticket: SnapshotTicket,
     tables: &Tables,
     schema_id: i16,
-) -> Result<Vec<RowId>> {
+) -> Result<Vec<(RowId, i64)>> {
     let TappedClient { client, tap } = conn;
     let tx = begin_in(client, ticket).await?;
     let out = read_dirty(&tx, tap, tables, schema_id).await?;
@@ -55,16 +55,18 @@ async fn read_dirty(
     tap: &super::copy_tap::CopyTap,
     tables: &Tables,
     schema_id: i16,
-) -> Result<Vec<RowId>> {
+) -> Result<Vec<(RowId, i64)>> {
     let sql = format!(
-        "SELECT row_id FROM {} WHERE schema_id = {schema_id} AND flushed_at = 0 ORDER BY row_id",
+        "SELECT row_id, changed_at FROM {} WHERE schema_id = {schema_id} AND flushed_at = 0 ORDER BY row_id",
         tables.change_log.quoted()
     );
-    let into = BatchBuilder::new(&[("row_id", SlotType::Uuid, false)], 1024);
+    let columns = [
+        ("row_id", SlotType::Uuid, false),
+        ("changed_at", SlotType::Bigint, false),
+    ];
+    let into = BatchBuilder::new(&columns, 1024);
     let (into, rows) = copy_into(tx, tap, "read dirty row ids", &sql, into).await?;
-    let batch = into.finish()?;
-    let ids = ids_of(&batch)?;
-    (0..rows).map(|i| row_id(ids, i)).collect()
+    pairs(&into.finish()?, rows)
 }
 
 /// A chunk of live versions handed over by [`live_versions`].
@@ -94,7 +96,7 @@ pub async fn live_versions<F, Fut>(
     schema_id: i16,
     page_rows: usize,
     readers: usize,
-    on_dirty: impl FnOnce(Vec<RowId>),
+    on_dirty: impl FnOnce(Vec<(RowId, i64)>),
     mut on_chunk: F,
 ) -> Result<bool>
 where

@@ -400,7 +400,7 @@ fn spawn_shallow(
     work_dir: &Path,
     schema_id: i16,
     mut conn: crate::source::connect::TappedClient,
-    dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
+    dirty: tokio::sync::oneshot::Sender<Vec<(u128, i64)>>,
     tx: mpsc::Sender<Result<Vec<SourceRow>>>,
 ) -> tokio::task::JoinHandle<Result<bool>> {
     let (tables, connector) = (ctx.tables.clone(), ctx.connector.clone());
@@ -477,7 +477,7 @@ fn spawn_table(
     opts: &SourceOptions,
     schema_id: i16,
     deep: Option<TableDeep>,
-    dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
+    dirty: tokio::sync::oneshot::Sender<Vec<(u128, i64)>>,
     tx: mpsc::Sender<Result<Vec<SourceRow>>>,
 ) -> tokio::task::JoinHandle<Result<bool>> {
     let (tables, connector) = (ctx.tables.clone(), ctx.connector.clone());
@@ -491,7 +491,7 @@ fn spawn_table(
             let client = connector.connect().await?;
             let src = table_source::load(&client, &tables, schema_id).await?;
             let (read, ids) = table_source::IdRead::open(&client, &src).await?;
-            let _ = dirty.send(ids);
+            let _ = dirty.send(unversioned(ids));
             loop {
                 let page = read.page(page_rows).await?;
                 let end = page.is_empty();
@@ -533,9 +533,16 @@ fn spawn_deep(
     })
 }
 
+/// A table source's pending ids, whose versions the touch log does not hold: never below the
+/// lake's.
+fn unversioned(ids: Vec<u128>) -> Vec<(u128, i64)> {
+    ids.into_iter().map(|id| (id, i64::MAX)).collect()
+}
+
 /// The classifier: one pass over both streams, with the dirty ids.
 struct Compare {
-    dirty: Vec<u128>,
+    /// `(row_id, the dirty slot's version)`, sorted.
+    dirty: Vec<(u128, i64)>,
     next_dirty: usize,
     max_ids: usize,
     deep: bool,
@@ -549,7 +556,7 @@ struct Compare {
 }
 
 impl Compare {
-    fn new(opts: &SourceOptions, dirty: Vec<u128>) -> Self {
+    fn new(opts: &SourceOptions, dirty: Vec<(u128, i64)>) -> Self {
         Self {
             dirty,
             next_dirty: 0,
@@ -564,12 +571,15 @@ impl Compare {
         }
     }
 
-    /// Whether `id` is dirty; ids are asked in increasing order.
-    fn dirty(&mut self, id: u128) -> bool {
-        while self.dirty.get(self.next_dirty).is_some_and(|d| *d < id) {
+    /// The version of `id`'s dirty slot, when it is dirty; ids are asked in increasing order.
+    fn dirty(&mut self, id: u128) -> Option<i64> {
+        while self.dirty.get(self.next_dirty).is_some_and(|d| d.0 < id) {
             self.next_dirty += 1;
         }
-        self.dirty.get(self.next_dirty) == Some(&id)
+        self.dirty
+            .get(self.next_dirty)
+            .filter(|d| d.0 == id)
+            .map(|d| d.1)
     }
 
     fn found(&mut self, class: usize, id: u128, floor: i64) {
@@ -590,7 +600,14 @@ impl Compare {
         self.source_rows += 1;
         self.lake_rows += 1;
         self.compared += 1;
-        if self.dirty(s.0) {
+        if let Some(dirty) = self.dirty(s.0) {
+            // Left to the next flush — unless its version is below the lake's copy, which
+            // would win over it (a database restored to an earlier state, docs/hazards.md
+            // L96): requeued above the lake's copy, it wins.
+            if dirty < l.changed_at {
+                let class = if l.tombstone { 0 } else { 2 };
+                self.found(class, s.0, l.changed_at);
+            }
             return;
         }
         if l.tombstone {
@@ -605,7 +622,7 @@ impl Compare {
     fn source_only(&mut self, s: SourceRow) {
         self.source_rows += 1;
         self.compared += 1;
-        if !self.dirty(s.0) {
+        if self.dirty(s.0).is_none() {
             self.found(0, s.0, 0);
         }
     }
@@ -613,7 +630,10 @@ impl Compare {
     fn lake_only(&mut self, l: Current) {
         self.lake_rows += 1;
         self.compared += 1;
-        if !l.tombstone && !self.dirty(l.row_id) {
+        // A dirty slot (a tombstone: the row is not in the source) below the lake's live
+        // copy would lose to it, as in `both`.
+        let loses = |v: i64| v < l.changed_at;
+        if !l.tombstone && self.dirty(l.row_id).is_none_or(loses) {
             self.found(1, l.row_id, l.changed_at);
         }
     }
@@ -771,7 +791,7 @@ impl TableDeep {
     async fn read(
         self,
         page_rows: usize,
-        dirty: tokio::sync::oneshot::Sender<Vec<u128>>,
+        dirty: tokio::sync::oneshot::Sender<Vec<(u128, i64)>>,
         tx: &mpsc::Sender<Result<Vec<SourceRow>>>,
     ) -> Result<()> {
         let Self {
@@ -788,7 +808,7 @@ impl TableDeep {
         )
         .await?;
         // The same transaction, hence the same snapshot, as the rows.
-        let _ = dirty.send(table_source::pending_ids(&client, &src).await?);
+        let _ = dirty.send(unversioned(table_source::pending_ids(&client, &src).await?));
         loop {
             let page = read.page(page_rows.min(DEEP_PAGE_ROWS)).await?.rows;
             if page.num_rows() == 0 {

@@ -347,3 +347,68 @@ async fn a_lost_manifest_leaves_every_flushed_row_missing_not_proven() {
     assert_eq!(c.missing.count, live.count() as u64, "{c:?}");
     assert_eq!((c.lake_rows, c.extra.count, c.stale.count), (0, 0, 0));
 }
+
+#[tokio::test]
+async fn dirty_rows_below_the_lakes_copy_are_divergent_and_one_repair_converges() {
+    // docs/hazards.md L96: after a database restore, a dirty row whose version is below the
+    // lake's copy was left to the next flush, which exported it at a version that loses; the
+    // documented repair, flush and verify took two rounds.
+    let (mut rig, _) = worked_rig(76).await;
+    assert!(!rig.flush().await.failed());
+    let lake = crate::support::oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    let live: Vec<Uuid> = rig
+        .writer
+        .rows
+        .iter()
+        .filter(|(id, m)| !m.soft_deleted && lake.contains_key(id))
+        .map(|(id, _)| *id)
+        .collect();
+    let (older, gone) = (live[0], live[1]);
+    // "Restored": the row is back at an older version, dirty; the other is deleted, with a
+    // dirty tombstone older than the lake's live copy.
+    for (id, deleted) in [(older, false), (gone, true)] {
+        let v = lake[&id].changed_at - 1000;
+        let c = &rig.writer.client;
+        if deleted {
+            c.execute(
+                "DELETE FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_row_id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        } else {
+            c.execute(
+                "UPDATE entity_main SET ltbase_updated_at = $2 WHERE ltbase_schema_id = 100 AND ltbase_row_id = $1",
+                &[&id, &v],
+            )
+            .await
+            .unwrap();
+        }
+        c.execute(
+            "DELETE FROM change_log WHERE schema_id = 100 AND row_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+        c.execute(
+            "INSERT INTO change_log (schema_id, row_id, flushed_at, changed_at, deleted_at) VALUES (100, $1, 0, $2, $3)",
+            &[&id, &v, &deleted.then_some(v)],
+        )
+        .await
+        .unwrap();
+    }
+    rig.writer.rows.remove(&gone);
+    rig.writer.deleted.push(gone);
+    let (s, code) = verify_source(&rig, false, true).await;
+    assert_eq!((s.outcome, code), (Outcome::Diverged, 3), "{s:?}");
+    let c = s.source.as_ref().unwrap();
+    assert_eq!(ids(&c.stale), BTreeSet::from([older]), "{c:?}");
+    assert_eq!(ids(&c.extra), BTreeSet::from([gone]), "{c:?}");
+    assert_eq!(c.divergent(), 2, "{c:?}");
+    // One repair, one flush: intact.
+    assert!(!rig.flush().await.failed());
+    let (s, code) = verify_source(&rig, false, false).await;
+    assert_eq!((s.outcome, code), (Outcome::Intact, 0), "{s:?}");
+    let lake = crate::support::oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
+    assert!(lake.contains_key(&older) && !lake.contains_key(&gone));
+}
