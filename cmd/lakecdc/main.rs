@@ -304,7 +304,8 @@ enum Command {
         /// Read the lake as of a manifest version, an RFC 3339 time, or an age like -1h.
         #[arg(long, allow_hyphen_values = true)]
         as_of: Option<String>,
-        /// Also check each file's SHA-256 before reading it (local lakes and cache hits).
+        /// Also re-hash each cached file before reading it (a local lake's files are always
+        /// hashed).
         #[arg(long)]
         verify: bool,
         /// Where an S3 lake's verified files are cached (default $XDG_CACHE_HOME/lakecdc or

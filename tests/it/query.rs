@@ -870,6 +870,22 @@ async fn a_local_file_replaced_by_a_link_is_refused_and_a_short_one_named() {
         "{e}"
     );
     assert_eq!(e.exit_code(), 1);
+
+    // The same size with other bytes (R15): refused by its SHA-256 without --verify.
+    std::fs::remove_file(&victim).unwrap();
+    let mut bytes = std::fs::read(&elsewhere).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&victim, bytes).unwrap();
+    assert!(!opts.verify);
+    let e = lakecdc::query::run(&rig.job_context(), &opts)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(&listed[0]) && e.to_string().contains("sha256"),
+        "{e}"
+    );
+    assert!(!out.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
