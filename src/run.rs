@@ -699,8 +699,8 @@ fn inspected_state(r: &crate::inspect::InspectReport) -> Vec<crate::metrics::Sch
             dirty_rows: s.dirty_rows,
             oldest_dirty_age_s: s.oldest_dirty_age_s as f64,
             manifest_version: s.manifest.then_some(s.manifest_version),
-            base: tier(&s.base),
-            delta: tier(&s.delta),
+            base: Some(tier(&s.base)),
+            delta: Some(tier(&s.delta)),
         })
         .collect()
 }

@@ -222,7 +222,8 @@ pub fn exposition(run: &RunRecord, last_success: Option<f64>) -> Exposition {
                 v as f64,
             );
         }
-        for (tier, size) in [("base", s.base), ("delta", s.delta)] {
+        let tiers = [("base", s.base), ("delta", s.delta)];
+        for (tier, size) in tiers.into_iter().filter_map(|(t, s)| Some((t, s?))) {
             let labels = [labels[0], labels[1], labels[2], ("tier", tier)];
             e.gauge(
                 "lakecdc_lake_files",
@@ -326,14 +327,14 @@ mod tests {
                 dirty_rows: 3,
                 oldest_dirty_age_s: 1.5,
                 manifest_version: Some(4),
-                base: TierSize {
+                base: Some(TierSize {
                     files: 2,
                     bytes: 20,
-                },
-                delta: TierSize {
+                }),
+                delta: Some(TierSize {
                     files: 1,
                     bytes: 999,
-                },
+                }),
             }],
         }
     }

@@ -28,10 +28,10 @@ pub struct SchemaState {
     pub oldest_dirty_age_s: f64,
     /// The manifest's version, when the schema has one.
     pub manifest_version: Option<i64>,
-    /// Base tier.
-    pub base: TierSize,
-    /// Delta tier.
-    pub delta: TierSize,
+    /// Base tier; `None` when the manifest could not be read.
+    pub base: Option<TierSize>,
+    /// Delta tier; `None` when the manifest could not be read.
+    pub delta: Option<TierSize>,
 }
 
 /// The state of `schemas` (id, name) now.
@@ -45,17 +45,29 @@ pub async fn gather(ctx: &Context, schemas: &[(i16, String)]) -> Result<Vec<Sche
     for (id, name) in schemas {
         let dirty = crate::source::table_source::dirty_of_id(&client, &ctx.tables, *id).await?;
         let now = ctx.clock.now_ms();
-        let loaded = manifest::load_within(
+        // A manifest that cannot be read (a missing bucket, a damaged file) leaves out this
+        // schema's lake samples only: the backlog, from the database, is what an alert on a
+        // failing flush needs most (docs/hazards.md L97).
+        let loaded = match manifest::load_within(
             ctx.lake.store.as_ref(),
             &layout.manifest_key(*id),
             *id,
             layout.limits(),
         )
-        .await?;
+        .await
+        {
+            Ok(loaded) => Some(loaded),
+            Err(e) => {
+                tracing::warn!(schema = %name, "metrics: the lake samples are left out: {}", e.chain());
+                None
+            }
+        };
         let tier = |t: Tier| {
-            loaded.as_ref().map_or(TierSize::default(), |l| TierSize {
-                files: l.manifest.tier(t).count() as u64,
-                bytes: Manifest::total_bytes(l.manifest.tier(t)),
+            loaded.as_ref().map(|l| {
+                l.as_ref().map_or(TierSize::default(), |l| TierSize {
+                    files: l.manifest.tier(t).count() as u64,
+                    bytes: Manifest::total_bytes(l.manifest.tier(t)),
+                })
             })
         };
         out.push(SchemaState {
@@ -67,7 +79,9 @@ pub async fn gather(ctx: &Context, schemas: &[(i16, String)]) -> Result<Vec<Sche
             } else {
                 0.0
             },
-            manifest_version: loaded.as_ref().map(|l| l.manifest.version),
+            manifest_version: loaded
+                .as_ref()
+                .and_then(|l| l.as_ref().map(|l| l.manifest.version)),
             base: tier(Tier::Base),
             delta: tier(Tier::Delta),
         });

@@ -351,6 +351,39 @@ async fn a_failed_run_moves_last_run_but_not_last_success() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_that_cannot_be_read_leaves_out_its_lake_samples_not_the_backlog() {
+    // docs/hazards.md L97: one unreadable manifest dropped every schema's dirty-row samples,
+    // so the alert on a growing backlog could not fire while flush was failing.
+    let (mut rig, dir) = prepared().await;
+    let cli = Cli {
+        rig: &rig,
+        metrics: dir.path().join("flush.prom"),
+    };
+    cli.job(&["flush", "--force"]);
+    let manifest = cli.lake().join("manifest/100.json");
+    std::fs::write(&manifest, b"{ not a manifest").unwrap();
+    let mut r = Rng::new(7011);
+    change_some(&mut rig, &mut r, 5).await;
+    let cli = Cli {
+        rig: &rig,
+        metrics: dir.path().join("flush.prom"),
+    };
+    let (code, _, err) = cli.run(&["flush", "--force"], &[]);
+    assert_ne!(code, 0, "{err}");
+    let p = parse(&cli.file("flush"));
+    let customer = [("schema", "customer")];
+    assert!(value(&p, "lakecdc_dirty_rows", &customer) >= 5.0, "{p:?}");
+    assert!(value(&p, "lakecdc_oldest_dirty_age_seconds", &customer) >= 0.0);
+    let lake_files = p.get("lakecdc_lake_files").cloned().unwrap_or_default();
+    assert!(
+        !lake_files
+            .iter()
+            .any(|(l, _)| l.get("schema").map(String::as_str) == Some("customer")),
+        "{lake_files:?}"
+    );
+}
+
 /// A test Pushgateway on a local port: records each request and answers `status`.
 fn pushgateway(status: u16) -> (String, Arc<Mutex<Vec<Request>>>) {
     recording_server(format!(
