@@ -124,10 +124,10 @@ impl InspectReport {
             ));
             match &s.lock_holder {
                 Some(h) => out.push_str(&format!(
-                    "  lock              held by pid {} ({}) since {} ms{}\n",
+                    "  lock              held by pid {} ({}) since {}{}\n",
                     h.pid,
                     h.application_name,
-                    h.since_ms,
+                    crate::lake::history::format_ms(h.since_ms),
                     h.client_addr
                         .as_deref()
                         .map(|a| format!(" from {a}"))

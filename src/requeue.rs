@@ -151,17 +151,17 @@ pub async fn run(ctx: &Context, opts: &RequeueOptions) -> Result<RequeueReport> 
         })
         .collect();
     let mut rows = requeue::merged(&chosen);
-    if table.is_some() {
-        // A table keeps no history of its rows: the lake is it. Each row's floor is its
-        // lake copy's version, so a row the table no longer holds but the lake does is
-        // requeued as a tombstone above that copy (docs/design.md §10).
-        if let Some((files, _)) = job::listed(ctx, reg.id).await? {
-            let ids: Vec<u128> = rows.iter().map(|r| r.row_id.as_u128()).collect();
-            let copies = listed_copies(ctx.lake.store.clone(), &files, &ids).await?;
-            for (r, copy) in rows.iter_mut().zip(copies) {
-                if let Some((version, _)) = copy {
-                    r.floor = version;
-                }
+    // Each row's floor is its lake copy's version: a row the source no longer holds but the
+    // lake does is requeued as a tombstone above that copy (a table keeps no history of its
+    // rows; an entity's `change_log` history may be gone with it, docs/hazards.md L98), and a
+    // row the lake holds at a newer version than the source (a restored database) is bumped
+    // above it (docs/design.md §10).
+    if let Some((files, _)) = job::listed(ctx, reg.id).await? {
+        let ids: Vec<u128> = rows.iter().map(|r| r.row_id.as_u128()).collect();
+        let copies = listed_copies(ctx.lake.store.clone(), &files, &ids).await?;
+        for (r, copy) in rows.iter_mut().zip(copies) {
+            if let Some((version, _)) = copy {
+                r.floor = version;
             }
         }
     }

@@ -84,6 +84,11 @@ impl ViewReport {
     /// The statements, each schema's after a comment naming its manifest version.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
+        if self.schemas.is_empty() {
+            out.push_str(
+                "-- no schema in the lake: no manifest yet (lakecdc init or flush writes one), or --lake names another place\n",
+            );
+        }
         for s in &self.schemas {
             let head = format!("-- {} (schema id {}): ", s.schema, s.schema_id);
             match (&s.problem, s.version, &s.sql) {
@@ -181,6 +186,13 @@ fn statements(name: &str, files: &[PlanFile]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lake_without_schemas_says_so() {
+        let text = ViewReport { schemas: vec![] }.to_text();
+        assert!(text.starts_with("-- no schema in the lake"), "{text}");
+        assert_eq!(ViewReport { schemas: vec![] }.exit_code(), 0);
+    }
 
     #[test]
     fn the_statements_quote_names_and_uris() {

@@ -97,6 +97,16 @@ fn is_plain_identifier(p: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
 }
 
+/// The first of the views a reader makes of schema `a` (`<a>` and `<a>__history`) that DuckDB
+/// would take for one of `b`'s: it matches names without regard to ASCII case.
+pub fn shared_view(a: &str, b: &str) -> Option<String> {
+    let views = |n: &str| [n.to_string(), format!("{n}__history")];
+    let theirs = views(b);
+    views(a)
+        .into_iter()
+        .find(|v| theirs.iter().any(|t| t.eq_ignore_ascii_case(v)))
+}
+
 /// At most `limit` bytes of `from`, or `None` when it holds more: a settings file, an id list
 /// or a query is text a person wrote, and a path such as `/dev/zero` must not grow the process
 /// without end.

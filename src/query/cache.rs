@@ -51,6 +51,21 @@ impl Cache {
     /// directory another user owns or may write, one that is a symbolic link, and one under a
     /// directory another user could swap it in (docs/security.md, "The host").
     pub(crate) fn open(dir: &Path, max_bytes: u64) -> Result<Self> {
+        if let Ok(m) = fs::symlink_metadata(dir) {
+            let why = if m.file_type().is_symlink() {
+                Some("is a symbolic link: give the directory it leads to")
+            } else if !m.is_dir() {
+                Some("exists and is not a directory: choose another")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Error::setting(
+                    "cache-dir",
+                    format!("{} {why} as --cache-dir", dir.display()),
+                ));
+            }
+        }
         fs::DirBuilder::new()
             .recursive(true)
             .mode(crate::scratch::DIR_MODE)
@@ -250,6 +265,16 @@ mod tests {
             e.contains("writable by others without the sticky bit") && e.starts_with("cache-dir"),
             "{e}"
         );
+        // A file there, or a link, is a setting to fix (exit 2), named.
+        let file = t.path().join("file");
+        fs::write(&file, b"x").unwrap();
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(t.path(), &link).unwrap();
+        for (p, why) in [(&file, "not a directory"), (&link, "symbolic link")] {
+            let e = Cache::open(p, 1).unwrap_err();
+            assert!(e.to_string().contains(why), "{e}");
+            assert_eq!(e.exit_code(), 2);
+        }
         let made = t.path().join("a/b");
         Cache::open(&made, 1).unwrap();
         assert_eq!(

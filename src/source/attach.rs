@@ -9,7 +9,6 @@ use tokio_postgres::{Client, GenericClient};
 use super::capture::{Capture, KEY_TYPES, KeyColumn, RowIdRule, SourceColumn};
 use super::connect::timed;
 use super::ddl::{FIRST_SCHEMA_ID, INIT_DB_LOCK};
-use super::registry::{Kind, Registered};
 use super::table_types::{CatalogType, LakeType};
 use crate::config::{TableName, Tables, check_schema_name};
 use crate::error::{Error, Result};
@@ -581,23 +580,12 @@ async fn plan(
             // A name whose views a reader would take for another's (`Customer` beside
             // `customer`, or `customer__history`) would make every query of both fail, and a
             // source keeps its name (docs/hazards.md R13).
-            let new = Registered {
-                name: name.clone(),
-                id: 0,
-                kind: Kind::Table,
-            };
             for (other, other_id) in &taken {
-                let other = Registered {
-                    name: other.clone(),
-                    id: *other_id,
-                    kind: Kind::Schema,
-                };
-                if !super::registry::view_name_clashes(&[&new, &other]).is_empty() {
+                if crate::config::shared_view(&name, other).is_some() {
                     return Err(Error::setting(
                         "name",
                         format!(
-                            "{name:?} would be read as the same view as {:?} (schema id {other_id}): readers match names without regard to case and add __history; choose another with --name",
-                            other.name
+                            "{name:?} would be read as the same view as {other:?} (schema id {other_id}): readers match names without regard to case and add __history; choose another with --name"
                         ),
                     ));
                 }

@@ -143,6 +143,12 @@ impl std::fmt::Display for UrlPart {
 /// parameter names, positions and fixed words.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConninfoError {
+    /// A URL of another scheme than `postgres` or `postgresql` (its scheme: letters, digits,
+    /// `+`, `-` and `.` only, so no secret is shown).
+    #[error(
+        "connection string: a {0}:// URL is not a PostgreSQL one (use postgres://… or postgresql://…, or key=value pairs)"
+    )]
+    OtherScheme(String),
     /// A word is not followed by `=`.
     #[error(
         "connection string: parameter {0} has no '=' after its name (write key=value pairs, quoting a value that has spaces as key='a b', or use a postgres:// URL)"
@@ -227,6 +233,16 @@ pub fn parse(s: &str, default_port: Option<u16>) -> Result<Conninfo> {
 
 /// [`parse`], with the error typed.
 pub fn split(s: &str, default_port: Option<u16>) -> std::result::Result<Conninfo, ConninfoError> {
+    if let Some((scheme, _)) = s.split_once("://")
+        && !is_url(s)
+        && !scheme.is_empty()
+        && scheme.len() <= 32
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    {
+        return Err(ConninfoError::OtherScheme(scheme.to_string()));
+    }
     let (form, mut pairs) = match url_body(s) {
         Some(body) => (Form::Url, url_pairs(body, default_port)?),
         None => (Form::Keywords, checked_keyword_pairs(s)?),
@@ -562,10 +578,15 @@ pub(super) mod tests {
             format!("password='{secret}\\"),
             format!("={secret}"),
             format!("postgres://u@h/db?sslmode=%zz{secret}"),
+            format!("mysql://u:{secret}@h/db"),
+            format!("my{secret}://u@h/db"),
         ] {
             let e = parse(&bad, None).unwrap_err().to_string();
             assert!(!e.contains("s3cr3t"), "{e}");
         }
+        // A URL of another scheme is named as such.
+        let e = parse("mysql://u:p@h/db", None).unwrap_err().to_string();
+        assert!(e.contains("a mysql:// URL is not a PostgreSQL one"), "{e}");
     }
 
     /// Every substring of `secret` at least 3 characters long.

@@ -121,11 +121,6 @@ pub(crate) fn select(all: &[Registered], selectors: &[String]) -> Result<Vec<Reg
     Ok(out)
 }
 
-/// The two views a reader makes of schema `r`: `<name>` and `<name>__history`.
-fn views_of(r: &Registered) -> [String; 2] {
-    [r.name.clone(), format!("{}__history", r.name)]
-}
-
 /// The schemas of `regs` whose views DuckDB would take for one (its names ignore ASCII case):
 /// `Orders` meets `orders`, and a schema named `x__history` meets `x`'s history. Returns each
 /// clashing pair (first, second index, in order) with the error that names both.
@@ -143,10 +138,7 @@ pub fn view_name_clashes(regs: &[&Registered]) -> Vec<(usize, usize, Error)> {
 
 /// The first view of `a` (as `a` spells it) that is also one of `b`'s to DuckDB.
 fn shared_view(a: &Registered, b: &Registered) -> Option<String> {
-    let theirs = views_of(b);
-    views_of(a)
-        .into_iter()
-        .find(|v| theirs.iter().any(|t| t.eq_ignore_ascii_case(v)))
+    crate::config::shared_view(&a.name, &b.name)
 }
 
 /// The error for schemas `a` and `b` both making `view`.

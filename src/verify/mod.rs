@@ -238,6 +238,11 @@ pub async fn run(ctx: &Context, opts: &VerifyOptions) -> Result<VerifyReport> {
             .iter()
             .map(|s| s.problems.len())
             .sum::<usize>(),
+        divergent_rows = report
+            .schemas
+            .iter()
+            .filter_map(|s| s.source.as_ref().map(|c| c.divergent()))
+            .sum::<u64>(),
         exit_code = report.exit_code(),
         "verify done"
     );
