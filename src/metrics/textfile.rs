@@ -129,6 +129,17 @@ mod tests {
     use super::*;
     use std::os::unix::fs::FileTypeExt;
 
+    fn make_fifo(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+    }
+
     #[test]
     fn the_job_placeholder_is_replaced_everywhere() {
         assert_eq!(
@@ -147,14 +158,7 @@ mod tests {
     fn a_device_fifo_directory_or_link_at_the_path_is_never_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("f.prom");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        make_fifo(&fifo);
         let sub = dir.path().join("d.prom");
         std::fs::create_dir(&sub).unwrap();
         for (path, kind) in [
@@ -208,14 +212,7 @@ mod tests {
     fn a_fifo_or_a_link_at_the_path_is_not_read() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo.prom");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        make_fifo(&fifo);
         // Opened without waiting for a writer (a plain open would block forever).
         assert_eq!(previous(&fifo), None);
         let target = dir.path().join("elsewhere");

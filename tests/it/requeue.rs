@@ -203,15 +203,7 @@ async fn a_row_made_again_while_it_is_requeued_keeps_the_applications_slot() {
     // The application makes it again, in a transaction still open while requeue runs.
     let mut app = harness::pg_client(&rig.db.url).await;
     let tx = app.transaction().await.unwrap();
-    let version: i64 = tx
-        .query_one(
-            "SELECT GREATEST((extract(epoch FROM clock_timestamp()) * 1000)::int8, max(changed_at) + 1) \
-             FROM change_log WHERE schema_id = 100 AND row_id = $1",
-            &[&gone],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let version = next_version(&tx, gone).await;
     tx.execute(
         "INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, ltbase_updated_at, text_01) \
          VALUES (100, $1, $2, $2, 'made again')",
@@ -236,22 +228,36 @@ async fn a_row_made_again_while_it_is_requeued_keeps_the_applications_slot() {
             && stdout.contains("1 written by the application meanwhile"),
         "{stdout}"
     );
+    assert_eq!(dirty_slot(&rig, gone).await, (version, None));
+    assert!(!rig.flush().await.failed());
+    let lake = oracle::lake_state(rig.store.as_ref(), "manifest/100.json").await;
+    assert_eq!(lake.get(&gone).map(|r| r.changed_at), Some(version));
+}
+
+/// The version the application's next write of `id` takes (the writer contract).
+async fn next_version(tx: &tokio_postgres::Transaction<'_>, id: Uuid) -> i64 {
+    tx.query_one(
+        "SELECT GREATEST((extract(epoch FROM clock_timestamp()) * 1000)::int8, max(changed_at) + 1) \
+         FROM change_log WHERE schema_id = 100 AND row_id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// `id`'s dirty slot: (changed_at, deleted_at).
+async fn dirty_slot(rig: &Rig, id: Uuid) -> (i64, Option<i64>) {
     let slot = rig
         .writer
         .client
         .query_one(
             "SELECT changed_at, deleted_at FROM change_log WHERE schema_id = 100 AND row_id = $1 AND flushed_at = 0",
-            &[&gone],
+            &[&id],
         )
         .await
         .unwrap();
-    assert_eq!(
-        (slot.get::<_, i64>(0), slot.get::<_, Option<i64>>(1)),
-        (version, None)
-    );
-    assert!(!rig.flush().await.failed());
-    let lake = oracle::lake_state(rig.store.as_ref(), "manifest/100.json").await;
-    assert_eq!(lake.get(&gone).map(|r| r.changed_at), Some(version));
+    (slot.get(0), slot.get(1))
 }
 
 /// Runs `requeue --row-id id` while the application's transaction `tx` is open, waits until
@@ -313,15 +319,7 @@ async fn a_row_deleted_while_it_is_requeued_is_left_to_the_applications_tombston
     let (id, other) = (ids[5], ids[6]);
     let mut app = harness::pg_client(&rig.db.url).await;
     let tx = app.transaction().await.unwrap();
-    let version: i64 = tx
-        .query_one(
-            "SELECT GREATEST((extract(epoch FROM clock_timestamp()) * 1000)::int8, max(changed_at) + 1) \
-             FROM change_log WHERE schema_id = 100 AND row_id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let version = next_version(&tx, id).await;
     for sql in [
         "DELETE FROM entity_main WHERE ltbase_schema_id = 100 AND ltbase_row_id = $1",
         "DELETE FROM eav_data WHERE schema_id = 100 AND row_id = $1",
@@ -346,19 +344,7 @@ async fn a_row_deleted_while_it_is_requeued_is_left_to_the_applications_tombston
         stdout.contains("1 written by the application meanwhile"),
         "{stdout}"
     );
-    let slot = rig
-        .writer
-        .client
-        .query_one(
-            "SELECT changed_at, deleted_at FROM change_log WHERE schema_id = 100 AND row_id = $1 AND flushed_at = 0",
-            &[&id],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (slot.get::<_, i64>(0), slot.get::<_, Option<i64>>(1)),
-        (version, Some(version))
-    );
+    assert_eq!(dirty_slot(&rig, id).await, (version, Some(version)));
     assert!(!rig.flush().await.failed());
     let lake = oracle::lake_state(rig.store.as_ref(), "manifest/100.json").await;
     assert!(!lake.contains_key(&id) && lake.contains_key(&other));

@@ -272,64 +272,54 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
         .unwrap();
     assert_eq!(report.schemas[0].outcome, Outcome::Intact, "{report:?}");
     assert_eq!(report.schemas[0].files, loaded.files.len());
+    // A wrong column stamp is named, and so is a listed row-id range that is not the file's
+    // (point lookups prune by it: docs/hazards.md R14).
     let victim = loaded.files[0].path.clone();
-    manifest::commit(
-        rig.store.as_ref(),
-        "manifest/100.json",
-        100,
-        &lakecdc::clock::SystemClock,
-        Default::default(),
-        |m| {
-            let f = m.files.iter_mut().find(|f| f.path == victim).unwrap();
-            f.columns
-                .as_mut()
-                .unwrap()
-                .insert("changed_at".into(), "VARCHAR".into());
-            Ok(())
-        },
-    )
-    .await
-    .unwrap();
-    let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
-        .await
-        .unwrap();
-    let named: Vec<(&str, &str)> = report.schemas[0]
-        .problems
-        .iter()
-        .map(|p| (p.kind, p.path.as_str()))
-        .collect();
-    assert_eq!(named, [("columns", victim.as_str())]);
-    // A listed row-id range that is not the file's (point lookups prune by it) is named too
-    // (docs/hazards.md R14).
     let other = loaded.files[1].path.clone();
-    manifest::commit(
-        rig.store.as_ref(),
-        "manifest/100.json",
-        100,
-        &lakecdc::clock::SystemClock,
-        Default::default(),
-        |m| {
-            let f = m.files.iter_mut().find(|f| f.path == other).unwrap();
-            f.row_id_min = "00000000-0000-0000-0000-000000000000".into();
-            Ok(())
-        },
-    )
-    .await
-    .unwrap();
-    let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
-        .await
-        .unwrap();
-    let mut named: Vec<(&str, &str)> = report.schemas[0]
-        .problems
-        .iter()
-        .map(|p| (p.kind, p.path.as_str()))
-        .collect();
-    named.sort();
+    let tamper = |path: String, change: fn(&mut manifest::FileEntry)| {
+        let store = rig.store.clone();
+        async move {
+            manifest::commit(
+                store.as_ref(),
+                "manifest/100.json",
+                100,
+                &lakecdc::clock::SystemClock,
+                Default::default(),
+                |m| {
+                    change(m.files.iter_mut().find(|f| f.path == path).unwrap());
+                    Ok(())
+                },
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let named = || async {
+        let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
+            .await
+            .unwrap();
+        let mut named: Vec<(&'static str, String)> = report.schemas[0]
+            .problems
+            .iter()
+            .map(|p| (p.kind, p.path.clone()))
+            .collect();
+        named.sort();
+        named
+    };
+    tamper(victim.clone(), |f| {
+        f.columns
+            .as_mut()
+            .unwrap()
+            .insert("changed_at".into(), "VARCHAR".into());
+    })
+    .await;
+    assert_eq!(named().await, [("columns", victim.clone())]);
+    tamper(other.clone(), |f| {
+        f.row_id_min = "00000000-0000-0000-0000-000000000000".into();
+    })
+    .await;
     assert_eq!(
-        named,
-        [
-            ("columns", victim.as_str()),
-            ("row_id_range", other.as_str())
-        ]
+        named().await,
+        [("columns", victim), ("row_id_range", other)]
     );
 }
