@@ -150,9 +150,37 @@ async fn privileges(client: &Client, t: &Tables, role: Option<&str>) -> Check {
         ));
     }
     if problems.is_empty() {
+        // The repairs (requeue, verify --source --repair, gc --repair) also write the
+        // entity's version and new slots: without them the jobs run, and a repair fails only
+        // after its whole comparison.
+        let mut repair = Vec::new();
+        for (table, privilege) in [(&t.entity, "UPDATE"), (&t.change_log, "INSERT")] {
+            if let Ok(Privilege::Missing) = catalog::table_privilege(client, table, privilege).await
+            {
+                repair.push((privilege, table.quoted()));
+            }
+        }
+        if !repair.is_empty() {
+            let what: Vec<String> = repair
+                .iter()
+                .map(|(p, t)| format!("no {p} on {t}"))
+                .collect();
+            let grants: Vec<String> = repair
+                .iter()
+                .map(|(p, t)| format!("GRANT {p} ON {t} TO {role};"))
+                .collect();
+            return Check::warn(
+                Kind::Privileges,
+                format!(
+                    "the jobs can run, but requeue and the --repair of verify --source and gc cannot: {}",
+                    what.join("; ")
+                ),
+                format!("as the tables' owner: {}", grants.join(" ")),
+            );
+        }
         return Check::ok(
             Kind::Privileges,
-            "SELECT on the registry, entity, eav and change_log tables, UPDATE on change_log, advisory locks",
+            "SELECT on the registry, entity, eav and change_log tables, UPDATE on change_log, advisory locks; UPDATE on the entity table and INSERT on change_log for repairs",
         );
     }
     let mut fix = Vec::new();
