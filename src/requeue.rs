@@ -136,11 +136,22 @@ pub async fn run(ctx: &Context, opts: &RequeueOptions) -> Result<RequeueReport> 
     let ids = match (&opts.selection, &table) {
         (Selection::Ids(ids), _) => ids.clone(),
         (Selection::File(path), _) => read_ids(path)?,
-        (Selection::Where(predicate), None) => {
-            requeue::select_where(&mut client, &ctx.tables, reg.id, predicate).await?
-        }
-        (Selection::Where(predicate), Some(src)) => {
-            table_requeue::select_where(&mut client, src, predicate).await?
+        (Selection::Where(predicate), table) => {
+            // A slow predicate gives way to a stop request: the selection is read-only, and
+            // the dropped connection ends its statement.
+            let select = async {
+                match table {
+                    None => {
+                        requeue::select_where(&mut client, &ctx.tables, reg.id, predicate).await
+                    }
+                    Some(src) => table_requeue::select_where(&mut client, src, predicate).await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = ctx.shutdown.requested() => return Err(Error::Stopped),
+                ids = select => ids?,
+            }
         }
     };
     let chosen: Vec<Requeue> = ids

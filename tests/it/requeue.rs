@@ -387,3 +387,77 @@ async fn a_row_only_the_lake_holds_is_requeued_as_a_tombstone_above_its_copy() {
     assert!(!lake.contains_key(&id));
     assert_eq!(lake.len(), before.len() - 1);
 }
+
+#[tokio::test]
+async fn a_stop_request_ends_a_slow_where_selection_and_its_statement() {
+    // A slow --where predicate held the run (and a SIGTERM) until the statement timeout.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(4494);
+    rig.seed(3, &mut r).await;
+    assert!(!rig.flush().await.failed());
+    let mut child = harness::bin()
+        .args([
+            "requeue",
+            "--schema",
+            "customer",
+            "--where",
+            "pg_sleep(60) IS NOT NULL",
+            "--lake",
+        ])
+        .arg(rig.work.path())
+        .env("DATABASE_URL", &rig.db.url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sleeping = || async {
+        let n: i64 = rig
+            .writer
+            .client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(60)%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n
+    };
+    for _ in 0..200 {
+        if sleeping().await > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(sleeping().await, 1, "the selection never started");
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a stop request did not end the selection");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_ne!(status.code(), Some(0));
+    // The server ends the statement once its client is gone (client_connection_check_interval).
+    for _ in 0..100 {
+        if sleeping().await == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sleeping().await,
+        0,
+        "the selection still runs on the server"
+    );
+    assert!(oracle::dirty(&rig.writer).await.is_empty());
+}
