@@ -183,6 +183,32 @@ fn conditional_check(c: &Conditional) -> Check {
     Check::fail(Kind::ConditionalWrites, problems.join("; "), fix)
 }
 
+/// Why schema `id`'s claimed data prefix looks orphaned: it holds base files while its
+/// manifest does not exist (docs/hazards.md L100). `None` when it has a manifest, or no base
+/// file, or the store cannot say.
+async fn bases_without_manifest(lake: &Lake, id: i16) -> Option<String> {
+    let (store, layout) = (lake.store.as_ref(), &lake.layout);
+    let key = layout.manifest_key(id);
+    if !matches!(store.head(&key).await, Err(StoreError::NotFound)) {
+        return None;
+    }
+    let prefix = layout.schema_prefix(id);
+    let bases = store
+        .list(&prefix)
+        .await
+        .ok()?
+        .iter()
+        .filter(|o| {
+            matches!(
+                layout.classify(&o.key),
+                crate::lake::KeyKind::InitBase { .. } | crate::lake::KeyKind::MergedBase { .. }
+            )
+        })
+        .count();
+    (bases > 0)
+        .then(|| format!("{prefix} holds {bases} base files but manifest {key} does not exist"))
+}
+
 /// Every selected schema's data prefix is claimed by its manifest (or by none yet), and its
 /// manifest names this database (or none yet). With `adopt` (`--adopt-source`), a manifest of
 /// another database is a warning: the writers will take it over.
@@ -204,10 +230,15 @@ pub(super) async fn ownership(
     };
     let (store, layout) = (lake.store.as_ref(), &lake.layout);
     let (mut failed, mut foreign, mut unclaimed) = (Vec::new(), Vec::new(), 0);
+    let mut orphaned = Vec::new();
     for reg in schemas {
         let at = |what: String| format!("schema {:?} (id {}): {what}", reg.name, reg.id);
         match owner::check(store, layout, reg.id).await {
-            Ok(owner::Ownership::Ours) => {}
+            Ok(owner::Ownership::Ours) => {
+                if let Some(why) = bases_without_manifest(lake, reg.id).await {
+                    orphaned.push(at(why));
+                }
+            }
             Ok(owner::Ownership::Unclaimed) => unclaimed += 1,
             Ok(owner::Ownership::Other(why)) => failed.push(at(why)),
             Err(e) => failed.push(at(e.chain())),
@@ -242,6 +273,13 @@ pub(super) async fn ownership(
                 foreign.join("; ")
             ),
             "run verify --source --repair after the first adopting write; unset --adopt-source once done",
+        );
+    }
+    if !orphaned.is_empty() {
+        return Check::warn(
+            Kind::Ownership,
+            orphaned.join("; "),
+            "if no init was just killed before its first save, the manifest was lost: restore it from object versioning or its newest history copy (<manifest key>.history/), or rebuild with lakecdc init --replace-delta; gc refuses the schema until then",
         );
     }
     Check::ok(

@@ -489,3 +489,31 @@ async fn a_lake_written_from_another_database_fails_ownership_unless_adopting() 
     assert_checks(&report, &[(Kind::Ownership, Status::Warn)]);
     assert_no_probe_left(&rig).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_files_without_their_manifest_are_warned_about() {
+    // docs/hazards.md L100: a lost manifest under a claimed prefix holding bases passed the
+    // ownership check as ok ("claimed by their manifest").
+    let rig = flushed_rig().await;
+    let init = lakecdc::init::InitOptions {
+        schemas: vec!["customer".into()],
+        replace_delta: true,
+        work_dir: rig.opts.work_dir.clone(),
+        ..lakecdc::init::InitOptions::default()
+    };
+    lakecdc::init::run(&rig.ctx, &init).await.unwrap();
+    let report = doctor(&inputs(&rig, rig.db.connector(), rig.store.clone())).await;
+    assert_checks(&report, &[]);
+    rig.store.delete("manifest/100.json").await.unwrap();
+    let report = doctor(&inputs(&rig, rig.db.connector(), rig.store.clone())).await;
+    assert_checks(&report, &[(Kind::Ownership, Status::Warn)]);
+    let c = report.get(Kind::Ownership).unwrap();
+    assert!(
+        c.detail
+            .contains("base files but manifest manifest/100.json does not exist"),
+        "{}",
+        c.detail
+    );
+    assert!(c.fix.contains("history"), "{}", c.fix);
+    assert_no_probe_left(&rig).await;
+}
