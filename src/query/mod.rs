@@ -123,6 +123,42 @@ pub async fn run(ctx: &Context, opts: &QueryOptions) -> Result<QueryReport> {
             ));
         }
     };
+    // Statements that are not queries would fail to parse as the subquery they run as: said
+    // plainly, before anything is read.
+    const NOT_QUERIES: [&str; 26] = [
+        "alter",
+        "analyze",
+        "attach",
+        "begin",
+        "call",
+        "checkpoint",
+        "comment",
+        "commit",
+        "copy",
+        "create",
+        "deallocate",
+        "delete",
+        "detach",
+        "drop",
+        "execute",
+        "explain",
+        "export",
+        "import",
+        "insert",
+        "install",
+        "load",
+        "pragma",
+        "prepare",
+        "set",
+        "update",
+        "vacuum",
+    ];
+    if let Some(word) = prune::first_word(&sql).filter(|w| NOT_QUERIES.contains(&w.as_str())) {
+        return Err(Error::config(format!(
+            "query runs one query (SELECT, FROM, WITH, VALUES, DESCRIBE, SUMMARIZE, SHOW or PIVOT) over the lake's views, not {} statements: for anything else, run lakecdc view's SQL in your own DuckDB",
+            word.to_uppercase()
+        )));
+    }
     let started = std::time::Instant::now();
     let schemas = catalog::lake_schemas(ctx, &opts.schemas).await?;
     tracing::debug!(

@@ -106,6 +106,14 @@ pub(crate) enum Statements<'a> {
     Unknown(&'a str),
 }
 
+/// The statement's first word (lowercased) when `sql` can be tokenized and starts with one.
+pub(crate) fn first_word(sql: &str) -> Option<String> {
+    match tokens(sql)?.into_iter().next()? {
+        Token::Word(w) => Some(w),
+        _ => None,
+    }
+}
+
 /// How many statements `sql` holds (docs/hazards.md R12).
 pub(crate) fn statements(sql: &str) -> Statements<'_> {
     let Some((tokens, ends)) = lex(sql) else {

@@ -733,6 +733,9 @@ async fn a_query_reads_only_its_views_files_and_runs_one_statement() {
     let (code, _, err) = run(&["/* nothing */ ;"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("no statement"), "{err}");
+    let (code, _, err) = run(&["explain SELECT 1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not EXPLAIN statements"), "{err}");
     // One statement with trailing semicolons and comments, and the read-only forms DuckDB
     // takes as a query, all run in every format.
     for sql in [
