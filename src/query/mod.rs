@@ -503,12 +503,14 @@ async fn materialise(
     let store = ctx.lake.store.as_ref();
     let Some(cache) = cache else {
         let hold = can_hold_open(held.open.saturating_add(files.len()));
-        let mut ready = Vec::new();
-        for f in files {
-            // Hashed whatever --verify says: a same-size change of a lake file is otherwise
-            // read as the data (docs/hazards.md R15).
-            ready.push(in_place(store, f, hold).await?);
-        }
+        // Hashed whatever --verify says: a same-size change of a lake file is otherwise read
+        // as the data (docs/hazards.md R15). `--parallelism` files at once, in order.
+        use futures::{StreamExt, TryStreamExt};
+        let ready: Vec<Ready> = futures::stream::iter(files)
+            .map(|f| in_place(store, f, hold))
+            .buffered(opts.parallelism.max(1))
+            .try_collect()
+            .await?;
         held.open += ready.iter().filter(|r| r._open.is_some()).count();
         return Ok(ready);
     };
