@@ -397,7 +397,8 @@ impl Connector {
         self.diverted.load(Ordering::Relaxed)
     }
 
-    /// `user@host:port/dbname`, never the password.
+    /// `user@host:port[,host:port…]/dbname` (each host with its own port, as libpq pairs
+    /// them: one port serves every host), never the password.
     pub fn describe(&self) -> String {
         let mut hosts: Vec<String> = self
             .config
@@ -416,10 +417,20 @@ impl Connector {
                 .map(|a| a.to_string())
                 .collect();
         }
-        let host = hosts.join(",");
-        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        let ports = self.config.get_ports();
+        let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let targets: Vec<String> = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| format!("{h}:{}", port(i)))
+            .collect();
+        let targets = if targets.is_empty() {
+            format!(":{}", port(0))
+        } else {
+            targets.join(",")
+        };
         format!(
-            "{}@{host}:{port}/{}",
+            "{}@{targets}/{}",
             self.config.get_user().unwrap_or(""),
             self.config.get_dbname().unwrap_or("")
         )
@@ -842,7 +853,14 @@ mod tests {
         };
         assert_eq!(hosts("hostaddr=10.0.0.1,10.0.0.2", &[]), (vec![], 2));
         let c = Connector::new(&settings(Some("hostaddr=10.0.0.1,10.0.0.2 user=u"), &[])).unwrap();
-        assert_eq!(c.describe(), "u@10.0.0.1,10.0.0.2:5432/");
+        assert_eq!(c.describe(), "u@10.0.0.1:5432,10.0.0.2:5432/");
+        // Each host with its own port, not the first port after all of them.
+        let c = Connector::new(&settings(
+            Some("postgres://u@127.0.0.1:1,127.0.0.1:28813/db"),
+            &[],
+        ))
+        .unwrap();
+        assert_eq!(c.describe(), "u@127.0.0.1:1,127.0.0.1:28813/db");
         assert_eq!(
             hosts("hostaddr=10.0.0.1", &[("PGHOST", "db.example")]),
             (vec![Host::Tcp("db.example".into())], 1)
