@@ -142,7 +142,16 @@ impl InspectReport {
                     s.delta.rows, s.delta.bytes
                 ));
             } else {
-                out.push_str("  manifest          none (never exported)\n");
+                let bases = s.unlisted.get("init_base").copied().unwrap_or(0)
+                    + s.unlisted.get("merged_base").copied().unwrap_or(0);
+                if bases > 0 {
+                    // An init killed before its first save, or a lost manifest (L100).
+                    out.push_str(&format!(
+                        "  manifest          none, but the data prefix holds {bases} base files: lost, or an init killed before its first save (see lakecdc doctor)\n"
+                    ));
+                } else {
+                    out.push_str("  manifest          none (never exported)\n");
+                }
             }
             if let Some(p) = &s.compaction {
                 let d = label(&p.decision);
