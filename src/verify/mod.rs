@@ -310,6 +310,35 @@ async fn verify_source(
     finished(out, result, started)
 }
 
+/// Of `missing` (listed objects a first look did not find), those still listed by the manifest
+/// and still absent: a second look, so a compaction retiring a file meanwhile is no alarm.
+async fn dangling(ctx: &Context, schema_id: i16, missing: Vec<String>) -> Result<Vec<String>> {
+    if missing.is_empty() {
+        return Ok(missing);
+    }
+    let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
+    let key = layout.manifest_key(schema_id);
+    let relisted: Vec<String> = manifest::load_within(store, &key, schema_id, ctx.lake.limits())
+        .await?
+        .map(|l| l.manifest.files.into_iter().map(|f| f.path).collect())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for path in missing.into_iter().filter(|p| relisted.contains(p)) {
+        match store.head(&path).await {
+            Err(StoreError::NotFound) => out.push(path),
+            Ok(_) => {}
+            Err(source) => {
+                return Err(Error::Storage {
+                    op: "probe listed object",
+                    key: path,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The listed files of `files` that are missing from the store (`dangling`, after a second
 /// look at the manifest, as plain verify makes it) or whose size is not the listed one
 /// (`size`): one HEAD each, `--parallelism` at once (docs/hazards.md L94).
@@ -353,25 +382,12 @@ async fn unreadable_listed(
             }
         }
     }
-    if !missing.is_empty() {
-        // Second look: a compaction may have retired it meanwhile.
-        let (layout, limits) = (&ctx.lake.layout, ctx.lake.limits());
-        let key = layout.manifest_key(schema_id);
-        let relisted: Vec<String> = manifest::load_within(store, &key, schema_id, limits)
-            .await?
-            .map(|l| l.manifest.files.into_iter().map(|f| f.path).collect())
-            .unwrap_or_default();
-        for path in missing {
-            if relisted.contains(&path)
-                && matches!(store.head(&path).await, Err(StoreError::NotFound))
-            {
-                problems.push(Problem {
-                    path,
-                    kind: "dangling",
-                    detail: format!("listed in the manifest but the object does not exist: {fix}"),
-                });
-            }
-        }
+    for path in dangling(ctx, schema_id, missing).await? {
+        problems.push(Problem {
+            path,
+            kind: "dangling",
+            detail: format!("listed in the manifest but the object does not exist: {fix}"),
+        });
     }
     problems.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(problems)
@@ -445,32 +461,12 @@ async fn check_schema(
             Check::Missing(path) => missing.push(path),
         }
     }
-    if !missing.is_empty() {
-        // Second look: is it still listed, and still absent?
-        let relisted: Vec<String> = manifest::load_within(store, &key, schema_id, limits)
-            .await?
-            .map(|l| l.manifest.files.into_iter().map(|f| f.path).collect())
-            .unwrap_or_default();
-        for path in missing {
-            if !relisted.contains(&path) {
-                continue;
-            }
-            match store.head(&path).await {
-                Err(StoreError::NotFound) => out.problems.push(Problem {
-                    path,
-                    kind: "dangling",
-                    detail: "listed in the manifest but the object does not exist".into(),
-                }),
-                Ok(_) => {}
-                Err(source) => {
-                    return Err(Error::Storage {
-                        op: "probe listed object",
-                        key: path,
-                        source,
-                    });
-                }
-            }
-        }
+    for path in dangling(ctx, schema_id, missing).await? {
+        out.problems.push(Problem {
+            path,
+            kind: "dangling",
+            detail: "listed in the manifest but the object does not exist".into(),
+        });
     }
     out.problems
         .sort_by_key(|p| (p.kind == "unstamped", p.path.clone()));
