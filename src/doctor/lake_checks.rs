@@ -198,12 +198,7 @@ async fn bases_without_manifest(lake: &Lake, id: i16) -> Option<String> {
         .await
         .ok()?
         .iter()
-        .filter(|o| {
-            matches!(
-                layout.classify(&o.key),
-                crate::lake::KeyKind::InitBase { .. } | crate::lake::KeyKind::MergedBase { .. }
-            )
-        })
+        .filter(|o| layout.classify(&o.key).is_base())
         .count();
     (bases > 0)
         .then(|| format!("{prefix} holds {bases} base files but manifest {key} does not exist"))

@@ -568,12 +568,7 @@ async fn plan(
         .await
         .map_err(Error::storage("list schema prefix", prefix.clone()))?;
     // #463: bases present, none listed in this prefix → the manifest is not this prefix's.
-    let has_bases = objects.iter().any(|o| {
-        matches!(
-            layout.classify(&o.key),
-            KeyKind::InitBase { .. } | KeyKind::MergedBase { .. }
-        )
-    });
+    let has_bases = objects.iter().any(|o| layout.classify(&o.key).is_base());
     if has_bases && !listed_keys.iter().any(|k| k.starts_with(&prefix)) {
         return Ok(GcPlan::refused(format!(
             "{prefix} holds base files but manifest {} lists none of them: check --lake, --data-prefix and --manifest-template before any gc",

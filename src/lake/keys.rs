@@ -112,6 +112,11 @@ pub enum KeyKind {
 }
 
 impl KeyKind {
+    /// Whether the key is a base file's (init's or a merge's).
+    pub fn is_base(&self) -> bool {
+        matches!(self, KeyKind::InitBase { .. } | KeyKind::MergedBase { .. })
+    }
+
     /// The schema the key belongs to, when it is a known shape.
     pub fn schema_id(&self) -> Option<i16> {
         match *self {
