@@ -487,10 +487,8 @@ async fn under_lock(
     started: Instant,
     work: impl AsyncFnOnce(&SchemaLock, &mut SchemaReport) -> Result<()>,
 ) -> SchemaReport {
-    let result = crate::job::with_lock(&ctx.connector, reg.id, async |lock| {
-        work(lock, &mut report).await
-    })
-    .await;
+    let result =
+        crate::job::with_lock(ctx, reg.id, async |lock| work(lock, &mut report).await).await;
     match result {
         Ok(Some(())) => {}
         Ok(None) => {

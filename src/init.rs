@@ -374,7 +374,7 @@ async fn init_schema(
 ) -> SchemaInit {
     let started = Instant::now();
     let mut out = SchemaInit::new(reg);
-    let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
+    let result = job::with_lock(ctx, reg.id, async |lock| {
         export_schema(ctx, opts, source, lock, def, &mut out).await
     })
     .await;

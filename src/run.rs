@@ -141,6 +141,8 @@ pub struct RunConfig {
     pub warnings: Vec<String>,
     /// Writers take over a lake whose manifests name another source database.
     pub adopt_source: bool,
+    /// How long a job waits for a held schema lock (`--lock-wait`).
+    pub lock_wait: Duration,
     /// The command run.
     pub command: Command,
     /// Where the run's metrics go.
@@ -207,6 +209,10 @@ impl RunConfig {
             limits: read_limits(s)?,
             warnings,
             adopt_source: s.flag("adopt-source"),
+            lock_wait: match s.get("lock-wait") {
+                Some(_) => duration(s, "lock-wait")?,
+                None => Duration::ZERO,
+            },
             command: s.command,
             metrics,
         })
@@ -228,6 +234,7 @@ impl RunConfig {
             clock: Arc::new(SystemClock),
             shutdown,
             adopt_source: self.adopt_source,
+            lock_wait: self.lock_wait,
         })
     }
 }

@@ -153,6 +153,10 @@ enum Command {
         /// buckets, spilled to --work-dir), or auto (heap when the ids are not in heap order).
         #[arg(long)]
         read_order: Option<String>,
+        /// How long to wait for a schema another run holds before reporting it `locked`
+        /// (0: do not wait; 30s, 5m).
+        #[arg(long)]
+        lock_wait: Option<String>,
         /// Count live rows and estimate files and bytes; write nothing.
         #[arg(long)]
         dry_run: bool,
@@ -186,6 +190,10 @@ enum Command {
         /// Start no new batch after this long (keeps a per-minute cron from overlapping itself).
         #[arg(long)]
         time_budget: Option<String>,
+        /// How long to wait for a schema another run holds before reporting it `locked`
+        /// (0: do not wait; 30s, 5m).
+        #[arg(long)]
+        lock_wait: Option<String>,
         /// How a large backlog of scattered row ids is read: row-id (lookups by id, batch by
         /// batch), heap (one scan of both tables per pass, spilled to --work-dir), or auto.
         #[arg(long)]
@@ -241,6 +249,10 @@ enum Command {
         /// Delete an orphan only when it was first seen, and was written, at least this long ago.
         #[arg(long)]
         grace: Option<String>,
+        /// How long to wait for a schema another run holds before reporting it `locked`
+        /// (0: do not wait; 30s, 5m).
+        #[arg(long)]
+        lock_wait: Option<String>,
         /// Report what would be deleted; delete and record nothing.
         #[arg(long)]
         dry_run: bool,
@@ -257,6 +269,10 @@ enum Command {
         /// Objects downloaded and re-hashed at once.
         #[arg(long)]
         parallelism: Option<String>,
+        /// How long to wait for a schema another run holds before reporting it `locked`
+        /// (0: do not wait; 30s, 5m).
+        #[arg(long)]
+        lock_wait: Option<String>,
         /// Where downloads are staged while checked (default: the system temp dir).
         #[arg(long)]
         work_dir: Option<PathBuf>,

@@ -239,6 +239,17 @@ pub const SETTINGS: &[Setting] = &[
         None,
     ),
     of(&[Flush], "parallelism", "LAKECDC_PARALLELISM", Some("2")),
+    // A flush runs again within the minute: it leaves a held schema to that run (its own
+    // variable, so that one exported for the maintenance jobs does not make flushes queue).
+    // The maintenance jobs wait their turn behind a flush (seconds) rather than report
+    // `locked`.
+    of(&[Flush], "lock-wait", "LAKECDC_FLUSH_LOCK_WAIT", Some("0s")),
+    of(
+        &[Init, Gc, Verify],
+        "lock-wait",
+        "LAKECDC_LOCK_WAIT",
+        Some("1m"),
+    ),
     of(
         &[Flush, Inspect],
         "min-records",

@@ -352,7 +352,7 @@ async fn gc_schema(
         schema: reg.name.clone(),
         ..SchemaGc::default()
     };
-    let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
+    let result = job::with_lock(ctx, reg.id, async |lock| {
         collect(ctx, opts, source, lock, reg.id, &mut out, hook).await
     })
     .await;

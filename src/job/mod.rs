@@ -45,6 +45,9 @@ pub struct Context {
     /// Take over a lake whose manifests name another source database (`--adopt-source`,
     /// docs/design.md §10).
     pub adopt_source: bool,
+    /// How long a job waits for a schema lock another session holds before it reports the
+    /// schema `locked` (`--lock-wait`; zero: not at all).
+    pub lock_wait: Duration,
 }
 
 /// The guard a writer checks and stamps manifests with: the database `ctx` reads, and whether
@@ -104,14 +107,15 @@ pub async fn select_schemas(ctx: &Context, selectors: &[String]) -> Result<Vec<R
 }
 
 /// Runs `work` while holding the schema's lock (which `work` may check is still held before
-/// it publishes); `Ok(None)` when another session holds it. The lock is released on the
-/// connection that took it, whatever `work` returned.
+/// it publishes); `Ok(None)` when another session still holds it after `ctx.lock_wait`. The
+/// lock is released on the connection that took it, whatever `work` returned.
 pub async fn with_lock<T>(
-    connector: &Connector,
+    ctx: &Context,
     schema_id: i16,
     work: impl AsyncFnOnce(&SchemaLock) -> Result<T>,
 ) -> Result<Option<T>> {
-    let Some(lock) = SchemaLock::try_acquire(connector, schema_id).await? else {
+    let lock = SchemaLock::acquire(&ctx.connector, schema_id, ctx.lock_wait, &ctx.shutdown);
+    let Some(lock) = lock.await? else {
         return Ok(None);
     };
     let out = work(&lock).await;

@@ -2,10 +2,16 @@
 //! one dedicated connection for the whole job, released on that same connection (docs/hazards.md
 //! #290) — or, if the process dies, by PostgreSQL when the connection closes.
 
+use std::time::{Duration, Instant};
+
 use tokio_postgres::Client;
 
 use super::connect::{Connector, timed};
 use crate::error::{Error, Result};
+use crate::shutdown::Shutdown;
+
+/// How often a job waiting for a held schema lock tries again.
+const LOCK_RETRY: Duration = Duration::from_millis(250);
 
 /// A held schema lock. Dropping it closes the connection, which also releases the lock.
 #[derive(Debug)]
@@ -20,21 +26,53 @@ impl SchemaLock {
     /// Tries to take the lock on a new dedicated connection; `Ok(None)` when another session
     /// holds it.
     pub async fn try_acquire(connector: &Connector, schema_id: i16) -> Result<Option<Self>> {
+        Self::acquire(connector, schema_id, Duration::ZERO, &Shutdown::new()).await
+    }
+
+    /// Takes the lock on a new dedicated connection, trying again for up to `wait` while
+    /// another session holds it (a flush holds a schema for seconds each minute, so a
+    /// maintenance job started beside it waits its turn instead of reporting `locked`);
+    /// `Ok(None)` when it is still held after `wait`, or at once on a stop request.
+    pub async fn acquire(
+        connector: &Connector,
+        schema_id: i16,
+        wait: Duration,
+        shutdown: &Shutdown,
+    ) -> Result<Option<Self>> {
         let client = connector.connect().await?;
         let limit = connector.statement_timeout();
-        let row = timed(
-            limit,
-            "take schema lock",
-            client.query_one(
-                "SELECT pg_try_advisory_lock($1::int4, $1::int4), pg_backend_pid()",
-                &[&i32::from(schema_id)],
-            ),
-        )
-        .await?;
-        let locked: bool = row.get(0);
-        if !locked {
-            return Ok(None);
-        }
+        let started = Instant::now();
+        let mut logged = false;
+        let row = loop {
+            let row = timed(
+                limit,
+                "take schema lock",
+                client.query_one(
+                    "SELECT pg_try_advisory_lock($1::int4, $1::int4), pg_backend_pid()",
+                    &[&i32::from(schema_id)],
+                ),
+            )
+            .await?;
+            if row.get::<_, bool>(0) {
+                break row;
+            }
+            let left = wait.saturating_sub(started.elapsed());
+            if left.is_zero() || shutdown.is_requested() {
+                return Ok(None);
+            }
+            if !logged {
+                tracing::info!(
+                    schema_id,
+                    wait_s = wait.as_secs_f64(),
+                    "another session holds the schema lock: waiting for it (--lock-wait)"
+                );
+                logged = true;
+            }
+            tokio::select! {
+                () = shutdown.requested() => return Ok(None),
+                () = tokio::time::sleep(left.min(LOCK_RETRY)) => {}
+            }
+        };
         // The lock's connection is idle while the job works; a server-wide
         // `idle_session_timeout` (PostgreSQL 14+) would close it and so drop the lock. Older
         // servers do not know the setting: nothing to turn off there.

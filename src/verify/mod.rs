@@ -260,7 +260,7 @@ async fn verify_source(
 ) -> SchemaVerify {
     let started = Instant::now();
     let mut out = SchemaVerify::new(reg);
-    let result = job::with_lock(&ctx.connector, reg.id, async |lock| {
+    let result = job::with_lock(ctx, reg.id, async |lock| {
         // No manifest is a lake holding no row: the source's flushed rows are then missing
         // from it, not proven (docs/hazards.md L95); with none, the outcome is `no_manifest`.
         let (files, lake_source, no_manifest) = match job::listed(ctx, reg.id).await? {
@@ -410,7 +410,7 @@ fn finished(mut out: SchemaVerify, result: Result<Option<()>>, started: Instant)
 async fn verify_schema(ctx: &Context, opts: &VerifyOptions, reg: &Registered) -> SchemaVerify {
     let started = Instant::now();
     let mut out = SchemaVerify::new(reg);
-    let result = job::with_lock(&ctx.connector, reg.id, async |_| {
+    let result = job::with_lock(ctx, reg.id, async |_| {
         check_schema(ctx, opts, reg.id, &mut out).await
     })
     .await;

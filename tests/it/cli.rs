@@ -25,7 +25,7 @@ type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 
 #[test]
 fn invalid_configuration_exits_2_with_one_line() {
-    let cases: [Case; 7] = [
+    let cases: [Case; 8] = [
         (&["init-db", "--data-prefix", "/abs"], &[], "--data-prefix"),
         (
             &["init-db", "--manifest-template", "manifest/all.json"],
@@ -52,6 +52,11 @@ fn invalid_configuration_exits_2_with_one_line() {
             &["init-db", "--schema-dir", "/nonexistent/dir"],
             &[],
             "--schema-dir",
+        ),
+        (
+            &["verify", "--lock-wait", "soon"],
+            &[],
+            "--lock-wait \"soon\" is not a duration",
         ),
     ];
     for (args, env, needle) in cases {
@@ -260,5 +265,26 @@ fn the_copy_tap_switch_takes_on_or_off() {
         let (code, stderr) = run(&args, &env);
         assert_eq!(code, Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains("connect to u@127.0.0.1:1/d"), "{stderr}");
+    }
+}
+
+#[test]
+fn the_maintenance_jobs_wait_a_minute_for_a_held_schema_and_flush_does_not() {
+    for (command, env, default) in [
+        ("verify", "LAKECDC_LOCK_WAIT", "[default: 1m]"),
+        ("gc", "LAKECDC_LOCK_WAIT", "[default: 1m]"),
+        ("init", "LAKECDC_LOCK_WAIT", "[default: 1m]"),
+        ("flush", "LAKECDC_FLUSH_LOCK_WAIT", "[default: 0s]"),
+    ] {
+        let out = harness::bin().args([command, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        let line = help
+            .lines()
+            .skip_while(|l| !l.contains("--lock-wait"))
+            .take(4)
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(line.contains(&format!("[env: {env}]")), "{command}: {line}");
+        assert!(line.contains(default), "{command}: {line}");
     }
 }

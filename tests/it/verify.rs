@@ -323,3 +323,63 @@ async fn every_writer_stamps_the_columns_its_files_hold() {
         [("columns", victim), ("row_id_range", other)]
     );
 }
+
+#[tokio::test]
+async fn verify_waits_its_turn_behind_a_held_schema_lock() {
+    // A flush holds a schema for seconds each minute: verify (and gc, init) started beside it
+    // wait up to --lock-wait for the lock instead of reporting the schema `locked` (exit 3).
+    let rig = flushed_rig(LakeKind::S3).await;
+    let held = lakecdc::source::SchemaLock::try_acquire(&rig.ctx.connector, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    let outcome = |r: &lakecdc::verify::VerifyReport| r.schemas[0].outcome;
+    // Not waiting: locked at once.
+    let report = lakecdc::verify::run(&rig.job_context(), &opts(&rig))
+        .await
+        .unwrap();
+    assert_eq!((outcome(&report), report.exit_code()), (Outcome::Locked, 3));
+    // Waiting longer than the holder keeps it: verified once it is released.
+    let waiting = lakecdc::job::Context {
+        lock_wait: std::time::Duration::from_secs(30),
+        ..rig.job_context()
+    };
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+        held.release().await.unwrap();
+    });
+    let started = std::time::Instant::now();
+    let report = lakecdc::verify::run(&waiting, &opts(&rig)).await.unwrap();
+    release.await.unwrap();
+    assert_eq!((outcome(&report), report.exit_code()), (Outcome::Intact, 0));
+    assert!(started.elapsed() >= std::time::Duration::from_millis(700));
+    assert_eq!(report.schemas[0].files, 3);
+    // Held past the wait: locked after it, not before.
+    let _held = lakecdc::source::SchemaLock::try_acquire(&rig.ctx.connector, 100)
+        .await
+        .unwrap()
+        .unwrap();
+    let short = lakecdc::job::Context {
+        lock_wait: std::time::Duration::from_millis(600),
+        ..rig.job_context()
+    };
+    let started = std::time::Instant::now();
+    let report = lakecdc::verify::run(&short, &opts(&rig)).await.unwrap();
+    assert_eq!(outcome(&report), Outcome::Locked);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(500));
+    // A stop request ends the wait at once.
+    let stopping = lakecdc::job::Context {
+        lock_wait: std::time::Duration::from_secs(600),
+        ..rig.job_context()
+    };
+    let stop = stopping.shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        stop.request();
+    });
+    let started = std::time::Instant::now();
+    let report = lakecdc::verify::run(&stopping, &opts(&rig)).await.unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert_ne!(outcome(&report), Outcome::Intact);
+    assert_ne!(report.exit_code(), 0);
+}

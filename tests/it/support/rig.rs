@@ -64,6 +64,7 @@ pub async fn rig(kind: LakeKind) -> Rig {
         clock: Arc::new(SystemClock),
         shutdown: Shutdown::new(),
         adopt_source: false,
+        lock_wait: std::time::Duration::ZERO,
     };
     let opts = FlushOptions {
         force: true,
