@@ -137,6 +137,17 @@ pub struct Manifest {
     pub extra: Map<String, Value>,
 }
 
+/// Which of a manifest's own members a JSON document holds (present with any value).
+#[derive(Debug, Default, Deserialize)]
+struct Members {
+    #[serde(default, deserialize_with = "present")]
+    files: bool,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
+}
+
 /// One entry of a manifest's `retired` list.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Retired {
@@ -281,12 +292,23 @@ impl Manifest {
 
     /// Parses a manifest's bytes (no stamp check).
     pub fn from_json(key: &str, bytes: &[u8]) -> Result<Self> {
-        serde_json::from_slice(bytes).map_err(|e| Error::Manifest {
+        let manifest = serde_json::from_slice(bytes).map_err(|e| Error::Manifest {
             key: key.to_string(),
             message: format!(
                 "not a valid manifest ({e}); restore it from a backup or remove it and re-run init"
             ),
-        })
+        })?;
+        // Every field defaults, so any JSON object would parse: one without a `files` list
+        // (every writer, forma's too, writes one) is another tool's document at this key, and
+        // a writer would otherwise claim and overwrite it.
+        let members: Members = serde_json::from_slice(bytes).unwrap_or_default();
+        if !members.files {
+            return Err(Error::Manifest {
+                key: key.to_string(),
+                message: "is not a lakecdc manifest: it has no `files` list (another tool's document at this key?); check --lake and --manifest-template, or move the object away".into(),
+            });
+        }
+        Ok(manifest)
     }
 
     /// The canonical serialisation: pretty JSON with a 2-space indent.
@@ -1228,7 +1250,7 @@ mod tests {
         put_json(
             &store,
             "m",
-            &serde_json::json!({"schema_id": 7, "version": i64::MAX, "updated_at_ms": i64::MAX}),
+            &serde_json::json!({"schema_id": 7, "version": i64::MAX, "updated_at_ms": i64::MAX, "files": []}),
         )
         .await;
         let c = commit(

@@ -708,3 +708,39 @@ async fn verify_refuses_a_listed_size_its_work_dir_cannot_hold() {
         .collect();
     assert!(fetched.is_empty(), "{fetched:?}");
 }
+
+#[tokio::test]
+async fn another_tools_document_at_the_manifest_key_is_refused_never_claimed() {
+    // docs/hazards.md L102: every manifest field defaults, so any JSON object parsed as an
+    // empty manifest: verify called it intact and init claimed it and overwrote it.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(5);
+    rig.seed(20, &mut r).await;
+    let foreign = json!({"format": "delta", "tables": ["precious"]});
+    put_manifest(&rig, &foreign).await;
+    let calls = rig.store.calls().len();
+    let opts = lakecdc::init::InitOptions {
+        schemas: vec!["customer".into()],
+        work_dir: rig.opts.work_dir.clone(),
+        ..Default::default()
+    };
+    let init = lakecdc::init::run(&rig.ctx, &opts).await.unwrap();
+    assert_ne!(init.exit_code(), 0, "{init:?}");
+    let reason = init.schemas[0].reason.as_deref().unwrap_or_default();
+    assert!(reason.contains("is not a lakecdc manifest"), "{reason}");
+    let verify = lakecdc::verify::run(&rig.ctx, &verify_opts(&rig))
+        .await
+        .unwrap();
+    assert_ne!(verify.schemas[0].outcome, lakecdc::verify::Outcome::Intact);
+    assert_ne!(verify.exit_code(), 0);
+    let flush = rig.flush().await;
+    assert!(flush.failed(), "{flush:?}");
+    assert!(since(&rig, calls).iter().all(|c| !c.op.is_write()));
+    assert_eq!(manifest_json(&rig).await, foreign);
+    // A manifest with an empty list is still one.
+    put_manifest(&rig, &json!({"schema_id": 100, "version": 1, "files": []})).await;
+    let verify = lakecdc::verify::run(&rig.ctx, &verify_opts(&rig))
+        .await
+        .unwrap();
+    assert_eq!(verify.exit_code(), 0, "{verify:?}");
+}
