@@ -283,7 +283,9 @@ impl InitReport {
             }
         }
         if self.dry_run {
-            out.push_str("dry run: nothing was written (files and bytes are estimates)\n");
+            out.push_str(
+                "dry run: nothing was written (files are estimates; bytes an upper bound: the rows' uncompressed size)\n",
+            );
         }
         out
     }
@@ -462,14 +464,21 @@ async fn export_schema(
     };
     if opts.dry_run {
         let client = ctx.connector.connect().await?;
-        out.live_rows = live::count_live(&client, &ctx.tables, schema_id).await?;
+        // Each reader's id range ends in files of its own, as the run cuts them.
+        let ranges = live::live_ranges(&client, &ctx.tables, schema_id, opts.readers).await?;
+        let counts = live::count_live_in(&client, &ctx.tables, schema_id, &ranges).await?;
+        out.live_rows = counts.iter().sum();
         let per_row = estimated_row_bytes(def);
         let per_file = rows_per_file(opts, per_row);
         let live = u64::try_from(out.live_rows).unwrap_or(0);
-        out.estimated_files = live.div_ceil(per_file).max(1);
+        out.estimated_files = (counts.iter())
+            .map(|&n| u64::try_from(n).unwrap_or(0).div_ceil(per_file))
+            .sum::<u64>()
+            .max(1);
         if let Some(plan) = heap_plan(ctx, opts, &client, schema_id, def, live).await? {
             out.heap_order = true;
-            out.estimated_files = out.estimated_files.max(plan.buckets() as u64);
+            // In heap order each row-id bucket is a file, whatever the readers.
+            out.estimated_files = (plan.buckets() as u64).max(1);
             out.scratch_bytes = plan.scratch_estimate();
         }
         out.bytes = live * per_row;
@@ -837,7 +846,10 @@ fn spawn_reader(
         ctx.connector.clone(),
         ctx.tables.clone(),
         def.clone(),
-        opts.page_rows.max(1),
+        // A page never holds more rows than a file may.
+        opts.page_rows
+            .min(i64::try_from(opts.max_file_rows).unwrap_or(i64::MAX))
+            .max(1),
         opts.page_hook(),
     );
     Guarded(tokio::spawn(async move {
@@ -989,6 +1001,17 @@ impl<'a> Stager<'a> {
 
     async fn stage(&mut self, reader: usize, page: LivePage, out: &mut SchemaInit) -> Result<()> {
         let page_rows = page.rows as u64;
+        // A file never passes --max-file-rows: what is staged is cut before a page that would
+        // take it past (pages are at most that long).
+        let full = self
+            .staging
+            .get(reader)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.rows > 0 && s.rows + page_rows > self.opts.max_file_rows);
+        if full {
+            let staged = self.staging.get_mut(reader).and_then(Option::take);
+            self.start(staged, out).await?;
+        }
         let slot = self
             .staging
             .get_mut(reader)

@@ -419,6 +419,29 @@ fn size(s: &Resolved, key: &str) -> Result<u64> {
     parse_size(key, s.text(key)?)
 }
 
+/// The smallest base or init file size a setting may ask for: below it every row group, then
+/// nearly every row, would be a file of its own.
+const MIN_FILE_SIZE: u64 = 4 << 10;
+
+/// A file size setting of at least [`MIN_FILE_SIZE`].
+fn file_size(s: &Resolved, key: &str) -> Result<u64> {
+    match size(s, key)? {
+        v if v >= MIN_FILE_SIZE => Ok(v),
+        _ => Err(Error::setting(key, "must be at least 4KiB")),
+    }
+}
+
+/// An optional count that, when given, is at least 1 (unset: no limit).
+fn limit_of_at_least_one(s: &Resolved, key: &str) -> Result<Option<u32>> {
+    match s.number::<u32>(key)? {
+        Some(0) => Err(Error::setting(
+            key,
+            "must be at least 1 (leave it unset for no limit)",
+        )),
+        v => Ok(v),
+    }
+}
+
 /// `--read-order` of init and flush.
 fn read_order(s: &Resolved) -> Result<crate::init::ReadOrder> {
     s.text("read-order")?
@@ -436,8 +459,16 @@ fn flush_thresholds(s: &Resolved) -> Result<FlushThresholds> {
 
 fn compact_thresholds(s: &Resolved) -> Result<CompactThresholds> {
     Ok(CompactThresholds {
-        target_base_size: size(s, "target-base-size")?,
-        dirty_ratio: parse_ratio("dirty-ratio", s.text("dirty-ratio")?)?,
+        target_base_size: file_size(s, "target-base-size")?,
+        dirty_ratio: match parse_ratio("dirty-ratio", s.text("dirty-ratio")?)? {
+            r if r <= 1.0 => r,
+            _ => {
+                return Err(Error::setting(
+                    "dirty-ratio",
+                    "must be at most 100% (a share of a range's rows)",
+                ));
+            }
+        },
         max_deltas: s.number("max-deltas")?.unwrap_or(32),
         max_rewrite_bytes: size(s, "max-rewrite-bytes")?,
     })
@@ -462,7 +493,7 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
                 force: t.force,
                 batch_size: at_least_one(s, "batch-size")?,
                 window_batches: crate::flush::WINDOW_BATCHES,
-                max_batches: s.number("max-batches")?,
+                max_batches: limit_of_at_least_one(s, "max-batches")?,
                 time_budget: duration(s, "time-budget")?,
                 scan_memory: size(s, "scan-memory")?,
                 max_touches: crate::source::table_source::MAX_TOUCHES,
@@ -478,10 +509,10 @@ fn job(s: &Resolved, schemas: &[String]) -> Result<Job> {
             Job::Init(Box::new(InitOptions {
                 schemas,
                 replace_delta: s.flag("replace-delta"),
-                target_file_size: size(s, "target-file-size")?,
-                max_file_rows: s.number("max-file-rows")?.unwrap_or_default(),
+                target_file_size: file_size(s, "target-file-size")?,
+                max_file_rows: at_least_one(s, "max-file-rows")?,
                 page_rows: at_least_one(s, "page-rows")?,
-                readers: s.number::<u32>("readers")?.unwrap_or(1).max(1),
+                readers: at_least_one(s, "readers")?,
                 read_order: read_order(s)?,
                 dry_run,
                 work_dir,
@@ -610,7 +641,7 @@ fn verify_options(s: &Resolved, schemas: Vec<String>) -> Result<VerifyOptions> {
     };
     Ok(VerifyOptions {
         schemas,
-        parallelism: s.number::<usize>("parallelism")?.unwrap_or(1).max(1),
+        parallelism: at_least_one(s, "parallelism")?,
         work_dir: work_dir(s)?,
         source,
         engine: EngineConfig {

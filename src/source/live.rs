@@ -377,6 +377,46 @@ pub async fn count_live(client: &Client, tables: &Tables, schema_id: i16) -> Res
     .get(0))
 }
 
+/// Counts the live entities of a schema in each of `ranges` (as [`live_ranges`] cuts them:
+/// consecutive, the first from the smallest id, the last unbounded), in one scan.
+pub async fn count_live_in(
+    client: &Client,
+    tables: &Tables,
+    schema_id: i16,
+    ranges: &[IdRange],
+) -> Result<Vec<i64>> {
+    let cuts: Vec<Uuid> = ranges.iter().filter_map(|r| r.hi).collect();
+    // Rows below each cut, then all of them: a range's rows are the difference.
+    let below: String = (0..cuts.len())
+        .map(|i| {
+            format!(
+                "count(*) FILTER (WHERE ltbase_row_id < ($2::uuid[])[{}]), ",
+                i + 1
+            )
+        })
+        .collect();
+    let sql = format!(
+        "SELECT {below}count(*) FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL",
+        tables.entity.quoted()
+    );
+    let row = timed(
+        TIMEOUT,
+        "count live entities per range",
+        client.query_one(&sql, &[&schema_id, &cuts]),
+    )
+    .await?;
+    let mut counts = Vec::with_capacity(ranges.len());
+    let mut before = 0i64;
+    for i in 0..=cuts.len() {
+        let upto: i64 = row
+            .try_get(i)
+            .map_err(Error::postgres("read live counts per range"))?;
+        counts.push(upto - before);
+        before = upto;
+    }
+    Ok(counts)
+}
+
 /// Estimates the live entities of a schema from the planner's statistics, reading no rows:
 /// enough for a progress total and for sizing the last files, where an exact count would scan
 /// the table once more, competing with the export for the server's CPU.

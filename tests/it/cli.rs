@@ -25,7 +25,7 @@ type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 
 #[test]
 fn invalid_configuration_exits_2_with_one_line() {
-    let cases: [Case; 8] = [
+    let cases: [Case; 14] = [
         (&["init-db", "--data-prefix", "/abs"], &[], "--data-prefix"),
         (
             &["init-db", "--manifest-template", "manifest/all.json"],
@@ -57,6 +57,38 @@ fn invalid_configuration_exits_2_with_one_line() {
             &["verify", "--lock-wait", "soon"],
             &[],
             "--lock-wait \"soon\" is not a duration",
+        ),
+        // Zero or absurd values that would write a file per row, never rewrite, or export
+        // nothing while reporting success (docs/hazards.md L103).
+        (
+            &["compact", "--target-base-size", "0"],
+            &[],
+            "--target-base-size must be at least 4KiB",
+        ),
+        (
+            &["init", "--max-file-rows", "0"],
+            &[],
+            "--max-file-rows must be at least 1",
+        ),
+        (
+            &["flush", "--max-batches", "0"],
+            &[],
+            "--max-batches must be at least 1 (leave it unset for no limit)",
+        ),
+        (
+            &["compact", "--dirty-ratio", "150%"],
+            &[],
+            "--dirty-ratio must be at most 100%",
+        ),
+        (
+            &["init", "--readers", "0"],
+            &[],
+            "--readers must be at least 1",
+        ),
+        (
+            &["verify", "--parallelism", "0"],
+            &[],
+            "--parallelism must be at least 1",
         ),
     ];
     for (args, env, needle) in cases {

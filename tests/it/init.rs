@@ -900,7 +900,8 @@ async fn dry_run_counts_and_estimates_without_writing() {
     )
     .await;
     let s = &report.schemas[0];
-    assert_eq!((s.live_rows, s.estimated_files), (30, 1));
+    // Two readers, each range its own file (docs/hazards.md L103).
+    assert_eq!((s.live_rows, s.estimated_files), (30, 2));
     assert!(s.bytes > 0);
     assert!(!s.heap_order, "no statistics: row-id order");
     // The plan says a heap-order read, and its buckets, as the run would.
@@ -924,6 +925,31 @@ async fn dry_run_counts_and_estimates_without_writing() {
         "{text}"
     );
     assert!(rig.store.writes().is_empty());
+    // The plan's files are the run's, and --max-file-rows holds even below a page's rows.
+    for max_file_rows in [60, 7] {
+        let o = InitOptions {
+            max_file_rows,
+            replace_delta: true,
+            ..opts(&rig)
+        };
+        let plan = init(
+            &rig,
+            &InitOptions {
+                dry_run: true,
+                ..o.clone()
+            },
+        )
+        .await;
+        let run = init(&rig, &o).await;
+        let files = &run.schemas[0].files;
+        assert_eq!(
+            plan.schemas[0].estimated_files,
+            files.len() as u64,
+            "{run:?}"
+        );
+        assert_eq!(files.iter().map(|f| f.rows).sum::<u64>(), 30);
+        assert!(files.iter().all(|f| f.rows <= max_file_rows), "{files:?}");
+    }
 }
 
 #[tokio::test]
