@@ -416,6 +416,23 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
         .collect()
         .await;
     schemas.sort_by_key(|s| s.schema_id);
+    // A run that worked on no schema never reached the lake: one request proves it is there,
+    // so a missing bucket or a wrong key fails the first run after a typo, not the first one
+    // with work, an hour later.
+    let worked = |s: &SchemaReport| matches!(s.outcome, Outcome::Flushed | Outcome::Failed);
+    if !schemas.iter().any(worked)
+        && let Some(reg) = registered.first()
+    {
+        let key = ctx.lake.layout.manifest_key(reg.id);
+        // A ranged GET, not a HEAD: a HEAD's 404 carries no body, so a missing bucket would
+        // read as a missing object.
+        match ctx.lake.store.get_range(&key, 0, 1).await {
+            Err(e) if !e.is_not_found() => {
+                return Err(Error::storage("reach the lake: read manifest", key)(e));
+            }
+            _ => {}
+        }
+    }
     let report = FlushReport {
         dry_run: opts.dry_run,
         schemas,

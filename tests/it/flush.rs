@@ -110,17 +110,29 @@ async fn oracle_holds_under_a_random_workload_on_a_local_lake() {
     random_workload_holds_the_oracle(LakeKind::Local, 3, 3, 80).await;
 }
 
+/// The one request an idle run makes: a byte of the first schema's manifest, proving the lake
+/// is there (docs/hazards.md L104).
+fn only_the_probe(rig: &Rig, since: usize) {
+    let calls = &rig.store.calls()[since..];
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        (calls[0].op, calls[0].key.as_str()),
+        (Op::GetRange, "manifest/100.json")
+    );
+}
+
 #[tokio::test]
-async fn an_idle_run_makes_no_store_request() {
+async fn an_idle_run_makes_one_read_of_the_lake() {
     let rig = rig(LakeKind::S3).await;
     let report = rig.flush().await;
     assert!(report.schemas.is_empty(), "{report:?}");
-    assert!(rig.store.calls().is_empty(), "{:?}", rig.store.calls());
-    // Dirty rows below the threshold: still no store request.
+    only_the_probe(&rig, 0);
+    // Dirty rows below the threshold: still that one read.
     let mut rig = rig;
     let mut r = Rng::new(9);
     rig.seed(3, &mut r).await;
     rig.opts.force = false;
+    let calls = rig.store.calls().len();
     let report = rig.flush().await;
     let s = only(&report);
     assert_eq!(s.outcome, Outcome::BelowThreshold);
@@ -128,7 +140,7 @@ async fn an_idle_run_makes_no_store_request() {
         s.reason.as_deref().unwrap().contains("--min-records 20000"),
         "{s:?}"
     );
-    assert!(rig.store.calls().is_empty());
+    only_the_probe(&rig, calls);
 }
 
 #[tokio::test]
@@ -1233,7 +1245,7 @@ async fn a_locked_schema_is_skipped_without_touching_anything() {
         !report.failed(),
         "a locked schema is not a failure: another flusher does the work"
     );
-    assert!(rig.store.calls().is_empty());
+    only_the_probe(&rig, 0);
     assert_eq!(oracle::dirty(&rig.writer).await.len(), 5);
     held.release().await.unwrap();
     assert_eq!(only(&rig.flush().await).rows_marked, 5);
@@ -1387,7 +1399,7 @@ async fn a_named_schema_without_dirty_rows_has_nothing_to_do() {
     let report = rig.flush().await;
     let s = only(&report);
     assert_eq!((s.schema_id, s.outcome), (101, Outcome::NothingToDo));
-    assert!(rig.store.calls().is_empty());
+    only_the_probe(&rig, 0);
     rig.opts.schemas = vec!["nosuch".into()];
     let err = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap_err();
     assert!(matches!(&err, lakecdc::error::Error::Config(_)), "{err:?}");
@@ -2667,4 +2679,32 @@ async fn a_numeric_eav_value_beyond_a_double_is_exported_as_its_nearest_double()
         let state = oracle::lake_state(rig.store.as_ref(), MANIFEST).await;
         assert_lake(&state, &format!("init, {order:?}"));
     }
+}
+
+#[tokio::test]
+async fn an_idle_run_still_reaches_the_lake_and_fails_on_a_missing_bucket() {
+    // docs/hazards.md L104: a run with nothing to flush made no request, so a missing bucket
+    // or a wrong key exited 0 until the first run with work.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(44);
+    rig.seed(3, &mut r).await;
+    rig.flush().await;
+    let calls = rig.store.calls().len();
+    let idle = rig.flush().await;
+    assert!(!idle.failed(), "{idle:?}");
+    let since = &rig.store.calls()[calls..];
+    assert_eq!(since.len(), 1, "{since:?}");
+    assert_eq!(since[0].op, Op::GetRange, "{since:?}");
+    let missing =
+        lakecdc::store::s3::S3Store::connect(&harness::s3_options("lakecdc-absent-bucket")).await;
+    let ctx = lakecdc::job::Context {
+        lake: lakecdc::lake::Lake {
+            store: Arc::new(missing),
+            layout: rig.ctx.lake.layout.clone(),
+        },
+        ..rig.job_context()
+    };
+    let err = lakecdc::flush::run(&ctx, &rig.opts).await.unwrap_err();
+    assert!(err.chain().contains("does not exist"), "{}", err.chain());
+    assert!(err.chain().contains("reach the lake"), "{}", err.chain());
 }
