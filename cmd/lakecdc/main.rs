@@ -13,7 +13,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use lakecdc::config::settings::{self, ConfigFile, Layers, Resolved};
-use lakecdc::run::RunConfig;
+use lakecdc::run::{LogFormat, RunConfig};
 
 /// Exports a PostgreSQL entity store into a verifiable Parquet lake on S3 or a local directory.
 #[derive(Debug, Parser)]
@@ -502,42 +502,91 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let config = match configure(&matches, file) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("lakecdc: error: {}", error_line(&e));
-            return ExitCode::from(2);
-        }
-    };
     let filter = env_var("LAKECDC_LOG").or_else(|| env_var("RUST_LOG"));
     let verbosity = i8::try_from(cli.global.verbose).unwrap_or(i8::MAX)
         - i8::try_from(cli.global.quiet).unwrap_or(i8::MAX);
+    let config = match configure(&matches, file) {
+        Ok(c) => c,
+        Err(e) => {
+            // The settings did not resolve: their output format is read from the flags and
+            // the environment as given.
+            let asked = Asked::of(&matches);
+            let format = if asked.json_logs {
+                LogFormat::Json
+            } else {
+                LogFormat::Text
+            };
+            lakecdc::logging::init(format, verbosity, filter.as_deref());
+            return asked.fail(&error_line(&e), 2);
+        }
+    };
     lakecdc::logging::init(config.log_format, verbosity, filter.as_deref());
+    let asked = Asked {
+        json: config.json,
+        json_logs: config.log_format == LogFormat::Json,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("lakecdc: error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(e) => return asked.fail(&format!("cannot start the async runtime: {e}"), 1),
     };
-    let json = config.json;
     let code = match runtime.block_on(lakecdc::run::run(config, lakecdc::progress::progress_bar()))
     {
         Ok(outcome) => {
-            if json && !outcome.json.is_empty() {
+            if asked.json && !outcome.json.is_empty() {
                 println!("{}", outcome.json);
             } else {
                 print!("{}", outcome.text);
             }
             outcome.exit_code
         }
-        Err(e) => {
-            eprintln!("lakecdc: error: {}", error_line(&e));
-            e.exit_code()
-        }
+        Err(e) => return asked.fail(&error_line(&e), e.exit_code()),
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// The output formats a run was asked for: a JSON report on stdout, JSON log lines on stderr.
+struct Asked {
+    json: bool,
+    json_logs: bool,
+}
+
+impl Asked {
+    /// Read from the flags and the environment alone, for a run whose settings did not resolve.
+    fn of(matches: &ArgMatches) -> Self {
+        let mut given = BTreeMap::new();
+        flags(matches, &mut given);
+        if let Some((_, sub)) = matches.subcommand() {
+            flags(sub, &mut given);
+        }
+        let value = |key: &str, env: &str| given.get(key).cloned().or_else(|| env_var(env));
+        let json = value("json", "LAKECDC_JSON").is_some_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "true" | "yes" | "on" | "y" | "t" | "1"
+            )
+        });
+        let json_logs = value("log-format", "LAKECDC_LOG_FORMAT").as_deref() == Some("json");
+        Self { json, json_logs }
+    }
+
+    /// Ends a failed run: the one error line on stderr (a JSON log event with `--log-format
+    /// json`), and with `--json` a JSON object on stdout too, so a caller parsing stdout gets
+    /// the failure and its exit code rather than nothing.
+    fn fail(&self, line: &str, code: i32) -> ExitCode {
+        if self.json_logs {
+            tracing::error!(exit_code = code, "lakecdc: error: {line}");
+        } else {
+            eprintln!("lakecdc: error: {line}");
+        }
+        if self.json {
+            println!(
+                "{}",
+                serde_json::json!({ "error": line, "exit_code": code })
+            );
+        }
+        ExitCode::from(u8::try_from(code).unwrap_or(1))
+    }
 }

@@ -320,3 +320,43 @@ fn the_maintenance_jobs_wait_a_minute_for_a_held_schema_and_flush_does_not() {
         assert!(line.contains(default), "{command}: {line}");
     }
 }
+
+#[test]
+fn a_failed_run_asked_for_json_prints_its_error_as_json() {
+    // docs/hazards.md L105: a failing run printed nothing on stdout with --json and a plain
+    // line on stderr with --log-format json, so a parser of either lost the one event that
+    // mattered.
+    for (args, code) in [
+        (&["verify", "--lock-wait", "soon"][..], 2),
+        (&["inspect"][..], 1),
+    ] {
+        let out = harness::bin()
+            .args(args)
+            .args(["--json", "--log-format", "json", "--pg-url", UNREACHABLE])
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+        let stdout: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(stdout["exit_code"], code, "{stdout}");
+        assert!(stdout["error"].as_str().unwrap().len() > 10, "{stdout}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().last().unwrap();
+        let event: serde_json::Value = serde_json::from_str(last).unwrap();
+        assert_eq!(event["level"], "ERROR", "{last}");
+        assert_eq!(event["fields"]["exit_code"], code, "{last}");
+        let message = event["fields"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(stdout["error"].as_str().unwrap()),
+            "{last}"
+        );
+    }
+    // Without --json, stdout stays empty and the line stays text.
+    let out = harness::bin()
+        .args(["inspect", "--pg-url", UNREACHABLE])
+        .output()
+        .unwrap();
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lakecdc: error: "));
+}
