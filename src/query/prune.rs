@@ -196,18 +196,94 @@ fn quoted(s: &str, q: char) -> Option<(String, &str)> {
     None
 }
 
+/// The reserved keywords of DuckDB's (PostgreSQL's) grammar: never an unquoted identifier, so
+/// `ORDER BY` does not name a schema called `order`.
+const RESERVED: [&str; 67] = [
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "column",
+    "constraint",
+    "create",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "from",
+    "grant",
+    "group",
+    "having",
+    "in",
+    "initially",
+    "intersect",
+    "into",
+    "lateral",
+    "leading",
+    "limit",
+    "not",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "select",
+    "some",
+    "symmetric",
+    "table",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "using",
+    "variadic",
+    "when",
+    "where",
+    "window",
+    "with",
+];
+
 /// The names (lowercased) among `candidates` that `sql` mentions as an identifier; `None` when
 /// the SQL cannot be tokenized (then every view is needed).
 pub(crate) fn named_views(sql: &str, candidates: &[String]) -> Option<BTreeSet<String>> {
     let toks = tokens(sql)?;
     let mut found = BTreeSet::new();
     for t in &toks {
-        if let Token::Word(w) | Token::Quoted(w) = t {
-            for c in candidates {
-                let c = c.to_lowercase();
-                if *w == c || *w == format!("{c}__history") {
-                    found.insert(c);
-                }
+        let w = match t {
+            // A reserved word unquoted is the keyword: a view named `order` is `"order"`.
+            Token::Word(w) if RESERVED.contains(&w.as_str()) => continue,
+            Token::Word(w) | Token::Quoted(w) => w,
+            _ => continue,
+        };
+        for c in candidates {
+            let c = c.to_lowercase();
+            if *w == c || *w == format!("{c}__history") {
+                found.insert(c);
             }
         }
     }
@@ -533,6 +609,16 @@ mod tests {
             Some(BTreeSet::from(["customer".to_string()]))
         );
         assert_eq!(named_views("SELECT $$x$$", &names), None);
+        // A reserved word unquoted is its keyword, never a schema of that name.
+        let names = vec!["customer".to_string(), "order".to_string()];
+        assert_eq!(
+            named_views("select * from customer order by row_id", &names),
+            Some(BTreeSet::from(["customer".to_string()]))
+        );
+        assert_eq!(
+            named_views("select * from \"order\" order by 1", &names),
+            Some(BTreeSet::from(["order".to_string()]))
+        );
     }
 
     #[test]
