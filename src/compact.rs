@@ -359,6 +359,7 @@ async fn run_hooked(
             .count(),
         rows_out = report.schemas.iter().map(|s| s.rows_out).sum::<u64>(),
         dry_run = opts.dry_run,
+        exit_code = report.exit_code(),
         "compact done"
     );
     Ok(report)

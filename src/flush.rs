@@ -450,6 +450,7 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
         files = report.schemas.iter().map(|s| s.files.len()).sum::<usize>(),
         dry_run = opts.dry_run,
         duration_ms = report.duration_ms,
+        exit_code = i32::from(report.failed()),
         "flush done"
     );
     Ok(report)

@@ -338,6 +338,14 @@ impl LakeLocation {
             ));
         }
         let path = s.strip_prefix("file://").unwrap_or(s);
+        // `file://host/path` names a host, which a local lake cannot have: `file://tmp/x`
+        // would otherwise be the relative path `tmp/x`.
+        if s.starts_with("file://") && !path.starts_with('/') {
+            return Err(Error::setting(
+                "lake",
+                format!("{s:?} names a host; a local lake is file:///absolute/path or a path"),
+            ));
+        }
         if path.is_empty() {
             return Err(Error::setting(
                 "lake",
@@ -645,7 +653,15 @@ mod tests {
             LakeLocation::parse("file:///srv/l").unwrap(),
             LakeLocation::Local("/srv/l".into())
         );
-        for bad in ["s3://B", "s3://", "gs://x/y", "", "s3://-ab"] {
+        for bad in [
+            "s3://B",
+            "s3://",
+            "gs://x/y",
+            "",
+            "s3://-ab",
+            "file://tmp/x",
+            "file://",
+        ] {
             assert!(LakeLocation::parse(bad).is_err(), "{bad}");
         }
     }
