@@ -480,18 +480,25 @@ async fn flush_schema(
         return report;
     }
     let span = tracing::info_span!("flush", schema = %reg.name, schema_id = reg.id);
-    under_lock(ctx, &reg, report, started, async |lock, report| {
-        let sf = SchemaFlush {
-            ctx,
-            opts,
-            hooks,
-            source,
-            def: &def,
-            schema_id: reg.id,
-            lock,
-        };
-        flush_locked(&sf, report).await
-    })
+    under_lock(
+        ctx,
+        &reg,
+        report,
+        started,
+        opts.dry_run,
+        async |lock, report| {
+            let sf = SchemaFlush {
+                ctx,
+                opts,
+                hooks,
+                source,
+                def: &def,
+                schema_id: reg.id,
+                lock,
+            };
+            flush_locked(&sf, report).await
+        },
+    )
     .instrument(span)
     .await
 }
@@ -503,10 +510,13 @@ async fn under_lock(
     reg: &Registered,
     mut report: SchemaReport,
     started: Instant,
+    plan: bool,
     work: impl AsyncFnOnce(&SchemaLock, &mut SchemaReport) -> Result<()>,
 ) -> SchemaReport {
-    let result =
-        crate::job::with_lock(ctx, reg.id, async |lock| work(lock, &mut report).await).await;
+    let result = crate::job::with_lock_or_plan(ctx, reg.id, plan, async |lock| {
+        work(lock, &mut report).await
+    })
+    .await;
     match result {
         Ok(Some(())) => {}
         Ok(None) => {

@@ -376,7 +376,7 @@ async fn init_schema(
 ) -> SchemaInit {
     let started = Instant::now();
     let mut out = SchemaInit::new(reg);
-    let result = job::with_lock(ctx, reg.id, async |lock| {
+    let result = job::with_lock_or_plan(ctx, reg.id, opts.dry_run, async |lock| {
         export_schema(ctx, opts, source, lock, def, &mut out).await
     })
     .await;

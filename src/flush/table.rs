@@ -38,17 +38,24 @@ pub(super) async fn flush(
         stopped(&mut report, false);
         return report;
     }
-    under_lock(ctx, reg, report, started, async |lock, report| {
-        let p = Publisher {
-            ctx,
-            opts,
-            hooks,
-            source,
-            schema_id: reg.id,
-            lock,
-        };
-        flush_locked(&p, report).await
-    })
+    under_lock(
+        ctx,
+        reg,
+        report,
+        started,
+        opts.dry_run,
+        async |lock, report| {
+            let p = Publisher {
+                ctx,
+                opts,
+                hooks,
+                source,
+                schema_id: reg.id,
+                lock,
+            };
+            flush_locked(&p, report).await
+        },
+    )
     .await
 }
 

@@ -352,7 +352,7 @@ async fn gc_schema(
         schema: reg.name.clone(),
         ..SchemaGc::default()
     };
-    let result = job::with_lock(ctx, reg.id, async |lock| {
+    let result = job::with_lock_or_plan(ctx, reg.id, opts.dry_run, async |lock| {
         collect(ctx, opts, source, lock, reg.id, &mut out, hook).await
     })
     .await;
@@ -474,8 +474,11 @@ async fn collect(
     }
     // The plan was made under the lock; it is acted on (requeues, deletes, sightings) only
     // while the lock is still held (docs/hazards.md L68). Asked once per schema, so the
-    // server is asked, as init and verify's repair do.
-    lock.ensure_held().await?;
+    // server is asked, as init and verify's repair do. A dry run acts on nothing and gave the
+    // lock back (docs/hazards.md L106).
+    if !opts.dry_run {
+        lock.ensure_held().await?;
+    }
     out.unlisted_deltas = std::mem::take(&mut plan.unlisted_deltas);
     out.lost = std::mem::take(&mut plan.lost);
     if opts.repair && !out.lost.is_empty() {

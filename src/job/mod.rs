@@ -114,10 +114,23 @@ pub async fn with_lock<T>(
     schema_id: i16,
     work: impl AsyncFnOnce(&SchemaLock) -> Result<T>,
 ) -> Result<Option<T>> {
+    with_lock_or_plan(ctx, schema_id, false, work).await
+}
+
+/// [`with_lock`], or for a dry run (`plan`) the same check that the schema is free, after
+/// which the lock is given back at once: a plan never keeps a real run out (it would report
+/// the schema `locked` for as long as the plan takes).
+pub async fn with_lock_or_plan<T>(
+    ctx: &Context,
+    schema_id: i16,
+    plan: bool,
+    work: impl AsyncFnOnce(&SchemaLock) -> Result<T>,
+) -> Result<Option<T>> {
     let lock = SchemaLock::acquire(&ctx.connector, schema_id, ctx.lock_wait, &ctx.shutdown);
     let Some(lock) = lock.await? else {
         return Ok(None);
     };
+    let lock = if plan { lock.let_go().await? } else { lock };
     let out = work(&lock).await;
     if let Err(e) = lock.release().await {
         tracing::warn!(schema_id, error = %e.chain(), "schema lock release failed; closing its connection releases it");

@@ -20,6 +20,8 @@ pub struct SchemaLock {
     schema_id: i16,
     backend_pid: i32,
     connector: Connector,
+    /// False once [`Self::let_go`] gave the lock back (a dry run's).
+    held: bool,
 }
 
 impl SchemaLock {
@@ -90,7 +92,30 @@ impl SchemaLock {
             client,
             schema_id,
             connector: connector.clone(),
+            held: true,
         }))
+    }
+
+    /// Gives the lock back at once, keeping the session: a dry run learns that the schema was
+    /// free, as the real run would, without keeping a real run out while it plans. What it
+    /// plans publishes nothing, so [`Self::ensure_held`] and [`Self::ensure_open`] then fail.
+    pub async fn let_go(mut self) -> Result<Self> {
+        self.unlock().await?;
+        self.held = false;
+        Ok(self)
+    }
+
+    async fn unlock(&self) -> Result<bool> {
+        let row = timed(
+            self.connector.statement_timeout(),
+            "release schema lock",
+            self.client.query_one(
+                "SELECT pg_advisory_unlock($1::int4, $1::int4)",
+                &[&i32::from(self.schema_id)],
+            ),
+        )
+        .await?;
+        Ok(row.get(0))
     }
 
     /// The schema this lock protects.
@@ -107,6 +132,9 @@ impl SchemaLock {
     /// ends with the session or an unlock on it. Checked before publishing what was prepared
     /// under the lock.
     pub async fn ensure_held(&self) -> Result<()> {
+        if !self.held {
+            return Err(self.lost(self.not_held()));
+        }
         // Asked on the lock's own session (it fails once that session is gone), and answered
         // by pg_locks: the backend that took the lock must still be its holder.
         let held = holder(&self.client, self.schema_id)
@@ -122,7 +150,7 @@ impl SchemaLock {
     /// connection closed): the lock went with it. Asks nothing of the server, so a flush
     /// checks it before every batch it publishes; [`Self::ensure_held`] asks.
     pub fn ensure_open(&self) -> Result<()> {
-        if self.client.is_closed() {
+        if !self.held || self.client.is_closed() {
             return Err(self.lost(self.not_held()));
         }
         Ok(())
@@ -150,16 +178,10 @@ impl SchemaLock {
     /// Releases the lock on the connection that took it, then closes that connection.
     /// Returns whether PostgreSQL confirmed the release.
     pub async fn release(self) -> Result<bool> {
-        let row = timed(
-            self.connector.statement_timeout(),
-            "release schema lock",
-            self.client.query_one(
-                "SELECT pg_advisory_unlock($1::int4, $1::int4)",
-                &[&i32::from(self.schema_id)],
-            ),
-        )
-        .await?;
-        Ok(row.get(0))
+        if !self.held {
+            return Ok(true);
+        }
+        self.unlock().await
     }
 }
 

@@ -2708,3 +2708,62 @@ async fn an_idle_run_still_reaches_the_lake_and_fails_on_a_missing_bucket() {
     assert!(err.chain().contains("does not exist"), "{}", err.chain());
     assert!(err.chain().contains("reach the lake"), "{}", err.chain());
 }
+
+#[tokio::test]
+async fn a_dry_run_keeps_no_real_run_out_of_the_schema() {
+    // docs/hazards.md L106: a dry run held the schema lock while it planned, so the real
+    // run beside it reported the schema `locked` (and a dry gc made gc exit 3).
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(106);
+    rig.seed(30, &mut r).await;
+    rig.opts.dry_run = true;
+    // In heap order the plan opens its sessions (the hook) while a real run holds the lock.
+    rig.opts.read_order = ReadOrder::Heap;
+    let connector = rig.ctx.connector.clone();
+    let free = Arc::new(AtomicUsize::new(0));
+    let seen = free.clone();
+    let hooks = FlushHooks {
+        before_second_connection: Some(Arc::new(move |schema_id, _| {
+            let (connector, seen) = (connector.clone(), seen.clone());
+            async move {
+                let lock = lakecdc::source::SchemaLock::try_acquire(&connector, schema_id)
+                    .await
+                    .unwrap();
+                if let Some(lock) = lock {
+                    seen.fetch_add(1, AtomicOrdering::SeqCst);
+                    lock.release().await.unwrap();
+                }
+            }
+            .boxed()
+        })),
+        ..Default::default()
+    };
+    let report = rig.flush_with(&hooks).await;
+    assert_eq!(only(&report).outcome, Outcome::Flushed, "{report:?}");
+    assert_eq!(
+        free.load(AtomicOrdering::SeqCst),
+        1,
+        "the plan held the lock"
+    );
+    // A schema another run holds is still `locked` for the plan, as for the run.
+    let held = lakecdc::source::SchemaLock::try_acquire(&rig.ctx.connector, CUSTOMER)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(only(&rig.flush().await).outcome, Outcome::Locked);
+    held.release().await.unwrap();
+    // gc's and init's plans give the lock back as well: a real gc right after runs.
+    let gc = lakecdc::gc::GcOptions {
+        schemas: vec!["customer".into()],
+        grace: Duration::from_secs(15 * 60),
+        dry_run: true,
+        repair: false,
+        settle_rows: lakecdc::gc::SETTLE_ROWS,
+    };
+    let planned = lakecdc::gc::run(&rig.job_context(), &gc).await.unwrap();
+    assert_ne!(
+        planned.schemas[0].outcome,
+        Some(lakecdc::gc::Outcome::Locked)
+    );
+    assert_eq!(planned.exit_code(), 0, "{planned:?}");
+}
