@@ -390,7 +390,11 @@ async fn compact_schema(
     let mut out = SchemaCompact::new(reg);
     let policy = CommitPolicy::default();
     loop {
-        out.attempts += 1;
+        // Each pass reports what it did alone: a lost attempt's counts are not the outcome's.
+        out = SchemaCompact {
+            attempts: out.attempts + 1,
+            ..SchemaCompact::new(reg)
+        };
         let p = Pass {
             ctx,
             opts,
@@ -491,8 +495,8 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
                 },
             )
             .await?;
+            // Promoted in place: the deltas are listed as bases, no file is written.
             out.files_in = deltas.len();
-            out.files_out = deltas.len();
             Ok(())
         }
         Decision::Rewrite | Decision::Consolidate => {

@@ -134,6 +134,10 @@ impl Plan {
         if !matches!(self.decision, Decision::Rewrite | Decision::Consolidate) {
             return None;
         }
+        if self.ranges == 0 {
+            // No base tier yet: the deltas merge into the first bases.
+            return Some("no base tier yet: every delta row merges into new bases".to_string());
+        }
         let shown = 8;
         let mut shares: Vec<String> = self
             .rewrite
@@ -396,6 +400,11 @@ mod tests {
         );
         assert_eq!(overlapping.decision, Decision::Rewrite);
         assert_eq!(overlapping.rewrite.len(), 1);
+        // No "rewrite 1 of 0 ranges": there is no range yet.
+        assert_eq!(
+            overlapping.ranges_line().unwrap(),
+            "no base tier yet: every delta row merges into new bases"
+        );
         // Nor can one larger than the target.
         let big = plan(vec![entry(Tier::Delta, "d1", (1, 5), 5, 5000)], &[0]);
         assert_eq!(big.decision, Decision::Rewrite);

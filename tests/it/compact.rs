@@ -44,6 +44,8 @@ pub async fn lake_with_base_and_deltas(seed: u64) -> (Rig, Rng) {
     };
     let s = compact(&rig, &promote).await;
     assert_eq!(s.plan.as_ref().unwrap().decision, Decision::Promote);
+    // Promoted in place: the deltas are listed as bases, nothing is written.
+    assert_eq!((s.files_in, s.files_out, s.rows_out), (3, 0, 0), "{s:?}");
     for _ in 0..60 {
         rig.writer.random_op(&mut r).await;
     }

@@ -354,3 +354,46 @@ async fn a_pass_that_lost_a_race_deletes_its_base_and_starts_over() {
     assert_gc_removes_exactly(&rig, &retired, "after the retry").await;
     assert_no_row_lost(&rig, &mid, "after gc").await;
 }
+
+/// A pass that lost its race to a compaction that left nothing to do reports the second pass
+/// alone: no sources, no rows (docs/hazards.md L107; the lost attempt's counts stayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_that_lost_to_a_complete_compaction_reports_nothing_done() {
+    let (rig, _r) = lake_with_base_and_deltas(1707).await;
+    let gate = Gate::new();
+    rig.store
+        .arm(Op::PutBytes, Some(MANIFEST), 1, Action::Pause(gate.clone()));
+    let loser_opts = CompactOptions {
+        dirty_ratio: 0.0,
+        ..opts(&rig)
+    };
+    let (c, o) = (rig.job_context(), loser_opts.clone());
+    let loser = tokio::spawn(async move { lakecdc::compact::run(&c, &o).await });
+    tokio::time::timeout(std::time::Duration::from_secs(60), gate.wait_reached())
+        .await
+        .expect("the compaction never saved");
+    let winner = compact(&rig, &opts(&rig)).await;
+    assert_eq!(winner.outcome, Outcome::Done, "{winner:?}");
+    assert!(winner.files_in > 0 && winner.rows_in > 0, "{winner:?}");
+    gate.release();
+    let report = loser.await.unwrap().unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.attempts, 2, "{s:?}");
+    assert_eq!(
+        s.plan.as_ref().map(|p| p.decision),
+        Some(Decision::Noop),
+        "{s:?}"
+    );
+    assert_eq!(
+        (
+            s.files_in,
+            s.files_out,
+            s.rows_in,
+            s.rows_out,
+            s.bases_rewritten
+        ),
+        (0, 0, 0, 0, 0),
+        "{s:?}"
+    );
+    assert!(s.new_base.is_none(), "{s:?}");
+}
