@@ -66,6 +66,10 @@ pub struct SchemaInspect {
     /// Why this schema could not be inspected (its other fields are then empty); the other
     /// schemas are still reported.
     pub error: Option<String>,
+    /// Why every writer (flush, init, compact, gc) would refuse the schema's lake: its manifest
+    /// names another source database (docs/design.md §10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 impl SchemaInspect {
@@ -112,6 +116,12 @@ impl InspectReport {
                     crate::report::printable(e, false)
                 ));
                 continue;
+            }
+            if let Some(why) = &s.refused {
+                out.push_str(&format!(
+                    "  REFUSED           {}\n",
+                    crate::report::printable(why, false)
+                ));
             }
             out.push_str(&format!(
                 "  dirty rows        {} (oldest {}s)\n",
@@ -205,14 +215,15 @@ pub async fn run(
     if !ddl::change_log_index_exists(&client, &ctx.tables).await? {
         warnings.push(ddl::change_log_index_missing(&ctx.tables));
     }
-    let client = &client;
+    let source = job::source_guard_on(ctx, &client).await?;
+    let (client, source) = (&client, &source);
     let out = job::each_schema(
         ctx,
         schemas,
         // One schema that cannot be inspected (an unreadable manifest, a failed listing) is
         // reported as such; the others still are.
         |reg| async move {
-            Ok(inspect_schema(ctx, client, &reg, flush, compact)
+            Ok(inspect_schema(ctx, client, source, &reg, flush, compact)
                 .await
                 .unwrap_or_else(|e| SchemaInspect::failed(&reg, &e)))
         },
@@ -230,6 +241,7 @@ pub async fn run(
 async fn inspect_schema(
     ctx: &Context,
     client: &tokio_postgres::Client,
+    source: &crate::lake::SourceGuard,
     reg: &Registered,
     flush: &FlushThresholds,
     compact: &CompactThresholds,
@@ -255,6 +267,14 @@ async fn inspect_schema(
     let layout = &ctx.lake.layout;
     let key = layout.manifest_key(reg.id);
     let loaded = manifest::load_within(store, &key, reg.id, layout.limits()).await?;
+    // A lake written from another database is refused by every writer: no plan is shown.
+    let refused = (loaded.as_ref())
+        .and_then(|l| source.check(&key, l.manifest.source.as_ref()).err())
+        .map(|e| e.chain());
+    let (flush_would_run, flush_reason) = match &refused {
+        Some(why) => (false, format!("refused: {why}")),
+        None => (flush_would_run, flush_reason),
+    };
     // Sums of numbers read from the lake saturate: a total past i64::MAX is shown as i64::MAX,
     // never wrapped (docs/hazards.md S4).
     let tier = |t: Tier| {
@@ -275,6 +295,7 @@ async fn inspect_schema(
         .map(|l| l.manifest.retired_paths())
         .unwrap_or_default();
     let compaction = match &loaded {
+        Some(_) if refused.is_some() => None,
         Some(l) => {
             let (ranges, touched) = ranges::survey(store, layout, reg.id, &l.manifest).await?;
             Some(compact.plan(&l.manifest, &ranges, &touched))
@@ -330,5 +351,6 @@ async fn inspect_schema(
         unlisted,
         history: history::range(store, layout, reg.id).await?,
         error: None,
+        refused,
     })
 }

@@ -109,6 +109,24 @@ async fn a_lake_refuses_writers_of_another_database_unless_adopted() {
         "{gc:?}"
     );
     assert_eq!(gc.exit_code(), 3);
+    // inspect says so, and shows no plan the jobs would refuse (docs/hazards.md L108).
+    let inspected = lakecdc::inspect::run(
+        &ctx_b,
+        &["customer".to_string()],
+        &a.opts.thresholds(),
+        &lakecdc::compact::CompactOptions::default().thresholds(),
+    )
+    .await
+    .unwrap();
+    let s = &inspected.schemas[0];
+    let refused = s.refused.as_deref().unwrap_or_default();
+    assert!(refused.contains(&db_a) && refused.contains(&db_b), "{s:?}");
+    assert!(
+        !s.flush_would_run && s.flush_reason.starts_with("refused: "),
+        "{s:?}"
+    );
+    assert!(s.compaction.is_none(), "{s:?}");
+    assert!(inspected.to_text().contains("REFUSED"));
     assert_eq!(
         a.store.writes().len(),
         writes,
