@@ -909,6 +909,10 @@ fn staged_file(key: String, w: &output::Written, staged: job::Staged) -> StagedF
     StagedFile { key, entry, staged }
 }
 
+/// Conditional writes a splice tries against other writers' saves; with backoffs of at most
+/// 2 s that is a few minutes, and the lease (checked by every attempt) ends it sooner.
+const SPLICE_ATTEMPTS: u32 = 100;
+
 /// Step 3: one conditional save lists the new files in place of their sources and retires
 /// them. Refused when a new file outlived its lease (gc may already treat it as an orphan) or
 /// when a source left the manifest meanwhile (the pass is retried); a save that certainly did
@@ -923,8 +927,12 @@ async fn splice(
     let (ctx, opts, schema_id) = (p.ctx, p.opts, p.schema_id);
     let (store, layout) = (ctx.lake.store.as_ref(), &ctx.lake.layout);
     let mut vanished: Option<String> = None;
+    // Another writer's save between the read and the conditional write (a flush saves every
+    // batch) only means the splice is re-applied to the newer manifest, which stays correct
+    // while every source is listed and the lease holds (both checked by each attempt): the
+    // merged work is not thrown away after a handful of busy saves (docs/hazards.md L109).
     let policy = CommitPolicy {
-        max_attempts: opts.max_retries.max(1),
+        max_attempts: SPLICE_ATTEMPTS.max(opts.max_retries),
         ..CommitPolicy::default()
     };
     // An unclaimed prefix is claimed at publish time, so a failed pass leaves no claim.

@@ -546,7 +546,7 @@ async fn publish(
                     return Err(Error::Manifest {
                         key: key.clone(),
                         message: format!(
-                            "a compaction merged the deltas this init inventoried ({gone:?} among them) into {:?} while it read; that delta may hold copies older than this export, so nothing was published: run init --replace-delta again",
+                            "a compaction merged the deltas this init inventoried ({gone:?} among them) into {:?} while it read; that delta may hold copies older than this export, so nothing was published: pause compaction of this schema while init runs (init --replace-delta replaces the delta tier itself), then run it again",
                             new.path
                         ),
                     });

@@ -137,6 +137,11 @@ impl FaultStore {
         }
     }
 
+    /// The wrapped store, for a test's own writes that neither count as calls nor meet rules.
+    pub fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
     /// Arms `action` for the `nth` (1-based) call of `op` whose key contains `key_contains`
     /// (any key when `None`). Each rule fires once.
     pub fn arm(&self, op: Op, key_contains: Option<&str>, nth: u32, action: Action) {

@@ -397,3 +397,61 @@ async fn a_pass_that_lost_to_a_complete_compaction_reports_nothing_done() {
     );
     assert!(s.new_base.is_none(), "{s:?}");
 }
+
+/// A splice whose conditional save meets another writer's newer manifest several times in a
+/// row (a flush saves every batch) re-applies itself each time and lands: the merged work is
+/// not thrown away after five busy saves (docs/hazards.md L109).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_splice_outlasts_a_run_of_other_writers_saves() {
+    let (rig, _r) = lake_with_base_and_deltas(1709).await;
+    const BUSY: u32 = 8;
+    let gates: Vec<_> = (1..=BUSY)
+        .map(|nth| {
+            let gate = Gate::new();
+            rig.store.arm(
+                Op::PutBytes,
+                Some(MANIFEST),
+                nth,
+                Action::Pause(gate.clone()),
+            );
+            gate
+        })
+        .collect();
+    let o = CompactOptions {
+        dirty_ratio: 0.0,
+        ..opts(&rig)
+    };
+    let c = rig.job_context();
+    let compaction = tokio::spawn(async move { lakecdc::compact::run(&c, &o).await });
+    let inner = rig.store.inner().clone();
+    for gate in &gates {
+        tokio::time::timeout(std::time::Duration::from_secs(60), gate.wait_reached())
+            .await
+            .expect("the compaction never tried to save");
+        // Another writer saves first (through the inner store: not a call the rules count).
+        lakecdc::lake::manifest::commit(
+            inner.as_ref(),
+            MANIFEST,
+            100,
+            &lakecdc::clock::SystemClock,
+            Default::default(),
+            |_| Ok(()),
+        )
+        .await
+        .unwrap();
+        gate.release();
+    }
+    let report = compaction.await.unwrap().unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Outcome::Done, "{s:?}");
+    assert_eq!(s.attempts, 1, "one pass, its save re-applied: {s:?}");
+    let new = s.new_base.clone().unwrap();
+    assert_eq!(rig.listed().await, std::slice::from_ref(&new));
+    let saves = rig
+        .store
+        .calls()
+        .iter()
+        .filter(|c| c.op == Op::PutBytes && c.key == MANIFEST)
+        .count();
+    assert!(saves > BUSY as usize, "{saves}");
+}

@@ -1509,7 +1509,7 @@ async fn a_compaction_folding_the_inventoried_deltas_during_init_stops_its_publi
     let reason = s.reason.as_deref().unwrap();
     assert!(
         reason.contains("a compaction merged the deltas this init inventoried")
-            && reason.contains("run init --replace-delta again"),
+            && reason.contains("pause compaction of this schema while init runs"),
         "{reason}"
     );
     // Nothing of the refused init is listed or left; the tombstone still hides R.
