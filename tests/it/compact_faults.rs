@@ -282,6 +282,29 @@ async fn an_ambiguous_manifest_save_leaves_one_of_two_consistent_lakes() {
     }
 }
 
+/// A compaction rewriting every range (`--dirty-ratio 0`), started and paused at its first
+/// manifest save: its outputs are staged, unlisted, until the gate is released.
+async fn paused_at_its_save(
+    rig: &Rig,
+) -> (
+    tokio::task::JoinHandle<lakecdc::Result<lakecdc::compact::CompactReport>>,
+    std::sync::Arc<Gate>,
+) {
+    let gate = Gate::new();
+    rig.store
+        .arm(Op::PutBytes, Some(MANIFEST), 1, Action::Pause(gate.clone()));
+    let o = CompactOptions {
+        dirty_ratio: 0.0,
+        ..opts(rig)
+    };
+    let c = rig.job_context();
+    let compaction = tokio::spawn(async move { lakecdc::compact::run(&c, &o).await });
+    tokio::time::timeout(std::time::Duration::from_secs(60), gate.wait_reached())
+        .await
+        .expect("the compaction never saved");
+    (compaction, gate)
+}
+
 /// A compaction whose sources are merged by another compaction while it waits to save: its
 /// conditional save conflicts, the re-applied splice finds a source gone, so the staged base
 /// (provably unlisted) is deleted and the whole pass starts again from the fresh manifest,
@@ -290,19 +313,8 @@ async fn an_ambiguous_manifest_save_leaves_one_of_two_consistent_lakes() {
 async fn a_pass_that_lost_a_race_deletes_its_base_and_starts_over() {
     let (mut rig, mut r) = lake_with_base_and_deltas(1703).await;
     let b = before(&rig).await;
-    let gate = Gate::new();
-    rig.store
-        .arm(Op::PutBytes, Some(MANIFEST), 1, Action::Pause(gate.clone()));
     let calls = rig.store.calls().len();
-    let loser_opts = CompactOptions {
-        dirty_ratio: 0.0,
-        ..opts(&rig)
-    };
-    let (c, o) = (rig.job_context(), loser_opts.clone());
-    let loser = tokio::spawn(async move { lakecdc::compact::run(&c, &o).await });
-    tokio::time::timeout(std::time::Duration::from_secs(60), gate.wait_reached())
-        .await
-        .expect("the compaction never saved");
+    let (loser, gate) = paused_at_its_save(&rig).await;
     // Paused at its save: its base is staged, unlisted.
     let staged = merged_bases_put(&rig, calls);
     assert_eq!(staged.len(), 1, "{staged:?}");
@@ -360,18 +372,7 @@ async fn a_pass_that_lost_a_race_deletes_its_base_and_starts_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pass_that_lost_to_a_complete_compaction_reports_nothing_done() {
     let (rig, _r) = lake_with_base_and_deltas(1707).await;
-    let gate = Gate::new();
-    rig.store
-        .arm(Op::PutBytes, Some(MANIFEST), 1, Action::Pause(gate.clone()));
-    let loser_opts = CompactOptions {
-        dirty_ratio: 0.0,
-        ..opts(&rig)
-    };
-    let (c, o) = (rig.job_context(), loser_opts.clone());
-    let loser = tokio::spawn(async move { lakecdc::compact::run(&c, &o).await });
-    tokio::time::timeout(std::time::Duration::from_secs(60), gate.wait_reached())
-        .await
-        .expect("the compaction never saved");
+    let (loser, gate) = paused_at_its_save(&rig).await;
     let winner = compact(&rig, &opts(&rig)).await;
     assert_eq!(winner.outcome, Outcome::Done, "{winner:?}");
     assert!(winner.files_in > 0 && winner.rows_in > 0, "{winner:?}");
