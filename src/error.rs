@@ -160,9 +160,10 @@ pub enum Error {
     },
 
     /// A lake object is larger than lakecdc reads: refused before it was read (or, when it grew
-    /// while being read, before it was used).
+    /// while being read, before it was used), or a save that would make it so.
     #[error(
-        "{what} {key} is at least {size} bytes, over the limit of {limit} bytes: refusing to read it ({why})"
+        "{what} {key} is at least {size} bytes, over the limit of {limit} bytes: {}",
+        too_large_end(*.saving, .why)
     )]
     TooLarge {
         /// What the object is (`manifest`, `gc state`, `compaction source`).
@@ -175,6 +176,8 @@ pub enum Error {
         limit: u64,
         /// Where the limit comes from, and what to do.
         why: String,
+        /// A save that would have made the object this large (nothing was written), not a read.
+        saving: bool,
     },
 
     /// A local directory has less free space than a step needs; nothing was written to it.
@@ -566,5 +569,13 @@ impl ConnectAttempt {
             Self::Startup { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+/// The end of a [`Error::TooLarge`] message: what was not done, and why.
+fn too_large_end(saving: bool, why: &str) -> String {
+    match saving {
+        true => format!("not saved ({why})"),
+        false => format!("refusing to read it ({why})"),
     }
 }

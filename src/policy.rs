@@ -319,6 +319,12 @@ impl CompactThresholds {
                 "no range has a delta share >= --dirty-ratio {}; {delta_files} deltas > --max-deltas {}",
                 self.dirty_ratio, self.max_deltas
             );
+        } else if too_many {
+            plan.consolidated_rows = 0;
+            plan.reason = format!(
+                "no range has a delta share >= --dirty-ratio {}; one delta is not folded into itself",
+                self.dirty_ratio
+            );
         } else {
             plan.consolidated_rows = 0;
             plan.reason = format!(
@@ -447,6 +453,19 @@ mod tests {
         // All below the ratio, few deltas: nothing to do.
         let p = plan(files.clone(), &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
         assert_eq!(p.decision, Decision::Noop, "{}", p.reason);
+        // One delta past --max-deltas 0 is not "1 deltas <= --max-deltas 0".
+        let m = Manifest {
+            files: files.clone(),
+            ..Manifest::empty(7)
+        };
+        let zero = CompactThresholds { max_deltas: 0, ..T };
+        let p = zero.plan(&m, &Ranges::of(&m), &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+        assert_eq!(p.decision, Decision::Noop, "{}", p.reason);
+        assert!(
+            p.reason.ends_with("one delta is not folded into itself"),
+            "{}",
+            p.reason
+        );
         // All below the ratio, too many deltas: one consolidated delta, no base rewritten.
         for i in 0..3u128 {
             files.push(entry(Tier::Delta, &format!("e{i}"), (i, i), 1, 10));

@@ -700,7 +700,8 @@ where
             key: key.to_string(),
             size,
             limit: limits.manifest_bytes,
-            why: "the save would make it larger than jobs read; nothing was written: compact the schema, or raise --max-manifest-size".into(),
+            why: "the save would make it larger than jobs read, and nothing was written: raise --max-manifest-size for every job, or let compaction list fewer, larger files (--target-base-size)".into(),
+            saving: true,
         });
     }
     Ok((manifest, body))
@@ -934,7 +935,24 @@ mod tests {
         assert_eq!(paths7(&store).await, ["b"]);
         // Without a stale document to blame, the limit is the error.
         let big = save7_within(&store, 10, from(None), "c").await.unwrap_err();
-        assert!(matches!(big, Error::TooLarge { .. }), "{big}");
+        assert!(
+            matches!(big, Error::TooLarge { saving: false, .. }),
+            "{big}"
+        );
+        // A manifest read within the limit that the save would take past it: the save is
+        // refused, and its message says what was not done and how to fix it.
+        let one = store.get_bytes("m7").await.unwrap().bytes.len() as u64;
+        let big = save7_within(&store, one, from(None), "c")
+            .await
+            .unwrap_err();
+        assert!(matches!(big, Error::TooLarge { saving: true, .. }), "{big}");
+        assert_eq!(paths7(&store).await, ["b"]);
+        let msg = big.to_string();
+        assert!(
+            msg.contains(": not saved (") && !msg.contains("refusing to read"),
+            "{msg}"
+        );
+        assert!(msg.contains("--max-manifest-size"), "{msg}");
     }
 
     /// The paths `m7` lists now.

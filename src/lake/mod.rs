@@ -94,6 +94,7 @@ pub(crate) async fn read_capped(
         size,
         limit: cap.limit,
         why: cap.why.to_string(),
+        saving: false,
     };
     let storage = |source| Error::Storage {
         op: cap.op,

@@ -82,6 +82,7 @@ pub(crate) async fn open(store: &dyn ObjectStore, f: &FileEntry) -> Result<Sourc
                 size: meta.size,
                 limit: n,
                 why: "larger than its manifest entry lists: corrupt or replaced; not merged".into(),
+                saving: false,
             });
         }
         n => n,

@@ -218,6 +218,27 @@ pub async fn select_where(
     ids_read_only(client, &sql, &[&schema_id]).await
 }
 
+/// A `--where` predicate the server could not run as written (a syntax error, an unknown
+/// column or function, a value of the wrong type) is the user's input, as a query's SQL error
+/// is: a setting error (exit 2) with the server's message. Anything else stays as it was.
+fn predicate_error(e: Error) -> Error {
+    let Error::Postgres { source, .. } = &e else {
+        return e;
+    };
+    match source.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            let input = (code.starts_with("42") && code != "42501") || code.starts_with("22");
+            if input {
+                let message = db.message().to_string();
+                return Error::setting("where", format!("cannot be run by the source: {message}"));
+            }
+            e
+        }
+        None => e,
+    }
+}
+
 /// The row ids statement `sql` (a `--where` selection) returns, run alone in a read-only
 /// transaction that is rolled back.
 pub(super) async fn ids_read_only(
@@ -232,7 +253,9 @@ pub(super) async fn ids_read_only(
         client.build_transaction().read_only(true).start(),
     )
     .await?;
-    let rows = timed(TIMEOUT, op, tx.query(sql, params)).await?;
+    let rows = timed(TIMEOUT, op, tx.query(sql, params))
+        .await
+        .map_err(predicate_error)?;
     timed(TIMEOUT, op, tx.rollback()).await?;
     rows.iter()
         .map(|r| r.try_get(0))

@@ -182,6 +182,17 @@ async fn requeued_rows_and_only_they_are_re_exported_at_new_versions() {
             "{predicate}: {out}"
         );
     }
+    // A predicate the source cannot run is the user's input, as a query's SQL is: exit 2,
+    // one line with the server's message.
+    for predicate in ["nope = 1", "ltbase_row_id = 'x'", "true AND AND"] {
+        let (code, _, err) = requeue(&rig, &["--dry-run", "--where", predicate]);
+        assert_eq!(code, 2, "{predicate}: {err}");
+        assert!(
+            err.contains("--where cannot be run by the source: "),
+            "{err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
 }
 
 #[tokio::test]
