@@ -263,6 +263,11 @@ impl FlushReport {
 
     /// The human-readable table.
     pub fn to_text(&self) -> String {
+        // An idle run (no schema with dirty rows) prints nothing: a per-minute cron mails
+        // whatever a job prints.
+        if self.schemas.is_empty() {
+            return String::new();
+        }
         let mut out = format!(
             "{:<24} {:>6} {:<16} {:>9} {:>7} {:>10} {:>10} {:>10} {:>6} {:>12} {:>9}\n",
             "SCHEMA",
@@ -1253,5 +1258,30 @@ mod tests {
             ..FlushOptions::default()
         };
         assert!(below_threshold(&forced, 1, 10_000, 1_000).is_none());
+        // What inspect says of a due schema names the threshold that made it due.
+        let t = FlushOptions::default().thresholds();
+        assert_eq!(
+            t.due_because(20_000, 1_000, 1_000),
+            "20000 dirty rows >= --min-records 20000"
+        );
+        assert_eq!(
+            t.due_because(50, 1_000, 1_000 + 3_600_000),
+            "50 dirty rows; the oldest is 3600s old, >= --max-age 3600s"
+        );
+        assert_eq!(
+            forced.thresholds().due_because(1, 0, 0),
+            "1 dirty rows; --force"
+        );
+    }
+
+    #[test]
+    fn an_idle_run_prints_nothing() {
+        // A per-minute cron mails whatever a job prints: an idle run prints no table header.
+        let idle = FlushReport {
+            dry_run: false,
+            schemas: Vec::new(),
+            duration_ms: 3,
+        };
+        assert_eq!(idle.to_text(), "");
     }
 }

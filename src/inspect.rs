@@ -261,7 +261,7 @@ async fn inspect_schema(
         (_, _, Some(e)) => (false, format!("refused: {e}")),
         (0, _, None) => (false, "no dirty rows".to_string()),
         (_, Some(why), None) => (false, why),
-        (n, None, None) => (true, format!("{n} dirty rows reach a threshold")),
+        (n, None, None) => (true, flush.due_because(n, dirty.oldest_changed_at, now)),
     };
     let store = ctx.lake.store.as_ref();
     let layout = &ctx.lake.layout;

@@ -21,6 +21,21 @@ pub struct FlushThresholds {
 }
 
 impl FlushThresholds {
+    /// Which threshold makes a due schema due: the one line inspect shows.
+    pub fn due_because(&self, count: i64, oldest: i64, now: i64) -> String {
+        let age_s = now.saturating_sub(oldest).max(0) / 1000;
+        if self.force {
+            format!("{count} dirty rows; --force")
+        } else if count >= self.min_records {
+            format!("{count} dirty rows >= --min-records {}", self.min_records)
+        } else {
+            format!(
+                "{count} dirty rows; the oldest is {age_s}s old, >= --max-age {}s",
+                self.max_age.as_secs()
+            )
+        }
+    }
+
     /// Why a schema is not due for a flush, or `None` when it is.
     pub fn below(&self, count: i64, oldest: i64, now: i64) -> Option<String> {
         let age_ms = now.saturating_sub(oldest);
