@@ -138,7 +138,7 @@ pub struct Manifest {
 }
 
 /// Which of a manifest's own members a JSON document holds (present with any value).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 struct Members {
     #[serde(default, deserialize_with = "present")]
     files: bool,
@@ -292,7 +292,7 @@ impl Manifest {
 
     /// Parses a manifest's bytes (no stamp check).
     pub fn from_json(key: &str, bytes: &[u8]) -> Result<Self> {
-        let manifest = serde_json::from_slice(bytes).map_err(|e| Error::Manifest {
+        let manifest: Self = serde_json::from_slice(bytes).map_err(|e| Error::Manifest {
             key: key.to_string(),
             message: format!(
                 "not a valid manifest ({e}); restore it from a backup or remove it and re-run init"
@@ -300,9 +300,11 @@ impl Manifest {
         })?;
         // Every field defaults, so any JSON object would parse: one without a `files` list
         // (every writer, forma's too, writes one) is another tool's document at this key, and
-        // a writer would otherwise claim and overwrite it.
-        let members: Members = serde_json::from_slice(bytes).unwrap_or_default();
-        if !members.files {
+        // a writer would otherwise claim and overwrite it. A document listing files has the
+        // list: only an empty one is read again, for the member alone.
+        let has_files = !manifest.files.is_empty()
+            || serde_json::from_slice::<Members>(bytes).is_ok_and(|m| m.files);
+        if !has_files {
             return Err(Error::Manifest {
                 key: key.to_string(),
                 message: "is not a lakecdc manifest: it has no `files` list (another tool's document at this key?); check --lake and --manifest-template, or move the object away".into(),
