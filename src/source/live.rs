@@ -362,21 +362,6 @@ pub fn empty_live_page(schema: &SchemaDef) -> Result<LivePage> {
     })
 }
 
-/// Counts the live entities of a schema.
-pub async fn count_live(client: &Client, tables: &Tables, schema_id: i16) -> Result<i64> {
-    let sql = format!(
-        "SELECT count(*) FROM {} WHERE ltbase_schema_id = $1 AND ltbase_deleted_at IS NULL",
-        tables.entity.quoted()
-    );
-    Ok(timed(
-        TIMEOUT,
-        "count live entities",
-        client.query_one(&sql, &[&schema_id]),
-    )
-    .await?
-    .get(0))
-}
-
 /// Counts the live entities of a schema in each of `ranges` (as [`live_ranges`] cuts them:
 /// consecutive, the first from the smallest id, the last unbounded), in one scan.
 pub async fn count_live_in(

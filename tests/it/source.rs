@@ -233,10 +233,20 @@ async fn the_live_row_estimate_follows_the_schema_and_its_deletions() {
         )
         .await
         .unwrap();
-    // Schema 100: 20,000 rows, 5,000 of them soft-deleted.
-    let exact = lakecdc::source::live::count_live(&client, &tables, 100)
+    // Schema 100: 20,000 rows, 5,000 of them soft-deleted; counted per reader range as init's
+    // plan counts them (random ids: each of three ranges holds about a third).
+    let ranges = lakecdc::source::live::live_ranges(&client, &tables, 100, 3)
         .await
         .unwrap();
+    let counts = lakecdc::source::live::count_live_in(&client, &tables, 100, &ranges)
+        .await
+        .unwrap();
+    assert_eq!(counts.len(), 3);
+    assert!(
+        counts.iter().all(|&n| (4_000..6_000).contains(&n)),
+        "{counts:?}"
+    );
+    let exact: i64 = counts.iter().sum();
     assert_eq!(exact, 15_000);
     let estimate = lakecdc::source::live::estimate_live(&client, &tables, 100)
         .await
