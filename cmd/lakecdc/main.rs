@@ -462,10 +462,17 @@ fn env_var(name: &str) -> Option<String> {
 }
 
 /// The command's settings merged and validated, or the one-line error.
-fn configure(matches: &ArgMatches, file: Option<ConfigFile>) -> lakecdc::Result<RunConfig> {
+/// On failure, also the output formats the merged settings asked for, so the error is printed
+/// as the run would have printed its report.
+fn configure(
+    matches: &ArgMatches,
+    file: Option<ConfigFile>,
+) -> Result<RunConfig, (lakecdc::Error, Asked)> {
     let (name, sub) = matches.subcommand().unwrap_or(("", matches));
-    let command = settings::Command::parse(name)
-        .ok_or_else(|| lakecdc::Error::config(format!("unknown command {name}")))?;
+    let command = settings::Command::parse(name).ok_or_else(|| {
+        let e = lakecdc::Error::config(format!("unknown command {name}"));
+        (e, Asked::default())
+    })?;
     let mut given = BTreeMap::new();
     flags(matches, &mut given);
     flags(sub, &mut given);
@@ -476,7 +483,7 @@ fn configure(matches: &ArgMatches, file: Option<ConfigFile>) -> lakecdc::Result<
         file,
     };
     let resolved = Resolved::merge(command, &layers, &lakecdc::run::passed_env());
-    RunConfig::from_settings(&resolved)
+    RunConfig::from_settings(&resolved).map_err(|e| (e, Asked::of(&resolved)))
 }
 
 /// The one error line: a setting is named by its flag.
@@ -507,10 +514,7 @@ fn main() -> ExitCode {
         - i8::try_from(cli.global.quiet).unwrap_or(i8::MAX);
     let config = match configure(&matches, file) {
         Ok(c) => c,
-        Err(e) => {
-            // The settings did not resolve: their output format is read from the flags and
-            // the environment as given.
-            let asked = Asked::of(&matches);
+        Err((e, asked)) => {
             let format = if asked.json_logs {
                 LogFormat::Json
             } else {
@@ -548,28 +552,19 @@ fn main() -> ExitCode {
 }
 
 /// The output formats a run was asked for: a JSON report on stdout, JSON log lines on stderr.
+#[derive(Default)]
 struct Asked {
     json: bool,
     json_logs: bool,
 }
 
 impl Asked {
-    /// Read from the flags and the environment alone, for a run whose settings did not resolve.
-    fn of(matches: &ArgMatches) -> Self {
-        let mut given = BTreeMap::new();
-        flags(matches, &mut given);
-        if let Some((_, sub)) = matches.subcommand() {
-            flags(sub, &mut given);
+    /// As the merged settings ask, for a run whose settings did not all validate.
+    fn of(s: &Resolved) -> Self {
+        Self {
+            json: s.flag("json"),
+            json_logs: s.get("log-format") == Some("json"),
         }
-        let value = |key: &str, env: &str| given.get(key).cloned().or_else(|| env_var(env));
-        let json = value("json", "LAKECDC_JSON").is_some_and(|v| {
-            matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "true" | "yes" | "on" | "y" | "t" | "1"
-            )
-        });
-        let json_logs = value("log-format", "LAKECDC_LOG_FORMAT").as_deref() == Some("json");
-        Self { json, json_logs }
     }
 
     /// Ends a failed run: the one error line on stderr (a JSON log event with `--log-format
