@@ -517,14 +517,7 @@ async fn base_files_without_their_manifest_are_warned_about() {
     assert!(c.fix.contains("history"), "{}", c.fix);
     assert_no_probe_left(&rig).await;
     // inspect no longer calls the schema "never exported".
-    let report = lakecdc::inspect::run(
-        &rig.job_context(),
-        &[],
-        &rig.opts.thresholds(),
-        &lakecdc::compact::CompactOptions::default().thresholds(),
-    )
-    .await
-    .unwrap();
+    let report = rig.inspect().await;
     let text = report.to_text();
     assert!(
         text.contains("manifest          none, but the data prefix holds"),

@@ -246,14 +246,7 @@ async fn an_earlier_version_stays_readable_within_the_retention_and_is_collected
         (newest_before, after.version, 2)
     );
     assert_eq!(range.newest.updated_at_ms, after.updated_at_ms);
-    let report = lakecdc::inspect::run(
-        &rig.job_context(),
-        &[],
-        &rig.opts.thresholds(),
-        &lakecdc::compact::CompactOptions::default().thresholds(),
-    )
-    .await
-    .unwrap();
+    let report = rig.inspect().await;
     let customer = report
         .schemas
         .iter()

@@ -106,14 +106,7 @@ fn gc_opts() -> lakecdc::gc::GcOptions {
 }
 
 async fn inspect(ctx: &lakecdc::job::Context, rig: &Rig) -> lakecdc::inspect::SchemaInspect {
-    let report = lakecdc::inspect::run(
-        ctx,
-        &["customer".to_string()],
-        &rig.opts.thresholds(),
-        &lakecdc::compact::CompactOptions::default().thresholds(),
-    )
-    .await
-    .unwrap();
+    let report = crate::support::rig::inspect_in(ctx, &rig.opts, &["customer".to_string()]).await;
     report.schemas.into_iter().next().unwrap()
 }
 

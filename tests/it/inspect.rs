@@ -139,14 +139,7 @@ async fn a_schema_that_cannot_be_inspected_is_reported_and_the_others_still_are(
         )
         .await
         .unwrap();
-    let report = lakecdc::inspect::run(
-        &rig.job_context(),
-        &[],
-        &rig.opts.thresholds(),
-        &lakecdc::compact::CompactOptions::default().thresholds(),
-    )
-    .await
-    .unwrap();
+    let report = rig.inspect().await;
     let by_id: Vec<(i16, bool, Option<&str>)> = report
         .schemas
         .iter()

@@ -110,14 +110,8 @@ async fn a_lake_refuses_writers_of_another_database_unless_adopted() {
     );
     assert_eq!(gc.exit_code(), 3);
     // inspect says so, and shows no plan the jobs would refuse (docs/hazards.md L108).
-    let inspected = lakecdc::inspect::run(
-        &ctx_b,
-        &["customer".to_string()],
-        &a.opts.thresholds(),
-        &lakecdc::compact::CompactOptions::default().thresholds(),
-    )
-    .await
-    .unwrap();
+    let inspected =
+        crate::support::rig::inspect_in(&ctx_b, &a.opts, &["customer".to_string()]).await;
     let s = &inspected.schemas[0];
     let refused = s.refused.as_deref().unwrap_or_default();
     assert!(refused.contains(&db_a) && refused.contains(&db_b), "{s:?}");

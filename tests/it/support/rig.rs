@@ -108,6 +108,11 @@ impl Rig {
         }
     }
 
+    /// `inspect` of every schema with the rig's flush thresholds and compact's defaults.
+    pub async fn inspect(&self) -> lakecdc::inspect::InspectReport {
+        inspect_in(&self.job_context(), &self.opts, &[]).await
+    }
+
     /// gc over the customer schema with a 15-minute grace, on a manual clock the test moves,
     /// keeping no manifest history: its grace alone decides when a retired file goes
     /// (tests/it/history.rs covers the retention, with
@@ -229,4 +234,21 @@ pub fn schema_dir_with_nickname() -> tempfile::TempDir {
     json["nickname"] = serde_json::json!({"attributeID": 90, "valueType": "text"});
     std::fs::write(&attrs, json.to_string()).unwrap();
     dir
+}
+
+/// `inspect` of `schemas` (all when empty) in `ctx`, with `opts`' flush thresholds and
+/// compact's defaults.
+pub async fn inspect_in(
+    ctx: &lakecdc::job::Context,
+    opts: &FlushOptions,
+    schemas: &[String],
+) -> lakecdc::inspect::InspectReport {
+    lakecdc::inspect::run(
+        ctx,
+        schemas,
+        &opts.thresholds(),
+        &lakecdc::compact::CompactOptions::default().thresholds(),
+    )
+    .await
+    .unwrap()
 }
