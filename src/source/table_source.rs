@@ -894,8 +894,8 @@ fn key_bitmap(pending: &[Pending]) -> Vec<u8> {
 
 impl Scan {
     /// The scan of a hashed key's backlog `pending`, when its first pass pays: it covers at
-    /// least [`SCAN_SHARE`] of the table's rows as last analysed (a table never analysed is
-    /// not scanned), the table is at most [`SCAN_TABLE_BYTES`], and `md5` hashes the key
+    /// least [`SCAN_SHARE`] of the table's rows as last analysed (or, never analysed, as a
+    /// page sample counts them), the table is at most [`SCAN_TABLE_BYTES`], and `md5` hashes the key
     /// text's bytes as lakecdc receives them (the database's encoding is UTF8 or SQL_ASCII).
     async fn planned(
         client: &Client,
@@ -912,7 +912,8 @@ impl Scan {
             OP,
             client.query_one(
                 "SELECT c.reltuples::float8, current_setting('server_encoding'), \
-                        c.relpages::int8 * current_setting('block_size')::int8, \
+                        pg_relation_size(c.oid), \
+                        pg_relation_size(c.oid) / current_setting('block_size')::int8, \
                         (SELECT sum(s.avg_width)::int8 FROM pg_stats s WHERE s.schemaname = n.nspname \
                             AND s.tablename = c.relname AND NOT s.inherited AND s.attname = ANY($2)), \
                         (SELECT sum(s.avg_width)::int8 FROM pg_stats s WHERE s.schemaname = n.nspname \
@@ -927,11 +928,16 @@ impl Scan {
             ),
         )
         .await?;
-        let rows: f64 = row.try_get(0).map_err(Error::postgres(OP))?;
+        let mut rows: f64 = row.try_get(0).map_err(Error::postgres(OP))?;
         let encoding: String = row.try_get(1).map_err(Error::postgres(OP))?;
         let bytes: i64 = row.try_get(2).map_err(Error::postgres(OP))?;
-        let payload: Option<i64> = row.try_get(3).map_err(Error::postgres(OP))?;
-        let key: Option<i64> = row.try_get(4).map_err(Error::postgres(OP))?;
+        let pages: i64 = row.try_get(3).map_err(Error::postgres(OP))?;
+        if rows <= 0.0 && pages > 0 {
+            // Never analysed (docs/design.md §4.2, "Without statistics"): counted from a sample.
+            rows = super::heap_read::sample_count(client, &src.table.quoted(), pages).await?;
+        }
+        let payload: Option<i64> = row.try_get(4).map_err(Error::postgres(OP))?;
+        let key: Option<i64> = row.try_get(5).map_err(Error::postgres(OP))?;
         if rows <= 0.0
             || bytes > SCAN_TABLE_BYTES
             || !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII")

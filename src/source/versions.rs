@@ -130,7 +130,11 @@ where
         tx.query_one(&sizes, &[]),
     )
     .await?;
-    let (pages, tuples): (i64, f64) = (row.get(0), row.get(1));
+    let (pages, mut tuples): (i64, f64) = (row.get(0), row.get(1));
+    if pages > 0 && tuples <= 0.0 {
+        // Never analysed (docs/design.md §4.2, "Without statistics"): counted from a sample.
+        tuples = super::heap_read::sample_count(&tx, &t, pages).await?;
+    }
     let estimate = super::live::estimate_live(&tx, tables, schema_id).await? as f64;
     let heap = pages > 0 && tuples > 0.0 && estimate >= tuples * 0.25;
     let columns = [

@@ -2282,6 +2282,61 @@ async fn an_automatic_heap_pass_without_its_connections_reads_by_windows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_table_never_analysed_is_read_in_heap_order_by_a_sample_of_its_order() {
+    // docs/design.md §4.2, "Without statistics": a bulk load of 100,000 random ids before any
+    // ANALYZE leaves no correlation in pg_stats and no reltuples; `auto` measures both from a
+    // page sample and reads the backlog in one heap pass (without it: by windows).
+    let rig = rig(LakeKind::Local).await;
+    rig.writer
+        .client
+        .batch_execute(
+            "ALTER TABLE entity_main SET (autovacuum_enabled = false); \
+             ALTER TABLE eav_data SET (autovacuum_enabled = false); \
+             INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, \
+             ltbase_updated_at, text_01) \
+             SELECT 100, gen_random_uuid(), 1000 + i, 1000 + i, 'c' || i \
+             FROM generate_series(1, 100000) AS i; \
+             INSERT INTO change_log (schema_id, row_id, changed_at) \
+             SELECT 100, ltbase_row_id, ltbase_updated_at FROM entity_main; \
+             ANALYZE change_log;",
+        )
+        .await
+        .unwrap();
+    let unanalysed = rig
+        .writer
+        .client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_stats WHERE tablename = 'entity_main'), \
+             (SELECT reltuples FROM pg_class WHERE relname = 'entity_main')::float8",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(unanalysed.get::<_, i64>(0), 0, "no statistics");
+    assert!(unanalysed.get::<_, f64>(1) <= 0.0, "no row count");
+    let opts = FlushOptions {
+        batch_size: 25_000,
+        ..rig.opts.clone()
+    };
+    let report = lakecdc::flush::run(&rig.ctx, &opts).await.unwrap();
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Flushed, "{s:?}");
+    assert_eq!(
+        (
+            s.table_scans,
+            s.rows_by_scan,
+            s.rows_exported,
+            s.rows_marked
+        ),
+        (1, 100_000, 100_000, 100_000),
+        "{s:?}"
+    );
+    assert_eq!(s.files.len(), 4, "{s:?}");
+    assert_eq!(ids_of_sorted_files(&rig, &s.files).await.len(), 100_000);
+    assert!(dirty_in_selection_order(&rig).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
     // docs/hazards.md #554: application batch writers lock rows in (schema_id, row_id) order; a mark
     // taking them in another order can hold one a writer needs while waiting for one it holds.
