@@ -467,6 +467,7 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
     // a real pass claims an unclaimed one when it publishes).
     let ownership = owner::check_writable(store, &ctx.lake.layout, schema_id).await?;
     if opts.dry_run {
+        planned_counts(out, &plan, &ranges);
         return Ok(());
     }
     match plan.decision {
@@ -511,6 +512,23 @@ async fn pass(p: &Pass<'_>, out: &mut SchemaCompact) -> Result<(), PassError> {
             let res = rewrite(p, &ownership, &loaded.manifest, &ranges, &plan, &dir, out).await;
             let _ = tokio::fs::remove_dir_all(&dir).await;
             res
+        }
+    }
+}
+
+/// What a dry run reports as done: the counts the pass it plans reports once it is done (the
+/// files and rows of the rewritten ranges and of the deltas, from the manifest's entries).
+fn planned_counts(out: &mut SchemaCompact, plan: &Plan, ranges: &Ranges) {
+    match plan.decision {
+        Decision::Noop => {}
+        Decision::Promote => out.files_in = plan.delta_files,
+        Decision::Rewrite | Decision::Consolidate => {
+            let rewritten = plan.rewrite.iter().map(|r| r.files).sum::<usize>();
+            out.bases_rewritten = rewritten + ranges.empty_files().len();
+            out.bases_kept = plan.bases_kept;
+            out.files_in = out.bases_rewritten + plan.delta_files;
+            let rows = plan.rewrite.iter().map(|r| r.rows).sum::<i64>() + plan.delta_rows;
+            out.rows_in = u64::try_from(rows).unwrap_or(0);
         }
     }
 }

@@ -79,6 +79,10 @@ pub struct SourceCheck {
     pub source_rows: u64,
     /// Rows of the lake's current state (tombstones included).
     pub lake_rows: u64,
+    /// Of `lake_rows`, the live ones (to set beside `source_rows`).
+    pub lake_live: u64,
+    /// Of `lake_rows`, the tombstones (rows whose newest copy says deleted).
+    pub lake_tombstones: u64,
     /// Dirty rows (not compared: the next flush brings them).
     pub dirty_rows: u64,
     /// Distinct row ids compared (in the source, the lake or both).
@@ -114,8 +118,13 @@ impl SourceCheck {
     /// The report's lines for this check.
     pub fn to_text(&self) -> String {
         let mut out = format!(
-            "    source: {} live, {} dirty; lake: {} rows; {} compared, {:.0} rows/s\n",
-            self.source_rows, self.dirty_rows, self.lake_rows, self.rows_compared, self.rows_per_s
+            "    source: {} live, {} dirty; lake: {} live, {} tombstones; {} compared, {:.0} rows/s\n",
+            self.source_rows,
+            self.dirty_rows,
+            self.lake_live,
+            self.lake_tombstones,
+            self.rows_compared,
+            self.rows_per_s
         );
         let mut class = |name: &str, c: &Class| {
             if c.count > 0 {
@@ -317,6 +326,8 @@ pub(super) async fn check(
     }
     out.source_rows = cmp.source_rows;
     out.lake_rows = cmp.lake_rows;
+    out.lake_tombstones = cmp.lake_tombstones;
+    out.lake_live = cmp.lake_rows - cmp.lake_tombstones;
     out.rows_compared = cmp.compared;
     out.missing = cmp.classes[0].clone();
     out.extra = cmp.classes[1].clone();
@@ -552,6 +563,7 @@ struct Compare {
     divergent: Vec<Requeue>,
     source_rows: u64,
     lake_rows: u64,
+    lake_tombstones: u64,
     compared: u64,
 }
 
@@ -567,6 +579,7 @@ impl Compare {
             divergent: Vec::new(),
             source_rows: 0,
             lake_rows: 0,
+            lake_tombstones: 0,
             compared: 0,
         }
     }
@@ -596,9 +609,15 @@ impl Compare {
         }
     }
 
+    /// Counts a row of the lake's current state.
+    fn lake_row(&mut self, l: &Current) {
+        self.lake_rows += 1;
+        self.lake_tombstones += u64::from(l.tombstone);
+    }
+
     fn both(&mut self, s: SourceRow, l: Current) {
         self.source_rows += 1;
-        self.lake_rows += 1;
+        self.lake_row(&l);
         self.compared += 1;
         if let Some(dirty) = self.dirty(s.0) {
             // Left to the next flush — unless its version is below the lake's copy, which
@@ -628,7 +647,7 @@ impl Compare {
     }
 
     fn lake_only(&mut self, l: Current) {
-        self.lake_rows += 1;
+        self.lake_row(&l);
         self.compared += 1;
         // A dirty slot (a tombstone: the row is not in the source) below the lake's live
         // copy would lose to it, as in `both`.

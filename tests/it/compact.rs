@@ -525,9 +525,11 @@ async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
     let mut r = Rng::new(180);
     rig.seed(40, &mut r).await;
     rig.flush().await;
+    // The decision and the counts of what was merged: a dry run reports the pass it plans.
     let decisions = |s: &lakecdc::compact::SchemaCompact| {
         let p = s.plan.as_ref().unwrap();
-        (s.outcome, p.decision, p.reason.clone())
+        let merged = (s.files_in, s.rows_in, s.bases_rewritten, s.bases_kept);
+        (s.outcome, p.decision, p.reason.clone(), merged)
     };
     for (max_deltas, expected) in [(0, Decision::Promote), (32, Decision::Noop)] {
         let o = CompactOptions {
@@ -568,6 +570,7 @@ async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
     .await;
     assert_eq!(dry.plan.as_ref().unwrap().decision, Decision::Rewrite);
     assert_eq!(rig.store.writes().len(), writes, "the dry run wrote");
+    assert!(dry.files_in > 1 && dry.rows_in > 0, "{dry:?}");
     let real = compact(&rig, &opts(&rig)).await;
     assert_eq!(decisions(&real), decisions(&dry));
     assert!(real.new_base.is_some());
