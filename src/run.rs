@@ -763,6 +763,21 @@ impl Outcome {
             exit_code,
         })
     }
+
+    /// A `--print-sql` script: as it is, or with `--json` as `{"sql": …}`.
+    fn script(sql: String) -> Result<Self> {
+        #[derive(Serialize)]
+        struct Script<'a> {
+            sql: &'a str,
+        }
+        let json =
+            serde_json::to_string_pretty(&Script { sql: &sql }).map_err(Error::json("script"))?;
+        Ok(Self {
+            text: sql,
+            json,
+            exit_code: 0,
+        })
+    }
 }
 
 /// What a run leaves for its metrics: the context it opened and its report's per-schema view.
@@ -854,20 +869,13 @@ async fn execute(
     match &config.job {
         Job::InitDb {
             print_sql: true, ..
-        } => Ok(Outcome {
-            text: crate::source::ddl::script(&config.tables),
-            json: String::new(),
-            exit_code: 0,
-        }),
+        } => Outcome::script(crate::source::ddl::script(&config.tables)),
         Job::Attach {
             opts,
             print_sql: true,
-        } => Ok(Outcome {
-            text: crate::attach::script(&config.connector, &config.tables, &SystemClock, opts)
-                .await?,
-            json: String::new(),
-            exit_code: 0,
-        }),
+        } => Outcome::script(
+            crate::attach::script(&config.connector, &config.tables, &SystemClock, opts).await?,
+        ),
         Job::Attach { opts, .. } => {
             let r =
                 crate::attach::run(&config.connector, &config.tables, &SystemClock, opts).await?;
@@ -886,7 +894,11 @@ async fn execute(
         Job::Flush(opts) => {
             let ctx = config.context().await?;
             let r = crate::flush::run(&ctx, opts).await?;
-            *measured = Measured::of(ctx, crate::metrics::of_flush(&r));
+            let mut runs = crate::metrics::of_flush(&r);
+            if config.metrics.enabled() && !opts.dry_run {
+                crate::metrics::state::add_idle(&ctx, &opts.schemas, &mut runs).await;
+            }
+            *measured = Measured::of(ctx, runs);
             Outcome::of(&r, r.to_text(), i32::from(r.failed()))
         }
         Job::Init(opts) => {

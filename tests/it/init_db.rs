@@ -295,6 +295,15 @@ async fn printed_sql_applied_by_a_migration_tool_leaves_init_db_nothing_to_creat
     );
     let sql = String::from_utf8(out.stdout).unwrap();
     assert!(sql.contains("CREATE INDEX IF NOT EXISTS"), "{sql}");
+    // Asked for JSON, the same script as one JSON string.
+    let out = harness::bin()
+        .args(["init-db", "--print-sql", "--json", "--pg-url"])
+        .arg("host=127.0.0.1 port=1 user=u dbname=d sslmode=disable connect_timeout=1")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["sql"].as_str(), Some(sql.as_str()), "{json}");
     // Applied by psql to an empty database, as a migration would, twice: it is idempotent.
     let db = TestDb::new().await;
     for _ in 0..2 {

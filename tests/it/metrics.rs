@@ -261,6 +261,17 @@ async fn every_job_writes_metrics_holding_its_reports_values() {
     // The seeded rows and the 40 changed since (the same ids): all 200 were dirty.
     assert_eq!(s["rows_exported"].as_u64(), Some(200), "{s}");
     assert_state_is_inspects(&cli, "flush", &p);
+    // An idle flush reports no schema, but its metrics keep every schema's series: nothing
+    // written, the state as inspect sees it.
+    let (report, p) = cli.job(&["flush"]);
+    assert_eq!(
+        report["schemas"].as_array().map(Vec::len),
+        Some(0),
+        "{report}"
+    );
+    assert_succeeded("flush", &p);
+    assert_eq!(written(&p, "flush"), (0.0, 0.0, 0.0));
+    assert_state_is_inspects(&cli, "flush", &p);
 
     let (report, p) = cli.job(&["compact", "--max-deltas", "0", "--dirty-ratio", "0"]);
     let s = &report["schemas"][0];
