@@ -245,23 +245,28 @@ impl CompactThresholds {
                 format!("delta bytes {delta_bytes} >= --target-base-size {target}")
             };
             plan.bases_kept = 0;
-            if promotable(m, target) {
-                plan.decision = Decision::Promote;
-                plan.reason = format!(
-                    "no base tier yet, {why}; the deltas are disjoint and each within the target"
-                );
-            } else {
-                plan.decision = Decision::Rewrite;
-                plan.reason = format!("no base tier yet, {why}: the deltas are merged into bases");
-                plan.rewrite.push(RangeShare {
-                    index: 0,
-                    files: 0,
-                    row_id_min: String::new(),
-                    row_id_max: String::new(),
-                    rows: 0,
-                    touched: delta_rows,
-                    share: 1.0,
-                });
+            match promotion(m, target) {
+                Ok(()) => {
+                    plan.decision = Decision::Promote;
+                    plan.reason = format!(
+                        "no base tier yet, {why}; the deltas are disjoint and each within the target"
+                    );
+                }
+                Err(why_not) => {
+                    plan.decision = Decision::Rewrite;
+                    plan.reason = format!(
+                        "no base tier yet, {why}; {why_not}: the deltas are merged into bases"
+                    );
+                    plan.rewrite.push(RangeShare {
+                        index: 0,
+                        files: 0,
+                        row_id_min: String::new(),
+                        row_id_max: String::new(),
+                        rows: 0,
+                        touched: delta_rows,
+                        share: 1.0,
+                    });
+                }
             }
             return plan;
         }
@@ -351,20 +356,45 @@ impl CompactThresholds {
     }
 }
 
+/// Small files a promotion may list beyond twice the bases a merge would write: a few small
+/// bases cost readers little, while the batches of one large flush (a hundred 1.5 MB files,
+/// disjoint when read in one heap pass) would stay a hundred bases for good, as a base range
+/// is only rewritten once deltas touch it (docs/design.md §9, "Promotion").
+pub const PROMOTE_SLACK: usize = 8;
+
 /// Whether the deltas may simply become the base tier: each within the target size, each
-/// with a readable range, no two overlapping.
-fn promotable(m: &Manifest, target: i64) -> bool {
+/// with a readable range, no two overlapping, and not many more files than a merge would
+/// write (at most twice as many, plus [`PROMOTE_SLACK`]). `Err`: why not, in words.
+fn promotion(m: &Manifest, target: i64) -> Result<(), String> {
     let mut bounds = Vec::new();
     for f in m.tier(Tier::Delta) {
         match (parse_key(&f.row_id_min), parse_key(&f.row_id_max)) {
             (Some(min), Some(max)) if min <= max && f.size_bytes <= target => {
                 bounds.push((min, max))
             }
-            _ => return false,
+            (Some(_), Some(_)) if f.size_bytes > target => {
+                return Err(format!("{} is larger than the target", f.path));
+            }
+            _ => return Err(format!("{} has no readable row-id range", f.path)),
         }
     }
     bounds.sort_unstable();
-    bounds.windows(2).all(|w| w[0].1 < w[1].0)
+    if !bounds.windows(2).all(|w| w[0].1 < w[1].0) {
+        return Err("the deltas overlap".into());
+    }
+    let bytes = Manifest::total_bytes(m.tier(Tier::Delta)).max(0) as u64;
+    let merged = bytes.div_ceil(target.max(1) as u64).max(1);
+    let most = usize::try_from(merged.saturating_mul(2))
+        .unwrap_or(usize::MAX)
+        .saturating_add(PROMOTE_SLACK);
+    if bounds.len() > most {
+        return Err(format!(
+            "{} small deltas would stay {} bases where a merge writes about {merged}",
+            bounds.len(),
+            bounds.len()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -435,6 +465,32 @@ mod tests {
             .collect();
         // Four disjoint deltas, each within the target: relabelled.
         assert_eq!(plan(many, &[0]).decision, Decision::Promote);
+        // A hundred small disjoint ones (one large flush's batches) would stay a hundred
+        // bases: merged into about one.
+        let hundred: Vec<_> = (0..100u128)
+            .map(|i| entry(Tier::Delta, &format!("d{i}"), (i * 10, i * 10 + 1), 2, 5))
+            .collect();
+        let p = plan(hundred, &[0]);
+        assert_eq!(p.decision, Decision::Rewrite, "{}", p.reason);
+        assert!(
+            p.reason
+                .contains("100 small deltas would stay 100 bases where a merge writes about 1"),
+            "{}",
+            p.reason
+        );
+        // As many as a merge would write (ten near the target): relabelled.
+        let full: Vec<_> = (0..10u128)
+            .map(|i| entry(Tier::Delta, &format!("d{i}"), (i * 10, i * 10 + 1), 2, 900))
+            .collect();
+        assert_eq!(plan(full, &[0]).decision, Decision::Promote);
+        // Two more than twice the merge's one plus the slack: merged.
+        let edge = |n: u128| -> Vec<FileEntry> {
+            (0..n)
+                .map(|i| entry(Tier::Delta, &format!("d{i}"), (i * 10, i * 10 + 1), 2, 1))
+                .collect()
+        };
+        assert_eq!(plan(edge(10), &[0]).decision, Decision::Promote);
+        assert_eq!(plan(edge(11), &[0]).decision, Decision::Rewrite);
     }
 
     fn tier_of_ten() -> Vec<FileEntry> {

@@ -519,6 +519,61 @@ async fn a_base_staged_longer_than_the_lease_is_never_published() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_flushs_many_small_disjoint_deltas_are_merged_not_promoted() {
+    // docs/design.md §9, "Promotion": one flush read in a heap pass writes its batches in
+    // row-id order, disjoint; relabelled they would stay that many small bases for good.
+    let mut rig = rig(LakeKind::S3).await;
+    rig.opts.read_order = lakecdc::flush::ReadOrder::Heap;
+    rig.opts.batch_size = 10;
+    let mut r = Rng::new(8);
+    rig.seed(120, &mut r).await;
+    let flushed = rig.flush().await;
+    let deltas = &flushed.schemas[0].files;
+    assert_eq!(deltas.len(), 12, "{flushed:?}");
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let mut bounds: Vec<(String, String)> = m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let b = |k: &str| f[k].as_str().unwrap().to_string();
+            (b("row_id_min"), b("row_id_max"))
+        })
+        .collect();
+    bounds.sort();
+    assert!(
+        bounds.windows(2).all(|w| w[0].1 < w[1].0),
+        "the pass's deltas are disjoint: {bounds:?}"
+    );
+    let o = CompactOptions {
+        max_deltas: 0,
+        ..opts(&rig)
+    };
+    let s = compact(&rig, &o).await;
+    let plan = s.plan.as_ref().unwrap();
+    assert_eq!(plan.decision, Decision::Rewrite, "{}", plan.reason);
+    assert!(
+        plan.reason
+            .contains("12 small deltas would stay 12 bases where a merge writes about 1"),
+        "{}",
+        plan.reason
+    );
+    assert_eq!((s.files_in, s.rows_in, s.files_out), (12, 120, 1), "{s:?}");
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    let files = m["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1, "{m}");
+    assert_eq!(
+        (files[0]["tier"].as_str(), files[0]["row_count"].as_i64()),
+        (Some("base"), Some(120))
+    );
+    assert_eq!(rig.assert_oracle().await, (120, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
     // docs/hazards.md #180, for compaction: both decisions, planned without a write.
     let mut rig = rig(LakeKind::S3).await;
