@@ -2232,6 +2232,23 @@ async fn a_heap_pass_that_cannot_open_its_connections_fails_before_reading_and_a
     assert_eq!((compared, dirty), (30, 0));
 }
 
+/// Loads 100,000 entities of random ids, every one dirty, then runs `then` (the statistics
+/// the test wants).
+async fn load_random_backlog(rig: &Rig, then: &str) {
+    rig.writer
+        .client
+        .batch_execute(&format!(
+            "INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, \
+             ltbase_updated_at, text_01) \
+             SELECT 100, gen_random_uuid(), 1000 + i, 1000 + i, 'c' || i \
+             FROM generate_series(1, 100000) AS i; \
+             INSERT INTO change_log (schema_id, row_id, changed_at) \
+             SELECT 100, ltbase_row_id, ltbase_updated_at FROM entity_main; {then}"
+        ))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_automatic_heap_pass_without_its_connections_reads_by_windows() {
     // docs/design.md §4.1, "Heap passes": a backlog of scattered ids large enough for `auto` to
@@ -2239,19 +2256,7 @@ async fn an_automatic_heap_pass_without_its_connections_reads_by_windows() {
     // sessions, so the run reads by windows on its own connection instead, and every row is
     // exported and marked.
     let rig = rig(LakeKind::Local).await;
-    rig.writer
-        .client
-        .batch_execute(
-            "INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, \
-             ltbase_updated_at, text_01) \
-             SELECT 100, gen_random_uuid(), 1000 + i, 1000 + i, 'c' || i \
-             FROM generate_series(1, 100000) AS i; \
-             INSERT INTO change_log (schema_id, row_id, changed_at) \
-             SELECT 100, ltbase_row_id, ltbase_updated_at FROM entity_main; \
-             ANALYZE entity_main; ANALYZE change_log;",
-        )
-        .await
-        .unwrap();
+    load_random_backlog(&rig, "ANALYZE entity_main; ANALYZE change_log;").await;
     let admin = Arc::new(harness::pg_client(&harness::pg_admin_url()).await);
     let (hooks, calls) = refusing_connections_once(&rig, admin.clone());
     let opts = FlushOptions {
@@ -2287,21 +2292,16 @@ async fn a_table_never_analysed_is_read_in_heap_order_by_a_sample_of_its_order()
     // ANALYZE leaves no correlation in pg_stats and no reltuples; `auto` measures both from a
     // page sample and reads the backlog in one heap pass (without it: by windows).
     let rig = rig(LakeKind::Local).await;
-    rig.writer
-        .client
-        .batch_execute(
-            "ALTER TABLE entity_main SET (autovacuum_enabled = false); \
-             ALTER TABLE eav_data SET (autovacuum_enabled = false); \
-             INSERT INTO entity_main (ltbase_schema_id, ltbase_row_id, ltbase_created_at, \
-             ltbase_updated_at, text_01) \
-             SELECT 100, gen_random_uuid(), 1000 + i, 1000 + i, 'c' || i \
-             FROM generate_series(1, 100000) AS i; \
-             INSERT INTO change_log (schema_id, row_id, changed_at) \
-             SELECT 100, ltbase_row_id, ltbase_updated_at FROM entity_main; \
-             ANALYZE change_log;",
-        )
-        .await
-        .unwrap();
+    for table in ["entity_main", "eav_data"] {
+        rig.writer
+            .client
+            .batch_execute(&format!(
+                "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+            ))
+            .await
+            .unwrap();
+    }
+    load_random_backlog(&rig, "ANALYZE change_log;").await;
     let unanalysed = rig
         .writer
         .client
