@@ -80,6 +80,9 @@ impl HeapPass {
     /// selects them and reads the heap (a dry run only selects). `None`: read by windows.
     pub(super) async fn start(plan: &PassPlan<'_>, client: &Client) -> Result<Option<Self>> {
         let pass = plan.slots.min(PASS_SLOTS);
+        if !TableShape::may_pass(plan.order, pass) {
+            return Ok(None);
+        }
         let shape = TableShape::read(client, plan.tables).await?;
         if !shape.heap_pass(plan.order, pass) || !fits(plan, shape.pass_scratch())? {
             return Ok(None);

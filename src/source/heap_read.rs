@@ -267,14 +267,12 @@ fn rank_correlation(mut sample: Vec<((i64, i64), u128)>) -> Option<f64> {
     sample.sort_unstable_by_key(|(pos, _)| *pos);
     let mut by_id: Vec<usize> = (0..n).collect();
     by_id.sort_unstable_by_key(|&i| sample[i].1);
-    let mean = (n as f64 - 1.0) / 2.0;
-    let (mut cov, mut var) = (0.0, 0.0);
-    for (id_rank, &heap_rank) in by_id.iter().enumerate() {
-        let (h, r) = (heap_rank as f64 - mean, id_rank as f64 - mean);
-        cov += h * r;
-        var += h * h;
-    }
-    Some(cov / var)
+    // Both ranks are permutations of 0..n: their variance (times n) is n(n²-1)/12.
+    let (nf, mean) = (n as f64, (n as f64 - 1.0) / 2.0);
+    let cov: f64 = (by_id.iter().enumerate())
+        .map(|(id_rank, &heap_rank)| (heap_rank as f64 - mean) * (id_rank as f64 - mean))
+        .sum();
+    Some(cov / (nf * (nf * nf - 1.0) / 12.0))
 }
 
 /// Decides how init reads schema `schema_id` (estimated `estimate` live rows) and, for a
@@ -291,7 +289,8 @@ pub async fn plan(
     bucket_bytes: u64,
     chunk_rows: u64,
 ) -> Result<Option<HeapPlan>> {
-    if order == ReadOrder::RowId {
+    // Too few rows for `auto` to read the heap: no catalog read, no sample.
+    if !TableShape::may_pass(order, estimate) {
         return Ok(None);
     }
     let s = sizes(client, tables).await?;
@@ -349,14 +348,24 @@ impl TableShape {
     pub fn heap_pass(&self, order: ReadOrder, slots: u64) -> bool {
         let s = &self.0;
         match order {
+            ReadOrder::Auto => {
+                Self::may_pass(order, slots)
+                    && s.correlation.is_some_and(|c| c.abs() < HEAP_CORRELATION)
+                    && slots as f64 >= s.entity_tuples * PASS_SHARE
+            }
+            _ => Self::may_pass(order, slots),
+        }
+    }
+
+    /// Whether a pass of `slots` slots can be read in heap order at all, before the tables'
+    /// shape is read (and, for a table never analysed, sampled): never for
+    /// [`ReadOrder::RowId`], nor for `auto` below [`HEAP_MIN_ROWS`] slots — a minutely flush
+    /// of a few rows costs no catalog read or sample.
+    pub fn may_pass(order: ReadOrder, slots: u64) -> bool {
+        match order {
             ReadOrder::RowId => false,
             ReadOrder::Heap => true,
-            ReadOrder::Auto => {
-                let slots = slots as f64;
-                s.correlation.is_some_and(|c| c.abs() < HEAP_CORRELATION)
-                    && slots >= HEAP_MIN_ROWS
-                    && slots >= s.entity_tuples * PASS_SHARE
-            }
+            ReadOrder::Auto => slots as f64 >= HEAP_MIN_ROWS,
         }
     }
 
