@@ -961,6 +961,7 @@ impl Reads {
             .max_batches
             .map(|m| i64::from(m.saturating_sub(report.batches)).saturating_mul(opts.batch_size));
         let slots = u64::try_from(budget.map_or(dirty, |b| b.min(dirty))).unwrap_or(0);
+        let budget = budget.map_or(u64::MAX, |b| u64::try_from(b).unwrap_or(0));
         let dirty = u64::try_from(dirty).unwrap_or(0);
         if slots > 0 {
             let plan = heap_pass::PassPlan {
@@ -972,6 +973,7 @@ impl Reads {
                 batch_size: opts.batch_size,
                 dirty,
                 slots,
+                budget,
                 dry_run: opts.dry_run,
                 work_dir: &opts.work_dir,
                 before_export: sf.hooks.before_export.clone(),
@@ -987,11 +989,16 @@ impl Reads {
                 });
             }
         }
-        Self::windows(sf, conn).await
+        Self::windows(sf, conn, None).await
     }
 
-    /// Selection windows read ahead on `conn`.
-    async fn windows(sf: &SchemaFlush<'_>, conn: TappedClient) -> Result<Self> {
+    /// Selection windows read ahead on `conn`, from the oldest dirty slot or from past
+    /// `start_after` (a pass's last slot, [`heap_pass::HeapPass::windows_after`]).
+    async fn windows(
+        sf: &SchemaFlush<'_>,
+        conn: TappedClient,
+        start_after: Option<Selected>,
+    ) -> Result<Self> {
         let (ctx, opts, schema_id) = (sf.ctx, sf.opts, sf.schema_id);
         let plan = read_ahead::Plan {
             connector: ctx.connector.clone(),
@@ -1002,6 +1009,7 @@ impl Reads {
             window_batches: opts.window_batches,
             dry_run: opts.dry_run,
             max_batches: opts.max_batches,
+            start_after,
             before_payload: sf.hooks.before_export.clone(),
             before_second_connection: sf.hooks.before_second_connection.clone(),
         };
@@ -1017,7 +1025,7 @@ impl Reads {
         sf: &SchemaFlush<'_>,
         report: &mut SchemaReport,
     ) -> Result<Option<Self>> {
-        let Self::Pass { conn, full, .. } = self else {
+        let Self::Pass { conn, full, pass } = self else {
             return Ok(Some(self));
         };
         if sf.opts.dry_run {
@@ -1026,7 +1034,9 @@ impl Reads {
         // After a pass that took every dirty slot, what is dirty now was written since: the
         // windows take it. After a full pass the rest of the backlog is weighed again.
         if !full {
-            return Self::windows(sf, conn).await.map(Some);
+            return Self::windows(sf, conn, pass.windows_after())
+                .await
+                .map(Some);
         }
         let (change_log, schema_id) = (&sf.ctx.tables.change_log, sf.schema_id);
         let dirty = stats::dirty(&conn.client, change_log, schema_id)

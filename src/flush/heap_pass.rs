@@ -28,7 +28,7 @@ use crate::source::Client;
 use crate::source::connect::TappedClient;
 use crate::source::heap_read::{self, PassSlot, ReadOrder, Spilled, TableShape};
 use crate::source::live::{self, LivePage};
-use crate::source::snapshot::Snapshot;
+use crate::source::snapshot::{Selected, Snapshot};
 
 /// The most dirty slots one pass selects (about 48 bytes each while the pass lasts); a larger
 /// backlog takes further passes or windows.
@@ -52,6 +52,8 @@ pub(super) struct PassPlan<'a> {
     pub dirty: u64,
     /// The most slots the pass may take: the dirty ones, at most the run's batch budget.
     pub slots: u64,
+    /// The slots the run's batch budget allows (`--max-batches`; `u64::MAX` without one).
+    pub budget: u64,
     pub dry_run: bool,
     pub work_dir: &'a Path,
     /// Called with the pass's row ids between its selection and its heap read (a test seam).
@@ -73,6 +75,9 @@ pub(super) struct HeapPass {
     loading: Option<JoinHandle<Result<Option<LivePage>>>>,
     /// Rows of the scanned tables spilled to scratch disk.
     pub scratch_bytes: u64,
+    /// The pass's last slot by `(changed_at, row_id)`, when the pass holds every slot dirty
+    /// in its snapshot up to it: where the windows after the pass start ([`Self::windows_after`]).
+    after: Option<Selected>,
 }
 
 impl HeapPass {
@@ -124,14 +129,21 @@ impl HeapPass {
         let selector = readers
             .first_mut()
             .ok_or_else(|| Error::Invariant("a pass without a reader".into()))?;
-        let limit = i64::try_from(pass).unwrap_or(i64::MAX);
         // Only a pass that cannot take every dirty slot (bounded by PASS_SLOTS or the batch
-        // budget) needs the oldest ones.
+        // budget) needs the oldest ones. One that can takes whatever is dirty in its snapshot
+        // (slots written since the count too), up to what a pass and the budget allow.
         let oldest = pass < plan.dirty;
+        let limit = match oldest {
+            true => pass,
+            false => PASS_SLOTS.min(plan.budget),
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut slots =
             heap_read::dirty_slots_in(selector, ticket, plan.tables, plan.schema_id, limit, oldest)
                 .await?;
         step_done("select pass", t);
+        let took_all = i64::try_from(slots.len()).unwrap_or(i64::MAX) < limit;
+        let after = last_selected(&slots).filter(|_| oldest || took_all);
         if let Some(hook) = &plan.before_export {
             hook(
                 plan.schema_id,
@@ -150,6 +162,7 @@ impl HeapPass {
                 def: plan.def.clone(),
                 loading: None,
                 scratch_bytes: 0,
+                after,
             });
         }
         // Batch i's rows go to bucket i: the cuts are each later batch's first row id.
@@ -192,7 +205,20 @@ impl HeapPass {
             spilled: Some(Arc::new(spilled)),
             def: plan.def.clone(),
             loading: None,
+            after,
         })
+    }
+
+    /// Where the windows after this pass start selecting (keyset paging, as a window follows
+    /// the one before it): past the pass's last slot by `(changed_at, row_id)` when the pass
+    /// holds every slot dirty in its snapshot up to that one (it took the oldest slots, or all
+    /// of them). The windows then never walk the pass's own slots, which its marks leave as
+    /// dead entries of the dirty-slot index until a vacuum: a million of them took the first
+    /// window 0.7 s of PostgreSQL CPU, alone at the end of the run (docs/design.md §4.1,
+    /// "Heap passes"). A slot committed since the pass with a version at or below that point
+    /// is left dirty for the next run, as the windows leave one below their own position.
+    pub(super) fn windows_after(&self) -> Option<Selected> {
+        self.after
     }
 
     /// Slots the pass has yet to hand out.
@@ -251,6 +277,14 @@ impl HeapPass {
         let (s, bucket) = (spilled.clone(), self.taken / self.size);
         tokio::task::spawn_blocking(move || s.load(bucket))
     }
+}
+
+/// The last of `slots` in selection order, `(changed_at, row_id)`.
+fn last_selected(slots: &[PassSlot]) -> Option<Selected> {
+    slots
+        .iter()
+        .map(|s| s.slot)
+        .max_by_key(|s| (s.changed_at, s.row_id))
 }
 
 /// The sessions a pass opens besides the run's own: the snapshot's exporter and the heap

@@ -62,6 +62,8 @@ pub(super) struct Plan {
     pub dry_run: bool,
     /// Read no more batches than this (`--max-batches`).
     pub max_batches: Option<u32>,
+    /// Where the first window starts: past this slot (after a heap pass), or at the oldest.
+    pub start_after: Option<Selected>,
     /// Called between a batch's selection and its payload read.
     pub before_payload: Option<Hook>,
     /// Called before the second connection is opened (a test seam).
@@ -272,7 +274,10 @@ impl ReadAhead {
         self.started += 1;
         self.reads.push_back(tokio::spawn(async move {
             let windows = match previous {
-                None => Windows::default(),
+                None => Windows {
+                    after: plan.start_after,
+                    ..Windows::default()
+                },
                 Some(rx) => match rx.await {
                     Ok(windows) => windows,
                     // The read before failed (it reports that).
