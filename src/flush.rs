@@ -253,6 +253,11 @@ pub struct FlushReport {
     pub schemas: Vec<SchemaReport>,
     /// Wall time in milliseconds.
     pub duration_ms: u64,
+    /// The registered schemas in the run's scope (`--schema`, or all) it left out, having no
+    /// dirty rows, as (id, name): the metrics keep their series, written 0 (docs/operations.md,
+    /// "Metrics"). Not part of the JSON report.
+    #[serde(skip)]
+    pub idle: Vec<(i16, String)>,
 }
 
 impl FlushReport {
@@ -381,6 +386,13 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
     } else {
         registry::select(&registered, &opts.schemas)?
     };
+    let in_scope: Vec<(i16, String)> = match opts.schemas.is_empty() {
+        true => &registered,
+        false => &targets,
+    }
+    .iter()
+    .map(|r| (r.id, r.name.clone()))
+    .collect();
     // Which database this run reads: a lake written from another is refused (docs/design.md
     // §10).
     let source = job::source_guard_on(ctx, &client).await?;
@@ -438,10 +450,15 @@ async fn run_hooked(ctx: &Context, opts: &FlushOptions, hooks: &FlushHooks) -> R
             _ => {}
         }
     }
+    let idle = in_scope
+        .into_iter()
+        .filter(|(id, _)| !schemas.iter().any(|s| s.schema_id == *id))
+        .collect();
     let report = FlushReport {
         dry_run: opts.dry_run,
         schemas,
         duration_ms: elapsed_ms(started),
+        idle,
     };
     tracing::info!(
         schemas = report.schemas.len(),
@@ -1291,7 +1308,14 @@ mod tests {
             dry_run: false,
             schemas: Vec::new(),
             duration_ms: 3,
+            idle: vec![(100, "customer".into())],
         };
         assert_eq!(idle.to_text(), "");
+        // The schemas left alone are for the metrics only.
+        let json = serde_json::to_value(&idle).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"dry_run": false, "schemas": [], "duration_ms": 3})
+        );
     }
 }

@@ -894,11 +894,7 @@ async fn execute(
         Job::Flush(opts) => {
             let ctx = config.context().await?;
             let r = crate::flush::run(&ctx, opts).await?;
-            let mut runs = crate::metrics::of_flush(&r);
-            if config.metrics.enabled() && !opts.dry_run {
-                crate::metrics::state::add_idle(&ctx, &opts.schemas, &mut runs).await;
-            }
-            *measured = Measured::of(ctx, runs);
+            *measured = Measured::of(ctx, crate::metrics::of_flush(&r));
             Outcome::of(&r, r.to_text(), i32::from(r.failed()))
         }
         Job::Init(opts) => {

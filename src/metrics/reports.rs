@@ -17,9 +17,12 @@ fn run(schema_id: i16, schema: &str, failed: bool) -> SchemaRun {
     }
 }
 
-/// flush: rows exported, delta files and bytes written.
+/// flush: rows exported, delta files and bytes written; every schema in the run's scope that
+/// it left alone wrote nothing (a series that vanished whenever a schema went idle would break
+/// dashboards and `absent()` alerts, docs/operations.md, "Metrics").
 pub fn of_flush(r: &FlushReport) -> Vec<SchemaRun> {
-    r.schemas
+    let mut runs: Vec<SchemaRun> = r
+        .schemas
         .iter()
         .map(|s| SchemaRun {
             written: Some(Written {
@@ -29,7 +32,13 @@ pub fn of_flush(r: &FlushReport) -> Vec<SchemaRun> {
             }),
             ..run(s.schema_id, &s.schema, s.outcome == flush::Outcome::Failed)
         })
-        .collect()
+        .chain(r.idle.iter().map(|(id, name)| SchemaRun {
+            written: Some(Written::default()),
+            ..run(*id, name, false)
+        }))
+        .collect();
+    runs.sort_by_key(|r| r.schema_id);
+    runs
 }
 
 /// init: rows exported, base files and bytes written.

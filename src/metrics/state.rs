@@ -2,11 +2,9 @@
 //! age of the oldest, and the manifest's version and files and bytes per tier. One connection
 //! and one manifest read per schema; no listing of the lake.
 
-use super::{SchemaRun, Written};
 use crate::error::Result;
 use crate::job::Context;
 use crate::lake::manifest::{self, Manifest, Tier};
-use crate::source::registry;
 
 /// Files and bytes of one tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -89,33 +87,4 @@ pub async fn gather(ctx: &Context, schemas: &[(i16, String)]) -> Result<Vec<Sche
         });
     }
     Ok(out)
-}
-
-/// Adds to a flush's `runs` every registered schema in scope (`selected`, or all of them) that
-/// its report leaves out: a flush reports only the schemas with dirty rows, and a series that
-/// vanished whenever a schema went idle would break dashboards and `absent()` alerts
-/// (docs/operations.md, "Metrics"). An idle schema wrote nothing. A registry that cannot be
-/// read leaves the list as it is, with a warning.
-pub async fn add_idle(ctx: &Context, selected: &[String], runs: &mut Vec<SchemaRun>) {
-    let in_scope = async {
-        let client = ctx.connector.connect().await?;
-        let all = registry::list_all(&client, &ctx.tables).await?;
-        registry::select(&all, selected)
-    };
-    match in_scope.await {
-        Ok(regs) => {
-            for reg in regs {
-                if !runs.iter().any(|r| r.schema_id == reg.id) {
-                    runs.push(SchemaRun {
-                        schema_id: reg.id,
-                        schema: reg.name,
-                        written: Some(Written::default()),
-                        ..SchemaRun::default()
-                    });
-                }
-            }
-            runs.sort_by_key(|r| r.schema_id);
-        }
-        Err(e) => tracing::warn!("metrics: idle schemas are left out: {}", e.chain()),
-    }
 }
