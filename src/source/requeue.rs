@@ -222,20 +222,19 @@ pub async fn select_where(
 /// column or function, a value of the wrong type) is the user's input, as a query's SQL error
 /// is: a setting error (exit 2) with the server's message. Anything else stays as it was.
 fn predicate_error(e: Error) -> Error {
-    let Error::Postgres { source, .. } = &e else {
+    let Some(db) = (match &e {
+        Error::Postgres { source, .. } => source.as_db_error(),
+        _ => None,
+    }) else {
         return e;
     };
-    match source.as_db_error() {
-        Some(db) => {
-            let code = db.code().code();
-            let input = (code.starts_with("42") && code != "42501") || code.starts_with("22");
-            if input {
-                let message = db.message().to_string();
-                return Error::setting("where", format!("cannot be run by the source: {message}"));
-            }
-            e
-        }
-        None => e,
+    let code = db.code().code();
+    match (code.starts_with("42") && code != "42501") || code.starts_with("22") {
+        true => Error::setting(
+            "where",
+            format!("cannot be run by the source: {}", db.message()),
+        ),
+        false => e,
     }
 }
 
