@@ -227,7 +227,8 @@ impl CompactThresholds {
         };
         let target = i64::try_from(self.target_base_size).unwrap_or(i64::MAX);
         let too_many = delta_files > self.max_deltas;
-        if delta_files == 0 {
+        let small = small_runs(ranges, target);
+        if delta_files == 0 && small.is_none() {
             plan.reason = "no deltas".into();
             return plan;
         }
@@ -272,6 +273,8 @@ impl CompactThresholds {
         }
         let mut kept_rows = 0i64;
         let mut due = Vec::new();
+        let mut coalesce = Vec::new();
+        let small_ranges = small.as_ref().map_or(&[][..], |s| &s.ranges[..]);
         for (i, r) in ranges.ranges().iter().enumerate() {
             let touched = touched.get(i).copied().unwrap_or(0);
             let share = if r.rows > 0 {
@@ -279,18 +282,21 @@ impl CompactThresholds {
             } else {
                 1.0
             };
+            let range = RangeShare {
+                index: i,
+                files: r.files.len(),
+                row_id_min: r.row_id_min.clone(),
+                row_id_max: r.row_id_max.clone(),
+                rows: r.rows,
+                touched,
+                share,
+            };
             // Overlapping files (written before ranged compaction) are made disjoint by the
             // first rewrite that touches them.
             if touched > 0 && (share >= self.dirty_ratio || r.overlapping) {
-                due.push(RangeShare {
-                    index: i,
-                    files: r.files.len(),
-                    row_id_min: r.row_id_min.clone(),
-                    row_id_max: r.row_id_max.clone(),
-                    rows: r.rows,
-                    touched,
-                    share,
-                });
+                due.push(range);
+            } else if small_ranges.binary_search(&i).is_ok() {
+                coalesce.push(range);
             } else {
                 kept_rows = kept_rows.saturating_add(touched);
             }
@@ -313,18 +319,47 @@ impl CompactThresholds {
                 kept_rows = kept_rows.saturating_add(r.touched);
             }
         }
+        let dirty = plan.rewrite.len();
+        // Small neighbours merge within the same budget, after the dirty ranges; what does not
+        // fit waits for a later pass.
+        let mut coalesced = 0;
+        for r in coalesce {
+            let size = ranges
+                .ranges()
+                .get(r.index)
+                .map_or(0, |x| u64::try_from(x.bytes).unwrap_or(0));
+            if bytes.saturating_add(size) <= self.max_rewrite_bytes {
+                bytes = bytes.saturating_add(size);
+                plan.bases_kept = plan.bases_kept.saturating_sub(r.files);
+                plan.rewrite.push(r);
+                coalesced += 1;
+            } else {
+                kept_rows = kept_rows.saturating_add(r.touched);
+            }
+        }
         plan.rewrite.sort_by_key(|r| r.index);
         // Zero-row bases go with any pass that writes.
         plan.consolidated_rows = kept_rows;
         if !plan.rewrite.is_empty() {
             plan.bases_kept = plan.bases_kept.saturating_sub(ranges.empty_files().len());
             plan.decision = Decision::Rewrite;
-            plan.reason = format!(
-                "{} of {} ranges have a delta share >= --dirty-ratio {}",
-                plan.rewrite.len() + plan.deferred,
-                plan.ranges,
-                self.dirty_ratio
-            );
+            let mut why = Vec::new();
+            if dirty + plan.deferred > 0 {
+                why.push(format!(
+                    "{} of {} ranges have a delta share >= --dirty-ratio {}",
+                    dirty + plan.deferred,
+                    plan.ranges,
+                    self.dirty_ratio
+                ));
+            }
+            if let Some(small) = small.filter(|_| coalesced > 0) {
+                why.push(format!(
+                    "{} small bases lie side by side where about {} would hold them: {coalesced} of them merge",
+                    small.ranges.len(),
+                    small.merged
+                ));
+            }
+            plan.reason = why.join("; ");
             if plan.deferred > 0 {
                 plan.reason.push_str(&format!(
                     "; {} of them wait for a later pass (--max-rewrite-bytes {})",
@@ -354,6 +389,52 @@ impl CompactThresholds {
         }
         plan
     }
+}
+
+/// A base range under this share of `--target-base-size` is small (1/4).
+pub const SMALL_BASE_DIVISOR: i64 = 4;
+
+/// The small base ranges worth merging with their neighbours, and how many bases would hold
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SmallRuns {
+    /// Positions of the ranges, ascending.
+    ranges: Vec<usize>,
+    /// Bases a merge of each run would write, summed.
+    merged: usize,
+}
+
+/// The base tier's small ranges (under a quarter of the target) that have a small neighbour,
+/// when there are more of them than twice the bases their runs would merge into plus
+/// [`PROMOTE_SLACK`]: the rule a promotion follows (docs/design.md §4.3, "Small bases"). Bases
+/// promoted before that rule, or shrunk by deletes, are never touched enough by deltas to be
+/// rewritten, so without this they would stay small for good. A small range between two
+/// large ones is left alone: merging it would rewrite a large neighbour.
+fn small_runs(ranges: &Ranges, target: i64) -> Option<SmallRuns> {
+    let limit = target / SMALL_BASE_DIVISOR;
+    let small: Vec<bool> = (ranges.ranges().iter())
+        .map(|r| !r.files.is_empty() && r.bytes < limit)
+        .collect();
+    let mut picked = Vec::new();
+    let mut merged = 0usize;
+    let mut run_bytes: Option<i64> = None;
+    for (i, r) in ranges.ranges().iter().enumerate() {
+        let next_small = small.get(i + 1).copied().unwrap_or(false);
+        let previous_small = i > 0 && small.get(i - 1).copied().unwrap_or(false);
+        if small[i] && (previous_small || next_small) {
+            picked.push(i);
+            run_bytes = Some(run_bytes.unwrap_or(0).saturating_add(r.bytes.max(0)));
+        }
+        if !next_small && let Some(b) = run_bytes.take() {
+            let bases = (b.max(1) as u64).div_ceil(target.max(1) as u64);
+            merged = merged.saturating_add(usize::try_from(bases).unwrap_or(usize::MAX));
+        }
+    }
+    let most = merged.saturating_mul(2).saturating_add(PROMOTE_SLACK);
+    (picked.len() > most).then_some(SmallRuns {
+        ranges: picked,
+        merged,
+    })
 }
 
 /// Small files a promotion may list beyond twice the bases a merge would write: a few small
@@ -505,6 +586,67 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn small_bases_side_by_side_merge_once_they_are_many() {
+        // Bases of 50 bytes against a target of 1000: small (under 250).
+        let base = |i: u128, bytes: i64| {
+            entry(
+                Tier::Base,
+                &format!("b{i:03}"),
+                (i * 100, i * 100 + 50),
+                10,
+                bytes,
+            )
+        };
+        let small = |n: u128| -> Vec<FileEntry> { (0..n).map(|i| base(i, 50)).collect() };
+        // Ten of them, which one base would hold: at most twice that plus 8, left alone.
+        let p = plan(small(10), &[0; 10]);
+        assert_eq!(
+            (p.decision, p.reason.as_str()),
+            (Decision::Noop, "no deltas")
+        );
+        // Eleven, with no delta at all: all of them merge.
+        let p = plan(small(11), &[0; 11]);
+        assert_eq!(p.decision, Decision::Rewrite, "{}", p.reason);
+        let merged: Vec<usize> = p.rewrite.iter().map(|r| r.index).collect();
+        assert_eq!(merged, (0..11).collect::<Vec<_>>());
+        assert_eq!((p.bases_kept, p.consolidated_rows), (0, 0));
+        assert_eq!(
+            p.reason,
+            "11 small bases lie side by side where about 1 would hold them: 11 of them merge"
+        );
+        // A small base between two large ones stays, and so do the large ones. Thirteen small
+        // ones in two runs (one base each): 13 > 2 * 2 + 8.
+        let mut files = small(14);
+        files[7] = base(7, 900);
+        files.extend([base(14, 900), base(15, 50), base(16, 900)]);
+        let p = plan(files.clone(), &[0; 17]);
+        let merged: Vec<usize> = p.rewrite.iter().map(|r| r.index).collect();
+        let runs: Vec<usize> = (0..7).chain(8..14).collect();
+        assert_eq!(merged, runs, "{}", p.reason);
+        assert_eq!(p.bases_kept, 4);
+        // Dirty ranges come first within the byte budget; small ones fill what is left.
+        files.push(entry(Tier::Delta, "d", (1600, 1600), 1, 10));
+        let mut touched = [0i64; 17];
+        touched[16] = 1;
+        let budget = CompactThresholds {
+            max_rewrite_bytes: 10 + 900 + 250,
+            ..T
+        };
+        let m = Manifest {
+            files,
+            ..Manifest::empty(7)
+        };
+        let p = budget.plan(&m, &Ranges::of(&m), &touched);
+        let merged: Vec<usize> = p.rewrite.iter().map(|r| r.index).collect();
+        assert_eq!(merged, [0, 1, 2, 3, 4, 16], "{}", p.reason);
+        assert_eq!(
+            p.reason,
+            "1 of 17 ranges have a delta share >= --dirty-ratio 0.05; \
+             13 small bases lie side by side where about 2 would hold them: 5 of them merge"
+        );
     }
 
     #[test]

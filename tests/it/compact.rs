@@ -574,6 +574,73 @@ async fn a_large_flushs_many_small_disjoint_deltas_are_merged_not_promoted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_bases_no_delta_touches_are_merged_into_one() {
+    // docs/design.md §4.3, "Small bases"; docs/hazards.md L118. Bases promoted while small (by
+    // an earlier build, or under a smaller --target-base-size) are never touched enough by
+    // deltas to be rewritten: once they are many, compaction merges them, deltas or not.
+    let mut rig = rig(LakeKind::S3).await;
+    rig.opts.read_order = lakecdc::flush::ReadOrder::Heap;
+    rig.opts.batch_size = 10;
+    let mut r = Rng::new(118);
+    rig.seed(120, &mut r).await;
+    rig.flush().await;
+    // Under a 64 KiB target, twelve disjoint deltas of a few KiB are promoted as they are.
+    let small = CompactOptions {
+        max_deltas: 0,
+        target_base_size: 64 << 10,
+        ..opts(&rig)
+    };
+    let s = compact(&rig, &small).await;
+    assert_eq!(
+        s.plan.as_ref().unwrap().decision,
+        Decision::Promote,
+        "{s:?}"
+    );
+    let bases = |m: &serde_json::Value| -> Vec<(String, i64)> {
+        (m["files"].as_array().unwrap().iter())
+            .map(|f| {
+                (
+                    f["tier"].as_str().unwrap().to_string(),
+                    f["row_count"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert_eq!(bases(&m), vec![("base".to_string(), 10); 12]);
+    let promoted: std::collections::BTreeSet<String> = (m["files"].as_array().unwrap().iter())
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect();
+    // At the default target they are small, side by side, and no delta is left: merged.
+    let s = compact(&rig, &opts(&rig)).await;
+    let plan = s.plan.as_ref().unwrap();
+    assert_eq!(plan.decision, Decision::Rewrite, "{}", plan.reason);
+    assert_eq!(
+        plan.reason,
+        "12 small bases lie side by side where about 1 would hold them: 12 of them merge"
+    );
+    assert_eq!(
+        (s.files_in, s.rows_in, s.files_out, s.bases_rewritten),
+        (12, 120, 1, 12),
+        "{s:?}"
+    );
+    let m = oracle::manifest_json(rig.store.as_ref(), MANIFEST)
+        .await
+        .unwrap();
+    assert_eq!(bases(&m), [("base".to_string(), 120)]);
+    let retired: std::collections::BTreeSet<String> = (m["retired"].as_array().unwrap().iter())
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect();
+    assert!(promoted.is_subset(&retired), "{m}");
+    assert_eq!(rig.assert_oracle().await, (120, 0));
+    // One base is nothing to merge.
+    let s = compact(&rig, &opts(&rig)).await;
+    assert_eq!(s.plan.as_ref().unwrap().decision, Decision::Noop, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dry_run_plans_what_the_run_does_and_writes_nothing() {
     // docs/hazards.md #180, for compaction: both decisions, planned without a write.
     let mut rig = rig(LakeKind::S3).await;
