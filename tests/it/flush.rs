@@ -340,13 +340,7 @@ async fn a_heap_pass_exports_its_snapshot_and_the_windows_catch_up_in_the_same_r
         assert_eq!(planned, [10, 10, 10], "{window}");
         assert!(rig.listed().await.is_empty(), "{window}");
         let (before_a, before_b) = (rig.writer.rows[&a].clone(), rig.writer.rows[&b].clone());
-        let opts = FlushOptions {
-            batch_size: 10,
-            ..rig.opts.clone()
-        };
-        let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
-            .await
-            .unwrap();
+        let report = flush_in_batches(&rig, 10, &hooks).await;
         let s = only(&report);
         assert_eq!(s.outcome, Outcome::Flushed, "{window}: {s:?}");
         // Three files from the pass (its 30 slots), then one from the windows: a, b's
@@ -417,13 +411,7 @@ async fn the_windows_after_a_heap_pass_start_past_its_last_slot() {
         })),
         ..Default::default()
     };
-    let opts = FlushOptions {
-        batch_size: 10,
-        ..rig.opts.clone()
-    };
-    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
-        .await
-        .unwrap();
+    let report = flush_in_batches(&rig, 10, &hooks).await;
     let s = only(&report);
     let rows: Vec<u64> = s.files.iter().map(|f| f.rows).collect();
     // The pass's 30 slots, then a window of the one slot above the pass's last.
@@ -2328,13 +2316,7 @@ async fn an_automatic_heap_pass_without_its_connections_reads_by_windows() {
     load_random_backlog(&rig, "ANALYZE entity_main; ANALYZE change_log;").await;
     let admin = Arc::new(harness::pg_client(&harness::pg_admin_url()).await);
     let (hooks, calls) = refusing_connections_once(&rig, admin.clone());
-    let opts = FlushOptions {
-        batch_size: 25_000,
-        ..rig.opts.clone()
-    };
-    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks)
-        .await
-        .unwrap();
+    let report = flush_in_batches(&rig, 25_000, &hooks).await;
     allow_connections(&rig, &admin).await;
     let s = only(&report);
     assert_eq!(s.outcome, Outcome::Flushed, "{s:?}");
@@ -2635,6 +2617,17 @@ fn rewrite_once(
             ..Default::default()
         },
     }
+}
+
+/// One flush of `rig` in batches of `batch_size` slots, with `hooks`.
+async fn flush_in_batches(rig: &Rig, batch_size: i64, hooks: &FlushHooks) -> FlushReport {
+    let opts = FlushOptions {
+        batch_size,
+        ..rig.opts.clone()
+    };
+    lakecdc::flush::run_with_hooks(&rig.ctx, &opts, hooks)
+        .await
+        .unwrap()
 }
 
 /// Asserts each row of `models` is in `rows` live, at its model's version and values.
