@@ -413,7 +413,8 @@ struct SmallRuns {
 fn small_runs(ranges: &Ranges, target: i64) -> Option<SmallRuns> {
     let limit = target / SMALL_BASE_DIVISOR;
     let small: Vec<bool> = (ranges.ranges().iter())
-        .map(|r| !r.files.is_empty() && r.bytes < limit)
+        // A size of 0 is unknown (an entry written without one), not small.
+        .map(|r| !r.files.is_empty() && r.bytes > 0 && r.bytes < limit)
         .collect();
     let mut picked = Vec::new();
     let mut merged = 0usize;
@@ -603,6 +604,13 @@ mod tests {
         let small = |n: u128| -> Vec<FileEntry> { (0..n).map(|i| base(i, 50)).collect() };
         // Ten of them, which one base would hold: at most twice that plus 8, left alone.
         let p = plan(small(10), &[0; 10]);
+        assert_eq!(
+            (p.decision, p.reason.as_str()),
+            (Decision::Noop, "no deltas")
+        );
+        // Twenty of unknown size (entries without one) are not known to be small.
+        let unknown: Vec<FileEntry> = (0..20).map(|i| base(i, 0)).collect();
+        let p = plan(unknown, &[0; 20]);
         assert_eq!(
             (p.decision, p.reason.as_str()),
             (Decision::Noop, "no deltas")
