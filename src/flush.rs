@@ -734,7 +734,7 @@ async fn drain(
     } = *sf;
     let started = Instant::now();
     // A stop during a heap pass's scan ends the run with nothing of the pass exported.
-    let mut reads = match Reads::open(sf, conn, report.dirty_rows, report).await {
+    let mut reads = match Reads::open(sf, conn, report.dirty_rows, report, None).await {
         Err(Error::Stopped) => {
             stopped(report, true);
             return Ok(());
@@ -966,12 +966,14 @@ enum Reads {
 
 impl Reads {
     /// A heap pass over the schema's oldest of `dirty` slots if the backlog and the tables
-    /// call for one (docs/design.md §4.1), else the windows.
+    /// call for one (docs/design.md §4.1), else the windows, from past `windows_after` when a
+    /// pass before holds every slot up to it ([`heap_pass::HeapPass::windows_after`]).
     async fn open(
         sf: &SchemaFlush<'_>,
         conn: TappedClient,
         dirty: i64,
         report: &mut SchemaReport,
+        windows_after: Option<Selected>,
     ) -> Result<Self> {
         let (ctx, opts, schema_id) = (sf.ctx, sf.opts, sf.schema_id);
         let budget = opts
@@ -1006,7 +1008,7 @@ impl Reads {
                 });
             }
         }
-        Self::windows(sf, conn, None).await
+        Self::windows(sf, conn, windows_after).await
     }
 
     /// Selection windows read ahead on `conn`, from the oldest dirty slot or from past
@@ -1059,7 +1061,9 @@ impl Reads {
         let dirty = stats::dirty(&conn.client, change_log, schema_id)
             .await?
             .count;
-        Self::open(sf, conn, dirty, report).await.map(Some)
+        Self::open(sf, conn, dirty, report, pass.windows_after())
+            .await
+            .map(Some)
     }
 
     /// The next batch, or `None` when no slot is left.

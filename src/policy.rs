@@ -320,52 +320,54 @@ impl CompactThresholds {
             }
         }
         let dirty = plan.rewrite.len();
-        // Small neighbours merge within the same budget, after the dirty ranges; what does not
-        // fit waits for a later pass.
-        let mut coalesced = 0;
-        for r in coalesce {
-            let size = ranges
-                .ranges()
-                .get(r.index)
-                .map_or(0, |x| u64::try_from(x.bytes).unwrap_or(0));
-            if bytes.saturating_add(size) <= self.max_rewrite_bytes {
-                bytes = bytes.saturating_add(size);
-                plan.bases_kept = plan.bases_kept.saturating_sub(r.files);
-                plan.rewrite.push(r);
-                coalesced += 1;
-            } else {
-                kept_rows = kept_rows.saturating_add(r.touched);
-            }
+        let coalesced = coalesce_within(
+            &mut plan,
+            coalesce,
+            ranges,
+            &mut bytes,
+            self.max_rewrite_bytes,
+        );
+        // What a pass that does not merge small neighbours leaves for later.
+        for r in coalesced.left {
+            kept_rows = kept_rows.saturating_add(r.touched);
         }
         plan.rewrite.sort_by_key(|r| r.index);
         // Zero-row bases go with any pass that writes.
         plan.consolidated_rows = kept_rows;
+        let small_clause = small.as_ref().map(|small| match coalesced.merged {
+            0 => format!(
+                "{} small bases lie side by side where about {} would hold them; they wait for a pass with room (--max-rewrite-bytes {})",
+                small.ranges.len(),
+                small.merged,
+                self.max_rewrite_bytes
+            ),
+            n => format!(
+                "{} small bases lie side by side where about {} would hold them: {n} of them merge",
+                small.ranges.len(),
+                small.merged
+            ),
+        });
         if !plan.rewrite.is_empty() {
             plan.bases_kept = plan.bases_kept.saturating_sub(ranges.empty_files().len());
             plan.decision = Decision::Rewrite;
             let mut why = Vec::new();
             if dirty + plan.deferred > 0 {
-                why.push(format!(
+                let mut clause = format!(
                     "{} of {} ranges have a delta share >= --dirty-ratio {}",
                     dirty + plan.deferred,
                     plan.ranges,
                     self.dirty_ratio
-                ));
+                );
+                if plan.deferred > 0 {
+                    clause.push_str(&format!(
+                        "; {} of them wait for a later pass (--max-rewrite-bytes {})",
+                        plan.deferred, self.max_rewrite_bytes
+                    ));
+                }
+                why.push(clause);
             }
-            if let Some(small) = small.filter(|_| coalesced > 0) {
-                why.push(format!(
-                    "{} small bases lie side by side where about {} would hold them: {coalesced} of them merge",
-                    small.ranges.len(),
-                    small.merged
-                ));
-            }
+            why.extend(small_clause.clone());
             plan.reason = why.join("; ");
-            if plan.deferred > 0 {
-                plan.reason.push_str(&format!(
-                    "; {} of them wait for a later pass (--max-rewrite-bytes {})",
-                    plan.deferred, self.max_rewrite_bytes
-                ));
-            }
         } else if too_many && delta_files > 1 {
             // (One delta folded into one would only be copied.)
             plan.bases_kept = plan.bases_kept.saturating_sub(ranges.empty_files().len());
@@ -387,12 +389,85 @@ impl CompactThresholds {
                 self.dirty_ratio, self.max_deltas
             );
         }
+        if plan.decision != Decision::Rewrite
+            && let Some(clause) = small_clause
+        {
+            plan.reason = format!("{}; {clause}", plan.reason);
+        }
         plan
     }
 }
 
-/// A base range under this share of `--target-base-size` is small (1/4).
+/// The small ranges a pass merges and the ones it leaves.
+struct Coalesced {
+    /// How many it merges.
+    merged: usize,
+    /// The ones it leaves for a later pass.
+    left: Vec<RangeShare>,
+}
+
+/// Adds to `plan` the small ranges of `coalesce` (in row-id order) that fit in what is left of
+/// the byte budget, up to the first that does not — a run is merged from its start, never in
+/// scattered pieces — and of those only the ones next to another range the pass rewrites:
+/// one rewritten alone would only be copied, and picked again by every pass.
+fn coalesce_within(
+    plan: &mut Plan,
+    coalesce: Vec<RangeShare>,
+    ranges: &Ranges,
+    bytes: &mut u64,
+    budget: u64,
+) -> Coalesced {
+    let size = |r: &RangeShare| {
+        ranges
+            .ranges()
+            .get(r.index)
+            .map_or(0, |x| u64::try_from(x.bytes).unwrap_or(0))
+    };
+    let mut fits = Vec::new();
+    let mut left = Vec::new();
+    let mut room = true;
+    for r in coalesce {
+        room = room && bytes.saturating_add(size(&r)) <= budget;
+        match room {
+            true => {
+                *bytes = bytes.saturating_add(size(&r));
+                fits.push(r);
+            }
+            false => left.push(r),
+        }
+    }
+    let rewritten: Vec<usize> = (plan.rewrite.iter().chain(&fits))
+        .map(|r| r.index)
+        .collect();
+    let beside = |i: usize| {
+        rewritten
+            .iter()
+            .any(|&j| j.checked_add(1) == Some(i) || i.checked_add(1) == Some(j))
+    };
+    let mut merged = 0;
+    for r in fits {
+        match beside(r.index) {
+            true => {
+                plan.bases_kept = plan.bases_kept.saturating_sub(r.files);
+                plan.rewrite.push(r);
+                merged += 1;
+            }
+            false => {
+                *bytes = bytes.saturating_sub(size(&r));
+                left.push(r);
+            }
+        }
+    }
+    Coalesced { merged, left }
+}
+
+/// A base range under this share of `--target-base-size` is small (1/4) ...
 pub const SMALL_BASE_DIVISOR: i64 = 4;
+
+/// ... when it also holds fewer rows than this: a quarter of the rows init writes per base
+/// (`--max-file-rows`, 200,000), so that init's bases of narrow rows, a few MiB each, are not
+/// all merged again by the first compaction after it.
+pub const SMALL_BASE_ROWS: i64 = 50_000;
 
 /// The small base ranges worth merging with their neighbours, and how many bases would hold
 /// them.
@@ -414,7 +489,7 @@ fn small_runs(ranges: &Ranges, target: i64) -> Option<SmallRuns> {
     let limit = target / SMALL_BASE_DIVISOR;
     let small: Vec<bool> = (ranges.ranges().iter())
         // A size of 0 is unknown (an entry written without one), not small.
-        .map(|r| !r.files.is_empty() && r.bytes > 0 && r.bytes < limit)
+        .map(|r| !r.files.is_empty() && r.bytes > 0 && r.bytes < limit && r.rows < SMALL_BASE_ROWS)
         .collect();
     let mut picked = Vec::new();
     let mut merged = 0usize;
@@ -654,6 +729,37 @@ mod tests {
             p.reason,
             "1 of 17 ranges have a delta share >= --dirty-ratio 0.05; \
              13 small bases lie side by side where about 2 would hold them: 5 of them merge"
+        );
+        // Room for one small base only: rewritten alone it would merge with nothing and be
+        // picked again by every pass, so it waits.
+        let one = CompactThresholds {
+            max_rewrite_bytes: 10 + 900 + 50,
+            ..T
+        };
+        let p = one.plan(&m, &Ranges::of(&m), &touched);
+        let merged: Vec<usize> = p.rewrite.iter().map(|r| r.index).collect();
+        assert_eq!(merged, [16], "{}", p.reason);
+        assert!(
+            p.reason.ends_with("13 small bases lie side by side where about 2 would hold them; they wait for a pass with room (--max-rewrite-bytes 960)"),
+            "{}",
+            p.reason
+        );
+        // Bases of as many rows as init writes are not small, however few their bytes.
+        let wide: Vec<FileEntry> = (0..20u128)
+            .map(|i| {
+                entry(
+                    Tier::Base,
+                    &format!("b{i:03}"),
+                    (i * 100, i * 100 + 50),
+                    200_000,
+                    50,
+                )
+            })
+            .collect();
+        let p = plan(wide, &[0; 20]);
+        assert_eq!(
+            (p.decision, p.reason.as_str()),
+            (Decision::Noop, "no deltas")
         );
     }
 
