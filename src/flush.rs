@@ -976,13 +976,12 @@ impl Reads {
         windows_after: Option<Selected>,
     ) -> Result<Self> {
         let (ctx, opts, schema_id) = (sf.ctx, sf.opts, sf.schema_id);
-        let budget = opts
-            .max_batches
-            .map(|m| i64::from(m.saturating_sub(report.batches)).saturating_mul(opts.batch_size));
-        let slots = u64::try_from(budget.map_or(dirty, |b| b.min(dirty))).unwrap_or(0);
-        let budget = budget.map_or(u64::MAX, |b| u64::try_from(b).unwrap_or(0));
+        let budget = opts.max_batches.map_or(u64::MAX, |m| {
+            let batch = u64::try_from(opts.batch_size).unwrap_or(0);
+            u64::from(m.saturating_sub(report.batches)).saturating_mul(batch)
+        });
         let dirty = u64::try_from(dirty).unwrap_or(0);
-        if slots > 0 {
+        if dirty.min(budget) > 0 {
             let plan = heap_pass::PassPlan {
                 ctx,
                 tables: &ctx.tables,
@@ -991,7 +990,6 @@ impl Reads {
                 order: opts.read_order,
                 batch_size: opts.batch_size,
                 dirty,
-                slots,
                 budget,
                 dry_run: opts.dry_run,
                 work_dir: &opts.work_dir,

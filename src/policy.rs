@@ -306,10 +306,7 @@ impl CompactThresholds {
         due.sort_by(|a, b| b.share.total_cmp(&a.share).then(a.index.cmp(&b.index)));
         let mut bytes = u64::try_from(delta_bytes).unwrap_or(0);
         for r in due {
-            let size = ranges
-                .ranges()
-                .get(r.index)
-                .map_or(0, |x| u64::try_from(x.bytes).unwrap_or(0));
+            let size = range_bytes(ranges, &r);
             if plan.rewrite.is_empty() || bytes.saturating_add(size) <= self.max_rewrite_bytes {
                 bytes = bytes.saturating_add(size);
                 plan.bases_kept = plan.bases_kept.saturating_sub(r.files);
@@ -334,18 +331,19 @@ impl CompactThresholds {
         plan.rewrite.sort_by_key(|r| r.index);
         // Zero-row bases go with any pass that writes.
         plan.consolidated_rows = kept_rows;
-        let small_clause = small.as_ref().map(|small| match coalesced.merged {
-            0 => format!(
-                "{} small bases lie side by side where about {} would hold them; they wait for a pass with room (--max-rewrite-bytes {})",
-                small.ranges.len(),
-                small.merged,
-                self.max_rewrite_bytes
-            ),
-            n => format!(
-                "{} small bases lie side by side where about {} would hold them: {n} of them merge",
+        let small_clause = small.as_ref().map(|small| {
+            let what = format!(
+                "{} small bases lie side by side where about {} would hold them",
                 small.ranges.len(),
                 small.merged
-            ),
+            );
+            match coalesced.merged {
+                0 => format!(
+                    "{what}; they wait for a pass with room (--max-rewrite-bytes {})",
+                    self.max_rewrite_bytes
+                ),
+                n => format!("{what}: {n} of them merge"),
+            }
         });
         if !plan.rewrite.is_empty() {
             plan.bases_kept = plan.bases_kept.saturating_sub(ranges.empty_files().len());
@@ -398,6 +396,11 @@ impl CompactThresholds {
     }
 }
 
+/// The bytes of the base range `r` is about (0 when unknown).
+fn range_bytes(ranges: &Ranges, r: &RangeShare) -> u64 {
+    (ranges.ranges().get(r.index)).map_or(0, |x| u64::try_from(x.bytes).unwrap_or(0))
+}
+
 /// The small ranges a pass merges and the ones it leaves.
 struct Coalesced {
     /// How many it merges.
@@ -417,12 +420,7 @@ fn coalesce_within(
     bytes: &mut u64,
     budget: u64,
 ) -> Coalesced {
-    let size = |r: &RangeShare| {
-        ranges
-            .ranges()
-            .get(r.index)
-            .map_or(0, |x| u64::try_from(x.bytes).unwrap_or(0))
-    };
+    let size = |r: &RangeShare| range_bytes(ranges, r);
     let mut fits = Vec::new();
     let mut left = Vec::new();
     let mut room = true;
@@ -502,12 +500,10 @@ fn small_runs(ranges: &Ranges, target: i64) -> Option<SmallRuns> {
             run_bytes = Some(run_bytes.unwrap_or(0).saturating_add(r.bytes.max(0)));
         }
         if !next_small && let Some(b) = run_bytes.take() {
-            let bases = (b.max(1) as u64).div_ceil(target.max(1) as u64);
-            merged = merged.saturating_add(usize::try_from(bases).unwrap_or(usize::MAX));
+            merged = merged.saturating_add(bases_holding(b, target));
         }
     }
-    let most = merged.saturating_mul(2).saturating_add(PROMOTE_SLACK);
-    (picked.len() > most).then_some(SmallRuns {
+    too_many_small(picked.len(), merged).then_some(SmallRuns {
         ranges: picked,
         merged,
     })
@@ -518,6 +514,18 @@ fn small_runs(ranges: &Ranges, target: i64) -> Option<SmallRuns> {
 /// disjoint when read in one heap pass) would stay a hundred bases for good, as a base range
 /// is only rewritten once deltas touch it (docs/design.md §9, "Promotion").
 pub const PROMOTE_SLACK: usize = 8;
+
+/// The bases a merge of `bytes` writes at `target` each: at least one.
+fn bases_holding(bytes: i64, target: i64) -> usize {
+    let bases = (bytes.max(1) as u64).div_ceil(target.max(1) as u64);
+    usize::try_from(bases).unwrap_or(usize::MAX)
+}
+
+/// Whether `files` small files are too many to keep where a merge would write `merged`: more
+/// than twice as many, plus [`PROMOTE_SLACK`] (for promotion and small bases alike).
+fn too_many_small(files: usize, merged: usize) -> bool {
+    files > merged.saturating_mul(2).saturating_add(PROMOTE_SLACK)
+}
 
 /// Whether the deltas may simply become the base tier: each within the target size, each
 /// with a readable range, no two overlapping, and not many more files than a merge would
@@ -539,12 +547,8 @@ fn promotion(m: &Manifest, target: i64) -> Result<(), String> {
     if !bounds.windows(2).all(|w| w[0].1 < w[1].0) {
         return Err("the deltas overlap".into());
     }
-    let bytes = Manifest::total_bytes(m.tier(Tier::Delta)).max(0) as u64;
-    let merged = bytes.div_ceil(target.max(1) as u64).max(1);
-    let most = usize::try_from(merged.saturating_mul(2))
-        .unwrap_or(usize::MAX)
-        .saturating_add(PROMOTE_SLACK);
-    if bounds.len() > most {
+    let merged = bases_holding(Manifest::total_bytes(m.tier(Tier::Delta)), target);
+    if too_many_small(bounds.len(), merged) {
         return Err(format!(
             "{} small deltas would stay {} bases where a merge writes about {merged}",
             bounds.len(),

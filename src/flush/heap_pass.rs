@@ -50,8 +50,6 @@ pub(super) struct PassPlan<'a> {
     pub batch_size: i64,
     /// The schema's dirty slots.
     pub dirty: u64,
-    /// The most slots the pass may take: the dirty ones, at most the run's batch budget.
-    pub slots: u64,
     /// The slots the run's batch budget allows (`--max-batches`; `u64::MAX` without one).
     pub budget: u64,
     pub dry_run: bool,
@@ -81,10 +79,11 @@ pub(super) struct HeapPass {
 }
 
 impl HeapPass {
-    /// Decides whether the next `plan.slots` slots are read as a heap pass and, if so,
-    /// selects them and reads the heap (a dry run only selects). `None`: read by windows.
+    /// Decides whether the next dirty slots (at most the budget) are read as a heap pass and,
+    /// if so, selects them and reads the heap (a dry run only selects). `None`: read by windows.
     pub(super) async fn start(plan: &PassPlan<'_>, client: &Client) -> Result<Option<Self>> {
-        let pass = plan.slots.min(PASS_SLOTS);
+        // The most slots the pass may take: the dirty ones, at most the budget and a pass.
+        let pass = plan.dirty.min(plan.budget).min(PASS_SLOTS);
         if !TableShape::may_pass(plan.order, pass) {
             return Ok(None);
         }
