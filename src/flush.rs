@@ -670,15 +670,15 @@ async fn flush_locked(sf: &SchemaFlush<'_>, report: &mut SchemaReport) -> Result
     if !due(opts, dirty, ctx.clock.now_ms(), report) {
         return Ok(());
     }
-    let mut pending: Option<PendingMark> = None;
+    let mut marks = Marks::default();
     let mut publishing: Option<Publishing> = None;
-    let result = drain(sf, conn, &mut pending, &mut publishing, report).await;
+    let result = drain(sf, conn, &mut marks, &mut publishing, report).await;
     // A started mark always finishes and is accounted for, whatever happened after it; so
     // does a started history copy.
     if let Some(p) = publishing.as_mut() {
         p.copied().await;
     }
-    let settled = settle_mark(pending.take(), report).await;
+    let settled = marks.settle(report).await;
     result.and(settled)
 }
 
@@ -717,11 +717,11 @@ fn stopped(report: &mut SchemaReport, reading: bool) {
 
 /// The batch loop. Batches are read ahead on up to two connections ([`read_ahead`]) while the
 /// current one is written, uploaded and committed, and each batch's mark (step 5) runs on a
-/// further connection while the next batch is exported; at most one mark is in flight.
+/// connection of its own while the next batches are exported ([`Marks`]).
 async fn drain(
     sf: &SchemaFlush<'_>,
     conn: TappedClient,
-    pending: &mut Option<PendingMark>,
+    marks: &mut Marks,
     publishing: &mut Option<Publishing>,
     report: &mut SchemaReport,
 ) -> Result<()> {
@@ -743,7 +743,6 @@ async fn drain(
     };
     let mut engine: Option<Engine> = None;
     let mut staged: Option<Staged> = None;
-    let mut marker: Option<Arc<snapshot::Marker>> = None;
     loop {
         if ctx.shutdown.is_requested() {
             stopped(report, false);
@@ -762,9 +761,9 @@ async fn drain(
             // The pass's last batch is published and its mark lands first: the next selection
             // would pick its slots again.
             if let Some(st) = staged.take() {
-                publish_staged(sf, st, publishing, &mut marker, pending, report).await?;
+                publish_staged(sf, st, publishing, marks, report).await?;
             }
-            settle_mark(pending.take(), report).await?;
+            marks.settle(report).await?;
             match reads.after_pass(sf, report).await {
                 Ok(Some(next)) => reads = next,
                 Ok(None) => break,
@@ -786,7 +785,7 @@ async fn drain(
                     next = Some(fetched);
                     staged = Some(st);
                 }
-                None => publish_staged(sf, st, publishing, &mut marker, pending, report).await?,
+                None => publish_staged(sf, st, publishing, marks, report).await?,
             }
         }
         // A stop request while the next batch is still being read ends the run now: the read
@@ -811,7 +810,7 @@ async fn drain(
                 // The batch written before the failed read is complete: it is published (and
                 // marked) before the run fails.
                 if let Some(st) = staged.take() {
-                    publish_staged(sf, st, publishing, &mut marker, pending, report).await?;
+                    publish_staged(sf, st, publishing, marks, report).await?;
                 }
                 return Err(e);
             }
@@ -867,9 +866,7 @@ async fn drain(
                 // The batch before is published meanwhile; the write is awaited whatever
                 // happens, so no file outlives the run.
                 let published = match staged.take() {
-                    Some(st) => {
-                        publish_staged(sf, st, publishing, &mut marker, pending, report).await
-                    }
+                    Some(st) => publish_staged(sf, st, publishing, marks, report).await,
                     None => Ok(()),
                 };
                 let written = writing.await.map_err(Error::task("export")).and_then(|w| w);
@@ -887,7 +884,7 @@ async fn drain(
     }
     // The batch in progress completes: the stop or budget came after it was written.
     if let Some(st) = staged.take() {
-        publish_staged(sf, st, publishing, &mut marker, pending, report).await?;
+        publish_staged(sf, st, publishing, marks, report).await?;
     }
     Ok(())
 }
@@ -913,14 +910,13 @@ struct Staged {
     written: Written,
 }
 
-/// Publishes a written batch (steps 3–4) and starts its mark (step 5) once the mark before
-/// it has settled; the mark connection is opened at the first mark.
+/// Publishes a written batch (steps 3–4) and starts its mark (step 5) once a mark
+/// connection is free ([`Marks::start`]).
 async fn publish_staged(
     sf: &SchemaFlush<'_>,
     st: Staged,
     publishing: &mut Option<Publishing>,
-    marker: &mut Option<Arc<snapshot::Marker>>,
-    pending: &mut Option<PendingMark>,
+    marks: &mut Marks,
     report: &mut SchemaReport,
 ) -> Result<()> {
     let ctx = sf.ctx;
@@ -936,18 +932,7 @@ async fn publish_staged(
         .publish(&versions, &file.0, written, state, report)
         .await?;
     drop(file);
-    settle_mark(pending.take(), report).await?;
-    let mc = match marker {
-        Some(m) => m.clone(),
-        None => {
-            let c = ctx.connector.connect().await?;
-            marker
-                .insert(Arc::new(snapshot::Marker::new(c, &ctx.tables).await?))
-                .clone()
-        }
-    };
-    *pending = Some(start_mark(ctx, &mc, sf.schema_id, versions));
-    Ok(())
+    marks.start(ctx, sf.schema_id, versions, report).await
 }
 
 /// Where a schema's batches come from: heap passes while the backlog calls for them
@@ -1224,21 +1209,78 @@ impl Publisher<'_> {
 /// A mark running on its own connection while the next batch is exported.
 type PendingMark = tokio::task::JoinHandle<Result<(u64, u64)>>;
 
-/// Starts the mark of a committed batch (step 5) on the mark connection.
-fn start_mark(
-    ctx: &Context,
-    marker: &Arc<snapshot::Marker>,
-    schema_id: i16,
-    versions: Vec<Selected>,
-) -> PendingMark {
-    let flushed_at = next_flushed_at(ctx.clock.now_ms());
-    let marker = marker.clone();
-    tokio::spawn(async move {
-        let t = Instant::now();
-        let marked = marker.mark(schema_id, flushed_at, &versions).await?;
-        step_done("mark", t);
-        Ok((marked, versions.len() as u64))
-    })
+/// Marks in flight at once, each on a connection of its own. A batch's mark costs PostgreSQL
+/// about as long as the next batch's export costs lakecdc; with one mark in flight the drain
+/// waited for every mark (docs/design.md §4.1, "The drain"). Two marks lock disjoint slots,
+/// each in row-id order, so they cannot deadlock with each other or with the writers.
+const MARKS_IN_FLIGHT: usize = 2;
+
+/// The mark step (step 5) of a schema's drain: its connections, opened as marks need them,
+/// and the marks in flight, oldest first.
+#[derive(Default)]
+struct Marks {
+    markers: Vec<Arc<snapshot::Marker>>,
+    pending: std::collections::VecDeque<PendingMark>,
+    /// Marks started so far: mark `n` runs on connection `n % markers.len()`.
+    started: usize,
+}
+
+impl Marks {
+    /// Starts the mark of a committed batch, once a connection is free: with every
+    /// connection busy the oldest mark is settled first. A further connection that cannot be
+    /// opened (a connection limit) is not an error: the marks take turns on those open.
+    async fn start(
+        &mut self,
+        ctx: &Context,
+        schema_id: i16,
+        versions: Vec<Selected>,
+        report: &mut SchemaReport,
+    ) -> Result<()> {
+        if self.pending.len() >= self.markers.len() && self.markers.len() < MARKS_IN_FLIGHT {
+            match self.open(ctx).await {
+                Ok(m) => self.markers.push(Arc::new(m)),
+                Err(e) if !self.markers.is_empty() => {
+                    tracing::debug!(error = %e, "a further mark connection could not be opened");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        while self.pending.len() >= self.markers.len() {
+            self.settle_oldest(report).await?;
+        }
+        let marker = &self.markers[self.started % self.markers.len()];
+        self.started += 1;
+        let flushed_at = next_flushed_at(ctx.clock.now_ms());
+        let marker = marker.clone();
+        self.pending.push_back(tokio::spawn(async move {
+            let t = Instant::now();
+            let marked = marker.mark(schema_id, flushed_at, &versions).await?;
+            step_done("mark", t);
+            Ok((marked, versions.len() as u64))
+        }));
+        Ok(())
+    }
+
+    async fn open(&self, ctx: &Context) -> Result<snapshot::Marker> {
+        let c = ctx.connector.connect().await?;
+        snapshot::Marker::new(c, &ctx.tables).await
+    }
+
+    /// Waits for the oldest mark in flight and accounts for it.
+    async fn settle_oldest(&mut self, report: &mut SchemaReport) -> Result<()> {
+        settle_mark(self.pending.pop_front(), report).await
+    }
+
+    /// Waits for every mark in flight, all of them even when one fails (a started mark always
+    /// finishes and is accounted for); the first failure is returned.
+    async fn settle(&mut self, report: &mut SchemaReport) -> Result<()> {
+        let mut result = Ok(());
+        while !self.pending.is_empty() {
+            let settled = self.settle_oldest(report).await;
+            result = result.and(settled);
+        }
+        result
+    }
 }
 
 /// Waits for a pending mark and accounts for it.

@@ -2442,6 +2442,65 @@ async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
 }
 
 #[tokio::test]
+async fn a_mark_waiting_on_a_row_lock_does_not_hold_back_the_next_batchs_mark() {
+    // docs/design.md §4.1, "Pipelining": a batch's mark runs on a second mark connection while
+    // the one before it is still running. The first batch's mark waits for a slot an
+    // application transaction holds; the second batch's lands meanwhile.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(2);
+    rig.seed(30, &mut r).await;
+    let order = dirty_in_selection_order(&rig).await;
+    let (first, second) = (order[..10].to_vec(), order[10..20].to_vec());
+    let app = rig.db.client().await;
+    app.batch_execute("BEGIN").await.unwrap();
+    let slot = "SELECT 1 FROM change_log WHERE schema_id = 100 AND row_id = $1 \
+                AND flushed_at = 0 FOR UPDATE";
+    assert_eq!(app.execute(slot, &[&first[4]]).await.unwrap(), 1);
+    let ctx = rig.ctx.clone();
+    // Windows of one batch: batch k holds the k-th run of 10 in selection order.
+    let opts = FlushOptions {
+        batch_size: 10,
+        window_batches: 1,
+        ..rig.opts.clone()
+    };
+    let flush = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts).await });
+    let watcher = rig.db.client().await;
+    let marked = |ids: Vec<Uuid>| {
+        let w = &watcher;
+        async move {
+            let n: i64 = w
+                .query_one(
+                    "SELECT count(*) FROM change_log WHERE schema_id = 100 \
+                     AND row_id = ANY($1) AND flushed_at > 0",
+                    &[&ids],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while marked(second.clone()).await < 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second batch was not marked while the first batch's mark waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first batch's mark is one statement, still waiting: none of its slots is marked.
+    assert_eq!(marked(first.clone()).await, 0);
+    assert!(!flush.is_finished());
+    app.batch_execute("ROLLBACK").await.unwrap();
+    let report = flush.await.unwrap().unwrap();
+    let s = only(&report);
+    assert_eq!((s.batches, s.rows_marked, s.rows_left_dirty), (3, 30, 0));
+    assert_eq!(marked(order.clone()).await, 30);
+    assert!(oracle::dirty(&rig.writer).await.is_empty());
+    assert_eq!(rig.assert_oracle().await, (30, 0));
+}
+
+#[tokio::test]
 async fn equal_versions_across_batch_boundaries_are_exported_once_each() {
     // docs/hazards.md #183: the selection pages on (changed_at, row_id); a page boundary inside a run
     // of equal changed_at values must neither skip nor repeat a row.
