@@ -901,17 +901,21 @@ where
             },
         ))))
     };
+    // Every chunk's statement, the entity table's first; each reader takes the next one not
+    // yet taken, so a reader that falls behind (its server process or its decoding given less
+    // of the CPU) leaves the rest to the others instead of ending the read alone.
+    let chunks: Arc<Vec<(bool, String)>> = Arc::new(
+        (plan.entity_chunks.iter().map(|r| (true, entity_sql(r))))
+            .chain(plan.eav_chunks.iter().map(|r| (false, eav_sql(r))))
+            .collect(),
+    );
+    let next_chunk = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let reads = readers
         .into_iter()
         .zip(tickets)
         .enumerate()
         .map(|(k, (mut conn, ticket))| {
-            let entity_queries: Vec<String> = (plan.entity_chunks.iter().skip(k).step_by(n))
-                .map(entity_sql)
-                .collect();
-            let eav_queries: Vec<String> = (plan.eav_chunks.iter().skip(k).step_by(n))
-                .map(eav_sql)
-                .collect();
+            let (chunks, next_chunk) = (chunks.clone(), next_chunk.clone());
             let routers = (
                 router(
                     "read entity heap range",
@@ -929,11 +933,12 @@ where
                 let (entity, eav) = (routers.0?, routers.1?);
                 let TappedClient { client, tap } = &mut conn;
                 let tx = begin_in(client, ticket).await?;
-                for (router, queries) in [(&entity, entity_queries), (&eav, eav_queries)] {
-                    for q in queries {
-                        copy_routed(&tx, tap, router, &q).await?;
-                        after_chunk().await?;
-                    }
+                while let Some((is_entity, q)) =
+                    chunks.get(next_chunk.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                {
+                    let router = if *is_entity { &entity } else { &eav };
+                    copy_routed(&tx, tap, router, q).await?;
+                    after_chunk().await?;
                 }
                 timed(TIMEOUT, "end reader snapshot", tx.commit()).await?;
                 let take = |r: Arc<Mutex<Router>>| -> Result<Spill> {
