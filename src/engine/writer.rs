@@ -377,7 +377,17 @@ pub(crate) fn open_lake_writer(
     path: &Path,
     first: &RecordBatch,
 ) -> Result<ArrowWriter<Piecewise<File>>> {
-    let props = lake_properties(path, &first.schema())?;
+    let mut props = lake_properties(path, &first.schema())?;
+    let unique = match dictionary_seam() {
+        true => Vec::new(),
+        false => overflowing_dictionaries(first, DICTIONARY_PAGE_BYTES),
+    };
+    if !unique.is_empty() {
+        let builder = unique.into_iter().fold(props.into_builder(), |b, col| {
+            b.set_column_dictionary_enabled(col, false)
+        });
+        props = builder.build();
+    }
     let file = crate::scratch::create_writer(path).map_err(|source| Error::Io {
         op: "create parquet file",
         path: path.to_path_buf(),
@@ -391,6 +401,72 @@ pub(crate) fn open_lake_writer(
         path: path.display().to_string(),
         message: format!("open writer: {e}"),
     })
+}
+
+/// The string columns of `batch` (a list's items included) whose dictionary would outgrow
+/// `limit` bytes as the writer counts it (each distinct value's bytes and a 4-byte length): a
+/// file written from `batch` gives them none. The writer would build that dictionary, compress
+/// it as a page and then fall back to delta-length pages all the same; for a delta of unique
+/// text that was most of its encoding time (docs/design.md §3.1). DuckDB's own writer also
+/// looks at a column before choosing a dictionary.
+fn overflowing_dictionaries(batch: &RecordBatch, limit: usize) -> Vec<ColumnPath> {
+    let mut out = Vec::new();
+    for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+        let (path, values) = match field.data_type() {
+            DataType::Utf8 => (ColumnPath::from(field.name().as_str()), array.clone()),
+            DataType::List(item) if *item.data_type() == DataType::Utf8 => {
+                let Some(list) = array.as_list_opt::<i32>() else {
+                    continue;
+                };
+                let path = vec![field.name().clone(), "list".into(), item.name().clone()];
+                (ColumnPath::new(path), list.values().clone())
+            }
+            _ => continue,
+        };
+        if let Some(values) = values.as_string_opt::<i32>()
+            && dictionary_overflows(values, limit)
+        {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Whether the distinct values of `values` take at least `limit` bytes in a dictionary page.
+fn dictionary_overflows(values: &arrow::array::StringArray, limit: usize) -> bool {
+    // Every value counted as often as it occurs bounds the distinct ones: below the limit
+    // nothing needs hashing.
+    let offsets = values.value_offsets();
+    let (first, last) = (offsets.first(), offsets.last());
+    let bytes = last.zip(first).map_or(0, |(l, f)| (l - f) as usize);
+    if bytes.saturating_add(4 * values.len()) < limit {
+        return false;
+    }
+    let mut seen: std::collections::HashSet<&str, foldhash::fast::FixedState> =
+        std::collections::HashSet::with_hasher(foldhash::fast::FixedState::default());
+    let mut size = 0usize;
+    for v in values.iter().flatten() {
+        if seen.insert(v) {
+            size += 4 + v.len();
+            if size >= limit {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// True while a test makes dictionaries tiny to have the writer fall back within a page
+/// (`LAKECDC_TEST_DICTIONARY_BYTES`, below): that fallback is what it looks at.
+fn dictionary_seam() -> bool {
+    #[cfg(feature = "testing")]
+    {
+        std::env::var_os("LAKECDC_TEST_DICTIONARY_BYTES").is_some()
+    }
+    #[cfg(not(feature = "testing"))]
+    {
+        false
+    }
 }
 
 /// The lake's file options (docs/design.md §3.1.4) and the encodings DuckDB picks for each
@@ -1088,6 +1164,91 @@ mod tests {
         ];
         for (v, want) in cases {
             assert_eq!(double_to_bigint(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn a_text_column_whose_dictionary_would_overflow_gets_none() {
+        use arrow::array::{ListBuilder, StringArray, StringBuilder};
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let n = 10_000;
+        // 10,000 distinct values of 40 bytes: 440,000 bytes of dictionary, past 256 KiB.
+        let unique: StringArray = (0..n).map(|i| Some(format!("{i:040}"))).collect();
+        // 20 distinct values, 400,000 bytes in all: hashed, and small as a dictionary.
+        let few: StringArray = (0..n).map(|i| Some(format!("{:040}", i % 20))).collect();
+        // Under the limit even counted once per row: never hashed.
+        let short: StringArray = (0..n).map(|i| Some(format!("{i}"))).collect();
+        // Items named as the lake names them.
+        let item = Field::new("element", DataType::Utf8, true);
+        let mut tags = ListBuilder::new(StringBuilder::new()).with_field(item);
+        for i in 0..n {
+            tags.values().append_value(format!("tag-{i:036}"));
+            tags.append(true);
+        }
+        let tags = tags.finish();
+        let fields = vec![
+            Field::new("unique", DataType::Utf8, true),
+            Field::new("few", DataType::Utf8, true),
+            Field::new("short", DataType::Utf8, true),
+            Field::new("tags", tags.data_type().clone(), true),
+        ];
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(unique),
+            Arc::new(few),
+            Arc::new(short),
+            Arc::new(tags),
+        ];
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+        let off = overflowing_dictionaries(&batch, DICTIONARY_PAGE_BYTES);
+        let names: Vec<String> = off.iter().map(|c| c.string()).collect();
+        assert_eq!(names, ["unique", "tags.list.element"]);
+        // The writer's own rule: each distinct value's bytes and 4, reaching the limit.
+        let ab = StringArray::from(vec!["a", "b", "a", "b", "a"]);
+        assert!(dictionary_overflows(&ab, 10));
+        assert!(!dictionary_overflows(&ab, 11));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.parquet");
+        assert_eq!(
+            write_lake_file(&path, std::slice::from_ref(&batch)).unwrap(),
+            n as u64
+        );
+        let reader = SerializedFileReader::new(File::open(&path).unwrap()).unwrap();
+        let group = reader.metadata().row_group(0);
+        let dictionary: Vec<(String, bool)> = group
+            .columns()
+            .iter()
+            .map(|c| {
+                let dict = c.dictionary_page_offset().is_some()
+                    || c.encodings().any(|e| e == Encoding::RLE_DICTIONARY);
+                (c.column_path().string(), dict)
+            })
+            .collect();
+        let expected = [
+            ("unique", false),
+            ("few", true),
+            ("short", true),
+            ("tags.list.element", false),
+        ];
+        let expected: Vec<(String, bool)> =
+            expected.iter().map(|(c, d)| (c.to_string(), *d)).collect();
+        assert_eq!(dictionary, expected);
+        // The values read back as written.
+        let file = File::open(&path).unwrap();
+        let read: Vec<RecordBatch> =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                .unwrap()
+                .build()
+                .unwrap()
+                .map(|b| b.unwrap())
+                .collect();
+        let read = concat_batches(&read[0].schema(), &read).unwrap();
+        for c in 0..4 {
+            assert_eq!(
+                read.column(c).as_ref(),
+                batch.column(c).as_ref(),
+                "column {c}"
+            );
         }
     }
 }
