@@ -763,7 +763,7 @@ async fn drain(
             if let Some(st) = staged.take() {
                 publish_staged(sf, st, publishing, marks, report).await?;
             }
-            marks.settle(report).await?;
+            marks.close(report).await?;
             match reads.after_pass(sf, report).await {
                 Ok(Some(next)) => reads = next,
                 Ok(None) => break,
@@ -1211,24 +1211,36 @@ type PendingMark = tokio::task::JoinHandle<Result<(u64, u64)>>;
 
 /// Marks in flight at once, each on a connection of its own. A batch's mark costs PostgreSQL
 /// about as long as the next batch's export costs lakecdc; with one mark in flight the drain
-/// waited for every mark (docs/design.md §4.1, "The drain"). Two marks lock disjoint slots,
-/// each in row-id order, so they cannot deadlock with each other or with the writers.
+/// waited for every mark (docs/design.md §4.1, "The drain"). Marks take their slots' locks in
+/// row-id order, as the application's batch writers do, so two of them cannot deadlock with
+/// each other or with a writer.
 const MARKS_IN_FLIGHT: usize = 2;
 
 /// The mark step (step 5) of a schema's drain: its connections, opened as marks need them,
-/// and the marks in flight, oldest first.
-#[derive(Default)]
+/// and the marks in flight, oldest first, each with the connection it runs on.
 struct Marks {
     markers: Vec<Arc<snapshot::Marker>>,
-    pending: std::collections::VecDeque<PendingMark>,
-    /// Marks started so far: mark `n` runs on connection `n % markers.len()`.
-    started: usize,
+    pending: std::collections::VecDeque<(usize, PendingMark)>,
+    /// False once a further connection was refused: the marks take turns on those open.
+    may_open: bool,
+}
+
+impl Default for Marks {
+    fn default() -> Self {
+        Self {
+            markers: Vec::new(),
+            pending: std::collections::VecDeque::new(),
+            may_open: true,
+        }
+    }
 }
 
 impl Marks {
-    /// Starts the mark of a committed batch, once a connection is free: with every
-    /// connection busy the oldest mark is settled first. A further connection that cannot be
-    /// opened (a connection limit) is not an error: the marks take turns on those open.
+    /// Starts the mark of a committed batch on a free connection: marks already finished are
+    /// accounted for; with every connection busy a further one is opened (at most
+    /// [`MARKS_IN_FLIGHT`]), or else the oldest mark is waited for. A further connection the
+    /// server refuses (a connection limit) is not an error: it is not asked for again, and the
+    /// marks take turns on those open.
     async fn start(
         &mut self,
         ctx: &Context,
@@ -1236,28 +1248,43 @@ impl Marks {
         versions: Vec<Selected>,
         report: &mut SchemaReport,
     ) -> Result<()> {
-        if self.pending.len() >= self.markers.len() && self.markers.len() < MARKS_IN_FLIGHT {
+        while self.pending.front().is_some_and(|(_, m)| m.is_finished()) {
+            self.settle_oldest(report).await?;
+        }
+        if self.pending.len() >= self.markers.len()
+            && self.markers.len() < MARKS_IN_FLIGHT
+            && self.may_open
+        {
             match self.open(ctx).await {
                 Ok(m) => self.markers.push(Arc::new(m)),
                 Err(e) if !self.markers.is_empty() => {
-                    tracing::debug!(error = %e, "a further mark connection could not be opened");
+                    self.may_open = false;
+                    tracing::warn!(
+                        schema_id,
+                        error = %e,
+                        "a second mark connection could not be opened: the marks take turns on one"
+                    );
                 }
                 Err(e) => return Err(e),
             }
         }
-        while self.pending.len() >= self.markers.len() {
+        while self.pending.len() >= self.markers.len() && !self.pending.is_empty() {
             self.settle_oldest(report).await?;
         }
-        let marker = &self.markers[self.started % self.markers.len()];
-        self.started += 1;
+        let free = (0..self.markers.len()).find(|i| self.pending.iter().all(|(j, _)| j != i));
+        let Some((at, marker)) = free.and_then(|i| Some((i, self.markers.get(i)?.clone()))) else {
+            return Err(Error::Invariant("a mark without a free connection".into()));
+        };
         let flushed_at = next_flushed_at(ctx.clock.now_ms());
-        let marker = marker.clone();
-        self.pending.push_back(tokio::spawn(async move {
-            let t = Instant::now();
-            let marked = marker.mark(schema_id, flushed_at, &versions).await?;
-            step_done("mark", t);
-            Ok((marked, versions.len() as u64))
-        }));
+        self.pending.push_back((
+            at,
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let marked = marker.mark(schema_id, flushed_at, &versions).await?;
+                step_done("mark", t);
+                Ok((marked, versions.len() as u64))
+            }),
+        ));
         Ok(())
     }
 
@@ -1266,9 +1293,15 @@ impl Marks {
         snapshot::Marker::new(c, &ctx.tables).await
     }
 
-    /// Waits for the oldest mark in flight and accounts for it.
+    /// Waits for the oldest mark in flight and accounts for it; the mark leaves the queue only
+    /// once it has settled.
     async fn settle_oldest(&mut self, report: &mut SchemaReport) -> Result<()> {
-        settle_mark(self.pending.pop_front(), report).await
+        let Some((_, task)) = self.pending.front_mut() else {
+            return Ok(());
+        };
+        let settled = task.await.map_err(Error::task("mark"));
+        self.pending.pop_front();
+        count_mark(settled?, report)
     }
 
     /// Waits for every mark in flight, all of them even when one fails (a started mark always
@@ -1281,6 +1314,22 @@ impl Marks {
         }
         result
     }
+
+    /// Settles every mark and closes the connections, so that the sessions of a heap pass
+    /// that follows do not come on top of them (docs/operations.md, sizing).
+    async fn close(&mut self, report: &mut SchemaReport) -> Result<()> {
+        let settled = self.settle(report).await;
+        self.markers.clear();
+        settled
+    }
+}
+
+/// Accounts for a settled mark: the rows it marked, and those it left dirty.
+fn count_mark(settled: Result<(u64, u64)>, report: &mut SchemaReport) -> Result<()> {
+    let (marked, exported) = settled?;
+    report.rows_marked += marked;
+    report.rows_left_dirty += exported.saturating_sub(marked);
+    Ok(())
 }
 
 /// Waits for a pending mark and accounts for it.
@@ -1288,10 +1337,7 @@ async fn settle_mark(pending: Option<PendingMark>, report: &mut SchemaReport) ->
     let Some(task) = pending else {
         return Ok(());
     };
-    let (marked, exported) = task.await.map_err(Error::task("mark"))??;
-    report.rows_marked += marked;
-    report.rows_left_dirty += exported.saturating_sub(marked);
-    Ok(())
+    count_mark(task.await.map_err(Error::task("mark"))?, report)
 }
 
 /// Smallest and largest row id in UUID byte order.

@@ -2500,6 +2500,64 @@ async fn a_mark_waiting_on_a_row_lock_does_not_hold_back_the_next_batchs_mark() 
     assert_eq!(rig.assert_oracle().await, (30, 0));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_second_mark_connection_leaves_the_marks_taking_turns() {
+    // docs/design.md §4.1, "Pipelining": the first batch's mark waits for a slot an
+    // application transaction holds, so the second batch's mark asks for a connection of its
+    // own; the database refuses it. The run does not fail: the marks take turns on the first.
+    let mut rig = rig(LakeKind::Local).await;
+    let mut r = Rng::new(3);
+    rig.seed(30, &mut r).await;
+    let order = dirty_in_selection_order(&rig).await;
+    let app = Arc::new(rig.db.client().await);
+    app.batch_execute("BEGIN").await.unwrap();
+    let slot = "SELECT 1 FROM change_log WHERE schema_id = 100 AND row_id = $1 \
+                AND flushed_at = 0 FOR UPDATE";
+    assert_eq!(app.execute(slot, &[&order[4]]).await.unwrap(), 1);
+    let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
+    let admin = Arc::new(harness::pg_client(&harness::pg_admin_url()).await);
+    let marks = Arc::new(AtomicUsize::new(0));
+    let (a1, app1, counted) = (admin.clone(), app.clone(), marks.clone());
+    let hooks = FlushHooks {
+        // Before the second batch's mark: no new connection from now on; the application
+        // ends its transaction a little later, once that mark has asked for one.
+        before_mark: Some(Rig::hook(move || {
+            let second = counted.fetch_add(1, AtomicOrdering::SeqCst) == 1;
+            let (admin, app, db) = (a1.clone(), app1.clone(), db.clone());
+            async move {
+                if second {
+                    let refuse = format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false");
+                    admin.batch_execute(&refuse).await.unwrap();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        app.batch_execute("ROLLBACK").await.unwrap();
+                    });
+                }
+            }
+            .boxed()
+        })),
+        ..FlushHooks::default()
+    };
+    let opts = FlushOptions {
+        batch_size: 10,
+        window_batches: 1,
+        ..rig.opts.clone()
+    };
+    let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks).await;
+    allow_connections(&rig, &admin).await;
+    let report = report.unwrap();
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Flushed, "{s:?}");
+    assert_eq!(
+        (s.batches, s.rows_marked, s.rows_left_dirty),
+        (3, 30, 0),
+        "{s:?}"
+    );
+    assert_eq!(marks.load(AtomicOrdering::SeqCst), 3);
+    assert!(oracle::dirty(&rig.writer).await.is_empty());
+    assert_eq!(rig.assert_oracle().await, (30, 0));
+}
+
 #[tokio::test]
 async fn equal_versions_across_batch_boundaries_are_exported_once_each() {
     // docs/hazards.md #183: the selection pages on (changed_at, row_id); a page boundary inside a run
