@@ -44,6 +44,10 @@ use crate::scratch::Piecewise;
 /// keeps its dictionary.
 pub(crate) const DICTIONARY_PAGE_BYTES: usize = 256 * 1024;
 
+/// Test seam: a dictionary this small, so that a text column falls back to plain pages a
+/// quarter page in, its pages then starting elsewhere than `row_id`'s (docs/design.md §9, runs).
+const DICTIONARY_SEAM: &str = "LAKECDC_TEST_DICTIONARY_BYTES";
+
 /// The Arrow type of a lake column of DuckDB type `name` ([`SYSTEM_COLUMNS`],
 /// [`duckdb_type`]); a list `T[]` holds items named `element` of `T`'s type.
 fn lake_type(name: &str) -> Option<DataType> {
@@ -378,9 +382,10 @@ pub(crate) fn open_lake_writer(
     first: &RecordBatch,
 ) -> Result<ArrowWriter<Piecewise<File>>> {
     let mut props = lake_properties(path, &first.schema())?;
-    let unique = match dictionary_seam() {
-        true => Vec::new(),
-        false => overflowing_dictionaries(first, DICTIONARY_PAGE_BYTES),
+    // Under the seam that makes dictionaries tiny, a test looks at the writer's own fallback.
+    let unique = match seam(DICTIONARY_SEAM) {
+        Some(_) => Vec::new(),
+        None => overflowing_dictionaries(first, DICTIONARY_PAGE_BYTES),
     };
     if !unique.is_empty() {
         let builder = unique.into_iter().fold(props.into_builder(), |b, col| {
@@ -410,18 +415,25 @@ pub(crate) fn open_lake_writer(
 /// text that was most of its encoding time (docs/design.md §3.1). DuckDB's own writer also
 /// looks at a column before choosing a dictionary.
 fn overflowing_dictionaries(batch: &RecordBatch, limit: usize) -> Vec<ColumnPath> {
+    // The dictionary is a row group's: only the first one's rows count.
+    let batch = batch.slice(0, batch.num_rows().min(ROW_GROUP_SIZE));
     let mut out = Vec::new();
     for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
-        let (path, values) = match field.data_type() {
-            DataType::Utf8 => (ColumnPath::from(field.name().as_str()), array.clone()),
-            DataType::List(item) if *item.data_type() == DataType::Utf8 => {
-                let Some(list) = array.as_list_opt::<i32>() else {
-                    continue;
+        let (path, t) = leaf(field);
+        if *t != DataType::Utf8 {
+            continue;
+        }
+        let values = match array.as_list_opt::<i32>() {
+            // The items of the (possibly sliced) list's own rows.
+            Some(list) => {
+                let offsets = list.value_offsets();
+                let (from, to) = match (offsets.first(), offsets.last()) {
+                    (Some(&f), Some(&l)) => (f as usize, l as usize),
+                    _ => continue,
                 };
-                let path = vec![field.name().clone(), "list".into(), item.name().clone()];
-                (ColumnPath::new(path), list.values().clone())
+                list.values().slice(from, to.saturating_sub(from))
             }
-            _ => continue,
+            None => array.clone(),
         };
         if let Some(values) = values.as_string_opt::<i32>()
             && dictionary_overflows(values, limit)
@@ -442,8 +454,9 @@ fn dictionary_overflows(values: &arrow::array::StringArray, limit: usize) -> boo
     if bytes.saturating_add(4 * values.len()) < limit {
         return false;
     }
-    let mut seen: std::collections::HashSet<&str, foldhash::fast::FixedState> =
-        std::collections::HashSet::with_hasher(foldhash::fast::FixedState::default());
+    // Seeded per run: the values are the application's.
+    let mut seen: std::collections::HashSet<&str, foldhash::fast::RandomState> =
+        std::collections::HashSet::with_hasher(foldhash::fast::RandomState::default());
     let mut size = 0usize;
     for v in values.iter().flatten() {
         if seen.insert(v) {
@@ -456,16 +469,36 @@ fn dictionary_overflows(values: &arrow::array::StringArray, limit: usize) -> boo
     false
 }
 
-/// True while a test makes dictionaries tiny to have the writer fall back within a page
-/// (`LAKECDC_TEST_DICTIONARY_BYTES`, below): that fallback is what it looks at.
-fn dictionary_seam() -> bool {
+/// A column's leaf in the file and its type: the column itself, or a list's items
+/// (`name.list.element`).
+fn leaf(field: &Field) -> (ColumnPath, &DataType) {
+    match field.data_type() {
+        DataType::List(item) => (
+            ColumnPath::new(vec![
+                field.name().clone(),
+                "list".into(),
+                item.name().clone(),
+            ]),
+            item.data_type(),
+        ),
+        t => (ColumnPath::from(field.name().as_str()), t),
+    }
+}
+
+/// A test seam's value (`LAKECDC_TEST_PAGE_ROWS`, `LAKECDC_TEST_DICTIONARY_BYTES`): a number
+/// above 0, in builds with the `testing` feature only.
+fn seam(name: &str) -> Option<usize> {
     #[cfg(feature = "testing")]
     {
-        std::env::var_os("LAKECDC_TEST_DICTIONARY_BYTES").is_some()
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
     }
     #[cfg(not(feature = "testing"))]
     {
-        false
+        let _ = name;
+        None
     }
 }
 
@@ -484,18 +517,7 @@ pub(super) fn lake_properties(path: &Path, schema: &Schema) -> Result<WriterProp
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES);
     for field in schema.fields() {
-        // A list's items are the leaf `name.list.element`.
-        let (col, t) = match field.data_type() {
-            DataType::List(item) => (
-                ColumnPath::new(vec![
-                    field.name().clone(),
-                    "list".into(),
-                    item.name().clone(),
-                ]),
-                item.data_type(),
-            ),
-            t => (ColumnPath::from(field.name().as_str()), t),
-        };
+        let (col, t) = leaf(field);
         let plain = match t {
             DataType::Int16 | DataType::Int32 | DataType::Int64 => Encoding::DELTA_BINARY_PACKED,
             DataType::Float64 => {
@@ -521,22 +543,13 @@ pub(super) fn lake_properties(path: &Path, schema: &Schema) -> Result<WriterProp
     // quarters, so that a test lake of a few thousand rows has row groups of several pages;
     // and a dictionary this small, so that a text column falls back to plain pages a quarter
     // page in, its pages then starting elsewhere than `row_id`'s (docs/design.md §9, runs).
-    #[cfg(feature = "testing")]
-    {
-        let seam = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .filter(|&n| n > 0)
-        };
-        if let Some(rows) = seam("LAKECDC_TEST_PAGE_ROWS") {
-            props = props
-                .set_data_page_row_count_limit(rows)
-                .set_write_batch_size((rows / 4).clamp(1, 1024));
-        }
-        if let Some(bytes) = seam("LAKECDC_TEST_DICTIONARY_BYTES") {
-            props = props.set_dictionary_page_size_limit(bytes);
-        }
+    if let Some(rows) = seam("LAKECDC_TEST_PAGE_ROWS") {
+        props = props
+            .set_data_page_row_count_limit(rows)
+            .set_write_batch_size((rows / 4).clamp(1, 1024));
+    }
+    if let Some(bytes) = seam(DICTIONARY_SEAM) {
+        props = props.set_dictionary_page_size_limit(bytes);
     }
     Ok(props.build())
 }

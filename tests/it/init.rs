@@ -1252,6 +1252,9 @@ async fn init_with_writes_during_export(
     let writer = rig.second_writer().await;
     let before = live_versions(&rig.writer);
     let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Every reader waits at its next page for the writes to end: readers share their ranges,
+    // and the others would otherwise read all that is left while the first one writes.
+    let done = Arc::new(tokio::sync::OnceCell::new());
     let (w2, f2, during) = (writer.clone(), fired.clone(), Arc::new(during));
     let mut o = InitOptions {
         readers: 3,
@@ -1260,16 +1263,24 @@ async fn init_with_writes_during_export(
         read_order: order,
         ..opts(rig)
     };
+    let reads_after = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let after = reads_after.clone();
     o.after_page = Some(Arc::new(move |_| {
         let (w, f, during) = (w2.clone(), f2.clone(), during.clone());
+        let (done, after) = (done.clone(), after.clone());
         async move {
-            if !f.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                during(w).await;
+            if f.swap(true, std::sync::atomic::Ordering::SeqCst) && done.initialized() {
+                after.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
+            done.get_or_init(|| during(w)).await;
         }
         .boxed()
     }));
     let report = init(rig, &o).await;
+    assert!(
+        reads_after.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "pages were read after the writes"
+    );
     assert!(
         fired.load(std::sync::atomic::Ordering::SeqCst),
         "the writes ran during the export"
