@@ -1218,21 +1218,12 @@ const MARKS_IN_FLIGHT: usize = 2;
 
 /// The mark step (step 5) of a schema's drain: its connections, opened as marks need them,
 /// and the marks in flight, oldest first, each with the connection it runs on.
+#[derive(Default)]
 struct Marks {
     markers: Vec<Arc<snapshot::Marker>>,
     pending: std::collections::VecDeque<(usize, PendingMark)>,
-    /// False once a further connection was refused: the marks take turns on those open.
-    may_open: bool,
-}
-
-impl Default for Marks {
-    fn default() -> Self {
-        Self {
-            markers: Vec::new(),
-            pending: std::collections::VecDeque::new(),
-            may_open: true,
-        }
-    }
+    /// True once a further connection was refused: the marks take turns on those open.
+    refused: bool,
 }
 
 impl Marks {
@@ -1253,12 +1244,12 @@ impl Marks {
         }
         if self.pending.len() >= self.markers.len()
             && self.markers.len() < MARKS_IN_FLIGHT
-            && self.may_open
+            && !self.refused
         {
             match self.open(ctx).await {
                 Ok(m) => self.markers.push(Arc::new(m)),
                 Err(e) if !self.markers.is_empty() => {
-                    self.may_open = false;
+                    self.refused = true;
                     tracing::warn!(
                         schema_id,
                         error = %e,
