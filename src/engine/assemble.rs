@@ -87,7 +87,7 @@ enum Shape {
     /// One row holds the value.
     Scalar(ValueType),
     /// Rows with numeric `array_indices` hold the items of this type, in index order; a row
-    /// with an empty index marks an empty list.
+    /// with an empty index (read as NULL, `source::live::eav_select`) marks an empty list.
     List(ValueType),
 }
 
@@ -282,13 +282,12 @@ fn gather_eav(
             }
             Gather::List { present, items } => {
                 present[at] = true;
-                if indices.is_null(e) {
-                    return Ok(None);
+                // The empty-list marker: the database's empty index, read as NULL (the pivot's
+                // `array_indices <> ''` leaves both out alike).
+                if indices.is_null(e) || indices.value(e).is_empty() {
+                    continue;
                 }
                 let text = indices.value(e);
-                if text.is_empty() {
-                    continue; // the empty-list marker
-                }
                 match plain_index(text) {
                     Some(i) => items.push((at, i, e32)),
                     None => return Ok(None),
@@ -623,15 +622,35 @@ mod tests {
     }
 
     #[test]
+    fn a_null_index_is_the_empty_list_marker() {
+        // The reader sends the empty index as NULL (`source::live::eav_select`).
+        let with = |marker: Option<&'static str>| {
+            gather(&[
+                (1, 7, marker, None, None),
+                (2, 7, Some("0"), Some("zero"), None),
+                (2, 7, marker, None, None),
+                (3, 8, marker, None, Some(2.5)),
+            ])
+            .expect("joined")
+        };
+        let (null, empty) = (with(None), with(Some("")));
+        assert_eq!(null.len(), 2);
+        for (n, e) in null.iter().zip(&empty) {
+            assert_eq!(n.to_data(), e.to_data());
+        }
+        let lists = null[0].as_list::<i32>();
+        assert!(
+            lists.is_valid(0) && lists.value(0).is_empty(),
+            "[] for the marker"
+        );
+        assert_eq!(lists.value(1).as_string::<i32>().value(0), "zero");
+        assert!(lists.is_null(2), "NULL without rows");
+        assert_eq!(null[1].as_primitive::<Float64Type>().value(2), 2.5);
+    }
+
+    #[test]
     fn what_only_the_pivot_defines_is_declined() {
-        for index in [
-            None,
-            Some("01"),
-            Some("+1"),
-            Some("-0"),
-            Some(" 1"),
-            Some("x"),
-        ] {
+        for index in [Some("01"), Some("+1"), Some("-0"), Some(" 1"), Some("x")] {
             assert!(
                 gather(&[(1, 7, index, Some("v"), None)]).is_none(),
                 "index {index:?}"

@@ -326,7 +326,10 @@ async fn read_page_in(
 
 /// The EAV read's select list (the columns of [`BatchBuilder::eav`]) on the database of
 /// `client`. Only list attributes use the indices: without them NULL is read, which costs
-/// PostgreSQL no send call per row. A `value_numeric` of type `numeric` (docs/design.md §2.1
+/// PostgreSQL no send call per row. With them the empty index (every scalar's row and the
+/// empty-list marker) is read as NULL too: the column is part of the primary key, so NULL
+/// stands for nothing else, and the export reads NULL as the empty index
+/// (docs/design.md §2.1). A `value_numeric` of type `numeric` (docs/design.md §2.1
 /// allows it beside the `double precision` init-db makes) is read as its nearest double, where
 /// the plain cast would fail on a value beyond a double's range, and with it every read of the
 /// schema until the row changes; a `double precision` one is read as it is.
@@ -336,7 +339,7 @@ pub(super) async fn eav_select(
     schema: &SchemaDef,
 ) -> Result<String> {
     let indices = if schema.has_eav_list() {
-        "array_indices"
+        "NULLIF(array_indices, '')"
     } else {
         "NULL::text"
     };

@@ -177,7 +177,7 @@ mod lake_file_writer {
     use std::sync::Arc;
 
     use arrow::array::{ArrayRef, FixedSizeBinaryArray, Float64Array, Int16Array, Int32Array};
-    use arrow::array::{Int64Array, StringArray};
+    use arrow::array::{AsArray, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use arrow::record_batch::RecordBatch;
     use lakecdc::engine::Driver;
@@ -569,6 +569,69 @@ mod lake_file_writer {
             eav: &eav,
         };
         same_file(Driver::Entities, inputs, (ROWS * 3) as u64);
+    }
+
+    /// `batch` (EAV rows) as the reader hands it over: the empty index as NULL.
+    fn as_read(batch: &RecordBatch) -> RecordBatch {
+        let indices = batch.column(2).as_string::<i32>();
+        let mut cols = batch.columns().to_vec();
+        cols[2] = Arc::new(StringArray::from_iter(
+            indices.iter().map(|v| v.filter(|t| !t.is_empty())),
+        ));
+        let mut fields: Vec<Field> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[2] = Field::new("array_indices", DataType::Utf8, true);
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap()
+    }
+
+    #[test]
+    fn the_empty_index_read_as_null_makes_the_same_file() {
+        let entities = [entities(0..ROWS * 3)];
+        let typed = [eav(0..ROWS * 3)];
+        let read = [as_read(&typed[0])];
+        assert!(
+            read[0].column(2).null_count() > ROWS * 3,
+            "scalars and markers read as NULL"
+        );
+        let inputs = |eav| Inputs {
+            change_log: &[],
+            entities: &entities,
+            eav,
+        };
+        // Rust's file and DuckDB's pivot agree on the NULL form …
+        same_file(Driver::Entities, inputs(&read), (ROWS * 3) as u64);
+        // … and it is the file of the empty index itself.
+        let dir = tempfile::tempdir().unwrap();
+        let (from_null, from_empty) = (
+            dir.path().join("null.parquet"),
+            dir.path().join("empty.parquet"),
+        );
+        let engine = Engine::open(&EngineConfig::default()).unwrap();
+        let def = schema();
+        for (eav, path) in [(&read, &from_null), (&typed, &from_empty)] {
+            engine
+                .export(&def, 42, Driver::Entities, inputs(eav), path)
+                .unwrap();
+        }
+        assert_eq!(
+            rows_missing(&engine, &from_null, &from_empty),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            rows_missing(&engine, &from_empty, &from_null),
+            Vec::<String>::new()
+        );
+        // The empty lists are there to be lost: attribute 27's marker rows.
+        let empty = "SELECT count(*) FILTER (WHERE len(a27) = 0) FROM f";
+        assert_eq!(
+            answer(&engine, &from_null, empty),
+            answer(&engine, &from_empty, empty)
+        );
+        assert_ne!(answer(&engine, &from_null, empty), "0");
     }
 
     #[test]
