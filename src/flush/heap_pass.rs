@@ -137,9 +137,16 @@ impl HeapPass {
             false => PASS_SLOTS.min(plan.budget),
         };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut slots =
-            heap_read::dirty_slots_in(selector, ticket, plan.tables, plan.schema_id, limit, oldest)
-                .await?;
+        let mut slots = heap_read::dirty_slots_in(
+            selector,
+            ticket,
+            plan.tables,
+            plan.schema_id,
+            limit,
+            oldest,
+            pass,
+        )
+        .await?;
         step_done("select pass", t);
         let took_all = i64::try_from(slots.len()).unwrap_or(i64::MAX) < limit;
         let after = last_selected(&slots).filter(|_| oldest || took_all);

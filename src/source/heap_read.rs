@@ -404,7 +404,9 @@ pub struct PassSlot {
 /// oldest ones (by `changed_at, row_id`, as a window would) when `oldest`; any ones otherwise
 /// (a pass that takes every dirty slot needs no order: it sorts them by row id). The slots
 /// come as binary COPY data, decoded where they lie (through the connection's tap when it has
-/// one): a million slots as rows cost lakecdc twice what they cost the server.
+/// one): a million slots as rows cost lakecdc twice what they cost the server. Room is made
+/// for the `expected` slots (the count the pass was decided on) and a margin for those
+/// written since, the vector growing past it only if more come.
 pub async fn dirty_slots_in(
     conn: &mut TappedClient,
     ticket: SnapshotTicket,
@@ -412,11 +414,12 @@ pub async fn dirty_slots_in(
     schema_id: i16,
     limit: i64,
     oldest: bool,
+    expected: u64,
 ) -> Result<Vec<PassSlot>> {
     let query = dirty_slots_sql(tables, oldest, &schema_id, &limit);
     let TappedClient { client, tap } = conn;
     let tx = begin_in(client, ticket).await?;
-    let capacity = usize::try_from(limit.clamp(0, 1 << 20)).unwrap_or(0);
+    let capacity = slot_capacity(limit, expected);
     let sink = Arc::new(Mutex::new(CopyDecoder::new(
         SELECT_OP,
         Slots::with_capacity(capacity),
@@ -429,6 +432,14 @@ pub async fn dirty_slots_in(
 }
 
 const SELECT_OP: &str = "select a pass's dirty slots";
+
+/// The slots a selection of at most `limit` makes room for: the `expected` ones and an eighth
+/// more, at most `limit`.
+fn slot_capacity(limit: i64, expected: u64) -> usize {
+    let limit = u64::try_from(limit).unwrap_or(0);
+    let room = expected.saturating_add(expected / 8).min(limit);
+    usize::try_from(room).unwrap_or(0)
+}
 
 /// A pass's selection (`row_id, changed_at, deleted_at, ctid`), each tuple decoded into a
 /// [`PassSlot`] where it lies.
@@ -971,6 +982,14 @@ where
 mod tests {
     use super::*;
     use crate::source::copy_tap::CopySink;
+
+    #[test]
+    fn a_selection_makes_room_for_the_slots_it_expects() {
+        assert_eq!(slot_capacity(2_000_000, 300_000), 337_500);
+        assert_eq!(slot_capacity(1_000, 300_000), 1_000);
+        assert_eq!(slot_capacity(2_000_000, 0), 0);
+        assert_eq!(slot_capacity(-1, 10), 0);
+    }
 
     #[test]
     fn quantile_cuts_split_a_sample_evenly_and_strictly() {
