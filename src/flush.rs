@@ -47,8 +47,10 @@ use crate::source::snapshot::{self, Selected, Snapshot};
 use crate::source::stats;
 use crate::source::table_source;
 use crate::store::{ObjectStore, delete_or_leave};
+use marks::Marks;
 
 mod heap_pass;
+mod marks;
 mod read_ahead;
 mod table;
 
@@ -721,7 +723,7 @@ fn stopped(report: &mut SchemaReport, reading: bool) {
 async fn drain(
     sf: &SchemaFlush<'_>,
     conn: TappedClient,
-    marks: &mut Marks,
+    marks: &mut Marks<snapshot::Marker>,
     publishing: &mut Option<Publishing>,
     report: &mut SchemaReport,
 ) -> Result<()> {
@@ -916,7 +918,7 @@ async fn publish_staged(
     sf: &SchemaFlush<'_>,
     st: Staged,
     publishing: &mut Option<Publishing>,
-    marks: &mut Marks,
+    marks: &mut Marks<snapshot::Marker>,
     report: &mut SchemaReport,
 ) -> Result<()> {
     let ctx = sf.ctx;
@@ -932,7 +934,16 @@ async fn publish_staged(
         .publish(&versions, &file.0, written, state, report)
         .await?;
     drop(file);
-    marks.start(ctx, sf.schema_id, versions, report).await
+    let schema_id = sf.schema_id;
+    let open = move || async move {
+        snapshot::Marker::new(ctx.connector.connect().await?, &ctx.tables).await
+    };
+    let flushed_at = next_flushed_at(ctx.clock.now_ms());
+    let rows = versions.len() as u64;
+    let mark = move |m: Arc<snapshot::Marker>| async move {
+        m.mark(schema_id, flushed_at, &versions).await
+    };
+    marks.start(schema_id, open, rows, mark, report).await
 }
 
 /// Where a schema's batches come from: heap passes while the backlog calls for them
@@ -1204,131 +1215,6 @@ impl Publisher<'_> {
         step_done("commit manifest", t);
         Ok(())
     }
-}
-
-/// A mark running on its own connection while the next batch is exported.
-type PendingMark = tokio::task::JoinHandle<Result<(u64, u64)>>;
-
-/// Marks in flight at once, each on a connection of its own. A batch's mark costs PostgreSQL
-/// about as long as the next batch's export costs lakecdc; with one mark in flight the drain
-/// waited for every mark (docs/design.md §4.1, "The drain"). Marks take their slots' locks in
-/// row-id order, as the application's batch writers do, so two of them cannot deadlock with
-/// each other or with a writer.
-const MARKS_IN_FLIGHT: usize = 2;
-
-/// The mark step (step 5) of a schema's drain: its connections, opened as marks need them,
-/// and the marks in flight, oldest first, each with the connection it runs on.
-#[derive(Default)]
-struct Marks {
-    markers: Vec<Arc<snapshot::Marker>>,
-    pending: std::collections::VecDeque<(usize, PendingMark)>,
-    /// True once a further connection was refused: the marks take turns on those open.
-    refused: bool,
-}
-
-impl Marks {
-    /// Starts the mark of a committed batch on a free connection: marks already finished are
-    /// accounted for; with every connection busy a further one is opened (at most
-    /// [`MARKS_IN_FLIGHT`]), or else the oldest mark is waited for. A further connection the
-    /// server refuses (a connection limit) is not an error: it is not asked for again, and the
-    /// marks take turns on those open.
-    async fn start(
-        &mut self,
-        ctx: &Context,
-        schema_id: i16,
-        versions: Vec<Selected>,
-        report: &mut SchemaReport,
-    ) -> Result<()> {
-        while self.pending.front().is_some_and(|(_, m)| m.is_finished()) {
-            self.settle_oldest(report).await?;
-        }
-        if self.pending.len() >= self.markers.len()
-            && self.markers.len() < MARKS_IN_FLIGHT
-            && !self.refused
-        {
-            match self.open(ctx).await {
-                Ok(m) => self.markers.push(Arc::new(m)),
-                Err(e) if !self.markers.is_empty() => {
-                    self.refused = true;
-                    tracing::warn!(
-                        schema_id,
-                        error = %e,
-                        "a second mark connection could not be opened: the marks take turns on one"
-                    );
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        while self.pending.len() >= self.markers.len() && !self.pending.is_empty() {
-            self.settle_oldest(report).await?;
-        }
-        let free = (0..self.markers.len()).find(|i| self.pending.iter().all(|(j, _)| j != i));
-        let Some((at, marker)) = free.and_then(|i| Some((i, self.markers.get(i)?.clone()))) else {
-            return Err(Error::Invariant("a mark without a free connection".into()));
-        };
-        let flushed_at = next_flushed_at(ctx.clock.now_ms());
-        self.pending.push_back((
-            at,
-            tokio::spawn(async move {
-                let t = Instant::now();
-                let marked = marker.mark(schema_id, flushed_at, &versions).await?;
-                step_done("mark", t);
-                Ok((marked, versions.len() as u64))
-            }),
-        ));
-        Ok(())
-    }
-
-    async fn open(&self, ctx: &Context) -> Result<snapshot::Marker> {
-        let c = ctx.connector.connect().await?;
-        snapshot::Marker::new(c, &ctx.tables).await
-    }
-
-    /// Waits for the oldest mark in flight and accounts for it; the mark leaves the queue only
-    /// once it has settled.
-    async fn settle_oldest(&mut self, report: &mut SchemaReport) -> Result<()> {
-        let Some((_, task)) = self.pending.front_mut() else {
-            return Ok(());
-        };
-        let settled = task.await.map_err(Error::task("mark"));
-        self.pending.pop_front();
-        count_mark(settled?, report)
-    }
-
-    /// Waits for every mark in flight, all of them even when one fails (a started mark always
-    /// finishes and is accounted for); the first failure is returned.
-    async fn settle(&mut self, report: &mut SchemaReport) -> Result<()> {
-        let mut result = Ok(());
-        while !self.pending.is_empty() {
-            let settled = self.settle_oldest(report).await;
-            result = result.and(settled);
-        }
-        result
-    }
-
-    /// Settles every mark and closes the connections, so that the sessions of a heap pass
-    /// that follows do not come on top of them (docs/operations.md, sizing).
-    async fn close(&mut self, report: &mut SchemaReport) -> Result<()> {
-        let settled = self.settle(report).await;
-        self.markers.clear();
-        settled
-    }
-}
-
-/// Accounts for a settled mark: the rows it marked, and those it left dirty.
-fn count_mark(settled: Result<(u64, u64)>, report: &mut SchemaReport) -> Result<()> {
-    let (marked, exported) = settled?;
-    report.rows_marked += marked;
-    report.rows_left_dirty += exported.saturating_sub(marked);
-    Ok(())
-}
-
-/// Waits for a pending mark and accounts for it.
-async fn settle_mark(pending: Option<PendingMark>, report: &mut SchemaReport) -> Result<()> {
-    let Some(task) = pending else {
-        return Ok(());
-    };
-    count_mark(task.await.map_err(Error::task("mark"))?, report)
 }
 
 /// Smallest and largest row id in UUID byte order.

@@ -12,9 +12,10 @@ use std::time::Instant;
 
 use uuid::Uuid;
 
+use super::marks::Marks;
 use super::{
-    Context, FlushHooks, FlushOptions, PendingMark, Publisher, Publishing, SchemaReport, due,
-    settle_mark, step_done, stopped, under_lock,
+    Context, FlushHooks, FlushOptions, Publisher, Publishing, SchemaReport, due, step_done,
+    stopped, under_lock,
 };
 use crate::engine;
 use crate::error::{Error, Result};
@@ -92,10 +93,10 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
     let src = Arc::new(src);
     let client = Arc::new(client);
     report.dirty_rows = 0;
-    // The marks' connection, opened once a read has rows to mark, and a second one for the
-    // pages' reads by key, once a backlog needs it — the marks' first, so under a connection
-    // limit the reads share one.
-    let mut marker: Option<Arc<tokio_postgres::Client>> = None;
+    // The marks' first connection, opened once a read has rows to mark, and a second one for
+    // the pages' reads by key, once a backlog needs it — the marks' first, so under a
+    // connection limit the reads share one (and the marks take turns on theirs).
+    let mut marks = Marks::default();
     let mut second: Option<Arc<tokio_postgres::Client>> = None;
     // A backlog larger than one read holds is read again, in a new snapshot, once the first
     // read's rows are exported and marked: its touches are gone by then.
@@ -118,8 +119,8 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
             let closed = read.close().await;
             return src.refuse_truncated().and(closed);
         }
-        if marker.is_none() && !opts.dry_run && read.pending_rows() > 0 {
-            marker = Some(tuned_connection(&ctx.connector).await?);
+        if !opts.dry_run && read.pending_rows() > 0 {
+            marks.first(|| tuned_connection(&ctx.connector)).await?;
         }
         // More than one page read by key or range: two connections in the read's snapshot
         // read pages at once (docs/design.md §9.2); without a second connection (a
@@ -128,6 +129,7 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
             if second.is_none() {
                 second = tuned_connection(&ctx.connector)
                     .await
+                    .map(Arc::new)
                     .inspect_err(|e| {
                         tracing::warn!(error = %e, "a second read connection could not be opened; reading on one");
                     })
@@ -148,7 +150,7 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
             p,
             &src,
             &reader,
-            marker.as_ref(),
+            &mut marks,
             &mut publishing,
             started,
             report,
@@ -177,14 +179,15 @@ async fn flush_locked(p: &Publisher<'_>, report: &mut SchemaReport) -> Result<()
 
 /// Exports the read batch by batch: the next batches are read (as many at once as the read has
 /// connections, [`table_source::SnapshotRead::parallel_pages`]) while the current one is
-/// written and published; each mark runs on a connection of its own while the next batch is
-/// exported (at most one in flight). Batches are taken, committed and marked in `row_id`
-/// order.
+/// written and published; each mark runs on a connection of its own while the next batches
+/// are exported ([`Marks`]), and every mark has settled when the drain ends, inside the read's
+/// transaction (which keeps the touches where they were read, [`table_source::mark`]).
+/// Batches are taken, committed and marked in `row_id` order.
 async fn drain(
     p: &Publisher<'_>,
     src: &Arc<TableSource>,
     reader: &Arc<table_source::SnapshotRead>,
-    marker: Option<&Arc<tokio_postgres::Client>>,
+    marks: &mut Marks<tokio_postgres::Client>,
     publishing: &mut Publishing,
     started: Instant,
     report: &mut SchemaReport,
@@ -203,7 +206,6 @@ async fn drain(
     };
     let mut next = std::collections::VecDeque::new();
     let mut reserved = false;
-    let mut pending: Option<PendingMark> = None;
     let result = async {
         for _ in 0..reader.parallel_pages().max(1) {
             next.push_back(read()?);
@@ -248,39 +250,32 @@ async fn drain(
                 report.rows_exported += n as u64;
                 continue;
             }
-            let m = marker
-                .cloned()
-                .ok_or_else(|| Error::Invariant("a table flush without its marks' connection".into()))?;
+            let open = || tuned_connection(&ctx.connector);
             if !reserved {
                 // The versions this read hands out are reserved before anything is published.
-                reader.reserve(&m).await?;
+                reader.reserve(&*marks.first(open).await?).await?;
                 reserved = true;
             }
             export(p, &batch, publishing, report).await?;
-            settle_mark(pending.take(), report).await?;
             let src = src.clone();
-            pending = Some(tokio::spawn(async move {
-                let t = Instant::now();
-                let marked = table_source::mark(&m, &src, &batch.touches).await?;
-                step_done("mark", t);
-                Ok((marked, batch.versions.len() as u64))
-            }));
+            let mark = move |m: Arc<tokio_postgres::Client>| async move {
+                table_source::mark(&m, &src, &batch.touches).await
+            };
+            marks.start(p.schema_id, open, n as u64, mark, report).await?;
         }
         Ok(())
     }
     .await;
     // A started mark always finishes and is accounted for, whatever happened after it.
-    let settled = settle_mark(pending.take(), report).await;
+    let settled = marks.settle(report).await;
     result.and(settled)
 }
 
 /// A connection tuned for lookups by id and address (the marks', a second read's).
-async fn tuned_connection(
-    connector: &crate::source::Connector,
-) -> Result<Arc<tokio_postgres::Client>> {
+async fn tuned_connection(connector: &crate::source::Connector) -> Result<tokio_postgres::Client> {
     let c = connector.connect().await?;
     snapshot::tune_for_lookups(&c).await?;
-    Ok(Arc::new(c))
+    Ok(c)
 }
 
 /// A read-ahead task, aborted when dropped unjoined (its read is read-only: what it held stays

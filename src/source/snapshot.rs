@@ -473,6 +473,11 @@ impl Marker {
         Ok(Self { client, stmt })
     }
 
+    /// Whether the connection's session has ended.
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
     /// Marks the exported slots flushed at `flushed_at`, only where `changed_at` still equals
     /// the exported version (never `<=`): a row written since stays dirty. Returns the rows
     /// marked. The slots are visited, and so locked, in `row_id` order, the order in which

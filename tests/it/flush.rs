@@ -2441,29 +2441,44 @@ async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
     assert_eq!(rig.assert_oracle().await, (2, 0));
 }
 
-#[tokio::test]
-async fn a_mark_waiting_on_a_row_lock_does_not_hold_back_the_next_batchs_mark() {
-    // docs/design.md §4.1, "Pipelining": a batch's mark runs on a second mark connection while
-    // the one before it is still running. The first batch's mark waits for a slot an
-    // application transaction holds; the second batch's lands meanwhile.
-    let mut rig = rig(LakeKind::S3).await;
-    let mut r = Rng::new(2);
+/// Seeds 30 rows, has an application transaction lock the fifth slot of the first batch and
+/// starts a flush in windows of one batch (batch k holds the k-th run of ten slots in
+/// selection order). Returns the slots in selection order, the application's connection, in
+/// its transaction, and the running flush.
+async fn flush_behind_a_locked_slot(
+    rig: &mut Rig,
+    seed: u64,
+) -> (
+    Vec<Uuid>,
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<lakecdc::error::Result<lakecdc::flush::FlushReport>>,
+) {
+    let mut r = Rng::new(seed);
     rig.seed(30, &mut r).await;
-    let order = dirty_in_selection_order(&rig).await;
-    let (first, second) = (order[..10].to_vec(), order[10..20].to_vec());
+    let order = dirty_in_selection_order(rig).await;
     let app = rig.db.client().await;
     app.batch_execute("BEGIN").await.unwrap();
     let slot = "SELECT 1 FROM change_log WHERE schema_id = 100 AND row_id = $1 \
                 AND flushed_at = 0 FOR UPDATE";
-    assert_eq!(app.execute(slot, &[&first[4]]).await.unwrap(), 1);
+    assert_eq!(app.execute(slot, &[&order[4]]).await.unwrap(), 1);
     let ctx = rig.ctx.clone();
-    // Windows of one batch: batch k holds the k-th run of 10 in selection order.
     let opts = FlushOptions {
         batch_size: 10,
         window_batches: 1,
         ..rig.opts.clone()
     };
     let flush = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts).await });
+    (order, app, flush)
+}
+
+#[tokio::test]
+async fn a_mark_waiting_on_a_row_lock_does_not_hold_back_the_next_batchs_mark() {
+    // docs/design.md §4.1, "Pipelining": a batch's mark runs on a second mark connection while
+    // the one before it is still running. The first batch's mark waits for a slot an
+    // application transaction holds; the second batch's lands meanwhile.
+    let mut rig = rig(LakeKind::S3).await;
+    let (order, app, flush) = flush_behind_a_locked_slot(&mut rig, 2).await;
+    let (first, second) = (order[..10].to_vec(), order[10..20].to_vec());
     let watcher = rig.db.client().await;
     let marked = |ids: Vec<Uuid>| {
         let w = &watcher;
@@ -2497,6 +2512,61 @@ async fn a_mark_waiting_on_a_row_lock_does_not_hold_back_the_next_batchs_mark() 
     assert_eq!((s.batches, s.rows_marked, s.rows_left_dirty), (3, 30, 0));
     assert_eq!(marked(order.clone()).await, 30);
     assert!(oracle::dirty(&rig.writer).await.is_empty());
+    assert_eq!(rig.assert_oracle().await, (30, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_mark_fails_the_run_but_the_next_batch_is_still_marked() {
+    // docs/design.md §4.1, "Pipelining": the first batch's mark waits for a slot an
+    // application transaction holds and its session is then ended. The run fails, but the
+    // batch committed after it (waiting for a connection) is marked on a new one; only the
+    // first batch's rows stay dirty (exported again next time: a duplicate, never a loss).
+    let mut rig = rig(LakeKind::Local).await;
+    let (order, app, flush) = flush_behind_a_locked_slot(&mut rig, 4).await;
+    let (watcher, admin) = (
+        rig.db.client().await,
+        harness::pg_client(&harness::pg_admin_url()).await,
+    );
+    // The first batch's mark, waiting for the application's lock, once the second batch's
+    // mark has landed (the third batch then waits for a free connection).
+    let waiting = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%flushed_at%'";
+    let marked = "SELECT count(*) FROM change_log WHERE schema_id = 100 AND flushed_at > 0";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let pid: i32 = loop {
+        let n: i64 = watcher.query_one(marked, &[]).await.unwrap().get(0);
+        let rows = watcher.query(waiting, &[]).await.unwrap();
+        if n == 10 && rows.len() == 1 {
+            break rows[0].get(0);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first batch's mark never waited alone ({n} marked, {} waiting)",
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let report = flush.await.unwrap().unwrap();
+    app.batch_execute("ROLLBACK").await.unwrap();
+    let s = only(&report);
+    assert_eq!(s.outcome, Outcome::Failed, "{s:?}");
+    assert_eq!(
+        (s.batches, s.rows_exported, s.rows_marked, s.rows_left_dirty),
+        (3, 30, 20, 10),
+        "{s:?}"
+    );
+    // The first batch's ten slots stay dirty; the second's and the third's are marked.
+    assert_eq!(
+        oracle::dirty(&rig.writer).await,
+        order[..10].iter().copied().collect()
+    );
+    // The next run exports them again and the lake equals the database.
+    let again = lakecdc::flush::run(&rig.ctx, &rig.opts).await.unwrap();
+    assert_eq!(only(&again).rows_marked, 10);
     assert_eq!(rig.assert_oracle().await, (30, 0));
 }
 

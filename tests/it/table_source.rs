@@ -1498,6 +1498,88 @@ pub(crate) async fn touches_pending(client: &tokio_postgres::Client) -> i64 {
         .get(0)
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_table_mark_waiting_on_a_lock_does_not_hold_back_the_next_batchs_mark() {
+    // docs/design.md §4.1, "Pipelining", for a table source: the first batch's mark (a delete
+    // of its touches) waits for a touch an application transaction has locked; the second
+    // batch's mark runs on a connection of its own meanwhile.
+    let rig = rig(LakeKind::Local).await;
+    let client = rig.db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE tm (id bigint PRIMARY KEY, note text);
+             INSERT INTO tm SELECT g, 'old ' || g FROM generate_series(1, 30) g",
+        )
+        .await
+        .unwrap();
+    attach(&rig, "tm");
+    init_source(&rig, "tm").await;
+    client
+        .batch_execute("UPDATE tm SET note = 'new ' || id")
+        .await
+        .unwrap();
+    // Batches of ten in row-id order: the first holds the ten smallest touched row ids.
+    let ids: Vec<uuid::Uuid> = client
+        .query("SELECT row_id FROM lakecdc_touch ORDER BY row_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids.len(), 30);
+    let (first, second) = (ids[..10].to_vec(), ids[10..20].to_vec());
+    let app = rig.db.client().await;
+    app.batch_execute("BEGIN").await.unwrap();
+    let lock = "SELECT 1 FROM lakecdc_touch WHERE row_id = $1 FOR UPDATE";
+    assert_eq!(app.execute(lock, &[&first[4]]).await.unwrap(), 1);
+    let ctx = rig.ctx.clone();
+    let opts = lakecdc::flush::FlushOptions {
+        schemas: vec!["tm".into()],
+        batch_size: 10,
+        ..rig.opts.clone()
+    };
+    let flush = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts).await });
+    let watcher = rig.db.client().await;
+    let pending = |ids: Vec<uuid::Uuid>| {
+        let w = &watcher;
+        async move {
+            let n: i64 = w
+                .query_one(
+                    "SELECT count(*) FROM lakecdc_touch WHERE row_id = ANY($1)",
+                    &[&ids],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while pending(second.clone()).await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second batch was not marked while the first batch's mark waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The first batch's mark is one statement, still waiting: all its touches are there.
+    assert_eq!(pending(first.clone()).await, 10);
+    assert!(!flush.is_finished());
+    app.batch_execute("ROLLBACK").await.unwrap();
+    let report = flush.await.unwrap().unwrap();
+    let f = &report.schemas[0];
+    assert_eq!(
+        (f.batches, f.rows_exported, f.rows_marked, f.rows_left_dirty),
+        (3, 30, 30, 0),
+        "{f:?}"
+    );
+    assert_eq!(touches_pending(&client).await, 0);
+    let all = "SELECT id, note FROM tm ORDER BY id";
+    let want = pg_csv(&client, "tm", "id,note", "id || ',' || note", "id").await;
+    holds(&want, &["1,new 1\n", "30,new 30\n"], ",old ");
+    assert_eq!(lake_csv(&rig, all).await, want);
+}
+
 #[tokio::test]
 async fn a_touch_deleted_behind_the_flush_is_not_counted_as_marked() {
     let (rig, client) = five_rows_flushed().await;
