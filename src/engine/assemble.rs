@@ -284,10 +284,13 @@ fn gather_eav(
                 present[at] = true;
                 // The empty-list marker: the database's empty index, read as NULL (the pivot's
                 // `array_indices <> ''` leaves both out alike).
-                if indices.is_null(e) || indices.value(e).is_empty() {
+                let text = match indices.is_null(e) {
+                    true => "",
+                    false => indices.value(e),
+                };
+                if text.is_empty() {
                     continue;
                 }
-                let text = indices.value(e);
                 match plain_index(text) {
                     Some(i) => items.push((at, i, e32)),
                     None => return Ok(None),

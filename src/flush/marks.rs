@@ -44,14 +44,13 @@ impl MarkConnection for snapshot::Marker {
 /// The marks of one drain: their connections (`C`), opened as marks need them, and the marks
 /// in flight, oldest first, each with the connection it runs on.
 pub(super) struct Marks<C> {
-    conns: Vec<Arc<C>>,
+    /// `None` where a mark failed: the failure may have ended the session before the client
+    /// noticed, so the next mark there opens it anew.
+    conns: Vec<Option<Arc<C>>>,
     /// Each with its connection and the rows it was given.
     pending: VecDeque<(usize, u64, PendingMark)>,
     /// True once a further connection was refused: the marks take turns on those open.
     refused: bool,
-    /// Connections whose last mark failed: opened anew before the next mark, since the
-    /// failure may have ended the session before the client has noticed.
-    failed: Vec<usize>,
 }
 
 impl<C> Default for Marks<C> {
@@ -60,7 +59,6 @@ impl<C> Default for Marks<C> {
             conns: Vec::new(),
             pending: VecDeque::new(),
             refused: false,
-            failed: Vec::new(),
         }
     }
 }
@@ -73,12 +71,27 @@ impl<C: MarkConnection> Marks<C> {
         O: Future<Output = Result<C>>,
     {
         if self.conns.is_empty() {
-            self.conns.push(Arc::new(open().await?));
+            self.conns.push(None);
         }
-        self.conns
-            .first()
-            .cloned()
-            .ok_or_else(|| Error::Invariant("no mark connection".into()))
+        self.ready(0, &open).await
+    }
+
+    /// Connection `at`, opened anew with `open` if its session has ended or its last mark
+    /// failed.
+    async fn ready<O>(&mut self, at: usize, open: &impl Fn() -> O) -> Result<Arc<C>>
+    where
+        O: Future<Output = Result<C>>,
+    {
+        if let Some(Some(c)) = self.conns.get(at)
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(open().await?);
+        if let Some(slot) = self.conns.get_mut(at) {
+            *slot = Some(c.clone());
+        }
+        Ok(c)
     }
 
     /// Starts `mark` (of the batch's `rows` rows) on a free connection: marks already finished are
@@ -115,7 +128,7 @@ impl<C: MarkConnection> Marks<C> {
             && !self.refused
         {
             match open().await {
-                Ok(c) => self.conns.push(Arc::new(c)),
+                Ok(c) => self.conns.push(Some(Arc::new(c))),
                 Err(e) if !self.conns.is_empty() => {
                     self.refused = true;
                     tracing::warn!(
@@ -135,20 +148,10 @@ impl<C: MarkConnection> Marks<C> {
             if self.pending.iter().any(|(j, _, _)| *j == at) {
                 continue;
             }
-            if self.conns[at].is_closed() || self.failed.contains(&at) {
-                match open().await {
-                    Ok(c) => {
-                        self.conns[at] = Arc::new(c);
-                        self.failed.retain(|f| *f != at);
-                    }
-                    Err(e) => {
-                        free = Err(e);
-                        continue;
-                    }
-                }
+            free = self.ready(at, &open).await.map(|c| (at, c));
+            if free.is_ok() {
+                break;
             }
-            free = Ok((at, self.conns[at].clone()));
-            break;
         }
         let (at, conn) = match free {
             Ok(found) => found,
@@ -181,7 +184,9 @@ impl<C: MarkConnection> Marks<C> {
         let marked = match &settled {
             Ok(marked) => *marked,
             Err(_) => {
-                self.failed.push(at);
+                if let Some(slot) = self.conns.get_mut(at) {
+                    *slot = None;
+                }
                 0
             }
         };
@@ -206,7 +211,6 @@ impl<C: MarkConnection> Marks<C> {
     pub(super) async fn close(&mut self, report: &mut SchemaReport) -> Result<()> {
         let settled = self.settle(report).await;
         self.conns.clear();
-        self.failed.clear();
         settled
     }
 }

@@ -328,9 +328,8 @@ async fn read_page_in(
 /// `client`. Only list attributes use the indices: without them NULL is read, which costs
 /// PostgreSQL no send call per row. With them the empty index (every scalar's row and the
 /// empty-list marker) is read as NULL too: the column is part of the primary key, so NULL
-/// stands for nothing else, and the export reads NULL as the empty index
-/// (docs/design.md §2.1). A `value_numeric` of type `numeric` (docs/design.md §2.1
-/// allows it beside the `double precision` init-db makes) is read as its nearest double, where
+/// stands for nothing else, and the export reads NULL as the empty index. A `value_numeric`
+/// of type `numeric` (docs/design.md §2.1 allows it beside the `double precision` init-db makes) is read as its nearest double, where
 /// the plain cast would fail on a value beyond a double's range, and with it every read of the
 /// schema until the row changes; a `double precision` one is read as it is.
 pub(super) async fn eav_select(
