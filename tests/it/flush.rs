@@ -2441,18 +2441,10 @@ async fn the_mark_locks_slots_in_row_id_order_as_batch_writers_do() {
     assert_eq!(rig.assert_oracle().await, (2, 0));
 }
 
-/// Seeds 30 rows, has an application transaction lock the fifth slot of the first batch and
-/// starts a flush in windows of one batch (batch k holds the k-th run of ten slots in
-/// selection order). Returns the slots in selection order, the application's connection, in
-/// its transaction, and the running flush.
-async fn flush_behind_a_locked_slot(
-    rig: &mut Rig,
-    seed: u64,
-) -> (
-    Vec<Uuid>,
-    tokio_postgres::Client,
-    tokio::task::JoinHandle<lakecdc::error::Result<lakecdc::flush::FlushReport>>,
-) {
+/// Seeds 30 rows and has an application transaction lock the fifth slot of the first batch
+/// of [`one_batch_windows`]. Returns the slots in selection order and the application's
+/// connection, in its transaction.
+async fn a_locked_slot(rig: &mut Rig, seed: u64) -> (Vec<Uuid>, tokio_postgres::Client) {
     let mut r = Rng::new(seed);
     rig.seed(30, &mut r).await;
     let order = dirty_in_selection_order(rig).await;
@@ -2461,12 +2453,30 @@ async fn flush_behind_a_locked_slot(
     let slot = "SELECT 1 FROM change_log WHERE schema_id = 100 AND row_id = $1 \
                 AND flushed_at = 0 FOR UPDATE";
     assert_eq!(app.execute(slot, &[&order[4]]).await.unwrap(), 1);
-    let ctx = rig.ctx.clone();
-    let opts = FlushOptions {
+    (order, app)
+}
+
+/// Flush options of windows of one batch: batch k holds the k-th run of ten slots in
+/// selection order.
+fn one_batch_windows(rig: &Rig) -> FlushOptions {
+    FlushOptions {
         batch_size: 10,
         window_batches: 1,
         ..rig.opts.clone()
-    };
+    }
+}
+
+/// [`a_locked_slot`], then a flush of [`one_batch_windows`] started behind it.
+async fn flush_behind_a_locked_slot(
+    rig: &mut Rig,
+    seed: u64,
+) -> (
+    Vec<Uuid>,
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<lakecdc::error::Result<lakecdc::flush::FlushReport>>,
+) {
+    let (order, app) = a_locked_slot(rig, seed).await;
+    let (ctx, opts) = (rig.ctx.clone(), one_batch_windows(rig));
     let flush = tokio::spawn(async move { lakecdc::flush::run(&ctx, &opts).await });
     (order, app, flush)
 }
@@ -2576,14 +2586,8 @@ async fn a_refused_second_mark_connection_leaves_the_marks_taking_turns() {
     // application transaction holds, so the second batch's mark asks for a connection of its
     // own; the database refuses it. The run does not fail: the marks take turns on the first.
     let mut rig = rig(LakeKind::Local).await;
-    let mut r = Rng::new(3);
-    rig.seed(30, &mut r).await;
-    let order = dirty_in_selection_order(&rig).await;
-    let app = Arc::new(rig.db.client().await);
-    app.batch_execute("BEGIN").await.unwrap();
-    let slot = "SELECT 1 FROM change_log WHERE schema_id = 100 AND row_id = $1 \
-                AND flushed_at = 0 FOR UPDATE";
-    assert_eq!(app.execute(slot, &[&order[4]]).await.unwrap(), 1);
+    let (_, app) = a_locked_slot(&mut rig, 3).await;
+    let app = Arc::new(app);
     let db = rig.db.url.rsplit_once('/').unwrap().1.to_string();
     let admin = Arc::new(harness::pg_client(&harness::pg_admin_url()).await);
     let marks = Arc::new(AtomicUsize::new(0));
@@ -2608,11 +2612,7 @@ async fn a_refused_second_mark_connection_leaves_the_marks_taking_turns() {
         })),
         ..FlushHooks::default()
     };
-    let opts = FlushOptions {
-        batch_size: 10,
-        window_batches: 1,
-        ..rig.opts.clone()
-    };
+    let opts = one_batch_windows(&rig);
     let report = lakecdc::flush::run_with_hooks(&rig.ctx, &opts, &hooks).await;
     allow_connections(&rig, &admin).await;
     let report = report.unwrap();

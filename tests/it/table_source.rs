@@ -1505,15 +1505,9 @@ async fn a_table_mark_waiting_on_a_lock_does_not_hold_back_the_next_batchs_mark(
     // batch's mark runs on a connection of its own meanwhile.
     let rig = rig(LakeKind::Local).await;
     let client = rig.db.client().await;
-    client
-        .batch_execute(
-            "CREATE TABLE tm (id bigint PRIMARY KEY, note text);
-             INSERT INTO tm SELECT g, 'old ' || g FROM generate_series(1, 30) g",
-        )
-        .await
-        .unwrap();
-    attach(&rig, "tm");
-    init_source(&rig, "tm").await;
+    let table = "CREATE TABLE tm (id bigint PRIMARY KEY, note text);
+                 INSERT INTO tm SELECT g, 'old ' || g FROM generate_series(1, 30) g";
+    loaded(&rig, &client, table, "tm").await;
     client
         .batch_execute("UPDATE tm SET note = 'new ' || id")
         .await
@@ -1632,13 +1626,12 @@ async fn pg_csv(
         .get(0)
 }
 
-/// Runs `sql` (creating and filling table `name`), attaches the table and inits its lake.
+/// Runs `sql` (creating and filling table `name`), attaches the table and inits its lake (which
+/// must succeed).
 async fn loaded(rig: &Rig, client: &tokio_postgres::Client, sql: &str, name: &str) {
     client.batch_execute(sql).await.unwrap();
     attach(rig, name);
-    lakecdc::init::run(&rig.job_context(), &init_opts(rig, name))
-        .await
-        .unwrap();
+    init_source(rig, name).await;
 }
 
 #[tokio::test]
