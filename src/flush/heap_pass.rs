@@ -96,7 +96,14 @@ impl HeapPass {
             return Ok(None);
         };
         let snapshot = live::ExportedSnapshot::export_on(sessions.exporter).await?;
-        let tickets: Vec<_> = (0..=READERS).map(|_| snapshot.ticket()).collect();
+        // One ticket per reader for the heap read, and one per session the selection runs on.
+        let selectors = match oldest(plan, pass) {
+            true => 1,
+            false => READERS,
+        };
+        let tickets: Vec<_> = (0..READERS + selectors)
+            .map(|_| snapshot.ticket())
+            .collect();
         let released = snapshot.release();
         let read = Self::read(plan, &shape, sessions.readers, tickets, pass);
         let (pass, released) = tokio::join!(read, released);
@@ -120,35 +127,49 @@ impl HeapPass {
         mut tickets: Vec<live::SnapshotTicket>,
         pass: u64,
     ) -> Result<Self> {
-        let ticket = tickets
-            .pop()
-            .ok_or_else(|| Error::Invariant("a pass without a snapshot ticket".into()))?;
         let t = Instant::now();
-        // The selection runs on the first reader's session, before it reads.
-        let selector = readers
-            .first_mut()
-            .ok_or_else(|| Error::Invariant("a pass without a reader".into()))?;
         // Only a pass that cannot take every dirty slot (bounded by PASS_SLOTS or the batch
-        // budget) needs the oldest ones. One that can takes whatever is dirty in its snapshot
-        // (slots written since the count too), up to what a pass and the budget allow.
-        let oldest = pass < plan.dirty;
+        // budget) needs the oldest ones: one ordered selection, on the first reader's session
+        // before it reads. One that can takes whatever is dirty in its snapshot (slots written
+        // since the count too), up to what a pass and the budget allow, split over every
+        // reader's session by heap pages.
+        let oldest = oldest(plan, pass);
         let limit = match oldest {
             true => pass,
             false => PASS_SLOTS.min(plan.budget),
         };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut slots = heap_read::dirty_slots_in(
-            selector,
-            ticket,
-            plan.tables,
-            plan.schema_id,
-            limit,
-            oldest,
-            pass,
-        )
-        .await?;
+        let mut slots = match oldest {
+            true => {
+                let ticket = tickets
+                    .pop()
+                    .ok_or_else(|| Error::Invariant("a pass without a snapshot ticket".into()))?;
+                let selector = readers
+                    .first_mut()
+                    .ok_or_else(|| Error::Invariant("a pass without a reader".into()))?;
+                let (tables, id) = (plan.tables, plan.schema_id);
+                heap_read::dirty_slots_in(selector, ticket, tables, id, limit, true, None, pass)
+                    .await?
+            }
+            false => {
+                let selection = tickets.split_off(readers.len().min(tickets.len()));
+                let ranges = shape.slot_ranges(readers.len());
+                heap_read::dirty_slots_split(
+                    &mut readers,
+                    selection,
+                    plan.tables,
+                    plan.schema_id,
+                    limit,
+                    &ranges,
+                    pass,
+                )
+                .await?
+            }
+        };
         step_done("select pass", t);
         let took_all = i64::try_from(slots.len()).unwrap_or(i64::MAX) < limit;
+        // A split selection may hold up to `limit` slots per reader.
+        slots.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         let after = last_selected(&slots).filter(|_| oldest || took_all);
         if let Some(hook) = &plan.before_export {
             hook(
@@ -283,6 +304,12 @@ impl HeapPass {
         let (s, bucket) = (spilled.clone(), self.taken / self.size);
         tokio::task::spawn_blocking(move || s.load(bucket))
     }
+}
+
+/// Whether a pass of `pass` slots takes the oldest dirty ones (it cannot take them all), not
+/// any.
+fn oldest(plan: &PassPlan<'_>, pass: u64) -> bool {
+    pass < plan.dirty
 }
 
 /// The last of `slots` in selection order, `(changed_at, row_id)`.

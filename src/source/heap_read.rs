@@ -14,7 +14,7 @@
 //! file's rows per loaded bucket); scratch disk is the live rows' binary size, and is reported.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -121,9 +121,51 @@ impl HeapPlan {
     }
 }
 
-/// The bucket of row id `id`.
+/// The bucket of row id `id`: the number of cuts at or below it.
 fn bucket_of(cuts: &[u128], id: u128) -> usize {
     cuts.partition_point(|c| *c <= id)
+}
+
+/// Bits of a row id's top that [`Buckets`] looks its bucket range up by.
+const PREFIX_BITS: u32 = 12;
+
+/// The bucket cuts with a lookup by the row id's top [`PREFIX_BITS`] bits, which narrows a
+/// row's bucket to the few cuts within its prefix: a router finds the bucket of each of tens
+/// of millions of tuples, and a binary search over every cut (a mispredicted branch at each of
+/// its steps) took a third of the routing's time.
+struct Buckets {
+    cuts: Arc<[u128]>,
+    /// For each prefix `p`, the bucket of the smallest id with that prefix; one more entry,
+    /// the number of cuts, ends the last prefix's range.
+    first: Box<[u32]>,
+}
+
+impl Buckets {
+    fn new(cuts: Arc<[u128]>) -> Self {
+        let prefixes = 1u128 << PREFIX_BITS;
+        let first = (0..=prefixes)
+            .map(|p| match p < prefixes {
+                true => bucket_of(&cuts, p << (128 - PREFIX_BITS)),
+                false => cuts.len(),
+            })
+            .map(|b| u32::try_from(b).unwrap_or(u32::MAX))
+            .collect();
+        Self { cuts, first }
+    }
+
+    /// The bucket of row id `id`, as [`bucket_of`] gives it.
+    fn of(&self, id: u128) -> usize {
+        let p = (id >> (128 - PREFIX_BITS)) as usize;
+        let lo = self.first.get(p).map_or(0, |&b| b as usize);
+        let hi = self
+            .first
+            .get(p + 1)
+            .map_or(self.cuts.len(), |&b| b as usize);
+        match self.cuts.get(lo..hi) {
+            Some(within) => lo + within.partition_point(|c| *c <= id),
+            None => bucket_of(&self.cuts, id),
+        }
+    }
 }
 
 /// Sizes of the entity and EAV tables, and the row id's correlation with the heap's order.
@@ -134,11 +176,17 @@ struct Sizes {
     eav_pages: i64,
     eav_tuples: f64,
     eav_bytes: f64,
+    /// `change_log`'s heap pages.
+    log_pages: i64,
     correlation: Option<f64>,
 }
 
 async fn sizes(client: &Client, tables: &Tables) -> Result<Sizes> {
-    let (e, v) = (tables.entity.quoted(), tables.eav.quoted());
+    let (e, v, l) = (
+        tables.entity.quoted(),
+        tables.eav.quoted(),
+        tables.change_log.quoted(),
+    );
     let size = |t: &str| {
         format!(
             "(SELECT (pg_relation_size(c.oid) / current_setting('block_size')::int)::int8, \
@@ -150,10 +198,12 @@ async fn sizes(client: &Client, tables: &Tables) -> Result<Sizes> {
         "SELECT e.*, v.*, (SELECT s.correlation::float8 FROM pg_stats s JOIN pg_class c \
                 ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace \
                 AND n.nspname = s.schemaname \
-              WHERE c.oid = '{e}'::regclass AND s.attname = 'ltbase_row_id' LIMIT 1) \
-         FROM {} AS e(pages, tuples, bytes), {} AS v(pages, tuples, bytes)",
+              WHERE c.oid = '{e}'::regclass AND s.attname = 'ltbase_row_id' LIMIT 1), l.pages \
+         FROM {} AS e(pages, tuples, bytes), {} AS v(pages, tuples, bytes), \
+              {} AS l(pages, tuples, bytes)",
         size(&e),
-        size(&v)
+        size(&v),
+        size(&l)
     );
     let row = timed(
         TIMEOUT,
@@ -169,6 +219,7 @@ async fn sizes(client: &Client, tables: &Tables) -> Result<Sizes> {
         eav_tuples: row.get(4),
         eav_bytes: row.get(5),
         correlation: row.get(6),
+        log_pages: row.get(7),
     };
     // A table never analysed has no `pg_stats` row and no `reltuples` (docs/design.md §4.2,
     // "Without statistics"): measured from a page sample instead, so that a schema's first
@@ -374,6 +425,14 @@ impl TableShape {
         (self.0.entity_bytes + self.0.eav_bytes) as u64
     }
 
+    /// `ctid` conditions splitting `change_log` into `n` ranges of about as many heap pages
+    /// each, for a selection split over `n` readers ([`dirty_slots_split`]). The first has no
+    /// lower bound and the last no upper one, so that together they cover every page the table
+    /// has when it is read, however it grew or shrank since its size was read.
+    pub fn slot_ranges(&self, n: usize) -> Vec<String> {
+        split_pages(self.0.log_pages, n)
+    }
+
     /// The heap-order read of a flush pass whose batches hold the row ids from each of
     /// `cuts` to the next (the first batch from 0): every row of both tables, deleted
     /// entities included, in chunks of about `chunk_rows` rows.
@@ -402,11 +461,13 @@ pub struct PassSlot {
 /// Selects `limit` dirty slots of `schema_id` in the exported snapshot of `ticket`: the
 /// versions a flush pass exports, seen at the instant its heap readers read the payload. The
 /// oldest ones (by `changed_at, row_id`, as a window would) when `oldest`; any ones otherwise
-/// (a pass that takes every dirty slot needs no order: it sorts them by row id). The slots
-/// come as binary COPY data, decoded where they lie (through the connection's tap when it has
-/// one): a million slots as rows cost lakecdc twice what they cost the server. Room is made
-/// for the `expected` slots (the count the pass was decided on) and a margin for those
+/// (a pass that takes every dirty slot needs no order: it sorts them by row id), and then only
+/// those on the `change_log` heap pages of `pages` when given (see [`dirty_slots_split`]). The
+/// slots come as binary COPY data, decoded where they lie (through the connection's tap when
+/// it has one): a million slots as rows cost lakecdc twice what they cost the server. Room is
+/// made for the `expected` slots (the count the pass was decided on) and a margin for those
 /// written since, the vector growing past it only if more come.
+#[allow(clippy::too_many_arguments)]
 pub async fn dirty_slots_in(
     conn: &mut TappedClient,
     ticket: SnapshotTicket,
@@ -414,9 +475,10 @@ pub async fn dirty_slots_in(
     schema_id: i16,
     limit: i64,
     oldest: bool,
+    pages: Option<&str>,
     expected: u64,
 ) -> Result<Vec<PassSlot>> {
-    let query = dirty_slots_sql(tables, oldest, &schema_id, &limit);
+    let query = dirty_slots_sql(tables, oldest, &schema_id, &limit, pages);
     let TappedClient { client, tap } = conn;
     let tx = begin_in(client, ticket).await?;
     let capacity = slot_capacity(limit, expected);
@@ -429,6 +491,70 @@ pub async fn dirty_slots_in(
     let mut sink = copy_tap::lock(&sink);
     sink.end_stream()?;
     Ok(std::mem::take(&mut sink.into.slots))
+}
+
+/// Selects up to `limit` dirty slots of `schema_id`, in any order, on every one of `readers`
+/// at once, each in the exported snapshot of its ticket and over its share of `change_log`'s
+/// heap pages ([`TableShape::slot_ranges`]), and returns them sorted by row id. A pass that
+/// takes every dirty slot then waits for the slowest share instead of one scan of the whole
+/// table, with the other cores idle (docs/design.md §4.1, "Heap passes"). Each share is
+/// sorted where it was read (blocking, on its own thread) and the sorted shares are merged.
+/// More than `limit` slots may come back (each share may hold `limit`): the caller keeps the
+/// first `limit`.
+pub async fn dirty_slots_split(
+    readers: &mut [TappedClient],
+    tickets: Vec<SnapshotTicket>,
+    tables: &Tables,
+    schema_id: i16,
+    limit: i64,
+    ranges: &[String],
+    expected: u64,
+) -> Result<Vec<PassSlot>> {
+    if readers.len() != tickets.len() || readers.len() != ranges.len() || readers.is_empty() {
+        return Err(Error::Invariant(format!(
+            "a split selection of {} readers, {} snapshot tickets and {} page ranges",
+            readers.len(),
+            tickets.len(),
+            ranges.len()
+        )));
+    }
+    let share = expected.div_ceil(readers.len() as u64);
+    let shares =
+        readers
+            .iter_mut()
+            .zip(tickets)
+            .zip(ranges)
+            .map(|((conn, ticket), pages)| async move {
+                let mut slots = dirty_slots_in(
+                    conn,
+                    ticket,
+                    tables,
+                    schema_id,
+                    limit,
+                    false,
+                    Some(pages),
+                    share,
+                )
+                .await?;
+                tokio::task::spawn_blocking(move || {
+                    slots.sort_unstable_by_key(|s| s.slot.row_id);
+                    slots
+                })
+                .await
+                .map_err(Error::task("sort a pass's selection"))
+            });
+    let shares = futures::future::try_join_all(shares).await?;
+    let mut slots = Vec::with_capacity(shares.iter().map(Vec::len).sum());
+    for share in shares {
+        slots.extend(share);
+    }
+    // Sorted runs, one per share: the stable sort finds them and merges them in one pass.
+    tokio::task::spawn_blocking(move || {
+        slots.sort_by_key(|s| s.slot.row_id);
+        slots
+    })
+    .await
+    .map_err(Error::task("merge a pass's selection"))
 }
 
 const SELECT_OP: &str = "select a pass's dirty slots";
@@ -526,6 +652,24 @@ pub(super) fn page_ranges(pages: i64, tuples: f64, chunk_rows: f64) -> Vec<Strin
     }
     ranges.push(format!("ctid >= '({start},0)'::tid"));
     ranges
+}
+
+/// `ctid` conditions cutting a table of `pages` pages into `n` (at least one) ranges of
+/// about as many pages each, the first without lower bound and the last without upper one.
+fn split_pages(pages: i64, n: usize) -> Vec<String> {
+    let n = n.max(1) as i64;
+    let cut = |i: i64| pages.max(0).saturating_mul(i) / n;
+    (0..n)
+        .map(|i| {
+            let lower = (i > 0).then(|| format!("ctid >= '({},0)'::tid", cut(i)));
+            let upper = (i + 1 < n).then(|| format!("ctid < '({},0)'::tid", cut(i + 1)));
+            match (lower, upper) {
+                (Some(l), Some(u)) => format!("{l} AND {u}"),
+                (Some(c), None) | (None, Some(c)) => c,
+                (None, None) => "true".to_string(),
+            }
+        })
+        .collect()
 }
 
 /// A page sample of the schema's live row ids (`TABLESAMPLE SYSTEM`: whole heap pages, cheap
@@ -667,14 +811,35 @@ impl Spill {
         Ok(())
     }
 
+    /// Appends the tuples of `bucket`, read back in order, to `out`: read where they go, not
+    /// through a buffer nor into zeroed memory (a pass reads back hundreds of megabytes of
+    /// entity tuples).
+    fn append_bucket(&self, bucket: usize, out: &mut Vec<u8>) -> Result<()> {
+        let chunks = &self.chunks[bucket];
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let mut file = File::open(&self.path).map_err(self.io("open a spill file"))?;
+        for &(offset, len) in chunks {
+            file.seek(SeekFrom::Start(offset))
+                .map_err(self.io("read a spill file"))?;
+            let read = (&mut file)
+                .take(len as u64)
+                .read_to_end(out)
+                .map_err(self.io("read a spill file"))?;
+            if read != len {
+                let cut = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                return Err(self.io("read a spill file")(cut));
+            }
+        }
+        Ok(())
+    }
+
     /// The tuples of `bucket`, read back.
     #[cfg(test)]
     fn bucket(&self, bucket: usize) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        self.each_chunk(bucket, |c| {
-            out.extend_from_slice(c);
-            Ok(())
-        })?;
+        self.append_bucket(bucket, &mut out)?;
         Ok(out)
     }
 }
@@ -692,7 +857,7 @@ type Router = CopyDecoder<Routing>;
 
 /// Where a reader's tuples go: the bucket of their row id, in its spill file.
 struct Routing {
-    cuts: Arc<[u128]>,
+    buckets: Buckets,
     fields: usize,
     spill: Spill,
 }
@@ -738,7 +903,7 @@ impl Tuples for Routing {
             if t.len() < at {
                 return Ok(taken);
             }
-            self.spill.push(bucket_of(&self.cuts, id), &t[..at])?;
+            self.spill.push(self.buckets.of(id), &t[..at])?;
             taken.used += at;
             taken.tuples += 1;
         }
@@ -788,10 +953,7 @@ impl Spilled {
         // Sized once: grown chunk by chunk, the buffer would be copied as it doubles.
         let mut raw = Vec::with_capacity(self.entity.iter().map(|s| s.bucket_bytes(bucket)).sum());
         for s in &self.entity {
-            s.each_chunk(bucket, |c| {
-                raw.extend_from_slice(c);
-                Ok(())
-            })?;
+            s.append_bucket(bucket, &mut raw)?;
         }
         let fields = 4 + self.bound.len();
         let mut order: Vec<(u128, usize, usize)> = Vec::with_capacity(rows as usize);
@@ -906,7 +1068,7 @@ where
         Ok(Arc::new(Mutex::new(CopyDecoder::new(
             op,
             Routing {
-                cuts: plan.cuts.clone(),
+                buckets: Buckets::new(plan.cuts.clone()),
                 fields,
                 spill: Spill::create(path, buckets)?,
             },
@@ -1003,6 +1165,56 @@ mod tests {
     }
 
     #[test]
+    fn the_prefix_lookup_finds_the_bucket_a_search_of_every_cut_finds() {
+        let prefix = |p: u128| p << (128 - PREFIX_BITS);
+        let mut x = 0x2545_f491_4f6c_dd1du128;
+        let mut random = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let sorted = |n: usize, f: &mut dyn FnMut() -> u128| {
+            let mut c: Vec<u128> = (0..n).map(|_| f()).collect();
+            c.sort_unstable();
+            c.dedup();
+            c
+        };
+        let cut_sets: Vec<Vec<u128>> = vec![
+            Vec::new(),
+            vec![1],
+            vec![u128::MAX],
+            // Cuts on, just below and just above prefix boundaries, several in one prefix.
+            vec![
+                prefix(1) - 1,
+                prefix(1),
+                prefix(1) + 1,
+                prefix(7),
+                prefix(4095),
+            ],
+            // Uniform ids (UUIDv4), and ids that share their top bits (UUIDv7: one prefix).
+            sorted(99, &mut random),
+            sorted(99, &mut || prefix(0x018) | (random() >> PREFIX_BITS)),
+        ];
+        for cuts in cut_sets {
+            let buckets = Buckets::new(cuts.clone().into());
+            let mut ids: Vec<u128> = vec![0, u128::MAX, prefix(4095), prefix(1) - 1];
+            for c in &cuts {
+                ids.extend([c.wrapping_sub(1), *c, c.wrapping_add(1)]);
+            }
+            ids.extend((0..10_000).map(|_| random()));
+            ids.extend((0..1_000).map(|_| prefix(0x018) | (random() >> PREFIX_BITS)));
+            for id in ids {
+                assert_eq!(
+                    buckets.of(id),
+                    bucket_of(&cuts, id),
+                    "id {id:#x}, cuts {cuts:x?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn auto_reads_large_schemas_of_scattered_ids_in_heap_order() {
         // Random ids (correlation near 0), time-ordered ones (near 1), no statistics.
         assert!(auto_heap(Some(0.01), 1e6, 1e6));
@@ -1016,6 +1228,29 @@ mod tests {
     }
 
     #[test]
+    fn a_split_selection_covers_every_page_once() {
+        assert_eq!(split_pages(500, 1), vec!["true"]);
+        assert_eq!(
+            split_pages(500, 2),
+            vec!["ctid < '(250,0)'::tid", "ctid >= '(250,0)'::tid"]
+        );
+        assert_eq!(
+            split_pages(10, 3),
+            vec![
+                "ctid < '(3,0)'::tid",
+                "ctid >= '(3,0)'::tid AND ctid < '(6,0)'::tid",
+                "ctid >= '(6,0)'::tid",
+            ]
+        );
+        // An empty table (or one never measured): every row, however many pages it has by
+        // then, lies in the last range.
+        assert_eq!(
+            split_pages(0, 2),
+            vec!["ctid < '(0,0)'::tid", "ctid >= '(0,0)'::tid"]
+        );
+    }
+
+    #[test]
     fn a_flush_pass_reads_the_heap_for_a_large_share_of_scattered_ids() {
         let shape = |correlation| {
             TableShape(Sizes {
@@ -1025,6 +1260,7 @@ mod tests {
                 eav_pages: 4000,
                 eav_tuples: 4e6,
                 eav_bytes: 3.2e7,
+                log_pages: 500,
                 correlation,
             })
         };
@@ -1189,7 +1425,7 @@ mod tests {
             CopyDecoder::new(
                 "test",
                 Routing {
-                    cuts: vec![100, 500].into(),
+                    buckets: Buckets::new(vec![100, 500].into()),
                     fields: 2,
                     spill: Spill::create(dir.path().join(name), 3).unwrap(),
                 },

@@ -171,7 +171,7 @@ impl BatchStatements {
     /// Prepares the slot, entity and EAV reads for `schema` on `client`.
     pub async fn prepare(client: &Client, tables: &Tables, schema: &SchemaDef) -> Result<Self> {
         let cl = tables.change_log.quoted();
-        let first = dirty_slots_sql(tables, true, &"$1", &"$2");
+        let first = dirty_slots_sql(tables, true, &"$1", &"$2", None);
         let after = format!(
             "SELECT row_id, changed_at, deleted_at, ctid FROM {cl} WHERE schema_id = $1 AND flushed_at = 0 \
              AND changed_at >= $3 AND (changed_at, row_id) > ($3, $4) ORDER BY changed_at, row_id LIMIT $2"
@@ -267,20 +267,23 @@ pub async fn select(
 
 /// Up to `limit` dirty slots of schema `schema_id` (each a parameter placeholder or a value
 /// lakecdc formats) as slot rows (`row_id, changed_at, deleted_at, ctid`): the oldest first (by
-/// `changed_at, row_id`, the selection order) when `oldest`, in any order otherwise.
+/// `changed_at, row_id`, the selection order) when `oldest`, in any order otherwise; only
+/// those on the heap pages of the `ctid` condition `pages` when given.
 pub(super) fn dirty_slots_sql(
     tables: &Tables,
     oldest: bool,
     schema_id: &dyn std::fmt::Display,
     limit: &dyn std::fmt::Display,
+    pages: Option<&str>,
 ) -> String {
     let order = match oldest {
         true => " ORDER BY changed_at, row_id",
         false => "",
     };
+    let pages = pages.map(|p| format!(" AND {p}")).unwrap_or_default();
     format!(
         "SELECT row_id, changed_at, deleted_at, ctid FROM {} WHERE schema_id = {schema_id} \
-         AND flushed_at = 0{order} LIMIT {limit}",
+         AND flushed_at = 0{pages}{order} LIMIT {limit}",
         tables.change_log.quoted()
     )
 }
