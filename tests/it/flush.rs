@@ -403,16 +403,7 @@ async fn a_split_selection_takes_every_dirty_slot_once_in_row_id_order() {
         let n: i64 = c.query_one(&sql, &[]).await.unwrap().get(0);
         assert!(n > 600, "{r}: {n}");
     }
-    let expected: Vec<Uuid> = c
-        .query(
-            "SELECT row_id FROM change_log WHERE schema_id = 100 AND flushed_at = 0 ORDER BY row_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let expected = dirty_ids(&rig, "row_id").await;
     assert_eq!(expected.len(), 2000);
     for limit in [1_000_000, 600] {
         let mut readers = heap_read::open_readers(&rig.ctx.connector, 2)
@@ -2833,17 +2824,14 @@ async fn a_slot_rewritten_after_its_window_was_selected_is_exported_at_its_new_v
 
 /// The dirty slots' row ids in `(changed_at, row_id)` order.
 async fn dirty_in_selection_order(rig: &Rig) -> Vec<Uuid> {
-    rig.writer
-        .client
-        .query(
-            "SELECT row_id FROM change_log WHERE flushed_at = 0 ORDER BY changed_at, row_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
+    dirty_ids(rig, "changed_at, row_id").await
+}
+
+/// The dirty slots' row ids, ordered by `order` (an `ORDER BY` list).
+async fn dirty_ids(rig: &Rig, order: &str) -> Vec<Uuid> {
+    let sql = format!("SELECT row_id FROM change_log WHERE flushed_at = 0 ORDER BY {order}");
+    let rows = rig.writer.client.query(&sql, &[]).await.unwrap();
+    rows.iter().map(|row| row.get(0)).collect()
 }
 
 /// Hooks that once, at `window` (`before_export` or `before_mark`), update `a`, hard-delete
