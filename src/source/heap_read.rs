@@ -176,7 +176,7 @@ struct Sizes {
     eav_pages: i64,
     eav_tuples: f64,
     eav_bytes: f64,
-    /// `change_log`'s heap pages.
+    /// `change_log`'s heap pages (0 without the table: an init reads no slot and needs none).
     log_pages: i64,
     correlation: Option<f64>,
 }
@@ -198,12 +198,12 @@ async fn sizes(client: &Client, tables: &Tables) -> Result<Sizes> {
         "SELECT e.*, v.*, (SELECT s.correlation::float8 FROM pg_stats s JOIN pg_class c \
                 ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace \
                 AND n.nspname = s.schemaname \
-              WHERE c.oid = '{e}'::regclass AND s.attname = 'ltbase_row_id' LIMIT 1), l.pages \
-         FROM {} AS e(pages, tuples, bytes), {} AS v(pages, tuples, bytes), \
-              {} AS l(pages, tuples, bytes)",
+              WHERE c.oid = '{e}'::regclass AND s.attname = 'ltbase_row_id' LIMIT 1), \
+              COALESCE((SELECT (pg_relation_size(c.oid) / current_setting('block_size')::int)::int8 \
+                        FROM pg_class c WHERE c.oid = to_regclass('{l}')), 0) \
+         FROM {} AS e(pages, tuples, bytes), {} AS v(pages, tuples, bytes)",
         size(&e),
-        size(&v),
-        size(&l)
+        size(&v)
     );
     let row = timed(
         TIMEOUT,

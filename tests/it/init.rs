@@ -887,6 +887,31 @@ async fn replace_delta_replaces_only_the_deltas_it_inventoried() {
 }
 
 #[tokio::test]
+async fn a_heap_order_init_reads_no_change_log() {
+    // docs/design.md §4.2: init reads the entity and EAV tables only; the heap-order read's
+    // catalog query also sizes change_log for a flush pass, and must not need the table.
+    let mut rig = rig(LakeKind::S3).await;
+    let mut r = Rng::new(7);
+    rig.seed(30, &mut r).await;
+    let c = &rig.writer.client;
+    c.batch_execute("ANALYZE; ALTER TABLE change_log RENAME TO change_log_away")
+        .await
+        .unwrap();
+    let heap = InitOptions {
+        read_order: ReadOrder::Heap,
+        ..opts(&rig)
+    };
+    let report = init(&rig, &heap).await;
+    c.batch_execute("ALTER TABLE change_log_away RENAME TO change_log")
+        .await
+        .unwrap();
+    let s = &report.schemas[0];
+    assert_eq!(s.outcome, Outcome::Exported, "{s:?}");
+    assert!(s.heap_order, "{s:?}");
+    assert_eq!(s.live_rows, 30, "{s:?}");
+}
+
+#[tokio::test]
 async fn dry_run_counts_and_estimates_without_writing() {
     let mut rig = rig(LakeKind::S3).await;
     let mut r = Rng::new(1);
