@@ -96,16 +96,15 @@ impl HeapPass {
             return Ok(None);
         };
         let snapshot = live::ExportedSnapshot::export_on(sessions.exporter).await?;
-        // One ticket per reader for the heap read, and one per session the selection runs on.
+        // One ticket per session the selection runs on, and one per reader for the heap read.
         let selectors = match oldest(plan, pass) {
             true => 1,
             false => READERS,
         };
-        let tickets: Vec<_> = (0..READERS + selectors)
-            .map(|_| snapshot.ticket())
-            .collect();
+        let tickets = |n: usize| (0..n).map(|_| snapshot.ticket()).collect::<Vec<_>>();
+        let (selection, reading) = (tickets(selectors), tickets(READERS));
         let released = snapshot.release();
-        let read = Self::read(plan, &shape, sessions.readers, tickets, pass);
+        let read = Self::read(plan, &shape, sessions.readers, selection, reading, pass);
         let (pass, released) = tokio::join!(read, released);
         let pass = released.and(pass)?;
         tracing::info!(
@@ -118,13 +117,14 @@ impl HeapPass {
         Ok(Some(pass))
     }
 
-    /// Selects the pass's slots and reads its buckets, every ticket's reader in the same
-    /// snapshot.
+    /// Selects the pass's slots (a ticket of `selection` per session it runs on) and reads
+    /// its buckets (a ticket of `reading` per reader), all in the same snapshot.
     async fn read(
         plan: &PassPlan<'_>,
         shape: &TableShape,
         mut readers: Vec<TappedClient>,
-        mut tickets: Vec<live::SnapshotTicket>,
+        mut selection: Vec<live::SnapshotTicket>,
+        tickets: Vec<live::SnapshotTicket>,
         pass: u64,
     ) -> Result<Self> {
         let t = Instant::now();
@@ -141,18 +141,22 @@ impl HeapPass {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut slots = match oldest {
             true => {
-                let ticket = tickets
+                let ticket = selection
                     .pop()
                     .ok_or_else(|| Error::Invariant("a pass without a snapshot ticket".into()))?;
                 let selector = readers
                     .first_mut()
                     .ok_or_else(|| Error::Invariant("a pass without a reader".into()))?;
                 let (tables, id) = (plan.tables, plan.schema_id);
-                heap_read::dirty_slots_in(selector, ticket, tables, id, limit, true, None, pass)
-                    .await?
+                let mut slots = heap_read::dirty_slots_in(
+                    selector, ticket, tables, id, limit, true, None, pass,
+                )
+                .await?;
+                slots.sort_unstable_by_key(|s| s.slot.row_id);
+                slots
             }
+            // Sorted by row id as it is merged.
             false => {
-                let selection = tickets.split_off(readers.len().min(tickets.len()));
                 let ranges = shape.slot_ranges(readers.len());
                 heap_read::dirty_slots_split(
                     &mut readers,
@@ -178,7 +182,6 @@ impl HeapPass {
             )
             .await;
         }
-        slots.sort_unstable_by_key(|s| s.slot.row_id);
         let size = usize::try_from(plan.batch_size.max(1)).unwrap_or(usize::MAX);
         if plan.dry_run {
             return Ok(Self {

@@ -187,9 +187,10 @@ async fn sizes(client: &Client, tables: &Tables) -> Result<Sizes> {
         tables.eav.quoted(),
         tables.change_log.quoted(),
     );
+    let pages = "(pg_relation_size(c.oid) / current_setting('block_size')::int)::int8";
     let size = |t: &str| {
         format!(
-            "(SELECT (pg_relation_size(c.oid) / current_setting('block_size')::int)::int8, \
+            "(SELECT {pages}, \
                      GREATEST(c.reltuples, 0)::float8, pg_relation_size(c.oid)::float8 \
               FROM pg_class c WHERE c.oid = '{t}'::regclass)"
         )
@@ -199,8 +200,7 @@ async fn sizes(client: &Client, tables: &Tables) -> Result<Sizes> {
                 ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace \
                 AND n.nspname = s.schemaname \
               WHERE c.oid = '{e}'::regclass AND s.attname = 'ltbase_row_id' LIMIT 1), \
-              COALESCE((SELECT (pg_relation_size(c.oid) / current_setting('block_size')::int)::int8 \
-                        FROM pg_class c WHERE c.oid = to_regclass('{l}')), 0) \
+              COALESCE((SELECT {pages} FROM pg_class c WHERE c.oid = to_regclass('{l}')), 0) \
          FROM {} AS e(pages, tuples, bytes), {} AS v(pages, tuples, bytes)",
         size(&e),
         size(&v)
@@ -425,12 +425,13 @@ impl TableShape {
         (self.0.entity_bytes + self.0.eav_bytes) as u64
     }
 
-    /// `ctid` conditions splitting `change_log` into `n` ranges of about as many heap pages
-    /// each, for a selection split over `n` readers ([`dirty_slots_split`]). The first has no
-    /// lower bound and the last no upper one, so that together they cover every page the table
-    /// has when it is read, however it grew or shrank since its size was read.
+    /// `ctid` conditions splitting `change_log` into at most `n` ranges of about as many
+    /// heap pages each ([`page_ranges`]: the last is open-ended), for a selection split over
+    /// up to `n` readers ([`dirty_slots_split`]).
     pub fn slot_ranges(&self, n: usize) -> Vec<String> {
-        split_pages(self.0.log_pages, n)
+        let pages = self.0.log_pages.max(0);
+        let per_range = (pages as f64 / n.max(1) as f64).ceil().max(1.0);
+        page_ranges(pages, pages as f64, per_range)
     }
 
     /// The heap-order read of a flush pass whose batches hold the row ids from each of
@@ -493,9 +494,9 @@ pub async fn dirty_slots_in(
     Ok(std::mem::take(&mut sink.into.slots))
 }
 
-/// Selects up to `limit` dirty slots of `schema_id`, in any order, on every one of `readers`
-/// at once, each in the exported snapshot of its ticket and over its share of `change_log`'s
-/// heap pages ([`TableShape::slot_ranges`]), and returns them sorted by row id. A pass that
+/// Selects up to `limit` dirty slots of `schema_id`, in any order, on `readers` at once (one
+/// per range of `ranges`), each in the exported snapshot of its ticket and over its range of
+/// `change_log`'s heap pages ([`TableShape::slot_ranges`]), and returns them sorted by row id. A pass that
 /// takes every dirty slot then waits for the slowest share instead of one scan of the whole
 /// table, with the other cores idle (docs/design.md §4.1, "Heap passes"). Each share is
 /// sorted where it was read (blocking, on its own thread) and the sorted shares are merged.
@@ -510,7 +511,7 @@ pub async fn dirty_slots_split(
     ranges: &[String],
     expected: u64,
 ) -> Result<Vec<PassSlot>> {
-    if readers.len() != tickets.len() || readers.len() != ranges.len() || readers.is_empty() {
+    if readers.len() != tickets.len() || ranges.len() > readers.len() || ranges.is_empty() {
         return Err(Error::Invariant(format!(
             "a split selection of {} readers, {} snapshot tickets and {} page ranges",
             readers.len(),
@@ -518,7 +519,8 @@ pub async fn dirty_slots_split(
             ranges.len()
         )));
     }
-    let share = expected.div_ceil(readers.len() as u64);
+    // A reader without a range drops its ticket unused.
+    let share = expected.div_ceil(ranges.len() as u64);
     let shares =
         readers
             .iter_mut()
@@ -652,24 +654,6 @@ pub(super) fn page_ranges(pages: i64, tuples: f64, chunk_rows: f64) -> Vec<Strin
     }
     ranges.push(format!("ctid >= '({start},0)'::tid"));
     ranges
-}
-
-/// `ctid` conditions cutting a table of `pages` pages into `n` (at least one) ranges of
-/// about as many pages each, the first without lower bound and the last without upper one.
-fn split_pages(pages: i64, n: usize) -> Vec<String> {
-    let n = n.max(1) as i64;
-    let cut = |i: i64| pages.max(0).saturating_mul(i) / n;
-    (0..n)
-        .map(|i| {
-            let lower = (i > 0).then(|| format!("ctid >= '({},0)'::tid", cut(i)));
-            let upper = (i + 1 < n).then(|| format!("ctid < '({},0)'::tid", cut(i + 1)));
-            match (lower, upper) {
-                (Some(l), Some(u)) => format!("{l} AND {u}"),
-                (Some(c), None) | (None, Some(c)) => c,
-                (None, None) => "true".to_string(),
-            }
-        })
-        .collect()
 }
 
 /// A page sample of the schema's live row ids (`TABLESAMPLE SYSTEM`: whole heap pages, cheap
@@ -1229,25 +1213,38 @@ mod tests {
 
     #[test]
     fn a_split_selection_covers_every_page_once() {
-        assert_eq!(split_pages(500, 1), vec!["true"]);
+        let shape = |log_pages| {
+            TableShape(Sizes {
+                entity_pages: 0,
+                entity_tuples: 0.0,
+                entity_bytes: 0.0,
+                eav_pages: 0,
+                eav_tuples: 0.0,
+                eav_bytes: 0.0,
+                log_pages,
+                correlation: None,
+            })
+        };
+        assert_eq!(shape(500).slot_ranges(1), vec!["ctid >= '(0,0)'::tid"]);
         assert_eq!(
-            split_pages(500, 2),
-            vec!["ctid < '(250,0)'::tid", "ctid >= '(250,0)'::tid"]
-        );
-        assert_eq!(
-            split_pages(10, 3),
+            shape(500).slot_ranges(2),
             vec![
-                "ctid < '(3,0)'::tid",
-                "ctid >= '(3,0)'::tid AND ctid < '(6,0)'::tid",
-                "ctid >= '(6,0)'::tid",
+                "ctid >= '(0,0)'::tid AND ctid < '(250,0)'::tid",
+                "ctid >= '(250,0)'::tid",
             ]
         );
-        // An empty table (or one never measured): every row, however many pages it has by
-        // then, lies in the last range.
         assert_eq!(
-            split_pages(0, 2),
-            vec!["ctid < '(0,0)'::tid", "ctid >= '(0,0)'::tid"]
+            shape(10).slot_ranges(3),
+            vec![
+                "ctid >= '(0,0)'::tid AND ctid < '(4,0)'::tid",
+                "ctid >= '(4,0)'::tid AND ctid < '(8,0)'::tid",
+                "ctid >= '(8,0)'::tid",
+            ]
         );
+        // A table of one page (or none, or never measured): one range, every page it has by
+        // the time it is read; the selection then runs on one reader.
+        assert_eq!(shape(1).slot_ranges(2), vec!["ctid >= '(0,0)'::tid"]);
+        assert_eq!(shape(0).slot_ranges(2), vec!["ctid >= '(0,0)'::tid"]);
     }
 
     #[test]
